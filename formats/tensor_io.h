@@ -1,0 +1,67 @@
+// The two interfaces every checkpoint format implements, and the engine (reshard/) speaks.
+//  - TensorMeta: a global tensor (canonical name, dtype, full shape).
+//  - Piece: one stored region of one global tensor, held in one dtype (the dtype a piece is
+//    stored in may differ from the tensor's; readers return the stored dtype).
+//  - TensorSource: lists tensors and pieces; reads any sub-box of a piece.
+//  - TensorSink: declares its pieces up front, takes each piece's bytes as row slabs in order,
+//    commits atomically (or aborts leaving nothing that looks complete).
+// Thread safety: an implementation states it; the default is one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/dtype.h"
+#include "formats/region.h"
+#include "formats/status.h"
+
+namespace ckpt {
+
+struct TensorMeta {
+  std::string name;  // canonical global name (HF names for the LLaMA family)
+  DType dtype = DType::kF32;
+  Shape shape;
+  bool operator==(const TensorMeta& o) const = default;
+};
+
+struct Piece {
+  std::string tensor;  // TensorMeta::name
+  Region region;       // which elements of the global tensor
+  DType dtype = DType::kF32;  // stored element type
+  bool operator==(const Piece& o) const = default;
+};
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual const std::vector<TensorMeta>& tensors() const = 0;
+  virtual const std::vector<Piece>& pieces() const = 0;
+  // Reads the sub-box `sub` (global coordinates) of piece `piece` into `dst`, dense row-major of
+  // extent sub.extent, in the piece's stored dtype. For a flat piece `sub` must lie inside one
+  // box of pieces()[piece].region.boxes(). Reads only what is needed.
+  virtual Status read(size_t piece, const Box& sub, void* dst) = 0;
+  // Free-form metadata (model config, layout, trainer state) carried by the checkpoint.
+  virtual const nlohmann::json& metadata() const = 0;
+  virtual std::string describe() const = 0;  // path, for messages
+};
+
+class TensorSink {
+ public:
+  virtual ~TensorSink() = default;
+  // Declares every tensor and piece before any write. Validates them (pieces inside their
+  // tensors, no overlap between pieces of one tensor) and fails before touching the disk.
+  virtual Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces,
+                       const nlohmann::json& metadata) = 0;
+  // Writes the next `count` elements (in storage order) of piece `piece`. The writes of a piece
+  // arrive in order and cover it exactly once; pieces may be interleaved.
+  virtual Status write(size_t piece, const void* data, int64_t count) = 0;
+  // Makes the output visible atomically (temp name, fsync, rename). After a failed commit or an
+  // abort nothing at the destination looks like a complete checkpoint.
+  virtual Status commit() = 0;
+  virtual void abort() = 0;
+};
+
+}  // namespace ckpt
