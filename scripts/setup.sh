@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what ckpt needs on a fresh Debian 12 machine, skipping what is already there:
+# the C++ toolchain and libraries (apt) and a Python venv at .venv with the interop stack.
+# Idempotent; safe to run again.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+
+APT_PKGS=(g++ cmake ninja-build pkg-config libhdf5-dev libzstd-dev nlohmann-json3-dev libssl-dev
+  libcli11-dev libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
+  libbenchmark-dev clang libclang-rt-14-dev python3-venv)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+# cmake or python may come from elsewhere (pyenv, pip): only ask apt when the command is absent.
+if command -v cmake >/dev/null 2>&1; then missing=("${missing[@]/cmake}"); fi
+if python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing=("${missing[@]/python3-venv}"); fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if ((${#missing[@]})); then
+  echo "setup: installing apt packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+VENV="$here/.venv"
+PY_PKGS=(numpy h5py hdf5plugin safetensors transformers pytest)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating Python venv at $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest' >/dev/null 2>&1; then
+  echo "setup: installing Python packages into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check 'torch==2.13.0' "${PY_PKGS[@]}" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest' \
+    || { echo "setup: Python packages failed to install" >&2; exit 1; }
+fi
