@@ -28,14 +28,22 @@ int64_t Box::numel() const {
 bool Box::contains(const Box& in) const {
   if (in.ndim() != ndim()) return false;
   for (size_t d = 0; d < ndim(); ++d)
-    if (in.offset[d] < offset[d] || in.offset[d] + in.extent[d] > offset[d] + extent[d]) return false;
+  {
+    auto in_end = checked_add(in.offset[d], in.extent[d]);
+    auto end = checked_add(offset[d], extent[d]);
+    if (!in_end || !end || in.offset[d] < offset[d] || *in_end > *end) return false;
+  }
   return true;
 }
 
 std::string Box::to_string() const {
   std::string r = "[";
   for (size_t d = 0; d < ndim(); ++d)
-    r += (d ? ", " : "") + std::to_string(offset[d]) + ":" + std::to_string(offset[d] + extent[d]);
+  {
+    auto end = checked_add(offset[d], extent[d]);
+    r += (d ? ", " : "") + std::to_string(offset[d]) + ":" +
+         (end ? std::to_string(*end) : "+" + std::to_string(extent[d]));
+  }
   return r + "]";
 }
 
