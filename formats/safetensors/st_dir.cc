@@ -1,0 +1,209 @@
+#include "formats/safetensors/st_dir.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "formats/checked.h"
+
+namespace ckpt::safetensors {
+
+namespace fs = std::filesystem;
+
+Status HfDirSource::add_file(std::unique_ptr<SafetensorsFile> f) {
+  size_t fi = files_.size();
+  for (size_t i = 0; i < f->tensors().size(); ++i) {
+    metas_.push_back(f->tensors()[i]);
+    pieces_.push_back(f->pieces()[i]);
+    where_.emplace_back(fi, i);
+  }
+  files_.push_back(std::move(f));
+  return Status::Ok();
+}
+
+Status HfDirSource::load_config(const std::string& dir) {
+  fs::path cfg = fs::path(dir) / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(cfg, ec)) return Status::Ok();
+  auto size = fs::file_size(cfg, ec);
+  if (ec || size > (16u << 20)) return Status::Corruption("InvalidConfig", "config.json missing size or larger than 16 MiB").with_file(cfg.string());
+  std::ifstream in(cfg, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption("InvalidConfig", "config.json is not a JSON object").with_file(cfg.string());
+  meta_["model_config"] = std::move(j);
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<HfDirSource>> HfDirSource::open_file(const std::string& file) {
+  std::unique_ptr<HfDirSource> s(new HfDirSource());
+  s->path_ = file;
+  CKPT_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(file));
+  if (f->metadata().contains("safetensors_metadata")) s->meta_["safetensors_metadata"] = f->metadata()["safetensors_metadata"];
+  CKPT_RETURN_IF_ERROR(s->add_file(std::move(f)));
+  auto parent = fs::path(file).parent_path().string();
+  CKPT_RETURN_IF_ERROR(s->load_config(parent.empty() ? "." : parent));
+  return s;
+}
+
+Result<std::unique_ptr<HfDirSource>> HfDirSource::open(const std::string& dir) {
+  std::error_code ec;
+  fs::path idx_path = fs::path(dir) / kIndexFileName;
+  fs::path single = fs::path(dir) / kSingleFileName;
+  if (!fs::exists(idx_path, ec)) {
+    if (!fs::exists(single, ec))
+      return Status::NotFound("'" + dir + "' holds neither " + std::string(kIndexFileName) + " nor " + kSingleFileName);
+    CKPT_ASSIGN_OR_RETURN(auto s, open_file(single.string()));
+    s->path_ = dir;
+    return s;
+  }
+  std::unique_ptr<HfDirSource> s(new HfDirSource());
+  s->path_ = dir;
+  CKPT_ASSIGN_OR_RETURN(ShardIndex idx, read_index(idx_path.string()));
+  s->meta_["hf_index_metadata"] = idx.metadata;
+  // Every listed file present; every file's tensors exactly the ones the index maps to it.
+  std::set<std::string> seen;
+  for (const auto& name : idx.files) {
+    fs::path p = fs::path(dir) / name;
+    if (!fs::is_regular_file(p, ec))
+      return Status::Error(ErrorKind::kNotFound, "IndexMissingFile",
+                           "index lists shard '" + name + "', which is missing from '" + dir + "'").with_file(idx_path.string());
+    CKPT_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(p.string()));
+    for (const auto& t : f->tensors()) {
+      auto it = idx.weight_map.find(t.name);
+      if (it == idx.weight_map.end())
+        return Status::Corruption("IndexMismatch", "shard '" + name + "' holds tensor '" + t.name + "', which the index does not list")
+            .with_file(p.string()).with_tensor(t.name);
+      if (it->second != name)
+        return Status::Corruption("IndexMismatch", "tensor '" + t.name + "' is in shard '" + name + "' but the index maps it to '" +
+                                                       it->second + "'").with_file(p.string()).with_tensor(t.name);
+      if (!seen.insert(t.name).second)
+        return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' is stored twice").with_file(p.string()).with_tensor(t.name);
+    }
+    if (s->files_.empty() && f->metadata().contains("safetensors_metadata"))
+      s->meta_["safetensors_metadata"] = f->metadata()["safetensors_metadata"];
+    CKPT_RETURN_IF_ERROR(s->add_file(std::move(f)));
+  }
+  for (const auto& [t, file] : idx.weight_map)
+    if (!seen.count(t))
+      return Status::Corruption("IndexMismatch", "index maps tensor '" + t + "' to '" + file + "', which does not hold it")
+          .with_file(idx_path.string()).with_tensor(t);
+  CKPT_RETURN_IF_ERROR(s->load_config(dir));
+  return s;
+}
+
+Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
+  if (piece >= where_.size()) return Status::InvalidArgument("piece " + std::to_string(piece) + " out of range in '" + path_ + "'");
+  return files_[where_[piece].first]->read(where_[piece].second, sub, dst);
+}
+
+ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
+    : out_(std::move(out_dir)), opts_(std::move(opts)) {
+  while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
+  partial_ = out_ + ".partial";
+}
+
+ShardedSafetensorsSink::~ShardedSafetensorsSink() {
+  if (!committed_) abort();
+}
+
+Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
+  if (begun_) return Status::Internal("ShardedSafetensorsSink::begin called twice");
+  std::error_code ec;
+  if (fs::exists(out_, ec) && !(fs::is_directory(out_, ec) && fs::is_empty(out_, ec)))
+    return Status::InvalidArgument("output '" + out_ + "' already exists and is not an empty directory");
+  if (fs::exists(partial_, ec))
+    return Status::InvalidArgument("'" + partial_ + "' exists (left by an interrupted run?): remove it first");
+  for (const auto& [name, _] : opts_.extra_files)
+    if (name.empty() || name.find('/') != std::string::npos || name == kIndexFileName)
+      return Status::InvalidArgument("bad extra file name '" + name + "'");
+  std::map<std::string, const TensorMeta*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  std::vector<uint64_t> sizes;
+  for (const auto& p : pieces) {
+    auto it = by_name.find(p.tensor);
+    if (it == by_name.end()) return Status::InvalidArgument("piece names undeclared tensor '" + p.tensor + "'");
+    auto n = checked_numel(it->second->shape);
+    auto b = n ? checked_mul(static_cast<uint64_t>(*n), static_cast<uint64_t>(dtype_size(p.dtype))) : std::nullopt;
+    if (!b) return Status::InvalidArgument("tensor '" + p.tensor + "' size overflows");
+    sizes.push_back(*b);
+    auto t = checked_add(total_size_, *b);
+    if (!t) return Status::InvalidArgument("total size overflows");
+    total_size_ = *t;
+  }
+  size_t nshards = 0;
+  auto shard_of = assign_shards(sizes, opts_.max_shard_size, &nshards);
+  for (size_t s = 0; s < nshards; ++s) names_.push_back(nshards == 1 ? std::string(kSingleFileName) : shard_file_name(s, nshards));
+  if (!fs::create_directory(partial_, ec)) return Status::FromErrno("cannot create directory", partial_, ec.value());
+  begun_ = true;
+  std::vector<std::vector<TensorMeta>> st(nshards);
+  std::vector<std::vector<Piece>> sp(nshards);
+  where_.resize(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    size_t s = shard_of[i];
+    where_[i] = {s, sp[s].size()};
+    st[s].push_back(*by_name[pieces[i].tensor]);
+    sp[s].push_back(pieces[i]);
+    weight_map_[pieces[i].tensor] = names_[s];
+  }
+  for (size_t s = 0; s < nshards; ++s) {
+    WriterOptions wo;
+    wo.metadata = opts_.shard_metadata;
+    wo.rename_on_commit = false;
+    wo.fsync = opts_.fsync;
+    writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(partial_) / names_[s]).string(), wo));
+    CKPT_RETURN_IF_ERROR(writers_.back()->begin(st[s], sp[s], nlohmann::json::object()));
+  }
+  return Status::Ok();
+}
+
+Status ShardedSafetensorsSink::write(size_t piece, const void* data, int64_t count) {
+  if (piece >= where_.size()) return Status::Internal("ShardedSafetensorsSink::write: piece out of range");
+  return writers_[where_[piece].first]->write(where_[piece].second, data, count);
+}
+
+Status ShardedSafetensorsSink::commit() {
+  if (!begun_) return Status::Internal("ShardedSafetensorsSink::commit without begin");
+  for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
+  if (names_.size() > 1)
+    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / kIndexFileName).string(), index_to_json(total_size_, weight_map_), opts_.fsync));
+  for (const auto& [name, content] : opts_.extra_files)
+    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / name).string(), content, opts_.fsync));
+  for (const auto& [name, src] : opts_.copy_files) {
+    std::error_code ec;
+    fs::copy_file(src, fs::path(partial_) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", (fs::path(partial_) / name).string(), ec.value());
+  }
+  if (opts_.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial_));
+  std::error_code ec;
+  if (fs::exists(out_, ec) && fs::is_directory(out_, ec) && fs::is_empty(out_, ec)) fs::remove(out_, ec);
+  if (::rename(partial_.c_str(), out_.c_str()) != 0) return Status::FromErrno("cannot rename '" + partial_ + "' to", out_, errno);
+  if (opts_.fsync) {
+    auto parent = fs::path(out_).parent_path().string();
+    CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
+  }
+  committed_ = true;
+  return Status::Ok();
+}
+
+void ShardedSafetensorsSink::abort() {
+  if (!begun_ || committed_) return;
+  for (auto& w : writers_) w->abort();
+  writers_.clear();
+  std::error_code ec;
+  // Only what this sink created: its shard files, index and extra files, then the directory.
+  for (const auto& n : names_) fs::remove(fs::path(partial_) / n, ec);
+  fs::remove(fs::path(partial_) / kIndexFileName, ec);
+  for (const auto& [name, _] : opts_.extra_files) fs::remove(fs::path(partial_) / name, ec);
+  for (const auto& [name, _] : opts_.copy_files) fs::remove(fs::path(partial_) / name, ec);
+  fs::remove(partial_, ec);
+  begun_ = false;
+}
+
+}  // namespace ckpt::safetensors

@@ -1,0 +1,76 @@
+// HuggingFace checkpoint directories: a TensorSource over model.safetensors.index.json + shards
+// (or one model.safetensors), and a TensorSink that writes shards + index + extra files
+// (config.json, tokenizer files) into `<out>.partial/` and renames the directory at commit.
+// Source checks the whole shard set: each listed file present, every tensor exactly once, index
+// and shard contents agreeing. Thread safety: source read() may run concurrently; sink: one thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/safetensors/st_index.h"
+#include "formats/safetensors/st_reader.h"
+#include "formats/safetensors/st_writer.h"
+
+namespace ckpt::safetensors {
+
+class HfDirSource final : public TensorSource {
+ public:
+  // `dir` holds model.safetensors.index.json (sharded) or model.safetensors. metadata() gets
+  // "model_config" = config.json when the directory has one (parsed as JSON, max 16 MiB).
+  static Result<std::unique_ptr<HfDirSource>> open(const std::string& dir);
+  // A single file; config.json is looked up beside it.
+  static Result<std::unique_ptr<HfDirSource>> open_file(const std::string& file);
+
+  const std::vector<TensorMeta>& tensors() const override { return metas_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  Status read(size_t piece, const Box& sub, void* dst) override;
+  const nlohmann::json& metadata() const override { return meta_; }
+  std::string describe() const override { return path_; }
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+
+ private:
+  Status add_file(std::unique_ptr<SafetensorsFile> f);
+  Status load_config(const std::string& dir);
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<TensorMeta> metas_;
+  std::vector<Piece> pieces_;
+  std::vector<std::pair<size_t, size_t>> where_;  // piece -> (file, piece in file)
+  nlohmann::json meta_ = nlohmann::json::object();
+};
+
+struct ShardedSinkOptions {
+  uint64_t max_shard_size = 5'000'000'000ull;  // HF default "5GB"
+  std::map<std::string, std::string> shard_metadata = {{"format", "pt"}};
+  std::map<std::string, std::string> extra_files;  // name -> content (e.g. config.json)
+  std::map<std::string, std::string> copy_files;   // name -> source path (tokenizer files)
+  bool fsync = true;
+};
+
+class ShardedSafetensorsSink final : public TensorSink {
+ public:
+  ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts);
+  ~ShardedSafetensorsSink() override;
+  // Pieces must be whole tensors; shards follow the order of `pieces` (HF's splitter). Fails if
+  // `out_dir` exists and is not empty, or `<out_dir>.partial` exists.
+  Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
+  Status write(size_t piece, const void* data, int64_t count) override;
+  Status commit() override;
+  void abort() override;
+  const std::vector<std::string>& shard_names() const { return names_; }
+
+ private:
+  std::string out_, partial_;
+  ShardedSinkOptions opts_;
+  bool begun_ = false, committed_ = false;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
+  std::vector<std::string> names_;
+  std::vector<std::pair<size_t, size_t>> where_;  // piece -> (shard, local piece)
+  std::map<std::string, std::string> weight_map_;
+  uint64_t total_size_ = 0;
+};
+
+}  // namespace ckpt::safetensors

@@ -1,0 +1,173 @@
+#include "formats/safetensors/st_index.h"
+
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "formats/checked.h"
+
+namespace ckpt::safetensors {
+
+namespace {
+using json = nlohmann::json;
+Status bad(const char* code, const std::string& msg) { return Status::Corruption(code, "safetensors index: " + msg); }
+}  // namespace
+
+Result<ShardIndex> parse_index(std::string_view text) {
+  if (text.size() > kMaxIndexBytes)
+    return bad("IndexInvalid", "index is " + std::to_string(text.size()) + " bytes, limit " + std::to_string(kMaxIndexBytes));
+  if (text.find('\0') != std::string_view::npos) return bad("IndexInvalidJson", "index holds a NUL byte");
+  // Duplicate keys at any level are refused (nlohmann would keep the last one silently).
+  std::vector<std::set<std::string>> keys;
+  std::string dup;
+  int max_depth = 0;
+  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
+    max_depth = std::max(max_depth, depth);
+    if (ev == json::parse_event_t::object_start) keys.emplace_back();
+    else if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string()) {
+      if (!keys.back().insert(parsed.get<std::string>()).second && dup.empty()) dup = parsed.get<std::string>();
+    }
+    return true;
+  };
+  // Bound nesting before building a DOM (the index is two levels deep).
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (char c : text) {
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > 16) return bad("IndexInvalid", "JSON nesting deeper than 16");
+    } else if (c == '}' || c == ']') --depth;
+  }
+  json j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/false, /*ignore_comments=*/false);
+  if (j.is_discarded()) return bad("IndexInvalidJson", "not valid JSON");
+  if (!dup.empty()) return bad("DuplicateKey", "key '" + dup + "' appears twice");
+  if (!j.is_object()) return bad("IndexInvalid", std::string("expected a JSON object, got ") + j.type_name());
+  ShardIndex idx;
+  if (j.contains("metadata")) {
+    const auto& m = j["metadata"];
+    if (m.is_null()) {
+    } else if (!m.is_object()) {
+      return bad("IndexInvalid", std::string("\"metadata\" is ") + m.type_name() + ", expected an object");
+    } else {
+      if (m.contains("total_size") && !m["total_size"].is_number_unsigned() && !m["total_size"].is_null())
+        return bad("IndexInvalid", "metadata.total_size is " + m["total_size"].dump().substr(0, 40) + ", expected a non-negative integer");
+      idx.metadata = m;
+    }
+  }
+  if (!j.contains("weight_map")) return bad("IndexInvalid", "missing \"weight_map\"");
+  const auto& wm = j["weight_map"];
+  if (!wm.is_object()) return bad("IndexInvalid", std::string("\"weight_map\" is ") + wm.type_name() + ", expected an object");
+  std::set<std::string> files;
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    if (it.key().empty()) return bad("IndexInvalid", "weight_map has an empty tensor name");
+    if (!it.value().is_string())
+      return bad("IndexInvalid", "weight_map['" + it.key() + "'] is " + it.value().type_name() + ", expected a file name").with_tensor(it.key());
+    std::string f = it.value().get<std::string>();
+    bool ok = !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos && f.find('\\') == std::string::npos &&
+              f.find('\0') == std::string::npos && f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0 &&
+              !(f.size() >= 2 && f[1] == ':');
+    if (!ok)
+      return bad("IndexBadFileName", "weight_map['" + it.key() + "'] = \"" + f.substr(0, 200) +
+                                         "\": expected a plain file name ending in .safetensors in the index's directory "
+                                         "(no directory part, root or '..')")
+          .with_tensor(it.key());
+    idx.weight_map[it.key()] = f;
+    files.insert(f);
+  }
+  idx.files.assign(files.begin(), files.end());
+  return idx;
+}
+
+Result<ShardIndex> read_index(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::FromErrno("cannot open index", path, errno);
+  f.seekg(0, std::ios::end);
+  auto size = static_cast<uint64_t>(f.tellg());
+  if (size > kMaxIndexBytes)
+    return bad("IndexInvalid", "index is " + std::to_string(size) + " bytes, limit " + std::to_string(kMaxIndexBytes)).with_file(path);
+  f.seekg(0);
+  std::string text(size, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(size));
+  if (!f) return Status::Io("cannot read index '" + path + "'");
+  auto r = parse_index(text);
+  if (!r.ok()) return r.take_status().with_file(path);
+  return r;
+}
+
+std::string index_to_json(uint64_t total_size, const std::map<std::string, std::string>& weight_map) {
+  json j;
+  j["metadata"] = {{"total_size", total_size}};
+  j["weight_map"] = json::object();
+  for (const auto& [k, v] : weight_map) j["weight_map"][k] = v;
+  return j.dump(2) + "\n";
+}
+
+Result<uint64_t> parse_size(std::string_view s) {
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    auto m = checked_mul(v, uint64_t{10});
+    auto a = m ? checked_add(*m, static_cast<uint64_t>(s[i] - '0')) : std::nullopt;
+    if (!a) return Status::InvalidArgument("size '" + std::string(s) + "' is too large");
+    v = *a;
+    ++i;
+  }
+  if (i == 0) return Status::InvalidArgument("size '" + std::string(s) + "': expected a number with an optional unit (e.g. 5GB, 500MB, 2GiB)");
+  std::string unit(s.substr(i));
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1},          {"B", 1},          {"KB", 1000},      {"MB", 1000000},     {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+      {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
+  for (const auto& [name, mul] : kUnits) {
+    if (unit == name) {
+      auto r = checked_mul(v, mul);
+      if (!r) return Status::InvalidArgument("size '" + std::string(s) + "' is too large");
+      if (*r == 0) return Status::InvalidArgument("size '" + std::string(s) + "' must be positive");
+      return *r;
+    }
+  }
+  return Status::InvalidArgument("size '" + std::string(s) + "': unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+}
+
+std::string shard_file_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+std::vector<size_t> assign_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_size, size_t* num_shards) {
+  // HF's splitter: a tensor above the limit gets a shard of its own (appended to the list at that
+  // point); otherwise it closes the current shard when it would tip it over the limit.
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t cur = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > max_shard_size) {
+      shards.push_back({i});
+      continue;
+    }
+    if (!current.empty() && cur + sizes[i] > max_shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      cur = 0;
+    }
+    current.push_back(i);
+    cur += sizes[i];
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  std::vector<size_t> out(sizes.size());
+  for (size_t s = 0; s < shards.size(); ++s)
+    for (size_t i : shards[s]) out[i] = s;
+  if (num_shards) *num_shards = shards.size();
+  return out;
+}
+
+}  // namespace ckpt::safetensors

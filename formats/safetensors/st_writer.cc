@@ -1,0 +1,146 @@
+#include "formats/safetensors/st_writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "formats/checked.h"
+
+namespace ckpt::safetensors {
+
+Status pwrite_full(int fd, const void* src, uint64_t n, uint64_t off, const std::string& path) {
+  const auto* p = static_cast<const char*>(src);
+  while (n > 0) {
+    size_t want = n > (1u << 30) ? (1u << 30) : static_cast<size_t>(n);
+    ssize_t r = ::pwrite(fd, p, want, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("write failed", path, errno);
+    }
+    p += r;
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status write_file_fsync(const std::string& path, const std::string& content, bool do_fsync) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("cannot create", path, errno);
+  Status s = pwrite_full(fd, content.data(), content.size(), 0, path);
+  if (s.ok() && do_fsync && ::fsync(fd) != 0) s = Status::FromErrno("fsync failed", path, errno);
+  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno("close failed", path, errno);
+  return s;
+}
+
+Status fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open directory", dir, errno);
+  Status s;
+  if (::fsync(fd) != 0) s = Status::FromErrno("fsync failed", dir, errno);
+  ::close(fd);
+  return s;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, WriterOptions opts) : path_(std::move(path)), opts_(std::move(opts)) {
+  tmp_ = opts_.rename_on_commit ? path_ + ".tmp-" + std::to_string(::getpid()) : path_;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (!committed_) abort();
+}
+
+Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
+  if (fd_ >= 0 || committed_) return Status::Internal("SafetensorsWriter::begin called twice for '" + path_ + "'");
+  std::map<std::string, const TensorMeta*> by_name;
+  for (const auto& t : tensors)
+    if (!by_name.emplace(t.name, &t).second) return Status::InvalidArgument("tensor '" + t.name + "' declared twice").with_file(path_);
+  std::map<std::string, size_t> piece_of;
+  std::vector<TensorEntry> entries;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    auto it = by_name.find(p.tensor);
+    if (it == by_name.end()) return Status::InvalidArgument("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'").with_file(path_);
+    if (p.region.is_flat() || !(p.region.box == Box::whole(it->second->shape)))
+      return Status::InvalidArgument("a safetensors file holds whole tensors; piece " + std::to_string(i) + " of '" + p.tensor + "' is " +
+                                     p.region.to_string() + ", tensor shape " + shape_to_string(it->second->shape))
+          .with_file(path_);
+    if (!piece_of.emplace(p.tensor, i).second)
+      return Status::InvalidArgument("tensor '" + p.tensor + "' has more than one piece").with_file(path_);
+    entries.push_back(TensorEntry{p.tensor, p.dtype, it->second->shape, 0, 0});
+  }
+  if (piece_of.size() != by_name.size())
+    return Status::InvalidArgument("every declared tensor needs exactly one piece (" + std::to_string(by_name.size()) + " tensors, " +
+                                   std::to_string(piece_of.size()) + " pieces)").with_file(path_);
+  const std::map<std::string, std::string>* md = opts_.write_metadata ? &opts_.metadata : nullptr;
+  auto hdr = build_header(entries, md);
+  if (!hdr.ok()) return hdr.take_status().with_file(path_);
+  data_start_ = 8 + hdr->size();
+  slots_.assign(pieces.size(), Slot{});
+  uint64_t data_size = 0;
+  for (const auto& e : entries) {
+    size_t i = piece_of[e.name];
+    slots_[i] = Slot{e.name, data_start_ + e.begin, e.end - e.begin, 0, dtype_size(e.dtype)};
+    data_size = std::max(data_size, e.end);
+  }
+  file_size_ = data_start_ + data_size;
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) return Status::FromErrno("cannot create", tmp_, errno);
+  std::string prefix(8, '\0');
+  for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
+  prefix += *hdr;
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, prefix.data(), prefix.size(), 0, tmp_));
+  if (::ftruncate(fd_, static_cast<off_t>(file_size_)) != 0) return Status::FromErrno("cannot size", tmp_, errno);
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
+  if (fd_ < 0) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
+  if (piece >= slots_.size()) return Status::Internal("SafetensorsWriter::write: piece " + std::to_string(piece) + " out of range");
+  Slot& s = slots_[piece];
+  auto bytes = checked_mul(static_cast<uint64_t>(count < 0 ? 0 : count), static_cast<uint64_t>(s.elem));
+  if (count < 0 || !bytes || *bytes > s.bytes - s.written)
+    return Status::Internal("write of " + std::to_string(count) + " elements overruns tensor '" + s.name + "' (" +
+                            std::to_string((s.bytes - s.written) / s.elem) + " left)").with_file(path_);
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, *bytes, s.begin + s.written, tmp_));
+  s.written += *bytes;
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::commit() {
+  if (fd_ < 0) return Status::Internal("SafetensorsWriter::commit without begin for '" + path_ + "'");
+  for (const auto& s : slots_)
+    if (s.written != s.bytes)
+      return Status::Internal("tensor '" + s.name + "' incomplete: " + std::to_string(s.written) + " of " + std::to_string(s.bytes) +
+                              " bytes written").with_file(path_);
+  if (opts_.fsync && ::fsync(fd_) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return Status::FromErrno("close failed", tmp_, errno);
+  if (opts_.rename_on_commit) {
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      int e = errno;
+      ::unlink(tmp_.c_str());
+      return Status::FromErrno("cannot rename into place", path_, e);
+    }
+    if (opts_.fsync) {
+      auto parent = std::filesystem::path(path_).parent_path().string();
+      CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
+    }
+  }
+  committed_ = true;
+  return Status::Ok();
+}
+
+void SafetensorsWriter::abort() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+  }
+}
+
+}  // namespace ckpt::safetensors

@@ -1,0 +1,64 @@
+// SafetensorsWriter: one .safetensors file as a ckpt::TensorSink. Declared pieces must be whole
+// tensors (one per tensor, written in the piece's dtype); the layout is the reference writer's
+// (dtype rank descending then name, __metadata__ first, compact JSON, spaces to a multiple of 8)
+// and the header goes through the reader's validator first. Data arrives in order per piece and
+// is pwritten at its known offset. Output: `<path>.tmp-<pid>`, fsync, rename at commit (or, with
+// rename_on_commit = false, the final name directly: the caller commits a whole directory).
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/safetensors/st_header.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt::safetensors {
+
+struct WriterOptions {
+  // The header's "__metadata__" (written only when write_metadata).
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  bool write_metadata = true;
+  bool rename_on_commit = true;
+  bool fsync = true;
+};
+
+class SafetensorsWriter final : public TensorSink {
+ public:
+  explicit SafetensorsWriter(std::string path, WriterOptions opts = {});
+  ~SafetensorsWriter() override;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // `metadata` is ignored (the header's __metadata__ comes from WriterOptions).
+  Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
+  Status write(size_t piece, const void* data, int64_t count) override;
+  Status commit() override;
+  void abort() override;
+
+  uint64_t file_size() const { return file_size_; }
+
+ private:
+  std::string path_, tmp_;
+  WriterOptions opts_;
+  int fd_ = -1;
+  bool committed_ = false;
+  uint64_t data_start_ = 0, file_size_ = 0;
+  struct Slot {
+    std::string name;
+    uint64_t begin = 0;     // absolute file offset of the tensor's first byte
+    uint64_t bytes = 0;
+    uint64_t written = 0;   // bytes so far
+    size_t elem = 1;
+  };
+  std::vector<Slot> slots_;  // by piece index
+};
+
+// Small whole-file helpers shared by the safetensors sinks.
+Status write_file_fsync(const std::string& path, const std::string& content, bool fsync);
+Status fsync_dir(const std::string& dir);
+Status pwrite_full(int fd, const void* src, uint64_t n, uint64_t off, const std::string& path);
+
+}  // namespace ckpt::safetensors

@@ -1,0 +1,393 @@
+#include "formats/store/manifest.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "formats/checked.h"
+#include "formats/dtype.h"
+#include "formats/store/sha256.h"
+
+namespace ckpt::store {
+
+using nlohmann::json;
+
+const char* codec_name(Codec c) {
+  switch (c) {
+    case Codec::kNone: return "none";
+    case Codec::kZstd: return "zstd";
+    case Codec::kShuffleZstd: return "shuffle+zstd";
+  }
+  return "none";
+}
+
+Result<Codec> codec_from_name(const std::string& s) {
+  if (s == "none") return Codec::kNone;
+  if (s == "zstd") return Codec::kZstd;
+  if (s == "shuffle+zstd") return Codec::kShuffleZstd;
+  return Status::Corruption("BadField", "unknown codec '" + s + "' (expected none, zstd, shuffle+zstd)");
+}
+
+bool is_reserved_key(const std::string& key) {
+  return key == "format" || key == "version" || key == "tensors" || key == "pieces";
+}
+
+namespace {
+
+Status bad(const std::string& what) { return Status::Corruption("BadField", what); }
+
+json shape_json(const Shape& s) { return json(s); }
+
+Result<Shape> shape_from(const json& j, const std::string& what) {
+  if (!j.is_array()) return bad(what + " must be an array of integers");
+  if (j.size() > kMaxRank) return bad(what + " has " + std::to_string(j.size()) + " dimensions (max " + std::to_string(kMaxRank) + ")");
+  Shape s;
+  s.reserve(j.size());
+  for (const auto& v : j) {
+    if (!v.is_number_integer()) return bad(what + " must be an array of integers");
+    int64_t x = v.get<int64_t>();
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return bad(what + " value too large");
+    if (x < 0) return bad(what + " has a negative value");
+    s.push_back(x);
+  }
+  return s;
+}
+
+Result<std::string> str_field(const json& o, const char* key, const std::string& where) {
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_string()) return bad(where + ": field '" + key + "' missing or not a string");
+  return it->get<std::string>();
+}
+
+Result<int64_t> int_field(const json& o, const char* key, const std::string& where) {
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_number_integer()) return bad(where + ": field '" + key + "' missing or not an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return bad(where + ": field '" + key + "' too large");
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+json piece_record_to_json(const PieceRecord& r) {
+  json region = {{"offset", shape_json(r.piece.region.box.offset)}, {"extent", shape_json(r.piece.region.box.extent)}};
+  if (r.piece.region.is_flat()) region["flat"] = {r.piece.region.flat_begin, r.piece.region.flat_end};
+  json j = {{"tensor", r.piece.tensor},
+            {"file", r.file},
+            {"dataset", r.dataset},
+            {"region", region},
+            {"dtype", std::string(dtype_name(r.piece.dtype))},
+            {"bytes", r.bytes},
+            {"sha256", r.sha256},
+            {"codec", codec_name(r.codec)}};
+  if (r.codec != Codec::kNone) j["codec_level"] = r.codec_level;
+  return j;
+}
+
+Result<PieceRecord> piece_record_from_json(const json& j) {
+  if (!j.is_object()) return bad("piece entry is not an object");
+  PieceRecord r;
+  CKPT_ASSIGN_OR_RETURN(r.piece.tensor, str_field(j, "tensor", "piece"));
+  const std::string where = "piece of tensor '" + r.piece.tensor + "'";
+  CKPT_ASSIGN_OR_RETURN(r.file, str_field(j, "file", where));
+  CKPT_ASSIGN_OR_RETURN(r.dataset, str_field(j, "dataset", where));
+  CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(j, "dtype", where));
+  auto d = dtype_from_name(dt);
+  if (!d.ok()) return Status::Corruption("UnknownDType", where + ": unknown dtype '" + dt + "'").with_tensor(r.piece.tensor);
+  r.piece.dtype = *d;
+  auto rit = j.find("region");
+  if (rit == j.end() || !rit->is_object()) return bad(where + ": field 'region' missing or not an object");
+  auto oit = rit->find("offset"), eit = rit->find("extent");
+  if (oit == rit->end() || eit == rit->end()) return bad(where + ": region needs 'offset' and 'extent'");
+  CKPT_ASSIGN_OR_RETURN(r.piece.region.box.offset, shape_from(*oit, where + " region.offset"));
+  CKPT_ASSIGN_OR_RETURN(r.piece.region.box.extent, shape_from(*eit, where + " region.extent"));
+  if (auto fit = rit->find("flat"); fit != rit->end()) {
+    if (!fit->is_array() || fit->size() != 2 || !(*fit)[0].is_number_integer() || !(*fit)[1].is_number_integer())
+      return bad(where + ": region.flat must be [begin, end]");
+    CKPT_ASSIGN_OR_RETURN(Shape fl, shape_from(*fit, where + " region.flat"));
+    r.piece.region.flat_begin = fl[0];
+    r.piece.region.flat_end = fl[1];
+  }
+  auto bit = j.find("bytes");
+  if (bit == j.end() || !bit->is_number_unsigned()) return bad(where + ": field 'bytes' missing or not a non-negative integer");
+  r.bytes = bit->get<uint64_t>();
+  CKPT_ASSIGN_OR_RETURN(r.sha256, str_field(j, "sha256", where));
+  if (!is_sha256_hex(r.sha256)) return bad(where + ": sha256 must be 64 lower-case hex digits");
+  CKPT_ASSIGN_OR_RETURN(std::string cn, str_field(j, "codec", where));
+  CKPT_ASSIGN_OR_RETURN(r.codec, codec_from_name(cn));
+  if (r.codec != Codec::kNone) {
+    CKPT_ASSIGN_OR_RETURN(int64_t lvl, int_field(j, "codec_level", where));
+    if (lvl < -131072 || lvl > 22) return bad(where + ": codec_level out of range");
+    r.codec_level = static_cast<int>(lvl);
+  }
+  return r;
+}
+
+json manifest_to_json(const Manifest& m) {
+  json j = json::object();
+  j["format"] = kFormatName;
+  j["version"] = m.version;
+  if (m.metadata.is_object())
+    for (auto it = m.metadata.begin(); it != m.metadata.end(); ++it)
+      if (!is_reserved_key(it.key())) j[it.key()] = it.value();
+  json ts = json::array();
+  for (const auto& t : m.tensors)
+    ts.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", shape_json(t.shape)}});
+  j["tensors"] = std::move(ts);
+  json ps = json::array();
+  for (const auto& p : m.pieces) ps.push_back(piece_record_to_json(p));
+  j["pieces"] = std::move(ps);
+  return j;
+}
+
+Result<Manifest> parse_manifest(const std::string& text) {
+  if (text.size() > kMaxManifestBytes)
+    return Status::Corruption("ManifestTooLarge", "manifest is " + std::to_string(text.size()) + " bytes (max " + std::to_string(kMaxManifestBytes) + ")");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Corruption("InvalidJson", "manifest is not valid JSON");
+  if (!j.is_object()) return Status::Corruption("InvalidJson", "manifest is not a JSON object");
+  auto fit = j.find("format");
+  if (fit == j.end() || !fit->is_string() || fit->get<std::string>() != kFormatName)
+    return Status::Corruption("UnknownFormat", std::string("manifest field 'format' must be \"") + kFormatName + "\"");
+  auto vit = j.find("version");
+  if (vit == j.end() || !vit->is_number_integer()) return bad("manifest field 'version' missing or not an integer");
+  if (vit->get<int64_t>() != kFormatVersion)
+    return Status::Error(ErrorKind::kUnsupported, "UnsupportedVersion",
+                         "manifest version " + vit->dump() + " is not supported (expected " + std::to_string(kFormatVersion) + ")");
+  Manifest m;
+  m.version = kFormatVersion;
+  auto tit = j.find("tensors");
+  auto pit = j.find("pieces");
+  if (tit == j.end() || !tit->is_array()) return bad("manifest field 'tensors' missing or not an array");
+  if (pit == j.end() || !pit->is_array()) return bad("manifest field 'pieces' missing or not an array");
+  m.tensors.reserve(tit->size());
+  for (const auto& t : *tit) {
+    if (!t.is_object()) return bad("tensor entry is not an object");
+    TensorMeta meta;
+    CKPT_ASSIGN_OR_RETURN(meta.name, str_field(t, "name", "tensor"));
+    CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(t, "dtype", "tensor '" + meta.name + "'"));
+    auto d = dtype_from_name(dt);
+    if (!d.ok()) return Status::Corruption("UnknownDType", "tensor '" + meta.name + "': unknown dtype '" + dt + "'").with_tensor(meta.name);
+    meta.dtype = *d;
+    auto sit = t.find("shape");
+    if (sit == t.end()) return bad("tensor '" + meta.name + "': field 'shape' missing");
+    CKPT_ASSIGN_OR_RETURN(meta.shape, shape_from(*sit, "tensor '" + meta.name + "' shape"));
+    m.tensors.push_back(std::move(meta));
+  }
+  m.pieces.reserve(pit->size());
+  for (const auto& p : *pit) {
+    CKPT_ASSIGN_OR_RETURN(PieceRecord r, piece_record_from_json(p));
+    m.pieces.push_back(std::move(r));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!is_reserved_key(it.key())) m.metadata[it.key()] = it.value();
+  return m;
+}
+
+bool is_safe_relative_path(const std::string& p) {
+  if (p.empty() || p.size() > 4096 || p[0] == '/') return false;
+  if (p.find('\0') != std::string::npos || p.find('\\') != std::string::npos) return false;
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string::npos) end = p.size();
+    std::string c = p.substr(start, end - start);
+    if (c.empty() || c == "." || c == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+namespace {
+
+struct IndexedBox {
+  Box box;
+  size_t piece;
+};
+
+// Finds two overlapping boxes among `boxes` (all non-empty, same rank >= 1). Sweeps along the
+// dimension with the most distinct offsets; compares a box only with boxes still "active" along
+// that dimension: O(n log n + k), k = pairs that overlap along the sweep dimension.
+std::optional<std::pair<size_t, size_t>> find_overlap(std::vector<IndexedBox>& boxes) {
+  if (boxes.size() < 2) return std::nullopt;
+  size_t nd = boxes[0].box.ndim();
+  size_t dim = 0, best = 0;
+  for (size_t d = 0; d < nd; ++d) {
+    std::set<int64_t> offs;
+    for (const auto& b : boxes) offs.insert(b.box.offset[d]);
+    if (offs.size() > best) best = offs.size(), dim = d;
+  }
+  std::sort(boxes.begin(), boxes.end(), [dim](const IndexedBox& a, const IndexedBox& b) {
+    return a.box.offset[dim] < b.box.offset[dim];
+  });
+  std::vector<size_t> active;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const int64_t start = boxes[i].box.offset[dim];
+    std::erase_if(active, [&](size_t k) { return boxes[k].box.offset[dim] + boxes[k].box.extent[dim] <= start; });
+    for (size_t k : active)
+      if (intersect(boxes[k].box, boxes[i].box)) return std::make_pair(boxes[k].piece, boxes[i].piece);
+    active.push_back(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces) {
+  std::unordered_map<std::string, size_t> index;
+  index.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.name.empty() || t.name.size() > 1024)
+      return Status::Corruption("BadField", "tensor #" + std::to_string(i) + " has an empty or over-long name");
+    if (!index.emplace(t.name, i).second)
+      return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' is declared twice").with_tensor(t.name);
+    if (t.shape.size() > kMaxRank || !checked_numel(t.shape))
+      return Status::Corruption("BadShape", "tensor '" + t.name + "' has an invalid shape " + shape_to_string(t.shape)).with_tensor(t.name);
+  }
+  std::vector<std::vector<size_t>> by_tensor(tensors.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const auto& p = pieces[i];
+    auto it = index.find(p.tensor);
+    if (it == index.end())
+      return Status::Corruption("UnknownTensor", "piece #" + std::to_string(i) + " names tensor '" + p.tensor + "', which is not declared").with_tensor(p.tensor);
+    const auto& t = tensors[it->second];
+    const std::string where = "piece #" + std::to_string(i) + " of tensor '" + t.name + "'";
+    Status st = validate_box(p.region.box, t.shape);
+    if (!st.ok())
+      return Status::Corruption("RegionOutOfBounds", where + ": region " + p.region.box.to_string() + " is not inside shape " +
+                                                         shape_to_string(t.shape) + " (" + st.message() + ")")
+          .with_tensor(t.name);
+    if (p.region.is_flat()) {
+      int64_t n = p.region.box.numel();
+      if (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > n)
+        return Status::Corruption("RegionOutOfBounds", where + ": flat range " + std::to_string(p.region.flat_begin) + ".." +
+                                                           std::to_string(p.region.flat_end) + " is not inside [0, " + std::to_string(n) + "]")
+            .with_tensor(t.name);
+    }
+    by_tensor[it->second].push_back(i);
+  }
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const auto& t = tensors[ti];
+    const int64_t total = *checked_numel(t.shape);
+    // Flat pieces of the same box must tile [0, numel(box)).
+    std::map<std::pair<Shape, Shape>, std::vector<std::pair<int64_t, int64_t>>> flats;
+    std::vector<IndexedBox> boxes;
+    int64_t covered = 0;
+    for (size_t pi : by_tensor[ti]) {
+      const auto& p = pieces[pi];
+      if (p.region.is_flat()) flats[{p.region.box.offset, p.region.box.extent}].push_back({p.region.flat_begin, p.region.flat_end});
+      auto sum = checked_add(covered, p.region.numel());
+      if (!sum) return Status::Corruption("PieceOverlap", "pieces of tensor '" + t.name + "' hold more elements than fit in int64").with_tensor(t.name);
+      covered = *sum;
+      for (auto& b : p.region.boxes())
+        if (!b.empty()) boxes.push_back({std::move(b), pi});
+    }
+    for (auto& [key, ranges] : flats) {
+      std::sort(ranges.begin(), ranges.end());
+      int64_t at = 0;
+      const int64_t n = Box{key.first, key.second}.numel();
+      for (auto [b, e] : ranges) {
+        if (b != at)
+          return Status::Corruption(b < at ? "PieceOverlap" : "FlatRangeGap",
+                                    "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
+                                        (b < at ? " overlap at element " : " leave a gap at element ") + std::to_string(std::min(b, at)))
+              .with_tensor(t.name);
+        at = e;
+      }
+      if (at != n)
+        return Status::Corruption("FlatRangeGap", "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
+                                                      " end at element " + std::to_string(at) + ", expected " + std::to_string(n))
+            .with_tensor(t.name);
+    }
+    if (t.shape.empty()) {
+      if (boxes.size() > 1)
+        return Status::Corruption("PieceOverlap", "scalar tensor '" + t.name + "' is stored by " + std::to_string(boxes.size()) + " pieces").with_tensor(t.name);
+    } else if (auto ov = find_overlap(boxes)) {
+      const auto& a = pieces[ov->first];
+      const auto& b = pieces[ov->second];
+      return Status::Corruption("PieceOverlap", "pieces #" + std::to_string(ov->first) + " (" + a.region.to_string() + ") and #" +
+                                                    std::to_string(ov->second) + " (" + b.region.to_string() + ") of tensor '" + t.name + "' overlap")
+          .with_tensor(t.name);
+    }
+    if (covered != total)
+      return Status::Corruption("PieceGap", "pieces of tensor '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) +
+                                                " of " + std::to_string(total) + " elements")
+          .with_tensor(t.name);
+  }
+  return Status::Ok();
+}
+
+Status validate_manifest(const Manifest& m) {
+  if (m.version != kFormatVersion) return Status::Error(ErrorKind::kUnsupported, "UnsupportedVersion", "manifest version " + std::to_string(m.version));
+  std::vector<Piece> pieces;
+  pieces.reserve(m.pieces.size());
+  std::set<std::pair<std::string, std::string>> datasets;
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    const auto& r = m.pieces[i];
+    const std::string where = "piece #" + std::to_string(i) + " of tensor '" + r.piece.tensor + "'";
+    if (!is_safe_relative_path(r.file))
+      return Status::Corruption("BadFileName", where + ": file name '" + r.file + "' must be a relative path without '..'").with_tensor(r.piece.tensor);
+    if (r.dataset.empty() || r.dataset[0] != '/' || r.dataset.size() > 1024 || r.dataset.find('\0') != std::string::npos)
+      return Status::Corruption("BadField", where + ": dataset '" + r.dataset + "' must be an absolute HDF5 path").with_tensor(r.piece.tensor);
+    if (!datasets.emplace(r.file, r.dataset).second)
+      return Status::Corruption("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces").with_tensor(r.piece.tensor);
+    pieces.push_back(r.piece);
+  }
+  CKPT_RETURN_IF_ERROR(validate_pieces(m.tensors, pieces));
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    const auto& r = m.pieces[i];
+    auto want = checked_mul(static_cast<uint64_t>(r.piece.region.numel()), static_cast<uint64_t>(dtype_size(r.piece.dtype)));
+    if (!want || *want != r.bytes)
+      return Status::Corruption("BadByteCount", "piece #" + std::to_string(i) + " of tensor '" + r.piece.tensor + "': bytes " + std::to_string(r.bytes) +
+                                                    ", expected " + (want ? std::to_string(*want) : std::string("overflow")) + " (" +
+                                                    std::to_string(r.piece.region.numel()) + " x " + std::string(dtype_name(r.piece.dtype)) + ")")
+          .with_tensor(r.piece.tensor);
+  }
+  return Status::Ok();
+}
+
+Result<Manifest> load_manifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestFile;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open manifest", path, errno);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return Status::FromErrno("cannot stat manifest", path, e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::Corruption("BadField", "manifest is not a regular file").with_file(path);
+  }
+  if (static_cast<uint64_t>(st.st_size) > kMaxManifestBytes) {
+    ::close(fd);
+    return Status::Corruption("ManifestTooLarge", "manifest is " + std::to_string(st.st_size) + " bytes (max " + std::to_string(kMaxManifestBytes) + ")").with_file(path);
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : EIO;
+      ::close(fd);
+      return Status::FromErrno("cannot read manifest", path, e);
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  auto m = parse_manifest(text);
+  if (!m.ok()) return m.take_status().with_file(path);
+  Status v = validate_manifest(*m);
+  if (!v.ok()) return std::move(v).with_file(path);
+  return m;
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,291 @@
+#include "formats/store/store_reader.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "formats/checked.h"
+#include "formats/dtype.h"
+#include "formats/store/h5_types.h"
+#include "formats/store/run_dir.h"
+#include "formats/store/sha256.h"
+#include "formats/store/zstd_filter.h"
+
+namespace ckpt::store {
+
+namespace {
+constexpr uint64_t kVerifyChunkBytes = 16ull << 20;
+
+std::string dims_string(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+}  // namespace
+
+StoreReader::~StoreReader() {
+  auto lock = h5_lock();
+  datasets_.clear();
+  files_.clear();
+}
+
+Result<std::unique_ptr<StoreReader>> StoreReader::open(const std::string& path) {
+  CKPT_RETURN_IF_ERROR(register_zstd_filter());
+  CKPT_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(path));
+  std::unique_ptr<StoreReader> r(new StoreReader());
+  r->dir_ = dir;
+  CKPT_ASSIGN_OR_RETURN(r->manifest_, load_manifest(dir));
+  r->pieces_.reserve(r->manifest_.pieces.size());
+  for (size_t i = 0; i < r->manifest_.pieces.size(); ++i) {
+    r->pieces_.push_back(r->manifest_.pieces[i].piece);
+    r->by_tensor_[r->pieces_.back().tensor].push_back(i);
+  }
+  CKPT_RETURN_IF_ERROR(r->open_files());
+  return r;
+}
+
+Status StoreReader::error_context(Status st, size_t piece) const {
+  const auto& rec = manifest_.pieces[piece];
+  return std::move(st).with_file(dir_ + "/" + rec.file).with_tensor(rec.piece.tensor);
+}
+
+Status StoreReader::open_files() {
+  auto lock = h5_lock();
+  datasets_.resize(manifest_.pieces.size());
+  for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
+    const auto& rec = manifest_.pieces[i];
+    const std::string path = dir_ + "/" + rec.file;
+    const std::string where = "piece #" + std::to_string(i) + " of tensor '" + rec.piece.tensor + "' (file '" + rec.file +
+                              "', dataset '" + rec.dataset + "')";
+    auto fit = files_.find(rec.file);
+    if (fit == files_.end()) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0)
+        return Status::Error(ErrorKind::kNotFound, "ShardMissing", "shard file '" + rec.file + "' is missing (needed by " + where + ")")
+            .with_file(path).with_tensor(rec.piece.tensor);
+      if (!S_ISREG(st.st_mode))
+        return Status::Corruption("BadShard", "shard '" + rec.file + "' is not a regular file").with_file(path);
+      H5Id f = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+      if (!f.valid())
+        return Status::Corruption("BadShard", "shard '" + rec.file + "' (" + std::to_string(st.st_size) +
+                                                  " bytes) is not a readable HDF5 file (truncated or damaged)")
+            .with_file(path);
+      fit = files_.emplace(rec.file, std::move(f)).first;
+    }
+    H5Id ds = h5_dataset(H5Dopen2(fit->second.get(), rec.dataset.c_str(), H5P_DEFAULT));
+    if (!ds.valid())
+      return Status::Corruption("MissingDataset", where + ": dataset not found or unreadable").with_file(path).with_tensor(rec.piece.tensor);
+    H5Id type = h5_type(H5Dget_type(ds.get()));
+    if (!type.valid() || !h5_type_matches(type.get(), rec.piece.dtype))
+      return Status::Corruption("DTypeMismatch", where + ": dataset element type (class " + std::to_string(type.valid() ? H5Tget_class(type.get()) : -1) +
+                                                     ", " + std::to_string(type.valid() ? H5Tget_size(type.get()) : 0) + " bytes) does not hold " +
+                                                     std::string(dtype_name(rec.piece.dtype)))
+          .with_file(path).with_tensor(rec.piece.tensor);
+    H5Id space = h5_space(H5Dget_space(ds.get()));
+    const auto want = piece_dataset_dims(rec.piece.region);
+    int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+    std::vector<hsize_t> got(nd > 0 ? static_cast<size_t>(nd) : 0);
+    if (nd >= 0 && nd <= 64 && nd > 0) H5Sget_simple_extent_dims(space.get(), got.data(), nullptr);
+    if (nd < 0 || nd > 64 || got != want)
+      return Status::Corruption("ShapeMismatch", where + ": dataset shape " + dims_string(got) + ", expected " + dims_string(want))
+          .with_file(path).with_tensor(rec.piece.tensor);
+    datasets_[i] = std::move(ds);
+  }
+  return Status::Ok();
+}
+
+Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
+  if (piece >= pieces_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+  const auto& rec = manifest_.pieces[piece];
+  const Region& reg = rec.piece.region;
+  if (sub.ndim() != reg.box.ndim()) return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " has the wrong rank"), piece);
+  for (size_t d = 0; d < sub.ndim(); ++d)
+    if (sub.offset[d] < 0 || sub.extent[d] < 0) return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " is negative"), piece);
+  auto lock = h5_lock();
+  H5Id fspace = h5_space(H5Dget_space(datasets_[piece].get()));
+  const size_t n = sub.ndim();
+  if (!reg.is_flat()) {
+    if (!reg.box.contains(sub))
+      return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " is not inside piece " + reg.to_string()), piece);
+    if (sub.numel() == 0) return Status::Ok();
+    std::vector<hsize_t> off(std::max<size_t>(n, 1), 0), cnt(std::max<size_t>(n, 1), 1);
+    for (size_t d = 0; d < n; ++d) {
+      off[d] = static_cast<hsize_t>(sub.offset[d] - reg.box.offset[d]);
+      cnt[d] = static_cast<hsize_t>(sub.extent[d]);
+    }
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0)
+      return error_context(Status::Internal("hyperslab selection failed"), piece);
+  } else {
+    // Find the box of the flat range holding `sub`; its elements start at `base` in the dataset.
+    int64_t base = 0;
+    const Box* holder = nullptr;
+    std::vector<Box> boxes = reg.boxes();
+    for (const Box& b : boxes) {
+      if (b.contains(sub)) {
+        holder = &b;
+        break;
+      }
+      base += b.numel();
+    }
+    if (!holder)
+      return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " is not inside one box of flat piece " + reg.to_string()), piece);
+    if (sub.numel() == 0) return Status::Ok();
+    H5Sselect_none(fspace.get());
+    if (n == 0) {
+      hsize_t o = static_cast<hsize_t>(base), c = 1;
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &o, nullptr, &c, nullptr);
+    } else {
+      // Row-major strides of `holder`; iterate over all dims but the last two, select the last two
+      // as a strided 1-D pattern: count rows of `block` elements, `stride` apart.
+      std::vector<int64_t> stride(n);
+      int64_t s = 1;
+      for (size_t d = n; d-- > 0;) {
+        stride[d] = s;
+        s *= holder->extent[d];
+      }
+      const size_t outer = n >= 2 ? n - 2 : 0;
+      const hsize_t block = static_cast<hsize_t>(sub.extent[n - 1]);
+      const hsize_t rows = n >= 2 ? static_cast<hsize_t>(sub.extent[n - 2]) : 1;
+      const hsize_t row_stride = std::max<hsize_t>(n >= 2 ? static_cast<hsize_t>(stride[n - 2]) : 1, block);
+      std::vector<int64_t> idx(outer, 0);
+      for (bool more = true; more;) {
+        int64_t start = base;
+        for (size_t d = 0; d < n; ++d) start += ((sub.offset[d] - holder->offset[d]) + (d < outer ? idx[d] : 0)) * stride[d];
+        hsize_t st = static_cast<hsize_t>(start), str = row_stride, cnt = rows, blk = block;
+        if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_OR, &st, &str, &cnt, &blk) < 0)
+          return error_context(Status::Internal("hyperslab selection failed"), piece);
+        more = false;
+        for (size_t d = outer; d-- > 0;) {
+          if (++idx[d] < sub.extent[d]) {
+            more = true;
+            break;
+          }
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+  hsize_t total = static_cast<hsize_t>(sub.numel());
+  H5Id mspace = h5_space(H5Screate_simple(1, &total, nullptr));
+  if (H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, dst) < 0)
+    return error_context(Status::Corruption("ReadFailed", "reading " + sub.to_string() + " of dataset '" + rec.dataset + "' in '" + rec.file +
+                                                              "' failed (damaged data or compressed chunk)"),
+                         piece);
+  return Status::Ok();
+}
+
+Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst) {
+  if (piece >= pieces_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+  const auto& rec = manifest_.pieces[piece];
+  const int64_t numel = rec.piece.region.numel();
+  if (begin < 0 || begin > end || end > numel)
+    return error_context(Status::InvalidArgument("range " + std::to_string(begin) + ".." + std::to_string(end) + " outside piece of " +
+                                                 std::to_string(numel) + " elements"),
+                         piece);
+  if (begin == end) return Status::Ok();
+  const auto dims = piece_dataset_dims(rec.piece.region);
+  const size_t esize = dtype_size(rec.piece.dtype);
+  auto lock = h5_lock();
+  char* out = static_cast<char*>(dst);
+  for (const Box& b : flat_range_to_boxes(Box::whole(Shape(dims.begin(), dims.end())), begin, end)) {
+    std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), cnt(b.extent.begin(), b.extent.end());
+    hsize_t n = static_cast<hsize_t>(b.numel());
+    H5Id fspace = h5_space(H5Dget_space(datasets_[piece].get()));
+    H5Id mspace = h5_space(H5Screate_simple(1, &n, nullptr));
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
+        H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+      return error_context(Status::Corruption("ReadFailed", "reading elements " + std::to_string(begin) + ".." + std::to_string(end) + " of dataset '" +
+                                                                rec.dataset + "' in '" + rec.file + "' failed (damaged data or compressed chunk)"),
+                           piece);
+    out += n * esize;
+  }
+  return Status::Ok();
+}
+
+Status StoreReader::read_region(const std::string& tensor, const Box& box, void* dst, DType* dtype) {
+  const TensorMeta* meta = nullptr;
+  for (const auto& t : manifest_.tensors)
+    if (t.name == tensor) meta = &t;
+  if (!meta) return Status::NotFound("tensor '" + tensor + "' is not in " + dir_).with_tensor(tensor);
+  Status vb = validate_box(box, meta->shape);
+  if (!vb.ok()) return Status::InvalidArgument(vb.message()).with_tensor(tensor);
+  std::optional<DType> dt;
+  std::vector<char> tmp;
+  for (size_t pi : by_tensor_[tensor]) {
+    const auto& p = pieces_[pi];
+    for (const Box& b : p.region.boxes()) {
+      auto inter = intersect(b, box);
+      if (!inter || inter->numel() == 0) continue;
+      if (dt && *dt != p.dtype)
+        return Status::Unsupported("tensor '" + tensor + "' region " + box.to_string() + " spans pieces stored as " + std::string(dtype_name(*dt)) +
+                                   " and " + std::string(dtype_name(p.dtype)))
+            .with_tensor(tensor);
+      dt = p.dtype;
+      const size_t esize = dtype_size(p.dtype);
+      if (*inter == box) {
+        CKPT_RETURN_IF_ERROR(read(pi, *inter, dst));
+        continue;
+      }
+      tmp.resize(static_cast<size_t>(inter->numel()) * esize);
+      CKPT_RETURN_IF_ERROR(read(pi, *inter, tmp.data()));
+      copy_box(tmp.data(), *inter, dst, box, *inter, esize);
+    }
+  }
+  if (dtype) *dtype = dt.value_or(meta->dtype);
+  return Status::Ok();
+}
+
+uint64_t StoreReader::stored_bytes(size_t piece) {
+  if (piece >= datasets_.size()) return 0;
+  auto lock = h5_lock();
+  return H5Dget_storage_size(datasets_[piece].get());
+}
+
+VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& progress) {
+  VerifyReport rep;
+  uint64_t total = 0;
+  for (const auto& r : manifest_.pieces) total += r.bytes;
+  std::vector<char> cur(kVerifyChunkBytes), next(kVerifyChunkBytes);
+  HashWorker worker;
+  uint64_t done = 0;
+  for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
+    const auto& rec = manifest_.pieces[i];
+    const size_t esize = dtype_size(rec.piece.dtype);
+    const int64_t step = static_cast<int64_t>(std::max<uint64_t>(1, kVerifyChunkBytes / esize));
+    const int64_t numel = rec.piece.region.numel();
+    Sha256 h;
+    Status st;
+    int64_t pos = std::min(step, numel);
+    st = read_storage_range(i, 0, pos, cur.data());
+    size_t cur_bytes = static_cast<size_t>(pos) * esize;
+    while (st.ok()) {
+      worker.start([&h, &cur, cur_bytes] { h.update(cur.data(), cur_bytes); });
+      const int64_t nend = std::min(pos + step, numel);
+      if (pos < numel) st = read_storage_range(i, pos, nend, next.data());
+      worker.wait();
+      done += cur_bytes;
+      if (progress) progress(done, total);
+      if (pos >= numel || !st.ok()) break;
+      cur_bytes = static_cast<size_t>(nend - pos) * esize;
+      pos = nend;
+      std::swap(cur, next);
+    }
+    ++rep.pieces;
+    rep.bytes += rec.bytes;
+    if (!st.ok()) {
+      rep.failures.push_back({i, std::move(st)});
+      continue;
+    }
+    std::string got = h.hex_digest();
+    if (got != rec.sha256)
+      rep.failures.push_back({i, error_context(Status::Error(ErrorKind::kChecksum, "ChecksumMismatch",
+                                                             "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
+                                                                 rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
+                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got),
+                                             i)});
+  }
+  return rep;
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,70 @@
+// Reader of the native store v1 (a TensorSource). open() validates the manifest (see
+// manifest.h) and every shard file and dataset (present, declared shape and dtype) before any
+// use; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece);
+// read_region() assembles any box of a tensor across pieces; verify() recomputes every piece's
+// SHA-256 from the stored bytes, streamed in bounded chunks.
+// Thread safety: one thread at a time per reader (HDF5 calls also take h5_lock()).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "formats/store/h5_handles.h"
+#include "formats/store/manifest.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt::store {
+
+struct VerifyFailure {
+  size_t piece;
+  Status status;  // names file, dataset, tensor, expected vs got
+};
+
+struct VerifyReport {
+  uint64_t pieces = 0, bytes = 0;
+  std::vector<VerifyFailure> failures;
+  bool ok() const { return failures.empty(); }
+};
+
+class StoreReader final : public TensorSource {
+ public:
+  // `path`: a checkpoint dir or a run dir (follows `latest`).
+  static Result<std::unique_ptr<StoreReader>> open(const std::string& path);
+  ~StoreReader() override;
+
+  const std::vector<TensorMeta>& tensors() const override { return manifest_.tensors; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  Status read(size_t piece, const Box& sub, void* dst) override;
+  const nlohmann::json& metadata() const override { return manifest_.metadata; }
+  std::string describe() const override { return dir_; }
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+  // Elements [begin, end) of piece `piece` in storage order, into `dst` (stored dtype).
+  Status read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst);
+  // Box `box` of tensor `tensor` (dense row-major in `dst`), crossing piece boundaries. All pieces
+  // it touches must share one stored dtype (written in `*dtype` when non-null).
+  Status read_region(const std::string& tensor, const Box& box, void* dst, DType* dtype = nullptr);
+  // Bytes the piece's dataset takes in its file (compressed size when compressed).
+  uint64_t stored_bytes(size_t piece);
+  // Recomputes every checksum; `progress(done_bytes, total_bytes)` is called after each chunk.
+  VerifyReport verify(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+
+ private:
+  StoreReader() = default;
+  Status open_files();
+  Status error_context(Status st, size_t piece) const;
+
+  std::string dir_;
+  Manifest manifest_;
+  std::vector<Piece> pieces_;
+  std::unordered_map<std::string, std::vector<size_t>> by_tensor_;
+  std::unordered_map<std::string, H5Id> files_;
+  std::vector<H5Id> datasets_;
+};
+
+}  // namespace ckpt::store

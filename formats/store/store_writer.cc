@@ -1,0 +1,310 @@
+#include "formats/store/store_writer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+#include "formats/checked.h"
+#include "formats/dtype.h"
+#include "formats/store/fs_util.h"
+#include "formats/store/h5_handles.h"
+#include "formats/store/h5_types.h"
+#include "formats/store/sha256.h"
+#include "formats/store/zstd_filter.h"
+
+namespace ckpt::store {
+
+namespace {
+
+constexpr size_t kInlineHashBytes = 256 << 10;  // smaller writes are hashed on the calling thread
+
+// Row-slab chunks of about `target` bytes: full inner dims, a slice of the first dim that does
+// not fit whole, 1 for the dims outside it.
+std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, size_t esize, uint64_t target) {
+  std::vector<hsize_t> c(dims.size(), 1);
+  uint64_t inner = esize;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (inner * dims[i] <= target) {
+      c[i] = dims[i];
+      inner *= dims[i];
+    } else {
+      c[i] = std::max<uint64_t>(1, target / inner);
+      break;
+    }
+  }
+  return c;
+}
+
+Status write_string_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id type = h5_type(H5Tcopy(H5T_C_S1));
+  if (!type.valid() || H5Tset_size(type.get(), std::max<size_t>(1, value.size())) < 0) return Status::Internal("H5Tset_size failed");
+  H5Id space = h5_space(H5Screate(H5S_SCALAR));
+  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.valid()) return Status::Io(std::string("cannot create HDF5 attribute ") + name);
+  std::string v = value.empty() ? std::string(1, '\0') : value;
+  if (H5Awrite(attr.get(), type.get(), v.data()) < 0) return Status::Io(std::string("cannot write HDF5 attribute ") + name);
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct ShardWriter::Impl {
+  struct Slot {
+    PieceRecord rec;
+    std::vector<hsize_t> dims;
+    H5Id ds;
+    Sha256 hash;
+    int64_t numel = 0, written = 0;
+    size_t esize = 0;
+  };
+  std::string path;  // absolute-ish path of the shard file
+  std::string rel;   // "shards/r00003.h5"
+  StoreOptions opts;
+  H5Id file;
+  std::vector<Slot> slots;
+  HashWorker worker;
+  bool closed = false;
+};
+
+ShardWriter::ShardWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardWriter::~ShardWriter() {
+  if (impl_ && !impl_->closed) abort();
+}
+
+Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partial_dir, int rank,
+                                                       const std::vector<TensorMeta>& tensors,
+                                                       const std::vector<Piece>& pieces, const StoreOptions& opts) {
+  if (rank < 0 || rank > 99999) return Status::InvalidArgument("rank " + std::to_string(rank) + " out of range [0, 99999]");
+  if (opts.codec != Codec::kNone) CKPT_RETURN_IF_ERROR(register_zstd_filter());
+  std::unordered_map<std::string, const TensorMeta*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const auto& p = pieces[i];
+    auto it = by_name.find(p.tensor);
+    if (it == by_name.end()) return Status::InvalidArgument("piece #" + std::to_string(i) + " names unknown tensor '" + p.tensor + "'").with_tensor(p.tensor);
+    Status st = validate_box(p.region.box, it->second->shape);
+    if (!st.ok()) return Status::InvalidArgument("piece #" + std::to_string(i) + " region " + p.region.to_string() + ": " + st.message()).with_tensor(p.tensor);
+    if (p.region.is_flat() && (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > p.region.box.numel()))
+      return Status::InvalidArgument("piece #" + std::to_string(i) + " flat range " + p.region.to_string() + " outside its box").with_tensor(p.tensor);
+  }
+  auto impl = std::make_unique<Impl>();
+  char name[32];
+  std::snprintf(name, sizeof name, "shards/r%05d.h5", rank);
+  impl->rel = name;
+  impl->path = partial_dir + "/" + impl->rel;
+  impl->opts = opts;
+  auto lock = h5_lock();
+  impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
+  if (!impl->file.valid()) return Status::Io("cannot create HDF5 shard '" + impl->path + "' (exists, or directory missing)").with_file(impl->path);
+  impl->slots.resize(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    auto& s = impl->slots[i];
+    const auto& p = pieces[i];
+    s.rec.piece = p;
+    s.rec.file = impl->rel;
+    std::snprintf(name, sizeof name, "/p%06zu", i);
+    s.rec.dataset = name;
+    s.esize = dtype_size(p.dtype);
+    s.numel = p.region.numel();
+    s.rec.bytes = static_cast<uint64_t>(s.numel) * s.esize;
+    s.dims = piece_dataset_dims(p.region);
+    H5Id space = h5_space(H5Screate_simple(static_cast<int>(s.dims.size()), s.dims.data(), nullptr));
+    H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+    H5Id dapl = h5_plist(H5Pcreate(H5P_DATASET_ACCESS));
+    s.rec.codec = s.numel > 0 ? opts.codec : Codec::kNone;
+    if (s.rec.codec != Codec::kNone) {
+      auto cd = chunk_dims(s.dims, s.esize, opts.chunk_bytes);
+      H5Pset_chunk(dcpl.get(), static_cast<int>(cd.size()), cd.data());
+      if (s.rec.codec == Codec::kShuffleZstd && s.esize > 1) H5Pset_shuffle(dcpl.get());
+      unsigned cdv[1] = {static_cast<unsigned>(opts.zstd_level)};
+      if (H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, cdv) < 0)
+        return Status::Internal("H5Pset_filter(zstd) failed");
+      s.rec.codec_level = opts.zstd_level;
+      uint64_t chunk_b = s.esize;
+      for (auto c : cd) chunk_b *= c;
+      H5Pset_chunk_cache(dapl.get(), 521, std::max<uint64_t>(4 * chunk_b, 16 << 20), 1.0);
+    }
+    s.ds = h5_dataset(H5Dcreate2(impl->file.get(), s.rec.dataset.c_str(), h5_type_for(p.dtype), space.get(), H5P_DEFAULT,
+                                 dcpl.get(), dapl.get()));
+    if (!s.ds.valid()) return Status::Io("cannot create dataset " + s.rec.dataset + " for tensor '" + p.tensor + "'").with_file(impl->path);
+    CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "tensor", p.tensor));
+    CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "dtype", std::string(dtype_name(p.dtype))));
+  }
+  return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
+}
+
+Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
+  auto& im = *impl_;
+  if (im.closed) return Status::InvalidArgument("write after close");
+  if (piece >= im.slots.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+  auto& s = im.slots[piece];
+  if (count < 0 || count > s.numel - s.written)
+    return Status::InvalidArgument("write of " + std::to_string(count) + " elements to piece #" + std::to_string(piece) + " of tensor '" +
+                                   s.rec.piece.tensor + "': only " + std::to_string(s.numel - s.written) + " left")
+        .with_tensor(s.rec.piece.tensor);
+  if (count == 0) return Status::Ok();
+  const size_t nbytes = static_cast<size_t>(count) * s.esize;
+  const bool async = nbytes >= kInlineHashBytes;
+  if (async) im.worker.start([&s, data, nbytes] { s.hash.update(data, nbytes); });
+  else s.hash.update(data, nbytes);
+  Status st;
+  {
+    auto lock = h5_lock();
+    Box local = Box::whole(Shape(s.dims.begin(), s.dims.end()));
+    const char* src = static_cast<const char*>(data);
+    for (const Box& b : flat_range_to_boxes(local, s.written, s.written + count)) {
+      std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), ext(b.extent.begin(), b.extent.end());
+      hsize_t n = static_cast<hsize_t>(b.numel());
+      H5Id fspace = h5_space(H5Dget_space(s.ds.get()));
+      H5Id mspace = h5_space(H5Screate_simple(1, &n, nullptr));
+      if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, ext.data(), nullptr) < 0 ||
+          H5Dwrite(s.ds.get(), h5_type_for(s.rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, src) < 0) {
+        st = Status::Io("HDF5 write of dataset " + s.rec.dataset + " failed (disk full?)").with_file(im.path).with_tensor(s.rec.piece.tensor);
+        break;
+      }
+      src += n * s.esize;
+    }
+  }
+  if (async) im.worker.wait();
+  CKPT_RETURN_IF_ERROR(st);
+  s.written += count;
+  if (s.written == s.numel) {
+    auto lock = h5_lock();
+    if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(im.path).with_tensor(s.rec.piece.tensor);
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<PieceRecord>> ShardWriter::close() {
+  auto& im = *impl_;
+  if (im.closed) return Status::InvalidArgument("shard already closed");
+  for (size_t i = 0; i < im.slots.size(); ++i) {
+    auto& s = im.slots[i];
+    if (s.written != s.numel)
+      return Status::InvalidArgument("piece #" + std::to_string(i) + " of tensor '" + s.rec.piece.tensor + "' got " + std::to_string(s.written) +
+                                     " of " + std::to_string(s.numel) + " elements")
+          .with_tensor(s.rec.piece.tensor);
+  }
+  {
+    auto lock = h5_lock();
+    for (auto& s : im.slots) s.ds.reset();
+    if (H5Fflush(im.file.get(), H5F_SCOPE_LOCAL) < 0 || !im.file.reset())
+      return Status::Io("flushing HDF5 shard failed").with_file(im.path);
+  }
+  im.closed = true;
+  if (im.opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(im.path));
+  std::vector<PieceRecord> out;
+  out.reserve(im.slots.size());
+  for (auto& s : im.slots) {
+    s.rec.sha256 = s.hash.hex_digest();
+    out.push_back(s.rec);
+  }
+  return out;
+}
+
+void ShardWriter::abort() {
+  if (!impl_ || impl_->closed) return;
+  auto lock = h5_lock();
+  for (auto& s : impl_->slots) s.ds.reset();
+  impl_->file.reset();
+  impl_->closed = true;
+}
+
+StoreWriter::StoreWriter(std::string dst, StoreOptions opts) : dst_(std::move(dst)), opts_(opts) {
+  while (dst_.size() > 1 && dst_.back() == '/') dst_.pop_back();
+}
+StoreWriter::~StoreWriter() {
+  if (begun_ && !done_) abort();
+}
+
+std::string StoreWriter::partial_dir(const std::string& dst) { return dst + ".partial"; }
+
+Status StoreWriter::prepare_partial(const std::string& dst) {
+  if (path_exists(dst)) return Status::InvalidArgument("destination '" + dst + "' already exists").with_file(dst);
+  const std::string partial = partial_dir(dst);
+  CKPT_RETURN_IF_ERROR(remove_tree(partial));
+  CKPT_RETURN_IF_ERROR(make_dir(partial));
+  return make_dir(partial + "/shards");
+}
+
+Status StoreWriter::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) {
+  if (begun_) return Status::InvalidArgument("begin() called twice");
+  if (!metadata.is_null() && !metadata.is_object()) return Status::InvalidArgument("checkpoint metadata must be a JSON object");
+  if (metadata.is_object())
+    for (auto it = metadata.begin(); it != metadata.end(); ++it)
+      if (is_reserved_key(it.key())) return Status::InvalidArgument("metadata key '" + it.key() + "' is reserved by the store format");
+  Status v = validate_pieces(tensors, pieces);
+  if (!v.ok()) return Status::InvalidArgument(v.code() + ": " + v.message()).with_tensor(v.tensor());
+  CKPT_RETURN_IF_ERROR(prepare_partial(dst_));
+  begun_ = true;
+  tensors_ = tensors;
+  metadata_ = metadata.is_object() ? metadata : nlohmann::json::object();
+  auto sw = ShardWriter::open(partial_dir(dst_), 0, tensors, pieces, opts_);
+  if (!sw.ok()) {
+    abort();
+    return sw.take_status();
+  }
+  shard_ = std::move(sw).value();
+  return Status::Ok();
+}
+
+Status StoreWriter::write(size_t piece, const void* data, int64_t count) {
+  if (!shard_ || done_) return Status::InvalidArgument("write() outside begin()/commit()");
+  return shard_->write(piece, data, count);
+}
+
+Status StoreWriter::commit() {
+  if (!shard_ || done_) return Status::InvalidArgument("commit() without begin()");
+  auto recs = shard_->close();
+  if (!recs.ok()) {
+    abort();
+    return recs.take_status();
+  }
+  Status st = finalize(dst_, tensors_, std::move(recs).value(), metadata_, opts_);
+  if (!st.ok()) {
+    abort();
+    return st;
+  }
+  done_ = true;
+  return Status::Ok();
+}
+
+void StoreWriter::abort() {
+  if (shard_) shard_->abort();
+  if (begun_ && !done_) (void)remove_tree(partial_dir(dst_));
+  done_ = true;
+}
+
+Status StoreWriter::finalize(const std::string& dst_in, const std::vector<TensorMeta>& tensors, std::vector<PieceRecord> records,
+                             const nlohmann::json& metadata, const StoreOptions& opts) {
+  std::string dst = dst_in;
+  while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
+  const std::string partial = partial_dir(dst);
+  std::unordered_map<std::string, size_t> order;
+  for (size_t i = 0; i < tensors.size(); ++i) order.emplace(tensors[i].name, i);
+  auto key = [&](const PieceRecord& r) {
+    auto it = order.find(r.piece.tensor);
+    return std::make_tuple(it == order.end() ? SIZE_MAX : it->second, r.piece.region.box.offset, r.piece.region.flat_begin, r.file, r.dataset);
+  };
+  std::sort(records.begin(), records.end(), [&](const PieceRecord& a, const PieceRecord& b) { return key(a) < key(b); });
+  Manifest m;
+  m.tensors = tensors;
+  m.pieces = std::move(records);
+  if (metadata.is_object())
+    for (auto it = metadata.begin(); it != metadata.end(); ++it)
+      if (!is_reserved_key(it.key())) m.metadata[it.key()] = it.value();
+  Status v = validate_manifest(m);
+  if (!v.ok()) return Status::InvalidArgument("refusing to commit an invalid store: " + v.code() + ": " + v.message()).with_tensor(v.tensor());
+  for (const auto& r : m.pieces)
+    if (!path_exists(partial + "/" + r.file)) return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
+  if (path_exists(dst)) return Status::InvalidArgument("destination '" + dst + "' already exists").with_file(dst);
+  const std::string text = manifest_to_json(m).dump(1);
+  if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(partial + "/shards"));
+  CKPT_RETURN_IF_ERROR(write_file_atomic(partial + "/" + kManifestFile, text));
+  if (::rename(partial.c_str(), dst.c_str()) != 0) return Status::FromErrno("cannot rename checkpoint to", dst, errno);
+  if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(parent_dir(dst)));
+  return Status::Ok();
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,86 @@
+// Writer of the native store v1: a TensorSink for one process, plus the two halves of the
+// multi-rank (MPI) protocol, which share all the code:
+//   rank 0:    StoreWriter::prepare_partial(dst)                      (then a barrier)
+//   each rank: auto w = StoreWriter::open_rank(partial_dir(dst), rank, tensors, my_pieces, opts);
+//              w->write(i, data, n) ...; auto recs = w->close();       (records -> JSON -> gather)
+//   rank 0:    StoreWriter::finalize(dst, tensors, all_records, metadata, opts)
+// finalize() validates the union with the reader's validator, writes manifest.json LAST into
+// `<dst>.partial/`, fsyncs files and directories, and renames `<dst>.partial` to `<dst>`.
+// Thread safety: one thread per object; HDF5 calls take h5_lock(), SHA-256 runs on a helper thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/status.h"
+#include "formats/store/manifest.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt::store {
+
+struct StoreOptions {
+  Codec codec = Codec::kNone;       // kShuffleZstd: HDF5 shuffle + zstd (filter 32015)
+  int zstd_level = 1;
+  uint64_t chunk_bytes = 4ull << 20;  // target HDF5 chunk size when compressed
+  bool fsync = true;                  // fsync shards, manifest and directories on commit
+};
+
+// Writes the pieces of one rank into `<partial_dir>/shards/r<rank:05>.h5` (one dataset per piece).
+class ShardWriter {
+ public:
+  // Validates the pieces (known tensors, regions inside them) and creates the file and datasets.
+  static Result<std::unique_ptr<ShardWriter>> open(const std::string& partial_dir, int rank,
+                                                   const std::vector<TensorMeta>& tensors,
+                                                   const std::vector<Piece>& pieces, const StoreOptions& opts);
+  ~ShardWriter();
+  // Next `count` elements (storage order) of local piece `piece` (index into the open() list).
+  Status write(size_t piece, const void* data, int64_t count);
+  // All pieces complete? Closes and fsyncs the file; returns the manifest records of the pieces.
+  Result<std::vector<PieceRecord>> close();
+  void abort();  // closes handles; the caller removes the partial directory
+
+  struct Impl;
+
+ private:
+  explicit ShardWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class StoreWriter final : public TensorSink {
+ public:
+  explicit StoreWriter(std::string dst, StoreOptions opts = {});
+  ~StoreWriter() override;
+
+  Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces,
+               const nlohmann::json& metadata) override;
+  Status write(size_t piece, const void* data, int64_t count) override;
+  Status commit() override;
+  void abort() override;
+
+  static std::string partial_dir(const std::string& dst);  // "<dst>.partial"
+  // Fails if `dst` exists; removes a stale `<dst>.partial` and creates it with `shards/`.
+  static Status prepare_partial(const std::string& dst);
+  static Result<std::unique_ptr<ShardWriter>> open_rank(const std::string& partial_dir, int rank,
+                                                        const std::vector<TensorMeta>& tensors,
+                                                        const std::vector<Piece>& pieces,
+                                                        const StoreOptions& opts = {}) {
+    return ShardWriter::open(partial_dir, rank, tensors, pieces, opts);
+  }
+  static Status finalize(const std::string& dst, const std::vector<TensorMeta>& tensors,
+                         std::vector<PieceRecord> records, const nlohmann::json& metadata,
+                         const StoreOptions& opts = {});
+
+ private:
+  std::string dst_;
+  StoreOptions opts_;
+  std::vector<TensorMeta> tensors_;
+  nlohmann::json metadata_;
+  std::unique_ptr<ShardWriter> shard_;
+  bool begun_ = false, done_ = false;
+};
+
+}  // namespace ckpt::store

@@ -1,0 +1,121 @@
+#include "formats/store/summary.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "formats/dtype.h"
+
+namespace ckpt::store {
+
+using nlohmann::json;
+
+std::string human_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  char buf[48];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+json summarize_source(const TensorSource& src, const SourceExtras* ex) {
+  json out;
+  out["path"] = src.describe();
+  out["format"] = ex ? ex->format : "";
+  const json& md = src.metadata();
+  out["layout"] = md.contains("layout") ? md["layout"] : json(nullptr);
+  out["profile"] = md.contains("profile") ? md["profile"] : json(nullptr);
+  out["step"] = (md.contains("trainer") && md["trainer"].is_object() && md["trainer"].contains("step")) ? md["trainer"]["step"] : json(nullptr);
+  out["metadata_keys"] = json::array();
+  if (md.is_object())
+    for (auto it = md.begin(); it != md.end(); ++it) out["metadata_keys"].push_back(it.key());
+  struct Acc {
+    uint64_t pieces = 0, bytes = 0, stored = 0;
+  };
+  std::unordered_map<std::string, Acc> acc;
+  std::map<std::string, uint64_t> codecs;
+  std::set<std::string> files;
+  const auto& pieces = src.pieces();
+  const bool have_stored = ex && ex->stored_bytes;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    auto& a = acc[pieces[i].tensor];
+    a.pieces++;
+    a.bytes += static_cast<uint64_t>(pieces[i].region.numel()) * dtype_size(pieces[i].dtype);
+    if (have_stored) a.stored += ex->stored_bytes(i);
+    if (ex && ex->codec) codecs[ex->codec(i)]++;
+    if (ex && ex->file) files.insert(ex->file(i));
+  }
+  json ts = json::array();
+  uint64_t tb = 0, ts_b = 0;
+  for (const auto& t : src.tensors()) {
+    const Acc& a = acc[t.name];
+    json j = {{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"pieces", a.pieces}, {"bytes", a.bytes}};
+    if (have_stored) j["stored_bytes"] = a.stored;
+    tb += a.bytes;
+    ts_b += a.stored;
+    ts.push_back(std::move(j));
+  }
+  out["tensors"] = std::move(ts);
+  json tot = {{"tensors", src.tensors().size()}, {"pieces", pieces.size()}, {"bytes", tb}};
+  if (ex && ex->file) tot["files"] = files.size();
+  if (have_stored) {
+    tot["stored_bytes"] = ts_b;
+    tot["compression_ratio"] = ts_b ? static_cast<double>(tb) / static_cast<double>(ts_b) : 1.0;
+  }
+  out["totals"] = tot;
+  if (!codecs.empty()) out["codecs"] = codecs;
+  return out;
+}
+
+std::string text_summary(const json& s, bool list_tensors) {
+  std::string o;
+  char buf[512];
+  o += "checkpoint: " + s.value("path", std::string()) + "\n";
+  if (!s.value("format", std::string()).empty()) o += "format:     " + s["format"].get<std::string>() + "\n";
+  if (!s["step"].is_null()) o += "step:       " + s["step"].dump() + "\n";
+  if (!s["profile"].is_null()) o += "profile:    " + (s["profile"].is_string() ? s["profile"].get<std::string>() : s["profile"].dump()) + "\n";
+  if (s["layout"].is_object()) {
+    o += "layout:    ";
+    for (const char* k : {"tp", "pp", "dp", "zero"})
+      if (s["layout"].contains(k)) o += std::string(" ") + k + "=" + s["layout"][k].dump();
+    o += "\n";
+  } else if (!s["layout"].is_null()) {
+    o += "layout:     " + s["layout"].dump() + "\n";
+  }
+  if (list_tensors) {
+    std::snprintf(buf, sizeof buf, "%-56s %-8s %-20s %7s %12s\n", "tensor", "dtype", "shape", "pieces", "bytes");
+    o += buf;
+    for (const auto& t : s["tensors"]) {
+      std::string shape = "[";
+      for (size_t i = 0; i < t["shape"].size(); ++i) shape += (i ? "," : "") + t["shape"][i].dump();
+      shape += "]";
+      std::snprintf(buf, sizeof buf, "%-56s %-8s %-20s %7llu %12s\n", t["name"].get<std::string>().c_str(), t["dtype"].get<std::string>().c_str(),
+                    shape.c_str(), static_cast<unsigned long long>(t["pieces"].get<uint64_t>()), human_bytes(t["bytes"].get<uint64_t>()).c_str());
+      o += buf;
+    }
+  }
+  const auto& tot = s["totals"];
+  std::snprintf(buf, sizeof buf, "totals: %llu tensors, %llu pieces", static_cast<unsigned long long>(tot["tensors"].get<uint64_t>()),
+                static_cast<unsigned long long>(tot["pieces"].get<uint64_t>()));
+  o += buf;
+  if (tot.contains("files")) o += ", " + tot["files"].dump() + " files";
+  o += ", " + human_bytes(tot["bytes"].get<uint64_t>()) + " raw";
+  if (tot.contains("stored_bytes")) {
+    std::snprintf(buf, sizeof buf, ", %s stored, compression ratio %.3f", human_bytes(tot["stored_bytes"].get<uint64_t>()).c_str(),
+                  tot["compression_ratio"].get<double>());
+    o += buf;
+  }
+  o += "\n";
+  if (s.contains("codecs")) {
+    o += "codecs:";
+    for (auto it = s["codecs"].begin(); it != s["codecs"].end(); ++it) o += " " + it.key() + " x" + it.value().dump();
+    o += "\n";
+  }
+  return o;
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,223 @@
+// Damaged stores: each case gives a clear error with its rule code (and a non-zero `ckpt verify`
+// exit): a flipped bit in a shard (verify names the tensor), a truncated or deleted shard,
+// manifests with overlapping pieces, a gap, an out-of-bounds region, a wrong dtype or shape, an
+// unknown version, invalid JSON.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "formats/store/fs_util.h"
+#include "formats/store/h5_handles.h"
+#include "formats/store/store_reader.h"
+#include "formats/store/store_writer.h"
+#include "tests/formats/store/store_test_util.h"
+
+namespace ckpt::store {
+namespace {
+
+using nlohmann::json;
+
+class Corruption : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::temp_dir("corrupt");
+    std::mt19937_64 rng(5);
+    tensors_ = {testing::random_tensor("model.layers.0.mlp.up_proj.weight", DType::kBF16, {64, 32}, rng),
+                testing::random_tensor("model.norm.weight", DType::kF32, {32}, rng)};
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Two ranks: up_proj split by rows, norm whole on rank 1.
+  std::string write(const std::string& name, Codec codec = Codec::kNone) {
+    const std::string dst = dir_ + "/" + name;
+    StoreOptions opts;
+    opts.codec = codec;
+    opts.fsync = false;
+    opts.chunk_bytes = 1024;
+    EXPECT_TRUE(StoreWriter::prepare_partial(dst).ok());
+    std::vector<TensorMeta> metas = {tensors_[0].meta, tensors_[1].meta};
+    std::vector<std::vector<Piece>> per_rank = {
+        {{tensors_[0].meta.name, Region{Box{{0, 0}, {32, 32}}, 0, -1}, DType::kBF16}},
+        {{tensors_[0].meta.name, Region{Box{{32, 0}, {32, 32}}, 0, -1}, DType::kBF16},
+         {tensors_[1].meta.name, Region{Box::whole({32}), 0, -1}, DType::kF32}}};
+    std::vector<PieceRecord> all;
+    for (int rank = 0; rank < 2; ++rank) {
+      auto sw = StoreWriter::open_rank(StoreWriter::partial_dir(dst), rank, metas, per_rank[rank], opts);
+      EXPECT_TRUE(sw.ok());
+      for (size_t k = 0; k < per_rank[rank].size(); ++k) {
+        const auto& p = per_rank[rank][k];
+        auto bytes = testing::naive_piece(p.tensor == tensors_[0].meta.name ? tensors_[0] : tensors_[1], p.region);
+        EXPECT_TRUE((*sw)->write(k, bytes.data(), p.region.numel()).ok());
+      }
+      auto recs = (*sw)->close();
+      EXPECT_TRUE(recs.ok());
+      all.insert(all.end(), recs->begin(), recs->end());
+    }
+    EXPECT_TRUE(StoreWriter::finalize(dst, metas, all, {{"profile", "reference"}}, opts).ok());
+    return dst;
+  }
+
+  json manifest(const std::string& dst) {
+    std::ifstream f(dst + "/manifest.json");
+    return json::parse(f);
+  }
+  void put_manifest(const std::string& dst, const std::string& text) {
+    std::ofstream f(dst + "/manifest.json", std::ios::trunc);
+    f << text;
+  }
+  Status open_status(const std::string& dst) {
+    auto r = StoreReader::open(dst);
+    return r.ok() ? Status::Ok() : r.status();
+  }
+  // Exit code of `ckpt verify dst` (the real binary).
+  int ckpt_verify(const std::string& dst) {
+    std::string cmd = std::string(CKPT_BIN) + " verify " + dst + " > /dev/null 2>&1";
+    int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+  // File offset and size of the raw bytes of a contiguous dataset.
+  std::pair<uint64_t, uint64_t> data_extent(const std::string& file, const std::string& dataset) {
+    auto lock = h5_lock();
+    H5Id f = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    H5Id d = h5_dataset(H5Dopen2(f.get(), dataset.c_str(), H5P_DEFAULT));
+    return {H5Dget_offset(d.get()), H5Dget_storage_size(d.get())};
+  }
+  void flip_bit(const std::string& file, uint64_t byte, int bit) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(byte));
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ (1 << bit));
+    f.seekp(static_cast<std::streamoff>(byte));
+    f.write(&c, 1);
+  }
+
+  std::string dir_;
+  std::vector<testing::DenseTensor> tensors_;
+};
+
+TEST_F(Corruption, CleanStoreVerifies) {
+  auto dst = write("clean");
+  auto r = StoreReader::open(dst);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE((*r)->verify().ok());
+  EXPECT_EQ(ckpt_verify(dst), 0);
+}
+
+TEST_F(Corruption, FlippedBitInEveryPieceIsFoundAndNamed) {
+  std::mt19937_64 rng(9);
+  auto clean = write("flip_src");
+  auto m = manifest(clean);
+  for (size_t i = 0; i < m["pieces"].size(); ++i) {
+    const std::string dst = dir_ + "/flip" + std::to_string(i);
+    std::filesystem::copy(clean, dst, std::filesystem::copy_options::recursive);
+    const auto& p = m["pieces"][i];
+    const std::string file = dst + "/" + p["file"].get<std::string>();
+    auto [off, size] = data_extent(file, p["dataset"]);
+    ASSERT_GT(size, 0u);
+    flip_bit(file, off + rng() % size, static_cast<int>(rng() % 8));
+    auto r = StoreReader::open(dst);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    auto rep = (*r)->verify();
+    ASSERT_EQ(rep.failures.size(), 1u);
+    const Status& st = rep.failures[0].status;
+    EXPECT_EQ(st.code(), "ChecksumMismatch");
+    EXPECT_EQ(st.kind(), ErrorKind::kChecksum);
+    EXPECT_EQ(st.tensor(), p["tensor"].get<std::string>());
+    EXPECT_NE(st.message().find(p["dataset"].get<std::string>()), std::string::npos) << st.message();
+    EXPECT_NE(st.file().find(p["file"].get<std::string>()), std::string::npos);
+    EXPECT_EQ(ckpt_verify(dst), 1);
+  }
+}
+
+TEST_F(Corruption, FlippedBitInCompressedChunkFails) {
+  auto dst = write("flipz", Codec::kShuffleZstd);
+  auto m = manifest(dst);
+  const auto& p = m["pieces"][0];
+  const std::string file = dst + "/" + p["file"].get<std::string>();
+  // Chunked: find the first chunk's address through the chunk index (H5Dget_chunk_info is
+  // 1.10.5+); flip a byte in the middle of it.
+  haddr_t addr;
+  hsize_t csize;
+  {
+    auto lock = h5_lock();
+    H5Id f = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    H5Id d = h5_dataset(H5Dopen2(f.get(), p["dataset"].get<std::string>().c_str(), H5P_DEFAULT));
+    H5Id sp = h5_space(H5Dget_space(d.get()));
+    hsize_t offs[2];
+    unsigned mask;
+    ASSERT_GE(H5Dget_chunk_info(d.get(), sp.get(), 0, offs, &mask, &addr, &csize), 0);
+  }
+  flip_bit(file, addr + csize / 2, 3);
+  auto r = StoreReader::open(dst);
+  ASSERT_TRUE(r.ok());
+  auto rep = (*r)->verify();
+  ASSERT_EQ(rep.failures.size(), 1u);
+  EXPECT_EQ(rep.failures[0].status.tensor(), p["tensor"].get<std::string>());
+  EXPECT_NE(ckpt_verify(dst), 0);
+}
+
+TEST_F(Corruption, TruncatedShard) {
+  auto dst = write("trunc");
+  const std::string f = dst + "/shards/r00001.h5";
+  std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2);
+  Status st = open_status(dst);
+  EXPECT_EQ(st.code(), "BadShard") << st.to_string();
+  EXPECT_NE(st.file().find("r00001.h5"), std::string::npos);
+  EXPECT_EQ(ckpt_verify(dst), 3);
+}
+
+TEST_F(Corruption, DeletedShard) {
+  auto dst = write("deleted");
+  std::filesystem::remove(dst + "/shards/r00000.h5");
+  Status st = open_status(dst);
+  EXPECT_EQ(st.code(), "ShardMissing") << st.to_string();
+  EXPECT_EQ(st.kind(), ErrorKind::kNotFound);
+  EXPECT_EQ(ckpt_verify(dst), 4);
+}
+
+TEST_F(Corruption, ManifestRules) {
+  auto clean = write("mf");
+  const json good = manifest(clean);
+  struct Edit {
+    const char* code;
+    std::function<void(json&)> apply;
+  };
+  std::vector<Edit> edits = {
+      {"PieceOverlap", [](json& j) { j["pieces"][1]["region"]["offset"] = {31, 0}; }},
+      {"PieceGap", [](json& j) { j["pieces"][1]["region"]["offset"] = {33, 0}, j["pieces"][1]["region"]["extent"] = {31, 32}, j["pieces"][1]["bytes"] = 31 * 32 * 2; }},
+      {"RegionOutOfBounds", [](json& j) { j["pieces"][1]["region"]["offset"] = {40, 0}; }},
+      {"UnsupportedVersion", [](json& j) { j["version"] = 7; }},
+      {"BadByteCount", [](json& j) { j["pieces"][0]["dtype"] = "F32"; }},
+      {"DTypeMismatch", [](json& j) { j["pieces"][0]["dtype"] = "I16"; }},  // same size, other HDF5 type
+      {"ShapeMismatch",
+       [](json& j) {  // consistent manifest, but the dataset holds 32x32 not 16x64
+         j["tensors"][0]["shape"] = {32, 64};
+         j["pieces"][0]["region"] = {{"offset", {0, 0}}, {"extent", {16, 64}}};
+         j["pieces"][1]["region"] = {{"offset", {16, 0}}, {"extent", {16, 64}}};
+       }},
+      {"BadFileName", [](json& j) { j["pieces"][0]["file"] = "../escape.h5"; }},
+      {"MissingDataset", [](json& j) { j["pieces"][0]["dataset"] = "/nope"; }},
+  };
+  for (const auto& e : edits) {
+    json j = good;
+    e.apply(j);
+    put_manifest(clean, j.dump());
+    Status st = open_status(clean);
+    EXPECT_EQ(st.code(), e.code) << st.to_string();
+    EXPECT_NE(ckpt_verify(clean), 0) << e.code;
+  }
+  put_manifest(clean, good.dump().substr(0, 100));
+  EXPECT_EQ(open_status(clean).code(), "InvalidJson");
+  EXPECT_EQ(ckpt_verify(clean), 3);
+  put_manifest(clean, good.dump());
+  EXPECT_TRUE(open_status(clean).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::store

@@ -1,0 +1,164 @@
+// Manifest parsing and the structural validator: one test per rule code.
+#include <gtest/gtest.h>
+
+#include "formats/store/manifest.h"
+
+namespace ckpt::store {
+namespace {
+
+using nlohmann::json;
+
+json piece(const std::string& t, std::vector<int64_t> off, std::vector<int64_t> ext, const std::string& ds,
+           std::optional<std::pair<int64_t, int64_t>> flat = std::nullopt) {
+  int64_t n = 1;
+  for (auto e : ext) n *= e;
+  json region = {{"offset", off}, {"extent", ext}};
+  if (flat) {
+    region["flat"] = {flat->first, flat->second};
+    n = flat->second - flat->first;
+  }
+  return {{"tensor", t}, {"file", "shards/r00000.h5"}, {"dataset", ds}, {"region", region}, {"dtype", "F32"},
+          {"bytes", n * 4}, {"sha256", std::string(64, 'a')}, {"codec", "none"}};
+}
+
+json good() {
+  return {{"format", "ckpt-native"},
+          {"version", 1},
+          {"layout", {{"tp", 2}}},
+          {"tensors", {{{"name", "w"}, {"dtype", "F32"}, {"shape", {4, 6}}}}},
+          {"pieces", {piece("w", {0, 0}, {4, 3}, "/p0"), piece("w", {0, 3}, {4, 3}, "/p1")}}};
+}
+
+Status check(const json& j) {
+  auto m = parse_manifest(j.dump());
+  if (!m.ok()) return m.status();
+  return validate_manifest(*m);
+}
+
+TEST(Manifest, GoodParsesAndRoundTrips) {
+  auto m = parse_manifest(good().dump());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_TRUE(validate_manifest(*m).ok());
+  EXPECT_EQ(m->metadata["layout"]["tp"], 2);
+  auto again = parse_manifest(manifest_to_json(*m).dump());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->pieces, m->pieces);
+  EXPECT_EQ(again->tensors, m->tensors);
+}
+
+TEST(Manifest, InvalidJson) {
+  auto m = parse_manifest("{\"format\": ");
+  EXPECT_EQ(m.status().code(), "InvalidJson");
+  EXPECT_EQ(m.status().kind(), ErrorKind::kCorruption);
+}
+
+TEST(Manifest, UnknownVersion) {
+  json j = good();
+  j["version"] = 2;
+  EXPECT_EQ(check(j).code(), "UnsupportedVersion");
+  EXPECT_EQ(check(j).kind(), ErrorKind::kUnsupported);
+}
+
+TEST(Manifest, UnknownFormat) {
+  json j = good();
+  j["format"] = "other";
+  EXPECT_EQ(check(j).code(), "UnknownFormat");
+}
+
+TEST(Manifest, WrongTypes) {
+  json j = good();
+  j["pieces"][0]["bytes"] = "48";
+  EXPECT_EQ(check(j).code(), "BadField");
+  j = good();
+  j["tensors"][0]["shape"] = {4, -6};
+  EXPECT_EQ(check(j).code(), "BadField");
+  j = good();
+  j["pieces"][0]["sha256"] = "xyz";
+  EXPECT_EQ(check(j).code(), "BadField");
+}
+
+TEST(Manifest, Overlap) {
+  json j = good();
+  j["pieces"][1] = piece("w", {0, 2}, {4, 4}, "/p1");
+  j["pieces"].push_back(piece("w", {0, 0}, {0, 0}, "/p2"));
+  Status s = check(j);
+  EXPECT_EQ(s.code(), "PieceOverlap") << s.to_string();
+  EXPECT_EQ(s.tensor(), "w");
+}
+
+TEST(Manifest, Gap) {
+  json j = good();
+  j["pieces"][1] = piece("w", {0, 3}, {3, 3}, "/p1");
+  Status s = check(j);
+  EXPECT_EQ(s.code(), "PieceGap") << s.to_string();
+}
+
+TEST(Manifest, OutOfBounds) {
+  json j = good();
+  j["pieces"][1] = piece("w", {0, 3}, {4, 4}, "/p1");
+  EXPECT_EQ(check(j).code(), "RegionOutOfBounds");
+  j = good();
+  j["pieces"][1] = piece("w", {0, 3}, {4, 3}, "/p1", std::make_pair<int64_t, int64_t>(0, 13));
+  EXPECT_EQ(check(j).code(), "RegionOutOfBounds");
+  j = good();
+  j["pieces"][1]["region"]["offset"] = {0, 3, 0};
+  j["pieces"][1]["region"]["extent"] = {4, 3, 1};
+  EXPECT_EQ(check(j).code(), "RegionOutOfBounds");
+  j = good();  // offset + extent overflows int64
+  j["pieces"][1]["region"]["offset"] = {0, INT64_MAX};
+  EXPECT_EQ(check(j).code(), "RegionOutOfBounds");
+}
+
+TEST(Manifest, FlatPiecesTile) {
+  json j = good();
+  j["pieces"][1] = piece("w", {0, 3}, {4, 3}, "/p1", std::make_pair<int64_t, int64_t>(0, 5));
+  j["pieces"].push_back(piece("w", {0, 3}, {4, 3}, "/p2", std::make_pair<int64_t, int64_t>(5, 12)));
+  EXPECT_TRUE(check(j).ok()) << check(j).to_string();
+  j["pieces"][2] = piece("w", {0, 3}, {4, 3}, "/p2", std::make_pair<int64_t, int64_t>(6, 12));
+  EXPECT_EQ(check(j).code(), "FlatRangeGap");
+  j["pieces"][2] = piece("w", {0, 3}, {4, 3}, "/p2", std::make_pair<int64_t, int64_t>(4, 12));
+  EXPECT_EQ(check(j).code(), "PieceOverlap");
+}
+
+TEST(Manifest, FileNamesAndDuplicates) {
+  for (const char* bad : {"../x.h5", "/etc/passwd", "shards/../../x", "", "a//b", "./a"}) {
+    json j = good();
+    j["pieces"][0]["file"] = bad;
+    EXPECT_EQ(check(j).code(), "BadFileName") << bad;
+  }
+  json j = good();
+  j["pieces"][1]["dataset"] = "/p0";
+  EXPECT_EQ(check(j).code(), "DuplicateDataset");
+  j = good();
+  j["tensors"].push_back(j["tensors"][0]);
+  EXPECT_EQ(check(j).code(), "DuplicateTensor");
+  j = good();
+  j["pieces"][0]["tensor"] = "nope";
+  EXPECT_EQ(check(j).code(), "UnknownTensor");
+  j = good();
+  j["pieces"][0]["bytes"] = 47;
+  EXPECT_EQ(check(j).code(), "BadByteCount");
+  j = good();
+  j["pieces"][0]["dtype"] = "F33";
+  EXPECT_EQ(check(j).code(), "UnknownDType");
+}
+
+TEST(Manifest, ManyColumnPiecesAreFast) {
+  // 20000 width-1 column pieces: the sweep must pick dim 1 (not O(n^2) along dim 0).
+  json j = good();
+  j["tensors"][0]["shape"] = {8, 20000};
+  j["pieces"] = json::array();
+  for (int c = 0; c < 20000; ++c) j["pieces"].push_back(piece("w", {0, c}, {8, 1}, "/p" + std::to_string(c)));
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(check(j).ok());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(Manifest, SafeRelativePath) {
+  EXPECT_TRUE(is_safe_relative_path("shards/r00001.h5"));
+  EXPECT_FALSE(is_safe_relative_path("shards/.."));
+  EXPECT_FALSE(is_safe_relative_path("shards/"));
+}
+
+}  // namespace
+}  // namespace ckpt::store
