@@ -1,0 +1,53 @@
+// Export of a checkpoint's model weights to a HuggingFace directory (safetensors shards, index,
+// config.json, tokenizer files): the plan (which tensors, target dtype, config) and its run
+// through the reshard Executor into a ShardedSafetensorsSink. Canonical names ARE HF names
+// (docs/DESIGN.md); optimizer.* and rotary inv_freq are left out. Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "converters/llama_config.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt {
+
+struct HfExportOptions {
+  std::optional<DType> dtype;                  // cast float tensors to this; nullopt keeps each tensor's dtype
+  uint64_t max_shard_size = 5'000'000'000ull;  // "5GB"
+  int threads = 2;
+  bool fsync = true;
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct HfExportPlan {
+  std::vector<TensorMeta> tensors;        // output tensors, canonical order (LLaMA) or source order
+  std::vector<Piece> pieces;              // one whole piece per tensor, in the output dtype
+  std::optional<nlohmann::json> config;   // config.json to write (LLaMA mode), dtype updated
+  std::map<std::string, std::string> copy_files;  // tokenizer files found beside the source
+  std::vector<std::string> skipped;       // source tensors left out (optimizer state, inv_freq, ...)
+  uint64_t total_bytes = 0;
+};
+
+// The HF dtype string of a ckpt dtype ("bfloat16", "float16", "float32"), or "" for others.
+std::string hf_dtype_string(DType t);
+
+// With metadata "model_config" (a LLaMA config): exactly the tensors of llama_model_tensors, each
+// checked present with its shape (MissingTensor / ShapeMismatch), other non-optimizer tensors
+// refused (UnexpectedTensor). Without: every non-optimizer tensor, as is (no config.json).
+// `src_path` is used to find tokenizer files when it is a directory.
+Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& src_path, const HfExportOptions& opts);
+
+// Writes `out` (a new directory, committed by renaming `<out>.partial`).
+Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
+
+// Validates a config object as LLaMA and returns it with its dtype keys set to `dt`.
+Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt);
+
+}  // namespace ckpt
