@@ -1,0 +1,97 @@
+// Executor: fills the pieces of a TensorSink from whatever pieces of a TensorSource cover them.
+// Reads any box of a global tensor by box intersection with the source pieces, casts dtypes,
+// streams each target piece in storage order in bounded chunks; output bytes do not depend on the
+// thread count. Thread safety: functions are reentrant; one TensorSource/TensorSink per call
+// (all source reads and sink writes stay on the calling thread; workers only cast and copy).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/dtype.h"
+#include "formats/region.h"
+#include "formats/status.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt {
+
+// Per tensor, the boxes the source pieces hold (a flat piece contributes each box of
+// Region::boxes()), for fast lookup. Built from (and validated against) a source's listing.
+struct SourceIndex {
+  struct Entry {
+    size_t piece;  // index into TensorSource::pieces()
+    Box box;       // global coordinates; for a flat piece one box of its region
+  };
+  std::unordered_map<std::string, std::vector<Entry>> by_tensor;
+  std::unordered_map<std::string, size_t> tensor_index;  // name -> index in TensorSource::tensors()
+
+  // Validates the listing (unique tensor names, every piece names a known tensor, has its rank,
+  // lies inside its tensor, flat ranges inside their box) and indexes it. `what` names the source
+  // in messages.
+  static Result<SourceIndex> build(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces,
+                                   const std::string& what = "source");
+  static Result<SourceIndex> build(const TensorSource& src) {
+    return build(src.tensors(), src.pieces(), src.describe());
+  }
+  const std::vector<Entry>* find(const std::string& tensor) const;
+};
+
+// One part of a box: which source piece provides which sub-box.
+struct SourcePart {
+  size_t piece;
+  Box box;  // global coordinates, inside the piece (inside one box of a flat piece)
+};
+
+// Splits `box` of `tensor` into parts served by source pieces (the first piece in index order
+// wins where pieces overlap). An uncovered part is a kNotFound error, code "RegionNotCovered",
+// naming the tensor, the requested box and the first missing sub-box.
+Result<std::vector<SourcePart>> assign_box(const SourceIndex& index, const std::string& tensor, const Box& box);
+
+// Reads `box` (global coordinates) of global tensor `tensor` into `dst`, dense row-major of
+// extent box.extent, converted to `out` (ckpt::cast_elements with `cast`).
+Status read_global_box(TensorSource& src, const SourceIndex& index, const std::string& tensor, const Box& box,
+                       DType out, void* dst, const CastOptions& cast = {});
+
+struct ExecOptions {
+  // Output bytes per chunk (one sink write). Peak buffer memory of execute() is about
+  // pipeline_depth(threads) * max_chunk_bytes * (1 + max source/target element size ratio [+1 when a
+  // part needs both a cast and a re-layout]); see exec_peak_bytes().
+  uint64_t max_chunk_bytes = 64ull << 20;
+  int threads = 1;  // 1: everything inline; N > 1: N-1 workers cast/copy while this thread reads/writes
+  CastOptions cast;
+  // Called on the calling thread after each chunk is written: (output bytes done, total).
+  std::function<void(uint64_t, uint64_t)> progress;
+  // When non-empty, only these target pieces are filled and written (multi-process execution:
+  // every piece is still declared to dst.begin()). Indices into out_pieces, ascending.
+  std::vector<size_t> only_pieces;
+};
+
+// Number of chunks in flight for a thread count (2 or more when threads > 1).
+int exec_pipeline_depth(int threads);
+// Upper bound of execute()'s buffer memory for options and the widest source/target element sizes.
+uint64_t exec_peak_bytes(const ExecOptions& opts, size_t max_src_elem, size_t min_out_elem);
+
+// Checks before any write that every (selected) target piece is valid for its tensor and fully
+// covered by the source; errors name the tensor, piece and missing box.
+Status check_plan_coverage(const SourceIndex& index, const std::vector<TensorMeta>& out_tensors,
+                           const std::vector<Piece>& out_pieces, const std::vector<size_t>& only_pieces = {});
+
+// dst.begin(out_tensors, out_pieces, metadata); fills every (selected) piece chunk by chunk in
+// storage order from `src`; dst.commit(). Coverage is checked before begin(); on any error after
+// begin() dst.abort() is called and the error (with tensor/piece context) returned.
+Status execute(TensorSource& src, TensorSink& dst, const std::vector<TensorMeta>& out_tensors,
+               const std::vector<Piece>& out_pieces, const nlohmann::json& metadata, const ExecOptions& opts = {});
+
+// Same, without begin()/commit()/abort(): fills pieces of a sink the caller already began.
+// For callers that drive the sink themselves (multi-rank writers, several sources).
+Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst,
+                    const std::vector<TensorMeta>& out_tensors, const std::vector<Piece>& out_pieces,
+                    const ExecOptions& opts = {});
+
+}  // namespace ckpt

@@ -1,0 +1,330 @@
+#include "reshard/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <unordered_map>
+
+#include "formats/checked.h"
+
+namespace ckpt {
+
+namespace {
+
+// One rank holding elements [a, b) (storage order) of a box of tensor `tensor`.
+struct Holding {
+  size_t tensor;
+  int rank;
+  Box box;
+  int64_t a, b;
+};
+
+// "optimizer.exp_avg.model.x" -> "optimizer.exp_avg": the buffer group of a ZeRO-sharded tensor.
+std::string zero_kind(const std::string& name) {
+  size_t p = name.find('.');
+  if (p == std::string::npos) return name;
+  size_t q = name.find('.', p + 1);
+  return q == std::string::npos ? name : name.substr(0, q);
+}
+
+Status bad_placement(const TensorMeta& t, const std::string& msg) {
+  return Status::Internal("sharding rules gave a bad placement for '" + t.name + "': " + msg).with_tensor(t.name);
+}
+
+Result<std::vector<TensorPlacement>> placements(const std::vector<TensorMeta>& tensors, const Layout& layout,
+                                                const ShardingRules& rules) {
+  std::vector<TensorPlacement> out;
+  out.reserve(tensors.size());
+  for (const TensorMeta& t : tensors) {
+    auto p = rules.place(t, layout);
+    if (!p.ok()) return p.take_status().with_tensor(t.name);
+    TensorPlacement pl = std::move(p).value();
+    if (static_cast<int>(pl.tp_boxes.size()) != layout.tp)
+      return bad_placement(t, std::to_string(pl.tp_boxes.size()) + " TP boxes for tp=" + std::to_string(layout.tp));
+    for (const Box& b : pl.tp_boxes) {
+      Status st = validate_box(b, t.shape);
+      if (!st.ok()) return bad_placement(t, st.message());
+    }
+    if (pl.stages.empty()) return bad_placement(t, "no pipeline stage");
+    std::sort(pl.stages.begin(), pl.stages.end());
+    pl.stages.erase(std::unique(pl.stages.begin(), pl.stages.end()), pl.stages.end());
+    for (int s : pl.stages)
+      if (s < 0 || s >= layout.pp) return bad_placement(t, "stage " + std::to_string(s) + " outside 0.." + std::to_string(layout.pp - 1));
+    out.push_back(std::move(pl));
+  }
+  return out;
+}
+
+// Every holding of every rank. `all_dp`: also the DP replicas of unsharded tensors (which
+// de-duplication would drop anyway). `only_rank` >= 0 restricts to one rank.
+Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, const Layout& layout,
+                                      const ShardingRules& rules, bool all_dp, int only_rank = -1) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<TensorPlacement> pls, placements(tensors, layout, rules));
+  std::vector<Holding> out;
+  const bool zero = layout.zero == 1;
+  // Unsharded tensors (and everything under zero 0).
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlacement& pl = pls[i];
+    if (zero && pl.optimizer_state) continue;
+    for (int s : pl.stages)
+      for (int d = 0; d < (all_dp ? layout.dp : 1); ++d)
+        for (int t = 0; t < layout.tp; ++t) {
+          const Box& b = pl.tp_boxes[t];
+          const int r = layout.rank_of(s, d, t);
+          if (b.numel() == 0 || (only_rank >= 0 && r != only_rank)) continue;
+          out.push_back({i, r, b, 0, b.numel()});
+        }
+  }
+  if (!zero) return out;
+  // ZeRO-1: per (stage, TP rank, kind) one flat buffer of the TP-local boxes in tensor order,
+  // padded to a multiple of kZeroPadElements * dp, split evenly over the DP ranks.
+  std::vector<std::string> kinds;
+  std::vector<std::string> kind_of(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!pls[i].optimizer_state) continue;
+    kind_of[i] = zero_kind(tensors[i].name);
+    if (std::find(kinds.begin(), kinds.end(), kind_of[i]) == kinds.end()) kinds.push_back(kind_of[i]);
+  }
+  const int64_t pad = kZeroPadElements * layout.dp;
+  for (int s = 0; s < layout.pp; ++s)
+    for (int t = 0; t < layout.tp; ++t)
+      for (const std::string& kind : kinds) {
+        struct Seg {
+          size_t tensor;
+          int64_t off, n;
+        };
+        std::vector<Seg> segs;
+        int64_t total = 0;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (!pls[i].optimizer_state || kind_of[i] != kind) continue;
+          if (!std::binary_search(pls[i].stages.begin(), pls[i].stages.end(), s)) continue;
+          const int64_t n = pls[i].tp_boxes[t].numel();
+          segs.push_back({i, total, n});
+          auto nt = checked_add(total, n);
+          if (!nt) return Status::Error(ErrorKind::kOverflow, "ZeroBufferOverflow", "ZeRO buffer size overflows");
+          total = *nt;
+        }
+        if (total == 0) continue;
+        const int64_t padded = (total + pad - 1) / pad * pad;
+        const int64_t shard = padded / layout.dp;
+        size_t k = 0;  // first segment that may intersect the shard
+        for (int d = 0; d < layout.dp; ++d) {
+          const int64_t lo = d * shard, hi = lo + shard;
+          const int r = layout.rank_of(s, d, t);
+          while (k < segs.size() && segs[k].off + segs[k].n <= lo) ++k;
+          for (size_t j = k; j < segs.size() && segs[j].off < hi; ++j) {
+            const int64_t a = std::max(lo, segs[j].off) - segs[j].off;
+            const int64_t b = std::min(hi, segs[j].off + segs[j].n) - segs[j].off;
+            if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
+            out.push_back({segs[j].tensor, r, pls[segs[j].tensor].tp_boxes[t], a, b});
+          }
+        }
+      }
+  return out;
+}
+
+Region make_region(const Box& box, int64_t a, int64_t b) {
+  if (a == 0 && b == box.numel()) return Region{box};
+  return Region{box, a, b};
+}
+
+bool box_less(const Box& x, const Box& y) {
+  if (x.offset != y.offset) return x.offset < y.offset;
+  return x.extent < y.extent;
+}
+
+std::string human_bytes(uint64_t b) {
+  char buf[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "shards/r%05d.h5", rank);
+  return buf;
+}
+
+Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
+                                                           const Layout& layout, const ShardingRules& rules) {
+  CKPT_RETURN_IF_ERROR(layout.validate());
+  CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/false));
+  // Group by tensor, ascending rank (stable: generation order within a rank).
+  std::vector<std::vector<size_t>> by_tensor(tensors.size());
+  for (size_t h = 0; h < hs.size(); ++h) by_tensor[hs[h].tensor].push_back(h);
+  std::vector<std::vector<RankRegion>> out(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& list = by_tensor[i];
+    std::stable_sort(list.begin(), list.end(), [&](size_t x, size_t y) { return hs[x].rank < hs[y].rank; });
+    // Distinct boxes must be identical or disjoint.
+    std::vector<Box> distinct;
+    for (size_t h : list)
+      if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
+    for (size_t x = 0; x < distinct.size(); ++x)
+      for (size_t y = x + 1; y < distinct.size(); ++y)
+        if (intersect(distinct[x], distinct[y]))
+          return bad_placement(tensors[i], "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
+                                               " overlap without being equal");
+    // Per distinct box, the element intervals already stored.
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> stored(distinct.size());
+    for (size_t h : list) {
+      const Holding& H = hs[h];
+      const size_t bi = static_cast<size_t>(std::find(distinct.begin(), distinct.end(), H.box) - distinct.begin());
+      auto& st = stored[bi];
+      std::sort(st.begin(), st.end());
+      int64_t cur = H.a;
+      std::vector<std::pair<int64_t, int64_t>> fresh;
+      for (const auto& [sa, sb] : st) {
+        if (sb <= cur) continue;
+        if (sa >= H.b) break;
+        if (sa > cur) fresh.push_back({cur, sa});
+        cur = std::max(cur, sb);
+        if (cur >= H.b) break;
+      }
+      if (cur < H.b) fresh.push_back({cur, H.b});
+      for (const auto& [fa, fb] : fresh) {
+        out[i].push_back({H.rank, make_region(H.box, fa, fb)});
+        st.push_back({fa, fb});
+      }
+    }
+    // Coverage: the stored intervals tile every distinct box (the rules' boxes must cover the
+    // tensor; checked by the sink's validator, and here for a clear message).
+    int64_t covered = 0;
+    for (size_t bi = 0; bi < distinct.size(); ++bi)
+      for (const auto& [a, b] : stored[bi]) covered += b - a;
+    int64_t want = 1;
+    for (int64_t e : tensors[i].shape) want *= e;
+    if (covered != want)
+      return bad_placement(tensors[i], "the ranks hold " + std::to_string(covered) + " of " + std::to_string(want) +
+                                           " elements of shape " + shape_to_string(tensors[i].shape));
+  }
+  return out;
+}
+
+Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
+                                     const ShardingRules& rules, int rank) {
+  CKPT_RETURN_IF_ERROR(layout.validate());
+  CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
+  if (rank < 0 || rank >= layout.world_size())
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " outside world size " +
+                                   std::to_string(layout.world_size()));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/true, rank));
+  std::stable_sort(hs.begin(), hs.end(), [](const Holding& x, const Holding& y) { return x.tensor < y.tensor; });
+  std::vector<Piece> out;
+  for (const Holding& h : hs) out.push_back({tensors[h.tensor].name, make_region(h.box, h.a, h.b), tensors[h.tensor].dtype});
+  return out;
+}
+
+Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::vector<Piece>& src_pieces,
+                       const nlohmann::json& src_metadata, const Layout& target, const ShardingRules& rules,
+                       const ExecOptions& exec) {
+  CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src_tensors, src_pieces));
+  CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(src_tensors, target, rules));
+  Plan plan;
+  plan.layout = target;
+  plan.tensors = src_tensors;
+  struct Item {
+    int rank;
+    size_t tensor;
+    Region region;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < placed.size(); ++i)
+    for (auto& rr : placed[i]) items.push_back({rr.rank, i, std::move(rr.region)});
+  std::sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
+    if (x.rank != y.rank) return x.rank < y.rank;
+    if (x.tensor != y.tensor) return x.tensor < y.tensor;
+    if (x.region.box != y.region.box) return box_less(x.region.box, y.region.box);
+    return x.region.flat_begin < y.region.flat_begin;
+  });
+  for (auto& it : items) {
+    plan.pieces.push_back({src_tensors[it.tensor].name, std::move(it.region), src_tensors[it.tensor].dtype});
+    plan.piece_rank.push_back(it.rank);
+  }
+  // Files, coverage and bytes.
+  size_t max_src = 1, min_out = 8;
+  for (const Piece& p : src_pieces) {
+    max_src = std::max(max_src, dtype_size(p.dtype));
+    plan.source_bytes += static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
+  }
+  for (size_t k = 0; k < plan.pieces.size(); ++k) {
+    const Piece& p = plan.pieces[k];
+    const int r = plan.piece_rank[k];
+    if (plan.files.empty() || plan.files.back().rank != r) plan.files.push_back({r, shard_file_name(r), {}, 0, 0});
+    FileWork& f = plan.files.back();
+    f.pieces.push_back(k);
+    const uint64_t wb = static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
+    min_out = std::min(min_out, dtype_size(p.dtype));
+    f.bytes_written += wb;
+    plan.bytes_written += wb;
+    for (const Box& b : p.region.boxes()) {
+      auto parts = assign_box(index, p.tensor, b);
+      if (!parts.ok())
+        return parts.take_status().with_context("target piece " + std::to_string(k) + " (" + p.tensor + " " +
+                                                p.region.to_string() + ", " + f.file + ")");
+      for (const SourcePart& sp : *parts) {
+        const uint64_t rb = static_cast<uint64_t>(sp.box.numel()) * dtype_size(src_pieces[sp.piece].dtype);
+        f.bytes_read += rb;
+        plan.bytes_read += rb;
+      }
+    }
+  }
+  plan.peak_buffer = exec_peak_bytes(exec, max_src, min_out);
+  plan.metadata = src_metadata.is_object() ? src_metadata : nlohmann::json::object();
+  nlohmann::json lj = target.to_json();
+  if (target.zero == 1)
+    lj["zero_shard"] = {{"pad_multiple_elements", kZeroPadElements * target.dp},
+                        {"buffer", "per (pipeline stage, tp rank, optimizer kind): TP-local boxes of the stage's "
+                                   "optimizer tensors of that kind in tensor-list order, flattened row-major, "
+                                   "concatenated, zero-padded at the end, split evenly over dp ranks"}};
+  plan.metadata["layout"] = lj;
+  return plan;
+}
+
+std::string Plan::to_string() const {
+  std::string s = "plan: " + layout.to_string() + ", world size " + std::to_string(layout.world_size()) + ", " +
+                  std::to_string(files.size()) + " shard files, " + std::to_string(pieces.size()) + " pieces of " +
+                  std::to_string(tensors.size()) + " tensors\n";
+  s += "  source " + human_bytes(source_bytes) + "; read " + human_bytes(bytes_read) + "; write " +
+       human_bytes(bytes_written) + "; peak buffer " + human_bytes(peak_buffer) + "\n";
+  for (const FileWork& f : files) {
+    const int tp = layout.tp, dp = layout.dp;
+    const int t = f.rank % tp, d = (f.rank / tp) % dp, p = f.rank / (tp * dp);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %s  rank %d (pp %d, dp %d, tp %d)  %zu pieces  write %s  read %s\n",
+                  f.file.c_str(), f.rank, p, d, t, f.pieces.size(), human_bytes(f.bytes_written).c_str(),
+                  human_bytes(f.bytes_read).c_str());
+    s += buf;
+  }
+  return s;
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json files_j = nlohmann::json::array();
+  for (const FileWork& f : files)
+    files_j.push_back({{"rank", f.rank},
+                       {"file", f.file},
+                       {"pieces", f.pieces.size()},
+                       {"bytes_written", f.bytes_written},
+                       {"bytes_read", f.bytes_read}});
+  return {{"layout", layout.to_json()},
+          {"tensors", tensors.size()},
+          {"pieces", pieces.size()},
+          {"source_bytes", source_bytes},
+          {"bytes_read", bytes_read},
+          {"bytes_written", bytes_written},
+          {"peak_buffer", peak_buffer},
+          {"files", files_j}};
+}
+
+}  // namespace ckpt

@@ -1,0 +1,76 @@
+// Planner: from metadata alone (source tensors and pieces, a target Layout, the model's
+// ShardingRules) computes the target pieces, the writing rank (= shard file) of each, and totals.
+// Pieces are de-duplicated: a box held by several ranks (replicated tensors, KV heads shared by
+// TP ranks, DP replicas under zero 0, the tied embedding on the first and last stage) is stored
+// once, by the lowest rank holding it. ZeRO-1 flat shards: see docs/RESHARD.md ("ZeRO-1 layout").
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/status.h"
+#include "formats/tensor_io.h"
+#include "reshard/executor.h"
+#include "reshard/layout.h"
+#include "reshard/sharding.h"
+
+namespace ckpt {
+
+// ZeRO-1 flat buffers are padded to a multiple of kZeroPadElements * dp elements, so every DP
+// rank's shard is a whole number of kZeroPadElements-element blocks.
+inline constexpr int64_t kZeroPadElements = 128;
+
+struct FileWork {
+  int rank = 0;
+  std::string file;             // "shards/r00003.h5"
+  std::vector<size_t> pieces;   // indices into Plan::pieces, ascending
+  uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;      // source bytes read to fill them
+};
+
+struct Plan {
+  Layout layout;
+  std::vector<TensorMeta> tensors;  // global view, same as the source
+  std::vector<Piece> pieces;        // ordered by rank, then tensor order, then region
+  std::vector<int> piece_rank;      // writing rank of each piece
+  std::vector<FileWork> files;      // one per writing rank, ascending rank
+  nlohmann::json metadata;          // source metadata with "layout" replaced by the target layout
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t source_bytes = 0;        // total bytes of the source pieces
+  uint64_t peak_buffer = 0;         // executor buffer bound for the options planned with
+
+  std::string to_string() const;    // human summary (--dry-run)
+  nlohmann::json to_json() const;   // machine summary (--dry-run --json)
+};
+
+std::string shard_file_name(int rank);  // "shards/r00003.h5"
+
+// Pieces of one tensor under `layout` before the file assignment: (rank, region) in rank order.
+// Exposed for the trainer (its own rank's shards) and tests.
+struct RankRegion {
+  int rank;
+  Region region;
+};
+
+// Computes the target pieces. Refuses layouts the rules refuse (before anything is written);
+// checks that the source covers every target piece (errors name the tensor and missing box).
+// `exec` only sizes peak_buffer.
+Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::vector<Piece>& src_pieces,
+                       const nlohmann::json& src_metadata, const Layout& target, const ShardingRules& rules,
+                       const ExecOptions& exec = {});
+
+// Which ranks hold which elements of every tensor (de-duplicated: what each rank writes), in
+// tensor order; result[i] lists tensor i's stored regions. Building block of make_plan.
+Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
+                                                           const Layout& layout, const ShardingRules& rules);
+
+// Everything rank `rank` holds in memory under `layout` (not de-duplicated: replicas included),
+// e.g. for a trainer that resumes on that rank. ZeRO-1 optimizer state gives flat regions.
+Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
+                                     const ShardingRules& rules, int rank);
+
+}  // namespace ckpt
