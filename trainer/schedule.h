@@ -1,0 +1,30 @@
+// Learning-rate schedule: linear warm-up to the peak, then cosine decay to min_ratio * peak at
+// total_steps (held there after). Step indices are 0-based: at(s) is the LR of the update that
+// makes the step count s+1. The state is plain values (saved in the checkpoint's trainer object).
+// Pure values; thread safe.
+#pragma once
+
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/status.h"
+
+namespace ckpt::trainer {
+
+struct LrSchedule {
+  double peak_lr = 3e-3;
+  int64_t warmup = 0;
+  int64_t total_steps = 1;
+  double min_ratio = 0.1;
+
+  // warmup > 0 and s < warmup: peak * (s + 1) / warmup;
+  // else: p = min(1, (s - warmup) / max(1, total - warmup)),
+  //       lr = min + (peak - min) * (1 + cos(pi * p)) / 2 with min = min_ratio * peak.
+  double at(int64_t s) const;
+
+  nlohmann::json to_json() const;
+  static Result<LrSchedule> from_json(const nlohmann::json& j);
+};
+
+}  // namespace ckpt::trainer

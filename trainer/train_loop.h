@@ -1,0 +1,92 @@
+// The single-process training loop of the reference trainer (`ckpt train`): model + AdamW +
+// warm-up/cosine schedule + gradient accumulation + global-norm clipping, a line per step (and
+// JSON lines in <run_dir>/train_log.jsonl), checkpoints every K steps and at the end
+// (asynchronous by default), resume from a checkpoint or the run dir's `latest`.
+// Thread safety: a Trainer is driven by one thread (plus its saver's background thread).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "converters/llama_config.h"
+#include "formats/status.h"
+#include "trainer/adamw.h"
+#include "trainer/async_saver.h"
+#include "trainer/data.h"
+#include "trainer/model.h"
+#include "trainer/schedule.h"
+
+namespace ckpt::trainer {
+
+struct TrainOptions {
+  LlamaConfig config;
+  int64_t steps = 200;          // train until this many optimizer steps are done
+  int64_t total_steps = -1;     // LR schedule horizon (-1: = steps)
+  int64_t save_every = 0;       // 0: save only at the end (when out_dir is set)
+  std::string out_dir;          // run dir (checkpoints, train_log.jsonl); empty: no output
+  std::string resume;           // "", "latest" (out_dir/latest), or a checkpoint / run dir
+  uint64_t seed = 1234;
+  double lr = 3e-3;             // peak LR
+  int64_t warmup = 20;
+  int64_t micro_batch = 8;
+  int64_t seq_len = 64;
+  int64_t grad_accum = 1;
+  int threads = 1;              // OpenBLAS threads
+  double max_grad_norm = 1.0;
+  AdamWOptions adam;
+  std::string data_path;        // corpus file; empty: procedural corpus
+  bool async_save = true;
+  bool print = true;            // a line per step on stdout
+};
+
+struct StepStats {
+  int64_t step = 0;             // step count after this update (1-based)
+  double loss = 0;              // mean token loss of the step (before the update)
+  double lr = 0;
+  double grad_norm = 0;         // before clipping
+  double seconds = 0;           // wall time of the step (forward, backward, update)
+  double tokens_per_s = 0;
+  double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
+  double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
+};
+
+class Trainer {
+ public:
+  // Validates options, builds and initializes the model (or resumes), opens the run dir.
+  static Result<std::unique_ptr<Trainer>> create(const TrainOptions& o);
+  ~Trainer();
+
+  // One optimizer step (grad_accum micro-batches).
+  Result<StepStats> train_step();
+  // Steps until options.steps, with logging and checkpoints; calls on_step after each step.
+  Status run(const std::function<void(const StepStats&)>& on_step = nullptr);
+  // Saves a checkpoint of the current state now (async or not per options); returns the time
+  // the caller was blocked.
+  Result<double> save(bool async);
+  Status wait_saves();
+
+  Model<float>& model() { return *model_; }
+  AdamW& optimizer() { return opt_; }
+  const TrainerState& state() const { return state_; }
+  int64_t step() const { return state_.step; }
+  const TrainOptions& options() const { return opt_s_; }
+  static std::string format_line(const StepStats& s);
+  static nlohmann::json to_json(const StepStats& s);
+
+ private:
+  Trainer() = default;
+
+  TrainOptions opt_s_;
+  std::unique_ptr<Model<float>> model_;
+  AdamW opt_;
+  TrainerState state_;
+  TokenStream data_ = TokenStream::procedural(0);
+  std::unique_ptr<AsyncSaver> saver_;
+  std::FILE* log_ = nullptr;
+  std::vector<int32_t> tokens_, targets_;  // [micro_batch, seq_len]
+};
+
+}  // namespace ckpt::trainer
