@@ -1,0 +1,217 @@
+// ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout
+// (reshard/planner.h, reshard/store_reshard.h). Under mpirun the shard files are divided among
+// the processes.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "converters/llama_config.h"
+#include "converters/llama_sharding.h"
+#include "formats/store/store_reader.h"
+#include "reshard/dist.h"
+#include "reshard/flags.h"
+#include "reshard/planner.h"
+#include "reshard/store_reshard.h"
+
+namespace ckpt::cli {
+namespace {
+
+struct ReshardArgs {
+  std::string src, dst, layout_file, pp_layers, max_memory = "256M", compress = "none";
+  int tp = 0, pp = 0, dp = 0, zero = -1, threads = 1;
+  bool dry_run = false, json = false, no_verify = false;
+};
+
+Result<store::StoreOptions> parse_compress(const std::string& s) {
+  store::StoreOptions o;
+  std::string name = s, level;
+  if (auto c = s.find(':'); c != std::string::npos) {
+    name = s.substr(0, c);
+    level = s.substr(c + 1);
+  }
+  if (name == "none" && level.empty()) return o;
+  if (name == "zstd") o.codec = store::Codec::kZstd;
+  else if (name == "shuffle+zstd" || name == "shuffle-zstd") o.codec = store::Codec::kShuffleZstd;
+  else return Status::InvalidArgument("--compress: expected none, zstd[:LEVEL] or shuffle+zstd[:LEVEL], got '" + s + "'");
+  if (!level.empty()) {
+    if (level.size() > 2 || level.find_first_not_of("0123456789") != std::string::npos || std::stoi(level) < 1 ||
+        std::stoi(level) > 22)
+      return Status::InvalidArgument("--compress: zstd level must be 1..22, got '" + level + "'");
+    o.zstd_level = std::stoi(level);
+  }
+  return o;
+}
+
+Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const nlohmann::json& src_meta) {
+  Layout l;
+  if (!a.layout_file.empty()) {
+    if (a.tp || a.pp || a.dp || a.zero >= 0 || !a.pp_layers.empty())
+      return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
+    std::ifstream in(a.layout_file);
+    if (!in) return Status::FromErrno("cannot open layout file", a.layout_file, errno);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().size() > (16u << 20)) return Status::InvalidArgument("layout file '" + a.layout_file + "' is too large");
+    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (j.is_discarded()) return Status::InvalidArgument("layout file '" + a.layout_file + "' is not valid JSON");
+    auto r = Layout::from_json(j);
+    if (!r.ok()) return r.take_status().with_file(a.layout_file);
+    l = std::move(r).value();
+  } else {
+    if (a.tp < 1 || a.pp < 1 || a.dp < 1)
+      return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
+    std::vector<int> per;
+    if (!a.pp_layers.empty()) {
+      CKPT_ASSIGN_OR_RETURN(per, parse_int_list(a.pp_layers, "--pp-layers"));
+    }
+    CKPT_ASSIGN_OR_RETURN(l, Layout::make(a.tp, a.pp, a.dp, a.zero < 0 ? 0 : a.zero,
+                                          static_cast<int>(cfg.num_hidden_layers), per));
+    // Keep the source's vocab divisor and profile unless a layout file says otherwise.
+    if (src_meta.contains("layout") && src_meta["layout"].is_object()) {
+      const auto& sl = src_meta["layout"];
+      if (sl.contains("vocab_divisor") && sl["vocab_divisor"].is_number_integer() && sl["vocab_divisor"].get<int64_t>() >= 1)
+        l.vocab_divisor = sl["vocab_divisor"].get<int64_t>();
+      if (sl.contains("profile") && sl["profile"].is_string()) l.profile = sl["profile"].get<std::string>();
+    }
+  }
+  return l;
+}
+
+// Draws "reshard [#####.....]  45%  1.20/2.70 GiB  812 MB/s" on stderr, at most ~10 times a second.
+struct ProgressBar {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last{};
+  void operator()(uint64_t done, uint64_t total) {
+    auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last < std::chrono::milliseconds(100)) return;
+    last = now;
+    const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+    const int w = 30, fill = static_cast<int>(frac * w);
+    std::string bar(static_cast<size_t>(fill), '#');
+    bar += std::string(static_cast<size_t>(w - fill), '.');
+    const double secs = std::chrono::duration<double>(now - start).count();
+    std::fprintf(stderr, "\rreshard [%s] %3d%%  %.2f/%.2f GiB  %.0f MB/s", bar.c_str(), static_cast<int>(frac * 100),
+                 done / 1073741824.0, total / 1073741824.0, secs > 0 ? done / 1e6 / secs : 0.0);
+    if (done >= total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+};
+
+int run_reshard(const ReshardArgs& a) {
+  Dist* dist = std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
+  const bool root = !dist || dist->rank() == 0;
+  auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
+
+  auto mem = parse_byte_size(a.max_memory, "--max-memory");
+  if (!mem.ok()) return fail(mem.take_status());
+  auto sopts = parse_compress(a.compress);
+  if (!sopts.ok()) return fail(sopts.take_status());
+  if (a.threads < 1 || a.threads > 256) return fail(Status::InvalidArgument("--threads must be 1..256"));
+
+  auto reader = store::StoreReader::open(a.src);
+  if (!reader.ok()) return fail(reader.take_status().with_context("opening SRC"));
+  store::StoreReader& src = **reader;
+  const nlohmann::json& meta = src.metadata();
+  if (!meta.contains("model_config"))
+    return fail(Status::Error(ErrorKind::kUnsupported, "NoModelConfig",
+                              "SRC '" + src.dir() + "' has no model_config metadata: cannot derive sharding rules"));
+  auto cfg = LlamaConfig::from_json(meta["model_config"]);
+  if (!cfg.ok()) return fail(cfg.take_status().with_context("model_config of '" + src.dir() + "'"));
+  LlamaShardingRules rules(*cfg);
+  auto layout = target_layout(a, *cfg, meta);
+  if (!layout.ok()) return fail(layout.take_status());
+
+  // Buffer budget: keep ~48 MiB for the store writer, HDF5 and the process itself.
+  ExecOptions eo;
+  eo.threads = a.threads;
+  size_t max_src = 1;
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+  const uint64_t reserve = 48ull << 20;
+  const uint64_t budget = *mem > reserve + (4u << 20) ? *mem - reserve : (4u << 20);
+  eo.max_chunk_bytes = std::max<uint64_t>(
+      1u << 16, budget / (static_cast<uint64_t>(exec_pipeline_depth(a.threads)) * (2 + max_src)));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = make_plan(src.tensors(), src.pieces(), meta, *layout, rules, eo);
+  if (!plan.ok()) return fail(plan.take_status());
+  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (a.dry_run) {
+    if (root) {
+      if (a.json) {
+        nlohmann::json j = plan->to_json();
+        j["plan_seconds"] = plan_s;
+        std::printf("%s\n", j.dump(2).c_str());
+      } else {
+        std::printf("%s", plan->to_string().c_str());
+      }
+    }
+    return 0;
+  }
+
+  StoreExecOptions so;
+  so.exec = eo;
+  so.store = *sopts;
+  ProgressBar bar;
+  if (root && stderr_is_tty() && !a.json) so.exec.progress = [&bar](uint64_t d, uint64_t t) { bar(d, t); };
+  if (!a.no_verify)
+    so.before_commit = [&src]() -> Status {
+      store::VerifyReport rep = src.verify();
+      if (!rep.ok())
+        return std::move(rep.failures.front().status)
+            .with_context("SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
+                          std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
+      return Status::Ok();
+    };
+  Status st = execute_plan_to_store(src, *plan, a.dst, so, dist);
+  if (!st.ok()) return fail(st);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (root) {
+    if (a.json) {
+      nlohmann::json j = plan->to_json();
+      j["dst"] = a.dst;
+      j["seconds"] = secs;
+      j["plan_seconds"] = plan_s;
+      j["processes"] = dist ? dist->size() : 1;
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.dir().c_str(),
+                  a.dst.c_str(), layout->to_string().c_str(), plan->pieces.size(), plan->files.size(),
+                  plan->bytes_written / 1073741824.0, secs);
+    }
+  }
+  return 0;
+}
+
+CommandAction setup(CLI::App& sub) {
+  auto a = std::make_shared<ReshardArgs>();
+  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, or run dir (follows `latest`)")->required();
+  sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
+  sub.add_option("--layout", a->layout_file, "Target layout JSON file (tp, pp, dp, zero, layers_per_stage, ...)");
+  sub.add_option("--tp", a->tp, "Tensor-parallel size");
+  sub.add_option("--pp", a->pp, "Pipeline-parallel size");
+  sub.add_option("--pp-layers", a->pp_layers, "Layers per pipeline stage, e.g. 2,3,3 (default: even split)");
+  sub.add_option("--dp", a->dp, "Data-parallel size");
+  sub.add_option("--zero", a->zero, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)")
+      ->check(CLI::Range(0, 1));
+  sub.add_option("--max-memory", a->max_memory, "Buffer budget, e.g. 256M, 1G (default 256M)");
+  sub.add_option("--threads", a->threads, "Threads (1: one; N: one I/O thread + N-1 cast/copy workers)");
+  sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
+  sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
+  sub.add_flag("--json", a->json, "Print the plan / result as JSON");
+  sub.add_flag("--no-verify", a->no_verify, "Skip re-hashing SRC pieces before committing DST");
+  sub.footer(
+      "Output is written to DST.partial and renamed when complete. Under `mpirun -np K` the shard files are\n"
+      "divided among the K processes; the result is byte-identical to a single process.");
+  return [a] { return run_reshard(*a); };
+}
+
+}  // namespace
+
+CKPT_REGISTER_COMMAND("reshard", "Re-split a checkpoint for another TP/PP/DP(ZeRO) layout", setup);
+
+}  // namespace ckpt::cli

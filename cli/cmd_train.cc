@@ -1,0 +1,61 @@
+// `ckpt train`: the single-process reference trainer (parsing only; logic in trainer/).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "converters/llama_config.h"
+#include "trainer/train_loop.h"
+
+namespace ckpt::cli {
+namespace {
+
+struct TrainFlags {
+  std::string config;
+  trainer::TrainOptions o;
+  bool sync_save = false;
+};
+
+CommandAction setup_train(CLI::App& sub) {
+  auto f = std::make_shared<TrainFlags>();
+  sub.add_option("--config", f->config, "HF LlamaForCausalLM config.json (e.g. fixtures/tiny_llama.json)")->required();
+  sub.add_option("--steps", f->o.steps, "Train until this many optimizer steps are done")->capture_default_str();
+  sub.add_option("--total-steps", f->o.total_steps, "LR schedule horizon (default: --steps)");
+  sub.add_option("--save-every", f->o.save_every, "Checkpoint every K steps (0: only at the end)")->capture_default_str();
+  sub.add_option("--out", f->o.out_dir, "Run directory: step-XXXXXXXX checkpoints, latest, train_log.jsonl");
+  sub.add_option("--resume", f->o.resume, "Resume from a checkpoint or run dir, or 'latest' (of --out)");
+  sub.add_option("--seed", f->o.seed, "Seed of the initialization and the data stream")->capture_default_str();
+  sub.add_option("--lr", f->o.lr, "Peak learning rate")->capture_default_str();
+  sub.add_option("--warmup", f->o.warmup, "Linear warm-up steps")->capture_default_str();
+  sub.add_option("--micro-batch", f->o.micro_batch, "Sequences per micro-batch")->capture_default_str();
+  sub.add_option("--seq-len", f->o.seq_len, "Tokens per sequence")->capture_default_str();
+  sub.add_option("--grad-accum", f->o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  sub.add_option("--threads", f->o.threads, "OpenBLAS threads")->capture_default_str();
+  sub.add_option("--data", f->o.data_path, "Corpus file (bytes are tokens); default: procedural corpus");
+  sub.add_option("--weight-decay", f->o.adam.weight_decay, "AdamW weight decay")->capture_default_str();
+  sub.add_option("--clip", f->o.max_grad_norm, "Global gradient-norm clip (0: off)")->capture_default_str();
+  sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
+  return [f]() -> int {
+    auto cfg = LlamaConfig::from_file(f->config);
+    if (!cfg.ok()) return report_error(cfg.status());
+    f->o.config = *cfg;
+    f->o.async_save = !f->sync_save;
+    auto t = trainer::Trainer::create(f->o);
+    if (!t.ok()) return report_error(t.status());
+    const auto& m = (*t)->model();
+    std::printf("ckpt train: %lld parameters, step %lld -> %lld, micro-batch %lld x %lld tokens, grad-accum %lld, %d thread(s)\n",
+                static_cast<long long>(m.num_params()), static_cast<long long>((*t)->step()),
+                static_cast<long long>(f->o.steps), static_cast<long long>(f->o.micro_batch),
+                static_cast<long long>(f->o.seq_len), static_cast<long long>(f->o.grad_accum), f->o.threads);
+    std::fflush(stdout);
+    Status st = (*t)->run();
+    if (!st.ok()) return report_error(st);
+    return 0;
+  };
+}
+
+CKPT_REGISTER_COMMAND("train", "Train the reference LLaMA model (fp32, OpenBLAS) with checkpoints in the native store",
+                      setup_train);
+
+}  // namespace
+}  // namespace ckpt::cli
