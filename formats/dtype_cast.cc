@@ -20,6 +20,7 @@
 #include "formats/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define CKPT_CAST_X86 1
 #else
@@ -564,7 +565,11 @@ std::atomic<bool> g_portable_only{false};
 
 bool has_avx2_f16c() {
 #if CKPT_CAST_X86
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+  static const bool ok = __builtin_cpu_supports("avx2") && [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+  }();
   return ok;
 #else
   return false;
