@@ -1,5 +1,6 @@
 // AdamW over a flat list of parameter slots (name, value buffer, gradient buffer), with
-// torch.optim.AdamW semantics (single-tensor path, fp32): decoupled decay p *= 1 - lr*wd,
+// torch.optim.AdamW semantics (single-tensor path; float for training, double for the exactness
+// check against a float64 torch run): decoupled decay p *= 1 - lr*wd,
 // m = lerp(m, g, 1-beta1), v = beta2*v + (1-beta2)*g*g, bias corrections, p -= lr/bc1 * m /
 // (sqrt(v)/sqrt(bc2) + eps). A slot may be a shard of a parameter (its Region in the global
 // tensor is kept for checkpoints), so ZeRO-1 is a different list of slots, not a different
@@ -22,28 +23,31 @@ struct AdamWOptions {
   double weight_decay = 0.1;
 };
 
-struct OptSlot {
+template <class T>
+struct BasicOptSlot {
   std::string name;     // canonical parameter name
   Shape shape;          // the parameter's global shape
   Region region;        // which elements of it this slot holds (row-major order)
-  float* w = nullptr;   // [region.numel()] values (the fp32 master weights of this run)
-  float* g = nullptr;   // [region.numel()] gradient
+  T* w = nullptr;       // [region.numel()] values (the fp32 master weights of this run)
+  T* g = nullptr;       // [region.numel()] gradient
   int64_t n = 0;        // region.numel()
   bool decay = true;    // weight decay applies
-  std::vector<float> exp_avg;     // [n] Adam first moment
-  std::vector<float> exp_avg_sq;  // [n] Adam second moment
+  std::vector<T> exp_avg;     // [n] Adam first moment
+  std::vector<T> exp_avg_sq;  // [n] Adam second moment
 };
 
-class AdamW {
+template <class T>
+class BasicAdamW {
  public:
-  explicit AdamW(AdamWOptions o = {}) : opt_(o) {}
+  using Slot = BasicOptSlot<T>;
+  explicit BasicAdamW(AdamWOptions o = {}) : opt_(o) {}
   const AdamWOptions& options() const { return opt_; }
   void set_options(const AdamWOptions& o) { opt_ = o; }
   // Adds a slot with zeroed moments.
-  void add(std::string name, Shape shape, Region region, float* w, float* g, int64_t n, bool decay);
-  std::vector<OptSlot>& slots() { return slots_; }
-  const std::vector<OptSlot>& slots() const { return slots_; }
-  OptSlot* find(const std::string& name);
+  void add(std::string name, Shape shape, Region region, T* w, T* g, int64_t n, bool decay);
+  std::vector<Slot>& slots() { return slots_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  Slot* find(const std::string& name);
 
   // One update with learning rate `lr`; `step` is the 1-based Adam step count (bias correction).
   void step(double lr, int64_t step);
@@ -52,12 +56,15 @@ class AdamW {
   // over ranks before taking the square root.
   double grad_sq_sum() const;
   // torch clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1; grads *= coef.
-  static float clip_coef(double norm, double max_norm);
-  void scale_grads(float coef);
+  static T clip_coef(double norm, double max_norm);
+  void scale_grads(T coef);
 
  private:
   AdamWOptions opt_;
-  std::vector<OptSlot> slots_;
+  std::vector<Slot> slots_;
 };
+
+using OptSlot = BasicOptSlot<float>;
+using AdamW = BasicAdamW<float>;
 
 }  // namespace ckpt::trainer

@@ -52,9 +52,9 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t d
   for (int64_t r = 0; r < n; ++r) {
     const T* xr = x + r * d;
     T* yr = y + r * d;
-    T ss = 0;
-    for (int64_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
-    T rs = T(1) / std::sqrt(ss / T(d) + T(eps));
+    double ss = 0;  // reductions accumulate in double (cheap next to the GEMMs)
+    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const T rs = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
     rstd[r] = rs;
     for (int64_t j = 0; j < d; ++j) yr[j] = w[j] * (xr[j] * rs);
   }
@@ -70,13 +70,13 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx,
     const T* dyr = dy + r * d;
     T* dxr = dx + r * d;
     const T rs = rstd[r];
-    T dot = 0;
+    double dot = 0;
     for (int64_t j = 0; j < d; ++j) {
       const T xhat = xr[j] * rs;
-      dot += dyr[j] * w[j] * xhat;
+      dot += static_cast<double>(dyr[j] * w[j]) * xhat;
       dw[j] += dyr[j] * xhat;
     }
-    const T m = dot / T(d);
+    const T m = static_cast<T>(dot / static_cast<double>(d));
     for (int64_t j = 0; j < d; ++j) dxr[j] += rs * (dyr[j] * w[j] - xr[j] * rs * m);
   }
 }
@@ -143,12 +143,12 @@ void attention_forward(const T* q, const T* k, const T* v, T* probs, T* out, int
           row[s] *= scale;
           mx = std::max(mx, row[s]);
         }
-        T sum = 0;
+        double sum = 0;
         for (int64_t s = 0; s <= t; ++s) {
           row[s] = std::exp(row[s] - mx);
           sum += row[s];
         }
-        const T inv = T(1) / sum;
+        const T inv = static_cast<T>(1.0 / sum);
         for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
         for (int64_t s = t + 1; s < seq; ++s) row[s] = T(0);
       }
@@ -185,9 +185,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* probs, cons
       for (int64_t t = 0; t < seq; ++t) {
         const T* pr = P + t * seq;
         T* dr = dP + t * seq;
-        T dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += pr[s] * dr[s];
-        for (int64_t s = 0; s <= t; ++s) dr[s] = pr[s] * (dr[s] - dot) * scale;
+        double dot = 0;
+        for (int64_t s = 0; s <= t; ++s) dot += static_cast<double>(pr[s]) * dr[s];
+        for (int64_t s = 0; s <= t; ++s) dr[s] = static_cast<T>(pr[s] * (dr[s] - dot) * scale);
         for (int64_t s = t + 1; s < seq; ++s) dr[s] = T(0);
       }
       // dq = dS k ; dk_g += dS^T q
@@ -223,14 +223,14 @@ double cross_entropy(const T* logits, const int32_t* targets, T* dlogits, int64_
     const T* lr = logits + r * V;
     T mx = lr[0];
     for (int64_t j = 1; j < V; ++j) mx = std::max(mx, lr[j]);
-    T sum = 0;
+    double sum = 0;
     for (int64_t j = 0; j < V; ++j) sum += std::exp(lr[j] - mx);
-    const T lse = mx + std::log(sum);
+    const double lse = static_cast<double>(mx) + std::log(sum);
     const int32_t tg = targets[r];
-    total += static_cast<double>(lse - lr[tg]);
+    total += lse - static_cast<double>(lr[tg]);
     if (dlogits) {
       T* dr = dlogits + r * V;
-      const T inv = T(1) / sum;
+      const T inv = static_cast<T>(1.0 / sum);
       for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(lr[j] - mx) * inv * scale;
       dr[tg] -= scale;
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sys/stat.h>
 
+#include "formats/checked.h"
 #include "formats/store/run_dir.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/ops.h"
@@ -15,6 +16,65 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
+
+TrainerState initial_state(const TrainOptions& o) {
+  TrainerState s;
+  s.step = 0;
+  s.schedule = LrSchedule{o.lr, o.warmup, o.total_steps < 0 ? o.steps : o.total_steps, 0.1};
+  s.seed = o.seed;
+  s.data_source = o.data_path.empty() ? "procedural" : o.data_path;
+  s.micro_batch = o.micro_batch;
+  s.seq_len = o.seq_len;
+  s.grad_accum = o.grad_accum;
+  s.adam = o.adam;
+  s.max_grad_norm = o.max_grad_norm;
+  return s;
+}
+
+template <class T>
+void add_param_slots(Model<T>& model, BasicAdamW<T>& opt) {
+  for (auto* p : model.params())
+    opt.add(p->name, p->shape, Region{p->box}, p->w.data(), p->g.data(), p->numel(), p->decay);
+}
+
+template <class T>
+Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const TokenStream& data,
+                                 TrainerState* state, std::vector<int32_t>* tokens,
+                                 std::vector<int32_t>* targets) {
+  const double t0 = now_s();
+  const int64_t B = state->micro_batch, S = state->seq_len, A = state->grad_accum;
+  const int64_t ntok = B * S * A;  // bounded by Trainer::create / TrainerState::from_json
+  const T scale = T(1) / static_cast<T>(ntok);
+  tokens->resize(static_cast<size_t>(B * S));
+  targets->resize(static_cast<size_t>(B * S));
+  model.zero_grad();
+  double loss_sum = 0;
+  for (int64_t a = 0; a < A; ++a) {
+    CKPT_RETURN_IF_ERROR(data.batch(state->step, a * B, B, S, tokens->data(), targets->data()));
+    CKPT_ASSIGN_OR_RETURN(double l, model.forward_backward(tokens->data(), targets->data(), B, S, scale));
+    loss_sum += l;
+  }
+  StepStats st;
+  st.loss = loss_sum / static_cast<double>(ntok);
+  st.grad_norm = std::sqrt(opt.grad_sq_sum());
+  if (state->max_grad_norm > 0)
+    opt.scale_grads(BasicAdamW<T>::clip_coef(st.grad_norm, state->max_grad_norm));
+  st.lr = state->schedule.at(state->step);
+  opt.step(st.lr, state->step + 1);
+  state->step += 1;
+  st.step = state->step;
+  st.seconds = now_s() - t0;
+  st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
+  st.flops_per_s = st.tokens_per_s * model.train_flops_per_token(S);
+  return st;
+}
+
+template void add_param_slots<float>(Model<float>&, BasicAdamW<float>&);
+template void add_param_slots<double>(Model<double>&, BasicAdamW<double>&);
+template Result<StepStats> optimizer_step<float>(Model<float>&, BasicAdamW<float>&, const TokenStream&,
+                                                 TrainerState*, std::vector<int32_t>*, std::vector<int32_t>*);
+template Result<StepStats> optimizer_step<double>(Model<double>&, BasicAdamW<double>&, const TokenStream&,
+                                                  TrainerState*, std::vector<int32_t>*, std::vector<int32_t>*);
 
 Trainer::~Trainer() {
   if (saver_) (void)saver_->wait();
@@ -28,6 +88,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     return Status::InvalidArgument("--micro-batch, --seq-len and --grad-accum must be >= 1");
   if (o.micro_batch > (1 << 20) || o.grad_accum > (1 << 20))
     return Status::InvalidArgument("--micro-batch / --grad-accum too large");
+  if (o.seq_len > o.config.max_position_embeddings)
+    return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " exceeds the config's max_position_embeddings " +
+                                   std::to_string(o.config.max_position_embeddings));
+  {
+    auto bs = checked_mul(o.micro_batch, o.seq_len);
+    auto all = bs ? checked_mul(*bs, o.grad_accum) : std::nullopt;
+    if (!all || *all > (int64_t{1} << 31))
+      return Status::InvalidArgument("--micro-batch x --seq-len x --grad-accum is too many tokens per step");
+  }
   if (o.save_every < 0) return Status::InvalidArgument("--save-every must be >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) return Status::InvalidArgument("--lr must be a finite value >= 0");
   if (o.warmup < 0) return Status::InvalidArgument("--warmup must be >= 0");
@@ -44,18 +113,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   t->model_ = std::make_unique<Model<float>>(std::move(m));
   CKPT_RETURN_IF_ERROR(t->model_->init(o.seed));
   t->opt_ = AdamW(o.adam);
-  for (auto* p : t->model_->params())
-    t->opt_.add(p->name, p->shape, Region{p->box}, p->w.data(), p->g.data(), p->numel(), p->decay);
+  add_param_slots(*t->model_, t->opt_);
   TrainerState& s = t->state_;
-  s.step = 0;
-  s.schedule = LrSchedule{o.lr, o.warmup, o.total_steps < 0 ? o.steps : o.total_steps, 0.1};
-  s.seed = o.seed;
-  s.data_source = o.data_path.empty() ? "procedural" : o.data_path;
-  s.micro_batch = o.micro_batch;
-  s.seq_len = o.seq_len;
-  s.grad_accum = o.grad_accum;
-  s.adam = o.adam;
-  s.max_grad_norm = o.max_grad_norm;
+  s = initial_state(o);
   if (!o.resume.empty()) {
     const std::string path = o.resume == "latest" ? o.out_dir : o.resume;
     CKPT_ASSIGN_OR_RETURN(auto rs, load_checkpoint(path, *t->model_, t->opt_));
@@ -88,31 +148,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
 }
 
 Result<StepStats> Trainer::train_step() {
-  const double t0 = now_s();
-  const TrainOptions& o = opt_s_;
-  const int64_t B = state_.micro_batch, T = state_.seq_len, A = state_.grad_accum;
-  const int64_t tokens = B * T * A;
-  const float scale = 1.0f / static_cast<float>(tokens);
-  model_->zero_grad();
-  double loss_sum = 0;
-  for (int64_t a = 0; a < A; ++a) {
-    CKPT_RETURN_IF_ERROR(data_.batch(state_.step, a * B, B, T, tokens_.data(), targets_.data()));
-    CKPT_ASSIGN_OR_RETURN(double l, model_->forward_backward(tokens_.data(), targets_.data(), B, T, scale));
-    loss_sum += l;
-  }
-  StepStats st;
-  st.loss = loss_sum / static_cast<double>(tokens);
-  st.grad_norm = std::sqrt(opt_.grad_sq_sum());
-  if (state_.max_grad_norm > 0) opt_.scale_grads(AdamW::clip_coef(st.grad_norm, state_.max_grad_norm));
-  st.lr = state_.schedule.at(state_.step);
-  opt_.step(st.lr, state_.step + 1);
-  state_.step += 1;
-  st.step = state_.step;
-  st.seconds = now_s() - t0;
-  st.tokens_per_s = static_cast<double>(tokens) / st.seconds;
-  st.flops_per_s = st.tokens_per_s * model_->train_flops_per_token(T);
-  (void)o;
-  return st;
+  return optimizer_step(*model_, opt_, data_, &state_, &tokens_, &targets_);
 }
 
 Result<double> Trainer::save(bool async) {

@@ -15,6 +15,7 @@
 #include "formats/status.h"
 #include "trainer/adamw.h"
 #include "trainer/async_saver.h"
+#include "trainer/checkpoint_io.h"
 #include "trainer/data.h"
 #include "trainer/model.h"
 #include "trainer/schedule.h"
@@ -52,6 +53,24 @@ struct StepStats {
   double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
   double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
 };
+
+// The trainer state at step 0 for options `o` (schedule, seed, batch shape, optimizer settings).
+TrainerState initial_state(const TrainOptions& o);
+
+// One AdamW slot per parameter of `model` (in canonical order), zeroed moments.
+template <class T>
+void add_param_slots(Model<T>& model, BasicAdamW<T>& opt);
+
+// One optimizer step on the global batch of step state->step: grad_accum micro-batches of
+// micro_batch sequences (samples (seed, step, 0 .. micro_batch*grad_accum-1)), mean token loss,
+// global-norm clipping (torch clip_grad_norm_), AdamW at the schedule's LR; then state->step++.
+// The training loop runs it in float; the exactness check against a float64 torch run
+// (tests/tools/trainer_dump --f64) runs the same code in double.
+// tokens, targets: scratch, resized to [micro_batch * seq_len].
+template <class T>
+Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const TokenStream& data,
+                                 TrainerState* state, std::vector<int32_t>* tokens,
+                                 std::vector<int32_t>* targets);
 
 class Trainer {
  public:

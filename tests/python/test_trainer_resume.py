@@ -2,7 +2,9 @@
 
 - 20 steps straight vs 10 steps + save + a new process resuming from `latest` for 10 more:
   identical losses bit for bit (same thread count), identical final weights and Adam moments
-  (read back independently with h5py from the manifest's file/dataset records).
+  (read back independently with h5py from the manifest's file/dataset records); the same with
+  `--resume PATH` of the step-10 checkpoint into another run dir. The per-step line (loss, lr,
+  grad norm, tokens/s, model FLOP/s) matches the JSON lines of train_log.jsonl.
 - A run killed with SIGKILL while a checkpoint is being written resumes from the previous complete
   checkpoint, and its resumed losses equal the killed run's logged losses bit for bit.
 """
@@ -67,6 +69,23 @@ def test_resume_is_bit_identical(tmp_path):
     assert [r["lr"] for r in la] == [r["lr"] for r in lb]
     assert la[-1]["loss"] < la[0]["loss"]
     assert "step     11" in p.stdout
+    # --resume PATH (a checkpoint dir) into another run dir: the same losses again.
+    c = tmp_path / "c"
+    _train(*COMMON, "--steps", 20, "--out", c, "--resume", b / "step-00000010")
+    assert [r["loss"] for r in _log(c)] == [r["loss"] for r in la[10:]]
+    # A line per step with loss, learning rate, grad norm, tokens/s and model FLOP/s, and the
+    # same values as JSON lines in the run dir.
+    lines = [l for l in p.stdout.splitlines() if l.startswith("step")]
+    assert len(lines) == 10
+    for line, rec in zip(lines, lb[10:]):
+        f = [x.strip() for x in line.split("|")]
+        assert f[0].split() == ["step", str(rec["step"])]
+        assert float(f[1].split()[1]) == pytest.approx(rec["loss"], abs=1e-6)
+        assert float(f[2].split()[1]) == pytest.approx(rec["lr"], rel=1e-4)
+        assert float(f[3].split()[1]) == pytest.approx(rec["grad_norm"], abs=1e-4)
+        assert f[4].endswith("tok/s") and f[5].endswith("GFLOP/s")
+        assert rec["tokens_per_s"] > 0 and rec["flops_per_s"] > 0
+        assert float(f[5].split()[0]) == pytest.approx(rec["flops_per_s"] / 1e9, rel=1e-2, abs=1e-3)
 
     man_a, ta = _read_ckpt(a / "step-00000020")
     man_b, tb = _read_ckpt(b / "step-00000020")

@@ -1,7 +1,10 @@
-// It learns: on fixtures/tiny_llama.json with the procedural corpus, the training loss falls well
-// below both ln(256) (uniform over bytes) and the corpus' unigram entropy (the best a model that
-// ignores context can do; measured here by counting bytes of 4000 independent samples), and
-// training is deterministic from the seed.
+// It learns: on fixtures/tiny_llama.json with the procedural corpus, within 200 steps the training
+// loss falls below ln(264) (uniform prediction), below the corpus' unigram entropy H(X) (the best
+// any model that ignores context can do) and below its bigram conditional entropy H(X_t|X_t-1)
+// (the best any model that sees only the previous byte can do: getting under it needs attention
+// over longer context). Both entropies are measured here from 4000 independent samples not used
+// in training; the plug-in estimates are biased low, which makes the thresholds stricter.
+// Training is deterministic from the seed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,25 +30,50 @@ TrainOptions tiny_options(int64_t steps) {
   return o;
 }
 
-double unigram_entropy_nats() {
+struct Entropies {
+  double unigram = 0, bigram = 0;  // nats per byte: H(X), H(X_t | X_t-1)
+};
+
+Entropies corpus_entropies() {
   TokenStream ds = TokenStream::procedural(1234);
-  std::vector<double> count(256, 0);
-  double n = 0;
-  for (int64_t i = 0; i < 4000; ++i)
-    for (unsigned char ch : ds.procedural_text(1000000 + i, 0, 64).substr(0, 64)) {
-      count[ch] += 1;
+  std::vector<double> uni(256, 0), pair(256 * 256, 0), prev(256, 0);
+  double n = 0, np = 0;
+  for (int64_t i = 0; i < 4000; ++i) {
+    const std::string txt = ds.procedural_text(1000000 + i, 0, 64).substr(0, 64);
+    for (size_t k = 0; k < txt.size(); ++k) {
+      const auto c = static_cast<unsigned char>(txt[k]);
+      uni[c] += 1;
       n += 1;
+      if (k > 0) {
+        const auto p = static_cast<unsigned char>(txt[k - 1]);
+        pair[p * 256 + c] += 1;
+        prev[p] += 1;
+        np += 1;
+      }
     }
-  double h = 0;
-  for (double c : count)
-    if (c > 0) h -= c / n * std::log(c / n);
-  return h;
+  }
+  Entropies e;
+  for (double c : uni)
+    if (c > 0) e.unigram -= c / n * std::log(c / n);
+  for (int p = 0; p < 256; ++p)
+    for (int c = 0; c < 256; ++c) {
+      const double k = pair[p * 256 + c];
+      if (k > 0) e.bigram -= k / np * std::log(k / prev[p]);
+    }
+  return e;
 }
 
-TEST(Learn, LossFallsBelowUnigramEntropy) {
-  const double h1 = unigram_entropy_nats();
-  EXPECT_LT(h1, std::log(256.0));
-  const int64_t steps = 300;
+TEST(Learn, LossFallsBelowBigramEntropy) {
+  const Entropies h = corpus_entropies();
+  EXPECT_LT(h.bigram, h.unigram);
+  EXPECT_LT(h.unigram, std::log(256.0));
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer (Debug) 200 steps take minutes: run a few steps for memory errors;
+  // the threshold is checked by the optimized build.
+  const int64_t steps = 20;
+#else
+  const int64_t steps = 200;
+#endif
   auto t = Trainer::create(tiny_options(steps));
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   std::vector<double> losses;
@@ -54,9 +82,14 @@ TEST(Learn, LossFallsBelowUnigramEntropy) {
   EXPECT_NEAR(losses[0], std::log(264.0), 0.1);  // N(0, 0.02) init: near-uniform prediction
   double last = 0;
   for (int i = 0; i < 20; ++i) last += losses[losses.size() - 1 - i] / 20;
-  std::printf("unigram entropy %.3f nats, first loss %.3f, mean of last 20 losses %.3f\n", h1,
-              losses[0], last);
-  EXPECT_LT(last, h1 - 0.5);
+  std::printf("unigram entropy %.3f, bigram conditional entropy %.3f nats; first loss %.3f, "
+              "mean of the last 20 of %lld steps %.3f\n",
+              h.unigram, h.bigram, losses[0], static_cast<long long>(steps), last);
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_LT(last, losses[0]);
+#else
+  EXPECT_LT(last, h.bigram);
+#endif
 }
 
 TEST(Learn, DeterministicFromSeed) {
