@@ -1,59 +1,125 @@
-// ckpt from-hf HF_DIR OUT: imports a HuggingFace LLaMA directory (single-file or sharded
-// safetensors + config.json) into a native store checkpoint.
+// ckpt from-hf HF_DIR OUT [--tp N --pp N [--pp-layers a,b,..] --dp N [--zero 0|1]]: imports a
+// HuggingFace LLaMA directory (single-file or sharded safetensors + config.json, tokenizer files
+// carried in the metadata) into a native store checkpoint, optionally laid out for a TP/PP/DP
+// layout through the reshard planner (under mpirun the shard files are divided among processes).
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "converters/hf_export.h"
 #include "converters/hf_import.h"
 #include "formats/open_source.h"
 #include "formats/store/store_writer.h"
+#include "reshard/dist.h"
+#include "reshard/flags.h"
 
 namespace ckpt::cli {
 namespace {
 
-CommandAction setup_from_hf(CLI::App& sub) {
-  struct Opts {
-    std::string src, out, dtype, codec = "none";
-    int threads = 2;
-    bool no_fsync = false;
-  };
-  auto o = std::make_shared<Opts>();
-  sub.add_option("HF_DIR", o->src, "HuggingFace directory (model.safetensors[.index.json] + config.json)")->required();
-  sub.add_option("OUT", o->out, "native checkpoint directory to create (must not exist)")->required();
-  sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
-  sub.add_option("--codec", o->codec, "shard compression: none, zstd, shuffle+zstd (default none)");
-  sub.add_option("--threads", o->threads, "worker threads for casts and copies (default 2)")->check(CLI::Range(1, 64));
-  sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
-  return [o]() -> int {
-    HfImportOptions opts;
-    opts.threads = o->threads;
-    if (!o->dtype.empty()) {
-      auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
-      if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));
-      opts.dtype = *dt;
+struct FromHfArgs {
+  std::string src, out, dtype, codec = "none", pp_layers, max_memory = "256M";
+  int threads = 2, tp = 0, pp = 0, dp = 0, zero = -1;
+  bool no_fsync = false;
+};
+
+int run_from_hf(const FromHfArgs& a) {
+  const bool layout_given = a.tp || a.pp || a.dp || a.zero >= 0 || !a.pp_layers.empty();
+  Dist* dist = layout_given && std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
+  const bool root = !dist || dist->rank() == 0;
+  auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
+
+  HfImportOptions opts;
+  opts.threads = a.threads;
+  if (!a.dtype.empty()) {
+    auto dt = dtype_from_name(a.dtype, /*cli_aliases=*/true);
+    if (!dt.ok() || !dtype_is_float(*dt)) return fail(Status::InvalidArgument("--dtype '" + a.dtype + "': expected bf16, fp16 or fp32"));
+    opts.dtype = *dt;
+  }
+  store::StoreOptions so;
+  so.fsync = !a.no_fsync;
+  auto codec = store::codec_from_name(a.codec);
+  if (!codec.ok()) return fail(Status::InvalidArgument("--codec: " + codec.status().message()));
+  so.codec = *codec;
+  auto kind = detect_source(a.src);
+  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile)
+    return fail(Status::InvalidArgument("'" + a.src + "' is not a HuggingFace directory (no model.safetensors[.index.json])"));
+  {
+    auto dir = kind == SourceKind::kHfDir ? std::filesystem::path(a.src) : std::filesystem::path(a.src).parent_path();
+    opts.side_files_dir = dir.empty() ? "." : dir.string();
+  }
+  auto src = open_source(a.src);
+  if (!src.ok()) return fail(src.take_status());
+  auto plan = plan_hf_import(**src, opts);
+  if (!plan.ok()) return fail(plan.take_status().with_file(a.src));
+  auto mem = parse_byte_size(a.max_memory, "--max-memory");
+  if (!mem.ok()) return fail(mem.take_status());
+  {
+    size_t max_src = 1, min_out = 8;
+    for (const auto& p : (*src)->pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+    for (const auto& p : plan->pieces) min_out = std::min(min_out, dtype_size(p.dtype));
+    // Keep ~48 MiB of the budget for the store writer (HDF5, hashing), as `ckpt reshard` does.
+    const uint64_t reserve = 48ull << 20;
+    opts.max_chunk_bytes = hf_chunk_bytes(*mem > reserve + (4u << 20) ? *mem - reserve : (4u << 20), a.threads, max_src, min_out);
+  }
+
+  Status st;
+  std::string layout_text = "tp=1 pp=1 dp=1";
+  if (layout_given) {
+    if (a.tp < 1 || a.pp < 1 || a.dp < 1)
+      return fail(Status::InvalidArgument("layout flags: give --tp N --pp N --dp N (each >= 1), optionally --pp-layers and --zero"));
+    std::vector<int> per;
+    if (!a.pp_layers.empty()) {
+      auto p = parse_int_list(a.pp_layers, "--pp-layers");
+      if (!p.ok()) return fail(p.take_status());
+      per = *p;
     }
-    store::StoreOptions so;
-    so.fsync = !o->no_fsync;
-    auto codec = store::codec_from_name(o->codec);
-    if (!codec.ok()) return report_error(Status::InvalidArgument("--codec: " + codec.status().message()));
-    so.codec = *codec;
-    auto kind = detect_source(o->src);
-    if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile)
-      return report_error(Status::InvalidArgument("'" + o->src + "' is not a HuggingFace directory (no model.safetensors[.index.json])"));
-    auto src = open_source(o->src);
-    if (!src.ok()) return report_error(src.status());
-    auto plan = plan_hf_import(**src, opts);
-    if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
-    store::StoreWriter sink(o->out, so);
-    Status st = run_hf_import(**src, sink, *plan, opts);
-    if (!st.ok()) return report_error(st);
-    std::printf("imported %zu tensors (%llu bytes) into %s", plan->tensors.size(), static_cast<unsigned long long>(plan->total_bytes),
-                o->out.c_str());
+    auto layout = Layout::make(a.tp, a.pp, a.dp, a.zero < 0 ? 0 : a.zero, static_cast<int>(plan->config.num_hidden_layers), per);
+    if (!layout.ok()) return fail(layout.take_status());
+    layout_text = layout->to_string();
+    StoreExecOptions eo;
+    eo.exec.threads = a.threads;
+    eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
+    eo.store = so;
+    st = run_hf_import_to_layout(**src, *plan, *layout, a.out, eo, dist);
+  } else {
+    store::StoreWriter sink(a.out, so);
+    st = run_hf_import(**src, sink, *plan, opts);
+  }
+  if (!st.ok()) return fail(st);
+  if (root) {
+    std::printf("imported %zu tensors (%llu bytes) into %s (%s)", plan->tensors.size(),
+                static_cast<unsigned long long>(plan->total_bytes), a.out.c_str(), layout_text.c_str());
+    if (plan->metadata.contains("hf_files")) std::printf("; carried %zu tokenizer/side files", plan->metadata["hf_files"].size());
     if (!plan->skipped.empty()) std::printf("; skipped %zu (inv_freq / tied lm_head)", plan->skipped.size());
     std::printf("\n");
-    return 0;
-  };
+  }
+  return 0;
+}
+
+CommandAction setup_from_hf(CLI::App& sub) {
+  auto a = std::make_shared<FromHfArgs>();
+  sub.add_option("HF_DIR", a->src, "HuggingFace directory (model.safetensors[.index.json] + config.json) or a .safetensors file")
+      ->required();
+  sub.add_option("OUT", a->out, "native checkpoint directory to create (must not exist)")->required();
+  sub.add_option("--dtype", a->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
+  sub.add_option("--codec", a->codec, "shard compression: none, zstd, shuffle+zstd (default none)");
+  sub.add_option("--tp", a->tp, "lay the checkpoint out for this tensor-parallel size (with --pp and --dp)");
+  sub.add_option("--pp", a->pp, "pipeline-parallel size");
+  sub.add_option("--pp-layers", a->pp_layers, "layers per pipeline stage, e.g. 2,3,3 (default: even split)");
+  sub.add_option("--dp", a->dp, "data-parallel size");
+  sub.add_option("--zero", a->zero, "ZeRO stage of the (absent) optimizer state: 0 or 1")->check(CLI::Range(0, 1));
+  sub.add_option("--threads", a->threads, "worker threads for casts and copies (default 2)")->check(CLI::Range(1, 64));
+  sub.add_option("--max-memory", a->max_memory, "buffer budget, e.g. 256M, 1G (default 256M)");
+  sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
+  sub.footer(
+      "Tokenizer files (tokenizer*.json, tokenizer.model, special_tokens_map.json, generation_config.json, ...)\n"
+      "found beside the weights are carried in the checkpoint's metadata (\"hf_files\", with SHA-256) and written\n"
+      "back by `ckpt to-hf`, also after `ckpt reshard`.");
+  return [a] { return run_from_hf(*a); };
 }
 
 CKPT_REGISTER_COMMAND("from-hf", "Import a HuggingFace LLaMA safetensors directory into a native checkpoint", setup_from_hf);

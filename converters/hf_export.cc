@@ -1,5 +1,7 @@
 #include "converters/hf_export.h"
+#include "converters/hf_files.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -18,6 +20,12 @@ std::string hf_dtype_string(DType t) {
     case DType::kF32: return "float32";
     default: return "";
   }
+}
+
+uint64_t hf_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem) {
+  const uint64_t depth = static_cast<uint64_t>(exec_pipeline_depth(threads));
+  const uint64_t ratio = (std::max<size_t>(max_src_elem, 1) + std::max<size_t>(min_out_elem, 1) - 1) / std::max<size_t>(min_out_elem, 1);
+  return std::max<uint64_t>(64u << 10, budget / (depth * (2 + ratio)));
 }
 
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt) {
@@ -52,7 +60,8 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
   if (md.is_object() && md.contains("model_config")) {
     const auto& cfg_json = md["model_config"];
     CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfig::from_json(cfg_json));
-    if (cfg.num_hidden_layers > static_cast<int64_t>(src.tensors().size()))
+    // Every layer has at least 9 tensors: bound the tensor list built from the config by the source size.
+    if (cfg.num_hidden_layers > static_cast<int64_t>(src.tensors().size() / 9 + 1))
       return Status::Error(ErrorKind::kNotFound, "MissingTensor", "model config says " + std::to_string(cfg.num_hidden_layers) +
                                                                   " layers but '" + src.describe() + "' holds only " +
                                                                   std::to_string(src.tensors().size()) + " tensors");
@@ -104,11 +113,13 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
     plan.total_bytes = *tot;
   }
   std::error_code ec;
+  auto carried = decode_hf_files(md);
+  if (!carried.ok()) return carried.take_status().with_file(src_path);
+  plan.side_files = std::move(*carried);
   if (fs::is_directory(src_path, ec)) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                          "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json"}) {
+    for (const auto& f : hf_side_file_names()) {
       fs::path p = fs::path(src_path) / f;
-      if (fs::is_regular_file(p, ec)) plan.copy_files[f] = p.string();
+      if (!plan.side_files.count(f) && fs::is_regular_file(p, ec)) plan.copy_files[f] = p.string();
     }
   }
   return plan;
@@ -119,10 +130,12 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.max_shard_size = opts.max_shard_size;
   so.fsync = opts.fsync;
   so.copy_files = plan.copy_files;
+  so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);
   ExecOptions eo;
   eo.threads = opts.threads;
+  eo.max_chunk_bytes = opts.max_chunk_bytes;
   eo.progress = opts.progress;
   return execute(src, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
 }

@@ -22,6 +22,7 @@ struct HfExportOptions {
   std::optional<DType> dtype;                  // cast float tensors to this; nullopt keeps each tensor's dtype
   uint64_t max_shard_size = 5'000'000'000ull;  // "5GB"
   int threads = 2;
+  uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see hf_chunk_bytes()
   bool fsync = true;
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -30,7 +31,8 @@ struct HfExportPlan {
   std::vector<TensorMeta> tensors;        // output tensors, canonical order (LLaMA) or source order
   std::vector<Piece> pieces;              // one whole piece per tensor, in the output dtype
   std::optional<nlohmann::json> config;   // config.json to write (LLaMA mode), dtype updated
-  std::map<std::string, std::string> copy_files;  // tokenizer files found beside the source
+  std::map<std::string, std::string> copy_files;  // tokenizer files found beside the source (name -> path)
+  std::map<std::string, std::string> side_files;  // tokenizer files carried in metadata "hf_files" (name -> content)
   std::vector<std::string> skipped;       // source tensors left out (optimizer state, inv_freq, ...)
   uint64_t total_bytes = 0;
 };
@@ -41,11 +43,16 @@ std::string hf_dtype_string(DType t);
 // With metadata "model_config" (a LLaMA config): exactly the tensors of llama_model_tensors, each
 // checked present with its shape (MissingTensor / ShapeMismatch), other non-optimizer tensors
 // refused (UnexpectedTensor). Without: every non-optimizer tensor, as is (no config.json).
-// `src_path` is used to find tokenizer files when it is a directory.
+// Tokenizer/side files: those carried in metadata "hf_files" (checked against their SHA-256), else
+// those found in `src_path` when it is a directory.
 Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& src_path, const HfExportOptions& opts);
 
 // Writes `out` (a new directory, committed by renaming `<out>.partial`).
 Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
+
+// Executor chunk size that keeps its buffers (exec_peak_bytes) within `budget` bytes for the given
+// thread count and widest source / narrowest output element sizes (at least 64 KiB).
+uint64_t hf_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem);
 
 // Validates a config object as LLaMA and returns it with its dtype keys set to `dt`.
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt);

@@ -4,9 +4,12 @@
 #include <set>
 
 #include "converters/hf_export.h"
+#include "converters/hf_files.h"
+#include "converters/llama_sharding.h"
 #include "formats/checked.h"
 #include "reshard/executor.h"
 #include "reshard/layout.h"
+#include "reshard/planner.h"
 
 namespace ckpt {
 
@@ -16,10 +19,11 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     return Status::NotFound("'" + src.describe() + "' has no config.json: a HuggingFace LLaMA directory needs one");
   HfImportPlan plan;
   CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(md["model_config"]));
-    if (plan.config.num_hidden_layers > static_cast<int64_t>(src.tensors().size()))
-      return Status::Error(ErrorKind::kNotFound, "MissingTensor", "model config says " + std::to_string(plan.config.num_hidden_layers) +
-                                                                  " layers but '" + src.describe() + "' holds only " +
-                                                                  std::to_string(src.tensors().size()) + " tensors");
+  // Every layer has at least 9 tensors: bound the tensor list built from the config by the source size.
+  if (plan.config.num_hidden_layers > static_cast<int64_t>(src.tensors().size() / 9 + 1))
+    return Status::Error(ErrorKind::kNotFound, "MissingTensor", "model config says " + std::to_string(plan.config.num_hidden_layers) +
+                                                                " layers but '" + src.describe() + "' holds only " +
+                                                                std::to_string(src.tensors().size()) + " tensors");
   std::map<std::string, const TensorMeta*> by_name;
   for (const auto& t : src.tensors()) by_name[t.name] = &t;
   std::set<std::string> wanted;
@@ -62,12 +66,61 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
   plan.metadata["model_config"] = std::move(cfg_json);
   plan.metadata["layout"] = layout.to_json();
   plan.metadata["profile"] = "reference";
+  if (!opts.side_files_dir.empty()) {
+    CKPT_ASSIGN_OR_RETURN(auto files, collect_hf_files(opts.side_files_dir));
+    if (!files.empty()) plan.metadata[kHfFilesKey] = std::move(files);
+  }
   return plan;
+}
+
+namespace {
+
+class ImportView final : public TensorSource {
+ public:
+  ImportView(TensorSource& src, const HfImportPlan& plan) : src_(src) {
+    tensors_ = plan.tensors;
+    std::map<std::string, size_t> want;
+    for (size_t i = 0; i < tensors_.size(); ++i) want[tensors_[i].name] = i;
+    for (size_t i = 0; i < src.pieces().size(); ++i) {
+      if (!want.count(src.pieces()[i].tensor)) continue;
+      pieces_.push_back(src.pieces()[i]);
+      map_.push_back(i);
+    }
+  }
+  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  Status read(size_t piece, const Box& sub, void* dst) override {
+    if (piece >= map_.size()) return Status::Internal("import view: piece " + std::to_string(piece) + " out of range");
+    return src_.read(map_[piece], sub, dst);
+  }
+  const nlohmann::json& metadata() const override { return src_.metadata(); }
+  std::string describe() const override { return src_.describe(); }
+
+ private:
+  TensorSource& src_;
+  std::vector<TensorMeta> tensors_;
+  std::vector<Piece> pieces_;
+  std::vector<size_t> map_;  // view piece -> source piece
+};
+
+}  // namespace
+
+std::unique_ptr<TensorSource> make_import_view(TensorSource& src, const HfImportPlan& plan) {
+  return std::make_unique<ImportView>(src, plan);
+}
+
+Status run_hf_import_to_layout(TensorSource& src, const HfImportPlan& plan, const Layout& layout, const std::string& dst,
+                               const StoreExecOptions& opts, Dist* dist) {
+  auto view = make_import_view(src, plan);
+  LlamaShardingRules rules(plan.config);
+  CKPT_ASSIGN_OR_RETURN(Plan rp, make_plan(view->tensors(), view->pieces(), plan.metadata, layout, rules, opts.exec));
+  return execute_plan_to_store(*view, rp, dst, opts, dist);
 }
 
 Status run_hf_import(TensorSource& src, TensorSink& sink, const HfImportPlan& plan, const HfImportOptions& opts) {
   ExecOptions eo;
   eo.threads = opts.threads;
+  eo.max_chunk_bytes = opts.max_chunk_bytes;
   eo.progress = opts.progress;
   return execute(src, sink, plan.tensors, plan.pieces, plan.metadata, eo);
 }

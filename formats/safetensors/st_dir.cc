@@ -67,6 +67,8 @@ Result<std::unique_ptr<HfDirSource>> HfDirSource::open(const std::string& dir) {
   s->path_ = dir;
   CKPT_ASSIGN_OR_RETURN(ShardIndex idx, read_index(idx_path.string()));
   s->meta_["hf_index_metadata"] = idx.metadata;
+  if (idx.weight_map.empty())
+    return Status::Corruption("IndexInvalid", "safetensors index: weight_map lists no tensors").with_file(idx_path.string());
   // Every listed file present; every file's tensors exactly the ones the index maps to it.
   std::set<std::string> seen;
   for (const auto& name : idx.files) {

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Smoke run of the safetensors libFuzzer targets (default 20 s each), seeded with valid files.
-#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (CI)
-#   tests/fuzz/run_fuzz.sh 3600               # long run, one hour per target
-# Builds into build-fuzz (clang-14) unless CKPT_FUZZ_DIR points at an existing fuzz build.
-# Exit status is non-zero if a target finds a crash, leak or timeout (artifacts in $out/).
+# Runs the safetensors libFuzzer targets (header parser, index parser), seeded with valid files
+# and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
+# (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
+#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 15 s per target)
+#   tests/fuzz/run_fuzz.sh 3600               # long run: one hour per target
+#   CKPT_FUZZ_JOBS=2 tests/fuzz/run_fuzz.sh 3600   # long run on 2 cores (libFuzzer -fork=2)
+# Builds (incrementally) into build-fuzz with clang-14 unless CKPT_FUZZ_DIR points elsewhere.
+# Prints executions per target; exits non-zero if a target finds a crash, leak, OOM or timeout
+# (reproducer in the printed artifacts directory).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 secs="${1:-20}"
 bdir="${CKPT_FUZZ_DIR:-$here/build-fuzz}"
-if [ ! -x "$bdir/safetensors_header_fuzz" ] || [ ! -x "$bdir/safetensors_index_fuzz" ]; then
-  CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCKPT_FUZZ=ON -DCKPT_BUILD_TESTS=OFF \
-    -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
-  ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz
+if [ ! -f "$bdir/CMakeCache.txt" ]; then
+  CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
+    -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
+ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
 mkdir -p "$out/header" "$out/index"
 # Seeds: valid headers (empty, tensors with metadata, scalar, zero-size) and indexes.
@@ -21,12 +25,48 @@ h='{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offset
 { printf "$(printf '\\x%02x' $(( ${#h} & 255 )) $(( ${#h} >> 8 )))\0\0\0\0\0\0"; printf '%s' "$h"; head -c 18 /dev/zero; } > "$out/header/tensors"
 printf '{"metadata":{"total_size":16},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}' > "$out/index/two"
 printf '{"weight_map":{}}' > "$out/index/empty"
+cat > "$out/dict" <<'EOF'
+"{"
+"}"
+"["
+"]"
+":"
+","
+"\""
+"\\u0000"
+"__metadata__"
+"dtype"
+"shape"
+"data_offsets"
+"\"F32\""
+"\"BF16\""
+"\"F16\""
+"\"U8\""
+"\"BOOL\""
+"\"F8_E4M3\""
+"\"C64\""
+"18446744073709551615"
+"4294967296"
+"null"
+"weight_map"
+"metadata"
+"total_size"
+".safetensors"
+"../"
+"/"
+"\xef\xbb\xbf"
+"\xed\xa0\x80"
+EOF
 status=0
 for t in header index; do
   echo "== safetensors_${t}_fuzz for ${secs}s"
+  extra=()
+  if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
+  log="$out/${t}.log"
   ( cd "$out" && "$bdir/safetensors_${t}_fuzz" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
-      -artifact_prefix="$out/${t}-" "$out/$t" 2>&1 | grep -E '^#[0-9]+.*(DONE|pulse)|ERROR|SUMMARY|Done' | tail -3 ) || true
+      -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || true
+  grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
   if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; status=1; fi
 done
-echo "corpus and artifacts: $out"
+echo "corpus, logs and artifacts: $out"
 exit $status

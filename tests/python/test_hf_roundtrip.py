@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,6 +37,10 @@ CONFIGS = {
                               tie_word_embeddings=True, dtype=torch.bfloat16),
     "mha_tied_fp32": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
                           dtype=torch.float32),
+    "gqa_headdim_untied_bf16": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                    tie_word_embeddings=False, dtype=torch.bfloat16),
+    "gqa_headdim_tied_fp32": dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                  tie_word_embeddings=True, dtype=torch.float32),
 }
 
 
@@ -80,8 +84,13 @@ def test_roundtrip(tmp_path, name, sharded):
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
         assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+    if not sharded:
+        # Same bytes as save_pretrained's file: ordering, alignment, padding, __metadata__.
+        assert (tmp_path / "back" / "model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()
     cfg = json.loads((tmp_path / "back" / "config.json").read_text())
     assert cfg["tie_word_embeddings"] == CONFIGS[name]["tie_word_embeddings"]
+    orig = json.loads((hf / "config.json").read_text())
+    assert cfg == orig  # every key kept (rope_parameters, head_dim, GQA, dtype, ...)
     m2 = LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert m2.dtype == m.dtype
     assert torch.equal(_logits(m), _logits(m2))
@@ -95,6 +104,12 @@ def test_sharded_export_loads_and_casts(tmp_path):
     run("to-hf", tmp_path / "native", tmp_path / "sh", "--max-shard-size", "30KB", "--no-fsync")
     idx = json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())
     assert len(set(idx["weight_map"].values())) >= 3
+    ref_state = _state(hf)
+    assert idx["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in ref_state.values())
+    for fn in set(idx["weight_map"].values()):  # each shard = the official writer's bytes for its tensors
+        save_file({k: ref_state[k] for k, f in idx["weight_map"].items() if f == fn}, tmp_path / "ref.st",
+                  metadata={"format": "pt"})
+        assert (tmp_path / "sh" / fn).read_bytes() == (tmp_path / "ref.st").read_bytes(), fn
     m2 = LlamaForCausalLM.from_pretrained(tmp_path / "sh").eval()
     assert torch.equal(_logits(m), _logits(m2))
     # bf16 export: each tensor equals torch's own cast; config dtype follows.

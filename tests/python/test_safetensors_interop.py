@@ -119,6 +119,11 @@ def test_sharded_export_layout(tmp_path):
     for k in ts:
         _assert_same(seen[k], ts[k], k)
     assert not (tmp_path / "sh.partial").exists()
+    # Every shard is byte-identical to the official writer's file for the same tensors.
+    for fn in files:
+        ref = tmp_path / ("ref-" + fn)
+        save_file({k: ts[k] for k, f in idx["weight_map"].items() if f == fn}, ref, metadata={"format": "pt"})
+        assert (d / fn).read_bytes() == ref.read_bytes(), fn
 
 
 def _write_raw(path, header: bytes, data: bytes, n=None):
@@ -143,6 +148,14 @@ BAD = [
                                     b'"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', b"\x00\x00"), "DuplicateKey"),
     ("overflow", lambda p: _write_raw(p, b'{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}', b""),
      "ValidationOverflow"),
+    ("overlap", lambda p: _write_raw(p, b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                                        b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', b"\x00" * 12), "InvalidOffset"),
+    ("past_end_offsets", lambda p: _write_raw(p, b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}', b"\x00" * 8),
+     "MetadataIncompleteBuffer"),
+    ("trailing_data", lambda p: _write_raw(p, b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', b"\x00" * 9),
+     "MetadataIncompleteBuffer"),
+    ("bom", lambda p: _write_raw(p, b"\xef\xbb\xbf{}", b""), "InvalidHeaderDeserialization"),
+    ("second_object", lambda p: _write_raw(p, b"{}{}", b""), "InvalidHeaderDeserialization"),
 ]
 
 
@@ -158,6 +171,16 @@ def test_bad_file_cli_exit_code(tmp_path, name, make, code):
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert code in r.stderr and p.name in r.stderr, r.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+    # The same file as an HF directory's model.safetensors: from-hf and inspect refuse it too.
+    d = tmp_path / "hfdir"
+    d.mkdir()
+    p.rename(d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 4, "hidden_size": 2, "intermediate_size": 4,
+                                               "num_hidden_layers": 1, "num_attention_heads": 1}))
+    for args in (("from-hf", d, tmp_path / "native"), ("inspect", d / "model.safetensors"), ("inspect", d)):
+        r = run(*args, check=False)
+        assert r.returncode == 3 and code in r.stderr and "model.safetensors" in r.stderr, (args, r.returncode, r.stderr)
+    assert not (tmp_path / "native").exists() and not (tmp_path / "native.partial").exists()
 
 
 def test_index_outside_directory_is_refused(tmp_path):
