@@ -2,7 +2,8 @@
 // weights drawn like real ones (normal, std 0.02), plain and shuffle+zstd, against a plain
 // sequential write/read of the same bytes in the same run. Cache state is declared: writes end
 // with fsync; before each read the page cache is dropped (echo 3 > /proc/sys/vm/drop_caches)
-// when permitted, otherwise reads are reported as "warm". Prints one JSON object.
+// when permitted, otherwise reads are reported as "warm". Also times `verify` (every SHA-256)
+// and reports the peak RSS of each phase (VmHWM, reset between phases). Prints one JSON object.
 // Usage: store_bench [--dir DIR] [--gib 2] [--level 1] [--no-compressed] [--mallopt]
 #include <fcntl.h>
 #include <malloc.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -49,6 +51,24 @@ long maxrss_mib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss / 1024;
+}
+
+// Peak RSS since the last reset_peak_rss() (VmHWM), in MiB; -1 when /proc is not readable.
+long peak_rss_mib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::atol(line + 6);
+  std::fclose(f);
+  return kb < 0 ? -1 : kb / 1024;
+}
+void reset_peak_rss() {  // Linux >= 4.0: "5" resets VmHWM to the current RSS
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return;
+  std::fputs("5", f);
+  std::fclose(f);
 }
 
 // bf16 bits of normal(0, 0.02) values (round to nearest even).
@@ -182,6 +202,7 @@ int main(int argc, char** argv) {
   out["pieces"] = spec.pieces.size();
   out["mallopt"] = tune;
   uint64_t sum = 0;
+  out["baseline_rss_MiB"] = peak_rss_mib();  // pool (64 MiB) + read buffer (16 MiB) + binary
 
   const double t_raw_w = raw_write(dir + "/raw.bin", pool, spec.bytes);
   bool cold = drop_caches();
@@ -193,10 +214,26 @@ int main(int argc, char** argv) {
   auto run = [&](const char* label, StoreOptions opts) {
     std::string err;
     const std::string dst = dir + "/" + label;
+    reset_peak_rss();
     double tw = store_write(dst, spec, pool, opts, &err);
+    const long peak_w = peak_rss_mib();
     drop_caches();
     uint64_t stored = 0;
+    reset_peak_rss();
     double tr = err.empty() ? store_read(dst, buf, &sum, &stored, &err) : 0;
+    const long peak_r = peak_rss_mib();
+    // `ckpt verify`'s path: every SHA-256 recomputed (cold when caches can be dropped).
+    drop_caches();
+    reset_peak_rss();
+    double tv = 0;
+    if (err.empty()) {
+      auto t0 = Clock::now();
+      auto r = StoreReader::open(dst);
+      if (!r.ok()) err = r.status().to_string();
+      else if (auto rep = (*r)->verify(); !rep.ok()) err = rep.failures[0].status.to_string();
+      tv = secs_since(t0);
+    }
+    const long peak_v = peak_rss_mib();
     // Baseline again right after, same state, so noisy neighbours hit both sides.
     double tbw = raw_write(dir + "/raw.bin", pool, spec.bytes);
     drop_caches();
@@ -205,7 +242,9 @@ int main(int argc, char** argv) {
     nlohmann::json j = {{"write_s", tw}, {"read_s", tr}, {"write_GBps", spec.bytes / tw / 1e9}, {"read_GBps", tr > 0 ? spec.bytes / tr / 1e9 : 0},
                         {"baseline_write_s", tbw}, {"baseline_read_s", tbr},
                         {"write_ratio_vs_raw", tbw / tw}, {"read_ratio_vs_raw", tr > 0 ? tbr / tr : 0},
-                        {"stored_bytes", stored}, {"compression_ratio", stored ? static_cast<double>(spec.bytes) / static_cast<double>(stored) : 0}};
+                        {"stored_bytes", stored}, {"compression_ratio", stored ? static_cast<double>(spec.bytes) / static_cast<double>(stored) : 0},
+                        {"verify_s", tv}, {"verify_GBps", tv > 0 ? spec.bytes / tv / 1e9 : 0},
+                        {"peak_rss_MiB", {{"write", peak_w}, {"read", peak_r}, {"verify", peak_v}}}};
     if (!err.empty()) j["error"] = err;
     out[label] = j;
     std::filesystem::remove_all(dst);

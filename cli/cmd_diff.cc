@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "converters/megatron_layout.h"
 #include "formats/open_source.h"
 #include "reshard/diff.h"
 
@@ -26,9 +27,12 @@ int run_diff(const DiffArgs& args) {
   o.rtol = args.rtol;
   o.max_memory = *mem;
   o.ignore_dtype = args.ignore_dtype;
-  auto a = open_source(args.a);
+  auto open_any = [](const std::string& path) {
+    return is_megatron_dir(path) ? open_megatron_dir(path) : open_source(path);
+  };
+  auto a = open_any(args.a);
   if (!a.ok()) return report_error(a.take_status().with_context("opening A"));
-  auto b = open_source(args.b);
+  auto b = open_any(args.b);
   if (!b.ok()) return report_error(b.take_status().with_context("opening B"));
   auto rep = diff_sources(**a, **b, o);
   if (!rep.ok()) return report_error(rep.status());
@@ -45,7 +49,7 @@ int run_diff(const DiffArgs& args) {
 
 CommandAction setup(CLI::App& sub) {
   auto args = std::make_shared<DiffArgs>();
-  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir or .safetensors file")->required();
+  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file or Megatron-layout dir")->required();
   sub.add_option("B", args->b, "Second checkpoint (same kinds)")->required();
   sub.add_option("--atol", args->atol, "Absolute tolerance: |a-b| <= atol + rtol*|b| counts as equal")
       ->check(CLI::NonNegativeNumber);

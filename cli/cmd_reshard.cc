@@ -1,6 +1,12 @@
 // ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout
 // (reshard/planner.h, reshard/store_reshard.h). Under mpirun the shard files are divided among
 // the processes.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +18,7 @@
 #include "cli/commands.h"
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
+#include "converters/megatron_layout.h"
 #include "formats/store/store_reader.h"
 #include "reshard/dist.h"
 #include "reshard/flags.h"
@@ -82,6 +89,93 @@ Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const
   return l;
 }
 
+// Re-hashes every SRC piece (the same check as StoreReader::verify) in a child process forked
+// before this process touches SRC, so the hashing and its reads overlap the reshard on another
+// core (HDF5 is not thread safe: a process, not a thread). The child dies with its parent.
+class BackgroundVerify {
+ public:
+  ~BackgroundVerify() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  // Returns false when fork is not possible (the caller verifies inline).
+  bool start(const std::string& src) {
+    int p[2];
+    if (pipe(p) != 0) return false;
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) {
+      close(p[0]);
+      close(p[1]);
+      return false;
+    }
+    if (pid_ == 0) {
+      close(p[0]);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      nlohmann::json out = {{"ok", true}};
+      auto r = store::StoreReader::open(src);
+      if (!r.ok()) {
+        out = status_json(r.status(), "");
+      } else {
+        store::VerifyReport rep = (*r)->verify();
+        if (!rep.ok())
+          out = status_json(rep.failures.front().status,
+                            "SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
+                                std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
+      }
+      const std::string text = out.dump();
+      size_t off = 0;
+      while (off < text.size()) {
+        ssize_t n = write(p[1], text.data() + off, text.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      _exit(0);
+    }
+    close(p[1]);
+    fd_ = p[0];
+    return true;
+  }
+  // Waits for the child's verdict.
+  Status wait() {
+    std::string text;
+    char buf[4096];
+    for (;;) {
+      ssize_t n = read(fd_, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      if (text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
+    }
+    close(fd_);
+    fd_ = -1;
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || j.is_discarded() || !j.is_object())
+      return Status::Internal("the SRC verification process failed (status " + std::to_string(status) +
+                              "); nothing was committed");
+    if (j.value("ok", false)) return Status::Ok();
+    Status st = Status::Error(static_cast<ErrorKind>(j.value("kind", static_cast<int>(ErrorKind::kInternal))),
+                              j.value("code", std::string("Internal")), j.value("message", std::string()));
+    if (!j.value("file", std::string()).empty()) st = std::move(st).with_file(j.value("file", std::string()));
+    if (!j.value("tensor", std::string()).empty()) st = std::move(st).with_tensor(j.value("tensor", std::string()));
+    const std::string ctx = j.value("context", std::string());
+    return ctx.empty() ? st : std::move(st).with_context(ctx);
+  }
+
+ private:
+  static nlohmann::json status_json(const Status& st, const std::string& context) {
+    return {{"ok", false},          {"kind", static_cast<int>(st.kind())}, {"code", st.code()}, {"message", st.message()},
+            {"file", st.file()},    {"tensor", st.tensor()},               {"context", context}};
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 // Draws "reshard [#####.....]  45%  1.20/2.70 GiB  812 MB/s" on stderr, at most ~10 times a second.
 struct ProgressBar {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last{};
@@ -112,15 +206,32 @@ int run_reshard(const ReshardArgs& a) {
   if (!sopts.ok()) return fail(sopts.take_status());
   if (a.threads < 1 || a.threads > 256) return fail(Status::InvalidArgument("--threads must be 1..256"));
 
-  auto reader = store::StoreReader::open(a.src);
-  if (!reader.ok()) return fail(reader.take_status().with_context("opening SRC"));
-  store::StoreReader& src = **reader;
+  // SRC re-hash, overlapped with the reshard in a child process (single-process runs only; under
+  // mpirun rank 0 re-hashes inline before committing).
+  BackgroundVerify bg;
+  bool bg_started = false;
+  if (!a.no_verify && !a.dry_run && !dist && !is_megatron_dir(a.src)) bg_started = bg.start(a.src);
+
+  // SRC: a native store (checksummed), or a Megatron-layout directory written by export-megatron
+  // (packed QKV and fused gate/up are unpacked by its segment map).
+  std::unique_ptr<store::StoreReader> store_src;
+  std::unique_ptr<TensorSource> other_src;
+  if (is_megatron_dir(a.src)) {
+    auto m = open_megatron_dir(a.src);
+    if (!m.ok()) return fail(m.take_status().with_context("opening SRC"));
+    other_src = std::move(m).value();
+  } else {
+    auto reader = store::StoreReader::open(a.src);
+    if (!reader.ok()) return fail(reader.take_status().with_context("opening SRC"));
+    store_src = std::move(reader).value();
+  }
+  TensorSource& src = store_src ? static_cast<TensorSource&>(*store_src) : *other_src;
   const nlohmann::json& meta = src.metadata();
   if (!meta.contains("model_config"))
     return fail(Status::Error(ErrorKind::kUnsupported, "NoModelConfig",
-                              "SRC '" + src.dir() + "' has no model_config metadata: cannot derive sharding rules"));
+                              "SRC '" + src.describe() + "' has no model_config metadata: cannot derive sharding rules"));
   auto cfg = LlamaConfig::from_json(meta["model_config"]);
-  if (!cfg.ok()) return fail(cfg.take_status().with_context("model_config of '" + src.dir() + "'"));
+  if (!cfg.ok()) return fail(cfg.take_status().with_context("model_config of '" + src.describe() + "'"));
   LlamaShardingRules rules(*cfg);
   auto layout = target_layout(a, *cfg, meta);
   if (!layout.ok()) return fail(layout.take_status());
@@ -158,9 +269,11 @@ int run_reshard(const ReshardArgs& a) {
   so.store = *sopts;
   ProgressBar bar;
   if (root && stderr_is_tty() && !a.json) so.exec.progress = [&bar](uint64_t d, uint64_t t) { bar(d, t); };
-  if (!a.no_verify)
-    so.before_commit = [&src]() -> Status {
-      store::VerifyReport rep = src.verify();
+  if (bg_started)
+    so.before_commit = [&bg]() -> Status { return bg.wait(); };
+  else if (!a.no_verify && store_src)
+    so.before_commit = [&store_src]() -> Status {
+      store::VerifyReport rep = store_src->verify();
       if (!rep.ok())
         return std::move(rep.failures.front().status)
             .with_context("SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
@@ -179,7 +292,7 @@ int run_reshard(const ReshardArgs& a) {
       j["processes"] = dist ? dist->size() : 1;
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.dir().c_str(),
+      std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
                   a.dst.c_str(), layout->to_string().c_str(), plan->pieces.size(), plan->files.size(),
                   plan->bytes_written / 1073741824.0, secs);
     }
@@ -189,7 +302,7 @@ int run_reshard(const ReshardArgs& a) {
 
 CommandAction setup(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
-  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, or run dir (follows `latest`)")->required();
+  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
   sub.add_option("--layout", a->layout_file, "Target layout JSON file (tp, pp, dp, zero, layers_per_stage, ...)");
   sub.add_option("--tp", a->tp, "Tensor-parallel size");

@@ -1,5 +1,5 @@
 // LlamaShardingRules: where every canonical LLaMA tensor (HF names, optimizer.* included) lives
-// under a Layout: pipeline stages and the box of each TP rank. Rules are in docs/SHARDING.md.
+// under a Layout: pipeline stages and the box of each TP rank. Rules are in docs/RESHARD.md.
 // Immutable after construction; thread safe (const methods only).
 #pragma once
 

@@ -1,9 +1,13 @@
 // Megatron-LM (mcore GPT, LLaMA settings) per-rank tensors described as ordered lists of segments
 // of canonical HF tensors: each Megatron tensor is the concatenation along dim 0 of boxes of
-// canonical tensors (and zero segments for vocab padding). Packing rules: docs/SHARDING.md.
-// Pure functions of (config, layout, ranks); thread safe.
+// canonical tensors (and zero segments for vocab padding). Packing rules: docs/RESHARD.md.
+// The same segment map writes the layout (export_megatron) and reads it back (open_megatron_dir:
+// every segment is a piece of its canonical tensor, so the engine unpacks QKV and [gate; up]).
+// Pure functions of (config, layout, ranks) are thread safe; a MegatronDirSource is used by one
+// thread at a time.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,5 +70,15 @@ struct MegatronExportOptions {
 // to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. Optimizer state is not
 // exported. Every needed tensor is checked (present, shape) before anything is written.
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
+
+// True when `dir` is a directory holding megatron_args.json (a layout written by export_megatron).
+bool is_megatron_dir(const std::string& dir);
+
+// Opens such a directory as a TensorSource in canonical global view (HF names and shapes): the
+// config and layout come from megatron_args.json (bounded, type-checked), the norm naming is
+// detected, and every rank file is checked before use (present, every expected tensor with its
+// exact shape, one dtype per canonical tensor). Pieces are the segments of the Megatron tensors;
+// vocab padding rows are skipped. Metadata: model_config, layout, megatron_args.
+Result<std::unique_ptr<TensorSource>> open_megatron_dir(const std::string& dir);
 
 }  // namespace ckpt

@@ -1,6 +1,7 @@
 #include "formats/dtype.h"
 
 #include <array>
+#include <utility>
 
 namespace ckpt {
 
@@ -36,10 +37,15 @@ Result<DType> dtype_from_name(std::string_view name, bool cli_aliases) {
     if (name == "fp32" || name == "f32") return DType::kF32;
     if (name == "fp64" || name == "f64") return DType::kF64;
   }
-  std::string known;
-  for (const auto& i : kInfo) known += (known.empty() ? "" : " ") + std::string(i.name);
-  return Status::Error(ErrorKind::kCorruption, "UnknownDType",
-                       "unknown dtype '" + std::string(name) + "' (known: " + known + ")");
+  std::string msg = "unknown dtype '";
+  msg.append(name);
+  msg += "' (known:";
+  for (const auto& i : kInfo) {
+    msg += ' ';
+    msg.append(i.name);
+  }
+  msg += ')';
+  return Status::Error(ErrorKind::kCorruption, "UnknownDType", std::move(msg));
 }
 
 }  // namespace ckpt

@@ -279,7 +279,14 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
       }
     }
   }
-  plan.peak_buffer = exec_peak_bytes(exec, max_src, min_out);
+  // Chunks never exceed the largest target piece: size the bound with that.
+  uint64_t largest = 1;
+  for (const FileWork& f : plan.files)
+    for (size_t k : f.pieces)
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(plan.pieces[k].region.numel()) * dtype_size(plan.pieces[k].dtype));
+  ExecOptions sized = exec;
+  sized.max_chunk_bytes = std::min<uint64_t>(exec.max_chunk_bytes, largest);
+  plan.peak_buffer = exec_peak_bytes(sized, max_src, min_out);
   plan.metadata = src_metadata.is_object() ? src_metadata : nlohmann::json::object();
   nlohmann::json lj = target.to_json();
   if (target.zero == 1)

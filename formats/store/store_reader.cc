@@ -167,7 +167,11 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
     }
   }
   hsize_t total = static_cast<hsize_t>(sub.numel());
-  H5Id mspace = h5_space(H5Screate_simple(1, &total, nullptr));
+  // A rectangular sub-box: memory space of the box's own shape (fast chunk mapping); a flat piece
+  // (1-D dataset, union of strided runs): a 1-D memory space.
+  std::vector<hsize_t> mdims(1, total);
+  if (!reg.is_flat() && n > 0) mdims.assign(sub.extent.begin(), sub.extent.end());
+  H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr));
   if (H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, dst) < 0)
     return error_context(Status::Corruption("ReadFailed", "reading " + sub.to_string() + " of dataset '" + rec.dataset + "' in '" + rec.file +
                                                               "' failed (damaged data or compressed chunk)"),
@@ -192,7 +196,8 @@ Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end,
     std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), cnt(b.extent.begin(), b.extent.end());
     hsize_t n = static_cast<hsize_t>(b.numel());
     H5Id fspace = h5_space(H5Dget_space(datasets_[piece].get()));
-    H5Id mspace = h5_space(H5Screate_simple(1, &n, nullptr));
+    // Memory space shaped like the selection (fast chunk mapping; see store_writer.cc).
+    H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr));
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
         H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
       return error_context(Status::Corruption("ReadFailed", "reading elements " + std::to_string(begin) + ".." + std::to_string(end) + " of dataset '" +

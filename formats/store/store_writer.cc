@@ -111,6 +111,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     s.dims = piece_dataset_dims(p.region);
     H5Id space = h5_space(H5Screate_simple(static_cast<int>(s.dims.size()), s.dims.data(), nullptr));
     H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_obj_track_times(dcpl.get(), 0);  // no timestamps: the same pieces give the same file bytes
     H5Id dapl = h5_plist(H5Pcreate(H5P_DATASET_ACCESS));
     s.rec.codec = s.numel > 0 ? opts.codec : Codec::kNone;
     if (s.rec.codec != Codec::kNone) {
@@ -157,7 +158,9 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
       std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), ext(b.extent.begin(), b.extent.end());
       hsize_t n = static_cast<hsize_t>(b.numel());
       H5Id fspace = h5_space(H5Dget_space(s.ds.get()));
-      H5Id mspace = h5_space(H5Screate_simple(1, &n, nullptr));
+      // The memory space has the selection's own shape: HDF5 then maps it onto chunks block by
+      // block; a 1-D memory space against an N-D chunked selection costs a callback per element.
+      H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(ext.size()), ext.data(), nullptr));
       if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, ext.data(), nullptr) < 0 ||
           H5Dwrite(s.ds.get(), h5_type_for(s.rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, src) < 0) {
         st = Status::Io("HDF5 write of dataset " + s.rec.dataset + " failed (disk full?)").with_file(im.path).with_tensor(s.rec.piece.tensor);

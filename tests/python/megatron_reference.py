@@ -147,3 +147,216 @@ def make_hf_model(cfg, rng, dtype=np.float32):
             t[p + "mlp.up_proj.bias"] = r(f)
             t[p + "mlp.down_proj.bias"] = r(h)
     return t
+
+
+# ---------------------------------------------------------------------------------------------
+# Native-store layout reference (docs/DESIGN.md, docs/RESHARD.md), written independently of the
+# C++ planner: which elements of which canonical tensor each rank's shard file stores.
+#   * stages: layer i -> stage_of_layer[i]; embedding on stage 0 (and on the last stage too when
+#     tied and pp > 1); final norm and lm_head on the last stage.
+#   * TP boxes: vocab-parallel rows [min(r*P/tp, V), min((r+1)*P/tp, V)) for embedding and head;
+#     norms, o_proj.bias, down_proj.bias replicated; q/gate/up split dim 0; k/v split dim 0 when
+#     tp divides K, else rank r holds KV head r // (tp/K); o/down split dim 1.
+#   * rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
+#   * zero 0: every DP rank holds its TP box of every tensor of its stage. zero 1: optimizer
+#     tensors go into one flat buffer per (stage, tp rank, kind = "optimizer.<kind>"): the TP boxes
+#     of the stage's tensors of that kind in tensor-list order, concatenated, padded to a multiple
+#     of 128*dp, split evenly over the DP ranks.
+#   * a box (or flat range of it) held by several ranks is stored once, by the lowest rank.
+# ---------------------------------------------------------------------------------------------
+
+def layout_stage_of_layer(layers_per_stage):
+    return [s for s, n in enumerate(layers_per_stage) for _ in range(n)]
+
+
+def _layer_of(name):
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p == "layers" and i > 0 and parts[i - 1] == "model" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return -1
+
+
+def native_tp_boxes(cfg, name, shape, tp, divisor):
+    """List of tp (offset, extent) boxes of canonical tensor `name` (optimizer prefix stripped)."""
+    H = cfg["num_attention_heads"]
+    K = cfg.get("num_key_value_heads", H)
+    hd = cfg.get("head_dim", cfg["hidden_size"] // H)
+    whole = (tuple(0 for _ in shape), tuple(shape))
+
+    def rows(dim, b, e):
+        off = [0] * len(shape)
+        ext = list(shape)
+        off[dim] = b
+        ext[dim] = e - b
+        return (tuple(off), tuple(ext))
+
+    def even(dim):
+        n = shape[dim] // tp
+        return [rows(dim, r * n, (r + 1) * n) for r in range(tp)]
+
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        V = shape[0]
+        part = padded_vocab(V, tp, divisor) // tp
+        return [rows(0, min(r * part, V), min((r + 1) * part, V)) for r in range(tp)]
+    if "layernorm" in name or name == "model.norm.weight" or name.endswith("o_proj.bias") or \
+            name.endswith("down_proj.bias"):
+        return [whole] * tp
+    if ".k_proj." in name or ".v_proj." in name:
+        if K % tp == 0:
+            return even(0)
+        rep = tp // K
+        return [rows(0, (r // rep) * hd, (r // rep + 1) * hd) for r in range(tp)]
+    if ".q_proj." in name or ".gate_proj." in name or ".up_proj." in name:
+        return even(0)
+    if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+        return even(1)
+    raise ValueError(f"no rule for {name}")
+
+
+def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128):
+    """tensors: list of (name, shape) in the checkpoint's tensor order. Returns the set of stored
+    pieces as tuples (rank, name, offset, extent, flat) with flat = (begin, end) or None."""
+    pp = len(layers_per_stage)
+    stage_of = layout_stage_of_layer(layers_per_stage)
+    tied = cfg.get("tie_word_embeddings", False)
+    holdings = []  # (rank, tensor index, box, a, b) in generation order
+    info = []
+    for ti, (name, shape) in enumerate(tensors):
+        base, opt = name, None
+        for k in ("optimizer.exp_avg_sq.", "optimizer.exp_avg.", "optimizer.fp32_param."):
+            if name.startswith(k):
+                base, opt = name[len(k):], k[:-1]
+                break
+        layer = _layer_of(base)
+        if layer >= 0:
+            stages = [stage_of[layer]]
+        elif base == "model.embed_tokens.weight":
+            stages = [0] + ([pp - 1] if tied and pp > 1 else [])
+        else:
+            stages = [pp - 1]
+        boxes = native_tp_boxes(cfg, base, shape, tp, divisor)
+        info.append((name, stages, boxes, opt))
+
+    def numel(box):
+        return int(np.prod(box[1], dtype=np.int64)) if len(box[1]) else 1
+
+    for ti, (name, stages, boxes, opt) in enumerate(info):
+        if zero == 1 and opt:
+            continue
+        for s in stages:
+            for d in range(dp):
+                for t in range(tp):
+                    if numel(boxes[t]):
+                        holdings.append(((s * dp + d) * tp + t, ti, boxes[t], 0, numel(boxes[t])))
+    if zero == 1:
+        kinds = []
+        for name, stages, boxes, opt in info:
+            if opt and opt not in kinds:
+                kinds.append(opt)
+        for s in range(pp):
+            for t in range(tp):
+                for kind in kinds:
+                    segs, total = [], 0
+                    for ti, (name, stages, boxes, opt) in enumerate(info):
+                        if opt == kind and s in stages:
+                            segs.append((ti, total, numel(boxes[t])))
+                            total += numel(boxes[t])
+                    if total == 0:
+                        continue
+                    pad = 128 * dp
+                    shard = -(-total // pad) * pad // dp
+                    for d in range(dp):
+                        lo, hi = d * shard, (d + 1) * shard
+                        for ti, off, n in segs:
+                            a, b = max(lo, off) - off, min(hi, off + n) - off
+                            if a < b:
+                                holdings.append(((s * dp + d) * tp + t, ti, info[ti][2][t], a, b))
+    # De-duplicate: per tensor, ascending rank, keep what is not stored yet.
+    out = set()
+    stored = {}  # (ti, box) -> list of [a, b)
+    for rank, ti, box, a, b in sorted(holdings, key=lambda h: (h[1], h[0])):
+        iv = sorted(stored.setdefault((ti, box), []))
+        cur, fresh = a, []
+        for sa, sb in iv:
+            if sb <= cur:
+                continue
+            if sa >= b:
+                break
+            if sa > cur:
+                fresh.append((cur, sa))
+            cur = max(cur, sb)
+            if cur >= b:
+                break
+        if cur < b:
+            fresh.append((cur, b))
+        for fa, fb in fresh:
+            flat = None if (fa, fb) == (0, numel(box)) else (fa, fb)
+            out.add((rank, tensors[ti][0], box[0], box[1], flat))
+            stored[(ti, box)].append((fa, fb))
+    return out
+
+
+def read_native_pieces(ckpt_dir):
+    """Reads a native store with h5py: list of (rank, name, offset, extent, flat, numpy bytes)."""
+    import json as _json
+    import pathlib as _pl
+    import h5py
+    try:
+        import hdf5plugin  # noqa: F401  (zstd filter 32015)
+    except ImportError:
+        pass
+    d = _pl.Path(ckpt_dir)
+    m = _json.loads((d / "manifest.json").read_text())
+    out = []
+    files = {}
+    for p in m["pieces"]:
+        f = files.get(p["file"]) or files.setdefault(p["file"], h5py.File(d / p["file"], "r"))
+        data = f[p["dataset"]][()]
+        np_dt = {"F16": np.float16, "F32": np.float32, "F64": np.float64}.get(p.get("dtype"))
+        if np_dt is not None and data.dtype != np_dt:  # half floats are stored as 16-bit integers
+            data = data.view(np_dt)
+        rank = int(p["file"].split("/r")[-1].split(".")[0])
+        reg = p["region"]
+        flat = tuple(reg["flat"]) if "flat" in reg else None
+        out.append((rank, p["tensor"], tuple(reg["offset"]), tuple(reg["extent"]), flat, data))
+    for f in files.values():
+        f.close()
+    return m, out
+
+
+def global_region(arr, offset, extent, flat):
+    sl = tuple(slice(o, o + e) for o, e in zip(offset, extent))
+    v = arr[sl] if sl else arr
+    return v.reshape(-1)[flat[0]:flat[1]] if flat else v
+
+
+def write_native_store(tool, workdir, dst, cfg, tensors, layout=None):
+    """Writes `tensors` (name -> numpy array, f32/f16) as a native store (one whole piece per
+    tensor, one rank) with store_write_tool; metadata carries the HF config (and a layout)."""
+    import json as _json
+    import pathlib as _pl
+    import subprocess as _sp
+    workdir = _pl.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+    spec = {"dst": str(dst), "ranks": 1, "metadata": {"model_config": cfg}, "tensors": []}
+    if layout is not None:
+        spec["metadata"]["layout"] = layout
+    for i, (name, a) in enumerate(tensors.items()):
+        f = workdir / f"t{i}.bin"
+        np.ascontiguousarray(a).tofile(f)
+        spec["tensors"].append({"name": name, "dtype": names[a.dtype], "shape": list(a.shape), "data": str(f)})
+    (workdir / "spec.json").write_text(_json.dumps(spec))
+    _sp.run([tool, str(workdir / "spec.json")], check=True, capture_output=True)
+
+
+def with_optimizer_state(tensors, rng):
+    """Adds optimizer.{fp32_param (when weights are not f32), exp_avg, exp_avg_sq}.<name> (f32)."""
+    out = dict(tensors)
+    for kind in ("fp32_param", "exp_avg", "exp_avg_sq"):
+        for name, a in tensors.items():
+            if kind == "fp32_param" and a.dtype == np.float32:
+                continue
+            out[f"optimizer.{kind}.{name}"] = rng.standard_normal(a.shape).astype(np.float32)
+    return out

@@ -31,7 +31,7 @@ RNG = np.random.default_rng(20261123)
 
 
 def _tool_path() -> str:
-    d = os.environ.get("CKPT_BINARY_DIR", str(ROOT / "build-casts"))
+    d = os.environ.get("CKPT_BINARY_DIR", str(ROOT / "build"))
     p = pathlib.Path(d) / "cast_tool"
     if not p.exists():
         pytest.fail(f"cast_tool not found at {p}: build it (ninja cast_tool)")
@@ -310,6 +310,65 @@ def test_f16_round_trip_identity_all_patterns(tmp_path):
         back, _, rc2 = cast(wide, "F32", "BF16", *flags, tmp_path=tmp_path)
         assert rc == 0 and rc2 == 0
         np.testing.assert_array_equal(back, ALL16)
+
+
+def neighbours_and_midpoints_f16():
+    """For every one of the 65,536 f16 patterns (NaN excluded): the f32 values exactly on it, on the
+    midpoint (a rounding tie) to the next pattern away from zero, and one f32 ulp either side of
+    that midpoint. The midpoint above 65504 is the overflow tie (65520 -> Inf / overflow)."""
+    h = ALL16[~is_nan16(ALL16) & ((ALL16 & 0x7FFF) != 0x7C00)]  # finite patterns
+    lo = h.view(np.float16).astype(np.float64)
+    # the next magnitude up (for 0x7BFF that is 65536, beyond max finite)
+    nxt = np.where((h & 0x7FFF) == 0x7BFF, np.copysign(65536.0, lo),
+                   (h + 1).astype(np.uint16).view(np.float16).astype(np.float64))
+    mid = ((lo + nxt) / 2).astype(np.float32)  # exact in f32 (f16 has 13 fewer mantissa bits)
+    assert np.array_equal(mid.astype(np.float64), (lo + nxt) / 2)
+    mb = mid.view(np.uint32)
+    return np.concatenate([lo.astype(np.float32).view(np.uint32), mb, mb - 1, mb + 1])
+
+
+@pytest.mark.parametrize("flags", ISA_MODES)
+def test_f32_to_f16_every_pattern_and_tie_vs_numpy(tmp_path, flags):
+    x = neighbours_and_midpoints_f16()
+    assert len(x) == 4 * (65536 - 2 * 1024)
+    out, st, rc = cast(x, "F32", "F16", *flags, tmp_path=tmp_path)
+    sat, sst, src = cast(x, "F32", "F16", "--saturate", *flags, tmp_path=tmp_path)
+    with np.errstate(over="ignore"):
+        ref = x.view(np.float32).astype(np.float16).view(np.uint16)
+    ref_over = (ref & 0x7FFF) == 0x7C00  # all inputs are finite
+    # 65520 (the tie above max) rounds to even = Inf, i.e. overflow, and so does one ulp above it
+    assert ref_over.sum() == 2 * 2 and src == 0
+    check_narrow(out, st, rc, ref, ref_over, sat, 0x7BFF, np.zeros(len(x), bool))
+    # torch agrees bit for bit on the same inputs (second reference)
+    t = bits_of(torch.from_numpy(x.view(np.int32)).view(torch.float32).to(torch.float16), np.uint16)
+    np.testing.assert_array_equal(t, ref)
+    # every f16 pattern is hit exactly by the first quarter, so each one is produced
+    assert np.array_equal(np.unique(out[: len(x) // 4]), np.unique(ALL16[~is_nan16(ALL16) & ((ALL16 & 0x7FFF) != 0x7C00)]))
+
+
+@pytest.mark.parametrize("flags", ISA_MODES)
+def test_f32_to_bf16_every_pattern_and_tie_vs_torch(tmp_path, flags):
+    """Each of the 65,536 bf16 patterns as the upper half of f32 inputs, with every rounding class
+    of the dropped 16 bits: exact, just below / on / just above the tie, just below the next."""
+    lows = np.array([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
+    x = ((ALL16.astype(np.uint32)[:, None] << 16) | lows[None, :]).ravel()
+    out, st, rc = cast(x, "F32", "BF16", *flags, tmp_path=tmp_path)
+    sat, sst, src = cast(x, "F32", "BF16", "--saturate", *flags, tmp_path=tmp_path)
+    ref = bits_of(torch.from_numpy(x.view(np.int32)).view(torch.float32).to(torch.bfloat16), np.uint16)
+    nan_in = is_nan32(x)
+    ref_over = ((ref & 0x7FFF) == 0x7F80) & ((x & 0x7FFFFFFF) != 0x7F800000)
+    # 0x7F7F8000 (tie above max finite) and everything above it up to Inf, both signs
+    assert ref_over.sum() == 2 * 3 and src == 0 and sst["overflowed"] == 6
+    check_narrow(out, st, rc, ref, ref_over, sat, 0x7F7F, nan_in)
+    # and against the naive exact rounder on the finite, non-overflowing inputs (third opinion)
+    fin = ~nan_in & ~ref_over & ((x & 0x7FFFFFFF) != 0x7F800000)
+    pick = np.nonzero(fin)[0][::97]
+    naive = np.array([naive_round(float(v), "BF16")[0] for v in x[pick].view(np.float32)], dtype=np.uint16)
+    np.testing.assert_array_equal(out[pick], naive)
+    # Inf stays Inf, NaN stays NaN with its sign
+    inf = (x & 0x7FFFFFFF) == 0x7F800000
+    np.testing.assert_array_equal(out[inf], ((x[inf] >> 16) & 0x8000 | 0x7F80).astype(np.uint16))
+    assert np.all(is_nan_bf16(out[nan_in])) and np.array_equal(out[nan_in] >> 15, (x[nan_in] >> 31).astype(np.uint16))
 
 
 # ------------------------------------------------------------------------------------------

@@ -176,3 +176,80 @@ def test_refusals(tmp_path, run_ckpt):
     p = run_ckpt("export-megatron", tmp_path / "hf2", tmp_path / "o6", check=False)
     assert p.returncode == 4 and "model.layers.1.mlp.up_proj.weight" in p.stderr, p.stderr
     assert not (tmp_path / "o6").exists() and not (tmp_path / "o6.partial").exists()
+
+
+def write_reference_megatron_dir(d: pathlib.Path, cfg: dict, shards: dict, tp, pp, split, divisor):
+    """A Megatron-layout directory built by the numpy reference alone (no ckpt involved)."""
+    d.mkdir(parents=True)
+    for rd, tensors in shards.items():
+        (d / rd).mkdir()
+        save_file(tensors, str(d / rd / "model.safetensors"), metadata={"format": "pt"})
+    args = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+            "num_layers": cfg["num_hidden_layers"], "layers_per_stage": ref.layers_per_stage(cfg["num_hidden_layers"], pp, split),
+            "hidden_size": cfg["hidden_size"], "ffn_hidden_size": cfg["intermediate_size"],
+            "num_attention_heads": cfg["num_attention_heads"], "num_query_groups": cfg["num_key_value_heads"],
+            "kv_channels": cfg["head_dim"], "vocab_size": cfg["vocab_size"],
+            "padded_vocab_size": ref.padded_vocab(cfg["vocab_size"], tp, divisor),
+            "make_vocab_size_divisible_by": divisor, "swiglu": True,
+            "untie_embeddings_and_output_weights": not cfg.get("tie_word_embeddings", False)}
+    (d / "megatron_args.json").write_text(json.dumps(args))
+
+
+@pytest.mark.parametrize("case", CASES + [random_case(s) for s in range(4, 8)], ids=lambda c: c[0])
+def test_megatron_layout_consumed(case, tmp_path, run_ckpt):
+    """The planner reads the packed layout back: a Megatron dir built by numpy alone, seen through
+    ckpt in global view, equals the HF tensors (QKV unpacked per query group, [gate_r; up_r] split,
+    vocab padding dropped); resharding it into the native store gives the same global view."""
+    name, cfg, tp, pp, split, divisor, dtype, local = case
+    rng = np.random.default_rng(zlib.crc32(name.encode()) + 1)
+    tensors = ref.make_hf_model(cfg, rng, dtype)
+    full_cfg = write_hf(tmp_path / "hf", cfg, tensors)
+    shards = ref.megatron_shards(full_cfg, tensors, tp, pp, split, divisor, te_norms=not local)
+    mg = tmp_path / "mg"
+    write_reference_megatron_dir(mg, full_cfg, shards, tp, pp, split, divisor)
+    p = run_ckpt("diff", mg, tmp_path / "hf", "--json", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    j = json.loads(p.stdout)
+    assert sorted(t["name"] for t in j["tensors"]) == sorted(tensors)
+    assert all(t["status"] == "identical" for t in j["tensors"])
+    run_ckpt("reshard", mg, tmp_path / "native", "--tp", 1, "--pp", 1, "--dp", 1)
+    assert run_ckpt("diff", tmp_path / "native", tmp_path / "hf", check=False).returncode == 0
+    # A swapped pair of query groups is caught (the packing is really read, not assumed).
+    if cfg["num_key_value_heads"] >= 2 and tp == 1:
+        rd = next(iter(shards))
+        bad = {k: v.copy() for k, v in shards[rd].items()}
+        qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+        g = bad[qkv].shape[0] // cfg["num_key_value_heads"]
+        bad[qkv][:g], bad[qkv][g:2 * g] = shards[rd][qkv][g:2 * g], shards[rd][qkv][:g]
+        shards2 = dict(shards)
+        shards2[rd] = bad
+        write_reference_megatron_dir(tmp_path / "mg2", full_cfg, shards2, tp, pp, split, divisor)
+        p = run_ckpt("diff", tmp_path / "mg2", tmp_path / "hf", check=False)
+        assert p.returncode == 1 and "q_proj" in p.stdout, p.stdout
+
+
+def test_megatron_dir_refusals(tmp_path, run_ckpt):
+    cfg = dict(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=2)
+    t = ref.make_hf_model(cfg, np.random.default_rng(0))
+    full = write_hf(tmp_path / "hf", cfg, t)
+    shards = ref.megatron_shards(full, t, 2, 1, None, 8)
+    # A rank tensor of the wrong shape is named with its file.
+    bad = {k: dict(v) for k, v in shards.items()}
+    bad["mp_rank_01"]["decoder.layers.1.mlp.linear_fc1.weight"] = np.zeros((3, 8), np.float32)
+    write_reference_megatron_dir(tmp_path / "mg", full, bad, 2, 1, None, 8)
+    p = run_ckpt("diff", tmp_path / "mg", tmp_path / "hf", check=False)
+    assert p.returncode == 3 and "mp_rank_01" in p.stderr and "linear_fc1" in p.stderr, p.stderr
+    p = run_ckpt("reshard", tmp_path / "mg", tmp_path / "out", "--tp", 1, "--pp", 1, "--dp", 1, check=False)
+    assert p.returncode == 3 and not (tmp_path / "out").exists()
+    # A missing rank file and bad args are named.
+    write_reference_megatron_dir(tmp_path / "mg2", full, shards, 2, 1, None, 8)
+    (tmp_path / "mg2" / "mp_rank_01" / "model.safetensors").unlink()
+    p = run_ckpt("diff", tmp_path / "mg2", tmp_path / "hf", check=False)
+    assert p.returncode == 4 and "mp_rank_01" in p.stderr, p.stderr
+    write_reference_megatron_dir(tmp_path / "mg3", full, shards, 2, 1, None, 8)
+    a = json.loads((tmp_path / "mg3" / "megatron_args.json").read_text())
+    a["num_layers"] = -1
+    (tmp_path / "mg3" / "megatron_args.json").write_text(json.dumps(a))
+    p = run_ckpt("diff", tmp_path / "mg3", tmp_path / "hf", check=False)
+    assert p.returncode == 3 and "num_layers" in p.stderr, p.stderr

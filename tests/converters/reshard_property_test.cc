@@ -1,0 +1,363 @@
+// Property test of the resharding engine on the real native store (HDF5 shards + manifest):
+// at least 200 random (LLaMA config, layout A, layout B) triples, tp in {1,2,3,4,8} where the model
+// allows, pp 1..L with random uneven splits, dp in {1,2,4}, zero 0/1, GQA, vocab not divisible by
+// tp, tied/untied, biases, bf16 weights with fp32 master weights and Adam moments.
+//   - A -> B -> A gives a byte-identical checkpoint: manifest.json (every piece's file, dataset,
+//     region, sha256) and every HDF5 shard file byte for byte; A2's stored bytes re-hash to the
+//     manifest's checksums;
+//   - every stored piece of B holds exactly the elements a naive index computation takes from the
+//     global tensors (written out here, independent of the engine), so B's global view is A's;
+//   - ckpt::diff_sources(A, B) reports every tensor identical;
+//   - impossible layouts (tp not dividing heads, an empty stage, more stages than layers) are
+//     refused by make_plan before anything is written.
+// CKPT_LONG=1 runs 1000 triples instead of 200 (50 under AddressSanitizer).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "converters/llama_config.h"
+#include "converters/llama_sharding.h"
+#include "formats/store/store_reader.h"
+#include "reshard/diff.h"
+#include "reshard/memory_io.h"
+#include "reshard/planner.h"
+#include "reshard/store_reshard.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Model {
+  LlamaConfig cfg;
+  std::vector<TensorMeta> tensors;
+  std::vector<std::vector<uint8_t>> global;  // per tensor: dense row-major bytes of the global view
+};
+
+// Random finite values (bf16: the top half of a float32), so diff compares numbers.
+std::vector<uint8_t> random_values(const TensorMeta& t, std::mt19937& rng) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  std::vector<uint8_t> out(static_cast<size_t>(n) * dtype_size(t.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if (t.dtype == DType::kBF16) {
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    } else {
+      std::memcpy(out.data() + i * 4, &bits, 4);
+    }
+  }
+  return out;
+}
+
+Model random_model(std::mt19937& rng) {
+  Model m;
+  LlamaConfig& c = m.cfg;
+  const int64_t kvs[] = {1, 2, 3, 4}, qpgs[] = {1, 2, 3, 4}, hds[] = {2, 4}, hs[] = {8, 12, 16}, is[] = {24, 48};
+  c.num_key_value_heads = kvs[rng() % 4];
+  c.num_attention_heads = c.num_key_value_heads * qpgs[rng() % 4];
+  c.head_dim = hds[rng() % 2];
+  c.hidden_size = hs[rng() % 3];
+  c.intermediate_size = is[rng() % 2];
+  c.num_hidden_layers = 1 + static_cast<int64_t>(rng() % 5);
+  c.vocab_size = 5 + static_cast<int64_t>(rng() % 96);
+  c.tie_word_embeddings = rng() % 2;
+  c.attention_bias = rng() % 5 == 0;
+  c.mlp_bias = rng() % 5 == 0;
+  const DType wdt = rng() % 2 ? DType::kBF16 : DType::kF32;
+  c.dtype = wdt;
+  m.tensors = llama_model_tensors(c, wdt);
+  const size_t nparams = m.tensors.size();
+  for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.fp32_param."}) {
+    if (std::string(kind) == "optimizer.fp32_param." && wdt == DType::kF32) continue;
+    for (size_t i = 0; i < nparams; ++i)
+      m.tensors.push_back({kind + m.tensors[i].name, DType::kF32, m.tensors[i].shape});
+  }
+  for (const auto& t : m.tensors) m.global.push_back(random_values(t, rng));
+  return m;
+}
+
+std::vector<int> allowed_tps(const LlamaConfig& c) {
+  std::vector<int> out;
+  LlamaShardingRules rules(c);
+  for (int tp : {1, 2, 3, 4, 8}) {
+    auto l = Layout::make(tp, 1, 1, 0, static_cast<int>(c.num_hidden_layers));
+    if (l.ok() && rules.check_layout(*l).ok()) out.push_back(tp);
+  }
+  return out;
+}
+
+Layout random_layout(std::mt19937& rng, const LlamaConfig& c, const std::vector<int>& tps) {
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const int tp = tps[rng() % tps.size()];
+  const int pp = 1 + static_cast<int>(rng() % L);
+  // Random composition of L into pp positive parts: pp-1 distinct cut points in 1..L-1.
+  std::vector<int> cuts;
+  for (int i = 1; i < L; ++i) cuts.push_back(i);
+  std::shuffle(cuts.begin(), cuts.end(), rng);
+  cuts.resize(static_cast<size_t>(pp - 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int> per;
+  int prev = 0;
+  for (int x : cuts) {
+    per.push_back(x - prev);
+    prev = x;
+  }
+  per.push_back(L - prev);
+  const int dps[] = {1, 2, 4};
+  int dp = dps[rng() % 3];
+  while (dp > 1 && tp * pp * dp > 32) dp /= 2;  // keeps the test fast: at most 32 shard files
+  auto l = Layout::make(tp, pp, dp, static_cast<int>(rng() % 2), L, per);
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  Layout out = *l;
+  const int64_t divisors[] = {1, 2, 3, 8, 128};
+  out.vocab_divisor = divisors[rng() % 5];
+  if (rng() % 3 == 0) {
+    out.micro_batch.clear();
+    for (int d = 0; d < out.dp; ++d) out.micro_batch.push_back(1 + static_cast<int>(rng() % 3));
+  }
+  return out;
+}
+
+// Naive: the bytes of `region` (storage order) taken from the global row-major buffer.
+std::vector<uint8_t> naive_extract(const std::vector<uint8_t>& global, const Shape& shape, const Region& region,
+                                   size_t es) {
+  const Box& b = region.box;
+  int64_t bn = 1;
+  for (int64_t e : b.extent) bn *= e;
+  const int64_t fb = region.is_flat() ? region.flat_begin : 0, fe = region.is_flat() ? region.flat_end : bn;
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>(fe - fb) * es);
+  std::vector<int64_t> idx(b.ndim());
+  for (int64_t k = fb; k < fe; ++k) {
+    int64_t rem = k;
+    for (size_t d = b.ndim(); d-- > 0;) {
+      idx[d] = rem % b.extent[d];
+      rem /= b.extent[d];
+    }
+    int64_t g = 0;
+    for (size_t d = 0; d < b.ndim(); ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
+    out.insert(out.end(), global.begin() + g * static_cast<int64_t>(es), global.begin() + (g + 1) * static_cast<int64_t>(es));
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ReshardProperty : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ckpt_reshard_prop_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+StoreExecOptions random_exec(std::mt19937& rng) {
+  StoreExecOptions o;
+  o.store.fsync = false;
+  o.exec.threads = 1 + static_cast<int>(rng() % 3);
+  const uint64_t chunks[] = {200, 4096, 64ull << 20};  // small chunks exercise chunk boundaries
+  o.exec.max_chunk_bytes = chunks[rng() % 3];
+  return o;
+}
+
+// Reshards `src` (any TensorSource) into a new store at `dst` under `layout`.
+Status reshard_to(TensorSource& src, const LlamaConfig& cfg, const Layout& layout, const std::string& dst,
+                  const StoreExecOptions& opts) {
+  LlamaShardingRules rules(cfg);
+  CKPT_ASSIGN_OR_RETURN(Plan plan, make_plan(src.tensors(), src.pieces(), src.metadata(), layout, rules, opts.exec));
+  return execute_plan_to_store(src, plan, dst, opts);
+}
+
+TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
+#if defined(__SANITIZE_ADDRESS__)
+  const int default_cases = 50;  // the sanitizer build runs the same properties on fewer cases
+#else
+  const int default_cases = 200;
+#endif
+  const int cases = std::getenv("CKPT_LONG") ? 1000 : default_cases;
+  std::mt19937 rng(20261123);
+  std::map<int, int> tp_seen;
+  int zero_seen[2] = {0, 0}, tied_seen[2] = {0, 0}, gqa = 0, vocab_not_div = 0, uneven = 0;
+  for (int c = 0; c < cases; ++c) {
+    Model m = random_model(rng);
+    const auto tps = allowed_tps(m.cfg);
+    ASSERT_FALSE(tps.empty());
+    const Layout A = random_layout(rng, m.cfg, tps), B = random_layout(rng, m.cfg, tps);
+    const std::string what = "case " + std::to_string(c) + ": A " + A.to_string() + " div " +
+                             std::to_string(A.vocab_divisor) + ", B " + B.to_string() + " div " +
+                             std::to_string(B.vocab_divisor) + ", config " + m.cfg.to_json().dump();
+    for (const Layout* l : {&A, &B}) {
+      ++tp_seen[l->tp];
+      ++zero_seen[l->zero];
+      if (m.cfg.vocab_size % l->tp) ++vocab_not_div;
+      if (l->num_layers() % l->pp) ++uneven;
+    }
+    ++tied_seen[m.cfg.tie_word_embeddings];
+    if (m.cfg.num_key_value_heads < m.cfg.num_attention_heads) ++gqa;
+
+    // The global model as one whole piece per tensor.
+    MemoryCheckpoint g;
+    g.tensors = m.tensors;
+    for (size_t i = 0; i < m.tensors.size(); ++i) g.pieces.push_back({m.tensors[i].name, Region{Box::whole(m.tensors[i].shape)}, m.tensors[i].dtype});
+    g.data = m.global;
+    g.metadata = {{"model_config", m.cfg.to_json()}};
+    MemorySource global(std::move(g), "global");
+
+    const fs::path dir = root_ / std::to_string(c);
+    const std::string a = dir / "A", b = dir / "B", a2 = dir / "A2";
+    ASSERT_TRUE(fs::create_directories(dir));
+    {
+      Status st = reshard_to(global, m.cfg, A, a, random_exec(rng));
+      ASSERT_TRUE(st.ok()) << what << ": global -> A: " << st.to_string();
+    }
+    auto ra = store::StoreReader::open(a);
+    ASSERT_TRUE(ra.ok()) << what << ra.status().to_string();
+    {
+      Status st = reshard_to(**ra, m.cfg, B, b, random_exec(rng));
+      ASSERT_TRUE(st.ok()) << what << ": A -> B: " << st.to_string();
+    }
+    {
+      auto rb = store::StoreReader::open(b);
+      ASSERT_TRUE(rb.ok()) << what << rb.status().to_string();
+      // Every piece of B holds what the naive index computation takes from the global tensors.
+      std::map<std::string, size_t> ti;
+      for (size_t i = 0; i < m.tensors.size(); ++i) ti[m.tensors[i].name] = i;
+      ASSERT_EQ((*rb)->tensors(), m.tensors) << what;
+      std::vector<uint8_t> buf;
+      for (size_t p = 0; p < (*rb)->pieces().size(); ++p) {
+        const Piece& piece = (*rb)->pieces()[p];
+        const size_t t = ti.at(piece.tensor);
+        ASSERT_EQ(piece.dtype, m.tensors[t].dtype) << what;
+        buf.assign(static_cast<size_t>(piece.region.numel()) * dtype_size(piece.dtype), 0);
+        Status st = (*rb)->read_storage_range(p, 0, piece.region.numel(), buf.data());
+        ASSERT_TRUE(st.ok()) << what << st.to_string();
+        ASSERT_EQ(buf, naive_extract(m.global[t], m.tensors[t].shape, piece.region, dtype_size(piece.dtype)))
+            << what << ": B piece " << p << " " << piece.tensor << " " << piece.region.to_string();
+      }
+      // The layout recorded in B is B.
+      auto lb = Layout::from_json((*rb)->metadata().at("layout"));
+      ASSERT_TRUE(lb.ok()) << lb.status().to_string();
+      EXPECT_EQ(lb->stage_of_layer, B.stage_of_layer) << what;
+      EXPECT_EQ(lb->micro_batch, B.micro_batch) << what;
+      EXPECT_EQ(lb->vocab_divisor, B.vocab_divisor) << what;
+      // Global views agree (through the engine's diff).
+      auto rep = diff_sources(**ra, **rb, DiffOptions{});
+      ASSERT_TRUE(rep.ok()) << what << rep.status().to_string();
+      ASSERT_TRUE(rep->equal()) << what << "\n" << rep->to_text();
+      for (const auto& td : rep->tensors) ASSERT_EQ(td.kind, TensorDiffKind::kIdentical) << what << " " << td.name;
+      Status st = reshard_to(**rb, m.cfg, A, a2, random_exec(rng));
+      ASSERT_TRUE(st.ok()) << what << ": B -> A: " << st.to_string();
+    }
+    // A -> B -> A: the same manifest byte for byte (every piece's file, dataset, region, dtype,
+    // sha256), and A2's stored bytes hash to it.
+    ASSERT_EQ(slurp(a + "/manifest.json"), slurp(a2 + "/manifest.json")) << what;
+    ra->reset();
+    if (c % 4 == 0) {  // (every 4th case: the re-hash costs more than the rest of a case)
+      auto r2 = store::StoreReader::open(a2);
+      ASSERT_TRUE(r2.ok());
+      auto vr = (*r2)->verify();
+      ASSERT_TRUE(vr.ok()) << what << ": " << vr.failures.front().status.to_string();
+    }
+    {
+      std::set<std::string> files_a, files_a2;
+      for (auto& e : fs::directory_iterator(a + "/shards")) files_a.insert(e.path().filename());
+      for (auto& e : fs::directory_iterator(a2 + "/shards")) files_a2.insert(e.path().filename());
+      ASSERT_EQ(files_a, files_a2) << what;
+      for (const std::string& f : files_a)  // HDF5 files byte for byte (no timestamps stored)
+        ASSERT_TRUE(slurp(a + "/shards/" + f) == slurp(a2 + "/shards/" + f)) << what << ": shards/" << f << " differs";
+    }
+    EXPECT_FALSE(fs::exists(a + ".partial") || fs::exists(b + ".partial") || fs::exists(a2 + ".partial")) << what;
+    fs::remove_all(dir);
+  }
+  // The generator reached every corner the acceptance list names.
+  const int k = cases / 10;
+  for (int tp : {1, 2, 3, 4, 8}) EXPECT_GE(tp_seen[tp], k / 4) << "tp=" << tp << " drawn too rarely";
+  EXPECT_GE(zero_seen[0], k);
+  EXPECT_GE(zero_seen[1], k);
+  EXPECT_GE(tied_seen[0], k);
+  EXPECT_GE(tied_seen[1], k);
+  EXPECT_GE(gqa, k);
+  EXPECT_GE(vocab_not_div, k);
+  EXPECT_GE(uneven, k);
+}
+
+TEST_F(ReshardProperty, ImpossibleLayoutsRefusedBeforeAnyWrite) {
+  std::mt19937 rng(7);
+  int refused = 0;
+  for (int c = 0; c < 40; ++c) {
+    Model m = random_model(rng);
+    LlamaShardingRules rules(m.cfg);
+    MemoryCheckpoint g;
+    g.tensors = m.tensors;
+    for (size_t i = 0; i < m.tensors.size(); ++i) g.pieces.push_back({m.tensors[i].name, Region{Box::whole(m.tensors[i].shape)}, m.tensors[i].dtype});
+    g.data = m.global;
+    const int L = static_cast<int>(m.cfg.num_hidden_layers);
+    std::vector<std::pair<std::string, Layout>> bad;
+    // tp not dividing the heads.
+    for (int tp : {3, 5, 6, 7, 16})
+      if (m.cfg.num_attention_heads % tp != 0) {
+        Layout l;
+        l.tp = tp;
+        l.stage_of_layer.assign(static_cast<size_t>(L), 0);
+        bad.push_back({"num_attention_heads", l});
+        break;
+      }
+    // An empty stage (stage 1 of 3 holds nothing).
+    if (L >= 3) {
+      Layout l;
+      l.pp = 3;
+      l.stage_of_layer.assign(static_cast<size_t>(L), 0);
+      l.stage_of_layer.back() = 2;
+      bad.push_back({"holds no layer", l});
+    }
+    // More stages than layers.
+    {
+      Layout l;
+      l.pp = L + 1;
+      for (int i = 0; i < L; ++i) l.stage_of_layer.push_back(i);
+      bad.push_back({"pipeline stages for only", l});
+      auto made = Layout::make(1, L + 1, 1, 0, L);
+      ASSERT_FALSE(made.ok());
+      EXPECT_NE(made.status().message().find("pipeline stages for only"), std::string::npos) << made.status().to_string();
+    }
+    // Layer count that is not the model's.
+    {
+      Layout l;
+      l.stage_of_layer.assign(static_cast<size_t>(L + 1), 0);
+      bad.push_back({"num_hidden_layers", l});
+    }
+    for (const auto& [needle, l] : bad) {
+      MemorySource src(g, "global");
+      auto plan = make_plan(src.tensors(), src.pieces(), {}, l, rules);
+      ASSERT_FALSE(plan.ok()) << needle << " " << l.to_string();
+      EXPECT_EQ(plan.status().kind(), ErrorKind::kInvalidArgument) << plan.status().to_string();
+      EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().to_string();
+      EXPECT_EQ(src.reads(), 0u);  // refused from metadata alone
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, 120);
+}
+
+}  // namespace
+}  // namespace ckpt
