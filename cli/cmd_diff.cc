@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "converters/megatron_layout.h"
+#include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "reshard/diff.h"
 
@@ -20,12 +21,12 @@ struct DiffArgs {
 };
 
 int run_diff(const DiffArgs& args) {
-  auto mem = parse_memory_size(args.max_memory);
+  auto mem = parse_byte_size(args.max_memory, "--max-memory");
   if (!mem.ok()) return report_error(mem.status());
   DiffOptions o;
   o.atol = args.atol;
   o.rtol = args.rtol;
-  o.max_memory = *mem;
+  o.max_memory = static_cast<int64_t>(*mem);
   o.ignore_dtype = args.ignore_dtype;
   auto open_any = [](const std::string& path) {
     return is_megatron_dir(path) ? open_megatron_dir(path) : open_source(path);

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "converters/hf_export.h"
+#include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "formats/safetensors/st_index.h"
 #include "reshard/flags.h"
@@ -40,8 +41,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
       if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));
       opts.dtype = *dt;
     }
-    auto ms = safetensors::parse_size(o->max_shard);
-    if (!ms.ok()) return report_error(Status::InvalidArgument("--max-shard-size: " + ms.status().message()));
+    auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
+    if (!ms.ok()) return report_error(ms.take_status());
     opts.max_shard_size = *ms;
     auto mem = parse_byte_size(o->max_memory, "--max-memory");
     if (!mem.ok()) return report_error(mem.take_status());

@@ -257,32 +257,4 @@ Result<DiffReport> diff_sources(TensorSource& a, TensorSource& b, const DiffOpti
   return diff_tensors(a.tensors(), ra, b.tensors(), rb, options);
 }
 
-Result<int64_t> parse_memory_size(const std::string& text) {
-  auto bad = [&] {
-    return Status::InvalidArgument("memory size '" + text + "': expected a number with an optional K, M or G suffix");
-  };
-  if (text.empty()) return bad();
-  size_t i = 0;
-  uint64_t v = 0;
-  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
-    auto m = checked_mul(v, uint64_t{10});
-    if (!m) return bad();
-    auto s = checked_add(*m, static_cast<uint64_t>(text[i] - '0'));
-    if (!s) return bad();
-    v = *s;
-    ++i;
-  }
-  if (i == 0) return bad();
-  std::string suf = text.substr(i);
-  uint64_t mul = 1;
-  if (suf.empty() || suf == "B") mul = 1;
-  else if (suf == "K" || suf == "KB" || suf == "KiB" || suf == "k") mul = uint64_t{1} << 10;
-  else if (suf == "M" || suf == "MB" || suf == "MiB" || suf == "m") mul = uint64_t{1} << 20;
-  else if (suf == "G" || suf == "GB" || suf == "GiB" || suf == "g") mul = uint64_t{1} << 30;
-  else return bad();
-  auto r = checked_mul(v, mul);
-  if (!r || *r > static_cast<uint64_t>(INT64_MAX)) return bad();
-  return static_cast<int64_t>(*r);
-}
-
 }  // namespace ckpt

@@ -65,7 +65,5 @@ Result<DiffReport> diff_tensors(const std::vector<TensorMeta>& a, const GlobalBo
 // Compares two sources in global view (reads go through the executor's read_global_box).
 Result<DiffReport> diff_sources(TensorSource& a, TensorSource& b, const DiffOptions& options);
 
-// Parses "512M", "2G", "1048576", "64K" (binary units) into bytes; errors name the text.
-Result<int64_t> parse_memory_size(const std::string& text);
 
 }  // namespace ckpt

@@ -1,5 +1,5 @@
-// Parsing helpers for reshard command-line values: byte sizes ("256M", "4GiB", "1000000") and
-// comma-separated integer lists ("2,3,3"). Errors are kInvalidArgument naming the flag.
+// Parsing helpers for reshard command-line values: comma-separated integer lists ("2,3,3"); byte
+// sizes come from formats/byte_size.h. Errors are kInvalidArgument naming the flag.
 // Pure functions; thread safe.
 #pragma once
 
@@ -7,12 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "formats/byte_size.h"  // parse_byte_size, the size rule of every flag
 #include "formats/status.h"
 
 namespace ckpt {
 
-// "123", "64K", "256M", "4G", "1T" (binary multiples; optional "B"/"iB" suffix, case-insensitive).
-Result<uint64_t> parse_byte_size(const std::string& s, const std::string& flag);
 // "2,3,3" -> {2, 3, 3}; every entry a positive integer.
 Result<std::vector<int>> parse_int_list(const std::string& s, const std::string& flag);
 

@@ -110,33 +110,6 @@ std::string index_to_json(uint64_t total_size, const std::map<std::string, std::
   return j.dump(2) + "\n";
 }
 
-Result<uint64_t> parse_size(std::string_view s) {
-  size_t i = 0;
-  uint64_t v = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-    auto m = checked_mul(v, uint64_t{10});
-    auto a = m ? checked_add(*m, static_cast<uint64_t>(s[i] - '0')) : std::nullopt;
-    if (!a) return Status::InvalidArgument("size '" + std::string(s) + "' is too large");
-    v = *a;
-    ++i;
-  }
-  if (i == 0) return Status::InvalidArgument("size '" + std::string(s) + "': expected a number with an optional unit (e.g. 5GB, 500MB, 2GiB)");
-  std::string unit(s.substr(i));
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::pair<const char*, uint64_t> kUnits[] = {
-      {"", 1},          {"B", 1},          {"KB", 1000},      {"MB", 1000000},     {"GB", 1000000000ull}, {"TB", 1000000000000ull},
-      {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
-  for (const auto& [name, mul] : kUnits) {
-    if (unit == name) {
-      auto r = checked_mul(v, mul);
-      if (!r) return Status::InvalidArgument("size '" + std::string(s) + "' is too large");
-      if (*r == 0) return Status::InvalidArgument("size '" + std::string(s) + "' must be positive");
-      return *r;
-    }
-  }
-  return Status::InvalidArgument("size '" + std::string(s) + "': unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-}
-
 std::string shard_file_name(size_t i, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);

@@ -35,8 +35,6 @@ Result<ShardIndex> read_index(const std::string& path);
 // HF's layout: 2-space indent, sorted keys, trailing newline.
 std::string index_to_json(uint64_t total_size, const std::map<std::string, std::string>& weight_map);
 
-// "5GB" -> 5e9, "500MB", "10KB", "2GiB", "1MiB", "123" (bytes). kInvalidArgument otherwise.
-Result<uint64_t> parse_size(std::string_view s);
 
 // model-00001-of-00003.safetensors (i from 0).
 std::string shard_file_name(size_t i, size_t n);

@@ -226,17 +226,6 @@ TEST(Diff, UncoveredTensorIsAnError) {
   EXPECT_EQ(r.status().tensor(), "w");
 }
 
-TEST(Diff, ParseMemorySize) {
-  EXPECT_EQ(*parse_memory_size("1024"), 1024);
-  EXPECT_EQ(*parse_memory_size("64K"), 64 << 10);
-  EXPECT_EQ(*parse_memory_size("512M"), int64_t{512} << 20);
-  EXPECT_EQ(*parse_memory_size("2G"), int64_t{2} << 30);
-  EXPECT_FALSE(parse_memory_size("").ok());
-  EXPECT_FALSE(parse_memory_size("12X").ok());
-  EXPECT_FALSE(parse_memory_size("-5").ok());
-  EXPECT_FALSE(parse_memory_size("99999999999999999999G").ok());
-  EXPECT_FALSE(parse_memory_size("9999999999999G").ok());
-}
 
 TEST(Diff, RejectsBadOptions) {
   TinySource a, b;

@@ -45,25 +45,6 @@ TEST(SafetensorsIndex, StructureAndTypes) {
   EXPECT_EQ(r->files, (std::vector<std::string>{"1.safetensors", "2.safetensors"}));
 }
 
-TEST(SafetensorsIndex, SplitterAndSizes) {
-  size_t n = 0;
-  // HF: [3,3,3] at 5 -> {0},{1},{2}; a tensor above the limit gets its own shard in place.
-  EXPECT_EQ(assign_shards({3, 3, 3}, 5, &n), (std::vector<size_t>{0, 1, 2}));
-  EXPECT_EQ(assign_shards({2, 2, 9, 1}, 5, &n), (std::vector<size_t>{1, 1, 0, 1}));
-  EXPECT_EQ(n, 2u);
-  EXPECT_EQ(assign_shards({2, 3, 1}, 5, &n), (std::vector<size_t>{0, 0, 1}));
-  EXPECT_EQ(assign_shards({}, 5, &n).size(), 0u);
-  EXPECT_EQ(n, 1u);
-  EXPECT_EQ(shard_file_name(0, 3), "model-00001-of-00003.safetensors");
-  EXPECT_EQ(*parse_size("5GB"), 5000000000ull);
-  EXPECT_EQ(*parse_size("2GiB"), 2ull << 30);
-  EXPECT_EQ(*parse_size("500mb"), 500000000ull);
-  EXPECT_EQ(*parse_size("123"), 123ull);
-  EXPECT_FALSE(parse_size("5XB").ok());
-  EXPECT_FALSE(parse_size("GB").ok());
-  EXPECT_FALSE(parse_size("0").ok());
-  EXPECT_FALSE(parse_size("99999999999999999999GB").ok());
-}
 
 struct Fixture {
   std::string root;
@@ -187,6 +168,24 @@ TEST(HfDirSource, WholeShardSetChecks) {
   m5["ghost"] = "../hf/model-00001-of-00004.safetensors";
   EXPECT_EQ(code(m5), "IndexBadFileName");
   fs::remove_all(f.root);
+}
+
+}  // namespace
+}  // namespace ckpt::safetensors
+
+namespace ckpt::safetensors {
+namespace {
+
+TEST(SafetensorsIndex, Splitter) {
+  size_t n = 0;
+  // HF: [3,3,3] at 5 -> {0},{1},{2}; a tensor above the limit gets its own shard in place.
+  EXPECT_EQ(assign_shards({3, 3, 3}, 5, &n), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(assign_shards({2, 2, 9, 1}, 5, &n), (std::vector<size_t>{1, 1, 0, 1}));
+  EXPECT_EQ(n, 2u);
+  EXPECT_EQ(assign_shards({2, 3, 1}, 5, &n), (std::vector<size_t>{0, 0, 1}));
+  EXPECT_EQ(assign_shards({}, 5, &n).size(), 0u);
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(shard_file_name(0, 3), "model-00001-of-00003.safetensors");
 }
 
 }  // namespace
