@@ -10,40 +10,39 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "converters/hf_export.h"
 #include "converters/hf_import.h"
 #include "formats/open_source.h"
 #include "formats/store/store_writer.h"
 #include "reshard/dist.h"
-#include "reshard/flags.h"
 
 namespace ckpt::cli {
 namespace {
 
 struct FromHfArgs {
-  std::string src, out, dtype, codec = "none", pp_layers, max_memory = "256M";
-  int threads = 2, tp = 0, pp = 0, dp = 0, zero = -1;
+  std::string src, out, dtype, compress = "none";
+  LayoutFlags layout;
+  StreamFlags stream;
   bool no_fsync = false;
 };
 
 int run_from_hf(const FromHfArgs& a) {
-  const bool layout_given = a.tp || a.pp || a.dp || a.zero >= 0 || !a.pp_layers.empty();
+  const bool layout_given = a.layout.given();
   Dist* dist = layout_given && std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
   const bool root = !dist || dist->rank() == 0;
   auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
 
   HfImportOptions opts;
-  opts.threads = a.threads;
+  opts.threads = a.stream.threads;
   if (!a.dtype.empty()) {
     auto dt = dtype_from_name(a.dtype, /*cli_aliases=*/true);
     if (!dt.ok() || !dtype_is_float(*dt)) return fail(Status::InvalidArgument("--dtype '" + a.dtype + "': expected bf16, fp16 or fp32"));
     opts.dtype = *dt;
   }
-  store::StoreOptions so;
-  so.fsync = !a.no_fsync;
-  auto codec = store::codec_from_name(a.codec);
-  if (!codec.ok()) return fail(Status::InvalidArgument("--codec: " + codec.status().message()));
-  so.codec = *codec;
+  auto so = store::parse_compress_spec(a.compress, "--compress");
+  if (!so.ok()) return fail(so.take_status());
+  so->fsync = !a.no_fsync;
   auto kind = detect_source(a.src);
   if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile)
     return fail(Status::InvalidArgument("'" + a.src + "' is not a HuggingFace directory (no model.safetensors[.index.json])"));
@@ -55,38 +54,29 @@ int run_from_hf(const FromHfArgs& a) {
   if (!src.ok()) return fail(src.take_status());
   auto plan = plan_hf_import(**src, opts);
   if (!plan.ok()) return fail(plan.take_status().with_file(a.src));
-  auto mem = parse_byte_size(a.max_memory, "--max-memory");
-  if (!mem.ok()) return fail(mem.take_status());
   {
     size_t max_src = 1, min_out = 8;
     for (const auto& p : (*src)->pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
     for (const auto& p : plan->pieces) min_out = std::min(min_out, dtype_size(p.dtype));
-    // Keep ~48 MiB of the budget for the store writer (HDF5, hashing), as `ckpt reshard` does.
-    const uint64_t reserve = 48ull << 20;
-    opts.max_chunk_bytes = hf_chunk_bytes(*mem > reserve + (4u << 20) ? *mem - reserve : (4u << 20), a.threads, max_src, min_out);
+    // Keep 48 MiB of the budget for the store writer (HDF5, hashing), as `ckpt reshard` does.
+    auto chunk = a.stream.chunk_bytes(max_src, min_out, 48ull << 20);
+    if (!chunk.ok()) return fail(chunk.take_status());
+    opts.max_chunk_bytes = *chunk;
   }
 
   Status st;
   std::string layout_text = "tp=1 pp=1 dp=1";
   if (layout_given) {
-    if (a.tp < 1 || a.pp < 1 || a.dp < 1)
-      return fail(Status::InvalidArgument("layout flags: give --tp N --pp N --dp N (each >= 1), optionally --pp-layers and --zero"));
-    std::vector<int> per;
-    if (!a.pp_layers.empty()) {
-      auto p = parse_int_list(a.pp_layers, "--pp-layers");
-      if (!p.ok()) return fail(p.take_status());
-      per = *p;
-    }
-    auto layout = Layout::make(a.tp, a.pp, a.dp, a.zero < 0 ? 0 : a.zero, static_cast<int>(plan->config.num_hidden_layers), per);
+    auto layout = a.layout.make(plan->config.num_hidden_layers);
     if (!layout.ok()) return fail(layout.take_status());
     layout_text = layout->to_string();
     StoreExecOptions eo;
-    eo.exec.threads = a.threads;
+    eo.exec.threads = a.stream.threads;
     eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
-    eo.store = so;
+    eo.store = *so;
     st = run_hf_import_to_layout(**src, *plan, *layout, a.out, eo, dist);
   } else {
-    store::StoreWriter sink(a.out, so);
+    store::StoreWriter sink(a.out, *so);
     st = run_hf_import(**src, sink, *plan, opts);
   }
   if (!st.ok()) return fail(st);
@@ -106,14 +96,9 @@ CommandAction setup_from_hf(CLI::App& sub) {
       ->required();
   sub.add_option("OUT", a->out, "native checkpoint directory to create (must not exist)")->required();
   sub.add_option("--dtype", a->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
-  sub.add_option("--codec", a->codec, "shard compression: none, zstd, shuffle+zstd (default none)");
-  sub.add_option("--tp", a->tp, "lay the checkpoint out for this tensor-parallel size (with --pp and --dp)");
-  sub.add_option("--pp", a->pp, "pipeline-parallel size");
-  sub.add_option("--pp-layers", a->pp_layers, "layers per pipeline stage, e.g. 2,3,3 (default: even split)");
-  sub.add_option("--dp", a->dp, "data-parallel size");
-  sub.add_option("--zero", a->zero, "ZeRO stage of the (absent) optimizer state: 0 or 1")->check(CLI::Range(0, 1));
-  sub.add_option("--threads", a->threads, "worker threads for casts and copies (default 2)")->check(CLI::Range(1, 64));
-  sub.add_option("--max-memory", a->max_memory, "buffer budget, e.g. 256M, 1G (default 256M)");
+  sub.add_option("--compress", a->compress, "shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL] (default none)");
+  a->layout.add(sub, "ZeRO stage of the (absent) optimizer state: 0 or 1");
+  a->stream.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
   sub.footer(
       "Tokenizer files (tokenizer*.json, tokenizer.model, special_tokens_map.json, generation_config.json, ...)\n"

@@ -16,12 +16,12 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
 #include "converters/megatron_layout.h"
 #include "formats/store/store_reader.h"
 #include "reshard/dist.h"
-#include "reshard/flags.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
 
@@ -29,35 +29,16 @@ namespace ckpt::cli {
 namespace {
 
 struct ReshardArgs {
-  std::string src, dst, layout_file, pp_layers, max_memory = "256M", compress = "none";
-  int tp = 0, pp = 0, dp = 0, zero = -1, threads = 1;
+  std::string src, dst, layout_file, compress = "none";
+  LayoutFlags layout;
+  StreamFlags stream;
   bool dry_run = false, json = false, no_verify = false;
 };
-
-Result<store::StoreOptions> parse_compress(const std::string& s) {
-  store::StoreOptions o;
-  std::string name = s, level;
-  if (auto c = s.find(':'); c != std::string::npos) {
-    name = s.substr(0, c);
-    level = s.substr(c + 1);
-  }
-  if (name == "none" && level.empty()) return o;
-  if (name == "zstd") o.codec = store::Codec::kZstd;
-  else if (name == "shuffle+zstd" || name == "shuffle-zstd") o.codec = store::Codec::kShuffleZstd;
-  else return Status::InvalidArgument("--compress: expected none, zstd[:LEVEL] or shuffle+zstd[:LEVEL], got '" + s + "'");
-  if (!level.empty()) {
-    if (level.size() > 2 || level.find_first_not_of("0123456789") != std::string::npos || std::stoi(level) < 1 ||
-        std::stoi(level) > 22)
-      return Status::InvalidArgument("--compress: zstd level must be 1..22, got '" + level + "'");
-    o.zstd_level = std::stoi(level);
-  }
-  return o;
-}
 
 Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const nlohmann::json& src_meta) {
   Layout l;
   if (!a.layout_file.empty()) {
-    if (a.tp || a.pp || a.dp || a.zero >= 0 || !a.pp_layers.empty())
+    if (a.layout.given())
       return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
     std::ifstream in(a.layout_file);
     if (!in) return Status::FromErrno("cannot open layout file", a.layout_file, errno);
@@ -70,14 +51,8 @@ Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const
     if (!r.ok()) return r.take_status().with_file(a.layout_file);
     l = std::move(r).value();
   } else {
-    if (a.tp < 1 || a.pp < 1 || a.dp < 1)
-      return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
-    std::vector<int> per;
-    if (!a.pp_layers.empty()) {
-      CKPT_ASSIGN_OR_RETURN(per, parse_int_list(a.pp_layers, "--pp-layers"));
-    }
-    CKPT_ASSIGN_OR_RETURN(l, Layout::make(a.tp, a.pp, a.dp, a.zero < 0 ? 0 : a.zero,
-                                          static_cast<int>(cfg.num_hidden_layers), per));
+    if (!a.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
+    CKPT_ASSIGN_OR_RETURN(l, a.layout.make(cfg.num_hidden_layers));
     // Keep the source's vocab divisor and profile unless a layout file says otherwise.
     if (src_meta.contains("layout") && src_meta["layout"].is_object()) {
       const auto& sl = src_meta["layout"];
@@ -200,11 +175,8 @@ int run_reshard(const ReshardArgs& a) {
   const bool root = !dist || dist->rank() == 0;
   auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
 
-  auto mem = parse_byte_size(a.max_memory, "--max-memory");
-  if (!mem.ok()) return fail(mem.take_status());
-  auto sopts = parse_compress(a.compress);
+  auto sopts = store::parse_compress_spec(a.compress, "--compress");
   if (!sopts.ok()) return fail(sopts.take_status());
-  if (a.threads < 1 || a.threads > 256) return fail(Status::InvalidArgument("--threads must be 1..256"));
 
   // SRC re-hash, overlapped with the reshard in a child process (single-process runs only; under
   // mpirun rank 0 re-hashes inline before committing).
@@ -238,13 +210,12 @@ int run_reshard(const ReshardArgs& a) {
 
   // Buffer budget: keep ~48 MiB for the store writer, HDF5 and the process itself.
   ExecOptions eo;
-  eo.threads = a.threads;
+  eo.threads = a.stream.threads;
   size_t max_src = 1;
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  const uint64_t reserve = 48ull << 20;
-  const uint64_t budget = *mem > reserve + (4u << 20) ? *mem - reserve : (4u << 20);
-  eo.max_chunk_bytes = std::max<uint64_t>(
-      1u << 16, budget / (static_cast<uint64_t>(exec_pipeline_depth(a.threads)) * (2 + max_src)));
+  auto chunk = a.stream.chunk_bytes(max_src, 1, 48ull << 20);
+  if (!chunk.ok()) return fail(chunk.take_status());
+  eo.max_chunk_bytes = *chunk;
 
   const auto t0 = std::chrono::steady_clock::now();
   auto plan = make_plan(src.tensors(), src.pieces(), meta, *layout, rules, eo);
@@ -305,14 +276,8 @@ CommandAction setup(CLI::App& sub) {
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
   sub.add_option("--layout", a->layout_file, "Target layout JSON file (tp, pp, dp, zero, layers_per_stage, ...)");
-  sub.add_option("--tp", a->tp, "Tensor-parallel size");
-  sub.add_option("--pp", a->pp, "Pipeline-parallel size");
-  sub.add_option("--pp-layers", a->pp_layers, "Layers per pipeline stage, e.g. 2,3,3 (default: even split)");
-  sub.add_option("--dp", a->dp, "Data-parallel size");
-  sub.add_option("--zero", a->zero, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)")
-      ->check(CLI::Range(0, 1));
-  sub.add_option("--max-memory", a->max_memory, "Buffer budget, e.g. 256M, 1G (default 256M)");
-  sub.add_option("--threads", a->threads, "Threads (1: one; N: one I/O thread + N-1 cast/copy workers)");
+  a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
+  a->stream.add(sub);
   sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
   sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");

@@ -5,19 +5,19 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "converters/hf_export.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "formats/safetensors/st_index.h"
-#include "reshard/flags.h"
 
 namespace ckpt::cli {
 namespace {
 
 CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
-    std::string src, out, dtype, max_shard = "5GB", max_memory = "256M";
-    int threads = 2;
+    std::string src, out, dtype, max_shard = "5GB";
+    StreamFlags stream;
     bool no_fsync = false;
   };
   auto o = std::make_shared<Opts>();
@@ -25,8 +25,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
-  sub.add_option("--threads", o->threads, "worker threads for casts and copies (default 2)")->check(CLI::Range(1, 64));
-  sub.add_option("--max-memory", o->max_memory, "buffer budget of the streaming copy, e.g. 256M, 1G (default 256M)");
+  o->stream.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
@@ -34,7 +33,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
       "Tokenizer files carried in the checkpoint (from-hf) are written next to config.json.");
   return [o]() -> int {
     HfExportOptions opts;
-    opts.threads = o->threads;
+    opts.threads = o->stream.threads;
     opts.fsync = !o->no_fsync;
     if (!o->dtype.empty()) {
       auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
@@ -44,8 +43,6 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
     if (!ms.ok()) return report_error(ms.take_status());
     opts.max_shard_size = *ms;
-    auto mem = parse_byte_size(o->max_memory, "--max-memory");
-    if (!mem.ok()) return report_error(mem.take_status());
     auto src = open_source(o->src);
     if (!src.ok()) return report_error(src.status());
     auto plan = plan_hf_export(**src, o->src, opts);
@@ -53,7 +50,9 @@ CommandAction setup_to_hf(CLI::App& sub) {
     size_t max_src = 1, min_out = 8;
     for (const auto& p : (*src)->pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
     for (const auto& p : plan->pieces) min_out = std::min(min_out, dtype_size(p.dtype));
-    opts.max_chunk_bytes = hf_chunk_bytes(*mem, opts.threads, max_src, min_out);
+    auto chunk = o->stream.chunk_bytes(max_src, min_out);
+    if (!chunk.ok()) return report_error(chunk.take_status());
+    opts.max_chunk_bytes = *chunk;
     Status st = run_hf_export(**src, *plan, o->out, opts);
     if (!st.ok()) return report_error(st);
     std::printf("wrote %zu tensors (%llu bytes)%s to %s", plan->tensors.size(), static_cast<unsigned long long>(plan->total_bytes),

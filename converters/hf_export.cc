@@ -22,12 +22,6 @@ std::string hf_dtype_string(DType t) {
   }
 }
 
-uint64_t hf_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem) {
-  const uint64_t depth = static_cast<uint64_t>(exec_pipeline_depth(threads));
-  const uint64_t ratio = (std::max<size_t>(max_src_elem, 1) + std::max<size_t>(min_out_elem, 1) - 1) / std::max<size_t>(min_out_elem, 1);
-  return std::max<uint64_t>(64u << 10, budget / (depth * (2 + ratio)));
-}
-
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt) {
   CKPT_ASSIGN_OR_RETURN(LlamaConfig c, LlamaConfig::from_json(config));
   (void)c;

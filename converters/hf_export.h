@@ -22,7 +22,7 @@ struct HfExportOptions {
   std::optional<DType> dtype;                  // cast float tensors to this; nullopt keeps each tensor's dtype
   uint64_t max_shard_size = 5'000'000'000ull;  // "5GB"
   int threads = 2;
-  uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see hf_chunk_bytes()
+  uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see exec_chunk_bytes()
   bool fsync = true;
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -49,10 +49,6 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
 
 // Writes `out` (a new directory, committed by renaming `<out>.partial`).
 Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
-
-// Executor chunk size that keeps its buffers (exec_peak_bytes) within `budget` bytes for the given
-// thread count and widest source / narrowest output element sizes (at least 64 KiB).
-uint64_t hf_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem);
 
 // Validates a config object as LLaMA and returns it with its dtype keys set to `dt`.
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt);

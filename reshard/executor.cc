@@ -1,6 +1,7 @@
 #include "reshard/executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -182,13 +183,21 @@ Status read_global_box(TensorSource& src, const SourceIndex& index, const std::s
   return Status::Ok();
 }
 
-int exec_pipeline_depth(int threads) { return threads <= 1 ? 1 : std::max(2, threads); }
+// One chunk being read, one being written, one per cast worker.
+int exec_pipeline_depth(int threads) { return threads <= 1 ? 1 : threads + 1; }
 
 uint64_t exec_peak_bytes(const ExecOptions& opts, size_t max_src_elem, size_t min_out_elem) {
   const uint64_t chunk = std::max<uint64_t>(opts.max_chunk_bytes, min_out_elem);
   const uint64_t elems = chunk / std::max<size_t>(min_out_elem, 1);
   const uint64_t per_slot = chunk + elems * max_src_elem + chunk;  // out + raw + tmp (worst case)
   return per_slot * static_cast<uint64_t>(exec_pipeline_depth(opts.threads));
+}
+
+uint64_t exec_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem) {
+  const uint64_t depth = static_cast<uint64_t>(exec_pipeline_depth(threads));
+  const uint64_t out = std::max<size_t>(min_out_elem, 1);
+  const uint64_t ratio = (std::max<size_t>(max_src_elem, 1) + out - 1) / out;  // raw bytes per output byte
+  return std::max<uint64_t>(64u << 10, budget / (depth * (2 + ratio)));       // out + raw + tmp per slot
 }
 
 Status check_plan_coverage(const SourceIndex& index, const std::vector<TensorMeta>& out_tensors,
@@ -240,9 +249,10 @@ struct Slot {
   std::vector<ChunkRead> reads;
   size_t piece = 0;
   int64_t count = 0;
-  bool busy = false;
-  bool async = false;
-  std::future<Status> fut;
+  bool busy = false;     // read; its transform and write may still be pending
+  bool async = false;    // `fut` holds its transform
+  std::future<Status> fut;   // transform (worker pool)
+  std::future<Status> wfut;  // write (writer thread), when there is one
 };
 
 void grow(std::vector<uint8_t>& v, size_t n) {
@@ -291,34 +301,49 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
   }
   const std::vector<Piece>& sp = src.pieces();
   const int depth = exec_pipeline_depth(opts.threads);
-  std::unique_ptr<ThreadPool> pool;
-  if (opts.threads > 1) pool = std::make_unique<ThreadPool>(opts.threads - 1);
-  std::vector<Slot> slots(static_cast<size_t>(depth));
+  // threads > 1: workers cast/copy; one writer thread writes chunks in order (write-behind) while
+  // this thread reads the next ones. Source reads stay on this thread, sink writes on the writer.
+  std::vector<Slot> slots(static_cast<size_t>(depth));  // outlives the threads below
+  std::unique_ptr<ThreadPool> pool, writer;
+  if (opts.threads > 1) {
+    pool = std::make_unique<ThreadPool>(opts.threads - 1);
+    writer = std::make_unique<ThreadPool>(1);
+  }
   uint64_t done = 0;
   uint64_t seq = 0;  // chunk sequence number
+  std::atomic<bool> failed{false};  // set by the first failed transform or write: later writes are skipped
 
-  // Waits for a slot's transform (if any), writes its chunk, frees it.
+  // Waits for the chunk's transform (if any) and writes it (on the writer thread when there is one).
+  auto write_chunk = [&](Slot& s) -> Status {
+    Status st = s.async ? s.fut.get() : Status::Ok();
+    if (st.ok() && failed.load()) return Status::Internal("write skipped after an earlier error");
+    const Piece& tp = out_pieces[s.piece];
+    if (st.ok()) {
+      st = dst.write(s.piece, s.out.data(), s.count);
+      if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
+    }
+    if (!st.ok()) failed.store(true);
+    return st;
+  };
+  // Waits until a slot's chunk is written, frees the slot, reports progress.
   auto finish = [&](Slot& s) -> Status {
     if (!s.busy) return Status::Ok();
     s.busy = false;
-    if (s.async) {
-      Status st = s.fut.get();
-      if (!st.ok()) return st;
-    }
-    const Piece& tp = out_pieces[s.piece];
-    Status st = dst.write(s.piece, s.out.data(), s.count);
-    if (!st.ok()) return std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
-    done += static_cast<uint64_t>(s.count) * dtype_size(tp.dtype);
+    Status st = writer ? s.wfut.get() : write_chunk(s);
+    if (!st.ok()) return st;
+    done += static_cast<uint64_t>(s.count) * dtype_size(out_pieces[s.piece].dtype);
     if (opts.progress) opts.progress(done, total);
     return Status::Ok();
   };
-  auto abandon = [&]() {  // after an error: wait for workers, write nothing more
+  auto abandon = [&]() {  // after an error: wait for workers and the writer, write nothing more
+    failed.store(true);
     for (Slot& s : slots) {
-      if (s.busy && s.async) s.fut.wait();
+      if (s.busy && writer) s.wfut.wait();
+      else if (s.busy && s.async) s.fut.wait();
       s.busy = false;
     }
   };
-  auto drain = [&]() -> Status {  // in chunk order, waiting for every pending transform
+  auto drain = [&]() -> Status {  // in chunk order, waiting for every pending write
     for (uint64_t k = 0; k < static_cast<uint64_t>(depth); ++k) {
       Status st = finish(slots[(seq + k) % slots.size()]);
       if (!st.ok()) {
@@ -380,27 +405,29 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
           return st;
         }
       }
-      s.busy = true;
       s.async = false;
-      if (raw_bytes == 0 || !pool) {
-        st = transform(s, sp, tp, opts.cast);
-        if (!st.ok()) {
-          s.busy = false;
-          abandon();
-          return st;
-        }
-        if (!pool) {  // inline: write now
-          st = finish(s);
-          if (!st.ok()) {
-            abandon();
-            return st;
-          }
-        }
-      } else {
+      if (raw_bytes > 0 && pool) {
         s.async = true;
         Slot* sl = &s;
         const CastOptions cast = opts.cast;
         s.fut = pool->submit([sl, &sp, &tp, cast] { return transform(*sl, sp, tp, cast); });
+      } else if (raw_bytes > 0) {
+        st = transform(s, sp, tp, opts.cast);
+        if (!st.ok()) {
+          abandon();
+          return st;
+        }
+      }
+      s.busy = true;
+      if (writer) {
+        Slot* sl = &s;
+        s.wfut = writer->submit([sl, &write_chunk] { return write_chunk(*sl); });
+      } else {
+        st = finish(s);  // inline: write now
+        if (!st.ok()) {
+          abandon();
+          return st;
+        }
       }
     }
   }

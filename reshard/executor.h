@@ -1,8 +1,10 @@
 // Executor: fills the pieces of a TensorSink from whatever pieces of a TensorSource cover them.
 // Reads any box of a global tensor by box intersection with the source pieces, casts dtypes,
 // streams each target piece in storage order in bounded chunks; output bytes do not depend on the
-// thread count. Thread safety: functions are reentrant; one TensorSource/TensorSink per call
-// (all source reads and sink writes stay on the calling thread; workers only cast and copy).
+// thread count. Thread safety: functions are reentrant; one TensorSource/TensorSink per call.
+// With threads > 1 all source reads stay on the calling thread and all sink writes run, in order,
+// on one writer thread (so a source and a sink must not share unlocked state); workers only cast
+// and copy.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +65,7 @@ struct ExecOptions {
   // pipeline_depth(threads) * max_chunk_bytes * (1 + max source/target element size ratio [+1 when a
   // part needs both a cast and a re-layout]); see exec_peak_bytes().
   uint64_t max_chunk_bytes = 64ull << 20;
-  int threads = 1;  // 1: everything inline; N > 1: N-1 workers cast/copy while this thread reads/writes
+  int threads = 1;  // 1: everything inline; N > 1: this thread reads, a writer thread writes, N-1 workers cast/copy
   CastOptions cast;
   // Called on the calling thread after each chunk is written: (output bytes done, total).
   std::function<void(uint64_t, uint64_t)> progress;
@@ -76,6 +78,9 @@ struct ExecOptions {
 int exec_pipeline_depth(int threads);
 // Upper bound of execute()'s buffer memory for options and the widest source/target element sizes.
 uint64_t exec_peak_bytes(const ExecOptions& opts, size_t max_src_elem, size_t min_out_elem);
+// The chunk size (ExecOptions::max_chunk_bytes) that keeps execute()'s buffers within `budget`
+// bytes for a thread count and the widest source / narrowest target element sizes (at least 64 KiB).
+uint64_t exec_chunk_bytes(uint64_t budget, int threads, size_t max_src_elem, size_t min_out_elem);
 
 // Checks before any write that every (selected) target piece is valid for its tensor and fully
 // covered by the source; errors name the tensor, piece and missing box.

@@ -11,20 +11,14 @@
    of a model that learned nothing.
 Exit status 0 when all hold; the first failure is printed and exits 1.
 """
-import hashlib
-import json
 import math
 import pathlib
 import sys
 
-import h5py
-import hdf5plugin  # noqa: F401  (registers the zstd filter 32015)
-import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-NP = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-      "I32": np.int32, "U8": np.uint8}
+from native_h5py import read_native  # scripts/native_h5py.py: h5py + hashlib only
 
 
 def fail(msg):
@@ -41,32 +35,6 @@ def resolve(path: pathlib.Path) -> pathlib.Path:
     fail(f"{path}: neither a checkpoint (manifest.json) nor a run directory (latest)")
 
 
-def read_native(ckpt: pathlib.Path):
-    man = json.loads((ckpt / "manifest.json").read_text())
-    tensors = {t["name"]: t for t in man["tensors"]}
-    out = {}
-    files = {}
-    for p in man["pieces"]:
-        name = p["tensor"]
-        meta = tensors[name]
-        if name.startswith("optimizer."):
-            continue
-        if name not in out:
-            out[name] = np.zeros(meta["shape"], dtype=NP[meta["dtype"]])
-        if p["bytes"] == 0:
-            continue
-        f = files.setdefault(p["file"], h5py.File(ckpt / p["file"], "r"))
-        data = np.ascontiguousarray(f[p["dataset"]][()].astype(NP[p["dtype"]], copy=False))
-        if hashlib.sha256(data.tobytes()).hexdigest() != p["sha256"]:
-            fail(f"{p['file']}:{p['dataset']} ({name}): SHA-256 differs from the manifest")
-        off, ext = p["region"]["offset"], p["region"]["extent"]
-        idx = tuple(slice(o, o + e) for o, e in zip(off, ext))
-        out[name][idx] = data.reshape(ext)
-    for f in files.values():
-        f.close()
-    return man, out
-
-
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -75,7 +43,10 @@ def main():
     ckpt = resolve(pathlib.Path(sys.argv[2]))
     model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype="auto")
     model.eval()
-    man, native = read_native(ckpt)
+    try:
+        man, native, _ = read_native(ckpt, skip=lambda n: n.startswith("optimizer."))
+    except (ValueError, KeyError, OSError) as e:
+        fail(f"reading {ckpt} with h5py: {e}")
     sd = model.state_dict()
     cfg = model.config
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
@@ -86,8 +57,9 @@ def main():
         if name not in sd:
             fail(f"native tensor {name} is missing from the HF model")
         want = torch.from_numpy(arr)
-        if arr.dtype == np.uint16:  # BF16 bits
-            want = want.view(torch.bfloat16)
+        native_dt = {t["name"]: t["dtype"] for t in man["tensors"]}[name]
+        if native_dt in ("BF16", "F16"):  # raw bits
+            want = want.view(torch.bfloat16 if native_dt == "BF16" else torch.float16)
         want = want.to(sd[name].dtype)
         got = sd[name]
         if tuple(got.shape) != tuple(want.shape):

@@ -29,6 +29,10 @@ struct StoreOptions {
   bool fsync = true;                  // fsync shards, manifest and directories on commit
 };
 
+// Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into
+// the codec fields of `base`. Errors (kInvalidArgument) name `flag`.
+Result<StoreOptions> parse_compress_spec(const std::string& spec, const std::string& flag, StoreOptions base = {});
+
 // Writes the pieces of one rank into `<partial_dir>/shards/r<rank:05>.h5` (one dataset per piece).
 class ShardWriter {
  public:

@@ -29,6 +29,7 @@
 #include "reshard/memory_io.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
+#include "tests/naive_region.h"
 
 namespace ckpt {
 namespace {
@@ -130,28 +131,7 @@ Layout random_layout(std::mt19937& rng, const LlamaConfig& c, const std::vector<
   return out;
 }
 
-// Naive: the bytes of `region` (storage order) taken from the global row-major buffer.
-std::vector<uint8_t> naive_extract(const std::vector<uint8_t>& global, const Shape& shape, const Region& region,
-                                   size_t es) {
-  const Box& b = region.box;
-  int64_t bn = 1;
-  for (int64_t e : b.extent) bn *= e;
-  const int64_t fb = region.is_flat() ? region.flat_begin : 0, fe = region.is_flat() ? region.flat_end : bn;
-  std::vector<uint8_t> out;
-  out.reserve(static_cast<size_t>(fe - fb) * es);
-  std::vector<int64_t> idx(b.ndim());
-  for (int64_t k = fb; k < fe; ++k) {
-    int64_t rem = k;
-    for (size_t d = b.ndim(); d-- > 0;) {
-      idx[d] = rem % b.extent[d];
-      rem /= b.extent[d];
-    }
-    int64_t g = 0;
-    for (size_t d = 0; d < b.ndim(); ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
-    out.insert(out.end(), global.begin() + g * static_cast<int64_t>(es), global.begin() + (g + 1) * static_cast<int64_t>(es));
-  }
-  return out;
-}
+using testing_ref::naive_extract;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

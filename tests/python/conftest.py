@@ -7,10 +7,12 @@ executables are). Run directly with pytest, they fall back to ./build.
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))  # native_h5py: the h5py-only reader of native checkpoints
 
 
 def _binary_dir() -> pathlib.Path:

@@ -10,23 +10,20 @@
   generation_config.json) survive from-hf -> reshard -> to-hf byte for byte and load in
   AutoTokenizer.
 """
-import hashlib
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 
-import h5py
-import hdf5plugin  # noqa: F401  (filter 32015)
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from native_h5py import read_native  # scripts/: h5py + hashlib only, no ckpt code
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NP_VIEW = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "F64": np.float64, "I64": np.int64, "U8": np.uint8}
 
 
 def _model(seed=0, dtype=torch.bfloat16, layers=4):
@@ -54,29 +51,8 @@ def _state(d: pathlib.Path):
     return out
 
 
-def _assemble_with_h5py(dst: pathlib.Path):
-    """Global tensors rebuilt from a native store with h5py + numpy only (no ckpt code)."""
-    man = json.loads((dst / "manifest.json").read_text())
-    out = {t["name"]: np.zeros(t["shape"], dtype=NP_VIEW[t["dtype"]]) for t in man["tensors"]}
-    for p in man["pieces"]:
-        with h5py.File(dst / p["file"], "r") as f:
-            data = f[p["dataset"]][...]
-        assert hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest() == p["sha256"], p
-        g = out[p["tensor"]]
-        off, ext = p["region"]["offset"], p["region"]["extent"]
-        sl = tuple(slice(o, o + e) for o, e in zip(off, ext))
-        if "flat" in p["region"]:
-            b, e = p["region"]["flat"]
-            view = g[sl].copy().reshape(-1)
-            view[b:e] = data.reshape(-1)
-            g[sl] = view.reshape(ext)
-        else:
-            g[sl] = data.reshape(ext)
-    return man, out
-
-
 def _as_np(t: torch.Tensor):
-    if t.dtype == torch.bfloat16:
+    if t.dtype in (torch.bfloat16, torch.float16):  # raw bits, as the store and read_native hold them
         return t.view(torch.uint16).numpy()
     return t.numpy()
 
@@ -92,7 +68,7 @@ def test_to_hf_from_resharded_trained_checkpoint(run_ckpt, tmp_path):
     src = run / (run / "latest").read_text().strip()
     resh = tmp_path / "resharded"
     run_ckpt("reshard", src, resh, "--tp", "2", "--pp", "3", "--pp-layers", "1,2,1", "--dp", "2", "--zero", "1")
-    man, glob = _assemble_with_h5py(resh)
+    man, glob, _ = read_native(resh)
     assert man["layout"]["tp"] == 2 and man["layout"]["zero"] == 1
     assert len({p["file"] for p in man["pieces"]}) >= 6  # spread over many ranks' shard files
     assert any(p["tensor"].startswith("optimizer.") for p in man["pieces"])
@@ -122,7 +98,7 @@ def test_from_hf_with_layout_flags(run_ckpt, tmp_path):
     lay = tmp_path / "laid"
     r = run_ckpt("from-hf", hf, lay, "--tp", "2", "--pp", "3", "--pp-layers", "1,2,1", "--dp", "2", "--zero", "1", "--no-fsync")
     assert "tp=2" in r.stdout, r.stdout
-    man, glob = _assemble_with_h5py(lay)
+    man, glob, _ = read_native(lay)
     lj = man["layout"]
     assert (lj["tp"], lj["pp"], lj["dp"], lj["zero"]) == (2, 3, 2, 1), lj
     ref = load_file(hf / "model.safetensors")

@@ -1,0 +1,36 @@
+// Flags shared by the commands that stream tensors and write checkpoints (reshard, from-hf,
+// to-hf): the target layout (--tp --pp --pp-layers --dp --zero) and the buffer budget and threads
+// (--max-memory --threads). Each struct adds its options to a subcommand and turns them into
+// library values; errors are kInvalidArgument naming the flag.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "formats/status.h"
+#include "reshard/layout.h"
+
+namespace ckpt::cli {
+
+struct LayoutFlags {
+  int tp = 0, pp = 0, dp = 0, zero = -1;
+  std::string pp_layers;
+
+  void add(CLI::App& sub, const std::string& zero_help);
+  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  // Requires --tp --pp --dp (each >= 1); --pp-layers must sum to `num_layers`.
+  Result<Layout> make(int64_t num_layers) const;
+};
+
+struct StreamFlags {
+  int threads = 2;
+  std::string max_memory = "256M";
+
+  void add(CLI::App& sub);
+  // The executor chunk size that keeps its buffers within --max-memory less `reserve` bytes (kept
+  // for a writer's own buffers: HDF5, hashing), for the widest source / narrowest output element.
+  Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
+};
+
+}  // namespace ckpt::cli

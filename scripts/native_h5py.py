@@ -1,0 +1,67 @@
+"""Reads a ckpt native checkpoint with h5py + numpy only (no ckpt code).
+
+The independent reader of the interop tests and of scripts/check_hf_export.py: it follows
+manifest.json, reads every piece's dataset with h5py (hdf5plugin decodes zstd, filter 32015),
+checks it against the manifest's SHA-256 with hashlib and places it in its global tensor (box
+regions and flat ranges of a box). Half-precision and 8-bit floats come back as their raw bits
+(uint16 / uint8), as the store holds them.
+"""
+import hashlib
+import json
+import pathlib
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers the zstd filter 32015 with h5py)
+import numpy as np
+
+RAW = {"F64": np.float64, "F32": np.float32, "F16": np.uint16, "BF16": np.uint16, "I64": np.int64,
+       "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.uint8,
+       "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+
+
+def read_native(ckpt, skip=lambda name: False):
+    """-> (manifest, {tensor name: global array in its raw view}, set of HDF5 filter ids seen).
+
+    Tensors whose name `skip` accepts are left out. Raises ValueError naming the file, dataset and
+    tensor when a piece does not match the manifest (dtype, shape, SHA-256, dataset attribute)."""
+    ckpt = pathlib.Path(ckpt)
+    man = json.loads((ckpt / "manifest.json").read_text())
+    if man.get("format") != "ckpt-native" or man.get("version") != 1:
+        raise ValueError(f"{ckpt}: not a ckpt-native v1 manifest")
+    metas = {t["name"]: t for t in man["tensors"]}
+    out, filters, files = {}, set(), {}
+    try:
+        for p in man["pieces"]:
+            name = p["tensor"]
+            if skip(name):
+                continue
+            meta = metas[name]
+            if name not in out:
+                out[name] = np.zeros(meta["shape"], dtype=RAW[meta["dtype"]])
+            where = f"{p['file']}:{p['dataset']} ({name})"
+            f = files.setdefault(p["file"], h5py.File(ckpt / p["file"], "r"))
+            ds = f[p["dataset"]]
+            plist = ds.id.get_create_plist()
+            filters |= {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
+            tn = ds.attrs["tensor"]
+            if (tn.decode() if isinstance(tn, bytes) else tn) != name:
+                raise ValueError(f"{where}: dataset attribute 'tensor' is {tn!r}")
+            data = np.ascontiguousarray(ds[...])
+            if data.dtype != RAW[p["dtype"]] or p["dtype"] != meta["dtype"]:
+                raise ValueError(f"{where}: dataset dtype {data.dtype}, manifest {p['dtype']} (tensor {meta['dtype']})")
+            if hashlib.sha256(data.tobytes()).hexdigest() != p["sha256"]:
+                raise ValueError(f"{where}: SHA-256 differs from the manifest")
+            off, ext = p["region"]["offset"], p["region"]["extent"]
+            box = tuple(slice(o, o + e) for o, e in zip(off, ext))
+            g = out[name]
+            if "flat" in p["region"]:
+                b, e = p["region"]["flat"]
+                view = g[box].copy().reshape(-1)
+                view[b:e] = data.reshape(-1)
+                g[box] = view.reshape(ext)
+            else:
+                g[box] = data.reshape(ext)
+    finally:
+        for f in files.values():
+            f.close()
+    return man, out, filters
