@@ -48,7 +48,7 @@ int run_diff(const DiffArgs& args) {
   return rep->equal() ? 0 : 1;
 }
 
-CommandAction setup(CLI::App& sub) {
+CommandAction setup_diff(CLI::App& sub) {
   auto args = std::make_shared<DiffArgs>();
   sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file or Megatron-layout dir")->required();
   sub.add_option("B", args->b, "Second checkpoint (same kinds)")->required();
@@ -64,6 +64,6 @@ CommandAction setup(CLI::App& sub) {
 
 }  // namespace
 
-CKPT_REGISTER_COMMAND("diff", "Compare two checkpoints tensor by tensor in global view", setup);
+CKPT_REGISTER_COMMAND("diff", "Compare two checkpoints tensor by tensor in global view", setup_diff);
 
 }  // namespace ckpt::cli

@@ -41,7 +41,7 @@ int run_export(const ExportArgs& a) {
   return 0;
 }
 
-CommandAction setup(CLI::App& sub) {
+CommandAction setup_export_megatron(CLI::App& sub) {
   auto a = std::make_shared<ExportArgs>();
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, HF dir or .safetensors file (with config)")
       ->required();
@@ -60,6 +60,6 @@ CommandAction setup(CLI::App& sub) {
 
 }  // namespace
 
-CKPT_REGISTER_COMMAND("export-megatron", "Write Megatron-LM per-rank (TP/PP) safetensors from a checkpoint", setup);
+CKPT_REGISTER_COMMAND("export-megatron", "Write Megatron-LM per-rank (TP/PP) safetensors from a checkpoint", setup_export_megatron);
 
 }  // namespace ckpt::cli

@@ -271,7 +271,7 @@ int run_reshard(const ReshardArgs& a) {
   return 0;
 }
 
-CommandAction setup(CLI::App& sub) {
+CommandAction setup_reshard(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
@@ -290,6 +290,6 @@ CommandAction setup(CLI::App& sub) {
 
 }  // namespace
 
-CKPT_REGISTER_COMMAND("reshard", "Re-split a checkpoint for another TP/PP/DP(ZeRO) layout", setup);
+CKPT_REGISTER_COMMAND("reshard", "Re-split a checkpoint for another TP/PP/DP(ZeRO) layout", setup_reshard);
 
 }  // namespace ckpt::cli

@@ -22,7 +22,7 @@ struct CommandRegistrar {
 };
 
 #define CKPT_REGISTER_COMMAND(name, description, setup) \
-  static ::ckpt::cli::CommandRegistrar CKPT_CONCAT(ckpt_cmd_registrar_, __LINE__)(name, description, setup)
+  static ::ckpt::cli::CommandRegistrar CKPT_CONCAT(ckpt_cmd_registrar_, __COUNTER__)(name, description, setup)
 
 int exit_code_for(const Status& s);
 // Prints "ckpt: <error>" to stderr and returns its exit code.

@@ -15,31 +15,31 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string code_of(const std::string& text) {
+std::string index_code_of(const std::string& text) {
   auto r = parse_index(text);
   return r.ok() ? "OK" : r.status().code();
 }
 std::string wm(const std::string& file) { return "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"" + file + "\"}}"; }
 
 TEST(SafetensorsIndex, FileNamesMustStayInTheDirectory) {
-  EXPECT_EQ(code_of(wm("model-00001-of-00002.safetensors")), "OK");
+  EXPECT_EQ(index_code_of(wm("model-00001-of-00002.safetensors")), "OK");
   for (std::string bad : {"../x.safetensors", "/etc/x.safetensors", "sub/x.safetensors", "..", ".", "", "x.bin",
                           "..\\\\x.safetensors", "C:x.safetensors", ".safetensors"})
-    EXPECT_EQ(code_of(wm(bad)), "IndexBadFileName") << bad;
+    EXPECT_EQ(index_code_of(wm(bad)), "IndexBadFileName") << bad;
 }
 
 TEST(SafetensorsIndex, StructureAndTypes) {
-  EXPECT_EQ(code_of("{\"weight_map\":{}}"), "OK");
-  EXPECT_EQ(code_of("{\"weight_map\":{\"a\":\"x.safetensors\",\"a\":\"y.safetensors\"}}"), "DuplicateKey");
-  EXPECT_EQ(code_of("{\"metadata\":{}}"), "IndexInvalid");
-  EXPECT_EQ(code_of("{\"weight_map\":[]}"), "IndexInvalid");
-  EXPECT_EQ(code_of("{\"weight_map\":{\"a\":1}}"), "IndexInvalid");
-  EXPECT_EQ(code_of("{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}"), "IndexInvalid");
-  EXPECT_EQ(code_of("{\"metadata\":5,\"weight_map\":{}}"), "IndexInvalid");
-  EXPECT_EQ(code_of("[]"), "IndexInvalid");
-  EXPECT_EQ(code_of("{\"weight_map\":{}"), "IndexInvalidJson");
-  EXPECT_EQ(code_of(std::string("{\"weight_map\":{}}\0", 18)), "IndexInvalidJson");
-  EXPECT_EQ(code_of(std::string(100, '[') + std::string(100, ']')), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"weight_map\":{}}"), "OK");
+  EXPECT_EQ(index_code_of("{\"weight_map\":{\"a\":\"x.safetensors\",\"a\":\"y.safetensors\"}}"), "DuplicateKey");
+  EXPECT_EQ(index_code_of("{\"metadata\":{}}"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"weight_map\":[]}"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"weight_map\":{\"a\":1}}"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"metadata\":5,\"weight_map\":{}}"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("[]"), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"weight_map\":{}"), "IndexInvalidJson");
+  EXPECT_EQ(index_code_of(std::string("{\"weight_map\":{}}\0", 18)), "IndexInvalidJson");
+  EXPECT_EQ(index_code_of(std::string(100, '[') + std::string(100, ']')), "IndexInvalid");
   auto r = parse_index("{\"weight_map\":{\"b\":\"2.safetensors\",\"a\":\"1.safetensors\",\"c\":\"1.safetensors\"}}");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->files, (std::vector<std::string>{"1.safetensors", "2.safetensors"}));
