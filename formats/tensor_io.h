@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct Piece {
   bool operator==(const Piece& o) const = default;
 };
 
+// A run of bytes in an open file, stored raw (little-endian, the piece's dtype, uncompressed).
+struct FileExtent {
+  int fd = -1;          // owned by the source; valid while the source lives
+  uint64_t offset = 0;  // byte offset in the file
+  uint64_t bytes = 0;
+};
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
@@ -43,6 +51,13 @@ class TensorSource {
   // extent sub.extent, in the piece's stored dtype. For a flat piece `sub` must lie inside one
   // box of pieces()[piece].region.boxes(). Reads only what is needed.
   virtual Status read(size_t piece, const Box& sub, void* dst) = 0;
+  // When the bytes read(piece, sub) would return lie as they are in one contiguous range of a
+  // file: that range, so a sink can copy file to file (copy_file_range) instead. Default: none.
+  virtual std::optional<FileExtent> file_extent(size_t piece, const Box& sub) {
+    (void)piece;
+    (void)sub;
+    return std::nullopt;
+  }
   // Free-form metadata (model config, layout, trainer state) carried by the checkpoint.
   virtual const nlohmann::json& metadata() const = 0;
   virtual std::string describe() const = 0;  // path, for messages
@@ -58,6 +73,16 @@ class TensorSink {
   // Writes the next `count` elements (in storage order) of piece `piece`. The writes of a piece
   // arrive in order and cover it exactly once; pieces may be interleaved.
   virtual Status write(size_t piece, const void* data, int64_t count) = 0;
+  // Sinks that can take the next `count` elements of a piece straight from a file range
+  // (TensorSource::file_extent, extent.bytes == count * element size) say so and implement
+  // write_from_file; it then stands for write() of those bytes.
+  virtual bool accepts_file_extents() const { return false; }
+  virtual Status write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+    (void)piece;
+    (void)src;
+    (void)count;
+    return Status::Internal("this sink does not take file extents");
+  }
   // Makes the output visible atomically (temp name, fsync, rename). After a failed commit or an
   // abort nothing at the destination looks like a complete checkpoint.
   virtual Status commit() = 0;

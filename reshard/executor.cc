@@ -247,6 +247,7 @@ struct Slot {
   std::vector<Box> cboxes;          // the chunk's boxes, in storage order
   std::vector<int64_t> cbox_off;    // element offset of each box in the chunk
   std::vector<ChunkRead> reads;
+  std::optional<FileExtent> extent;  // the chunk as a file range: the sink copies it file to file
   size_t piece = 0;
   int64_t count = 0;
   bool busy = false;     // read; its transform and write may still be pending
@@ -319,7 +320,7 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
     if (st.ok() && failed.load()) return Status::Internal("write skipped after an earlier error");
     const Piece& tp = out_pieces[s.piece];
     if (st.ok()) {
-      st = dst.write(s.piece, s.out.data(), s.count);
+      st = s.extent ? dst.write_from_file(s.piece, *s.extent, s.count) : dst.write(s.piece, s.out.data(), s.count);
       if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
     }
     if (!st.ok()) failed.store(true);
@@ -395,9 +396,18 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
           s.reads.push_back(std::move(r));
         }
       }
-      grow(s.out, static_cast<size_t>(s.count) * os);
-      grow(s.raw, raw_bytes);
+      // One same-dtype part that a file holds as one run, and a sink that copies files: no read.
+      s.extent.reset();
+      if (s.reads.size() == 1 && s.reads[0].direct && dst.accepts_file_extents()) {
+        s.extent = src.file_extent(s.reads[0].part.piece, s.reads[0].part.box);
+        if (s.extent && s.extent->bytes != static_cast<uint64_t>(s.count) * os) s.extent.reset();
+      }
+      if (!s.extent) {
+        grow(s.out, static_cast<size_t>(s.count) * os);
+        grow(s.raw, raw_bytes);
+      }
       for (const ChunkRead& r : s.reads) {
+        if (s.extent) break;
         uint8_t* to = r.direct ? s.out.data() + static_cast<size_t>(s.cbox_off[r.cbox]) * os : s.raw.data() + r.raw_off;
         st = read_part(src, r.part, to);
         if (!st.ok()) {

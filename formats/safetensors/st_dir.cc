@@ -170,6 +170,11 @@ Status ShardedSafetensorsSink::write(size_t piece, const void* data, int64_t cou
   return writers_[where_[piece].first]->write(where_[piece].second, data, count);
 }
 
+Status ShardedSafetensorsSink::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+  if (piece >= where_.size()) return Status::Internal("ShardedSafetensorsSink::write_from_file: piece out of range");
+  return writers_[where_[piece].first]->write_from_file(where_[piece].second, src, count);
+}
+
 Status ShardedSafetensorsSink::commit() {
   if (!begun_) return Status::Internal("ShardedSafetensorsSink::commit without begin");
   for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());

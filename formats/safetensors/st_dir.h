@@ -58,6 +58,8 @@ class ShardedSafetensorsSink final : public TensorSink {
   // `out_dir` exists and is not empty, or `<out_dir>.partial` exists.
   Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
   Status write(size_t piece, const void* data, int64_t count) override;
+  bool accepts_file_extents() const override { return true; }
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;
   Status commit() override;
   void abort() override;
   const std::vector<std::string>& shard_names() const { return names_; }

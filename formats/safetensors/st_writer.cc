@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "formats/checked.h"
+#include "formats/file_copy.h"
 
 namespace ckpt::safetensors {
 
@@ -97,7 +98,7 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
   return Status::Ok();
 }
 
-Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
+Result<std::pair<SafetensorsWriter::Slot*, uint64_t>> SafetensorsWriter::next_run(size_t piece, int64_t count) {
   if (fd_ < 0) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
   if (piece >= slots_.size()) return Status::Internal("SafetensorsWriter::write: piece " + std::to_string(piece) + " out of range");
   Slot& s = slots_[piece];
@@ -105,8 +106,22 @@ Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
   if (count < 0 || !bytes || *bytes > s.bytes - s.written)
     return Status::Internal("write of " + std::to_string(count) + " elements overruns tensor '" + s.name + "' (" +
                             std::to_string((s.bytes - s.written) / s.elem) + " left)").with_file(path_);
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, *bytes, s.begin + s.written, tmp_));
-  s.written += *bytes;
+  return std::pair<Slot*, uint64_t>{&s, *bytes};
+}
+
+Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
+  CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, run.second, run.first->begin + run.first->written, tmp_));
+  run.first->written += run.second;
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+  CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
+  if (src.bytes != run.second)
+    return Status::Internal("file extent of " + std::to_string(src.bytes) + " bytes for a write of " + std::to_string(run.second)).with_file(path_);
+  CKPT_RETURN_IF_ERROR(copy_file_bytes(src.fd, src.offset, fd_, run.first->begin + run.first->written, run.second, tmp_));
+  run.first->written += run.second;
   return Status::Ok();
 }
 

@@ -35,6 +35,8 @@ class SafetensorsWriter final : public TensorSink {
   // `metadata` is ignored (the header's __metadata__ comes from WriterOptions).
   Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
   Status write(size_t piece, const void* data, int64_t count) override;
+  bool accepts_file_extents() const override { return true; }
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;  // copy_file_range
   Status commit() override;
   void abort() override;
 
@@ -54,6 +56,8 @@ class SafetensorsWriter final : public TensorSink {
     size_t elem = 1;
   };
   std::vector<Slot> slots_;  // by piece index
+  // Checks a write of `count` elements to `piece`; returns its slot and byte count.
+  Result<std::pair<Slot*, uint64_t>> next_run(size_t piece, int64_t count);
 };
 
 // Small whole-file helpers shared by the safetensors sinks.

@@ -1,6 +1,8 @@
 #include "formats/store/store_reader.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -25,6 +27,8 @@ std::string dims_string(const std::vector<hsize_t>& d) {
 }  // namespace
 
 StoreReader::~StoreReader() {
+  for (auto& [_, fd] : fds_)
+    if (fd >= 0) ::close(fd);
   auto lock = h5_lock();
   datasets_.clear();
   files_.clear();
@@ -177,6 +181,41 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
                                                               "' failed (damaged data or compressed chunk)"),
                          piece);
   return Status::Ok();
+}
+
+std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub) {
+  if (piece >= pieces_.size()) return std::nullopt;
+  const auto& rec = manifest_.pieces[piece];
+  const Box& pb = rec.piece.region.box;
+  if (rec.piece.region.is_flat() || sub.ndim() != pb.ndim() || !pb.contains(sub) || sub.numel() <= 0) return std::nullopt;
+  // One row-major run: after the first dimension longer than 1, every dimension is whole.
+  const size_t n = sub.ndim();
+  size_t k = 0;
+  while (k < n && sub.extent[k] == 1) ++k;
+  for (size_t d = k + 1; d < n; ++d)
+    if (sub.extent[d] != pb.extent[d]) return std::nullopt;
+  int64_t start = 0;  // element index of sub's first element in the piece (fits: sub lies inside pb)
+  for (size_t d = 0; d < n; ++d) start = start * pb.extent[d] + (sub.offset[d] - pb.offset[d]);
+  const uint64_t es = dtype_size(rec.piece.dtype);
+  if (raw_offsets_.empty()) raw_offsets_.assign(pieces_.size(), -2);
+  if (raw_offsets_[piece] == -2) {
+    raw_offsets_[piece] = -1;
+    auto lock = h5_lock();
+    const haddr_t a = H5Dget_offset(datasets_[piece].get());
+    const hsize_t stored = H5Dget_storage_size(datasets_[piece].get());
+    auto it = files_.find(rec.file);
+    if (a != HADDR_UNDEF && it != files_.end() && stored == rec.bytes && a <= static_cast<haddr_t>(INT64_MAX)) {
+      auto [fit, opened] = fds_.try_emplace(rec.file, -1);
+      if (opened) fit->second = ::open((dir_ + "/" + rec.file).c_str(), O_RDONLY | O_CLOEXEC);
+      const int fd = fit->second;
+      struct stat st {};
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) >= a && static_cast<uint64_t>(st.st_size) - a >= stored)
+        raw_offsets_[piece] = static_cast<int64_t>(a);
+    }
+  }
+  if (raw_offsets_[piece] < 0) return std::nullopt;
+  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]) + static_cast<uint64_t>(start) * es,
+                    static_cast<uint64_t>(sub.numel()) * es};
 }
 
 Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +40,9 @@ class StoreReader final : public TensorSource {
   const std::vector<TensorMeta>& tensors() const override { return manifest_.tensors; }
   const std::vector<Piece>& pieces() const override { return pieces_; }
   Status read(size_t piece, const Box& sub, void* dst) override;
+  // For an uncompressed (contiguous) dataset and a sub-box whose bytes are one row-major run of
+  // the piece: where they lie in the shard file (checked inside the file). Box pieces only.
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
   const nlohmann::json& metadata() const override { return manifest_.metadata; }
   std::string describe() const override { return dir_; }
 
@@ -65,6 +69,10 @@ class StoreReader final : public TensorSource {
   std::unordered_map<std::string, std::vector<size_t>> by_tensor_;
   std::unordered_map<std::string, H5Id> files_;
   std::vector<H5Id> datasets_;
+  // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain
+  // descriptors of the shard files, opened on first use.
+  std::vector<int64_t> raw_offsets_;
+  std::unordered_map<std::string, int> fds_;
 };
 
 }  // namespace ckpt::store

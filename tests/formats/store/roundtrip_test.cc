@@ -3,6 +3,8 @@
 // interleaved, compressed and not; read() of random sub-boxes, read_storage_range(),
 // read_region() across pieces, verify(); single-process and multi-rank (open_rank + finalize).
 // References are naive index loops over the in-memory source (store_test_util.h).
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -100,6 +102,23 @@ void check_reads(const Case& c, StoreReader& r, std::mt19937_64& rng) {
         EXPECT_EQ(g.back(), 0xEE);
         g.pop_back();
         ASSERT_EQ(g, w) << p.tensor << " piece " << p.region.to_string() << " sub " << sub.to_string();
+        // A file extent, when offered, holds exactly these bytes (read with plain pread).
+        for (const Box& q : {sub, b}) {
+          auto ext = r.file_extent(i, q);
+          const auto wq = testing::naive_extract(t, q);
+          const bool whole_plain = q == b && !p.region.is_flat() && q.numel() > 0 && r.manifest().pieces[i].codec == Codec::kNone;
+          if (whole_plain) {
+            EXPECT_TRUE(ext.has_value()) << "uncompressed whole piece " << p.region.to_string();
+          }
+          if (r.manifest().pieces[i].codec != Codec::kNone || p.region.is_flat()) {
+            EXPECT_FALSE(ext.has_value());
+          }
+          if (!ext) continue;
+          ASSERT_EQ(ext->bytes, wq.size());
+          std::vector<uint8_t> raw(wq.size());
+          ASSERT_EQ(::pread(ext->fd, raw.data(), raw.size(), static_cast<off_t>(ext->offset)), static_cast<ssize_t>(raw.size()));
+          ASSERT_EQ(raw, wq) << "extent of " << q.to_string() << " in piece " << p.region.to_string();
+        }
       }
     }
     (void)es;
