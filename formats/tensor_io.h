@@ -77,6 +77,9 @@ class TensorSink {
   // (TensorSource::file_extent, extent.bytes == count * element size) say so and implement
   // write_from_file; it then stands for write() of those bytes.
   virtual bool accepts_file_extents() const { return false; }
+  // After begin(): the piece order in which writes land sequentially in the sink's files (pieces
+  // may be written in any order; this one avoids seeking). Empty: declaration order.
+  virtual std::vector<size_t> write_order() const { return {}; }
   virtual Status write_from_file(size_t piece, const FileExtent& src, int64_t count) {
     (void)piece;
     (void)src;

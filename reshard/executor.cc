@@ -292,8 +292,11 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
   (void)out_tensors;
   std::vector<size_t> sel = opts.only_pieces;
   if (sel.empty()) {
-    sel.resize(out_pieces.size());
-    for (size_t i = 0; i < sel.size(); ++i) sel[i] = i;
+    sel = dst.write_order();  // the sink's sequential order, when it has one
+    if (sel.size() != out_pieces.size()) {
+      sel.resize(out_pieces.size());
+      for (size_t i = 0; i < sel.size(); ++i) sel[i] = i;
+    }
   }
   uint64_t total = 0;
   for (size_t i : sel) {
@@ -396,10 +399,21 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
           s.reads.push_back(std::move(r));
         }
       }
-      // One same-dtype part that a file holds as one run, and a sink that copies files: no read.
+      // Same-dtype parts that a file holds back to back as one run, and a sink that copies files:
+      // no read (a chunk of whole-row boxes in one piece is one run of its dataset).
       s.extent.reset();
-      if (s.reads.size() == 1 && s.reads[0].direct && dst.accepts_file_extents()) {
-        s.extent = src.file_extent(s.reads[0].part.piece, s.reads[0].part.box);
+      if (dst.accepts_file_extents()) {
+        for (const ChunkRead& r : s.reads) {
+          std::optional<FileExtent> e = r.direct ? src.file_extent(r.part.piece, r.part.box) : std::nullopt;
+          if (e && !s.extent) {
+            s.extent = e;
+          } else if (e && e->fd == s.extent->fd && e->offset == s.extent->offset + s.extent->bytes) {
+            s.extent->bytes += e->bytes;
+          } else {
+            s.extent.reset();
+            break;
+          }
+        }
         if (s.extent && s.extent->bytes != static_cast<uint64_t>(s.count) * os) s.extent.reset();
       }
       if (!s.extent) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -168,6 +169,14 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
 Status ShardedSafetensorsSink::write(size_t piece, const void* data, int64_t count) {
   if (piece >= where_.size()) return Status::Internal("ShardedSafetensorsSink::write: piece out of range");
   return writers_[where_[piece].first]->write(where_[piece].second, data, count);
+}
+
+std::vector<size_t> ShardedSafetensorsSink::write_order() const {
+  std::vector<size_t> order(where_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) { return std::pair{where_[i].first, writers_[where_[i].first]->piece_offset(where_[i].second)}; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  return order;
 }
 
 Status ShardedSafetensorsSink::write_from_file(size_t piece, const FileExtent& src, int64_t count) {

@@ -59,6 +59,7 @@ class ShardedSafetensorsSink final : public TensorSink {
   Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
   Status write(size_t piece, const void* data, int64_t count) override;
   bool accepts_file_extents() const override { return true; }
+  std::vector<size_t> write_order() const override;  // shard by shard, by file offset
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;
   Status commit() override;
   void abort() override;

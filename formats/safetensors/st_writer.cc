@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -107,6 +108,13 @@ Result<std::pair<SafetensorsWriter::Slot*, uint64_t>> SafetensorsWriter::next_ru
     return Status::Internal("write of " + std::to_string(count) + " elements overruns tensor '" + s.name + "' (" +
                             std::to_string((s.bytes - s.written) / s.elem) + " left)").with_file(path_);
   return std::pair<Slot*, uint64_t>{&s, *bytes};
+}
+
+std::vector<size_t> SafetensorsWriter::write_order() const {
+  std::vector<size_t> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return slots_[a].begin < slots_[b].begin; });
+  return order;
 }
 
 Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
