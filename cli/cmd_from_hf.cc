@@ -43,6 +43,7 @@ int run_from_hf(const FromHfArgs& a) {
   auto so = store::parse_compress_spec(a.compress, "--compress");
   if (!so.ok()) return fail(so.take_status());
   so->fsync = !a.no_fsync;
+  so->hash_threads = a.stream.threads;
   auto kind = detect_source(a.src);
   if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile)
     return fail(Status::InvalidArgument("'" + a.src + "' is not a HuggingFace directory (no model.safetensors[.index.json])"));

@@ -177,6 +177,7 @@ int run_reshard(const ReshardArgs& a) {
 
   auto sopts = store::parse_compress_spec(a.compress, "--compress");
   if (!sopts.ok()) return fail(sopts.take_status());
+  sopts->hash_threads = a.stream.threads;
 
   // SRC re-hash, overlapped with the reshard in a child process (single-process runs only; under
   // mpirun rank 0 re-hashes inline before committing).

@@ -93,6 +93,9 @@ class ImportView final : public TensorSource {
     if (piece >= map_.size()) return Status::Internal("import view: piece " + std::to_string(piece) + " out of range");
     return src_.read(map_[piece], sub, dst);
   }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    return piece < map_.size() ? src_.file_extent(map_[piece], sub) : std::nullopt;
+  }
   const nlohmann::json& metadata() const override { return src_.metadata(); }
   std::string describe() const override { return src_.describe(); }
 

@@ -116,6 +116,18 @@ void decompose(const Box& box, Shape& prefix, size_t d, int64_t b, int64_t e, st
 }
 }  // namespace
 
+std::optional<int64_t> row_major_run_start(const Box& box, const Box& sub) {
+  if (sub.ndim() != box.ndim() || !box.contains(sub) || sub.numel() <= 0) return std::nullopt;
+  const size_t n = sub.ndim();
+  size_t k = 0;
+  while (k < n && sub.extent[k] == 1) ++k;
+  for (size_t d = k + 1; d < n; ++d)
+    if (sub.extent[d] != box.extent[d]) return std::nullopt;
+  int64_t start = 0;  // fits: sub lies inside box, whose numel fits
+  for (size_t d = 0; d < n; ++d) start = start * box.extent[d] + (sub.offset[d] - box.offset[d]);
+  return start;
+}
+
 std::vector<Box> flat_range_to_boxes(const Box& box, int64_t begin, int64_t end) {
   std::vector<Box> out;
   if (begin >= end) return out;

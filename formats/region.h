@@ -47,6 +47,11 @@ std::optional<Box> intersect(const Box& a, const Box& b);
 // Requires 0 <= begin <= end <= box.numel(). Rank-0 boxes give one box when the range is [0, 1).
 std::vector<Box> flat_range_to_boxes(const Box& box, int64_t begin, int64_t end);
 
+// When the elements of `sub` are one contiguous run of `box`'s row-major storage (every dimension
+// after the first one longer than 1 taken whole): the index of sub's first element in `box`.
+// nullopt when they are not, or `sub` is empty, of another rank or not inside `box`.
+std::optional<int64_t> row_major_run_start(const Box& box, const Box& sub);
+
 struct Region {
   Box box;
   int64_t flat_begin = 0;

@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "formats/checked.h"
-#include "reshard/thread_pool.h"
+#include "formats/thread_pool.h"
 
 namespace ckpt {
 

@@ -19,6 +19,10 @@ class ShardSink final : public TensorSink {
     return Status::Ok();
   }
   Status write(size_t piece, const void* data, int64_t count) override { return w_->write(piece, data, count); }
+  bool accepts_file_extents() const override { return w_->accepts_file_extents(); }
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override {
+    return w_->write_from_file(piece, src, count);
+  }
   Status commit() override { return Status::Ok(); }
   void abort() override {}
 

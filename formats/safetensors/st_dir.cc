@@ -101,6 +101,11 @@ Result<std::unique_ptr<HfDirSource>> HfDirSource::open(const std::string& dir) {
   return s;
 }
 
+std::optional<FileExtent> HfDirSource::file_extent(size_t piece, const Box& sub) {
+  if (piece >= where_.size()) return std::nullopt;
+  return files_[where_[piece].first]->file_extent(where_[piece].second, sub);
+}
+
 Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
   if (piece >= where_.size()) return Status::InvalidArgument("piece " + std::to_string(piece) + " out of range in '" + path_ + "'");
   return files_[where_[piece].first]->read(where_[piece].second, sub, dst);

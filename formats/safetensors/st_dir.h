@@ -27,6 +27,7 @@ class HfDirSource final : public TensorSource {
   const std::vector<TensorMeta>& tensors() const override { return metas_; }
   const std::vector<Piece>& pieces() const override { return pieces_; }
   Status read(size_t piece, const Box& sub, void* dst) override;
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
   const nlohmann::json& metadata() const override { return meta_; }
   std::string describe() const override { return path_; }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }

@@ -16,23 +16,6 @@ constexpr uint64_t kDirectRunBytes = 64 << 10;   // runs at least this long are 
 constexpr uint64_t kBounceBytes = 4 << 20;       // bounce buffer for short runs
 }  // namespace
 
-Status pread_full(int fd, void* dst, uint64_t n, uint64_t off, const std::string& path) {
-  auto* p = static_cast<char*>(dst);
-  while (n > 0) {
-    size_t want = n > (1u << 30) ? (1u << 30) : static_cast<size_t>(n);
-    ssize_t r = ::pread(fd, p, want, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("read failed", path, errno);
-    }
-    if (r == 0) return Status::Io("unexpected end of file at offset " + std::to_string(off) + " of '" + path + "' (truncated after open?)");
-    p += r;
-    off += static_cast<uint64_t>(r);
-    n -= static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
-
 SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -77,6 +60,16 @@ Status SafetensorsFile::read_data(uint64_t begin, void* dst, uint64_t n) const {
                          "byte range " + std::to_string(begin) + "+" + std::to_string(n) + " lies outside the data buffer (" +
                              std::to_string(header_.data_size) + " bytes) of '" + path_ + "'");
   return pread_full(fd_, dst, n, header_.data_start() + begin, path_);
+}
+
+std::optional<FileExtent> SafetensorsFile::file_extent(size_t piece, const Box& sub) {
+  if (piece >= header_.tensors.size()) return std::nullopt;
+  const TensorEntry& t = header_.tensors[piece];
+  const std::optional<int64_t> start = row_major_run_start(Box::whole(t.shape), sub);
+  if (!start) return std::nullopt;
+  // Inside the tensor's bytes, which open() checked to lie inside the file.
+  const uint64_t es = dtype_size(t.dtype);
+  return FileExtent{fd_, header_.data_start() + t.begin + static_cast<uint64_t>(*start) * es, static_cast<uint64_t>(sub.numel()) * es};
 }
 
 Status SafetensorsFile::read(size_t piece, const Box& sub, void* dst) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "formats/safetensors/st_header.h"
+#include "formats/file_io.h"
 #include "formats/tensor_io.h"
 
 namespace ckpt::safetensors {
@@ -29,6 +30,8 @@ class SafetensorsFile final : public TensorSource {
   // Errors: SliceOutOfRange / TooManySlices (kInvalidArgument) for a bad `sub`; kIo on a short
   // read (file truncated after open).
   Status read(size_t piece, const Box& sub, void* dst) override;
+  // The bytes of `sub` as one range of the file, when they are one row-major run of the tensor.
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
   // {"safetensors_metadata": {...__metadata__...}} (null when absent).
   const nlohmann::json& metadata() const override { return meta_json_; }
   std::string describe() const override { return path_; }
@@ -46,8 +49,5 @@ class SafetensorsFile final : public TensorSource {
   std::vector<Piece> pieces_;
   nlohmann::json meta_json_;
 };
-
-// pread of exactly n bytes at `off`; kIo naming `path` on error or end of file.
-Status pread_full(int fd, void* dst, uint64_t n, uint64_t off, const std::string& path);
 
 }  // namespace ckpt::safetensors

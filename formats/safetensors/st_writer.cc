@@ -9,25 +9,8 @@
 #include <filesystem>
 
 #include "formats/checked.h"
-#include "formats/file_copy.h"
 
 namespace ckpt::safetensors {
-
-Status pwrite_full(int fd, const void* src, uint64_t n, uint64_t off, const std::string& path) {
-  const auto* p = static_cast<const char*>(src);
-  while (n > 0) {
-    size_t want = n > (1u << 30) ? (1u << 30) : static_cast<size_t>(n);
-    ssize_t r = ::pwrite(fd, p, want, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("write failed", path, errno);
-    }
-    p += r;
-    off += static_cast<uint64_t>(r);
-    n -= static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
 
 Status write_file_fsync(const std::string& path, const std::string& content, bool do_fsync) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "formats/safetensors/st_header.h"
+#include "formats/file_io.h"
 #include "formats/tensor_io.h"
 
 namespace ckpt::safetensors {
@@ -65,6 +66,5 @@ class SafetensorsWriter final : public TensorSink {
 // Small whole-file helpers shared by the safetensors sinks.
 Status write_file_fsync(const std::string& path, const std::string& content, bool fsync);
 Status fsync_dir(const std::string& dir);
-Status pwrite_full(int fd, const void* src, uint64_t n, uint64_t off, const std::string& path);
 
 }  // namespace ckpt::safetensors

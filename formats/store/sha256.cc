@@ -53,40 +53,4 @@ bool is_sha256_hex(const std::string& s) {
   return true;
 }
 
-HashWorker::HashWorker() : thread_([this] { loop(); }) {}
-HashWorker::~HashWorker() {
-  {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] { return !busy_; });
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-void HashWorker::start(std::function<void()> job) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return !busy_; });
-  job_ = std::move(job);
-  busy_ = true;
-  cv_.notify_all();
-}
-void HashWorker::wait() {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return !busy_; });
-}
-void HashWorker::loop() {
-  std::unique_lock<std::mutex> l(mu_);
-  for (;;) {
-    cv_.wait(l, [this] { return stop_ || (busy_ && job_); });
-    if (stop_) return;
-    auto job = std::move(job_);
-    job_ = nullptr;
-    l.unlock();
-    job();
-    l.lock();
-    busy_ = false;
-    cv_.notify_all();
-  }
-}
-
 }  // namespace ckpt::store

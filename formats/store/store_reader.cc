@@ -12,6 +12,7 @@
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/sha256.h"
+#include "formats/thread_pool.h"
 #include "formats/store/zstd_filter.h"
 
 namespace ckpt::store {
@@ -187,15 +188,9 @@ std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub)
   if (piece >= pieces_.size()) return std::nullopt;
   const auto& rec = manifest_.pieces[piece];
   const Box& pb = rec.piece.region.box;
-  if (rec.piece.region.is_flat() || sub.ndim() != pb.ndim() || !pb.contains(sub) || sub.numel() <= 0) return std::nullopt;
-  // One row-major run: after the first dimension longer than 1, every dimension is whole.
-  const size_t n = sub.ndim();
-  size_t k = 0;
-  while (k < n && sub.extent[k] == 1) ++k;
-  for (size_t d = k + 1; d < n; ++d)
-    if (sub.extent[d] != pb.extent[d]) return std::nullopt;
-  int64_t start = 0;  // element index of sub's first element in the piece (fits: sub lies inside pb)
-  for (size_t d = 0; d < n; ++d) start = start * pb.extent[d] + (sub.offset[d] - pb.offset[d]);
+  if (rec.piece.region.is_flat()) return std::nullopt;
+  const std::optional<int64_t> start = row_major_run_start(pb, sub);
+  if (!start) return std::nullopt;
   const uint64_t es = dtype_size(rec.piece.dtype);
   if (raw_offsets_.empty()) raw_offsets_.assign(pieces_.size(), -2);
   if (raw_offsets_[piece] == -2) {
@@ -214,7 +209,7 @@ std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub)
     }
   }
   if (raw_offsets_[piece] < 0) return std::nullopt;
-  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]) + static_cast<uint64_t>(start) * es,
+  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]) + static_cast<uint64_t>(*start) * es,
                     static_cast<uint64_t>(sub.numel()) * es};
 }
 
@@ -291,7 +286,7 @@ VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& 
   uint64_t total = 0;
   for (const auto& r : manifest_.pieces) total += r.bytes;
   std::vector<char> cur(kVerifyChunkBytes), next(kVerifyChunkBytes);
-  HashWorker worker;
+  ThreadPool hasher(1);  // hashes chunk k while chunk k+1 is read
   uint64_t done = 0;
   for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
     const auto& rec = manifest_.pieces[i];
@@ -304,10 +299,10 @@ VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& 
     st = read_storage_range(i, 0, pos, cur.data());
     size_t cur_bytes = static_cast<size_t>(pos) * esize;
     while (st.ok()) {
-      worker.start([&h, &cur, cur_bytes] { h.update(cur.data(), cur_bytes); });
+      std::future<void> hashed = hasher.submit([&h, &cur, cur_bytes] { h.update(cur.data(), cur_bytes); });
       const int64_t nend = std::min(pos + step, numel);
       if (pos < numel) st = read_storage_range(i, pos, nend, next.data());
-      worker.wait();
+      hashed.get();
       done += cur_bytes;
       if (progress) progress(done, total);
       if (pos >= numel || !st.ok()) break;

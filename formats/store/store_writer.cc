@@ -1,12 +1,23 @@
 #include "formats/store/store_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
+#include "formats/file_io.h"
+#include "formats/thread_pool.h"
 #include "formats/store/fs_util.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
@@ -75,18 +86,97 @@ struct ShardWriter::Impl {
   struct Slot {
     PieceRecord rec;
     std::vector<hsize_t> dims;
-    H5Id ds;
+    H5Id ds;                          // open until the piece is complete
+    int64_t raw_offset = -1;          // uncompressed: file offset of its contiguous data, else -1
     Sha256 hash;
     int64_t numel = 0, written = 0;
     size_t esize = 0;
+    // Copies from file extents not done yet: run in order on the pool, hashing the bytes on their
+    // way (guarded by hash_mu).
+    struct Copy {
+      FileExtent src;
+      uint64_t dst_off;
+    };
+    std::deque<Copy> pending;
+    bool hashing = false;             // a pool job is draining `pending`
+    Status hash_status;               // first error of the asynchronous copies
   };
   std::string path;  // absolute-ish path of the shard file
   std::string rel;   // "shards/r00003.h5"
   StoreOptions opts;
   H5Id file;
+  int fd = -1;       // raw data of uncompressed pieces: pwrite / copy_file_range at raw_offset
   std::vector<Slot> slots;
-  HashWorker worker;
+  std::mutex hash_mu;
+  std::condition_variable hash_cv;
+  std::atomic<bool> cancel{false};
+  size_t queued = 0;                 // extents waiting or being copied (all slots; hash_mu)
+  std::unique_ptr<ThreadPool> pool;  // hashes copied extents; destroyed (joined) before the slots
+  std::unique_ptr<ThreadPool> buffer_hasher;  // hashes a written buffer while it is written
   bool closed = false;
+
+  ~Impl() {
+    cancel.store(true);
+    pool.reset();
+    buffer_hasher.reset();
+    if (fd >= 0) ::close(fd);
+  }
+  // Copies and hashes the pending extents of `s` in order (a pool job; one per slot at a time).
+  void drain(Slot& s) {
+    for (;;) {
+      Slot::Copy c;
+      {
+        std::lock_guard<std::mutex> l(hash_mu);
+        if (s.pending.empty() || cancel.load() || !s.hash_status.ok()) {
+          queued -= s.pending.size();
+          s.pending.clear();
+          s.hashing = false;
+          hash_cv.notify_all();
+          return;
+        }
+        c = s.pending.front();
+        s.pending.pop_front();
+      }
+      Status st = copy_file_bytes(c.src.fd, c.src.offset, fd, c.dst_off, c.src.bytes, path,
+                                  [&s](const void* p, size_t n) { s.hash.update(p, n); });
+      std::lock_guard<std::mutex> l(hash_mu);
+      --queued;
+      hash_cv.notify_all();
+      if (!st.ok()) s.hash_status = std::move(st).with_tensor(s.rec.piece.tensor).with_context("copying into " + rec_desc(s));
+    }
+  }
+  // Blocks until no extent of `s` (or of any slot, for nullptr) waits to be hashed; the first
+  // hashing error of those slots.
+  Status wait_hashed(Slot* only) {
+    std::unique_lock<std::mutex> l(hash_mu);
+    Status first;
+    for (Slot& s : slots) {
+      if (only && &s != only) continue;
+      hash_cv.wait(l, [&s] { return !s.hashing; });
+      if (first.ok() && !s.hash_status.ok()) first = s.hash_status;
+    }
+    return first;
+  }
+  static std::string rec_desc(const Slot& s) { return "dataset " + s.rec.dataset + " of tensor '" + s.rec.piece.tensor + "'"; }
+  // Checks a write of `count` elements to `piece` (index and room left).
+  Result<Slot*> slot_for(size_t piece, int64_t count) {
+    if (closed) return Status::InvalidArgument("write after close");
+    if (piece >= slots.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    Slot& s = slots[piece];
+    if (count < 0 || count > s.numel - s.written)
+      return Status::InvalidArgument("write of " + std::to_string(count) + " elements to piece #" + std::to_string(piece) + " of tensor '" +
+                                     s.rec.piece.tensor + "': only " + std::to_string(s.numel - s.written) + " left")
+          .with_tensor(s.rec.piece.tensor);
+    return &s;
+  }
+  Status advance(Slot& s, int64_t count) {
+    s.written += count;
+    if (s.written == s.numel) {
+      auto lock = h5_lock();
+      if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(path).with_tensor(s.rec.piece.tensor);
+    }
+    return Status::Ok();
+  }
 };
 
 ShardWriter::ShardWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -116,6 +206,8 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   impl->rel = name;
   impl->path = partial_dir + "/" + impl->rel;
   impl->opts = opts;
+  impl->pool = std::make_unique<ThreadPool>(std::max(1, opts.hash_threads));
+  impl->buffer_hasher = std::make_unique<ThreadPool>(1);
   auto lock = h5_lock();
   impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
   if (!impl->file.valid()) return Status::Io("cannot create HDF5 shard '" + impl->path + "' (exists, or directory missing)").with_file(impl->path);
@@ -147,32 +239,45 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
       uint64_t chunk_b = s.esize;
       for (auto c : cd) chunk_b *= c;
       H5Pset_chunk_cache(dapl.get(), 521, std::max<uint64_t>(4 * chunk_b, 16 << 20), 1.0);
+    } else if (s.numel > 0) {
+      // Contiguous, allocated now and never filled: its file range is known and written by ckpt
+      // itself (pwrite / copy_file_range), HDF5 writes only metadata.
+      if (H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS) < 0 || H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0 ||
+          H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
+        return Status::Internal("HDF5 dataset creation properties (contiguous, early allocation) failed");
     }
     s.ds = h5_dataset(H5Dcreate2(impl->file.get(), s.rec.dataset.c_str(), h5_type_for(p.dtype), space.get(), H5P_DEFAULT,
                                  dcpl.get(), dapl.get()));
     if (!s.ds.valid()) return Status::Io("cannot create dataset " + s.rec.dataset + " for tensor '" + p.tensor + "'").with_file(impl->path);
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "tensor", p.tensor));
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "dtype", std::string(dtype_name(p.dtype))));
+    if (s.rec.codec == Codec::kNone && s.numel > 0) {
+      const haddr_t a = H5Dget_offset(s.ds.get());
+      if (a == HADDR_UNDEF || a > static_cast<haddr_t>(INT64_MAX - static_cast<int64_t>(s.rec.bytes)))
+        return Status::Internal("HDF5 gave no file offset for contiguous dataset " + s.rec.dataset).with_file(impl->path);
+      s.raw_offset = static_cast<int64_t>(a);
+    }
   }
+  impl->fd = ::open(impl->path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (impl->fd < 0) return Status::FromErrno("cannot open for writing", impl->path, errno);
   return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
 }
 
 Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
   auto& im = *impl_;
-  if (im.closed) return Status::InvalidArgument("write after close");
-  if (piece >= im.slots.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
-  auto& s = im.slots[piece];
-  if (count < 0 || count > s.numel - s.written)
-    return Status::InvalidArgument("write of " + std::to_string(count) + " elements to piece #" + std::to_string(piece) + " of tensor '" +
-                                   s.rec.piece.tensor + "': only " + std::to_string(s.numel - s.written) + " left")
-        .with_tensor(s.rec.piece.tensor);
+  CKPT_ASSIGN_OR_RETURN(Impl::Slot * sp, im.slot_for(piece, count));
+  auto& s = *sp;
   if (count == 0) return Status::Ok();
+  CKPT_RETURN_IF_ERROR(im.wait_hashed(&s));  // earlier extents of this piece first: the hash is in order
   const size_t nbytes = static_cast<size_t>(count) * s.esize;
-  const bool async = nbytes >= kInlineHashBytes;
-  if (async) im.worker.start([&s, data, nbytes] { s.hash.update(data, nbytes); });
+  std::future<void> hashed;
+  if (nbytes >= kInlineHashBytes) hashed = im.buffer_hasher->submit([&s, data, nbytes] { s.hash.update(data, nbytes); });
   else s.hash.update(data, nbytes);
   Status st;
-  {
+  if (s.raw_offset >= 0) {
+    st = pwrite_full(im.fd, data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize, im.path);
+    if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor).with_context("writing " + Impl::rec_desc(s));
+  } else {
     auto lock = h5_lock();
     Box local = Box::whole(Shape(s.dims.begin(), s.dims.end()));
     const char* src = static_cast<const char*>(data);
@@ -191,14 +296,37 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
       src += n * s.esize;
     }
   }
-  if (async) im.worker.wait();
+  if (hashed.valid()) hashed.get();
   CKPT_RETURN_IF_ERROR(st);
-  s.written += count;
-  if (s.written == s.numel) {
-    auto lock = h5_lock();
-    if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(im.path).with_tensor(s.rec.piece.tensor);
+  return im.advance(s, count);
+}
+
+bool ShardWriter::accepts_file_extents() const { return impl_->opts.codec == Codec::kNone; }
+
+Status ShardWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+  auto& im = *impl_;
+  CKPT_ASSIGN_OR_RETURN(Impl::Slot * sp, im.slot_for(piece, count));
+  auto& s = *sp;
+  if (count == 0) return Status::Ok();
+  if (s.raw_offset < 0) return Status::Internal("file extent for compressed " + Impl::rec_desc(s));
+  if (src.bytes != static_cast<uint64_t>(count) * s.esize)
+    return Status::Internal("file extent of " + std::to_string(src.bytes) + " bytes for " + std::to_string(count) + " elements of " +
+                            Impl::rec_desc(s));
+  // Copied and hashed on the pool, in order per piece; at most 2 extents per hash thread wait.
+  {
+    std::unique_lock<std::mutex> l(im.hash_mu);
+    im.hash_cv.wait(l, [&im] { return im.queued < 2 * static_cast<size_t>(im.pool->size()); });
+    if (!s.hash_status.ok()) return s.hash_status;
+    s.pending.push_back({src, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize});
+    ++im.queued;
+    if (!s.hashing) {
+      s.hashing = true;
+      Impl* ip = &im;
+      Impl::Slot* slot = &s;
+      (void)im.pool->submit([ip, slot] { ip->drain(*slot); });
+    }
   }
-  return Status::Ok();
+  return im.advance(s, count);
 }
 
 Result<std::vector<PieceRecord>> ShardWriter::close() {
@@ -211,6 +339,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
                                      " of " + std::to_string(s.numel) + " elements")
           .with_tensor(s.rec.piece.tensor);
   }
+  CKPT_RETURN_IF_ERROR(im.wait_hashed(nullptr));
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
@@ -218,6 +347,11 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
       return Status::Io("flushing HDF5 shard failed").with_file(im.path);
   }
   im.closed = true;
+  if (::close(im.fd) != 0) {
+    im.fd = -1;
+    return Status::FromErrno("closing", im.path, errno);
+  }
+  im.fd = -1;
   if (im.opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(im.path));
   std::vector<PieceRecord> out;
   out.reserve(im.slots.size());
@@ -230,6 +364,8 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
 
 void ShardWriter::abort() {
   if (!impl_ || impl_->closed) return;
+  impl_->cancel.store(true);
+  (void)impl_->wait_hashed(nullptr);  // jobs read source files the caller may close next
   auto lock = h5_lock();
   for (auto& s : impl_->slots) s.ds.reset();
   impl_->file.reset();
@@ -277,6 +413,11 @@ Status StoreWriter::begin(const std::vector<TensorMeta>& tensors, const std::vec
 Status StoreWriter::write(size_t piece, const void* data, int64_t count) {
   if (!shard_ || done_) return Status::InvalidArgument("write() outside begin()/commit()");
   return shard_->write(piece, data, count);
+}
+
+Status StoreWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+  if (!shard_ || done_) return Status::InvalidArgument("write_from_file() outside begin()/commit()");
+  return shard_->write_from_file(piece, src, count);
 }
 
 Status StoreWriter::commit() {

@@ -3,6 +3,7 @@
 // interleaved, compressed and not; read() of random sub-boxes, read_storage_range(),
 // read_region() across pieces, verify(); single-process and multi-rank (open_rank + finalize).
 // References are naive index loops over the in-memory source (store_test_util.h).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <map>
 
+#include "formats/file_io.h"
 #include "formats/store/fs_util.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/store_reader.h"
@@ -217,6 +219,93 @@ TEST_P(RoundTrip, MultiRankOpenRankFinalize) {
   for (const auto& rec : (*r)->manifest().pieces) files.insert(rec.file);
   EXPECT_EQ(files.size(), 3u);
   check_reads(c, **r, rng);
+  std::filesystem::remove_all(dir);
+}
+
+// Uncompressed pieces taken partly as buffers, partly as file extents (copied file to file and
+// hashed on the writer's threads, in order per piece), from odd source offsets, pieces
+// interleaved; then every read path and verify() as above.
+TEST(StoreWriterExtents, MixedBufferAndFileExtentWrites) {
+  const std::string dir = testing::temp_dir("ext");
+  const std::string src_path = dir + "/source.bin";
+  for (int seed = 0; seed < 10; ++seed) {
+    std::mt19937_64 rng(3000 + seed);
+    Case c = random_case(rng);
+    int sfd = ::open(src_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ASSERT_GE(sfd, 0);
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<uint64_t> at;  // offset of each piece's bytes in the source file
+    uint64_t off = rng() % 5000;
+    for (const auto& p : c.pieces) {
+      data.push_back(testing::naive_piece(c.tensor(p.tensor), p.region));
+      at.push_back(off);
+      ASSERT_TRUE(pwrite_full(sfd, data.back().data(), data.back().size(), off, src_path).ok());
+      off += data.back().size() + rng() % 3000;
+    }
+    StoreOptions opts;
+    opts.fsync = false;
+    opts.hash_threads = 1 + seed % 3;
+    const std::string dst = dir + "/" + step_dir_name(seed);
+    StoreWriter w(dst, opts);
+    ASSERT_TRUE(w.accepts_file_extents());
+    ASSERT_TRUE(w.begin(c.metas(), c.pieces, {{"profile", "reference"}}).ok());
+    std::vector<int64_t> pos(c.pieces.size(), 0);
+    std::vector<size_t> open;
+    for (size_t k = 0; k < c.pieces.size(); ++k)
+      if (c.pieces[k].region.numel() > 0) open.push_back(k);
+    int extents = 0;
+    while (!open.empty()) {
+      const size_t oi = rng() % open.size(), k = open[oi];
+      const int64_t n = c.pieces[k].region.numel();
+      const uint64_t es = dtype_size(c.pieces[k].dtype);
+      const int64_t cnt = std::min<int64_t>(n - pos[k], 1 + static_cast<int64_t>(rng() % 40));
+      Status st;
+      if (rng() % 3 == 0) {
+        st = w.write(k, data[k].data() + static_cast<uint64_t>(pos[k]) * es, cnt);
+      } else {
+        ++extents;
+        st = w.write_from_file(k, FileExtent{sfd, at[k] + static_cast<uint64_t>(pos[k]) * es, static_cast<uint64_t>(cnt) * es}, cnt);
+      }
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      pos[k] += cnt;
+      if (pos[k] >= n) open.erase(open.begin() + static_cast<long>(oi));
+    }
+    EXPECT_GT(extents, 0);
+    Status st = w.commit();
+    ::close(sfd);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto r = StoreReader::open(dst);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    check_reads(c, **r, rng);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A file extent whose source is too short fails at the copy (on a hash thread): the error names
+// the tensor, commit() reports it, and nothing is left at the destination.
+TEST(StoreWriterExtents, ShortSourceFailsTheCommitAndLeavesNothing) {
+  const std::string dir = testing::temp_dir("extbad");
+  const std::string src_path = dir + "/short.bin";
+  int sfd = ::open(src_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(sfd, 0);
+  std::vector<uint8_t> bytes(1000, 7);
+  ASSERT_TRUE(pwrite_full(sfd, bytes.data(), bytes.size(), 0, src_path).ok());
+  StoreOptions opts;
+  opts.fsync = false;
+  const std::string dst = dir + "/out";
+  StoreWriter w(dst, opts);
+  std::vector<TensorMeta> t = {{"w", DType::kF32, {100, 10}}};
+  std::vector<Piece> p = {{"w", Region{Box::whole({100, 10})}, DType::kF32}};
+  ASSERT_TRUE(w.begin(t, p, {}).ok());
+  Status st = w.write_from_file(0, FileExtent{sfd, 0, 4000}, 1000);  // only 1000 bytes there
+  if (st.ok()) st = w.commit();
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), "ShortSource") << st.to_string();
+  EXPECT_EQ(st.tensor(), "w");
+  w.abort();
+  EXPECT_FALSE(path_exists(dst));
+  EXPECT_FALSE(path_exists(dst + ".partial"));
+  ::close(sfd);
   std::filesystem::remove_all(dir);
 }
 

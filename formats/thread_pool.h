@@ -1,4 +1,4 @@
-// A small fixed-size thread pool for the executor's cast/copy work (never HDF5 calls).
+// A small fixed-size thread pool (executor cast/copy work, store hashing; never HDF5 calls).
 // submit() returns a future; tasks run in submission order per worker availability.
 // Thread safety: submit() may be called from any thread; the destructor joins all workers.
 #pragma once
