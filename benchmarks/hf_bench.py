@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark of `ckpt from-hf` and `ckpt to-hf` on a >= 2 GB LLaMA model against, in the same run:
 a plain copy of the same bytes (`cp -r` of the HF directory) and the Python stack doing the same
-conversion (safetensors.torch load_file + save_file). Wall time and peak RSS (/usr/bin/time,
-i.e. getrusage of the child) of every command; medians over --reps rounds; commands rotate inside a round.
+conversion (safetensors.torch load_file + save_file). Wall time, CPU time (user + sys) and peak RSS
+(/usr/bin/time, i.e. getrusage of the child) of every command; medians over --reps rounds; commands
+rotate inside a round. Ratios to cp: of the medians ("vs cp"), and the median of each round's ratio
+to the cp of the same round ("paired"; the VM's state drifts between rounds). Also measured in the
+run: SHA-256 speed of one thread, and from it the CPU floor of from-hf on 2 cores.
 
   .venv/bin/python benchmarks/hf_bench.py --ckpt build/ckpt [--layers 22] [--reps 3] [--dir /tmp/hf_bench] [--fsync]
 
@@ -51,11 +54,12 @@ def make_model(d: pathlib.Path, layers: int, seed: int = 0):
 
 
 def timed(cmd, sync=False):
-    """Wall seconds and peak RSS (MiB) of `cmd`, measured by /usr/bin/time (getrusage of its
-    child; a child forked from this large Python process would inherit its RSS high-water mark)."""
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + sys) of `cmd`, measured by /usr/bin/time
+    (getrusage of its child; a child forked from this large Python process would inherit its RSS
+    high-water mark)."""
     rep = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"hf_bench_time_{os.getpid()}.txt"
     t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", str(rep), *map(str, cmd)], stdout=subprocess.DEVNULL,
+    p = subprocess.run(["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(rep), *map(str, cmd)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     if sync:
         os.sync()
@@ -64,7 +68,20 @@ def timed(cmd, sync=False):
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed: {p.stderr}")
     fields = rep.read_text().split()
     rep.unlink()
-    return dt, int(fields[-1]) / 1024.0  # seconds (incl. sync), MiB
+    return dt, int(fields[-3]) / 1024.0, float(fields[-2]) + float(fields[-1])  # seconds (incl. sync), MiB, CPU s
+
+
+def sha256_rate(path: pathlib.Path, nbytes: int = 512 << 20):
+    """Bytes/s of one thread hashing with SHA-256 (hashlib: OpenSSL, as ckpt) over page-cached data."""
+    import hashlib
+    with open(path, "rb") as f:
+        data = f.read(nbytes)
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        best = max(best, len(data) / (time.perf_counter() - t0))
+    return best
 
 
 def warm_memory(gib: float):
@@ -151,18 +168,30 @@ def main():
                     shutil.rmtree(root / n, ignore_errors=True)
                 (root / "out_py.safetensors").unlink(missing_ok=True)
         res = {}
-        cp_t = statistics.median(t for t, _ in runs["cp -r (plain copy)"])
+        cp_k = "cp -r (plain copy)"
+        cp_t = statistics.median(t for t, _, _ in runs[cp_k])
+        sha = sha256_rate(hf / "model.safetensors")
+        # from-hf must hash every byte (SHA-256) and copy it: on 2 cores it can at best split the
+        # hashing and a cp-like copy evenly, i.e. take (bytes / sha_rate + cp_cpu) / 2.
+        cp_cpu = statistics.median(c for _, _, c in runs[cp_k])
+        floor = (model_bytes / sha + cp_cpu) / 2
         print(f"\n[{label}] model {model_bytes / 1e9:.2f} GB ({layers} layers), {a.reps} rounds, page cache warm, "
               f"{'fsync' if a.fsync else 'no fsync'}, threads {a.threads}, hot {a.hot_gib} GiB, "
               f"ckpt --max-memory {a.max_memory or 'default (256M)'}")
-        print(f"{'command':34s} {'median s':>9s} {'GB/s':>6s} {'vs cp':>6s} {'peak RSS MiB':>13s}")
+        print(f"SHA-256 one thread: {sha / 1e9:.2f} GB/s; from-hf CPU floor on 2 cores (hash all + copy like cp, split evenly): "
+              f"{floor:.2f} s = {cp_t / floor:.2f}x of cp")
+        print(f"{'command':34s} {'median s':>9s} {'GB/s':>6s} {'vs cp':>6s} {'paired':>7s} {'CPU s':>6s} {'peak RSS MiB':>13s}")
         for k in names:
-            t = statistics.median(x for x, _ in runs[k])
-            rss = max(m for _, m in runs[k])
-            res[k] = {"seconds": t, "all_seconds": [x for x, _ in runs[k]], "gb_per_s": model_bytes / 1e9 / t,
-                      "ratio_vs_cp": cp_t / t, "peak_rss_mib": rss}
-            print(f"{k:34s} {t:9.2f} {model_bytes / 1e9 / t:6.2f} {cp_t / t:6.2f} {rss:13.0f}")
-        results[label] = {"model_bytes": model_bytes, "layers": layers, "commands": res}
+            t = statistics.median(x for x, _, _ in runs[k])
+            rss = max(m for _, m, _ in runs[k])
+            cpu = statistics.median(c for _, _, c in runs[k])
+            # Paired: each round's cp time over this command's time in the same round.
+            paired = statistics.median(c[0] / x[0] for c, x in zip(runs[cp_k], runs[k]))
+            res[k] = {"seconds": t, "all_seconds": [x for x, _, _ in runs[k]], "gb_per_s": model_bytes / 1e9 / t,
+                      "ratio_vs_cp": cp_t / t, "paired_ratio_vs_cp": paired, "cpu_seconds": cpu, "peak_rss_mib": rss}
+            print(f"{k:34s} {t:9.2f} {model_bytes / 1e9 / t:6.2f} {cp_t / t:6.2f} {paired:7.2f} {cpu:6.2f} {rss:13.0f}")
+        results[label] = {"model_bytes": model_bytes, "layers": layers, "sha256_gb_per_s": sha / 1e9,
+                          "from_hf_floor_seconds": floor, "commands": res}
     print(json.dumps(results, indent=1))
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)

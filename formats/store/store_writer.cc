@@ -400,6 +400,7 @@ Status StoreWriter::begin(const std::vector<TensorMeta>& tensors, const std::vec
   CKPT_RETURN_IF_ERROR(prepare_partial(dst_));
   begun_ = true;
   tensors_ = tensors;
+  pieces_ = pieces;
   metadata_ = metadata.is_object() ? metadata : nlohmann::json::object();
   auto sw = ShardWriter::open(partial_dir(dst_), 0, tensors, pieces, opts_);
   if (!sw.ok()) {
@@ -413,6 +414,16 @@ Status StoreWriter::begin(const std::vector<TensorMeta>& tensors, const std::vec
 Status StoreWriter::write(size_t piece, const void* data, int64_t count) {
   if (!shard_ || done_) return Status::InvalidArgument("write() outside begin()/commit()");
   return shard_->write(piece, data, count);
+}
+
+std::vector<size_t> StoreWriter::write_order() const {
+  std::vector<size_t> order(pieces_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [this](size_t a, size_t b) {
+    return pieces_[a].region.numel() * static_cast<int64_t>(dtype_size(pieces_[a].dtype)) >
+           pieces_[b].region.numel() * static_cast<int64_t>(dtype_size(pieces_[b].dtype));
+  });
+  return order;
 }
 
 Status StoreWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
