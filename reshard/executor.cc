@@ -247,7 +247,10 @@ struct Slot {
   std::vector<Box> cboxes;          // the chunk's boxes, in storage order
   std::vector<int64_t> cbox_off;    // element offset of each box in the chunk
   std::vector<ChunkRead> reads;
-  std::optional<FileExtent> extent;  // the chunk as a file range: the sink copies it file to file
+  // The chunk as file ranges in storage order (with their element counts): the sink copies them
+  // file to file instead of the chunk being read. Empty: read into `out`.
+  std::vector<FileExtent> extents;
+  std::vector<int64_t> extent_counts;
   size_t piece = 0;
   int64_t count = 0;
   bool busy = false;     // read; its transform and write may still be pending
@@ -282,6 +285,58 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& tar
     }
   }
   return Status::Ok();
+}
+
+// Fills s.extents / s.extent_counts when every read of the chunk is direct (same dtype, whole
+// chunk box... or a row-major run of it) and offered by the source as a file range, the runs of
+// each chunk box tile it in order, and no range is small (small ones cost a syscall each: read).
+void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
+  const size_t os = dtype_size(od);
+  constexpr uint64_t kMinExtentBytes = 64 << 10;
+  struct Run {
+    size_t cbox;
+    int64_t start;  // element index in its chunk box
+    int64_t n;
+    FileExtent e;
+  };
+  std::vector<Run> runs;
+  for (const ChunkRead& r : s.reads) {
+    const Box& cb = s.cboxes[r.cbox];
+    if (src.pieces()[r.part.piece].dtype != od) return;
+    std::optional<int64_t> start = row_major_run_start(cb, r.part.box);
+    if (!start) return;
+    std::optional<FileExtent> e = src.file_extent(r.part.piece, r.part.box);
+    if (!e || e->bytes != static_cast<uint64_t>(r.part.box.numel()) * os) return;
+    if (e->bytes < kMinExtentBytes && r.part.box.numel() < s.count) return;
+    runs.push_back({r.cbox, *start, r.part.box.numel(), *e});
+  }
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return std::tie(a.cbox, a.start) < std::tie(b.cbox, b.start); });
+  size_t cbox = 0;
+  int64_t next = 0;  // expected start of the next run in chunk box `cbox`
+  bool ok = !runs.empty();
+  for (const Run& r : runs) {
+    if (r.cbox != cbox) {
+      ok = ok && r.cbox == cbox + 1 && next == s.cboxes[cbox].numel();
+      cbox = r.cbox;
+      next = 0;
+    }
+    ok = ok && r.start == next;
+    if (!ok) break;
+    next += r.n;
+    if (!s.extents.empty() && s.extents.back().fd == r.e.fd && s.extents.back().offset + s.extents.back().bytes == r.e.offset) {
+      s.extents.back().bytes += r.e.bytes;  // back to back in one file: one range
+      s.extent_counts.back() += r.n;
+    } else {
+      s.extents.push_back(r.e);
+      s.extent_counts.push_back(r.n);
+    }
+  }
+  int64_t total = 0;
+  for (int64_t c : s.extent_counts) total += c;
+  if (!ok || cbox + 1 != s.cboxes.size() || next != s.cboxes[cbox].numel() || total != s.count) {
+    s.extents.clear();
+    s.extent_counts.clear();
+  }
 }
 
 }  // namespace
@@ -323,7 +378,8 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
     if (st.ok() && failed.load()) return Status::Internal("write skipped after an earlier error");
     const Piece& tp = out_pieces[s.piece];
     if (st.ok()) {
-      st = s.extent ? dst.write_from_file(s.piece, *s.extent, s.count) : dst.write(s.piece, s.out.data(), s.count);
+      if (s.extents.empty()) st = dst.write(s.piece, s.out.data(), s.count);
+      for (size_t k = 0; k < s.extents.size() && st.ok(); ++k) st = dst.write_from_file(s.piece, s.extents[k], s.extent_counts[k]);
       if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
     }
     if (!st.ok()) failed.store(true);
@@ -399,29 +455,18 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
           s.reads.push_back(std::move(r));
         }
       }
-      // Same-dtype parts that a file holds back to back as one run, and a sink that copies files:
-      // no read (a chunk of whole-row boxes in one piece is one run of its dataset).
-      s.extent.reset();
-      if (dst.accepts_file_extents()) {
-        for (const ChunkRead& r : s.reads) {
-          std::optional<FileExtent> e = r.direct ? src.file_extent(r.part.piece, r.part.box) : std::nullopt;
-          if (e && !s.extent) {
-            s.extent = e;
-          } else if (e && e->fd == s.extent->fd && e->offset == s.extent->offset + s.extent->bytes) {
-            s.extent->bytes += e->bytes;
-          } else {
-            s.extent.reset();
-            break;
-          }
-        }
-        if (s.extent && s.extent->bytes != static_cast<uint64_t>(s.count) * os) s.extent.reset();
-      }
-      if (!s.extent) {
+      // A sink that copies files, and every part a same-dtype run of its chunk box that its source
+      // holds as one file range: the chunk is those ranges in storage order, not read (a chunk of
+      // whole rows split by rows over pieces, e.g. column-parallel shards, is a few ranges).
+      s.extents.clear();
+      s.extent_counts.clear();
+      if (dst.accepts_file_extents()) plan_chunk_extents(src, s, tp.dtype);
+      if (s.extents.empty()) {
         grow(s.out, static_cast<size_t>(s.count) * os);
         grow(s.raw, raw_bytes);
       }
       for (const ChunkRead& r : s.reads) {
-        if (s.extent) break;
+        if (!s.extents.empty()) break;
         uint8_t* to = r.direct ? s.out.data() + static_cast<size_t>(s.cbox_off[r.cbox]) * os : s.raw.data() + r.raw_off;
         st = read_part(src, r.part, to);
         if (!st.ok()) {
@@ -430,6 +475,7 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
         }
       }
       s.async = false;
+      if (!s.extents.empty()) raw_bytes = 0;  // nothing read, nothing to transform
       if (raw_bytes > 0 && pool) {
         s.async = true;
         Slot* sl = &s;
