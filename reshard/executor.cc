@@ -287,9 +287,10 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& tar
   return Status::Ok();
 }
 
-// Fills s.extents / s.extent_counts when every read of the chunk is direct (same dtype, whole
-// chunk box... or a row-major run of it) and offered by the source as a file range, the runs of
-// each chunk box tile it in order, and no range is small (small ones cost a syscall each: read).
+// Fills s.extents / s.extent_counts when every read of the chunk is in the target dtype and is
+// a row-major run of its chunk box offered by the source as a file range, and the runs of
+// each chunk box tile it in order. Runs back to back in one file merge into one range; a chunk of
+// several ranges is taken only when none is small (small ones cost a syscall each: read instead).
 void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
   const size_t os = dtype_size(od);
   constexpr uint64_t kMinExtentBytes = 64 << 10;
@@ -307,7 +308,6 @@ void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
     if (!start) return;
     std::optional<FileExtent> e = src.file_extent(r.part.piece, r.part.box);
     if (!e || e->bytes != static_cast<uint64_t>(r.part.box.numel()) * os) return;
-    if (e->bytes < kMinExtentBytes && r.part.box.numel() < s.count) return;
     runs.push_back({r.cbox, *start, r.part.box.numel(), *e});
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return std::tie(a.cbox, a.start) < std::tie(b.cbox, b.start); });
@@ -333,6 +333,7 @@ void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
   }
   int64_t total = 0;
   for (int64_t c : s.extent_counts) total += c;
+  for (const FileExtent& e : s.extents) ok = ok && (s.extents.size() == 1 || e.bytes >= kMinExtentBytes);
   if (!ok || cbox + 1 != s.cboxes.size() || next != s.cboxes[cbox].numel() || total != s.count) {
     s.extents.clear();
     s.extent_counts.clear();

@@ -510,6 +510,25 @@ TEST(Executor, ChunksAsFileRangesMatchNaiveExtraction) {
   EXPECT_GT(total_extents, 0);
 }
 
+// Chunks that start and end inside rows (partial first and last row boxes) of one source piece
+// are still one file range each: nothing is read or buffered.
+TEST(Executor, ChunksCuttingRowsOfOnePieceAreOneFileRangeEach) {
+  World w;
+  w.tensors = {{"a", DType::kBF16, {64, 2048}}};
+  w.global = {make_global({64, 2048}, 2, 8)};
+  std::vector<Piece> pieces = {{"a", Region{Box::whole({64, 2048})}, DType::kBF16}};
+  FileBackedSource src(make_source(w, pieces), ::testing::TempDir() + "/exec_rows_" + std::to_string(::getpid()));
+  ExtentSink sink;
+  ExecOptions o;
+  o.threads = 2;
+  o.max_chunk_bytes = 10000;  // 1.2 rows of 4 KiB: every chunk cuts rows
+  ASSERT_TRUE(execute(src, sink, w.tensors, pieces, {}, o).ok());
+  expect_matches(w, sink.checkpoint());
+  EXPECT_EQ(sink.buffer_writes, 0);
+  EXPECT_EQ(sink.extent_writes, (64 * 2048 * 2 + 9999) / 10000);
+  EXPECT_EQ(src.reads(), 0u);
+}
+
 // One chunk spanning two row-split source pieces: two file ranges, in order, and no read.
 TEST(Executor, ChunkSpanningTwoPiecesIsTwoFileRanges) {
   World w;
