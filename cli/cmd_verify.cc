@@ -51,7 +51,9 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
                  "Native checkpoint or run directory (follows 'latest'), a .safetensors file, or a HuggingFace directory")
       ->required();
   sub.add_flag("--json", *json_out, "Print the result as JSON");
-  return CommandAction([path, json_out]() -> int {
+  auto threads = std::make_shared<int>(2);
+  sub.add_option("--threads", *threads, "pieces hashed at a time (native checkpoints; default 2)")->check(CLI::Range(1, 64));
+  return CommandAction([path, json_out, threads]() -> int {
     const SourceKind kind = detect_source(*path);
     auto src = open_source(*path);
     if (!src.ok()) return open_failure(*path, src.status(), *json_out);
@@ -59,7 +61,7 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
     const bool tty = stderr_is_tty() && !*json_out;
     Progress progress{tty};
     auto t0 = std::chrono::steady_clock::now();
-    store::VerifyReport rep = store_reader ? store_reader->verify(std::ref(progress)) : store::scan_source(**src, std::ref(progress));
+    store::VerifyReport rep = store_reader ? store_reader->verify(std::ref(progress), *threads) : store::scan_source(**src, std::ref(progress));
     if (tty) std::fprintf(stderr, "\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string format = store_reader ? std::string(store::kFormatName) + " v" + std::to_string(store::kFormatVersion)

@@ -18,8 +18,15 @@ namespace {
 constexpr uint64_t kBlockBytes = 1 << 20;    // hashed and written at a time (stays in L2)
 constexpr uint64_t kWindowBytes = 8ull << 20; // source mapped at a time (bounds RSS)
 
-Status short_source(uint64_t n, const std::string& what) {
-  return Status::Corruption("ShortSource", "source file ended " + std::to_string(n) + " bytes early while copying to '" + what + "'");
+// `copying`: a copy to `what`; otherwise a read of the file `what`.
+Status short_source(uint64_t n, const std::string& what, bool copying) {
+  return Status::Corruption("ShortSource", copying ? "source file ended " + std::to_string(n) + " bytes early while copying to '" + what + "'"
+                                                   : "file '" + what + "' ended " + std::to_string(n) + " bytes early");
+}
+
+Status shrank(const std::string& what, bool copying) {
+  return Status::Corruption("ShortSource", copying ? "source file shrank while copying to '" + what + "'"
+                                                   : "file '" + what + "' shrank while being read");
 }
 
 Status copy_through_buffer(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, uint64_t n, const std::string& what,
@@ -30,9 +37,9 @@ Status copy_through_buffer(int in_fd, uint64_t in_off, int out_fd, uint64_t out_
     ssize_t r = ::pread(in_fd, buf.data(), want, static_cast<off_t>(in_off));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Status::FromErrno("read failed while copying to", what, errno);
-    if (r == 0) return short_source(n, what);
+    if (r == 0) return short_source(n, what, out_fd >= 0);
     if (each_block) each_block(buf.data(), static_cast<size_t>(r));
-    CKPT_RETURN_IF_ERROR(pwrite_full(out_fd, buf.data(), static_cast<uint64_t>(r), out_off, what));
+    if (out_fd >= 0) CKPT_RETURN_IF_ERROR(pwrite_full(out_fd, buf.data(), static_cast<uint64_t>(r), out_off, what));
     in_off += static_cast<uint64_t>(r);
     out_off += static_cast<uint64_t>(r);
     n -= static_cast<uint64_t>(r);
@@ -77,20 +84,20 @@ Status copy_window(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, uin
   if (sigsetjmp(jump, 1) != 0) {  // the source shrank under the mapping
     t_bus_jump = nullptr;
     ::munmap(m, len);
-    return Status::Corruption("ShortSource", "source file shrank while copying to '" + what + "'");
+    return shrank(what, out_fd >= 0);
   }
-  t_bus_jump = &jump;
+  t_bus_jump = &jump;  // (out_fd < 0: read_file_blocks, no copy)
   for (uint64_t done = 0; done < n && st.ok();) {
     const uint64_t k = std::min(kBlockBytes, n - done);
     if (each_block) each_block(src + done, static_cast<size_t>(k));
-    st = pwrite_full(out_fd, src + done, k, out_off + done, what);
+    if (out_fd >= 0) st = pwrite_full(out_fd, src + done, k, out_off + done, what);
     done += k;
   }
   t_bus_jump = nullptr;
   ::munmap(m, len);
   struct stat now {};
   if (!st.ok() && ::fstat(in_fd, &now) == 0 && static_cast<uint64_t>(now.st_size) < in_off + n)  // pwrite got EFAULT
-    return Status::Corruption("ShortSource", "source file shrank while copying to '" + what + "'");
+    return shrank(what, out_fd >= 0);
   return st;
 }
 
@@ -136,7 +143,7 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
   if (::fstat(in_fd, &st) != 0) return Status::FromErrno("cannot stat the source of", what, errno);
   const uint64_t size = st.st_size > 0 ? static_cast<uint64_t>(st.st_size) : 0;
   if (!S_ISREG(st.st_mode)) return copy_through_buffer(in_fd, in_off, out_fd, out_off, n, what, each_block);
-  if (in_off > size || size - in_off < n) return short_source(n - (in_off < size ? size - in_off : 0), what);
+  if (in_off > size || size - in_off < n) return short_source(n - (in_off < size ? size - in_off : 0), what, out_fd >= 0);
   install_sigbus_handler();
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(kWindowBytes, n - done);
@@ -146,6 +153,11 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
     done += k;
   }
   return Status::Ok();
+}
+
+Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
+                        const std::function<void(const void*, size_t)>& each_block) {
+  return copy_file_bytes(fd, off, -1, 0, n, what, each_block);
 }
 
 }  // namespace ckpt

@@ -28,5 +28,9 @@ Status pwrite_full(int fd, const void* src, uint64_t n, uint64_t off, const std:
 // source (end of file before n bytes) is a kCorruption error "ShortSource"; errors name `what`.
 Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, uint64_t n, const std::string& what,
                        const std::function<void(const void*, size_t)>& each_block = {});
+// The same without the copy: `each_block` sees bytes [off, off + n) of `fd` in order (hashing a
+// range of a file without a buffer); errors name `what` (the file).
+Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
+                        const std::function<void(const void*, size_t)>& each_block);
 
 }  // namespace ckpt

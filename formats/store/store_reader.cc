@@ -9,6 +9,7 @@
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
+#include "formats/file_io.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/sha256.h"
@@ -184,14 +185,9 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
   return Status::Ok();
 }
 
-std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub) {
+std::optional<FileExtent> StoreReader::dataset_extent(size_t piece) {
   if (piece >= pieces_.size()) return std::nullopt;
   const auto& rec = manifest_.pieces[piece];
-  const Box& pb = rec.piece.region.box;
-  if (rec.piece.region.is_flat()) return std::nullopt;
-  const std::optional<int64_t> start = row_major_run_start(pb, sub);
-  if (!start) return std::nullopt;
-  const uint64_t es = dtype_size(rec.piece.dtype);
   if (raw_offsets_.empty()) raw_offsets_.assign(pieces_.size(), -2);
   if (raw_offsets_[piece] == -2) {
     raw_offsets_[piece] = -1;
@@ -209,8 +205,19 @@ std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub)
     }
   }
   if (raw_offsets_[piece] < 0) return std::nullopt;
-  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]) + static_cast<uint64_t>(*start) * es,
-                    static_cast<uint64_t>(sub.numel()) * es};
+  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]), rec.bytes};
+}
+
+std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub) {
+  if (piece >= pieces_.size()) return std::nullopt;
+  const auto& rec = manifest_.pieces[piece];
+  if (rec.piece.region.is_flat()) return std::nullopt;
+  const std::optional<int64_t> start = row_major_run_start(rec.piece.region.box, sub);
+  if (!start) return std::nullopt;
+  std::optional<FileExtent> e = dataset_extent(piece);
+  if (!e) return std::nullopt;
+  const uint64_t es = dtype_size(rec.piece.dtype);
+  return FileExtent{e->fd, e->offset + static_cast<uint64_t>(*start) * es, static_cast<uint64_t>(sub.numel()) * es};
 }
 
 Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst) {
@@ -281,47 +288,60 @@ uint64_t StoreReader::stored_bytes(size_t piece) {
   return H5Dget_storage_size(datasets_[piece].get());
 }
 
-VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& progress) {
-  VerifyReport rep;
-  uint64_t total = 0;
-  for (const auto& r : manifest_.pieces) total += r.bytes;
-  std::vector<char> cur(kVerifyChunkBytes), next(kVerifyChunkBytes);
-  ThreadPool hasher(1);  // hashes chunk k while chunk k+1 is read
-  uint64_t done = 0;
-  for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
-    const auto& rec = manifest_.pieces[i];
+Status StoreReader::hash_piece(size_t i, const std::optional<FileExtent>& raw, std::string* hex) {
+  const auto& rec = manifest_.pieces[i];
+  Sha256 h;
+  if (raw) {
+    CKPT_RETURN_IF_ERROR(read_file_blocks(raw->fd, raw->offset, raw->bytes, dir_ + "/" + rec.file,
+                                          [&h](const void* p, size_t n) { h.update(p, n); }));
+  } else {
     const size_t esize = dtype_size(rec.piece.dtype);
     const int64_t step = static_cast<int64_t>(std::max<uint64_t>(1, kVerifyChunkBytes / esize));
     const int64_t numel = rec.piece.region.numel();
-    Sha256 h;
-    Status st;
-    int64_t pos = std::min(step, numel);
-    st = read_storage_range(i, 0, pos, cur.data());
-    size_t cur_bytes = static_cast<size_t>(pos) * esize;
-    while (st.ok()) {
-      std::future<void> hashed = hasher.submit([&h, &cur, cur_bytes] { h.update(cur.data(), cur_bytes); });
-      const int64_t nend = std::min(pos + step, numel);
-      if (pos < numel) st = read_storage_range(i, pos, nend, next.data());
-      hashed.get();
-      done += cur_bytes;
-      if (progress) progress(done, total);
-      if (pos >= numel || !st.ok()) break;
-      cur_bytes = static_cast<size_t>(nend - pos) * esize;
-      pos = nend;
-      std::swap(cur, next);
+    std::vector<char> buf(static_cast<size_t>(std::min(step, numel)) * esize);
+    for (int64_t pos = 0; pos < numel; pos += step) {
+      const int64_t end = std::min(pos + step, numel);
+      CKPT_RETURN_IF_ERROR(read_storage_range(i, pos, end, buf.data()));
+      h.update(buf.data(), static_cast<size_t>(end - pos) * esize);
     }
+  }
+  *hex = h.hex_digest();
+  return Status::Ok();
+}
+
+VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+  VerifyReport rep;
+  const size_t n = manifest_.pieces.size();
+  uint64_t total = 0;
+  for (const auto& r : manifest_.pieces) total += r.bytes;
+  std::vector<std::optional<FileExtent>> raw(n);
+  for (size_t i = 0; i < n; ++i) raw[i] = dataset_extent(i);  // on this thread: the lookup is not thread-safe
+  std::vector<Status> status(n);
+  std::vector<std::string> got(n);
+  std::vector<std::future<void>> done(n);
+  {
+    ThreadPool pool(std::max(1, threads));
+    for (size_t i = 0; i < n; ++i) done[i] = pool.submit([this, i, &raw, &status, &got] { status[i] = hash_piece(i, raw[i], &got[i]); });
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      done[i].get();
+      bytes += manifest_.pieces[i].bytes;
+      if (progress) progress(bytes, total);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const auto& rec = manifest_.pieces[i];
     ++rep.pieces;
     rep.bytes += rec.bytes;
-    if (!st.ok()) {
-      rep.failures.push_back({i, std::move(st)});
+    if (!status[i].ok()) {
+      rep.failures.push_back({i, error_context(std::move(status[i]), i)});
       continue;
     }
-    std::string got = h.hex_digest();
-    if (got != rec.sha256)
+    if (got[i] != rec.sha256)
       rep.failures.push_back({i, error_context(Status::Error(ErrorKind::kChecksum, "ChecksumMismatch",
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
-                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got),
+                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got[i]),
                                              i)});
   }
   return rep;

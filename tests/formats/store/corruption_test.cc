@@ -123,8 +123,9 @@ TEST_F(Corruption, FlippedBitInEveryPieceIsFoundAndNamed) {
     flip_bit(file, off + rng() % size, static_cast<int>(rng() % 8));
     auto r = StoreReader::open(dst);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    auto rep = (*r)->verify();
+    auto rep = (*r)->verify(nullptr, 1 + static_cast<int>(i % 3));  // 1..3 hashing threads
     ASSERT_EQ(rep.failures.size(), 1u);
+    EXPECT_EQ(rep.failures[0].piece, i);
     const Status& st = rep.failures[0].status;
     EXPECT_EQ(st.code(), "ChecksumMismatch");
     EXPECT_EQ(st.kind(), ErrorKind::kChecksum);
