@@ -52,7 +52,7 @@ class TensorSource {
   // box of pieces()[piece].region.boxes(). Reads only what is needed.
   virtual Status read(size_t piece, const Box& sub, void* dst) = 0;
   // When the bytes read(piece, sub) would return lie as they are in one contiguous range of a
-  // file: that range, so a sink can copy file to file (copy_file_range) instead. Default: none.
+  // file: that range, so a sink can copy file to file (copy_file_bytes) instead. Default: none.
   virtual std::optional<FileExtent> file_extent(size_t piece, const Box& sub) {
     (void)piece;
     (void)sub;

@@ -247,10 +247,13 @@ struct Slot {
   std::vector<Box> cboxes;          // the chunk's boxes, in storage order
   std::vector<int64_t> cbox_off;    // element offset of each box in the chunk
   std::vector<ChunkRead> reads;
-  // The chunk as file ranges in storage order (with their element counts): the sink copies them
-  // file to file instead of the chunk being read. Empty: read into `out`.
-  std::vector<FileExtent> extents;
-  std::vector<int64_t> extent_counts;
+  // The chunk as file ranges in storage order: the sink copies them file to file instead of the
+  // chunk being read. Empty: read into `out`.
+  struct Range {
+    FileExtent e;
+    int64_t count;  // elements
+  };
+  std::vector<Range> extents;
   size_t piece = 0;
   int64_t count = 0;
   bool busy = false;     // read; its transform and write may still be pending
@@ -287,7 +290,7 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& tar
   return Status::Ok();
 }
 
-// Fills s.extents / s.extent_counts when every read of the chunk is in the target dtype and is
+// Fills s.extents when every read of the chunk is in the target dtype and is
 // a row-major run of its chunk box offered by the source as a file range, and the runs of
 // each chunk box tile it in order. Runs back to back in one file merge into one range; a chunk of
 // several ranges is taken only when none is small (small ones cost a syscall each: read instead).
@@ -323,21 +326,18 @@ void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
     ok = ok && r.start == next;
     if (!ok) break;
     next += r.n;
-    if (!s.extents.empty() && s.extents.back().fd == r.e.fd && s.extents.back().offset + s.extents.back().bytes == r.e.offset) {
-      s.extents.back().bytes += r.e.bytes;  // back to back in one file: one range
-      s.extent_counts.back() += r.n;
+    FileExtent* last = s.extents.empty() ? nullptr : &s.extents.back().e;
+    if (last && last->fd == r.e.fd && last->offset + last->bytes == r.e.offset) {
+      last->bytes += r.e.bytes;  // back to back in one file: one range
+      s.extents.back().count += r.n;
     } else {
-      s.extents.push_back(r.e);
-      s.extent_counts.push_back(r.n);
+      s.extents.push_back({r.e, r.n});
     }
   }
-  int64_t total = 0;
-  for (int64_t c : s.extent_counts) total += c;
-  for (const FileExtent& e : s.extents) ok = ok && (s.extents.size() == 1 || e.bytes >= kMinExtentBytes);
-  if (!ok || cbox + 1 != s.cboxes.size() || next != s.cboxes[cbox].numel() || total != s.count) {
-    s.extents.clear();
-    s.extent_counts.clear();
-  }
+  // Every chunk box tiled in order (so the ranges hold exactly the chunk); small ranges only alone.
+  ok = ok && cbox + 1 == s.cboxes.size() && next == s.cboxes[cbox].numel();
+  for (const Slot::Range& x : s.extents) ok = ok && (s.extents.size() == 1 || x.e.bytes >= kMinExtentBytes);
+  if (!ok) s.extents.clear();
 }
 
 }  // namespace
@@ -380,7 +380,7 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
     const Piece& tp = out_pieces[s.piece];
     if (st.ok()) {
       if (s.extents.empty()) st = dst.write(s.piece, s.out.data(), s.count);
-      for (size_t k = 0; k < s.extents.size() && st.ok(); ++k) st = dst.write_from_file(s.piece, s.extents[k], s.extent_counts[k]);
+      for (size_t k = 0; k < s.extents.size() && st.ok(); ++k) st = dst.write_from_file(s.piece, s.extents[k].e, s.extents[k].count);
       if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
     }
     if (!st.ok()) failed.store(true);
@@ -460,7 +460,6 @@ Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst
       // holds as one file range: the chunk is those ranges in storage order, not read (a chunk of
       // whole rows split by rows over pieces, e.g. column-parallel shards, is a few ranges).
       s.extents.clear();
-      s.extent_counts.clear();
       if (dst.accepts_file_extents()) plan_chunk_extents(src, s, tp.dtype);
       if (s.extents.empty()) {
         grow(s.out, static_cast<size_t>(s.count) * os);

@@ -4,7 +4,7 @@
 // thread count. Thread safety: functions are reentrant; one TensorSource/TensorSink per call.
 // With threads > 1 all source reads stay on the calling thread and all sink writes run, in order,
 // on one writer thread (so a source and a sink must not share unlocked state); workers only cast
-// and copy. A chunk that the source holds as one raw file range (TensorSource::file_extent) goes
+// and copy. A chunk that the source holds as raw file ranges (TensorSource::file_extent) goes
 // to a sink that accepts file extents without being read: the sink copies file to file.
 #pragma once
 

@@ -39,7 +39,7 @@ class SafetensorsWriter final : public TensorSink {
   bool accepts_file_extents() const override { return true; }
   std::vector<size_t> write_order() const override;  // by file offset
   uint64_t piece_offset(size_t piece) const { return piece < slots_.size() ? slots_[piece].begin : 0; }
-  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;  // copy_file_range
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;  // copy_file_bytes
   Status commit() override;
   void abort() override;
 

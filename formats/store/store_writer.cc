@@ -92,26 +92,26 @@ struct ShardWriter::Impl {
     int64_t numel = 0, written = 0;
     size_t esize = 0;
     // Copies from file extents not done yet: run in order on the pool, hashing the bytes on their
-    // way (guarded by hash_mu).
+    // way (guarded by copy_mu).
     struct Copy {
       FileExtent src;
       uint64_t dst_off;
     };
     std::deque<Copy> pending;
-    bool hashing = false;             // a pool job is draining `pending`
-    Status hash_status;               // first error of the asynchronous copies
+    bool draining = false;             // a pool job is draining `pending`
+    Status copy_status;               // first error of the asynchronous copies
   };
   std::string path;  // absolute-ish path of the shard file
   std::string rel;   // "shards/r00003.h5"
   StoreOptions opts;
   H5Id file;
-  int fd = -1;       // raw data of uncompressed pieces: pwrite / copy_file_range at raw_offset
+  int fd = -1;       // raw data of uncompressed pieces: pwrite / copy_file_bytes at raw_offset
   std::vector<Slot> slots;
-  std::mutex hash_mu;
-  std::condition_variable hash_cv;
+  std::mutex copy_mu;
+  std::condition_variable copy_cv;
   std::atomic<bool> cancel{false};
-  size_t queued = 0;                 // extents waiting or being copied (all slots; hash_mu)
-  std::unique_ptr<ThreadPool> pool;  // hashes copied extents; destroyed (joined) before the slots
+  size_t queued = 0;                 // extents waiting or being copied (all slots; copy_mu)
+  std::unique_ptr<ThreadPool> pool;  // copies and hashes extents; destroyed (joined) before the slots
   std::unique_ptr<ThreadPool> buffer_hasher;  // hashes a written buffer while it is written
   bool closed = false;
 
@@ -126,12 +126,12 @@ struct ShardWriter::Impl {
     for (;;) {
       Slot::Copy c;
       {
-        std::lock_guard<std::mutex> l(hash_mu);
-        if (s.pending.empty() || cancel.load() || !s.hash_status.ok()) {
+        std::lock_guard<std::mutex> l(copy_mu);
+        if (s.pending.empty() || cancel.load() || !s.copy_status.ok()) {
           queued -= s.pending.size();
           s.pending.clear();
-          s.hashing = false;
-          hash_cv.notify_all();
+          s.draining = false;
+          copy_cv.notify_all();
           return;
         }
         c = s.pending.front();
@@ -139,21 +139,21 @@ struct ShardWriter::Impl {
       }
       Status st = copy_file_bytes(c.src.fd, c.src.offset, fd, c.dst_off, c.src.bytes, path,
                                   [&s](const void* p, size_t n) { s.hash.update(p, n); });
-      std::lock_guard<std::mutex> l(hash_mu);
+      std::lock_guard<std::mutex> l(copy_mu);
       --queued;
-      hash_cv.notify_all();
-      if (!st.ok()) s.hash_status = std::move(st).with_tensor(s.rec.piece.tensor).with_context("copying into " + rec_desc(s));
+      copy_cv.notify_all();
+      if (!st.ok()) s.copy_status = std::move(st).with_tensor(s.rec.piece.tensor).with_context("copying into " + rec_desc(s));
     }
   }
-  // Blocks until no extent of `s` (or of any slot, for nullptr) waits to be hashed; the first
-  // hashing error of those slots.
-  Status wait_hashed(Slot* only) {
-    std::unique_lock<std::mutex> l(hash_mu);
+  // Blocks until no extent of `s` (or of any slot, for nullptr) waits to be copied and hashed;
+  // the first error of those copies.
+  Status wait_copied(Slot* only) {
+    std::unique_lock<std::mutex> l(copy_mu);
     Status first;
     for (Slot& s : slots) {
       if (only && &s != only) continue;
-      hash_cv.wait(l, [&s] { return !s.hashing; });
-      if (first.ok() && !s.hash_status.ok()) first = s.hash_status;
+      copy_cv.wait(l, [&s] { return !s.draining; });
+      if (first.ok() && !s.copy_status.ok()) first = s.copy_status;
     }
     return first;
   }
@@ -241,7 +241,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
       H5Pset_chunk_cache(dapl.get(), 521, std::max<uint64_t>(4 * chunk_b, 16 << 20), 1.0);
     } else if (s.numel > 0) {
       // Contiguous, allocated now and never filled: its file range is known and written by ckpt
-      // itself (pwrite / copy_file_range), HDF5 writes only metadata.
+      // itself (pwrite / copy_file_bytes), HDF5 writes only metadata.
       if (H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS) < 0 || H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0 ||
           H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
         return Status::Internal("HDF5 dataset creation properties (contiguous, early allocation) failed");
@@ -268,7 +268,7 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
   CKPT_ASSIGN_OR_RETURN(Impl::Slot * sp, im.slot_for(piece, count));
   auto& s = *sp;
   if (count == 0) return Status::Ok();
-  CKPT_RETURN_IF_ERROR(im.wait_hashed(&s));  // earlier extents of this piece first: the hash is in order
+  CKPT_RETURN_IF_ERROR(im.wait_copied(&s));  // earlier extents of this piece first: the hash is in order
   const size_t nbytes = static_cast<size_t>(count) * s.esize;
   std::future<void> hashed;
   if (nbytes >= kInlineHashBytes) hashed = im.buffer_hasher->submit([&s, data, nbytes] { s.hash.update(data, nbytes); });
@@ -314,13 +314,13 @@ Status ShardWriter::write_from_file(size_t piece, const FileExtent& src, int64_t
                             Impl::rec_desc(s));
   // Copied and hashed on the pool, in order per piece; at most 2 extents per hash thread wait.
   {
-    std::unique_lock<std::mutex> l(im.hash_mu);
-    im.hash_cv.wait(l, [&im] { return im.queued < 2 * static_cast<size_t>(im.pool->size()); });
-    if (!s.hash_status.ok()) return s.hash_status;
+    std::unique_lock<std::mutex> l(im.copy_mu);
+    im.copy_cv.wait(l, [&im] { return im.queued < 2 * static_cast<size_t>(im.pool->size()); });
+    if (!s.copy_status.ok()) return s.copy_status;
     s.pending.push_back({src, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize});
     ++im.queued;
-    if (!s.hashing) {
-      s.hashing = true;
+    if (!s.draining) {
+      s.draining = true;
       Impl* ip = &im;
       Impl::Slot* slot = &s;
       (void)im.pool->submit([ip, slot] { ip->drain(*slot); });
@@ -339,7 +339,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
                                      " of " + std::to_string(s.numel) + " elements")
           .with_tensor(s.rec.piece.tensor);
   }
-  CKPT_RETURN_IF_ERROR(im.wait_hashed(nullptr));
+  CKPT_RETURN_IF_ERROR(im.wait_copied(nullptr));
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
@@ -365,7 +365,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
 void ShardWriter::abort() {
   if (!impl_ || impl_->closed) return;
   impl_->cancel.store(true);
-  (void)impl_->wait_hashed(nullptr);  // jobs read source files the caller may close next
+  (void)impl_->wait_copied(nullptr);  // jobs read source files the caller may close next
   auto lock = h5_lock();
   for (auto& s : impl_->slots) s.ds.reset();
   impl_->file.reset();

@@ -7,7 +7,7 @@
 // finalize() validates the union with the reader's validator, writes manifest.json LAST into
 // `<dst>.partial/`, fsyncs files and directories, and renames `<dst>.partial` to `<dst>`.
 // Uncompressed pieces are contiguous datasets allocated when the shard is created; ckpt writes
-// their bytes itself (pwrite, or copy_file_range from a source file), HDF5 only the metadata.
+// their bytes itself (pwrite, or copy_file_bytes from a source file), HDF5 only the metadata.
 // Thread safety: one thread per object; HDF5 calls take h5_lock(), SHA-256 runs on helper threads.
 #pragma once
 
@@ -29,7 +29,7 @@ struct StoreOptions {
   int zstd_level = 1;
   uint64_t chunk_bytes = 4ull << 20;  // target HDF5 chunk size when compressed
   bool fsync = true;                  // fsync shards, manifest and directories on commit
-  int hash_threads = 1;               // threads hashing pieces copied file to file (write_from_file)
+  int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into
@@ -47,8 +47,8 @@ class ShardWriter {
   // Next `count` elements (storage order) of local piece `piece` (index into the open() list).
   Status write(size_t piece, const void* data, int64_t count);
   // Uncompressed shards: the next `count` elements of `piece` copied from a file range
-  // (copy_file_range), then hashed from that range on the hash threads, behind the copies. The
-  // range must stay readable until close() or abort() returns.
+  // (copy_file_bytes) and hashed on the way, on the hash threads (pieces in parallel, each in
+  // order); returns once queued. The range must stay readable until close() or abort() returns.
   bool accepts_file_extents() const;
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count);
   // All pieces complete? Closes and fsyncs the file; returns the manifest records of the pieces.
