@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/dtype.h"
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
 

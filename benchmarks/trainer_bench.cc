@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "trainer/ops.h"
 #include "trainer/train_loop.h"
 
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   // write + fsync + rename) of the same state, 3 rounds each, alternating; and the time of the
   // training step that overlaps the background write vs a step without one.
   {
-    (void)store::remove_tree(out);
+    (void)remove_tree(out);
     TrainOptions o;
     o.config = c;
     o.steps = 1000;
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     report["save"] = {{"bytes", bytes}, {"sync_blocked_s", median(sync_b)}, {"async_blocked_s", median(async_b)},
                       {"async_total_s", median(async_total)}, {"overlap_step_s", median(overlap_step)},
                       {"plain_step_s", median(plain_step)}};
-    (void)store::remove_tree(out);
+    (void)remove_tree(out);
   }
   std::printf("%s\n", report.dump().c_str());
   return 0;

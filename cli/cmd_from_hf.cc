@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/progress.h"
 #include "converters/hf_export.h"
 #include "converters/hf_import.h"
 #include "formats/open_source.h"
@@ -65,6 +66,8 @@ int run_from_hf(const FromHfArgs& a) {
     opts.max_chunk_bytes = *chunk;
   }
 
+  ProgressBar bar("from-hf", root && stderr_is_tty());
+  opts.progress = bar.callback();
   Status st;
   std::string layout_text = "tp=1 pp=1 dp=1";
   if (layout_given) {
@@ -75,11 +78,13 @@ int run_from_hf(const FromHfArgs& a) {
     eo.exec.threads = a.stream.threads;
     eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
     eo.store = *so;
+    eo.exec.progress = opts.progress;
     st = run_hf_import_to_layout(**src, *plan, *layout, a.out, eo, dist);
   } else {
     store::StoreWriter sink(a.out, *so);
     st = run_hf_import(**src, sink, *plan, opts);
   }
+  bar.finish();
   if (!st.ok()) return fail(st);
   if (root) {
     std::printf("imported %zu tensors (%llu bytes) into %s (%s)", plan->tensors.size(),

@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/progress.h"
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
 #include "converters/megatron_layout.h"
@@ -151,25 +152,6 @@ class BackgroundVerify {
   int fd_ = -1;
 };
 
-// Draws "reshard [#####.....]  45%  1.20/2.70 GiB  812 MB/s" on stderr, at most ~10 times a second.
-struct ProgressBar {
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last{};
-  void operator()(uint64_t done, uint64_t total) {
-    auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last < std::chrono::milliseconds(100)) return;
-    last = now;
-    const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-    const int w = 30, fill = static_cast<int>(frac * w);
-    std::string bar(static_cast<size_t>(fill), '#');
-    bar += std::string(static_cast<size_t>(w - fill), '.');
-    const double secs = std::chrono::duration<double>(now - start).count();
-    std::fprintf(stderr, "\rreshard [%s] %3d%%  %.2f/%.2f GiB  %.0f MB/s", bar.c_str(), static_cast<int>(frac * 100),
-                 done / 1073741824.0, total / 1073741824.0, secs > 0 ? done / 1e6 / secs : 0.0);
-    if (done >= total) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-};
-
 int run_reshard(const ReshardArgs& a) {
   Dist* dist = std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
   const bool root = !dist || dist->rank() == 0;
@@ -239,8 +221,8 @@ int run_reshard(const ReshardArgs& a) {
   StoreExecOptions so;
   so.exec = eo;
   so.store = *sopts;
-  ProgressBar bar;
-  if (root && stderr_is_tty() && !a.json) so.exec.progress = [&bar](uint64_t d, uint64_t t) { bar(d, t); };
+  ProgressBar bar("reshard", root && stderr_is_tty() && !a.json);
+  so.exec.progress = bar.callback();
   if (bg_started)
     so.before_commit = [&bg]() -> Status { return bg.wait(); };
   else if (!a.no_verify && store_src)
@@ -253,6 +235,7 @@ int run_reshard(const ReshardArgs& a) {
       return Status::Ok();
     };
   Status st = execute_plan_to_store(src, *plan, a.dst, so, dist);
+  bar.finish();
   if (!st.ok()) return fail(st);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (root) {

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/progress.h"
 #include "converters/hf_export.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
@@ -53,7 +54,10 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto chunk = o->stream.chunk_bytes(max_src, min_out);
     if (!chunk.ok()) return report_error(chunk.take_status());
     opts.max_chunk_bytes = *chunk;
+    ProgressBar bar("to-hf", stderr_is_tty());
+    opts.progress = bar.callback();
     Status st = run_hf_export(**src, *plan, o->out, opts);
+    bar.finish();
     if (!st.ok()) return report_error(st);
     std::printf("wrote %zu tensors (%llu bytes)%s to %s", plan->tensors.size(), static_cast<unsigned long long>(plan->total_bytes),
                 plan->config ? " + config.json" : "", o->out.c_str());

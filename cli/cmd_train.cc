@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "converters/llama_config.h"
 #include "trainer/train_loop.h"
 
@@ -40,7 +41,11 @@ CommandAction setup_train(CLI::App& sub) {
     if (!cfg.ok()) return report_error(cfg.status());
     f->o.config = *cfg;
     f->o.async_save = !f->sync_save;
-    auto t = trainer::Trainer::create(f->o);
+    ProgressBar bar("resume", !f->o.resume.empty() && stderr_is_tty());
+    trainer::TrainOptions o = f->o;
+    o.resume_progress = bar.callback();
+    auto t = trainer::Trainer::create(o);
+    bar.finish();
     if (!t.ok()) return report_error(t.status());
     const auto& m = (*t)->model();
     std::printf("ckpt train: %lld parameters, step %lld -> %lld, micro-batch %lld x %lld tokens, grad-accum %lld, %d thread(s)\n",

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "formats/store/source_scan.h"
 #include "formats/store/store_reader.h"
@@ -21,20 +23,6 @@ namespace {
 
 constexpr const char* kNoChecksumNote =
     "safetensors has no checksums: structure validated and every byte read, content integrity not checkable";
-
-// Progress line on a terminal, at most every 200 ms.
-struct Progress {
-  bool tty;
-  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
-  void operator()(uint64_t done, uint64_t total) {
-    if (!tty) return;
-    auto now = std::chrono::steady_clock::now();
-    if (now - last < std::chrono::milliseconds(200) && done != total) return;
-    last = now;
-    std::fprintf(stderr, "\rverify: %s / %s (%.0f%%)", store::human_bytes(done).c_str(), store::human_bytes(total).c_str(),
-                 total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0);
-  }
-};
 
 int open_failure(const std::string& path, const Status& st, bool json_out) {
   if (!json_out) return report_error(st);
@@ -58,11 +46,10 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
     auto src = open_source(*path);
     if (!src.ok()) return open_failure(*path, src.status(), *json_out);
     auto* store_reader = dynamic_cast<store::StoreReader*>(src->get());
-    const bool tty = stderr_is_tty() && !*json_out;
-    Progress progress{tty};
+    ProgressBar bar("verify", stderr_is_tty() && !*json_out);
     auto t0 = std::chrono::steady_clock::now();
-    store::VerifyReport rep = store_reader ? store_reader->verify(std::ref(progress), *threads) : store::scan_source(**src, std::ref(progress));
-    if (tty) std::fprintf(stderr, "\n");
+    store::VerifyReport rep = store_reader ? store_reader->verify(bar.callback(), *threads) : store::scan_source(**src, bar.callback());
+    bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string format = store_reader ? std::string(store::kFormatName) + " v" + std::to_string(store::kFormatVersion)
                                : kind == SourceKind::kHfDir ? "huggingface safetensors directory" : "safetensors";
@@ -87,7 +74,7 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
     } else {
       for (const auto& f : rep.failures) std::fprintf(stderr, "ckpt: %s\n", f.status.to_string().c_str());
       std::printf("%s: %s (%s): %llu pieces, %s %s in %.2f s, %zu failures\n", rep.ok() ? "OK" : "FAILED", where.c_str(), format.c_str(),
-                  static_cast<unsigned long long>(rep.pieces), store::human_bytes(rep.bytes).c_str(),
+                  static_cast<unsigned long long>(rep.pieces), human_bytes(rep.bytes).c_str(),
                   store_reader ? "checked (SHA-256)" : "read", secs, rep.failures.size());
       if (!store_reader) std::printf("note: %s\n", kNoChecksumNote);
     }

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "formats/store/sha256.h"
+#include "formats/sha256.h"
 
 namespace ckpt {
 
@@ -109,7 +109,7 @@ Result<nlohmann::json> collect_hf_files(const std::string& dir) {
     std::string content(size, '\0');
     in.read(content.data(), static_cast<std::streamsize>(size));
     if (static_cast<uint64_t>(in.gcount()) != size) return Status::Io("short read of '" + p.string() + "' (changed while reading?)");
-    out[name] = {{"bytes", size}, {"sha256", store::sha256_hex(content.data(), content.size())}, {"base64", base64_encode(content)}};
+    out[name] = {{"bytes", size}, {"sha256", sha256_hex(content.data(), content.size())}, {"base64", base64_encode(content)}};
   }
   return out;
 }
@@ -136,7 +136,7 @@ Result<std::map<std::string, std::string>> decode_hf_files(const nlohmann::json&
     if (!dec.ok()) return corrupt(name, dec.status().message());
     if (dec->size() != bytes)
       return corrupt(name, "decoded size " + std::to_string(dec->size()) + ", recorded " + std::to_string(bytes));
-    std::string sha = store::sha256_hex(dec->data(), dec->size());
+    std::string sha = sha256_hex(dec->data(), dec->size());
     if (sha != e["sha256"].get<std::string>())
       return Status::Error(ErrorKind::kChecksum, "HfFilesCorrupt",
                            "metadata hf_files['" + name + "']: SHA-256 " + sha + ", recorded " + e["sha256"].get<std::string>().substr(0, 64));

@@ -1,6 +1,7 @@
 #include "formats/byte_size.h"
 
 #include <cctype>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -40,6 +41,17 @@ Result<uint64_t> parse_byte_size(std::string_view text, std::string_view what) {
     return *r;
   }
   return bad("has an unknown unit (B, K/M/G/T or KiB..TiB binary, KB/MB/GB/TB decimal)");
+}
+
+std::string human_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  char buf[48];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
 }
 
 }  // namespace ckpt

@@ -5,7 +5,9 @@
 #include <map>
 #include <unordered_map>
 
+#include "formats/byte_size.h"
 #include "formats/checked.h"
+#include "formats/store/run_dir.h"
 
 namespace ckpt {
 
@@ -133,26 +135,7 @@ bool box_less(const Box& x, const Box& y) {
   return x.extent < y.extent;
 }
 
-std::string human_bytes(uint64_t b) {
-  char buf[32];
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-  return buf;
-}
-
 }  // namespace
-
-std::string shard_file_name(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "shards/r%05d.h5", rank);
-  return buf;
-}
 
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules) {
@@ -260,7 +243,7 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
   for (size_t k = 0; k < plan.pieces.size(); ++k) {
     const Piece& p = plan.pieces[k];
     const int r = plan.piece_rank[k];
-    if (plan.files.empty() || plan.files.back().rank != r) plan.files.push_back({r, shard_file_name(r), {}, 0, 0});
+    if (plan.files.empty() || plan.files.back().rank != r) plan.files.push_back({r, store::shard_file_name(r), {}, 0, 0});
     FileWork& f = plan.files.back();
     f.pieces.push_back(k);
     const uint64_t wb = static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);

@@ -47,8 +47,6 @@ struct Plan {
   nlohmann::json to_json() const;   // machine summary (--dry-run --json)
 };
 
-std::string shard_file_name(int rank);  // "shards/r00003.h5"
-
 // Pieces of one tensor under `layout` before the file assignment: (rank, region) in rank order.
 // Exposed for the trainer (its own rank's shards) and tests.
 struct RankRegion {

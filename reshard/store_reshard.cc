@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "formats/store/manifest.h"
 #include "reshard/dist.h"
 
@@ -115,7 +115,7 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   const bool all = dist ? dist->all_ok(st.ok()) : st.ok();
   if (!all) {
     if (dist) dist->barrier();
-    if (rank == 0) (void)store::remove_tree(partial);
+    if (rank == 0) (void)remove_tree(partial);
     return st.ok() ? Status::Io("another reshard process failed; nothing was committed") : st;
   }
   std::vector<std::string> gathered =
@@ -143,7 +143,7 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
                              std::to_string(plan.pieces.size()));
     if (fin.ok() && opts.before_commit) fin = opts.before_commit();
     if (fin.ok()) fin = store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
-    if (!fin.ok()) (void)store::remove_tree(partial);
+    if (!fin.ok()) (void)remove_tree(partial);
   }
   if (dist) {
     std::string msg = dist->broadcast(fin.ok() ? "" : fin.to_string());

@@ -4,6 +4,7 @@
 
 #include "formats/store/run_dir.h"
 #include "formats/store/store_reader.h"
+#include "reshard/executor.h"
 #include "reshard/layout.h"
 
 namespace ckpt::trainer {
@@ -103,7 +104,8 @@ Status write_snapshot(const Snapshot& snap, const std::string& run_dir, const st
   return store::write_latest(run_dir, name);
 }
 
-Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& model, AdamW& opt) {
+Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& model, AdamW& opt,
+                                     const std::function<void(uint64_t, uint64_t)>& progress) {
   CKPT_ASSIGN_OR_RETURN(auto reader, store::StoreReader::open(path));
   const auto& md = reader->metadata();
   const std::string where = reader->describe();
@@ -116,19 +118,26 @@ Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& mode
     return Status::InvalidArgument("checkpoint '" + where + "' model_config " + cfg.to_json().dump() +
                                    " differs from the training config " + mine.to_json().dump());
   CKPT_ASSIGN_OR_RETURN(auto state, TrainerState::from_json(md.at("trainer")));
+  CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(*reader));
+  uint64_t done = 0, total = 0;  // bytes of the weights and both moments, for `progress`
+  for (auto* p : model.params()) total += sizeof(float) * static_cast<uint64_t>(p->numel());
+  for (const auto& s : opt.slots()) total += 2 * sizeof(float) * static_cast<uint64_t>(s.n);
   auto read = [&](const std::string& name, const Shape& shape, float* dst) -> Status {
-    const TensorMeta* meta = nullptr;
-    for (const auto& t : reader->tensors())
-      if (t.name == name) meta = &t;
-    if (!meta) return Status::NotFound("checkpoint '" + where + "' has no tensor '" + name + "'").with_tensor(name);
-    if (meta->shape != shape)
+    auto it = index.tensor_index.find(name);
+    if (it == index.tensor_index.end())
+      return Status::NotFound("checkpoint '" + where + "' has no tensor '" + name + "'").with_tensor(name);
+    const TensorMeta& meta = reader->tensors()[it->second];
+    if (meta.shape != shape)
       return Status::Corruption("ShapeMismatch", "tensor '" + name + "': expected shape " + shape_to_string(shape) +
-                                ", got " + shape_to_string(meta->shape)).with_tensor(name);
-    DType dt = DType::kF32;
-    CKPT_RETURN_IF_ERROR(reader->read_region(name, Box::whole(shape), dst, &dt));
-    if (dt != DType::kF32)
-      return Status::Unsupported("tensor '" + name + "' is stored as " + std::string(dtype_name(dt)) +
-                                 ": the reference trainer resumes from F32 checkpoints").with_tensor(name);
+                                ", got " + shape_to_string(meta.shape)).with_tensor(name);
+    if (const auto* entries = index.find(name))
+      for (const auto& e : *entries)
+        if (DType dt = reader->pieces()[e.piece].dtype; dt != DType::kF32)
+          return Status::Unsupported("tensor '" + name + "' is stored as " + std::string(dtype_name(dt)) +
+                                     ": the reference trainer resumes from F32 checkpoints").with_tensor(name);
+    CKPT_RETURN_IF_ERROR(read_global_box(*reader, index, name, Box::whole(shape), DType::kF32, dst));
+    done += sizeof(float) * static_cast<uint64_t>(Box::whole(shape).numel());
+    if (progress) progress(done, total);
     return Status::Ok();
   };
   for (auto* p : model.params()) CKPT_RETURN_IF_ERROR(read(p->name, p->shape, p->w.data()));

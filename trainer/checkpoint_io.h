@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,10 @@ Status write_snapshot(const Snapshot& snap, const std::string& run_dir,
 
 // Loads a checkpoint (a checkpoint dir, or a run dir whose `latest` is followed) into `model`
 // and `opt` (whose slots must already exist, one per parameter) and returns its trainer state.
-// Checks that the stored model_config matches the model's, and every tensor's shape.
-Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& model, AdamW& opt);
+// Checks that the stored model_config matches the model's, and every tensor's shape. Reads go
+// through the engine's read_global_box (coverage checked); `progress(bytes done, total)` is
+// called after each tensor.
+Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& model, AdamW& opt,
+                                     const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
 
 }  // namespace ckpt::trainer

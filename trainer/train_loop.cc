@@ -118,7 +118,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   s = initial_state(o);
   if (!o.resume.empty()) {
     const std::string path = o.resume == "latest" ? o.out_dir : o.resume;
-    CKPT_ASSIGN_OR_RETURN(auto rs, load_checkpoint(path, *t->model_, t->opt_));
+    CKPT_ASSIGN_OR_RETURN(auto rs, load_checkpoint(path, *t->model_, t->opt_, o.resume_progress));
     if (rs.seed != o.seed || rs.micro_batch != o.micro_batch || rs.seq_len != o.seq_len ||
         rs.grad_accum != o.grad_accum || rs.data_source != s.data_source)
       return Status::InvalidArgument(

@@ -41,6 +41,8 @@ struct TrainOptions {
   std::string data_path;        // corpus file; empty: procedural corpus
   bool async_save = true;
   bool print = true;            // a line per step on stdout
+  // Progress of the --resume read (bytes done, total), called during Trainer::create() only.
+  std::function<void(uint64_t, uint64_t)> resume_progress;
 };
 
 struct StepStats {

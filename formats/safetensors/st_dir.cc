@@ -1,9 +1,5 @@
 #include "formats/safetensors/st_dir.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -112,10 +108,7 @@ Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
 }
 
 ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
-    : out_(std::move(out_dir)), opts_(std::move(opts)) {
-  while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
-  partial_ = out_ + ".partial";
-}
+    : dir_(std::move(out_dir), PartialDirPolicy{.replace_stale = false, .empty_target_ok = true}), opts_(std::move(opts)) {}
 
 ShardedSafetensorsSink::~ShardedSafetensorsSink() {
   if (!committed_) abort();
@@ -123,11 +116,7 @@ ShardedSafetensorsSink::~ShardedSafetensorsSink() {
 
 Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
   if (begun_) return Status::Internal("ShardedSafetensorsSink::begin called twice");
-  std::error_code ec;
-  if (fs::exists(out_, ec) && !(fs::is_directory(out_, ec) && fs::is_empty(out_, ec)))
-    return Status::InvalidArgument("output '" + out_ + "' already exists and is not an empty directory");
-  if (fs::exists(partial_, ec))
-    return Status::InvalidArgument("'" + partial_ + "' exists (left by an interrupted run?): remove it first");
+  CKPT_RETURN_IF_ERROR(dir_.check_target());
   for (const auto& [name, _] : opts_.extra_files)
     if (name.empty() || name.find('/') != std::string::npos || name == kIndexFileName)
       return Status::InvalidArgument("bad extra file name '" + name + "'");
@@ -148,7 +137,7 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
   size_t nshards = 0;
   auto shard_of = assign_shards(sizes, opts_.max_shard_size, &nshards);
   for (size_t s = 0; s < nshards; ++s) names_.push_back(nshards == 1 ? std::string(kSingleFileName) : shard_file_name(s, nshards));
-  if (!fs::create_directory(partial_, ec)) return Status::FromErrno("cannot create directory", partial_, ec.value());
+  CKPT_RETURN_IF_ERROR(dir_.create());
   begun_ = true;
   std::vector<std::vector<TensorMeta>> st(nshards);
   std::vector<std::vector<Piece>> sp(nshards);
@@ -165,7 +154,7 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
     wo.metadata = opts_.shard_metadata;
     wo.rename_on_commit = false;
     wo.fsync = opts_.fsync;
-    writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(partial_) / names_[s]).string(), wo));
+    writers_.push_back(std::make_unique<SafetensorsWriter>(dir_.path() + "/" + names_[s], wo));
     CKPT_RETURN_IF_ERROR(writers_.back()->begin(st[s], sp[s], nlohmann::json::object()));
   }
   return Status::Ok();
@@ -193,22 +182,15 @@ Status ShardedSafetensorsSink::commit() {
   if (!begun_) return Status::Internal("ShardedSafetensorsSink::commit without begin");
   for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
   if (names_.size() > 1)
-    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / kIndexFileName).string(), index_to_json(total_size_, weight_map_), opts_.fsync));
+    CKPT_RETURN_IF_ERROR(write_file(dir_.path() + "/" + kIndexFileName, index_to_json(total_size_, weight_map_), opts_.fsync));
   for (const auto& [name, content] : opts_.extra_files)
-    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / name).string(), content, opts_.fsync));
+    CKPT_RETURN_IF_ERROR(write_file(dir_.path() + "/" + name, content, opts_.fsync));
   for (const auto& [name, src] : opts_.copy_files) {
     std::error_code ec;
-    fs::copy_file(src, fs::path(partial_) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", (fs::path(partial_) / name).string(), ec.value());
+    fs::copy_file(src, dir_.path() + "/" + name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", dir_.path() + "/" + name, ec.value());
   }
-  if (opts_.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial_));
-  std::error_code ec;
-  if (fs::exists(out_, ec) && fs::is_directory(out_, ec) && fs::is_empty(out_, ec)) fs::remove(out_, ec);
-  if (::rename(partial_.c_str(), out_.c_str()) != 0) return Status::FromErrno("cannot rename '" + partial_ + "' to", out_, errno);
-  if (opts_.fsync) {
-    auto parent = fs::path(out_).parent_path().string();
-    CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
-  }
+  CKPT_RETURN_IF_ERROR(dir_.commit(opts_.fsync));
   committed_ = true;
   return Status::Ok();
 }
@@ -217,13 +199,7 @@ void ShardedSafetensorsSink::abort() {
   if (!begun_ || committed_) return;
   for (auto& w : writers_) w->abort();
   writers_.clear();
-  std::error_code ec;
-  // Only what this sink created: its shard files, index and extra files, then the directory.
-  for (const auto& n : names_) fs::remove(fs::path(partial_) / n, ec);
-  fs::remove(fs::path(partial_) / kIndexFileName, ec);
-  for (const auto& [name, _] : opts_.extra_files) fs::remove(fs::path(partial_) / name, ec);
-  for (const auto& [name, _] : opts_.copy_files) fs::remove(fs::path(partial_) / name, ec);
-  fs::remove(partial_, ec);
+  dir_.remove();
   begun_ = false;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/fs_util.h"
 #include "formats/safetensors/st_index.h"
 #include "formats/safetensors/st_reader.h"
 #include "formats/safetensors/st_writer.h"
@@ -67,7 +68,7 @@ class ShardedSafetensorsSink final : public TensorSink {
   const std::vector<std::string>& shard_names() const { return names_; }
 
  private:
-  std::string out_, partial_;
+  PartialDir dir_;  // OUT built as OUT.partial (OUT may be an empty directory)
   ShardedSinkOptions opts_;
   bool begun_ = false, committed_ = false;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;

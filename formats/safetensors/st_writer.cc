@@ -1,37 +1,17 @@
 #include "formats/safetensors/st_writer.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 
 #include "formats/checked.h"
 
 namespace ckpt::safetensors {
 
-Status write_file_fsync(const std::string& path, const std::string& content, bool do_fsync) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno("cannot create", path, errno);
-  Status s = pwrite_full(fd, content.data(), content.size(), 0, path);
-  if (s.ok() && do_fsync && ::fsync(fd) != 0) s = Status::FromErrno("fsync failed", path, errno);
-  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno("close failed", path, errno);
-  return s;
-}
-
-Status fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("cannot open directory", dir, errno);
-  Status s;
-  if (::fsync(fd) != 0) s = Status::FromErrno("fsync failed", dir, errno);
-  ::close(fd);
-  return s;
-}
-
 SafetensorsWriter::SafetensorsWriter(std::string path, WriterOptions opts) : path_(std::move(path)), opts_(std::move(opts)) {
-  tmp_ = opts_.rename_on_commit ? path_ + ".tmp-" + std::to_string(::getpid()) : path_;
+  tmp_ = opts_.rename_on_commit ? temp_path_for(path_) : path_;
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -39,7 +19,7 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
-  if (fd_ >= 0 || committed_) return Status::Internal("SafetensorsWriter::begin called twice for '" + path_ + "'");
+  if (fd_.valid() || committed_) return Status::Internal("SafetensorsWriter::begin called twice for '" + path_ + "'");
   std::map<std::string, const TensorMeta*> by_name;
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t).second) return Status::InvalidArgument("tensor '" + t.name + "' declared twice").with_file(path_);
@@ -72,18 +52,17 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
     data_size = std::max(data_size, e.end);
   }
   file_size_ = data_start_ + data_size;
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return Status::FromErrno("cannot create", tmp_, errno);
+  CKPT_ASSIGN_OR_RETURN(fd_, open_fd(tmp_, O_WRONLY | O_CREAT | O_TRUNC, "cannot create"));
   std::string prefix(8, '\0');
   for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
   prefix += *hdr;
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, prefix.data(), prefix.size(), 0, tmp_));
-  if (::ftruncate(fd_, static_cast<off_t>(file_size_)) != 0) return Status::FromErrno("cannot size", tmp_, errno);
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), prefix.data(), prefix.size(), 0, tmp_));
+  if (::ftruncate(fd_.get(), static_cast<off_t>(file_size_)) != 0) return Status::FromErrno("cannot size", tmp_, errno);
   return Status::Ok();
 }
 
 Result<std::pair<SafetensorsWriter::Slot*, uint64_t>> SafetensorsWriter::next_run(size_t piece, int64_t count) {
-  if (fd_ < 0) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
+  if (!fd_.valid()) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
   if (piece >= slots_.size()) return Status::Internal("SafetensorsWriter::write: piece " + std::to_string(piece) + " out of range");
   Slot& s = slots_[piece];
   auto bytes = checked_mul(static_cast<uint64_t>(count < 0 ? 0 : count), static_cast<uint64_t>(s.elem));
@@ -102,7 +81,7 @@ std::vector<size_t> SafetensorsWriter::write_order() const {
 
 Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
   CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, run.second, run.first->begin + run.first->written, tmp_));
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), data, run.second, run.first->begin + run.first->written, tmp_));
   run.first->written += run.second;
   return Status::Ok();
 }
@@ -111,40 +90,27 @@ Status SafetensorsWriter::write_from_file(size_t piece, const FileExtent& src, i
   CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
   if (src.bytes != run.second)
     return Status::Internal("file extent of " + std::to_string(src.bytes) + " bytes for a write of " + std::to_string(run.second)).with_file(path_);
-  CKPT_RETURN_IF_ERROR(copy_file_bytes(src.fd, src.offset, fd_, run.first->begin + run.first->written, run.second, tmp_));
+  CKPT_RETURN_IF_ERROR(copy_file_bytes(src.fd, src.offset, fd_.get(), run.first->begin + run.first->written, run.second, tmp_));
   run.first->written += run.second;
   return Status::Ok();
 }
 
 Status SafetensorsWriter::commit() {
-  if (fd_ < 0) return Status::Internal("SafetensorsWriter::commit without begin for '" + path_ + "'");
+  if (!fd_.valid()) return Status::Internal("SafetensorsWriter::commit without begin for '" + path_ + "'");
   for (const auto& s : slots_)
     if (s.written != s.bytes)
       return Status::Internal("tensor '" + s.name + "' incomplete: " + std::to_string(s.written) + " of " + std::to_string(s.bytes) +
                               " bytes written").with_file(path_);
-  if (opts_.fsync && ::fsync(fd_) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) return Status::FromErrno("close failed", tmp_, errno);
-  if (opts_.rename_on_commit) {
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      int e = errno;
-      ::unlink(tmp_.c_str());
-      return Status::FromErrno("cannot rename into place", path_, e);
-    }
-    if (opts_.fsync) {
-      auto parent = std::filesystem::path(path_).parent_path().string();
-      CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
-    }
-  }
+  if (opts_.fsync && ::fsync(fd_.get()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
+  CKPT_RETURN_IF_ERROR(fd_.close(tmp_));
+  if (opts_.rename_on_commit) CKPT_RETURN_IF_ERROR(commit_temp_file(tmp_, path_, opts_.fsync));
   committed_ = true;
   return Status::Ok();
 }
 
 void SafetensorsWriter::abort() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
+  if (fd_.valid()) {
+    fd_.reset();
     ::unlink(tmp_.c_str());
   }
 }

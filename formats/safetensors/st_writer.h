@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/safetensors/st_header.h"
 #include "formats/file_io.h"
+#include "formats/fs_util.h"
+#include "formats/safetensors/st_header.h"
 #include "formats/tensor_io.h"
 
 namespace ckpt::safetensors {
@@ -48,7 +49,7 @@ class SafetensorsWriter final : public TensorSink {
  private:
   std::string path_, tmp_;
   WriterOptions opts_;
-  int fd_ = -1;
+  ScopedFd fd_;
   bool committed_ = false;
   uint64_t data_start_ = 0, file_size_ = 0;
   struct Slot {
@@ -63,8 +64,11 @@ class SafetensorsWriter final : public TensorSink {
   Result<std::pair<Slot*, uint64_t>> next_run(size_t piece, int64_t count);
 };
 
-// Small whole-file helpers shared by the safetensors sinks.
-Status write_file_fsync(const std::string& path, const std::string& content, bool fsync);
-Status fsync_dir(const std::string& dir);
+// Old names of two formats/fs_util.h helpers, kept only for converters/megatron_layout.cc (being
+// rewritten by another change); remove them once it no longer calls them.
+using ckpt::fsync_dir;
+inline Status write_file_fsync(const std::string& path, const std::string& content, bool fsync) {
+  return write_file(path, content, fsync);
+}
 
 }  // namespace ckpt::safetensors

@@ -1,5 +1,7 @@
 #include "formats/store/h5_types.h"
 
+#include <algorithm>
+
 namespace ckpt::store {
 
 hid_t h5_type_for(DType t) {
@@ -31,6 +33,21 @@ std::vector<hsize_t> piece_dataset_dims(const Region& r) {
   if (r.is_flat()) return {static_cast<hsize_t>(r.numel())};
   if (r.box.ndim() == 0) return {1};
   return std::vector<hsize_t>(r.box.extent.begin(), r.box.extent.end());
+}
+
+std::vector<hsize_t> piece_chunk_dims(const std::vector<hsize_t>& dims, size_t esize, uint64_t target) {
+  std::vector<hsize_t> c(dims.size(), 1);
+  uint64_t inner = esize;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (inner * dims[i] <= target) {
+      c[i] = dims[i];
+      inner *= dims[i];
+    } else {
+      c[i] = std::max<uint64_t>(1, target / inner);
+      break;
+    }
+  }
+  return c;
 }
 
 }  // namespace ckpt::store

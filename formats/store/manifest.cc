@@ -12,7 +12,7 @@
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
-#include "formats/store/sha256.h"
+#include "formats/sha256.h"
 
 namespace ckpt::store {
 

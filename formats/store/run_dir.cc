@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "formats/store/manifest.h"
 
 namespace ckpt::store {
@@ -10,6 +10,12 @@ namespace ckpt::store {
 std::string step_dir_name(int64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string shard_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "shards/r%05d.h5", rank);
   return buf;
 }
 

@@ -12,7 +12,7 @@
 #include "formats/file_io.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
-#include "formats/store/sha256.h"
+#include "formats/sha256.h"
 #include "formats/thread_pool.h"
 #include "formats/store/zstd_filter.h"
 
@@ -43,10 +43,7 @@ Result<std::unique_ptr<StoreReader>> StoreReader::open(const std::string& path) 
   r->dir_ = dir;
   CKPT_ASSIGN_OR_RETURN(r->manifest_, load_manifest(dir));
   r->pieces_.reserve(r->manifest_.pieces.size());
-  for (size_t i = 0; i < r->manifest_.pieces.size(); ++i) {
-    r->pieces_.push_back(r->manifest_.pieces[i].piece);
-    r->by_tensor_[r->pieces_.back().tensor].push_back(i);
-  }
+  for (const auto& rec : r->manifest_.pieces) r->pieces_.push_back(rec.piece);
   CKPT_RETURN_IF_ERROR(r->open_files());
   return r;
 }
@@ -246,39 +243,6 @@ Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end,
                            piece);
     out += n * esize;
   }
-  return Status::Ok();
-}
-
-Status StoreReader::read_region(const std::string& tensor, const Box& box, void* dst, DType* dtype) {
-  const TensorMeta* meta = nullptr;
-  for (const auto& t : manifest_.tensors)
-    if (t.name == tensor) meta = &t;
-  if (!meta) return Status::NotFound("tensor '" + tensor + "' is not in " + dir_).with_tensor(tensor);
-  Status vb = validate_box(box, meta->shape);
-  if (!vb.ok()) return Status::InvalidArgument(vb.message()).with_tensor(tensor);
-  std::optional<DType> dt;
-  std::vector<char> tmp;
-  for (size_t pi : by_tensor_[tensor]) {
-    const auto& p = pieces_[pi];
-    for (const Box& b : p.region.boxes()) {
-      auto inter = intersect(b, box);
-      if (!inter || inter->numel() == 0) continue;
-      if (dt && *dt != p.dtype)
-        return Status::Unsupported("tensor '" + tensor + "' region " + box.to_string() + " spans pieces stored as " + std::string(dtype_name(*dt)) +
-                                   " and " + std::string(dtype_name(p.dtype)))
-            .with_tensor(tensor);
-      dt = p.dtype;
-      const size_t esize = dtype_size(p.dtype);
-      if (*inter == box) {
-        CKPT_RETURN_IF_ERROR(read(pi, *inter, dst));
-        continue;
-      }
-      tmp.resize(static_cast<size_t>(inter->numel()) * esize);
-      CKPT_RETURN_IF_ERROR(read(pi, *inter, tmp.data()));
-      copy_box(tmp.data(), *inter, dst, box, *inter, esize);
-    }
-  }
-  if (dtype) *dtype = dt.value_or(meta->dtype);
   return Status::Ok();
 }
 

@@ -1,8 +1,8 @@
 // Reader of the native store v1 (a TensorSource). open() validates the manifest (see
 // manifest.h) and every shard file and dataset (present, declared shape and dtype) before any
-// use; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece);
-// read_region() assembles any box of a tensor across pieces; verify() recomputes every piece's
-// SHA-256 from the stored bytes, streamed in bounded chunks.
+// use; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece; a box
+// of a tensor across pieces, with casts, is the engine's read_global_box in reshard/executor.h);
+// verify() recomputes every piece's SHA-256 from the stored bytes, streamed in bounded chunks.
 // Thread safety: one thread at a time per reader (HDF5 calls also take h5_lock()).
 #pragma once
 
@@ -50,9 +50,6 @@ class StoreReader final : public TensorSource {
   const std::string& dir() const { return dir_; }
   // Elements [begin, end) of piece `piece` in storage order, into `dst` (stored dtype).
   Status read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst);
-  // Box `box` of tensor `tensor` (dense row-major in `dst`), crossing piece boundaries. All pieces
-  // it touches must share one stored dtype (written in `*dtype` when non-null).
-  Status read_region(const std::string& tensor, const Box& box, void* dst, DType* dtype = nullptr);
   // Bytes the piece's dataset takes in its file (compressed size when compressed).
   uint64_t stored_bytes(size_t piece);
   // Recomputes every checksum, `threads` pieces at a time; an uncompressed piece is hashed straight
@@ -72,7 +69,6 @@ class StoreReader final : public TensorSource {
   std::string dir_;
   Manifest manifest_;
   std::vector<Piece> pieces_;
-  std::unordered_map<std::string, std::vector<size_t>> by_tensor_;
   std::unordered_map<std::string, H5Id> files_;
   std::vector<H5Id> datasets_;
   // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain

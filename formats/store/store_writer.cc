@@ -1,73 +1,34 @@
 #include "formats/store/store_writer.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <future>
 #include <mutex>
-#include <cstdio>
-#include <cstring>
 #include <unordered_map>
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
 #include "formats/file_io.h"
-#include "formats/thread_pool.h"
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
+#include "formats/sha256.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
-#include "formats/store/sha256.h"
+#include "formats/store/run_dir.h"
 #include "formats/store/zstd_filter.h"
+#include "formats/thread_pool.h"
 
 namespace ckpt::store {
 
-Result<StoreOptions> parse_compress_spec(const std::string& spec, const std::string& flag, StoreOptions o) {
-  std::string name = spec, level;
-  if (auto c = spec.find(':'); c != std::string::npos) {
-    name = spec.substr(0, c);
-    level = spec.substr(c + 1);
-  }
-  if (name == "none" && level.empty()) {
-    o.codec = Codec::kNone;
-    return o;
-  }
-  if (name == "zstd") o.codec = Codec::kZstd;
-  else if (name == "shuffle+zstd" || name == "shuffle-zstd") o.codec = Codec::kShuffleZstd;
-  else return Status::InvalidArgument(flag + ": expected none, zstd[:LEVEL] or shuffle+zstd[:LEVEL], got '" + spec + "'");
-  if (!level.empty()) {
-    if (level.size() > 2 || level.find_first_not_of("0123456789") != std::string::npos || std::stoi(level) < 1 ||
-        std::stoi(level) > 22)
-      return Status::InvalidArgument(flag + ": zstd level must be 1..22, got '" + level + "'");
-    o.zstd_level = std::stoi(level);
-  }
-  return o;
-}
-
 namespace {
 
+// A stale `<dst>.partial` (from a crashed run) is replaced; an existing `<dst>` is refused.
+constexpr PartialDirPolicy kStoreDirPolicy{.replace_stale = true, .empty_target_ok = false};
 constexpr size_t kInlineHashBytes = 256 << 10;  // smaller writes are hashed on the calling thread
-
-// Row-slab chunks of about `target` bytes: full inner dims, a slice of the first dim that does
-// not fit whole, 1 for the dims outside it.
-std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, size_t esize, uint64_t target) {
-  std::vector<hsize_t> c(dims.size(), 1);
-  uint64_t inner = esize;
-  for (size_t i = dims.size(); i-- > 0;) {
-    if (inner * dims[i] <= target) {
-      c[i] = dims[i];
-      inner *= dims[i];
-    } else {
-      c[i] = std::max<uint64_t>(1, target / inner);
-      break;
-    }
-  }
-  return c;
-}
 
 Status write_string_attr(hid_t obj, const char* name, const std::string& value) {
   H5Id type = h5_type(H5Tcopy(H5T_C_S1));
@@ -105,7 +66,7 @@ struct ShardWriter::Impl {
   std::string rel;   // "shards/r00003.h5"
   StoreOptions opts;
   H5Id file;
-  int fd = -1;       // raw data of uncompressed pieces: pwrite / copy_file_bytes at raw_offset
+  ScopedFd fd;       // raw data of uncompressed pieces: pwrite / copy_file_bytes at raw_offset
   std::vector<Slot> slots;
   std::mutex copy_mu;
   std::condition_variable copy_cv;
@@ -119,7 +80,6 @@ struct ShardWriter::Impl {
     cancel.store(true);
     pool.reset();
     buffer_hasher.reset();
-    if (fd >= 0) ::close(fd);
   }
   // Copies and hashes the pending extents of `s` in order (a pool job; one per slot at a time).
   void drain(Slot& s) {
@@ -137,7 +97,7 @@ struct ShardWriter::Impl {
         c = s.pending.front();
         s.pending.pop_front();
       }
-      Status st = copy_file_bytes(c.src.fd, c.src.offset, fd, c.dst_off, c.src.bytes, path,
+      Status st = copy_file_bytes(c.src.fd, c.src.offset, fd.get(), c.dst_off, c.src.bytes, path,
                                   [&s](const void* p, size_t n) { s.hash.update(p, n); });
       std::lock_guard<std::mutex> l(copy_mu);
       --queued;
@@ -201,9 +161,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
       return Status::InvalidArgument("piece #" + std::to_string(i) + " flat range " + p.region.to_string() + " outside its box").with_tensor(p.tensor);
   }
   auto impl = std::make_unique<Impl>();
-  char name[32];
-  std::snprintf(name, sizeof name, "shards/r%05d.h5", rank);
-  impl->rel = name;
+  impl->rel = shard_file_name(rank);
   impl->path = partial_dir + "/" + impl->rel;
   impl->opts = opts;
   impl->pool = std::make_unique<ThreadPool>(std::max(1, opts.hash_threads));
@@ -217,6 +175,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     const auto& p = pieces[i];
     s.rec.piece = p;
     s.rec.file = impl->rel;
+    char name[32];
     std::snprintf(name, sizeof name, "/p%06zu", i);
     s.rec.dataset = name;
     s.esize = dtype_size(p.dtype);
@@ -229,7 +188,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     H5Id dapl = h5_plist(H5Pcreate(H5P_DATASET_ACCESS));
     s.rec.codec = s.numel > 0 ? opts.codec : Codec::kNone;
     if (s.rec.codec != Codec::kNone) {
-      auto cd = chunk_dims(s.dims, s.esize, opts.chunk_bytes);
+      auto cd = piece_chunk_dims(s.dims, s.esize, opts.chunk_bytes);
       H5Pset_chunk(dcpl.get(), static_cast<int>(cd.size()), cd.data());
       if (s.rec.codec == Codec::kShuffleZstd && s.esize > 1) H5Pset_shuffle(dcpl.get());
       unsigned cdv[1] = {static_cast<unsigned>(opts.zstd_level)};
@@ -258,8 +217,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
       s.raw_offset = static_cast<int64_t>(a);
     }
   }
-  impl->fd = ::open(impl->path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (impl->fd < 0) return Status::FromErrno("cannot open for writing", impl->path, errno);
+  CKPT_ASSIGN_OR_RETURN(impl->fd, open_fd(impl->path, O_WRONLY, "cannot open for writing"));
   return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
 }
 
@@ -275,7 +233,7 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
   else s.hash.update(data, nbytes);
   Status st;
   if (s.raw_offset >= 0) {
-    st = pwrite_full(im.fd, data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize, im.path);
+    st = pwrite_full(im.fd.get(), data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize, im.path);
     if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor).with_context("writing " + Impl::rec_desc(s));
   } else {
     auto lock = h5_lock();
@@ -347,11 +305,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
       return Status::Io("flushing HDF5 shard failed").with_file(im.path);
   }
   im.closed = true;
-  if (::close(im.fd) != 0) {
-    im.fd = -1;
-    return Status::FromErrno("closing", im.path, errno);
-  }
-  im.fd = -1;
+  CKPT_RETURN_IF_ERROR(im.fd.close(im.path));
   if (im.opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(im.path));
   std::vector<PieceRecord> out;
   out.reserve(im.slots.size());
@@ -379,14 +333,14 @@ StoreWriter::~StoreWriter() {
   if (begun_ && !done_) abort();
 }
 
-std::string StoreWriter::partial_dir(const std::string& dst) { return dst + ".partial"; }
+std::string StoreWriter::partial_dir(const std::string& dst) { return PartialDir::path_for(dst); }
 
 Status StoreWriter::prepare_partial(const std::string& dst) {
-  if (path_exists(dst)) return Status::InvalidArgument("destination '" + dst + "' already exists").with_file(dst);
-  const std::string partial = partial_dir(dst);
-  CKPT_RETURN_IF_ERROR(remove_tree(partial));
-  CKPT_RETURN_IF_ERROR(make_dir(partial));
-  return make_dir(partial + "/shards");
+  PartialDir dir(dst, kStoreDirPolicy);
+  CKPT_RETURN_IF_ERROR(dir.create());
+  CKPT_RETURN_IF_ERROR(make_dir(dir.path() + "/shards"));
+  dir.release();  // finalize() commits it; on failure the caller removes it
+  return Status::Ok();
 }
 
 Status StoreWriter::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) {
@@ -453,11 +407,10 @@ void StoreWriter::abort() {
   done_ = true;
 }
 
-Status StoreWriter::finalize(const std::string& dst_in, const std::vector<TensorMeta>& tensors, std::vector<PieceRecord> records,
+Status StoreWriter::finalize(const std::string& dst, const std::vector<TensorMeta>& tensors, std::vector<PieceRecord> records,
                              const nlohmann::json& metadata, const StoreOptions& opts) {
-  std::string dst = dst_in;
-  while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
-  const std::string partial = partial_dir(dst);
+  PartialDir dir(dst, kStoreDirPolicy);  // made by prepare_partial(); left in place if this fails
+  const std::string& partial = dir.path();
   std::unordered_map<std::string, size_t> order;
   for (size_t i = 0; i < tensors.size(); ++i) order.emplace(tensors[i].name, i);
   auto key = [&](const PieceRecord& r) {
@@ -475,13 +428,11 @@ Status StoreWriter::finalize(const std::string& dst_in, const std::vector<Tensor
   if (!v.ok()) return Status::InvalidArgument("refusing to commit an invalid store: " + v.code() + ": " + v.message()).with_tensor(v.tensor());
   for (const auto& r : m.pieces)
     if (!path_exists(partial + "/" + r.file)) return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
-  if (path_exists(dst)) return Status::InvalidArgument("destination '" + dst + "' already exists").with_file(dst);
+  CKPT_RETURN_IF_ERROR(dir.check_target());
   const std::string text = manifest_to_json(m).dump(1);
-  if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(partial + "/shards"));
+  if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial + "/shards"));
   CKPT_RETURN_IF_ERROR(write_file_atomic(partial + "/" + kManifestFile, text));
-  if (::rename(partial.c_str(), dst.c_str()) != 0) return Status::FromErrno("cannot rename checkpoint to", dst, errno);
-  if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(parent_dir(dst)));
-  return Status::Ok();
+  return dir.commit(opts.fsync);
 }
 
 }  // namespace ckpt::store

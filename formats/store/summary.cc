@@ -5,22 +5,12 @@
 #include <set>
 #include <unordered_map>
 
+#include "formats/byte_size.h"
 #include "formats/dtype.h"
 
 namespace ckpt::store {
 
 using nlohmann::json;
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
-  char buf[48];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
 
 json summarize_source(const TensorSource& src, const SourceExtras* ex) {
   json out;

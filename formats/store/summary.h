@@ -28,6 +28,5 @@ struct SourceExtras {
 //  compression_ratio?}, "codecs": {...}?}
 nlohmann::json summarize_source(const TensorSource& src, const SourceExtras* extras = nullptr);
 std::string text_summary(const nlohmann::json& summary, bool list_tensors = true);
-std::string human_bytes(uint64_t b);  // "1.50 GiB"
 
 }  // namespace ckpt::store

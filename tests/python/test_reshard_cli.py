@@ -7,7 +7,8 @@
  * --dry-run prints the plan with totals and writes nothing; --layout FILE; --compress zstd[:L]
    (read back by h5py + hdf5plugin); --threads / --max-memory do not change a single output byte;
    impossible layouts are refused before anything is written; a corrupt or missing source piece
-   is named and nothing is committed; a progress bar is drawn on a terminal only;
+   is named and nothing is committed; a progress bar is drawn on a terminal only (reshard, verify,
+   to-hf, from-hf), each redraw erasing the rest of the line;
  * `ckpt diff` native vs native and native vs HF dir: exit 0 equal / 1 differ, --atol/--rtol,
    --json figures equal to numpy's.
 """
@@ -268,11 +269,10 @@ def test_corrupt_source_piece_named_nothing_committed(make_store, run_ckpt, tmp_
     assert not dst.exists() and not (tmp_path / "dst.partial").exists()
 
 
-def test_progress_bar_only_on_a_terminal(make_store, ckpt_bin, run_ckpt, tmp_path):
-    src = make_store(CFG_GQA, model(CFG_GQA))
+def stderr_on_a_terminal(ckpt_bin, *args):
+    """Runs ckpt with stderr on a pseudo-terminal; returns (exit code, what it wrote there)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([ckpt_bin, "reshard", str(src), str(tmp_path / "tty"), "--tp", "2", "--pp", "2", "--dp", "1"],
-                            stdout=subprocess.PIPE, stderr=slave, close_fds=True)
+    proc = subprocess.Popen([ckpt_bin, *map(str, args)], stdout=subprocess.PIPE, stderr=slave, close_fds=True)
     os.close(slave)
     chunks = []
     while True:
@@ -288,11 +288,35 @@ def test_progress_bar_only_on_a_terminal(make_store, ckpt_bin, run_ckpt, tmp_pat
         chunks.append(b)
     proc.wait(timeout=60)
     os.close(master)
-    err = b"".join(chunks).decode(errors="replace")
-    assert proc.returncode == 0, err
-    assert "reshard [" in err and "100%" in err, err
+    return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+def assert_progress_lines(err, label):
+    """A bar reaching 100%; every redraw ("\r" + text) erases to the end of the line ("\x1b[K"), so
+    a shorter text leaves nothing of a longer one; the last one ends the line."""
+    assert label + " [" in err and "100%" in err, err
+    redraws = err.replace("\r\n", "\n").split("\r")[1:]  # the terminal turns "\n" into "\r\n"
+    assert redraws, err
+    for seg in redraws:
+        assert seg.split("\n")[0].endswith("\x1b[K"), repr(seg)
+    assert redraws[-1].endswith("\x1b[K\n"), repr(redraws[-1])
+
+
+def test_progress_bar_only_on_a_terminal(make_store, ckpt_bin, run_ckpt, tmp_path):
+    src = make_store(CFG_GQA, model(CFG_GQA))
+    rc, err = stderr_on_a_terminal(ckpt_bin, "reshard", src, tmp_path / "tty", "--tp", "2", "--pp", "2", "--dp", "1")
+    assert rc == 0, err
+    assert_progress_lines(err, "reshard")
     p = run_ckpt("reshard", src, tmp_path / "notty", "--tp", 2, "--pp", 2, "--dp", 1)
     assert "reshard [" not in p.stderr
+    # The other long commands draw the same bar: verify, to-hf, from-hf.
+    for label, args in [("verify", ["verify", tmp_path / "tty"]),
+                        ("to-hf", ["to-hf", tmp_path / "tty", tmp_path / "hf"]),
+                        ("from-hf", ["from-hf", tmp_path / "hf", tmp_path / "back"])]:
+        rc, err = stderr_on_a_terminal(ckpt_bin, *args)
+        assert rc == 0, err
+        assert_progress_lines(err, label)
+    assert "verify [" not in run_ckpt("verify", tmp_path / "tty").stderr
 
 
 # ---------------------------------------------------------------------------------------------

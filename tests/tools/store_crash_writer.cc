@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/store_writer.h"
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "formats/store/fs_util.h"
+#include "formats/fs_util.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"

@@ -1,4 +1,4 @@
-// Streaming SHA-256 (OpenSSL EVP) of piece bytes, hex-encoded.
+// Streaming SHA-256 (OpenSSL EVP), hex-encoded: store piece digests, carried HF side files.
 // Thread safety: a Sha256 is used by one thread at a time.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace ckpt::store {
+namespace ckpt {
 
 class Sha256 {
  public:
@@ -27,4 +27,4 @@ class Sha256 {
 std::string sha256_hex(const void* data, size_t n);
 bool is_sha256_hex(const std::string& s);  // 64 lower-case hex digits
 
-}  // namespace ckpt::store
+}  // namespace ckpt

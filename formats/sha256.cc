@@ -1,11 +1,11 @@
-#include "formats/store/sha256.h"
+#include "formats/sha256.h"
 
 #include <openssl/evp.h>
 
 #include <cstdlib>
 #include <utility>
 
-namespace ckpt::store {
+namespace ckpt {
 
 Sha256::Sha256() {
   ctx_ = EVP_MD_CTX_new();
@@ -53,4 +53,4 @@ bool is_sha256_hex(const std::string& s) {
   return true;
 }
 
-}  // namespace ckpt::store
+}  // namespace ckpt
