@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "formats/json_read.h"
 #include "formats/store/fs_util.h"
 #include "formats/store/manifest.h"
 #include "reshard/dist.h"
@@ -29,6 +30,23 @@ class ShardSink final : public TensorSink {
  private:
   store::ShardWriter* w_;
 };
+
+// Every process's `mine`, gathered to rank 0 (Status::to_json); each process gets the first
+// failure in rank order (its message names the rank), or OK when every process succeeded.
+Status first_failure(Dist& dist, const Status& mine) {
+  Status first;
+  if (dist.rank() == 0) {
+    const std::vector<std::string> all = dist.gather(mine.to_json());
+    for (size_t r = 0; r < all.size() && first.ok(); ++r) {
+      first = Status::from_json(all[r]);
+      if (!first.ok() && r != 0) first = std::move(first).with_context("reshard process " + std::to_string(r) + " of " +
+                                                                      std::to_string(all.size()) + "; nothing was committed");
+    }
+  } else {
+    (void)dist.gather(mine.to_json());
+  }
+  return Status::from_json(dist.broadcast(first.to_json()));
+}
 
 }  // namespace
 
@@ -68,8 +86,8 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   Status st;
   if (rank == 0) st = store::StoreWriter::prepare_partial(dst);
   if (dist) {
-    std::string msg = dist->broadcast(st.ok() ? "" : st.to_string());
-    if (!msg.empty()) return st.ok() ? Status::Io("rank 0 could not prepare '" + partial + "': " + msg) : st;
+    Status root = Status::from_json(dist->broadcast(st.to_json()));
+    if (!root.ok()) return rank == 0 ? root : std::move(root).with_context("rank 0 could not prepare '" + partial + "'");
   } else if (!st.ok()) {
     return st;
   }
@@ -112,11 +130,10 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   }
 
   // Everyone done and OK? Then gather the records and let rank 0 finalize.
-  const bool all = dist ? dist->all_ok(st.ok()) : st.ok();
-  if (!all) {
-    if (dist) dist->barrier();
+  Status group = dist ? first_failure(*dist, st) : st;
+  if (!group.ok()) {
     if (rank == 0) (void)store::remove_tree(partial);
-    return st.ok() ? Status::Io("another reshard process failed; nothing was committed") : st;
+    return st.ok() ? group : st;
   }
   std::vector<std::string> gathered =
       dist ? dist->gather(my_records.dump()) : std::vector<std::string>{my_records.dump()};
@@ -124,12 +141,12 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   if (rank == 0) {
     std::vector<store::PieceRecord> records;
     for (const std::string& g : gathered) {
-      auto j = nlohmann::json::parse(g, nullptr, false);
-      if (j.is_discarded() || !j.is_array()) {
-        fin = Status::Internal("bad piece records gathered from a reshard process");
+      auto j = parse_json(g, kManifestJsonLimits, "piece records of a reshard process");
+      if (!j.ok() || !j->is_array()) {
+        fin = Status::Internal("bad piece records gathered from a reshard process: " + j.status().to_string());
         break;
       }
-      for (const auto& rj : j) {
+      for (const auto& rj : *j) {
         auto r = store::piece_record_from_json(rj);
         if (!r.ok()) {
           fin = r.take_status();
@@ -146,8 +163,8 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
     if (!fin.ok()) (void)store::remove_tree(partial);
   }
   if (dist) {
-    std::string msg = dist->broadcast(fin.ok() ? "" : fin.to_string());
-    if (rank != 0 && !msg.empty()) return Status::Io("rank 0 failed to finalize: " + msg);
+    Status root = Status::from_json(dist->broadcast(fin.to_json()));
+    if (rank != 0 && !root.ok()) return std::move(root).with_context("rank 0 failed to finalize");
   }
   return fin;
 }
