@@ -32,6 +32,7 @@ class BackgroundVerify {
   // (the caller then verifies inline).
   bool start(const std::string& src_dir);
   bool started() const { return pid_ > 0; }
+  pid_t child_pid() const { return pid_; }
   // Waits for the child and returns its verdict (kInternal if it died without one).
   Status wait();
 
