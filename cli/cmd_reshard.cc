@@ -66,6 +66,23 @@ struct ProgressBar {
   }
 };
 
+// The summary of a finished reshard on stdout: JSON (--json) or one line.
+void print_result(const ReshardArgs& a, const TensorSource& src, const Plan& plan, const Layout& layout, double plan_s,
+                  double secs, int processes) {
+  if (a.json) {
+    nlohmann::json j = plan.to_json();
+    j["dst"] = a.dst;
+    j["seconds"] = secs;
+    j["plan_seconds"] = plan_s;
+    j["processes"] = processes;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
+                a.dst.c_str(), layout.to_string().c_str(), plan.pieces.size(), plan.files.size(),
+                plan.bytes_written / 1073741824.0, secs);
+  }
+}
+
 int run_reshard(const ReshardArgs& a) {
   Dist* dist = Dist::launched_under_mpi() ? &Dist::get() : nullptr;
   const bool root = !dist || dist->rank() == 0;
@@ -143,20 +160,7 @@ int run_reshard(const ReshardArgs& a) {
   Status st = execute_plan_to_store(src, *plan, a.dst, so, dist);
   if (!st.ok()) return fail(st);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (root) {
-    if (a.json) {
-      nlohmann::json j = plan->to_json();
-      j["dst"] = a.dst;
-      j["seconds"] = secs;
-      j["plan_seconds"] = plan_s;
-      j["processes"] = dist ? dist->size() : 1;
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
-                  a.dst.c_str(), layout->to_string().c_str(), plan->pieces.size(), plan->files.size(),
-                  plan->bytes_written / 1073741824.0, secs);
-    }
-  }
+  if (root) print_result(a, src, *plan, *layout, plan_s, secs, dist ? dist->size() : 1);
   return 0;
 }
 

@@ -48,6 +48,27 @@ Status first_failure(Dist& dist, const Status& mine) {
   return Status::from_json(dist.broadcast(first.to_json()));
 }
 
+// Rank 0: parses every process's piece records, runs opts.before_commit and finalizes `dst`.
+Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& plan, const std::string& dst,
+                        const StoreExecOptions& opts) {
+  std::vector<store::PieceRecord> records;
+  for (const std::string& g : gathered) {
+    auto j = parse_json(g, kManifestJsonLimits, "piece records of a reshard process");
+    if (!j.ok() || !j->is_array())
+      return Status::Internal("bad piece records gathered from a reshard process: " +
+                              (j.ok() ? std::string("not a JSON array") : j.status().to_string()));
+    for (const auto& rj : *j) {
+      CKPT_ASSIGN_OR_RETURN(store::PieceRecord r, store::piece_record_from_json(rj));
+      records.push_back(std::move(r));
+    }
+  }
+  if (records.size() != plan.pieces.size())
+    return Status::Internal("gathered " + std::to_string(records.size()) + " piece records, the plan has " +
+                            std::to_string(plan.pieces.size()));
+  if (opts.before_commit) CKPT_RETURN_IF_ERROR(opts.before_commit());
+  return store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
+}
+
 }  // namespace
 
 std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
@@ -139,27 +160,7 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
       dist ? dist->gather(my_records.dump()) : std::vector<std::string>{my_records.dump()};
   Status fin;
   if (rank == 0) {
-    std::vector<store::PieceRecord> records;
-    for (const std::string& g : gathered) {
-      auto j = parse_json(g, kManifestJsonLimits, "piece records of a reshard process");
-      if (!j.ok() || !j->is_array()) {
-        fin = Status::Internal("bad piece records gathered from a reshard process: " + j.status().to_string());
-        break;
-      }
-      for (const auto& rj : *j) {
-        auto r = store::piece_record_from_json(rj);
-        if (!r.ok()) {
-          fin = r.take_status();
-          break;
-        }
-        records.push_back(std::move(r).value());
-      }
-    }
-    if (fin.ok() && records.size() != plan.pieces.size())
-      fin = Status::Internal("gathered " + std::to_string(records.size()) + " piece records, the plan has " +
-                             std::to_string(plan.pieces.size()));
-    if (fin.ok() && opts.before_commit) fin = opts.before_commit();
-    if (fin.ok()) fin = store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
+    fin = finalize_on_root(gathered, plan, dst, opts);
     if (!fin.ok()) (void)store::remove_tree(partial);
   }
   if (dist) {
