@@ -30,7 +30,7 @@ struct FromHfArgs {
 
 int run_from_hf(const FromHfArgs& a) {
   const bool layout_given = a.layout.given();
-  Dist* dist = layout_given && std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
+  Dist* dist = layout_given && Dist::launched_under_mpi() ? &Dist::get() : nullptr;
   const bool root = !dist || dist->rank() == 0;
   auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
 

@@ -1,18 +1,9 @@
 // ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout
 // (reshard/planner.h, reshard/store_reshard.h). Under mpirun the shard files are divided among
 // the processes.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
@@ -24,6 +15,7 @@
 #include "formats/store/store_reader.h"
 #include "reshard/dist.h"
 #include "reshard/planner.h"
+#include "reshard/source_verify.h"
 #include "reshard/store_reshard.h"
 
 namespace ckpt::cli {
@@ -41,16 +33,7 @@ Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const
   if (!a.layout_file.empty()) {
     if (a.layout.given())
       return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
-    std::ifstream in(a.layout_file);
-    if (!in) return Status::FromErrno("cannot open layout file", a.layout_file, errno);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().size() > (16u << 20)) return Status::InvalidArgument("layout file '" + a.layout_file + "' is too large");
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded()) return Status::InvalidArgument("layout file '" + a.layout_file + "' is not valid JSON");
-    auto r = Layout::from_json(j);
-    if (!r.ok()) return r.take_status().with_file(a.layout_file);
-    l = std::move(r).value();
+    CKPT_ASSIGN_OR_RETURN(l, Layout::from_file(a.layout_file));
   } else {
     if (!a.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
     CKPT_ASSIGN_OR_RETURN(l, a.layout.make(cfg.num_hidden_layers));
@@ -65,95 +48,25 @@ Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const
   return l;
 }
 
-// Re-hashes every SRC piece (the same check as StoreReader::verify) in a child process forked
-// before this process touches SRC, so the hashing and its reads overlap the reshard on another
-// core (HDF5 is not thread safe: a process, not a thread). The child dies with its parent.
-class BackgroundVerify {
- public:
-  ~BackgroundVerify() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
+// The summary of a finished reshard on stdout: JSON (--json) or one line.
+void print_result(const ReshardArgs& a, const TensorSource& src, const Plan& plan, const Layout& layout, double plan_s,
+                  double secs, int processes) {
+  if (a.json) {
+    nlohmann::json j = plan.to_json();
+    j["dst"] = a.dst;
+    j["seconds"] = secs;
+    j["plan_seconds"] = plan_s;
+    j["processes"] = processes;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
+                a.dst.c_str(), layout.to_string().c_str(), plan.pieces.size(), plan.files.size(),
+                plan.bytes_written / 1073741824.0, secs);
   }
-  // Returns false when fork is not possible (the caller verifies inline).
-  bool start(const std::string& src) {
-    int p[2];
-    if (pipe(p) != 0) return false;
-    std::fflush(nullptr);
-    pid_ = fork();
-    if (pid_ < 0) {
-      close(p[0]);
-      close(p[1]);
-      return false;
-    }
-    if (pid_ == 0) {
-      close(p[0]);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      nlohmann::json out = {{"ok", true}};
-      auto r = store::StoreReader::open(src);
-      if (!r.ok()) {
-        out = status_json(r.status(), "");
-      } else {
-        store::VerifyReport rep = (*r)->verify();
-        if (!rep.ok())
-          out = status_json(rep.failures.front().status,
-                            "SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
-                                std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
-      }
-      const std::string text = out.dump();
-      size_t off = 0;
-      while (off < text.size()) {
-        ssize_t n = write(p[1], text.data() + off, text.size() - off);
-        if (n <= 0) break;
-        off += static_cast<size_t>(n);
-      }
-      _exit(0);
-    }
-    close(p[1]);
-    fd_ = p[0];
-    return true;
-  }
-  // Waits for the child's verdict.
-  Status wait() {
-    std::string text;
-    char buf[4096];
-    for (;;) {
-      ssize_t n = read(fd_, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      if (text.size() < (1u << 20)) text.append(buf, static_cast<size_t>(n));
-    }
-    close(fd_);
-    fd_ = -1;
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || j.is_discarded() || !j.is_object())
-      return Status::Internal("the SRC verification process failed (status " + std::to_string(status) +
-                              "); nothing was committed");
-    if (j.value("ok", false)) return Status::Ok();
-    Status st = Status::Error(static_cast<ErrorKind>(j.value("kind", static_cast<int>(ErrorKind::kInternal))),
-                              j.value("code", std::string("Internal")), j.value("message", std::string()));
-    if (!j.value("file", std::string()).empty()) st = std::move(st).with_file(j.value("file", std::string()));
-    if (!j.value("tensor", std::string()).empty()) st = std::move(st).with_tensor(j.value("tensor", std::string()));
-    const std::string ctx = j.value("context", std::string());
-    return ctx.empty() ? st : std::move(st).with_context(ctx);
-  }
-
- private:
-  static nlohmann::json status_json(const Status& st, const std::string& context) {
-    return {{"ok", false},          {"kind", static_cast<int>(st.kind())}, {"code", st.code()}, {"message", st.message()},
-            {"file", st.file()},    {"tensor", st.tensor()},               {"context", context}};
-  }
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
+}
 
 int run_reshard(const ReshardArgs& a) {
-  Dist* dist = std::getenv("OMPI_COMM_WORLD_SIZE") ? &Dist::get() : nullptr;
+  Dist* dist = Dist::launched_under_mpi() ? &Dist::get() : nullptr;
   const bool root = !dist || dist->rank() == 0;
   auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
 
@@ -164,8 +77,7 @@ int run_reshard(const ReshardArgs& a) {
   // SRC re-hash, overlapped with the reshard in a child process (single-process runs only; under
   // mpirun rank 0 re-hashes inline before committing).
   BackgroundVerify bg;
-  bool bg_started = false;
-  if (!a.no_verify && !a.dry_run && !dist && !is_megatron_dir(a.src)) bg_started = bg.start(a.src);
+  if (!a.no_verify && !a.dry_run && !dist && !is_megatron_dir(a.src)) (void)bg.start(a.src);
 
   // SRC: a native store (checksummed), or a Megatron-layout directory written by export-megatron
   // (packed QKV and fused gate/up are unpacked by its segment map).
@@ -183,7 +95,7 @@ int run_reshard(const ReshardArgs& a) {
   TensorSource& src = store_src ? static_cast<TensorSource&>(*store_src) : *other_src;
   const nlohmann::json& meta = src.metadata();
   if (!meta.contains("model_config"))
-    return fail(Status::Error(ErrorKind::kUnsupported, "NoModelConfig",
+    return fail(Status::Error("NoModelConfig",
                               "SRC '" + src.describe() + "' has no model_config metadata: cannot derive sharding rules"));
   auto cfg = LlamaConfig::from_json(meta["model_config"]);
   if (!cfg.ok()) return fail(cfg.take_status().with_context("model_config of '" + src.describe() + "'"));
@@ -191,12 +103,12 @@ int run_reshard(const ReshardArgs& a) {
   auto layout = target_layout(a, *cfg, meta);
   if (!layout.ok()) return fail(layout.take_status());
 
-  // Buffer budget: keep ~48 MiB for the store writer, HDF5 and the process itself.
+  // Buffer budget: the rest after what the store writer, HDF5 and the process itself need.
   ExecOptions eo;
   eo.threads = a.stream.threads;
   size_t max_src = 1;
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  auto chunk = a.stream.chunk_bytes(max_src, 1, 48ull << 20);
+  auto chunk = a.stream.chunk_bytes(max_src, 1, kStoreWriterReserveBytes);
   if (!chunk.ok()) return fail(chunk.take_status());
   eo.max_chunk_bytes = *chunk;
 
@@ -223,35 +135,15 @@ int run_reshard(const ReshardArgs& a) {
   so.store = *sopts;
   ProgressBar bar("reshard", root && stderr_is_tty() && !a.json);
   so.exec.progress = bar.callback();
-  if (bg_started)
+  if (bg.started())
     so.before_commit = [&bg]() -> Status { return bg.wait(); };
   else if (!a.no_verify && store_src)
-    so.before_commit = [&store_src]() -> Status {
-      store::VerifyReport rep = store_src->verify();
-      if (!rep.ok())
-        return std::move(rep.failures.front().status)
-            .with_context("SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
-                          std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
-      return Status::Ok();
-    };
+    so.before_commit = [&store_src]() -> Status { return verify_source_inline(*store_src); };
   Status st = execute_plan_to_store(src, *plan, a.dst, so, dist);
   bar.finish();
   if (!st.ok()) return fail(st);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (root) {
-    if (a.json) {
-      nlohmann::json j = plan->to_json();
-      j["dst"] = a.dst;
-      j["seconds"] = secs;
-      j["plan_seconds"] = plan_s;
-      j["processes"] = dist ? dist->size() : 1;
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
-                  a.dst.c_str(), layout->to_string().c_str(), plan->pieces.size(), plan->files.size(),
-                  plan->bytes_written / 1073741824.0, secs);
-    }
-  }
+  if (root) print_result(a, src, *plan, *layout, plan_s, secs, dist ? dist->size() : 1);
   return 0;
 }
 

@@ -56,7 +56,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
     CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfig::from_json(cfg_json));
     // Every layer has at least 9 tensors: bound the tensor list built from the config by the source size.
     if (cfg.num_hidden_layers > static_cast<int64_t>(src.tensors().size() / 9 + 1))
-      return Status::Error(ErrorKind::kNotFound, "MissingTensor", "model config says " + std::to_string(cfg.num_hidden_layers) +
+      return Status::Error("MissingTensor", "model config says " + std::to_string(cfg.num_hidden_layers) +
                                                                   " layers but '" + src.describe() + "' holds only " +
                                                                   std::to_string(src.tensors().size()) + " tensors");
     std::set<std::string> wanted;
@@ -64,11 +64,11 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
       wanted.insert(want.name);
       auto it = by_name.find(want.name);
       if (it == by_name.end())
-        return Status::Error(ErrorKind::kNotFound, "MissingTensor",
+        return Status::Error("MissingTensor",
                              "'" + src.describe() + "' has no tensor '" + want.name + "' " + shape_to_string(want.shape) +
                                  " required by its model config").with_tensor(want.name);
       if (it->second->shape != want.shape)
-        return Status::Corruption("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
+        return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                        ", the model config expects " + shape_to_string(want.shape))
             .with_tensor(want.name);
       DType dt = out_dtype(it->second->dtype, opts.dtype);
@@ -81,7 +81,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         plan.skipped.push_back(t.name);
         continue;
       }
-      return Status::Corruption("UnexpectedTensor", "tensor '" + t.name + "' is neither a model weight of the config (" +
+      return Status::Error("UnexpectedTensor", "tensor '" + t.name + "' is neither a model weight of the config (" +
                                                         std::to_string(wanted.size()) + " expected) nor optimizer state")
           .with_tensor(t.name);
     }
@@ -103,7 +103,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
     auto n = checked_numel(t.shape);
     auto b = n ? checked_mul(static_cast<uint64_t>(*n), static_cast<uint64_t>(dtype_size(t.dtype))) : std::nullopt;
     auto tot = b ? checked_add(plan.total_bytes, *b) : std::nullopt;
-    if (!tot) return Status::Corruption("ShapeOverflow", "tensor '" + t.name + "' size overflows").with_tensor(t.name);
+    if (!tot) return Status::Error("ShapeOverflow", "tensor '" + t.name + "' size overflows").with_tensor(t.name);
     plan.total_bytes = *tot;
   }
   std::error_code ec;

@@ -32,7 +32,7 @@ int b64_value(char c) {
 }
 
 Status corrupt(const std::string& name, const std::string& what) {
-  return Status::Corruption("HfFilesCorrupt", "metadata hf_files['" + name + "']: " + what);
+  return Status::Error("HfFilesCorrupt", "metadata hf_files['" + name + "']: " + what);
 }
 
 bool allowed_name(const std::string& n) {
@@ -65,7 +65,7 @@ std::string base64_encode(std::string_view in) {
 }
 
 Result<std::string> base64_decode(std::string_view in) {
-  if (in.size() % 4 != 0) return Status::Corruption("Base64Invalid", "base64 length " + std::to_string(in.size()) + " is not a multiple of 4");
+  if (in.size() % 4 != 0) return Status::Error("Base64Invalid", "base64 length " + std::to_string(in.size()) + " is not a multiple of 4");
   std::string out;
   out.reserve(in.size() / 4 * 3);
   for (size_t i = 0; i < in.size(); i += 4) {
@@ -79,7 +79,7 @@ Result<std::string> base64_decode(std::string_view in) {
         continue;
       }
       if (pad > 0 || (v[k] = b64_value(c)) < 0)
-        return Status::Corruption("Base64Invalid", "invalid base64 character at offset " + std::to_string(i + k));
+        return Status::Error("Base64Invalid", "invalid base64 character at offset " + std::to_string(i + k));
     }
     uint32_t x = (static_cast<uint32_t>(v[0]) << 18) | (static_cast<uint32_t>(v[1]) << 12) | (static_cast<uint32_t>(v[2]) << 6) |
                  static_cast<uint32_t>(v[3]);
@@ -101,7 +101,7 @@ Result<nlohmann::json> collect_hf_files(const std::string& dir) {
     if (ec) return Status::FromErrno("cannot stat", p.string(), ec.value());
     total += size;
     if (size > kMaxHfFileBytes || total > kMaxHfFileBytes)
-      return Status::Error(ErrorKind::kUnsupported, "HfFilesTooLarge",
+      return Status::Error("HfFilesTooLarge",
                            "side file '" + p.string() + "' (" + std::to_string(size) + " bytes) would bring the carried files above " +
                                std::to_string(kMaxHfFileBytes) + " bytes");
     std::ifstream in(p, std::ios::binary);
@@ -118,7 +118,7 @@ Result<std::map<std::string, std::string>> decode_hf_files(const nlohmann::json&
   std::map<std::string, std::string> out;
   if (!metadata.is_object() || !metadata.contains(kHfFilesKey)) return out;
   const auto& hf = metadata[kHfFilesKey];
-  if (!hf.is_object()) return Status::Corruption("HfFilesCorrupt", std::string("metadata hf_files is ") + hf.type_name() + ", expected an object");
+  if (!hf.is_object()) return Status::Error("HfFilesCorrupt", std::string("metadata hf_files is ") + hf.type_name() + ", expected an object");
   uint64_t total = 0;
   for (auto it = hf.begin(); it != hf.end(); ++it) {
     const std::string& name = it.key();
@@ -138,7 +138,7 @@ Result<std::map<std::string, std::string>> decode_hf_files(const nlohmann::json&
       return corrupt(name, "decoded size " + std::to_string(dec->size()) + ", recorded " + std::to_string(bytes));
     std::string sha = sha256_hex(dec->data(), dec->size());
     if (sha != e["sha256"].get<std::string>())
-      return Status::Error(ErrorKind::kChecksum, "HfFilesCorrupt",
+      return Status::Error("HfFilesChecksum",
                            "metadata hf_files['" + name + "']: SHA-256 " + sha + ", recorded " + e["sha256"].get<std::string>().substr(0, 64));
     out[name] = std::move(*dec);
   }

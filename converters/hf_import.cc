@@ -21,7 +21,7 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
   CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(md["model_config"]));
   // Every layer has at least 9 tensors: bound the tensor list built from the config by the source size.
   if (plan.config.num_hidden_layers > static_cast<int64_t>(src.tensors().size() / 9 + 1))
-    return Status::Error(ErrorKind::kNotFound, "MissingTensor", "model config says " + std::to_string(plan.config.num_hidden_layers) +
+    return Status::Error("MissingTensor", "model config says " + std::to_string(plan.config.num_hidden_layers) +
                                                                 " layers but '" + src.describe() + "' holds only " +
                                                                 std::to_string(src.tensors().size()) + " tensors");
   std::map<std::string, const TensorMeta*> by_name;
@@ -32,11 +32,11 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     wanted.insert(want.name);
     auto it = by_name.find(want.name);
     if (it == by_name.end())
-      return Status::Error(ErrorKind::kNotFound, "MissingTensor",
+      return Status::Error("MissingTensor",
                            "'" + src.describe() + "' has no tensor '" + want.name + "' " + shape_to_string(want.shape) +
                                " required by config.json").with_tensor(want.name);
     if (it->second->shape != want.shape)
-      return Status::Corruption("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
+      return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                      ", config.json expects " + shape_to_string(want.shape)).with_tensor(want.name);
     DType dt = opts.dtype && dtype_is_float(it->second->dtype) ? *opts.dtype : it->second->dtype;
     dts.insert(dt);
@@ -45,7 +45,7 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     auto n = checked_numel(want.shape);
     auto b = n ? checked_mul(static_cast<uint64_t>(*n), static_cast<uint64_t>(dtype_size(dt))) : std::nullopt;
     auto tot = b ? checked_add(plan.total_bytes, *b) : std::nullopt;
-    if (!tot) return Status::Corruption("ShapeOverflow", "tensor '" + want.name + "' size overflows");
+    if (!tot) return Status::Error("ShapeOverflow", "tensor '" + want.name + "' size overflows");
     plan.total_bytes = *tot;
   }
   for (const auto& t : src.tensors()) {
@@ -54,7 +54,7 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
       plan.skipped.push_back(t.name);
       continue;
     }
-    return Status::Corruption("UnexpectedTensor", "tensor '" + t.name + "' in '" + src.describe() +
+    return Status::Error("UnexpectedTensor", "tensor '" + t.name + "' in '" + src.describe() +
                                                       "' is not a LLaMA weight of its config.json").with_tensor(t.name);
   }
   std::optional<DType> cfg_dt;

@@ -6,12 +6,14 @@
 #include <set>
 #include <sstream>
 
+#include "formats/json_read.h"
+
 namespace ckpt {
 
 namespace {
 
 Status bad(const std::string& key, const std::string& what) {
-  return Status::Corruption("InvalidConfig", "config key '" + key + "': " + what);
+  return Status::Error("InvalidConfig", "config key '" + key + "': " + what);
 }
 
 Result<int64_t> get_pos_int(const nlohmann::json& j, const char* key, bool required, int64_t dflt) {
@@ -29,7 +31,7 @@ Result<int64_t> get_pos_int(const nlohmann::json& j, const char* key, bool requi
 }  // namespace
 
 Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return Status::Corruption("InvalidConfig", "config is not a JSON object");
+  if (!j.is_object()) return Status::Error("InvalidConfig", "config is not a JSON object");
   LlamaConfig c;
   if (j.contains("model_type") && j["model_type"] != "llama")
     return bad("model_type", "expected \"llama\", got " + j["model_type"].dump());
@@ -104,13 +106,7 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
 }
 
 Result<LlamaConfig> LlamaConfig::from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::FromErrno("cannot open config", path, errno);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (ss.str().size() > (16u << 20)) return Status::Corruption("InvalidConfig", "config file larger than 16 MiB").with_file(path);
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) return Status::Corruption("InvalidConfig", "not valid JSON").with_file(path);
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(path, kConfigJsonLimits, "model config"));
   auto r = from_json(j);
   if (!r.ok()) return r.take_status().with_file(path);
   return r;

@@ -9,7 +9,7 @@ namespace ckpt {
 namespace {
 
 Status refuse(const std::string& msg) {
-  return Status::Error(ErrorKind::kInvalidArgument, "LayoutRefused", msg);
+  return Status::Error("LayoutRefused", msg);
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -105,7 +105,7 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
       }
     }
     if (!optimizer)
-      return Status::Error(ErrorKind::kInvalidArgument, "UnknownTensor",
+      return Status::Error("UnknownTensor",
                            "unknown optimizer tensor '" + full +
                                "' (expected optimizer.{exp_avg,exp_avg_sq,fp32_param}.<parameter>)")
           .with_tensor(full);
@@ -115,13 +115,13 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
     std::string hint;
     if (name == "lm_head.weight" && config_.tie_word_embeddings)
       hint = " (the config ties word embeddings, so there is no separate lm_head)";
-    return Status::Error(ErrorKind::kInvalidArgument, "UnknownTensor",
+    return Status::Error("UnknownTensor",
                          "tensor '" + full + "' is not a tensor of this LLaMA model" + hint)
         .with_tensor(full);
   }
   const Shape& shape = it->second;
   if (tensor.shape != shape)
-    return Status::Error(ErrorKind::kMismatch, "ShapeMismatch",
+    return Status::Error("ShapeMismatch",
                          "tensor '" + full + "' has shape " + shape_to_string(tensor.shape) + ", the config expects " +
                              shape_to_string(shape))
         .with_tensor(full);
@@ -137,7 +137,7 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
   const int64_t layer = llama_layer_of(name);
   if (layer >= 0) {
     if (layer >= static_cast<int64_t>(layout.stage_of_layer.size()))
-      return Status::Error(ErrorKind::kInvalidArgument, "LayoutRefused",
+      return Status::Error("LayoutRefused",
                            "tensor '" + full + "' is in layer " + std::to_string(layer) + " but the layout has " +
                                std::to_string(layout.stage_of_layer.size()) + " layers")
           .with_tensor(full);
@@ -150,7 +150,7 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
   }
 
   auto not_divisible = [&](int64_t n, const char* what) {
-    return Status::Error(ErrorKind::kInvalidArgument, "LayoutRefused",
+    return Status::Error("LayoutRefused",
                          "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide " + what + "=" +
                              std::to_string(n))
         .with_tensor(full);

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "converters/llama_sharding.h"
+#include "formats/json_read.h"
 #include "formats/safetensors/st_reader.h"
 #include "formats/safetensors/st_writer.h"
 #include "formats/store/fs_util.h"
@@ -35,7 +36,9 @@ MegatronTensor make(std::string name, Shape trailing, std::vector<MegatronSegmen
   return MegatronTensor{std::move(name), std::move(shape), std::move(segs)};
 }
 
-Status refuse(ErrorKind kind, const std::string& msg) { return Status::Error(kind, "LayoutRefused", msg); }
+Status refuse(ErrorKind kind, const std::string& msg) {
+  return Status::Error(kind == ErrorKind::kUnsupported ? "LayoutUnsupported" : "LayoutRefused", msg);
+}
 
 }  // namespace
 
@@ -242,7 +245,7 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
               .with_tensor(sg.tensor);
         const TensorMeta& m = src.tensors()[it->second];
         if (m.shape != expect[sg.tensor])
-          return Status::Error(ErrorKind::kCorruption, "ShapeMismatch",
+          return Status::Error("ShapeMismatch",
                                "tensor '" + sg.tensor + "' in '" + src.describe() + "' has shape " +
                                    shape_to_string(m.shape) + ", the config expects " +
                                    shape_to_string(expect[sg.tensor]))
@@ -315,10 +318,8 @@ namespace ckpt {
 
 namespace {
 
-constexpr uint64_t kMaxArgsBytes = 1u << 20;
-
 Status bad_args(const std::string& file, const std::string& msg) {
-  return Status::Corruption("BadMegatronArgs", "'" + file + "': " + msg).with_file(file);
+  return Status::Error("BadMegatronArgs", "'" + file + "': " + msg).with_file(file);
 }
 
 Result<int64_t> args_int(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi) {
@@ -361,10 +362,8 @@ class MegatronDirSource final : public TensorSource {
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     src->dir_ = dir;
     const std::string args_file = dir + "/megatron_args.json";
-    std::string text;
-    CKPT_RETURN_IF_ERROR(store::read_small_file(args_file, kMaxArgsBytes, &text));
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return bad_args(args_file, "not a JSON object");
+    CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(args_file, kMegatronArgsJsonLimits, "megatron_args.json"));
+    if (!j.is_object()) return bad_args(args_file, "not a JSON object");
     constexpr int64_t kBig = int64_t{1} << 40;
     LlamaConfig c;
     CKPT_ASSIGN_OR_RETURN(const int64_t tp, args_int(j, args_file, "tensor_model_parallel_size", 1, 1 << 16));
@@ -437,12 +436,12 @@ class MegatronDirSource final : public TensorSource {
         for (const MegatronTensor& t : expected) {
           auto it = in_file.find(t.name);
           if (it == in_file.end())
-            return Status::Error(ErrorKind::kNotFound, "MissingTensor",
+            return Status::Error("MissingTensor",
                                  "'" + names[fi] + "' has no tensor '" + t.name + "'")
                 .with_file(names[fi]);
           const TensorMeta& got = f.tensors()[it->second];
           if (got.shape != t.shape)
-            return Status::Corruption("ShapeMismatch", "'" + names[fi] + "': tensor '" + t.name + "' has shape " +
+            return Status::Error("ShapeMismatch", "'" + names[fi] + "': tensor '" + t.name + "' has shape " +
                                                            shape_to_string(got.shape) + ", the args imply " +
                                                            shape_to_string(t.shape))
                 .with_file(names[fi]);
@@ -456,7 +455,7 @@ class MegatronDirSource final : public TensorSource {
             if (!sg.tensor.empty()) {
               auto [dt, fresh] = dtype_of.emplace(sg.tensor, got.dtype);
               if (!fresh && dt->second != got.dtype)
-                return Status::Corruption("DTypeMismatch", "'" + names[fi] + "': tensor '" + t.name + "' is " +
+                return Status::Error("DTypeMismatch", "'" + names[fi] + "': tensor '" + t.name + "' is " +
                                                                std::string(dtype_name(got.dtype)) + ", another rank holds '" +
                                                                sg.tensor + "' as " + std::string(dtype_name(dt->second)))
                     .with_file(names[fi]);

@@ -45,7 +45,7 @@ Result<DType> dtype_from_name(std::string_view name, bool cli_aliases) {
     msg.append(i.name);
   }
   msg += ')';
-  return Status::Error(ErrorKind::kCorruption, "UnknownDType", std::move(msg));
+  return Status::Error("UnknownDType", std::move(msg));
 }
 
 }  // namespace ckpt

@@ -859,9 +859,7 @@ Status cast_elements(const void* src_v, DType from, void* dst_v, DType to, size_
                      : c.rejected_nans > 0 ? "CastNaN"
                      : c.inexact > 0 ? "CastInexact"
                                      : "CastInvalidBool";
-  const ErrorKind kind = (!overflow_err && c.rejected_nans == 0 && c.inexact == 0) ? ErrorKind::kCorruption
-                                                                                     : ErrorKind::kOverflow;
-  return Status::Error(kind, code, msg);
+  return Status::Error(code, msg);  // CastInvalidBool is corruption, the others overflow
 }
 
 }  // namespace ckpt

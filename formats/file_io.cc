@@ -20,12 +20,12 @@ constexpr uint64_t kWindowBytes = 8ull << 20; // source mapped at a time (bounds
 
 // `copying`: a copy to `what`; otherwise a read of the file `what`.
 Status short_source(uint64_t n, const std::string& what, bool copying) {
-  return Status::Corruption("ShortSource", copying ? "source file ended " + std::to_string(n) + " bytes early while copying to '" + what + "'"
+  return Status::Error("ShortSource", copying ? "source file ended " + std::to_string(n) + " bytes early while copying to '" + what + "'"
                                                    : "file '" + what + "' ended " + std::to_string(n) + " bytes early");
 }
 
 Status shrank(const std::string& what, bool copying) {
-  return Status::Corruption("ShortSource", copying ? "source file shrank while copying to '" + what + "'"
+  return Status::Error("ShortSource", copying ? "source file shrank while copying to '" + what + "'"
                                                    : "file '" + what + "' shrank while being read");
 }
 

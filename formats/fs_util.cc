@@ -128,7 +128,7 @@ Status read_small_file(const std::string& path, size_t max_bytes, std::string* o
     if (n == 0) return Status::Ok();
     out->append(buf, static_cast<size_t>(n));
     if (out->size() > max_bytes)
-      return Status::Corruption("FileTooLarge", "'" + path + "' is larger than " + std::to_string(max_bytes) + " bytes").with_file(path);
+      return Status::Error("FileTooLarge", "'" + path + "' is larger than " + std::to_string(max_bytes) + " bytes").with_file(path);
   }
 }
 

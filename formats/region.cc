@@ -14,7 +14,7 @@ std::string shape_to_string(const Shape& s) {
 
 Result<int64_t> shape_numel(const Shape& s) {
   auto n = checked_numel(s);
-  if (!n) return Status::Error(ErrorKind::kCorruption, "ShapeOverflow",
+  if (!n) return Status::Error("ShapeOverflow",
                                "shape " + shape_to_string(s) + " has a negative dimension or too many elements");
   return *n;
 }
@@ -49,17 +49,17 @@ std::string Box::to_string() const {
 
 Status validate_box(const Box& b, const Shape& shape) {
   if (b.offset.size() != shape.size() || b.extent.size() != shape.size())
-    return Status::Corruption("RegionRank", "region has rank " + std::to_string(b.extent.size()) +
+    return Status::Error("RegionRank", "region has rank " + std::to_string(b.extent.size()) +
                                                 " (offset rank " + std::to_string(b.offset.size()) +
                                                 "), tensor shape " + shape_to_string(shape) + " has rank " +
                                                 std::to_string(shape.size()));
   for (size_t d = 0; d < shape.size(); ++d) {
     auto end = checked_add(b.offset[d], b.extent[d]);
     if (b.offset[d] < 0 || b.extent[d] < 0 || !end || *end > shape[d])
-      return Status::Corruption("RegionOutOfBounds", "region " + b.to_string() + " lies outside tensor shape " +
+      return Status::Error("RegionOutOfBounds", "region " + b.to_string() + " lies outside tensor shape " +
                                                          shape_to_string(shape) + " in dimension " + std::to_string(d));
   }
-  if (!checked_numel(b.extent)) return Status::Corruption("ShapeOverflow", "region " + b.to_string() + " overflows");
+  if (!checked_numel(b.extent)) return Status::Error("ShapeOverflow", "region " + b.to_string() + " overflows");
   return Status::Ok();
 }
 

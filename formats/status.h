@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace ckpt {
@@ -30,14 +31,14 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
   static Status Ok() { return Status(); }
-  static Status Error(ErrorKind kind, std::string code, std::string message);
-  static Status InvalidArgument(std::string msg) { return Error(ErrorKind::kInvalidArgument, "InvalidArgument", std::move(msg)); }
-  static Status NotFound(std::string msg) { return Error(ErrorKind::kNotFound, "NotFound", std::move(msg)); }
-  static Status Io(std::string msg) { return Error(ErrorKind::kIo, "Io", std::move(msg)); }
-  // `code` names the format rule that failed (e.g. "HeaderTooLarge", "PieceOverlap").
-  static Status Corruption(std::string code, std::string msg) { return Error(ErrorKind::kCorruption, std::move(code), std::move(msg)); }
-  static Status Unsupported(std::string msg) { return Error(ErrorKind::kUnsupported, "Unsupported", std::move(msg)); }
-  static Status Internal(std::string msg) { return Error(ErrorKind::kInternal, "Internal", std::move(msg)); }
+  // An error whose kind is the one formats/error_codes.cc lists for `code`, the rule that failed
+  // (e.g. "HeaderTooLarge", "PieceOverlap"); an unlisted code is a bug, reported as kInternal.
+  static Status Error(std::string code, std::string message);
+  static Status InvalidArgument(std::string msg) { return Make(ErrorKind::kInvalidArgument, "InvalidArgument", std::move(msg)); }
+  static Status NotFound(std::string msg) { return Make(ErrorKind::kNotFound, "NotFound", std::move(msg)); }
+  static Status Io(std::string msg) { return Make(ErrorKind::kIo, "Io", std::move(msg)); }
+  static Status Unsupported(std::string msg) { return Make(ErrorKind::kUnsupported, "Unsupported", std::move(msg)); }
+  static Status Internal(std::string msg) { return Make(ErrorKind::kInternal, "Internal", std::move(msg)); }
   // errno-based I/O error: "<what> '<path>': <strerror>".
   static Status FromErrno(const std::string& what, const std::string& path, int err);
 
@@ -62,7 +63,15 @@ class [[nodiscard]] Status {
   // "corruption [PieceOverlap] file 'x.h5', tensor 'w': message"
   std::string to_string() const;
 
+  // The Status as one JSON object, to cross a pipe or MPI: {"kind":"ok"} or
+  // {"kind":"corruption","code":..,"message":..,"file":..,"tensor":..}.
+  std::string to_json() const;
+  // The inverse of to_json. Text that is not such an object, a kind that is not a kind, or a code
+  // whose kind in formats/error_codes.cc differs from the one received becomes kInternal, saying so.
+  static Status from_json(std::string_view text);
+
  private:
+  static Status Make(ErrorKind kind, std::string code, std::string message);
   struct Rep {
     ErrorKind kind;
     std::string code, message, file, tensor;

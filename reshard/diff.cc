@@ -219,9 +219,9 @@ Result<DiffReport> diff_tensors(const std::vector<TensorMeta>& a, const GlobalBo
     return Status::InvalidArgument("max memory must be at least 1 KiB, got " + std::to_string(options.max_memory));
   std::map<std::string, const TensorMeta*> ma, mb;
   for (const auto& t : a)
-    if (!ma.emplace(t.name, &t).second) return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' listed twice in A").with_tensor(t.name);
+    if (!ma.emplace(t.name, &t).second) return Status::Error("DuplicateTensor", "tensor '" + t.name + "' listed twice in A").with_tensor(t.name);
   for (const auto& t : b)
-    if (!mb.emplace(t.name, &t).second) return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' listed twice in B").with_tensor(t.name);
+    if (!mb.emplace(t.name, &t).second) return Status::Error("DuplicateTensor", "tensor '" + t.name + "' listed twice in B").with_tensor(t.name);
   DiffReport rep;
   rep.options = options;
   std::map<std::string, int> names;

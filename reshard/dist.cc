@@ -14,9 +14,13 @@ void finalize_mpi() {
 }
 }  // namespace
 
-Dist::Dist() {
+bool Dist::launched_under_mpi() {
   const char* ws = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!ws || !*ws) return;
+  return ws && *ws;
+}
+
+Dist::Dist() {
+  if (!launched_under_mpi()) return;
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {

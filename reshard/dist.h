@@ -13,6 +13,9 @@ namespace ckpt {
 
 class Dist {
  public:
+  // True when mpirun (Open MPI) started this process: env OMPI_COMM_WORLD_SIZE is set. Reads the
+  // environment only; MPI is not touched.
+  static bool launched_under_mpi();
   // The process-wide instance: MPI (MPI_Init on first call) when launched under mpirun.
   static Dist& get();
   int rank() const { return rank_; }

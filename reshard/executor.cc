@@ -51,13 +51,13 @@ Result<SourceIndex> SourceIndex::build(const std::vector<TensorMeta>& tensors, c
     auto n = shape_numel(t.shape);
     if (!n.ok()) return n.take_status().with_tensor(t.name).with_context(what);
     if (!idx.tensor_index.emplace(t.name, i).second)
-      return Status::Corruption("DuplicateTensor", what + ": tensor '" + t.name + "' is listed twice").with_tensor(t.name);
+      return Status::Error("DuplicateTensor", what + ": tensor '" + t.name + "' is listed twice").with_tensor(t.name);
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     auto it = idx.tensor_index.find(p.tensor);
     if (it == idx.tensor_index.end())
-      return Status::Corruption("UnknownTensor", what + ": " + piece_desc(i, p) + " names a tensor that is not listed")
+      return Status::Error("UnknownTensor", what + ": " + piece_desc(i, p) + " names a tensor that is not listed")
           .with_tensor(p.tensor);
     const TensorMeta& t = tensors[it->second];
     Status st = validate_box(p.region.box, t.shape);
@@ -65,13 +65,13 @@ Result<SourceIndex> SourceIndex::build(const std::vector<TensorMeta>& tensors, c
     if (p.region.is_flat()) {
       const int64_t n = p.region.box.numel();
       if (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > n)
-        return Status::Corruption("FlatRangeOutOfBounds", what + ": " + piece_desc(i, p) + ": flat range " +
+        return Status::Error("FlatRangeOutOfBounds", what + ": " + piece_desc(i, p) + ": flat range " +
                                                               std::to_string(p.region.flat_begin) + ".." +
                                                               std::to_string(p.region.flat_end) + " outside 0.." +
                                                               std::to_string(n) + " of its box")
             .with_tensor(p.tensor);
     } else if (p.region.flat_end != -1) {
-      return Status::Corruption("FlatRangeOutOfBounds", what + ": " + piece_desc(i, p) + ": flat_end " +
+      return Status::Error("FlatRangeOutOfBounds", what + ": " + piece_desc(i, p) + ": flat_end " +
                                                             std::to_string(p.region.flat_end) + " is negative")
           .with_tensor(p.tensor);
     }
@@ -92,7 +92,7 @@ Result<std::vector<SourcePart>> assign_box(const SourceIndex& index, const std::
   if (box.empty() && box.ndim() > 0) return parts;
   const auto* entries = index.find(tensor);
   if (!index.tensor_index.count(tensor))
-    return Status::Error(ErrorKind::kNotFound, "TensorNotFound", "the source has no tensor '" + tensor + "'")
+    return Status::Error("TensorNotFound", "the source has no tensor '" + tensor + "'")
         .with_tensor(tensor);
   std::vector<Box> remaining{box}, next;
   if (entries) {
@@ -116,7 +116,7 @@ Result<std::vector<SourcePart>> assign_box(const SourceIndex& index, const std::
   if (!remaining.empty()) {
     int64_t missing = 0;
     for (const Box& r : remaining) missing += r.numel();
-    return Status::Error(ErrorKind::kNotFound, "RegionNotCovered",
+    return Status::Error("RegionNotCovered",
                          "no source piece holds box " + remaining.front().to_string() + " of tensor '" + tensor +
                              "' (requested " + box.to_string() + ", " + std::to_string(missing) + " of " +
                              std::to_string(box.numel()) + " elements missing)")

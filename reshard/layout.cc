@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <limits>
 
+#include "formats/json_read.h"
+
 namespace ckpt {
 
 namespace {
-Status bad(const std::string& msg) { return Status::Error(ErrorKind::kInvalidArgument, "BadLayout", msg); }
+Status bad(const std::string& msg) { return Status::Error("BadLayout", msg); }
 
 constexpr int kMaxParallel = 1 << 20;  // sanity bound on tp/pp/dp from untrusted JSON
 }  // namespace
@@ -111,6 +113,13 @@ nlohmann::json Layout::to_json() const {
                       {"rank_order", "tp-dp-pp"}};
   if (!micro_batch.empty()) j["micro_batch"] = micro_batch;
   return j;
+}
+
+Result<Layout> Layout::from_file(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(path, kLayoutJsonLimits, "layout file"));
+  auto r = from_json(j);
+  if (!r.ok()) return r.take_status().with_file(path);
+  return r;
 }
 
 Result<Layout> Layout::from_json(const nlohmann::json& j) {

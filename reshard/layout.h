@@ -42,6 +42,9 @@ struct Layout {
   Status validate() const;
   nlohmann::json to_json() const;  // {"tp":..,"pp":..,"dp":..,"zero":..,"layers_per_stage":[..],...}
   static Result<Layout> from_json(const nlohmann::json& j);
+  // A layout file (`ckpt reshard --layout FILE`): read_json_file with kLayoutJsonLimits (JSON
+  // rules: kCorruption), then from_json (BadLayout); errors carry the file.
+  static Result<Layout> from_file(const std::string& path);
   std::string to_string() const;   // "tp=2 pp=3 [2,3,3] dp=1 zero=1"
 };
 

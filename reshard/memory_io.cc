@@ -20,7 +20,7 @@ Status MemorySource::read(size_t piece, const Box& sub, void* dst) {
   const size_t es = dtype_size(p.dtype);
   const auto& buf = c_.data[piece];
   if (buf.size() != static_cast<size_t>(p.region.numel()) * es)
-    return Status::Corruption("PieceSize", name_ + ": piece " + std::to_string(piece) + " holds " +
+    return Status::Error("PieceSize", name_ + ": piece " + std::to_string(piece) + " holds " +
                                                std::to_string(buf.size()) + " bytes, expected " +
                                                std::to_string(p.region.numel() * static_cast<int64_t>(es)))
         .with_tensor(p.tensor);

@@ -103,7 +103,7 @@ Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, co
           const int64_t n = pls[i].tp_boxes[t].numel();
           segs.push_back({i, total, n});
           auto nt = checked_add(total, n);
-          if (!nt) return Status::Error(ErrorKind::kOverflow, "ZeroBufferOverflow", "ZeRO buffer size overflows");
+          if (!nt) return Status::Error("ZeroBufferOverflow", "ZeRO buffer size overflows");
           total = *nt;
         }
         if (total == 0) continue;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "formats/fs_util.h"
+#include "formats/json_read.h"
 #include "formats/store/manifest.h"
 #include "reshard/dist.h"
 
@@ -29,6 +30,44 @@ class ShardSink final : public TensorSink {
  private:
   store::ShardWriter* w_;
 };
+
+// Every process's `mine`, gathered to rank 0 (Status::to_json); each process gets the first
+// failure in rank order (its message names the rank), or OK when every process succeeded.
+Status first_failure(Dist& dist, const Status& mine) {
+  Status first;
+  if (dist.rank() == 0) {
+    const std::vector<std::string> all = dist.gather(mine.to_json());
+    for (size_t r = 0; r < all.size() && first.ok(); ++r) {
+      first = Status::from_json(all[r]);
+      if (!first.ok() && r != 0) first = std::move(first).with_context("reshard process " + std::to_string(r) + " of " +
+                                                                      std::to_string(all.size()) + "; nothing was committed");
+    }
+  } else {
+    (void)dist.gather(mine.to_json());
+  }
+  return Status::from_json(dist.broadcast(first.to_json()));
+}
+
+// Rank 0: parses every process's piece records, runs opts.before_commit and finalizes `dst`.
+Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& plan, const std::string& dst,
+                        const StoreExecOptions& opts) {
+  std::vector<store::PieceRecord> records;
+  for (const std::string& g : gathered) {
+    auto j = parse_json(g, kManifestJsonLimits, "piece records of a reshard process");
+    if (!j.ok() || !j->is_array())
+      return Status::Internal("bad piece records gathered from a reshard process: " +
+                              (j.ok() ? std::string("not a JSON array") : j.status().to_string()));
+    for (const auto& rj : *j) {
+      CKPT_ASSIGN_OR_RETURN(store::PieceRecord r, store::piece_record_from_json(rj));
+      records.push_back(std::move(r));
+    }
+  }
+  if (records.size() != plan.pieces.size())
+    return Status::Internal("gathered " + std::to_string(records.size()) + " piece records, the plan has " +
+                            std::to_string(plan.pieces.size()));
+  if (opts.before_commit) CKPT_RETURN_IF_ERROR(opts.before_commit());
+  return store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
+}
 
 }  // namespace
 
@@ -68,8 +107,8 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   Status st;
   if (rank == 0) st = store::StoreWriter::prepare_partial(dst);
   if (dist) {
-    std::string msg = dist->broadcast(st.ok() ? "" : st.to_string());
-    if (!msg.empty()) return st.ok() ? Status::Io("rank 0 could not prepare '" + partial + "': " + msg) : st;
+    Status root = Status::from_json(dist->broadcast(st.to_json()));
+    if (!root.ok()) return rank == 0 ? root : std::move(root).with_context("rank 0 could not prepare '" + partial + "'");
   } else if (!st.ok()) {
     return st;
   }
@@ -112,42 +151,21 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
   }
 
   // Everyone done and OK? Then gather the records and let rank 0 finalize.
-  const bool all = dist ? dist->all_ok(st.ok()) : st.ok();
-  if (!all) {
-    if (dist) dist->barrier();
+  Status group = dist ? first_failure(*dist, st) : st;
+  if (!group.ok()) {
     if (rank == 0) (void)remove_tree(partial);
-    return st.ok() ? Status::Io("another reshard process failed; nothing was committed") : st;
+    return st.ok() ? group : st;
   }
   std::vector<std::string> gathered =
       dist ? dist->gather(my_records.dump()) : std::vector<std::string>{my_records.dump()};
   Status fin;
   if (rank == 0) {
-    std::vector<store::PieceRecord> records;
-    for (const std::string& g : gathered) {
-      auto j = nlohmann::json::parse(g, nullptr, false);
-      if (j.is_discarded() || !j.is_array()) {
-        fin = Status::Internal("bad piece records gathered from a reshard process");
-        break;
-      }
-      for (const auto& rj : j) {
-        auto r = store::piece_record_from_json(rj);
-        if (!r.ok()) {
-          fin = r.take_status();
-          break;
-        }
-        records.push_back(std::move(r).value());
-      }
-    }
-    if (fin.ok() && records.size() != plan.pieces.size())
-      fin = Status::Internal("gathered " + std::to_string(records.size()) + " piece records, the plan has " +
-                             std::to_string(plan.pieces.size()));
-    if (fin.ok() && opts.before_commit) fin = opts.before_commit();
-    if (fin.ok()) fin = store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
+    fin = finalize_on_root(gathered, plan, dst, opts);
     if (!fin.ok()) (void)remove_tree(partial);
   }
   if (dist) {
-    std::string msg = dist->broadcast(fin.ok() ? "" : fin.to_string());
-    if (rank != 0 && !msg.empty()) return Status::Io("rank 0 failed to finalize: " + msg);
+    Status root = Status::from_json(dist->broadcast(fin.to_json()));
+    if (rank != 0 && !root.ok()) return std::move(root).with_context("rank 0 failed to finalize");
   }
   return fin;
 }

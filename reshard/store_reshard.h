@@ -20,6 +20,10 @@ namespace ckpt {
 
 class Dist;
 
+// Memory a reshard into the store keeps out of its chunk budget: the store writer's buffers,
+// HDF5's caches and the process itself.
+inline constexpr uint64_t kStoreWriterReserveBytes = uint64_t{48} << 20;
+
 struct StoreExecOptions {
   ExecOptions exec;
   store::StoreOptions store;

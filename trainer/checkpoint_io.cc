@@ -24,7 +24,7 @@ nlohmann::json TrainerState::to_json() const {
 }
 
 Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return Status::Corruption("BadTrainerState", "metadata 'trainer': expected an object");
+  if (!j.is_object()) return Status::Error("BadTrainerState", "metadata 'trainer': expected an object");
   TrainerState s;
   try {
     s.step = j.at("step").get<int64_t>();
@@ -41,10 +41,10 @@ Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
     s.adam.weight_decay = a.at("weight_decay").get<double>();
     s.max_grad_norm = j.at("max_grad_norm").get<double>();
   } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption("BadTrainerState", std::string("metadata 'trainer': ") + e.what());
+    return Status::Error("BadTrainerState", std::string("metadata 'trainer': ") + e.what());
   }
   if (s.step < 0 || s.micro_batch < 1 || s.seq_len < 1 || s.grad_accum < 1)
-    return Status::Corruption("BadTrainerState", "metadata 'trainer': step, micro_batch, seq_len, grad_accum out of range");
+    return Status::Error("BadTrainerState", "metadata 'trainer': step, micro_batch, seq_len, grad_accum out of range");
   return s;
 }
 
@@ -110,7 +110,7 @@ Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& mode
   const auto& md = reader->metadata();
   const std::string where = reader->describe();
   if (!md.contains("trainer") || !md.contains("model_config"))
-    return Status::Corruption("NotTrainerCheckpoint", "checkpoint '" + where +
+    return Status::Error("NotTrainerCheckpoint", "checkpoint '" + where +
                               "' has no 'trainer' or 'model_config' metadata").with_file(where);
   CKPT_ASSIGN_OR_RETURN(auto cfg, LlamaConfig::from_json(md.at("model_config")));
   const LlamaConfig& mine = model.config();
@@ -128,7 +128,7 @@ Result<TrainerState> load_checkpoint(const std::string& path, Model<float>& mode
       return Status::NotFound("checkpoint '" + where + "' has no tensor '" + name + "'").with_tensor(name);
     const TensorMeta& meta = reader->tensors()[it->second];
     if (meta.shape != shape)
-      return Status::Corruption("ShapeMismatch", "tensor '" + name + "': expected shape " + shape_to_string(shape) +
+      return Status::Error("ShapeMismatch", "tensor '" + name + "': expected shape " + shape_to_string(shape) +
                                 ", got " + shape_to_string(meta.shape)).with_tensor(name);
     if (const auto* entries = index.find(name))
       for (const auto& e : *entries)

@@ -20,21 +20,21 @@ nlohmann::json LrSchedule::to_json() const {
 }
 
 Result<LrSchedule> LrSchedule::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return Status::Corruption("BadTrainerState", "lr_schedule: expected an object");
+  if (!j.is_object()) return Status::Error("BadTrainerState", "lr_schedule: expected an object");
   LrSchedule s;
   try {
     if (j.value("kind", std::string()) != "warmup_cosine")
-      return Status::Corruption("BadTrainerState", "lr_schedule.kind: expected 'warmup_cosine'");
+      return Status::Error("BadTrainerState", "lr_schedule.kind: expected 'warmup_cosine'");
     s.peak_lr = j.at("peak_lr").get<double>();
     s.warmup = j.at("warmup").get<int64_t>();
     s.total_steps = j.at("total_steps").get<int64_t>();
     s.min_ratio = j.at("min_ratio").get<double>();
   } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption("BadTrainerState", std::string("lr_schedule: ") + e.what());
+    return Status::Error("BadTrainerState", std::string("lr_schedule: ") + e.what());
   }
   if (!(s.peak_lr >= 0) || !std::isfinite(s.peak_lr) || s.warmup < 0 || s.total_steps < 0 ||
       !(s.min_ratio >= 0 && s.min_ratio <= 1))
-    return Status::Corruption("BadTrainerState", "lr_schedule: values out of range");
+    return Status::Error("BadTrainerState", "lr_schedule: values out of range");
   return s;
 }
 

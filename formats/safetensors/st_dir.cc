@@ -27,13 +27,8 @@ Status HfDirSource::load_config(const std::string& dir) {
   fs::path cfg = fs::path(dir) / "config.json";
   std::error_code ec;
   if (!fs::is_regular_file(cfg, ec)) return Status::Ok();
-  auto size = fs::file_size(cfg, ec);
-  if (ec || size > (16u << 20)) return Status::Corruption("InvalidConfig", "config.json missing size or larger than 16 MiB").with_file(cfg.string());
-  std::ifstream in(cfg, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::Corruption("InvalidConfig", "config.json is not a JSON object").with_file(cfg.string());
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(cfg.string(), kConfigJsonLimits, "config.json"));
+  if (!j.is_object()) return Status::Error("InvalidConfig", "config.json is not a JSON object").with_file(cfg.string());
   meta_["model_config"] = std::move(j);
   return Status::Ok();
 }
@@ -65,25 +60,25 @@ Result<std::unique_ptr<HfDirSource>> HfDirSource::open(const std::string& dir) {
   CKPT_ASSIGN_OR_RETURN(ShardIndex idx, read_index(idx_path.string()));
   s->meta_["hf_index_metadata"] = idx.metadata;
   if (idx.weight_map.empty())
-    return Status::Corruption("IndexInvalid", "safetensors index: weight_map lists no tensors").with_file(idx_path.string());
+    return Status::Error("IndexInvalid", "safetensors index: weight_map lists no tensors").with_file(idx_path.string());
   // Every listed file present; every file's tensors exactly the ones the index maps to it.
   std::set<std::string> seen;
   for (const auto& name : idx.files) {
     fs::path p = fs::path(dir) / name;
     if (!fs::is_regular_file(p, ec))
-      return Status::Error(ErrorKind::kNotFound, "IndexMissingFile",
+      return Status::Error("IndexMissingFile",
                            "index lists shard '" + name + "', which is missing from '" + dir + "'").with_file(idx_path.string());
     CKPT_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(p.string()));
     for (const auto& t : f->tensors()) {
       auto it = idx.weight_map.find(t.name);
       if (it == idx.weight_map.end())
-        return Status::Corruption("IndexMismatch", "shard '" + name + "' holds tensor '" + t.name + "', which the index does not list")
+        return Status::Error("IndexMismatch", "shard '" + name + "' holds tensor '" + t.name + "', which the index does not list")
             .with_file(p.string()).with_tensor(t.name);
       if (it->second != name)
-        return Status::Corruption("IndexMismatch", "tensor '" + t.name + "' is in shard '" + name + "' but the index maps it to '" +
+        return Status::Error("IndexMismatch", "tensor '" + t.name + "' is in shard '" + name + "' but the index maps it to '" +
                                                        it->second + "'").with_file(p.string()).with_tensor(t.name);
       if (!seen.insert(t.name).second)
-        return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' is stored twice").with_file(p.string()).with_tensor(t.name);
+        return Status::Error("DuplicateTensor", "tensor '" + t.name + "' is stored twice").with_file(p.string()).with_tensor(t.name);
     }
     if (s->files_.empty() && f->metadata().contains("safetensors_metadata"))
       s->meta_["safetensors_metadata"] = f->metadata()["safetensors_metadata"];
@@ -91,7 +86,7 @@ Result<std::unique_ptr<HfDirSource>> HfDirSource::open(const std::string& dir) {
   }
   for (const auto& [t, file] : idx.weight_map)
     if (!seen.count(t))
-      return Status::Corruption("IndexMismatch", "index maps tensor '" + t + "' to '" + file + "', which does not hold it")
+      return Status::Error("IndexMismatch", "index maps tensor '" + t + "' to '" + file + "', which does not hold it")
           .with_file(idx_path.string()).with_tensor(t);
   CKPT_RETURN_IF_ERROR(s->load_config(dir));
   return s;

@@ -14,7 +14,7 @@ namespace {
 
 using json = nlohmann::json;
 
-Status err(const char* code, const std::string& msg) { return Status::Corruption(code, "safetensors: " + msg); }
+Status err(const char* code, const std::string& msg) { return Status::Error(code, "safetensors: " + msg); }
 
 // Names the reference knows that ckpt does not handle (yet): valid files, refused as unsupported.
 bool reference_only_dtype(std::string_view n) {
@@ -67,7 +67,7 @@ class HeaderSax {
       auto dt = dtype_from_name(v);
       if (!dt.ok()) {
         if (reference_only_dtype(v))
-          return fail(Status::Error(ErrorKind::kUnsupported, "UnsupportedDType",
+          return fail(Status::Error("UnsupportedDType",
                                     "safetensors: tensor '" + cur_.name + "' has dtype " + v + ", which ckpt does not handle"));
         return fail(err("InvalidHeaderDeserialization", "tensor '" + cur_.name + "': unknown dtype \"" + v.substr(0, 64) + "\""));
       }

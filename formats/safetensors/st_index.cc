@@ -1,9 +1,6 @@
 #include "formats/safetensors/st_index.h"
 
-#include <cctype>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "formats/checked.h"
 
@@ -11,44 +8,9 @@ namespace ckpt::safetensors {
 
 namespace {
 using json = nlohmann::json;
-Status bad(const char* code, const std::string& msg) { return Status::Corruption(code, "safetensors index: " + msg); }
-}  // namespace
+Status bad(const char* code, const std::string& msg) { return Status::Error(code, "safetensors index: " + msg); }
 
-Result<ShardIndex> parse_index(std::string_view text) {
-  if (text.size() > kMaxIndexBytes)
-    return bad("IndexInvalid", "index is " + std::to_string(text.size()) + " bytes, limit " + std::to_string(kMaxIndexBytes));
-  if (text.find('\0') != std::string_view::npos) return bad("IndexInvalidJson", "index holds a NUL byte");
-  // Duplicate keys at any level are refused (nlohmann would keep the last one silently).
-  std::vector<std::set<std::string>> keys;
-  std::string dup;
-  int max_depth = 0;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
-    max_depth = std::max(max_depth, depth);
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    else if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string()) {
-      if (!keys.back().insert(parsed.get<std::string>()).second && dup.empty()) dup = parsed.get<std::string>();
-    }
-    return true;
-  };
-  // Bound nesting before building a DOM (the index is two levels deep).
-  int depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : text) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > 16) return bad("IndexInvalid", "JSON nesting deeper than 16");
-    } else if (c == '}' || c == ']') --depth;
-  }
-  json j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/false, /*ignore_comments=*/false);
-  if (j.is_discarded()) return bad("IndexInvalidJson", "not valid JSON");
-  if (!dup.empty()) return bad("DuplicateKey", "key '" + dup + "' appears twice");
+Result<ShardIndex> index_from_json(const json& j) {
   if (!j.is_object()) return bad("IndexInvalid", std::string("expected a JSON object, got ") + j.type_name());
   ShardIndex idx;
   if (j.contains("metadata")) {
@@ -86,18 +48,16 @@ Result<ShardIndex> parse_index(std::string_view text) {
   return idx;
 }
 
+}  // namespace
+
+Result<ShardIndex> parse_index(std::string_view text) {
+  CKPT_ASSIGN_OR_RETURN(json j, parse_json(text, kIndexJsonLimits, "safetensors index"));
+  return index_from_json(j);
+}
+
 Result<ShardIndex> read_index(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::FromErrno("cannot open index", path, errno);
-  f.seekg(0, std::ios::end);
-  auto size = static_cast<uint64_t>(f.tellg());
-  if (size > kMaxIndexBytes)
-    return bad("IndexInvalid", "index is " + std::to_string(size) + " bytes, limit " + std::to_string(kMaxIndexBytes)).with_file(path);
-  f.seekg(0);
-  std::string text(size, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(size));
-  if (!f) return Status::Io("cannot read index '" + path + "'");
-  auto r = parse_index(text);
+  CKPT_ASSIGN_OR_RETURN(json j, read_json_file(path, kIndexJsonLimits, "safetensors index"));
+  auto r = index_from_json(j);
   if (!r.ok()) return r.take_status().with_file(path);
   return r;
 }

@@ -12,13 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_read.h"
 #include "formats/status.h"
 
 namespace ckpt::safetensors {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
-inline constexpr uint64_t kMaxIndexBytes = 64ull << 20;
+inline constexpr uint64_t kMaxIndexBytes = kIndexJsonLimits.max_bytes;
 
 struct ShardIndex {
   std::map<std::string, std::string> weight_map;  // tensor -> file name (no directory part)
@@ -26,10 +27,12 @@ struct ShardIndex {
   nlohmann::json metadata = nlohmann::json::object();  // "metadata" (total_size, ...)
 };
 
-// Parses and validates the index text: a JSON object without duplicate keys, "weight_map" an
+// Parses and validates the index text: a JSON object read by parse_json (kIndexJsonLimits: size,
+// nesting, duplicate keys), "weight_map" an
 // object of strings, each a plain file name (no '/', '\\', root, "." or "..", no NUL, ending in
 // ".safetensors"), "metadata" an object or absent (total_size a non-negative integer when present).
-// Codes: IndexInvalidJson, IndexInvalid, IndexBadFileName, DuplicateKey.
+// Codes: those of parse_json (InvalidJson, JsonTooLarge, JsonTooDeep, DuplicateKey), IndexInvalid,
+// IndexBadFileName.
 Result<ShardIndex> parse_index(std::string_view text);
 Result<ShardIndex> read_index(const std::string& path);
 // HF's layout: 2-space indent, sorted keys, trailing newline.

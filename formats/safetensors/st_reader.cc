@@ -56,7 +56,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
 Status SafetensorsFile::read_data(uint64_t begin, void* dst, uint64_t n) const {
   auto end = checked_add(begin, n);
   if (!end || *end > header_.data_size)
-    return Status::Error(ErrorKind::kInvalidArgument, "SliceOutOfRange",
+    return Status::Error("SliceOutOfRange",
                          "byte range " + std::to_string(begin) + "+" + std::to_string(n) + " lies outside the data buffer (" +
                              std::to_string(header_.data_size) + " bytes) of '" + path_ + "'");
   return pread_full(fd_, dst, n, header_.data_start() + begin, path_);
@@ -79,12 +79,12 @@ Status SafetensorsFile::read(size_t piece, const Box& sub, void* dst) {
   const TensorEntry& t = header_.tensors[piece];
   const size_t nd = t.shape.size();
   if (sub.extent.size() > nd || sub.offset.size() > nd)
-    return Status::Error(ErrorKind::kInvalidArgument, "TooManySlices",
+    return Status::Error("TooManySlices",
                          "sub-box " + sub.to_string() + " has more dimensions than tensor '" + t.name + "' " + shape_to_string(t.shape))
         .with_file(path_);
   Status vs = validate_box(sub, t.shape);
   if (!vs.ok())
-    return Status::Error(ErrorKind::kInvalidArgument, "SliceOutOfRange",
+    return Status::Error("SliceOutOfRange",
                          "sub-box " + sub.to_string() + " of tensor '" + t.name + "' " + shape_to_string(t.shape) + ": " + vs.message())
         .with_file(path_);
   const uint64_t es = dtype_size(t.dtype);

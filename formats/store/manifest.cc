@@ -1,9 +1,5 @@
 #include "formats/store/manifest.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <map>
@@ -12,6 +8,7 @@
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
+#include "formats/json_read.h"
 #include "formats/sha256.h"
 
 namespace ckpt::store {
@@ -31,7 +28,7 @@ Result<Codec> codec_from_name(const std::string& s) {
   if (s == "none") return Codec::kNone;
   if (s == "zstd") return Codec::kZstd;
   if (s == "shuffle+zstd") return Codec::kShuffleZstd;
-  return Status::Corruption("BadField", "unknown codec '" + s + "' (expected none, zstd, shuffle+zstd)");
+  return Status::Error("BadField", "unknown codec '" + s + "' (expected none, zstd, shuffle+zstd)");
 }
 
 bool is_reserved_key(const std::string& key) {
@@ -40,7 +37,7 @@ bool is_reserved_key(const std::string& key) {
 
 namespace {
 
-Status bad(const std::string& what) { return Status::Corruption("BadField", what); }
+Status bad(const std::string& what) { return Status::Error("BadField", what); }
 
 json shape_json(const Shape& s) { return json(s); }
 
@@ -98,7 +95,7 @@ Result<PieceRecord> piece_record_from_json(const json& j) {
   CKPT_ASSIGN_OR_RETURN(r.dataset, str_field(j, "dataset", where));
   CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(j, "dtype", where));
   auto d = dtype_from_name(dt);
-  if (!d.ok()) return Status::Corruption("UnknownDType", where + ": unknown dtype '" + dt + "'").with_tensor(r.piece.tensor);
+  if (!d.ok()) return Status::Error("UnknownDType", where + ": unknown dtype '" + dt + "'").with_tensor(r.piece.tensor);
   r.piece.dtype = *d;
   auto rit = j.find("region");
   if (rit == j.end() || !rit->is_object()) return bad(where + ": field 'region' missing or not an object");
@@ -145,19 +142,16 @@ json manifest_to_json(const Manifest& m) {
   return j;
 }
 
-Result<Manifest> parse_manifest(const std::string& text) {
-  if (text.size() > kMaxManifestBytes)
-    return Status::Corruption("ManifestTooLarge", "manifest is " + std::to_string(text.size()) + " bytes (max " + std::to_string(kMaxManifestBytes) + ")");
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::Corruption("InvalidJson", "manifest is not valid JSON");
-  if (!j.is_object()) return Status::Corruption("InvalidJson", "manifest is not a JSON object");
+namespace {
+Result<Manifest> manifest_from_json(const json& j) {
+  if (!j.is_object()) return Status::Error("InvalidJson", "manifest is not a JSON object");
   auto fit = j.find("format");
   if (fit == j.end() || !fit->is_string() || fit->get<std::string>() != kFormatName)
-    return Status::Corruption("UnknownFormat", std::string("manifest field 'format' must be \"") + kFormatName + "\"");
+    return Status::Error("UnknownFormat", std::string("manifest field 'format' must be \"") + kFormatName + "\"");
   auto vit = j.find("version");
   if (vit == j.end() || !vit->is_number_integer()) return bad("manifest field 'version' missing or not an integer");
   if (vit->get<int64_t>() != kFormatVersion)
-    return Status::Error(ErrorKind::kUnsupported, "UnsupportedVersion",
+    return Status::Error("UnsupportedVersion",
                          "manifest version " + vit->dump() + " is not supported (expected " + std::to_string(kFormatVersion) + ")");
   Manifest m;
   m.version = kFormatVersion;
@@ -172,7 +166,7 @@ Result<Manifest> parse_manifest(const std::string& text) {
     CKPT_ASSIGN_OR_RETURN(meta.name, str_field(t, "name", "tensor"));
     CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(t, "dtype", "tensor '" + meta.name + "'"));
     auto d = dtype_from_name(dt);
-    if (!d.ok()) return Status::Corruption("UnknownDType", "tensor '" + meta.name + "': unknown dtype '" + dt + "'").with_tensor(meta.name);
+    if (!d.ok()) return Status::Error("UnknownDType", "tensor '" + meta.name + "': unknown dtype '" + dt + "'").with_tensor(meta.name);
     meta.dtype = *d;
     auto sit = t.find("shape");
     if (sit == t.end()) return bad("tensor '" + meta.name + "': field 'shape' missing");
@@ -187,6 +181,12 @@ Result<Manifest> parse_manifest(const std::string& text) {
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!is_reserved_key(it.key())) m.metadata[it.key()] = it.value();
   return m;
+}
+}  // namespace
+
+Result<Manifest> parse_manifest(const std::string& text) {
+  CKPT_ASSIGN_OR_RETURN(json j, parse_json(text, kManifestJsonLimits, "manifest"));
+  return manifest_from_json(j);
 }
 
 bool is_safe_relative_path(const std::string& p) {
@@ -244,29 +244,29 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     if (t.name.empty() || t.name.size() > 1024)
-      return Status::Corruption("BadField", "tensor #" + std::to_string(i) + " has an empty or over-long name");
+      return Status::Error("BadField", "tensor #" + std::to_string(i) + " has an empty or over-long name");
     if (!index.emplace(t.name, i).second)
-      return Status::Corruption("DuplicateTensor", "tensor '" + t.name + "' is declared twice").with_tensor(t.name);
+      return Status::Error("DuplicateTensor", "tensor '" + t.name + "' is declared twice").with_tensor(t.name);
     if (t.shape.size() > kMaxRank || !checked_numel(t.shape))
-      return Status::Corruption("BadShape", "tensor '" + t.name + "' has an invalid shape " + shape_to_string(t.shape)).with_tensor(t.name);
+      return Status::Error("BadShape", "tensor '" + t.name + "' has an invalid shape " + shape_to_string(t.shape)).with_tensor(t.name);
   }
   std::vector<std::vector<size_t>> by_tensor(tensors.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const auto& p = pieces[i];
     auto it = index.find(p.tensor);
     if (it == index.end())
-      return Status::Corruption("UnknownTensor", "piece #" + std::to_string(i) + " names tensor '" + p.tensor + "', which is not declared").with_tensor(p.tensor);
+      return Status::Error("UnknownTensor", "piece #" + std::to_string(i) + " names tensor '" + p.tensor + "', which is not declared").with_tensor(p.tensor);
     const auto& t = tensors[it->second];
     const std::string where = "piece #" + std::to_string(i) + " of tensor '" + t.name + "'";
     Status st = validate_box(p.region.box, t.shape);
     if (!st.ok())
-      return Status::Corruption("RegionOutOfBounds", where + ": region " + p.region.box.to_string() + " is not inside shape " +
+      return Status::Error("RegionOutOfBounds", where + ": region " + p.region.box.to_string() + " is not inside shape " +
                                                          shape_to_string(t.shape) + " (" + st.message() + ")")
           .with_tensor(t.name);
     if (p.region.is_flat()) {
       int64_t n = p.region.box.numel();
       if (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > n)
-        return Status::Corruption("RegionOutOfBounds", where + ": flat range " + std::to_string(p.region.flat_begin) + ".." +
+        return Status::Error("RegionOutOfBounds", where + ": flat range " + std::to_string(p.region.flat_begin) + ".." +
                                                            std::to_string(p.region.flat_end) + " is not inside [0, " + std::to_string(n) + "]")
             .with_tensor(t.name);
     }
@@ -283,7 +283,7 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
       const auto& p = pieces[pi];
       if (p.region.is_flat()) flats[{p.region.box.offset, p.region.box.extent}].push_back({p.region.flat_begin, p.region.flat_end});
       auto sum = checked_add(covered, p.region.numel());
-      if (!sum) return Status::Corruption("PieceOverlap", "pieces of tensor '" + t.name + "' hold more elements than fit in int64").with_tensor(t.name);
+      if (!sum) return Status::Error("PieceOverlap", "pieces of tensor '" + t.name + "' hold more elements than fit in int64").with_tensor(t.name);
       covered = *sum;
       for (auto& b : p.region.boxes())
         if (!b.empty()) boxes.push_back({std::move(b), pi});
@@ -294,29 +294,29 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
       const int64_t n = Box{key.first, key.second}.numel();
       for (auto [b, e] : ranges) {
         if (b != at)
-          return Status::Corruption(b < at ? "PieceOverlap" : "FlatRangeGap",
+          return Status::Error(b < at ? "PieceOverlap" : "FlatRangeGap",
                                     "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
                                         (b < at ? " overlap at element " : " leave a gap at element ") + std::to_string(std::min(b, at)))
               .with_tensor(t.name);
         at = e;
       }
       if (at != n)
-        return Status::Corruption("FlatRangeGap", "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
+        return Status::Error("FlatRangeGap", "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
                                                       " end at element " + std::to_string(at) + ", expected " + std::to_string(n))
             .with_tensor(t.name);
     }
     if (t.shape.empty()) {
       if (boxes.size() > 1)
-        return Status::Corruption("PieceOverlap", "scalar tensor '" + t.name + "' is stored by " + std::to_string(boxes.size()) + " pieces").with_tensor(t.name);
+        return Status::Error("PieceOverlap", "scalar tensor '" + t.name + "' is stored by " + std::to_string(boxes.size()) + " pieces").with_tensor(t.name);
     } else if (auto ov = find_overlap(boxes)) {
       const auto& a = pieces[ov->first];
       const auto& b = pieces[ov->second];
-      return Status::Corruption("PieceOverlap", "pieces #" + std::to_string(ov->first) + " (" + a.region.to_string() + ") and #" +
+      return Status::Error("PieceOverlap", "pieces #" + std::to_string(ov->first) + " (" + a.region.to_string() + ") and #" +
                                                     std::to_string(ov->second) + " (" + b.region.to_string() + ") of tensor '" + t.name + "' overlap")
           .with_tensor(t.name);
     }
     if (covered != total)
-      return Status::Corruption("PieceGap", "pieces of tensor '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) +
+      return Status::Error("PieceGap", "pieces of tensor '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) +
                                                 " of " + std::to_string(total) + " elements")
           .with_tensor(t.name);
   }
@@ -324,7 +324,7 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
 }
 
 Status validate_manifest(const Manifest& m) {
-  if (m.version != kFormatVersion) return Status::Error(ErrorKind::kUnsupported, "UnsupportedVersion", "manifest version " + std::to_string(m.version));
+  if (m.version != kFormatVersion) return Status::Error("UnsupportedVersion", "manifest version " + std::to_string(m.version));
   std::vector<Piece> pieces;
   pieces.reserve(m.pieces.size());
   std::set<std::pair<std::string, std::string>> datasets;
@@ -332,11 +332,11 @@ Status validate_manifest(const Manifest& m) {
     const auto& r = m.pieces[i];
     const std::string where = "piece #" + std::to_string(i) + " of tensor '" + r.piece.tensor + "'";
     if (!is_safe_relative_path(r.file))
-      return Status::Corruption("BadFileName", where + ": file name '" + r.file + "' must be a relative path without '..'").with_tensor(r.piece.tensor);
+      return Status::Error("BadFileName", where + ": file name '" + r.file + "' must be a relative path without '..'").with_tensor(r.piece.tensor);
     if (r.dataset.empty() || r.dataset[0] != '/' || r.dataset.size() > 1024 || r.dataset.find('\0') != std::string::npos)
-      return Status::Corruption("BadField", where + ": dataset '" + r.dataset + "' must be an absolute HDF5 path").with_tensor(r.piece.tensor);
+      return Status::Error("BadField", where + ": dataset '" + r.dataset + "' must be an absolute HDF5 path").with_tensor(r.piece.tensor);
     if (!datasets.emplace(r.file, r.dataset).second)
-      return Status::Corruption("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces").with_tensor(r.piece.tensor);
+      return Status::Error("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces").with_tensor(r.piece.tensor);
     pieces.push_back(r.piece);
   }
   CKPT_RETURN_IF_ERROR(validate_pieces(m.tensors, pieces));
@@ -344,7 +344,7 @@ Status validate_manifest(const Manifest& m) {
     const auto& r = m.pieces[i];
     auto want = checked_mul(static_cast<uint64_t>(r.piece.region.numel()), static_cast<uint64_t>(dtype_size(r.piece.dtype)));
     if (!want || *want != r.bytes)
-      return Status::Corruption("BadByteCount", "piece #" + std::to_string(i) + " of tensor '" + r.piece.tensor + "': bytes " + std::to_string(r.bytes) +
+      return Status::Error("BadByteCount", "piece #" + std::to_string(i) + " of tensor '" + r.piece.tensor + "': bytes " + std::to_string(r.bytes) +
                                                     ", expected " + (want ? std::to_string(*want) : std::string("overflow")) + " (" +
                                                     std::to_string(r.piece.region.numel()) + " x " + std::string(dtype_name(r.piece.dtype)) + ")")
           .with_tensor(r.piece.tensor);
@@ -354,36 +354,8 @@ Status validate_manifest(const Manifest& m) {
 
 Result<Manifest> load_manifest(const std::string& dir) {
   const std::string path = dir + "/" + kManifestFile;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("cannot open manifest", path, errno);
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::FromErrno("cannot stat manifest", path, e);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::Corruption("BadField", "manifest is not a regular file").with_file(path);
-  }
-  if (static_cast<uint64_t>(st.st_size) > kMaxManifestBytes) {
-    ::close(fd);
-    return Status::Corruption("ManifestTooLarge", "manifest is " + std::to_string(st.st_size) + " bytes (max " + std::to_string(kMaxManifestBytes) + ")").with_file(path);
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = n < 0 ? errno : EIO;
-      ::close(fd);
-      return Status::FromErrno("cannot read manifest", path, e);
-    }
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  auto m = parse_manifest(text);
+  CKPT_ASSIGN_OR_RETURN(json j, read_json_file(path, kManifestJsonLimits, "manifest"));
+  auto m = manifest_from_json(j);
   if (!m.ok()) return m.take_status().with_file(path);
   Status v = validate_manifest(*m);
   if (!v.ok()) return std::move(v).with_file(path);

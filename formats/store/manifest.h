@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_read.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
 
@@ -19,7 +20,7 @@ namespace ckpt::store {
 
 inline constexpr const char* kFormatName = "ckpt-native";
 inline constexpr int kFormatVersion = 1;
-inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;  // larger manifests are refused
+inline constexpr uint64_t kMaxManifestBytes = kManifestJsonLimits.max_bytes;  // larger manifests are refused
 inline constexpr size_t kMaxRank = 32;                      // dimensions of a tensor
 inline constexpr const char* kManifestFile = "manifest.json";
 
@@ -53,7 +54,8 @@ nlohmann::json piece_record_to_json(const PieceRecord& r);
 // Type-checks one piece record (as gathered from other ranks or read from a manifest).
 Result<PieceRecord> piece_record_from_json(const nlohmann::json& j);
 nlohmann::json manifest_to_json(const Manifest& m);
-// Parses and type-checks (no geometry); errors: InvalidJson, ManifestTooLarge, UnknownFormat,
+// Parses (parse_json with kManifestJsonLimits) and type-checks (no geometry); errors: those of
+// parse_json (InvalidJson, JsonTooLarge, JsonTooDeep, DuplicateKey), UnknownFormat,
 // UnsupportedVersion, BadField.
 Result<Manifest> parse_manifest(const std::string& text);
 

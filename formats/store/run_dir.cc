@@ -37,7 +37,7 @@ Result<std::string> resolve_checkpoint(const std::string& path_in) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (is_partial_name(path))
-    return Status::Corruption("NotCheckpoint", "'" + path + "' is an unfinished (.partial) checkpoint").with_file(path);
+    return Status::Error("NotCheckpoint", "'" + path + "' is an unfinished (.partial) checkpoint").with_file(path);
   if (path_exists(path + "/" + kManifestFile)) return path;
   if (path_exists(path + "/" + kLatestFile)) {
     std::string name;
@@ -45,14 +45,14 @@ Result<std::string> resolve_checkpoint(const std::string& path_in) {
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." || is_partial_name(name) ||
         name.find('\0') != std::string::npos)
-      return Status::Corruption("BadLatest", "'latest' names '" + name + "', which is not a checkpoint directory name").with_file(path + "/latest");
+      return Status::Error("BadLatest", "'latest' names '" + name + "', which is not a checkpoint directory name").with_file(path + "/latest");
     const std::string dir = path + "/" + name;
     if (!path_exists(dir + "/" + kManifestFile))
       return Status::NotFound("'latest' names '" + name + "', which has no manifest.json").with_file(dir);
     return dir;
   }
   if (!path_exists(path)) return Status::NotFound("'" + path + "' does not exist").with_file(path);
-  return Status::Corruption("NotCheckpoint", "'" + path + "' has neither manifest.json nor a 'latest' file").with_file(path);
+  return Status::Error("NotCheckpoint", "'" + path + "' has neither manifest.json nor a 'latest' file").with_file(path);
 }
 
 }  // namespace ckpt::store

@@ -65,23 +65,23 @@ Status StoreReader::open_files() {
     if (fit == files_.end()) {
       struct stat st {};
       if (::stat(path.c_str(), &st) != 0)
-        return Status::Error(ErrorKind::kNotFound, "ShardMissing", "shard file '" + rec.file + "' is missing (needed by " + where + ")")
+        return Status::Error("ShardMissing", "shard file '" + rec.file + "' is missing (needed by " + where + ")")
             .with_file(path).with_tensor(rec.piece.tensor);
       if (!S_ISREG(st.st_mode))
-        return Status::Corruption("BadShard", "shard '" + rec.file + "' is not a regular file").with_file(path);
+        return Status::Error("BadShard", "shard '" + rec.file + "' is not a regular file").with_file(path);
       H5Id f = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
       if (!f.valid())
-        return Status::Corruption("BadShard", "shard '" + rec.file + "' (" + std::to_string(st.st_size) +
+        return Status::Error("BadShard", "shard '" + rec.file + "' (" + std::to_string(st.st_size) +
                                                   " bytes) is not a readable HDF5 file (truncated or damaged)")
             .with_file(path);
       fit = files_.emplace(rec.file, std::move(f)).first;
     }
     H5Id ds = h5_dataset(H5Dopen2(fit->second.get(), rec.dataset.c_str(), H5P_DEFAULT));
     if (!ds.valid())
-      return Status::Corruption("MissingDataset", where + ": dataset not found or unreadable").with_file(path).with_tensor(rec.piece.tensor);
+      return Status::Error("MissingDataset", where + ": dataset not found or unreadable").with_file(path).with_tensor(rec.piece.tensor);
     H5Id type = h5_type(H5Dget_type(ds.get()));
     if (!type.valid() || !h5_type_matches(type.get(), rec.piece.dtype))
-      return Status::Corruption("DTypeMismatch", where + ": dataset element type (class " + std::to_string(type.valid() ? H5Tget_class(type.get()) : -1) +
+      return Status::Error("DTypeMismatch", where + ": dataset element type (class " + std::to_string(type.valid() ? H5Tget_class(type.get()) : -1) +
                                                      ", " + std::to_string(type.valid() ? H5Tget_size(type.get()) : 0) + " bytes) does not hold " +
                                                      std::string(dtype_name(rec.piece.dtype)))
           .with_file(path).with_tensor(rec.piece.tensor);
@@ -91,7 +91,7 @@ Status StoreReader::open_files() {
     std::vector<hsize_t> got(nd > 0 ? static_cast<size_t>(nd) : 0);
     if (nd >= 0 && nd <= 64 && nd > 0) H5Sget_simple_extent_dims(space.get(), got.data(), nullptr);
     if (nd < 0 || nd > 64 || got != want)
-      return Status::Corruption("ShapeMismatch", where + ": dataset shape " + dims_string(got) + ", expected " + dims_string(want))
+      return Status::Error("ShapeMismatch", where + ": dataset shape " + dims_string(got) + ", expected " + dims_string(want))
           .with_file(path).with_tensor(rec.piece.tensor);
     datasets_[i] = std::move(ds);
   }
@@ -176,7 +176,7 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
   if (!reg.is_flat() && n > 0) mdims.assign(sub.extent.begin(), sub.extent.end());
   H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr));
   if (H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, dst) < 0)
-    return error_context(Status::Corruption("ReadFailed", "reading " + sub.to_string() + " of dataset '" + rec.dataset + "' in '" + rec.file +
+    return error_context(Status::Error("ReadFailed", "reading " + sub.to_string() + " of dataset '" + rec.dataset + "' in '" + rec.file +
                                                               "' failed (damaged data or compressed chunk)"),
                          piece);
   return Status::Ok();
@@ -238,7 +238,7 @@ Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end,
     H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr));
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr) < 0 ||
         H5Dread(datasets_[piece].get(), h5_type_for(rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
-      return error_context(Status::Corruption("ReadFailed", "reading elements " + std::to_string(begin) + ".." + std::to_string(end) + " of dataset '" +
+      return error_context(Status::Error("ReadFailed", "reading elements " + std::to_string(begin) + ".." + std::to_string(end) + " of dataset '" +
                                                                 rec.dataset + "' in '" + rec.file + "' failed (damaged data or compressed chunk)"),
                            piece);
     out += n * esize;
@@ -302,7 +302,7 @@ VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& 
       continue;
     }
     if (got[i] != rec.sha256)
-      rep.failures.push_back({i, error_context(Status::Error(ErrorKind::kChecksum, "ChecksumMismatch",
+      rep.failures.push_back({i, error_context(Status::Error("ChecksumMismatch",
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
                                                                  "'): sha256 expected " + rec.sha256 + ", got " + got[i]),

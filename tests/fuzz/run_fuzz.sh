@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the safetensors libFuzzer targets (header parser, index parser), seeded with valid files
+# Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
 #   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 15 s per target)
@@ -16,15 +16,18 @@ if [ ! -f "$bdir/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
     -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
-ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz >/dev/null
+ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
-mkdir -p "$out/header" "$out/index"
+mkdir -p "$out/header" "$out/index" "$out/manifest"
 # Seeds: valid headers (empty, tensors with metadata, scalar, zero-size) and indexes.
 printf '\x02\0\0\0\0\0\0\0{}' > "$out/header/empty"
 h='{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[],"data_offsets":[16,18]},"z":{"dtype":"U8","shape":[0],"data_offsets":[18,18]}}'
 { printf "$(printf '\\x%02x' $(( ${#h} & 255 )) $(( ${#h} >> 8 )))\0\0\0\0\0\0"; printf '%s' "$h"; head -c 18 /dev/zero; } > "$out/header/tensors"
 printf '{"metadata":{"total_size":16},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}' > "$out/index/two"
 printf '{"weight_map":{}}' > "$out/index/empty"
+sha=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+printf '{"format":"ckpt-native","version":1,"model_config":{"a":[1]},"tensors":[{"name":"a","dtype":"F32","shape":[2,3]},{"name":"o","dtype":"F32","shape":[6]}],"pieces":[{"tensor":"a","file":"shards/r00000.h5","dataset":"p0","region":{"offset":[0,0],"extent":[2,3]},"dtype":"F32","bytes":24,"sha256":"%s","codec":"none"},{"tensor":"o","file":"shards/r00000.h5","dataset":"p1","region":{"offset":[0],"extent":[6],"flat":[0,3]},"dtype":"F32","bytes":12,"sha256":"%s","codec":"zstd","codec_level":3},{"tensor":"o","file":"shards/r00001.h5","dataset":"p2","region":{"offset":[0],"extent":[6],"flat":[3,6]},"dtype":"F32","bytes":12,"sha256":"%s","codec":"shuffle+zstd","codec_level":3}]}' "$sha" "$sha" "$sha" > "$out/manifest/three"
+printf '{"format":"ckpt-native","version":1,"tensors":[],"pieces":[]}' > "$out/manifest/empty"
 cat > "$out/dict" <<'EOF'
 "{"
 "}"
@@ -56,14 +59,34 @@ cat > "$out/dict" <<'EOF'
 "/"
 "\xef\xbb\xbf"
 "\xed\xa0\x80"
+"format"
+"ckpt-native"
+"version"
+"tensors"
+"pieces"
+"name"
+"tensor"
+"file"
+"dataset"
+"region"
+"offset"
+"extent"
+"flat"
+"bytes"
+"sha256"
+"codec"
+"codec_level"
+"zstd"
+"shuffle+zstd"
 EOF
 status=0
-for t in header index; do
-  echo "== safetensors_${t}_fuzz for ${secs}s"
+fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
+for t in header index manifest; do
+  echo "== $(fuzz_bin "$t") for ${secs}s"
   extra=()
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
   log="$out/${t}.log"
-  ( cd "$out" && "$bdir/safetensors_${t}_fuzz" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+  ( cd "$out" && "$bdir/$(fuzz_bin "$t")" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
       -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || true
   grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
   if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; status=1; fi

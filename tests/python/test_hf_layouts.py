@@ -204,5 +204,5 @@ def test_tampered_side_file_is_refused(run_ckpt, tmp_path):
     man["hf_files"]["tokenizer.json"]["base64"] = base64.b64encode(b'{"version": "2.0"}').decode()
     mf.write_text(json.dumps(man))
     r = run_ckpt("to-hf", tmp_path / "native", tmp_path / "out", check=False)
-    assert r.returncode != 0 and "HfFilesCorrupt" in r.stderr, r.stderr
+    assert r.returncode == 1 and "HfFilesChecksum" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

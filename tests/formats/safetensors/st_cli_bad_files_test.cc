@@ -228,7 +228,7 @@ TEST_F(CliBadFiles, IndexRulesGiveClearErrors) {
       {"missing_file", idx("model-00002-of-00002.safetensors"), "IndexMissingFile", 4},
       {"mismatch", "{\"weight_map\":{\"a\":\"" + shard + "\",\"b\":\"" + shard + "\"}}", "IndexMismatch", 3},
       {"empty_weight_map", "{\"weight_map\":{}}", "IndexInvalid", 3},
-      {"invalid_json", "{\"weight_map\":", "IndexInvalidJson", 3},
+      {"invalid_json", "{\"weight_map\":", "InvalidJson", 3},
       {"weight_map_not_object", "{\"weight_map\":[]}", "IndexInvalid", 3},
       {"duplicate_key", "{\"weight_map\":{\"a\":\"" + shard + "\",\"a\":\"" + shard + "\"}}", "DuplicateKey", 3},
   };

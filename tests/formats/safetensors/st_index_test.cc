@@ -37,9 +37,9 @@ TEST(SafetensorsIndex, StructureAndTypes) {
   EXPECT_EQ(index_code_of("{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}"), "IndexInvalid");
   EXPECT_EQ(index_code_of("{\"metadata\":5,\"weight_map\":{}}"), "IndexInvalid");
   EXPECT_EQ(index_code_of("[]"), "IndexInvalid");
-  EXPECT_EQ(index_code_of("{\"weight_map\":{}"), "IndexInvalidJson");
-  EXPECT_EQ(index_code_of(std::string("{\"weight_map\":{}}\0", 18)), "IndexInvalidJson");
-  EXPECT_EQ(index_code_of(std::string(100, '[') + std::string(100, ']')), "IndexInvalid");
+  EXPECT_EQ(index_code_of("{\"weight_map\":{}"), "InvalidJson");
+  EXPECT_EQ(index_code_of(std::string("{\"weight_map\":{}}\0", 18)), "InvalidJson");
+  EXPECT_EQ(index_code_of(std::string(100, '[') + std::string(100, ']')), "JsonTooDeep");
   auto r = parse_index("{\"weight_map\":{\"b\":\"2.safetensors\",\"a\":\"1.safetensors\",\"c\":\"1.safetensors\"}}");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->files, (std::vector<std::string>{"1.safetensors", "2.safetensors"}));
