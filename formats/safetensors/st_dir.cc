@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -111,23 +112,99 @@ Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
   return files_[where_[piece].first]->read(where_[piece].second, sub, dst);
 }
 
-ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
-    : out_(std::move(out_dir)), opts_(std::move(opts)) {
+SafetensorsDirWriter::SafetensorsDirWriter(std::string out_dir, bool fsync) : out_(std::move(out_dir)), fsync_(fsync) {
   while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
   partial_ = out_ + ".partial";
 }
 
-ShardedSafetensorsSink::~ShardedSafetensorsSink() {
+SafetensorsDirWriter::~SafetensorsDirWriter() {
   if (!committed_) abort();
 }
 
-Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
-  if (begun_) return Status::Internal("ShardedSafetensorsSink::begin called twice");
+Status SafetensorsDirWriter::create() {
+  if (created_) return Status::Internal("SafetensorsDirWriter::create called twice");
   std::error_code ec;
   if (fs::exists(out_, ec) && !(fs::is_directory(out_, ec) && fs::is_empty(out_, ec)))
     return Status::InvalidArgument("output '" + out_ + "' already exists and is not an empty directory");
   if (fs::exists(partial_, ec))
     return Status::InvalidArgument("'" + partial_ + "' exists (left by an interrupted run?): remove it first");
+  if (!fs::create_directory(partial_, ec)) return Status::FromErrno("cannot create directory", partial_, ec.value());
+  created_ = true;
+  return Status::Ok();
+}
+
+Result<SafetensorsWriter*> SafetensorsDirWriter::add_file(const std::string& rel, const std::vector<TensorMeta>& tensors,
+                                                          const std::vector<Piece>& pieces,
+                                                          const std::map<std::string, std::string>& header_metadata) {
+  if (!created_) return Status::Internal("SafetensorsDirWriter::add_file before create");
+  const fs::path r(rel);
+  bool bad = rel.empty() || r.is_absolute() || std::distance(r.begin(), r.end()) > 2;
+  for (const auto& part : r) bad = bad || part == "." || part == ".." || part.empty();
+  if (bad) return Status::InvalidArgument("bad file name '" + rel + "' in a safetensors directory");
+  if (r.has_parent_path() && std::find(subdirs_.begin(), subdirs_.end(), r.parent_path().string()) == subdirs_.end()) {
+    std::error_code ec;
+    const fs::path d = fs::path(partial_) / r.parent_path();
+    if (!fs::create_directory(d, ec)) return Status::FromErrno("cannot create directory", d.string(), ec.value());
+    subdirs_.push_back(r.parent_path().string());
+  }
+  WriterOptions wo;
+  wo.metadata = header_metadata;
+  wo.rename_on_commit = false;
+  wo.fsync = fsync_;
+  files_.push_back(rel);
+  writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(partial_) / r).string(), wo));
+  CKPT_RETURN_IF_ERROR(writers_.back()->begin(tensors, pieces, nlohmann::json::object()));
+  return writers_.back().get();
+}
+
+Status SafetensorsDirWriter::commit(const std::map<std::string, std::string>& text_files,
+                                    const std::map<std::string, std::string>& copy_files) {
+  if (!created_) return Status::Internal("SafetensorsDirWriter::commit without create");
+  for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
+  for (const auto& [name, content] : text_files) {
+    files_.push_back(name);
+    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / name).string(), content, fsync_));
+  }
+  for (const auto& [name, src] : copy_files) {
+    std::error_code ec;
+    files_.push_back(name);
+    fs::copy_file(src, fs::path(partial_) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", (fs::path(partial_) / name).string(), ec.value());
+  }
+  if (fsync_) {
+    for (const auto& d : subdirs_) CKPT_RETURN_IF_ERROR(fsync_dir((fs::path(partial_) / d).string()));
+    CKPT_RETURN_IF_ERROR(fsync_dir(partial_));
+  }
+  std::error_code ec;
+  if (fs::exists(out_, ec) && fs::is_directory(out_, ec) && fs::is_empty(out_, ec)) fs::remove(out_, ec);
+  if (::rename(partial_.c_str(), out_.c_str()) != 0) return Status::FromErrno("cannot rename '" + partial_ + "' to", out_, errno);
+  if (fsync_) {
+    auto parent = fs::path(out_).parent_path().string();
+    CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
+  }
+  committed_ = true;
+  return Status::Ok();
+}
+
+void SafetensorsDirWriter::abort() {
+  if (!created_ || committed_) return;
+  for (auto& w : writers_) w->abort();
+  writers_.clear();
+  std::error_code ec;
+  // Only what this writer created: its files, its subdirectories, then the directory.
+  for (const auto& n : files_) fs::remove(fs::path(partial_) / n, ec);
+  for (const auto& d : subdirs_) fs::remove(fs::path(partial_) / d, ec);
+  fs::remove(partial_, ec);
+  created_ = false;
+}
+
+ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
+    : opts_(std::move(opts)), dir_(std::move(out_dir), opts_.fsync) {}
+
+ShardedSafetensorsSink::~ShardedSafetensorsSink() = default;  // dir_ aborts unless committed
+
+Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
+  if (begun_) return Status::Internal("ShardedSafetensorsSink::begin called twice");
   for (const auto& [name, _] : opts_.extra_files)
     if (name.empty() || name.find('/') != std::string::npos || name == kIndexFileName)
       return Status::InvalidArgument("bad extra file name '" + name + "'");
@@ -148,7 +225,7 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
   size_t nshards = 0;
   auto shard_of = assign_shards(sizes, opts_.max_shard_size, &nshards);
   for (size_t s = 0; s < nshards; ++s) names_.push_back(nshards == 1 ? std::string(kSingleFileName) : shard_file_name(s, nshards));
-  if (!fs::create_directory(partial_, ec)) return Status::FromErrno("cannot create directory", partial_, ec.value());
+  CKPT_RETURN_IF_ERROR(dir_.create());
   begun_ = true;
   std::vector<std::vector<TensorMeta>> st(nshards);
   std::vector<std::vector<Piece>> sp(nshards);
@@ -161,12 +238,8 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
     weight_map_[pieces[i].tensor] = names_[s];
   }
   for (size_t s = 0; s < nshards; ++s) {
-    WriterOptions wo;
-    wo.metadata = opts_.shard_metadata;
-    wo.rename_on_commit = false;
-    wo.fsync = opts_.fsync;
-    writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(partial_) / names_[s]).string(), wo));
-    CKPT_RETURN_IF_ERROR(writers_.back()->begin(st[s], sp[s], nlohmann::json::object()));
+    CKPT_ASSIGN_OR_RETURN(SafetensorsWriter * w, dir_.add_file(names_[s], st[s], sp[s], opts_.shard_metadata));
+    writers_.push_back(w);
   }
   return Status::Ok();
 }
@@ -191,39 +264,15 @@ Status ShardedSafetensorsSink::write_from_file(size_t piece, const FileExtent& s
 
 Status ShardedSafetensorsSink::commit() {
   if (!begun_) return Status::Internal("ShardedSafetensorsSink::commit without begin");
-  for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
-  if (names_.size() > 1)
-    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / kIndexFileName).string(), index_to_json(total_size_, weight_map_), opts_.fsync));
-  for (const auto& [name, content] : opts_.extra_files)
-    CKPT_RETURN_IF_ERROR(write_file_fsync((fs::path(partial_) / name).string(), content, opts_.fsync));
-  for (const auto& [name, src] : opts_.copy_files) {
-    std::error_code ec;
-    fs::copy_file(src, fs::path(partial_) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", (fs::path(partial_) / name).string(), ec.value());
-  }
-  if (opts_.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial_));
-  std::error_code ec;
-  if (fs::exists(out_, ec) && fs::is_directory(out_, ec) && fs::is_empty(out_, ec)) fs::remove(out_, ec);
-  if (::rename(partial_.c_str(), out_.c_str()) != 0) return Status::FromErrno("cannot rename '" + partial_ + "' to", out_, errno);
-  if (opts_.fsync) {
-    auto parent = fs::path(out_).parent_path().string();
-    CKPT_RETURN_IF_ERROR(fsync_dir(parent.empty() ? "." : parent));
-  }
-  committed_ = true;
-  return Status::Ok();
+  std::map<std::string, std::string> text = opts_.extra_files;
+  if (names_.size() > 1) text[kIndexFileName] = index_to_json(total_size_, weight_map_);
+  return dir_.commit(text, opts_.copy_files);
 }
 
 void ShardedSafetensorsSink::abort() {
-  if (!begun_ || committed_) return;
-  for (auto& w : writers_) w->abort();
+  if (!begun_) return;
   writers_.clear();
-  std::error_code ec;
-  // Only what this sink created: its shard files, index and extra files, then the directory.
-  for (const auto& n : names_) fs::remove(fs::path(partial_) / n, ec);
-  fs::remove(fs::path(partial_) / kIndexFileName, ec);
-  for (const auto& [name, _] : opts_.extra_files) fs::remove(fs::path(partial_) / name, ec);
-  for (const auto& [name, _] : opts_.copy_files) fs::remove(fs::path(partial_) / name, ec);
-  fs::remove(partial_, ec);
+  dir_.abort();
   begun_ = false;
 }
 

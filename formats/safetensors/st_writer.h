@@ -36,6 +36,10 @@ class SafetensorsWriter final : public TensorSink {
   // `metadata` is ignored (the header's __metadata__ comes from WriterOptions).
   Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
   Status write(size_t piece, const void* data, int64_t count) override;
+  // Writes `count` elements at element `first` of piece `piece`, for a sink that fills a tensor
+  // in parts in any order (MegatronSink). A piece is written either in order by write() or in
+  // non-overlapping parts by write_at(), not both; commit() checks that the bytes add up.
+  Status write_at(size_t piece, int64_t first, const void* data, int64_t count);
   bool accepts_file_extents() const override { return true; }
   std::vector<size_t> write_order() const override;  // by file offset
   uint64_t piece_offset(size_t piece) const { return piece < slots_.size() ? slots_[piece].begin : 0; }
