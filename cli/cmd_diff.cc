@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "converters/megatron_layout.h"
+#include "converters/megatron_dir_source.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "reshard/diff.h"

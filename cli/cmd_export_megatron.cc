@@ -1,12 +1,12 @@
 // ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..]: Megatron-LM per-rank
-// safetensors files (converters/megatron_layout.h) from any checkpoint in global view.
+// safetensors files (converters/megatron_export.h) from any checkpoint in global view.
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
-#include "converters/megatron_layout.h"
+#include "converters/megatron_export.h"
 #include "formats/open_source.h"
 
 namespace ckpt::cli {

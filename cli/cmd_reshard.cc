@@ -11,7 +11,7 @@
 #include "cli/progress.h"
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
-#include "converters/megatron_layout.h"
+#include "converters/megatron_dir_source.h"
 #include "formats/store/store_reader.h"
 #include "reshard/dist.h"
 #include "reshard/planner.h"

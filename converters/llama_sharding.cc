@@ -1,8 +1,11 @@
 #include "converters/llama_sharding.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string_view>
 #include <utility>
+
+#include "converters/tp_split.h"
 
 namespace ckpt {
 
@@ -16,19 +19,11 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Box of rows [begin, end) of dim `dim`, full extent in every other dimension.
-Box slice_dim(const Shape& shape, size_t dim, int64_t begin, int64_t end) {
-  Box b = Box::whole(shape);
-  b.offset[dim] = begin;
-  b.extent[dim] = end - begin;
-  return b;
-}
-
 // Even split of dim `dim` over tp ranks (the caller checked divisibility).
 std::vector<Box> split_even(const Shape& shape, size_t dim, int tp) {
   std::vector<Box> out;
   const int64_t part = shape[dim] / tp;
-  for (int r = 0; r < tp; ++r) out.push_back(slice_dim(shape, dim, r * part, (r + 1) * part));
+  for (int r = 0; r < tp; ++r) out.push_back(dim_slice(shape, dim, r * part, (r + 1) * part));
   return out;
 }
 
@@ -92,24 +87,100 @@ Status LlamaShardingRules::check_layout(const Layout& layout) const {
   return Status::Ok();
 }
 
+namespace {
+
+// The model parameter a name stands for: `full` itself, or the parameter of an optimizer tensor
+// `optimizer.{exp_avg,exp_avg_sq,fp32_param}.<param>` (then *optimizer = true).
+Result<std::string> parameter_of(const std::string& full, bool* optimizer) {
+  *optimizer = false;
+  if (!full.starts_with("optimizer.")) return full;
+  for (std::string_view k : kOptimizerKinds)
+    if (full.starts_with(k)) {
+      *optimizer = true;
+      return full.substr(k.size());
+    }
+  return Status::Error("UnknownTensor",
+                       "unknown optimizer tensor '" + full +
+                           "' (expected optimizer.{exp_avg,exp_avg_sq,fp32_param}.<parameter>)")
+      .with_tensor(full);
+}
+
+// Pipeline stages holding parameter `name` (tensor `full`).
+Result<std::vector<int>> stages_of(const LlamaConfig& c, const std::string& full, const std::string& name,
+                                   const Layout& layout) {
+  const int last = layout.pp - 1;
+  const int64_t layer = llama_layer_of(name);
+  if (layer >= 0) {
+    if (layer >= static_cast<int64_t>(layout.stage_of_layer.size()))
+      return Status::Error("LayoutRefused",
+                           "tensor '" + full + "' is in layer " + std::to_string(layer) + " but the layout has " +
+                               std::to_string(layout.stage_of_layer.size()) + " layers")
+          .with_tensor(full);
+    return std::vector<int>{layout.stage_of_layer[layer]};
+  }
+  if (name == "model.embed_tokens.weight") {
+    std::vector<int> stages{0};
+    if (c.tie_word_embeddings && last > 0) stages.push_back(last);
+    return stages;
+  }
+  return std::vector<int>{last};  // model.norm.weight, lm_head.weight
+}
+
+// The box of each TP rank of parameter `name` (tensor `full`, HF shape `shape`).
+Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& full, const std::string& name,
+                                     const Shape& shape, const Layout& layout) {
+  const int tp = layout.tp;
+  auto not_divisible = [&](int64_t n, const char* what) {
+    return Status::Error("LayoutRefused",
+                         "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide " + what + "=" +
+                             std::to_string(n))
+        .with_tensor(full);
+  };
+  auto is = [&](std::initializer_list<std::string_view> suffixes) {
+    for (auto sfx : suffixes)
+      if (ends_with(name, sfx)) return true;
+    return false;
+  };
+  std::vector<Box> boxes;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+    for (int r = 0; r < tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));
+      boxes.push_back(dim_slice(shape, 0, v.begin, v.end));
+    }
+  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias"})) {
+    boxes = replicate(shape, tp);
+  } else if (is({"q_proj.weight", "q_proj.bias"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 0, tp);
+  } else if (is({"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"})) {
+    const int64_t rep = LlamaShardingRules::kv_replication(c.num_key_value_heads, tp);
+    if (rep == 0) return not_divisible(c.num_key_value_heads, "num_key_value_heads (and is not a multiple of it)");
+    if (rep == 1) return split_even(shape, 0, tp);
+    for (int r = 0; r < tp; ++r) {
+      const int64_t head = r / rep;  // each KV head on rep consecutive ranks
+      boxes.push_back(dim_slice(shape, 0, head * c.head_dim, (head + 1) * c.head_dim));
+    }
+  } else if (is({"gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias"})) {
+    if (shape[0] % tp != 0) return not_divisible(shape[0], "intermediate_size");
+    boxes = split_even(shape, 0, tp);
+  } else if (is({"o_proj.weight"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 1, tp);
+  } else if (is({"down_proj.weight"})) {
+    if (shape[1] % tp != 0) return not_divisible(shape[1], "intermediate_size");
+    boxes = split_even(shape, 1, tp);
+  } else {
+    return Status::Internal("no sharding rule for '" + full + "'").with_tensor(full);
+  }
+  return boxes;
+}
+
+}  // namespace
+
 Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, const Layout& layout) const {
   const std::string& full = tensor.name;
-  std::string name = full;
   bool optimizer = false;
-  if (full.starts_with("optimizer.")) {
-    for (std::string_view k : kOptimizerKinds) {
-      if (full.starts_with(k)) {
-        name = full.substr(k.size());
-        optimizer = true;
-        break;
-      }
-    }
-    if (!optimizer)
-      return Status::Error("UnknownTensor",
-                           "unknown optimizer tensor '" + full +
-                               "' (expected optimizer.{exp_avg,exp_avg_sq,fp32_param}.<parameter>)")
-          .with_tensor(full);
-  }
+  CKPT_ASSIGN_OR_RETURN(const std::string name, parameter_of(full, &optimizer));
   auto it = shapes_.find(name);
   if (it == shapes_.end()) {
     std::string hint;
@@ -127,78 +198,10 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
         .with_tensor(full);
   if (layout.tp < 1 || layout.pp < 1)
     return Status::InvalidArgument("layout with tp=" + std::to_string(layout.tp) + " pp=" + std::to_string(layout.pp));
-
   TensorPlacement p;
   p.optimizer_state = optimizer;
-  const int tp = layout.tp;
-  const int last = layout.pp - 1;
-
-  // Stages.
-  const int64_t layer = llama_layer_of(name);
-  if (layer >= 0) {
-    if (layer >= static_cast<int64_t>(layout.stage_of_layer.size()))
-      return Status::Error("LayoutRefused",
-                           "tensor '" + full + "' is in layer " + std::to_string(layer) + " but the layout has " +
-                               std::to_string(layout.stage_of_layer.size()) + " layers")
-          .with_tensor(full);
-    p.stages = {layout.stage_of_layer[layer]};
-  } else if (name == "model.embed_tokens.weight") {
-    p.stages = {0};
-    if (config_.tie_word_embeddings && last > 0) p.stages.push_back(last);
-  } else {  // model.norm.weight, lm_head.weight
-    p.stages = {last};
-  }
-
-  auto not_divisible = [&](int64_t n, const char* what) {
-    return Status::Error("LayoutRefused",
-                         "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide " + what + "=" +
-                             std::to_string(n))
-        .with_tensor(full);
-  };
-
-  // TP boxes.
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-    const int64_t V = shape[0];
-    const int64_t P = layout.padded_vocab(V);
-    if (P < V || P % tp != 0)
-      return Status::Internal("padded vocab " + std::to_string(P) + " for vocab " + std::to_string(V) +
-                              " at tp=" + std::to_string(tp));
-    const int64_t part = P / tp;
-    for (int r = 0; r < tp; ++r) {
-      const int64_t b = std::min<int64_t>(r * part, V), e = std::min<int64_t>((r + 1) * part, V);
-      p.tp_boxes.push_back(slice_dim(shape, 0, b, e));
-    }
-  } else if (llama_is_norm(name) || ends_with(name, "o_proj.bias") || ends_with(name, "down_proj.bias")) {
-    p.tp_boxes = replicate(shape, tp);
-  } else if (ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias")) {
-    if (config_.num_attention_heads % tp != 0) return not_divisible(config_.num_attention_heads, "num_attention_heads");
-    p.tp_boxes = split_even(shape, 0, tp);
-  } else if (ends_with(name, "k_proj.weight") || ends_with(name, "k_proj.bias") ||
-             ends_with(name, "v_proj.weight") || ends_with(name, "v_proj.bias")) {
-    const int64_t K = config_.num_key_value_heads, hd = config_.head_dim;
-    const int64_t rep = kv_replication(K, tp);
-    if (rep == 0) return not_divisible(K, "num_key_value_heads (and is not a multiple of it)");
-    if (rep == 1) {
-      p.tp_boxes = split_even(shape, 0, tp);
-    } else {
-      for (int r = 0; r < tp; ++r) {
-        const int64_t head = r / rep;
-        p.tp_boxes.push_back(slice_dim(shape, 0, head * hd, (head + 1) * hd));
-      }
-    }
-  } else if (ends_with(name, "gate_proj.weight") || ends_with(name, "gate_proj.bias") ||
-             ends_with(name, "up_proj.weight") || ends_with(name, "up_proj.bias")) {
-    if (shape[0] % tp != 0) return not_divisible(shape[0], "intermediate_size");
-    p.tp_boxes = split_even(shape, 0, tp);
-  } else if (ends_with(name, "o_proj.weight")) {
-    if (config_.num_attention_heads % tp != 0) return not_divisible(config_.num_attention_heads, "num_attention_heads");
-    p.tp_boxes = split_even(shape, 1, tp);
-  } else if (ends_with(name, "down_proj.weight")) {
-    if (shape[1] % tp != 0) return not_divisible(shape[1], "intermediate_size");
-    p.tp_boxes = split_even(shape, 1, tp);
-  } else {
-    return Status::Internal("no sharding rule for '" + full + "'").with_tensor(full);
-  }
+  CKPT_ASSIGN_OR_RETURN(p.stages, stages_of(config_, full, name, layout));
+  CKPT_ASSIGN_OR_RETURN(p.tp_boxes, tp_boxes_of(config_, full, name, shape, layout));
   return p;
 }
 

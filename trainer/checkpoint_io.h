@@ -19,7 +19,7 @@
 #include "formats/tensor_io.h"
 #include "trainer/adamw.h"
 #include "trainer/model.h"
-#include "trainer/schedule.h"
+#include "trainer/lr_schedule.h"
 
 namespace ckpt::trainer {
 

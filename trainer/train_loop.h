@@ -18,7 +18,7 @@
 #include "trainer/checkpoint_io.h"
 #include "trainer/data.h"
 #include "trainer/model.h"
-#include "trainer/schedule.h"
+#include "trainer/lr_schedule.h"
 
 namespace ckpt::trainer {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -102,16 +103,74 @@ Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
   return files_[where_[piece].first]->read(where_[piece].second, sub, dst);
 }
 
-ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
-    : dir_(std::move(out_dir), PartialDirPolicy{.replace_stale = false, .empty_target_ok = true}), opts_(std::move(opts)) {}
+SafetensorsDirWriter::SafetensorsDirWriter(std::string out_dir, bool fsync)
+    : dir_(std::move(out_dir), PartialDirPolicy{.replace_stale = false, .empty_target_ok = true}), fsync_(fsync) {}
 
-ShardedSafetensorsSink::~ShardedSafetensorsSink() {
+SafetensorsDirWriter::~SafetensorsDirWriter() {
   if (!committed_) abort();
 }
 
+Status SafetensorsDirWriter::create() {
+  if (created_) return Status::Internal("SafetensorsDirWriter::create called twice");
+  CKPT_RETURN_IF_ERROR(dir_.create());
+  created_ = true;
+  return Status::Ok();
+}
+
+Result<SafetensorsWriter*> SafetensorsDirWriter::add_file(const std::string& rel, const std::vector<TensorMeta>& tensors,
+                                                          const std::vector<Piece>& pieces,
+                                                          const std::map<std::string, std::string>& header_metadata) {
+  if (!created_) return Status::Internal("SafetensorsDirWriter::add_file before create");
+  const fs::path r(rel);
+  bool bad = rel.empty() || r.is_absolute() || std::distance(r.begin(), r.end()) > 2;
+  for (const auto& part : r) bad = bad || part == "." || part == ".." || part.empty();
+  if (bad) return Status::InvalidArgument("bad file name '" + rel + "' in a safetensors directory");
+  if (r.has_parent_path() && std::find(subdirs_.begin(), subdirs_.end(), r.parent_path().string()) == subdirs_.end()) {
+    CKPT_RETURN_IF_ERROR(make_dir((fs::path(dir_.path()) / r.parent_path()).string()));
+    subdirs_.push_back(r.parent_path().string());
+  }
+  WriterOptions wo;
+  wo.metadata = header_metadata;
+  wo.rename_on_commit = false;
+  wo.fsync = fsync_;
+  writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(dir_.path()) / r).string(), wo));
+  CKPT_RETURN_IF_ERROR(writers_.back()->begin(tensors, pieces, nlohmann::json::object()));
+  return writers_.back().get();
+}
+
+Status SafetensorsDirWriter::commit(const std::map<std::string, std::string>& text_files,
+                                    const std::map<std::string, std::string>& copy_files) {
+  if (!created_) return Status::Internal("SafetensorsDirWriter::commit without create");
+  for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
+  for (const auto& [name, content] : text_files)
+    CKPT_RETURN_IF_ERROR(write_file(dir_.path() + "/" + name, content, fsync_));
+  for (const auto& [name, src] : copy_files) {
+    std::error_code ec;
+    fs::copy_file(src, dir_.path() + "/" + name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", dir_.path() + "/" + name, ec.value());
+  }
+  if (fsync_)
+    for (const auto& d : subdirs_) CKPT_RETURN_IF_ERROR(fsync_dir(dir_.path() + "/" + d));
+  CKPT_RETURN_IF_ERROR(dir_.commit(fsync_));
+  committed_ = true;
+  return Status::Ok();
+}
+
+void SafetensorsDirWriter::abort() {
+  if (!created_ || committed_) return;
+  for (auto& w : writers_) w->abort();
+  writers_.clear();
+  dir_.remove();
+  created_ = false;
+}
+
+ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
+    : opts_(std::move(opts)), dir_(std::move(out_dir), opts_.fsync) {}
+
+ShardedSafetensorsSink::~ShardedSafetensorsSink() = default;  // dir_ aborts unless committed
+
 Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
   if (begun_) return Status::Internal("ShardedSafetensorsSink::begin called twice");
-  CKPT_RETURN_IF_ERROR(dir_.check_target());
   for (const auto& [name, _] : opts_.extra_files)
     if (name.empty() || name.find('/') != std::string::npos || name == kIndexFileName)
       return Status::InvalidArgument("bad extra file name '" + name + "'");
@@ -145,12 +204,8 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
     weight_map_[pieces[i].tensor] = names_[s];
   }
   for (size_t s = 0; s < nshards; ++s) {
-    WriterOptions wo;
-    wo.metadata = opts_.shard_metadata;
-    wo.rename_on_commit = false;
-    wo.fsync = opts_.fsync;
-    writers_.push_back(std::make_unique<SafetensorsWriter>(dir_.path() + "/" + names_[s], wo));
-    CKPT_RETURN_IF_ERROR(writers_.back()->begin(st[s], sp[s], nlohmann::json::object()));
+    CKPT_ASSIGN_OR_RETURN(SafetensorsWriter * w, dir_.add_file(names_[s], st[s], sp[s], opts_.shard_metadata));
+    writers_.push_back(w);
   }
   return Status::Ok();
 }
@@ -175,26 +230,15 @@ Status ShardedSafetensorsSink::write_from_file(size_t piece, const FileExtent& s
 
 Status ShardedSafetensorsSink::commit() {
   if (!begun_) return Status::Internal("ShardedSafetensorsSink::commit without begin");
-  for (auto& w : writers_) CKPT_RETURN_IF_ERROR(w->commit());
-  if (names_.size() > 1)
-    CKPT_RETURN_IF_ERROR(write_file(dir_.path() + "/" + kIndexFileName, index_to_json(total_size_, weight_map_), opts_.fsync));
-  for (const auto& [name, content] : opts_.extra_files)
-    CKPT_RETURN_IF_ERROR(write_file(dir_.path() + "/" + name, content, opts_.fsync));
-  for (const auto& [name, src] : opts_.copy_files) {
-    std::error_code ec;
-    fs::copy_file(src, dir_.path() + "/" + name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::FromErrno("cannot copy '" + src + "' to", dir_.path() + "/" + name, ec.value());
-  }
-  CKPT_RETURN_IF_ERROR(dir_.commit(opts_.fsync));
-  committed_ = true;
-  return Status::Ok();
+  std::map<std::string, std::string> text = opts_.extra_files;
+  if (names_.size() > 1) text[kIndexFileName] = index_to_json(total_size_, weight_map_);
+  return dir_.commit(text, opts_.copy_files);
 }
 
 void ShardedSafetensorsSink::abort() {
-  if (!begun_ || committed_) return;
-  for (auto& w : writers_) w->abort();
+  if (!begun_) return;
   writers_.clear();
-  dir_.remove();
+  dir_.abort();
   begun_ = false;
 }
 

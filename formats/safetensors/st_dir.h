@@ -1,6 +1,7 @@
 // HuggingFace checkpoint directories: a TensorSource over model.safetensors.index.json + shards
 // (or one model.safetensors), and a TensorSink that writes shards + index + extra files
-// (config.json, tokenizer files) into `<out>.partial/` and renames the directory at commit.
+// (config.json, tokenizer files) into `<out>.partial/` and renames the directory at commit, through
+// SafetensorsDirWriter (the directory commit protocol, shared with the Megatron export).
 // Source checks the whole shard set: each listed file present, every tensor exactly once, index
 // and shard contents agreeing. Thread safety: source read() may run concurrently; sink: one thread.
 #pragma once
@@ -44,6 +45,39 @@ class HfDirSource final : public TensorSource {
   nlohmann::json meta_ = nlohmann::json::object();
 };
 
+// The commit protocol of a directory of safetensors files and small side files: everything is
+// built under `<out>.partial/` (files may sit one subdirectory deep), then files and directories
+// are fsync'd and the directory renamed to `<out>`; abort() removes only what it created. Used by
+// ShardedSafetensorsSink and MegatronSink. One thread at a time.
+class SafetensorsDirWriter {
+ public:
+  SafetensorsDirWriter(std::string out_dir, bool fsync);
+  ~SafetensorsDirWriter();  // abort() unless committed
+  SafetensorsDirWriter(const SafetensorsDirWriter&) = delete;
+  SafetensorsDirWriter& operator=(const SafetensorsDirWriter&) = delete;
+
+  // Creates `<out>.partial`. Fails if `out` exists and is not an empty directory, or
+  // `<out>.partial` exists.
+  Status create();
+  // A safetensors file at `rel` ("name" or "subdir/name"; the subdirectory is created), begun with
+  // `tensors` and `pieces` (SafetensorsWriter::begin). Owned by this writer; committed by commit().
+  Result<SafetensorsWriter*> add_file(const std::string& rel, const std::vector<TensorMeta>& tensors,
+                                      const std::vector<Piece>& pieces,
+                                      const std::map<std::string, std::string>& header_metadata = {{"format", "pt"}});
+  // Commits every file, writes `text_files` (name -> content) and copies `copy_files` (name ->
+  // source path) beside them, fsyncs, replaces an empty `out` directory, renames.
+  Status commit(const std::map<std::string, std::string>& text_files,
+                const std::map<std::string, std::string>& copy_files);
+  void abort();
+
+ private:
+  PartialDir dir_;
+  bool fsync_;
+  bool created_ = false, committed_ = false;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
+  std::vector<std::string> subdirs_;  // relative paths of the subdirectories created
+};
+
 struct ShardedSinkOptions {
   uint64_t max_shard_size = 5'000'000'000ull;  // HF default "5GB"
   std::map<std::string, std::string> shard_metadata = {{"format", "pt"}};
@@ -68,10 +102,10 @@ class ShardedSafetensorsSink final : public TensorSink {
   const std::vector<std::string>& shard_names() const { return names_; }
 
  private:
-  PartialDir dir_;  // OUT built as OUT.partial (OUT may be an empty directory)
   ShardedSinkOptions opts_;
-  bool begun_ = false, committed_ = false;
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
+  SafetensorsDirWriter dir_;
+  bool begun_ = false;
+  std::vector<SafetensorsWriter*> writers_;  // owned by dir_
   std::vector<std::string> names_;
   std::vector<std::pair<size_t, size_t>> where_;  // piece -> (shard, local piece)
   std::map<std::string, std::string> weight_map_;

@@ -86,6 +86,18 @@ Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
   return Status::Ok();
 }
 
+Status SafetensorsWriter::write_at(size_t piece, int64_t first, const void* data, int64_t count) {
+  CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
+  Slot& s = *run.first;
+  auto off = checked_mul(static_cast<uint64_t>(first < 0 ? 0 : first), static_cast<uint64_t>(s.elem));
+  if (first < 0 || !off || *off > s.bytes || run.second > s.bytes - *off)
+    return Status::Internal("write of " + std::to_string(count) + " elements at element " + std::to_string(first) +
+                            " overruns tensor '" + s.name + "'").with_file(path_);
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), data, run.second, s.begin + *off, tmp_));
+  s.written += run.second;
+  return Status::Ok();
+}
+
 Status SafetensorsWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
   CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
   if (src.bytes != run.second)

@@ -37,6 +37,10 @@ class SafetensorsWriter final : public TensorSink {
   // `metadata` is ignored (the header's __metadata__ comes from WriterOptions).
   Status begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json& metadata) override;
   Status write(size_t piece, const void* data, int64_t count) override;
+  // Writes `count` elements at element `first` of piece `piece`, for a sink that fills a tensor
+  // in parts in any order (MegatronSink). A piece is written either in order by write() or in
+  // non-overlapping parts by write_at(), not both; commit() checks that the bytes add up.
+  Status write_at(size_t piece, int64_t first, const void* data, int64_t count);
   bool accepts_file_extents() const override { return true; }
   std::vector<size_t> write_order() const override;  // by file offset
   uint64_t piece_offset(size_t piece) const { return piece < slots_.size() ? slots_[piece].begin : 0; }
@@ -63,12 +67,5 @@ class SafetensorsWriter final : public TensorSink {
   // Checks a write of `count` elements to `piece`; returns its slot and byte count.
   Result<std::pair<Slot*, uint64_t>> next_run(size_t piece, int64_t count);
 };
-
-// Old names of two formats/fs_util.h helpers, kept only for converters/megatron_layout.cc (being
-// rewritten by another change); remove them once it no longer calls them.
-using ckpt::fsync_dir;
-inline Status write_file_fsync(const std::string& path, const std::string& content, bool fsync) {
-  return write_file(path, content, fsync);
-}
 
 }  // namespace ckpt::safetensors

@@ -8,7 +8,7 @@
 #include "converters/llama_config.h"
 #include "trainer/adamw.h"
 #include "trainer/init.h"
-#include "trainer/schedule.h"
+#include "trainer/lr_schedule.h"
 
 namespace ckpt::trainer {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/schedule.h"
+#include "trainer/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

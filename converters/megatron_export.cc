@@ -1,0 +1,113 @@
+#include "converters/megatron_export.h"
+
+#include <filesystem>
+#include <map>
+#include <system_error>
+
+#include "converters/llama_sharding.h"
+#include "converters/megatron_sink.h"
+#include "reshard/executor.h"
+
+namespace ckpt {
+
+namespace {
+
+// The export: layout, every rank's Megatron tensors (index pp_rank * tp + tp_rank) and the
+// canonical tensors their segments read, each with its source dtype.
+struct MegatronPlan {
+  LlamaConfig config;
+  Layout layout;
+  std::vector<std::vector<MegatronTensor>> ranks;
+  std::map<std::string, TensorMeta> canonical;
+};
+
+Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOptions& opts) {
+  const nlohmann::json& meta = src.metadata();
+  if (!meta.is_object() || !meta.contains("model_config"))
+    return Status::NotFound("source '" + src.describe() +
+                            "' carries no model config (config.json / manifest model_config); export-megatron needs it");
+  MegatronPlan plan;
+  CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(meta["model_config"]));
+  const LlamaConfig& cfg = plan.config;
+  if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
+  CKPT_ASSIGN_OR_RETURN(plan.layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
+                                                  opts.layers_per_stage));
+  plan.layout.vocab_divisor = opts.vocab_divisor;
+  CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(plan.layout));
+  // Every rank's tensors, computed (and refused) before anything is written.
+  for (int p = 0; p < plan.layout.pp; ++p)
+    for (int r = 0; r < plan.layout.tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, plan.layout, r, p, opts.norms));
+      plan.ranks.push_back(std::move(ts));
+    }
+  return plan;
+}
+
+// Every canonical tensor the segments read: present in `src` with the config's shape.
+Status check_canonical(const TensorSource& src, MegatronPlan& plan) {
+  CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
+  std::map<std::string, Shape> expect;
+  for (const auto& t : llama_model_tensors(plan.config, DType::kF32)) expect[t.name] = t.shape;
+  for (const auto& rank : plan.ranks)
+    for (const auto& t : rank)
+      for (const auto& sg : t.segments) {
+        if (sg.tensor.empty() || plan.canonical.count(sg.tensor)) continue;
+        auto it = index.tensor_index.find(sg.tensor);
+        if (it == index.tensor_index.end())
+          return Status::NotFound("tensor '" + sg.tensor + "' (needed for " + t.name + ") is missing from '" +
+                                  src.describe() + "'")
+              .with_tensor(sg.tensor);
+        const TensorMeta& m = src.tensors()[it->second];
+        if (m.shape != expect[sg.tensor])
+          return Status::Error("ShapeMismatch",
+                               "tensor '" + sg.tensor + "' in '" + src.describe() + "' has shape " +
+                                   shape_to_string(m.shape) + ", the config expects " +
+                                   shape_to_string(expect[sg.tensor]))
+              .with_tensor(sg.tensor);
+        plan.canonical[sg.tensor] = m;
+      }
+  return Status::Ok();
+}
+
+// The dtype of each Megatron tensor: the requested one, else its first segment's source dtype.
+std::vector<std::vector<DType>> output_dtypes(const MegatronPlan& plan, const std::optional<DType>& want) {
+  std::vector<std::vector<DType>> out;
+  for (const auto& rank : plan.ranks) {
+    out.emplace_back();
+    for (const auto& t : rank) {
+      DType dt = DType::kF32;
+      if (want) {
+        dt = *want;
+      } else {
+        for (const auto& sg : t.segments)
+          if (!sg.tensor.empty()) {
+            dt = plan.canonical.at(sg.tensor).dtype;
+            break;
+          }
+      }
+      out.back().push_back(dt);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
+  CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
+  CKPT_RETURN_IF_ERROR(check_canonical(src, plan));
+  std::error_code ec;
+  if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
+  std::filesystem::remove_all(dst + ".partial", ec);  // a stale partial output of ours
+  std::vector<TensorMeta> tensors;
+  for (const auto& [name, m] : plan.canonical) tensors.push_back(m);
+  auto dtypes = output_dtypes(plan, opts.dtype);
+  MegatronSink sink(dst, plan.layout, std::move(plan.ranks), std::move(dtypes),
+                    megatron_args(plan.config, plan.layout).dump(2) + "\n");
+  ExecOptions eo;
+  eo.max_chunk_bytes = opts.chunk_bytes;
+  eo.progress = opts.progress;
+  return execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,35 @@
+// export_megatron: a checkpoint's model weights (any source in global view) as Megatron-LM
+// per-rank safetensors files (mcore GPT, LLaMA settings): the plan (layout, segment map, checks of
+// every needed tensor) and its run through the reshard engine into a MegatronSink.
+// Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "converters/megatron_segments.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt {
+
+struct MegatronExportOptions {
+  int tp = 1, pp = 1;
+  std::vector<int> layers_per_stage;  // empty: even split, earlier stages take the remainder
+  int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
+  std::optional<DType> dtype;         // output dtype; default: each canonical tensor's own
+  MegatronNormNames norms = MegatronNormNames::kTransformerEngine;
+  uint64_t chunk_bytes = 16ull << 20;  // engine chunk (output bytes per sink write)
+  // Called after each chunk is written: (output bytes done, total), padding rows not counted.
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+// Writes `dst`/mp_rank_XX[_YYY]/model.safetensors for every rank plus `dst`/megatron_args.json,
+// from the model tensors of `src` (global view; config from metadata "model_config"). Output goes
+// to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. Optimizer state is not
+// exported. Every needed tensor is checked (present, shape) before anything is written.
+Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
+
+}  // namespace ckpt
