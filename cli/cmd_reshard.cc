@@ -37,13 +37,7 @@ Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const
   } else {
     if (!a.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
     CKPT_ASSIGN_OR_RETURN(l, a.layout.make(cfg.num_hidden_layers));
-    // Keep the source's vocab divisor and profile unless a layout file says otherwise.
-    if (src_meta.contains("layout") && src_meta["layout"].is_object()) {
-      const auto& sl = src_meta["layout"];
-      if (sl.contains("vocab_divisor") && sl["vocab_divisor"].is_number_integer() && sl["vocab_divisor"].get<int64_t>() >= 1)
-        l.vocab_divisor = sl["vocab_divisor"].get<int64_t>();
-      if (sl.contains("profile") && sl["profile"].is_string()) l.profile = sl["profile"].get<std::string>();
-    }
+    if (src_meta.contains("layout")) l.keep_source_settings(src_meta["layout"]);
   }
   return l;
 }

@@ -122,6 +122,14 @@ Result<Layout> Layout::from_file(const std::string& path) {
   return r;
 }
 
+void Layout::keep_source_settings(const nlohmann::json& src) {
+  if (!src.is_object()) return;
+  auto vd = src.find("vocab_divisor");
+  if (vd != src.end() && vd->is_number_integer() && vd->get<int64_t>() >= 1) vocab_divisor = vd->get<int64_t>();
+  auto pr = src.find("profile");
+  if (pr != src.end() && pr->is_string()) profile = pr->get<std::string>();
+}
+
 Result<Layout> Layout::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return bad("layout must be a JSON object, got " + std::string(j.type_name()));
   auto get_int = [&](const char* key, int64_t def, bool required, int64_t& out) -> Status {

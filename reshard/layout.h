@@ -45,6 +45,9 @@ struct Layout {
   // A layout file (`ckpt reshard --layout FILE`): read_json_file with kLayoutJsonLimits (JSON
   // rules: kCorruption), then from_json (BadLayout); errors carry the file.
   static Result<Layout> from_file(const std::string& path);
+  // For a layout made from flags: takes vocab_divisor and profile from the source checkpoint's
+  // layout JSON `src` where it names valid ones (flags do not set them).
+  void keep_source_settings(const nlohmann::json& src);
   std::string to_string() const;   // "tp=2 pp=3 [2,3,3] dp=1 zero=1"
 };
 
