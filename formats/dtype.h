@@ -51,7 +51,7 @@ struct CastStats {
 // unless from == to. Returns kOverflow naming the count and the first bad index on failure;
 // the caller adds file/tensor context.
 //
-// Exact rules (formats/dtype_cast.cc; checked against torch/numpy in tests/python/test_casts.py):
+// Exact rules (formats/dtype_cast.cc; checked against torch/numpy in tests/python/test_casts*.py):
 // - Same type: a byte copy (with allow_nan == false, float NaNs are still counted and rejected).
 // - Float -> float: one rounding to nearest even from the exact source value (f64 -> f16 does not
 //   go through f32). Subnormals are kept both ways (no flush to zero). A finite value that rounds

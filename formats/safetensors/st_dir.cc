@@ -190,7 +190,7 @@ Status ShardedSafetensorsSink::begin(const std::vector<TensorMeta>& tensors, con
   }
   size_t nshards = 0;
   auto shard_of = assign_shards(sizes, opts_.max_shard_size, &nshards);
-  for (size_t s = 0; s < nshards; ++s) names_.push_back(nshards == 1 ? std::string(kSingleFileName) : shard_file_name(s, nshards));
+  for (size_t s = 0; s < nshards; ++s) names_.push_back(nshards == 1 ? std::string(kSingleFileName) : hf_shard_file_name(s, nshards));
   CKPT_RETURN_IF_ERROR(dir_.create());
   begun_ = true;
   std::vector<std::vector<TensorMeta>> st(nshards);

@@ -70,7 +70,7 @@ std::string index_to_json(uint64_t total_size, const std::map<std::string, std::
   return j.dump(2) + "\n";
 }
 
-std::string shard_file_name(size_t i, size_t n) {
+std::string hf_shard_file_name(size_t i, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
   return buf;

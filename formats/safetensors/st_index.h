@@ -40,7 +40,7 @@ std::string index_to_json(uint64_t total_size, const std::map<std::string, std::
 
 
 // model-00001-of-00003.safetensors (i from 0).
-std::string shard_file_name(size_t i, size_t n);
+std::string hf_shard_file_name(size_t i, size_t n);
 
 // HF's split: walks `sizes` in order; returns the shard number of each entry.
 std::vector<size_t> assign_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_size, size_t* num_shards);

@@ -1,6 +1,6 @@
 // Tests of formats/dtype.h casts: exhaustive round trips, naive reference rounders, the error,
 // saturation, NaN, integer and BOOL rules, and argument validation. The bit-exact comparison
-// against torch/numpy is tests/python/test_casts.py.
+// against torch/numpy is tests/python/test_casts.py (floats) and test_casts_int.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>

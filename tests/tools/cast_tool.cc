@@ -1,4 +1,4 @@
-// cast_tool: runs ckpt::cast_elements over a raw file, for tests/python/test_casts.py.
+// cast_tool: runs ckpt::cast_elements over a raw file, for tests/python/test_casts.py and test_casts_int.py.
 //   cast_tool FROM TO IN OUT [--saturate] [--no-nan] [--portable]
 // FROM/TO are safetensors dtype names (F32, BF16, F8_E4M3, ...). IN holds raw little-endian
 // elements. Writes OUT (via OUT.tmp + rename) even when the cast reports an error, and prints one

@@ -185,7 +185,7 @@ TEST(SafetensorsIndex, Splitter) {
   EXPECT_EQ(assign_shards({2, 3, 1}, 5, &n), (std::vector<size_t>{0, 0, 1}));
   EXPECT_EQ(assign_shards({}, 5, &n).size(), 0u);
   EXPECT_EQ(n, 1u);
-  EXPECT_EQ(shard_file_name(0, 3), "model-00001-of-00003.safetensors");
+  EXPECT_EQ(hf_shard_file_name(0, 3), "model-00001-of-00003.safetensors");
 }
 
 }  // namespace
