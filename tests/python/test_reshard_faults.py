@@ -30,10 +30,14 @@ def digest(d):
 
 
 def _children(pid):
-    try:
-        return [int(k) for k in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    """Child processes of `pid`, whichever of its threads forked them."""
+    kids = []
+    for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
 
 
 def _alive_after(pids, secs):
