@@ -71,8 +71,8 @@ for t in header index; do
   grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
   if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; status=1; fi
   if [ "$rc" -ne 0 ]; then echo "FAIL: safetensors_${t}_fuzz exited $rc (log: $log)"; status=1; fi
-  # Executed inputs: the final stats line, or (with -fork) the last "#N DONE" line.
-  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p; s/^#([0-9]+)[[:space:]]+DONE.*/\1/p' "$log" | tail -1)
+  # Executed inputs: the final stats line, or (with -fork, no final stats) the last "#N: cov:" line.
+  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p; s/^#([0-9]+): cov:.*/\1/p' "$log" | tail -1)
   if [ "${execs:-0}" -lt "$min_execs" ]; then
     echo "FAIL: safetensors_${t}_fuzz executed ${execs:-no} inputs in ${secs}s, expected at least $min_execs (log: $log)"
     status=1
