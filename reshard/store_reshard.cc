@@ -1,6 +1,12 @@
 #include "reshard/store_reshard.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <set>
 
 #include "formats/fs_util.h"
 #include "formats/json_read.h"
@@ -69,6 +75,53 @@ Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& pl
   return store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
 }
 
+// The source as this process sees it, counting what it asks for; with CKPT_DIST_TRACE=DIR set,
+// finish() writes DIR/rank<R>.json: pid, the shard files this process wrote, the source pieces
+// and bytes it asked for (read(), or file ranges offered to the sink, which may still read them
+// instead) and its /proc/self/io counters, so a test can check that every process did its share.
+class TracedSource final : public TensorSource {
+ public:
+  TracedSource(TensorSource& s, int rank, int nprocs) : s_(s), rank_(rank), nprocs_(nprocs) {}
+  const std::vector<TensorMeta>& tensors() const override { return s_.tensors(); }
+  const std::vector<Piece>& pieces() const override { return s_.pieces(); }
+  const nlohmann::json& metadata() const override { return s_.metadata(); }
+  std::string describe() const override { return s_.describe(); }
+  Status read(size_t piece, const Box& sub, void* dst) override {
+    note(piece, static_cast<uint64_t>(sub.numel()) * dtype_size(s_.pieces()[piece].dtype));
+    return s_.read(piece, sub, dst);
+  }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    auto e = s_.file_extent(piece, sub);
+    if (e) note(piece, e->bytes);
+    return e;
+  }
+  void wrote(const std::string& file) { files_.push_back(file); }
+  void finish(const Status& st) const {
+    const char* dir = std::getenv("CKPT_DIST_TRACE");
+    if (!dir || !*dir) return;
+    nlohmann::json j = {{"rank", rank_}, {"nprocs", nprocs_}, {"pid", static_cast<int64_t>(getpid())},
+                        {"ok", st.ok()}, {"error", st.ok() ? "" : st.to_string()}, {"files", files_},
+                        {"source_pieces", pieces_}, {"source_bytes", bytes_}};
+    std::ifstream io("/proc/self/io");
+    uint64_t v = 0;
+    for (std::string k; io >> k >> v;) j["io"][k.substr(0, k.size() - 1)] = v;  // "rchar: 123"
+    std::ofstream(std::string(dir) + "/rank" + std::to_string(rank_) + ".json") << j.dump();
+  }
+
+ private:
+  void note(size_t piece, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pieces_.insert(piece);
+    bytes_ += bytes;
+  }
+  TensorSource& s_;
+  int rank_, nprocs_;
+  std::mutex mu_;
+  std::set<size_t> pieces_;
+  uint64_t bytes_ = 0;
+  std::vector<std::string> files_;
+};
+
 }  // namespace
 
 std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
@@ -95,12 +148,13 @@ std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
   return mine;
 }
 
-Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::string& dst_in,
+Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::string& dst_in,
                              const StoreExecOptions& opts, Dist* dist) {
   std::string dst = dst_in;
   while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
   const int rank = dist ? dist->rank() : 0;
   const int nprocs = dist ? dist->size() : 1;
+  TracedSource src(src_in, rank, nprocs);
   const std::string partial = store::StoreWriter::partial_dir(dst);
 
   // Rank 0 prepares `<dst>.partial/shards`; everyone learns whether that worked.
@@ -148,7 +202,9 @@ Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::str
     }
     for (const auto& r : *recs) my_records.push_back(store::piece_record_to_json(r));
     my_done += fw.bytes_written;
+    src.wrote(fw.file);
   }
+  src.finish(st);
 
   // Everyone done and OK? Then gather the records and let rank 0 finalize.
   Status group = dist ? first_failure(*dist, st) : st;

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, runs every test, then builds again with
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs the C++ tests and the CLI-level Python
-# tests under it, then a short fuzz smoke run. Exit code 0 only when everything passed.
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs the C++ tests and the hostile-input /
+# bit-flip Python CLI tests (ctest label asan_py, the sanitized ckpt as their subprocess) under
+# it, then a short fuzz smoke run. Exit code 0 only when everything passed.
 #   scripts/test.sh            the default suite (CI runs exactly this)
 #   CKPT_LONG=1 scripts/test.sh   longer property/crash/fuzz runs
+# Each ctest run must find at least a minimum number of tests (a glob or discovery that finds
+# nothing fails): 145 / 135 by default (at 0619c98: 137 gtest cases + 14 Python files; the
+# sanitizer run has the gtest cases and 3 asan_py files); raise them as tests are added. With CI=true, where every dependency is installed, a skipped test is a
+# failure (CKPT_NO_SKIP=1 for pytest, see tests/python/conftest.py; ctest's "Skipped" for gtest).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
@@ -11,12 +16,15 @@ bash scripts/setup.sh
 PY="$here/.venv/bin/python"
 JOBS=${CKPT_JOBS:-2}
 total_pass=0; total_fail=0
+if [ "${CI:-}" = "true" ]; then export CKPT_NO_SKIP=1; fi
+# Sanitizer findings exit with a code no test expects, and stop at the first UB.
+SAN_EXIT=86
 
-run_ctest() {  # run_ctest BUILD_DIR [ctest args...]: runs ctest, adds its counts to the totals
-  local dir=$1; shift
+run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds its counts to the totals
+  local dir=$1 min=$2; shift 2
   local log; log=$(mktemp)
   set +e
-  ctest --test-dir "$dir" -j"$JOBS" --output-on-failure "$@" 2>&1 | tee "$log"
+  ctest --test-dir "$dir" -j"$JOBS" --output-on-failure --no-tests=error "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   # ctest ends with "100% tests passed out of N" or "X% tests passed, F tests failed out of N".
@@ -28,11 +36,19 @@ run_ctest() {  # run_ctest BUILD_DIR [ctest args...]: runs ctest, adds its count
       failed=$(sed -E 's/.* ([0-9]+) tests failed.*/\1/' <<<"$line")
     fi
     total_pass=$((total_pass + total - failed)); total_fail=$((total_fail + failed))
+    if [ "$total" -lt "$min" ]; then
+      echo "ctest in $dir ran $total tests, expected at least $min"; total_fail=$((total_fail + 1))
+    fi
   elif [ "$rc" -ne 0 ]; then
     total_fail=$((total_fail + 1))
   fi
   if [ "$rc" -ne 0 ] && [ -n "$line" ] && ! grep -qE "tests failed" <<<"$line"; then
     total_fail=$((total_fail + 1))  # ctest failed without a failing test (e.g. none found)
+  fi
+  # ctest lists GTEST_SKIP'd and otherwise skipped tests as "<n> - <name> (Skipped)".
+  local skipped; skipped=$(grep -cE "\(Skipped\)" "$log" || true)
+  if [ "$skipped" -gt 0 ] && [ "${CKPT_NO_SKIP:-}" = "1" ]; then
+    echo "$skipped skipped test(s) in $dir: a failure in CI"; total_fail=$((total_fail + skipped))
   fi
   rm -f "$log"
   return 0
@@ -42,7 +58,7 @@ echo "== build (RelWithDebInfo, -Werror) =="
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build -j"$JOBS"
 echo "== tests =="
-run_ctest build
+run_ctest build "${CKPT_MIN_TESTS:-145}"
 
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer) =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON \
@@ -50,9 +66,10 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON \
 ninja -C build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
 # The C++ tests (they include the CLI bad-file matrix and the store corruption matrix, which run
-# the sanitized ckpt binary); the Python interop tests run once, in the build above.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  run_ctest build-asan -LE "python|slow"
+# the sanitized ckpt binary) and the asan_py Python tests; the other Python tests run once, above.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=$SAN_EXIT \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=$SAN_EXIT \
+  run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-135}" -LE "python|slow"
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="

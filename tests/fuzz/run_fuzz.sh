@@ -7,10 +7,12 @@
 #   CKPT_FUZZ_JOBS=2 tests/fuzz/run_fuzz.sh 3600   # long run on 2 cores (libFuzzer -fork=2)
 # Builds (incrementally) into build-fuzz with clang-14 unless CKPT_FUZZ_DIR points elsewhere.
 # Prints executions per target; exits non-zero if a target finds a crash, leak, OOM or timeout
-# (reproducer in the printed artifacts directory).
+# (reproducer in the printed artifacts directory), if a fuzzer exits non-zero for any reason, or
+# if it executed fewer than CKPT_FUZZ_MIN_EXECS_PER_SEC (default 200) inputs per second of the run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 secs="${1:-20}"
+min_execs=$(( secs * ${CKPT_FUZZ_MIN_EXECS_PER_SEC:-200} ))
 bdir="${CKPT_FUZZ_DIR:-$here/build-fuzz}"
 if [ ! -f "$bdir/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
@@ -86,10 +88,18 @@ for t in header index manifest; do
   extra=()
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
   log="$out/${t}.log"
+  rc=0
   ( cd "$out" && "$bdir/$(fuzz_bin "$t")" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
-      -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || true
+      -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || rc=$?
   grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
   if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; status=1; fi
+  if [ "$rc" -ne 0 ]; then echo "FAIL: $(fuzz_bin "$t") exited $rc (log: $log)"; status=1; fi
+  # Executed inputs: the final stats line, or (with -fork, no final stats) the last "#N: cov:" line.
+  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p; s/^#([0-9]+): cov:.*/\1/p' "$log" | tail -1)
+  if [ "${execs:-0}" -lt "$min_execs" ]; then
+    echo "FAIL: $(fuzz_bin "$t") executed ${execs:-no} inputs in ${secs}s, expected at least $min_execs (log: $log)"
+    status=1
+  fi
 done
 echo "corpus, logs and artifacts: $out"
 exit $status

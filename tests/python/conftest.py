@@ -3,6 +3,12 @@
 The tests find ckpt's binaries through environment variables set by ctest:
 CKPT_BIN (the ckpt executable) and CKPT_BINARY_DIR (the build dir, where tests/tools
 executables are). Run directly with pytest, they fall back to ./build.
+
+Sanitized binaries (CKPT_BIN from a -DCKPT_SANITIZE=ON build): every child inherits
+ASAN_OPTIONS / UBSAN_OPTIONS ending in exitcode=86, so a sanitizer report is an exit code no
+test expects, and run_ckpt fails on a report in stderr whatever the exit code.
+CKPT_NO_SKIP=1 (scripts/test.sh sets it when CI=true, where every dependency is installed):
+a skipped test is reported as a failure.
 """
 import os
 import pathlib
@@ -13,6 +19,49 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # native_h5py: the h5py-only reader of native checkpoints
+
+SANITIZER_EXIT = 86
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+for _var, _extra in (("ASAN_OPTIONS", "detect_leaks=0"), ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")):
+    _have = os.environ.get(_var, "")
+    os.environ[_var] = ":".join(x for x in (_have or _extra, f"exitcode={SANITIZER_EXIT}") if x)
+
+
+def sanitizer_report(stderr: str):
+    """The first sanitizer line in `stderr`, or None."""
+    for line in (stderr or "").splitlines():
+        if any(m in line for m in SANITIZER_MARKS):
+            return line
+    return None
+
+
+def check_no_sanitizer_report(p: subprocess.CompletedProcess):
+    """Fails the test on a sanitizer report or the sanitizer exit code."""
+    line = sanitizer_report(p.stderr if isinstance(p.stderr, str) else (p.stderr or b"").decode(errors="replace"))
+    assert line is None and p.returncode != SANITIZER_EXIT, (
+        f"sanitizer finding (exit {p.returncode}) in {p.args}: {line}\n{p.stderr}")
+
+
+def _skips_fail() -> bool:
+    return os.environ.get("CKPT_NO_SKIP", "") not in ("", "0")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if _skips_fail() and rep.skipped and not hasattr(rep, "wasxfail"):
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped under CKPT_NO_SKIP=1 (CI: every dependency is installed): {rep.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    rep = outcome.get_result()
+    if _skips_fail() and rep.skipped:  # a module-level pytest.skip / importorskip
+        rep.outcome = "failed"
+        rep.longrepr = f"module skipped under CKPT_NO_SKIP=1: {rep.longrepr}"
 
 
 def _binary_dir() -> pathlib.Path:
@@ -42,11 +91,13 @@ def tool():
 
 @pytest.fixture(scope="session")
 def run_ckpt(ckpt_bin):
-    """run_ckpt('inspect', path, check=True) -> CompletedProcess (text mode)."""
+    """run_ckpt('inspect', path, check=True) -> CompletedProcess (text mode). Fails on a
+    sanitizer report even when check=False."""
 
     def run(*args, check=True, timeout=600, **kw):
         cmd = [ckpt_bin, *[str(a) for a in args]]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        check_no_sanitizer_report(p)
         if check and p.returncode != 0:
             raise AssertionError(
                 f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")

@@ -14,13 +14,13 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 from native_h5py import read_native  # scripts/: h5py + hashlib only, no ckpt code
+from mpi_ranks import MPIRUN, SKIP_REASON, check_shares, load_traces, run_traced
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -125,19 +125,22 @@ def test_from_hf_with_layout_flags(run_ckpt, tmp_path):
     assert torch.equal(_logits(m), _logits(m2))
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+@pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
 def test_from_hf_layout_under_mpirun(ckpt_bin, run_ckpt, tmp_path):
+    """Same pieces and bytes as one process, and each rank wrote its own share (per-rank reports)."""
     m = _model(seed=4)
     hf = tmp_path / "hf"
     m.save_pretrained(hf, max_shard_size="40KB")
-    run_ckpt("from-hf", hf, tmp_path / "one", "--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "pml", "ob1", "-np", "2",
-           ckpt_bin, "from-hf", str(hf), str(tmp_path / "two"), "--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    args = ["--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync"]
+    run_ckpt("from-hf", hf, tmp_path / "one", *args)
+    p = run_traced(2, [ckpt_bin, "from-hf", hf, tmp_path / "two", *args], tmp_path / "trace")
     assert p.returncode == 0, p.stderr
     a = json.loads((tmp_path / "one" / "manifest.json").read_text())
     b = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert a["pieces"] == b["pieces"]
+    for f in {p["file"] for p in a["pieces"]}:
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+    check_shares(tmp_path / "two", load_traces(tmp_path / "trace", 2))
 
 
 def test_from_hf_refuses_impossible_layouts(run_ckpt, tmp_path):

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file as np_save_file
 from safetensors.torch import load_file, save_file
+from conftest import check_no_sanitizer_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -28,6 +29,7 @@ def _ckpt_bin():
 
 def run(*args, check=True):
     p = subprocess.run([_ckpt_bin(), *map(str, args)], capture_output=True, text=True, timeout=300)
+    check_no_sanitizer_report(p)
     if check and p.returncode != 0:
         raise AssertionError(f"ckpt {args} exited {p.returncode}: {p.stderr}")
     return p

@@ -9,7 +9,9 @@ and the weights after 5 optimizer steps. Here:
   logits and loss within 1e-5 relative, every parameter's gradient within 1e-4 relative (to the
   tensor's largest gradient).
 - 5 steps with torch.optim.AdamW (two param groups: no weight decay on norm weights) +
-  clip_grad_norm_(1.0) + the warm-up/cosine schedule written again below in Python.
+  clip_grad_norm_(1.0) + the warm-up/cosine schedule written again below in Python; the AdamW
+  settings and the clipping norm are the documented defaults pinned below (not read from the
+  trainer's dump), and clipping must fire in at least 2 of the 5 compared steps.
 
 Why the 1e-5 parameter bound is checked in float64 (see docs/TRAINER.md, "Exactness"): Adam
 divides every element's update by the running RMS of that element's gradient, so its first
@@ -53,8 +55,14 @@ CONFIGS = {
                        num_attention_heads=4, num_key_value_heads=4, head_dim=16,
                        tie_word_embeddings=False, rope_theta=500000.0),
 }
-DUMP_ARGS = ["--seed", "11", "--batch", "2", "--seq", "24", "--steps", "5", "--lr", "2e-3",
-             "--warmup", "2", "--total", "8"]
+PEAK_LR, WARMUP, TOTAL, STEPS = 2e-3, 2, 8, 5
+DUMP_ARGS = ["--seed", "11", "--batch", "2", "--seq", "24", "--steps", str(STEPS), "--lr", str(PEAK_LR),
+             "--warmup", str(WARMUP), "--total", str(TOTAL)]
+# The documented AdamW and clipping defaults (docs/TRAINER.md, trainer/adamw.h), pinned here
+# rather than read from the trainer's dump: torch runs with these, so a changed default in ckpt
+# fails the comparison instead of being copied into the reference.
+ADAMW = dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+MAX_GRAD_NORM = 1.0
 
 
 def _bin_dir():
@@ -187,21 +195,20 @@ def _forward_backward(model, idx, V):
 
 def _torch_steps(model, idx, V):
     """5 steps of torch.optim.AdamW + clip_grad_norm_ + the schedule; returns (losses, norms, lrs, params)."""
-    o = idx["options"]
     params = dict(model.named_parameters())  # tied: embed listed once
     decay = [p for k, p in params.items() if "norm" not in k]
     no_decay = [p for k, p in params.items() if "norm" in k]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], foreach=False)
+                            lr=PEAK_LR, betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"], foreach=False)
     losses, norms, lrs = [], [], []
-    for s in range(o["steps"]):
+    for s in range(STEPS):
         tk, tg = _batch(idx, s)
         opt.zero_grad()
         lo = torch.nn.functional.cross_entropy(model(input_ids=tk).logits.reshape(-1, V), tg)
         lo.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), o["max_grad_norm"])))
-        lr = _lr_at(s, o["lr"], o["warmup"], o["total"])
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)))
+        lr = _lr_at(s, PEAK_LR, WARMUP, TOTAL)
         for gp in opt.param_groups:
             gp["lr"] = lr
         opt.step()
@@ -284,9 +291,15 @@ def test_adamw_steps_float32(run, monkeypatch):
     d = run["f32"]
     losses, norms, lrs, t32 = _torch_steps(_hf_model(run, torch.float32), d["idx"], V)
     steps = d["idx"]["steps"]
+    assert len(steps) == STEPS
+    o = d["idx"]["options"]  # what the trainer says it used: the documented defaults
+    assert {k: o[k] for k in ADAMW} == ADAMW and o["max_grad_norm"] == MAX_GRAD_NORM, o
     for s, st in enumerate(steps):
         assert abs(st["lr"] - lrs[s]) <= 1e-12 * lrs[s]
         assert abs(st["grad_norm"] - norms[s]) / norms[s] < 1e-4
+    # Clipping must fire in the compared steps, or a broken clip would pass unseen.
+    clipped = sum(n > MAX_GRAD_NORM for n in norms)
+    assert clipped >= 2, f"clipping fired in {clipped} of {STEPS} steps (norms {norms})"
     np.testing.assert_allclose([s["loss"] for s in steps], losses, rtol=1e-5)
     _patch_float64(monkeypatch)
     *_, t64 = _torch_steps(_hf_model(run, torch.float64), d["idx"], V)
@@ -301,6 +314,6 @@ def test_adamw_steps_float32(run, monkeypatch):
         assert frac < 5e-3, f"{k}: {frac:.2%} of elements differ from torch float32 by more than 1e-5"
     print(f"{run['name']}: after 5 float32 steps, max |ours - torch64| {ours_err:.2e}, "
           f"|torch32 - torch64| {torch_err:.2e}, |ours - torch32| {ours_vs_torch:.2e}")
-    lr = d["idx"]["options"]["lr"]
+    lr = PEAK_LR
     # Outliers: elements at the cancellation floor (measured up to 5% of lr over seeds 11-14).
     assert ours_err < 0.1 * lr and ours_vs_torch < 0.1 * lr

@@ -1,15 +1,20 @@
-// Damaged stores: each case gives a clear error with its rule code (and a non-zero `ckpt verify`
-// exit): a flipped bit in a shard (verify names the tensor), a truncated or deleted shard,
-// manifests with overlapping pieces, a gap, an out-of-bounds region, a wrong dtype or shape, an
-// unknown version, invalid JSON.
+// Damaged stores: each case gives a clear error with its rule code and the documented `ckpt verify`
+// exit code (README: 1 verification failed, 3 corrupt input, 4 not found, 5 unsupported): a
+// flipped bit in a shard (verify names the tensor), a truncated or deleted shard, manifests with
+// overlapping pieces, a gap, an out-of-bounds region, a wrong dtype or shape, an unknown version,
+// invalid JSON. A ckpt killed by a signal, or a sanitizer report (exit code 86, set here for the
+// child, or its stderr marker), fails the test whatever the exit code.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <hdf5.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "formats/fs_util.h"
 #include "formats/store/h5_handles.h"
@@ -74,12 +79,59 @@ class Corruption : public ::testing::Test {
     auto r = StoreReader::open(dst);
     return r.ok() ? Status::Ok() : r.status();
   }
-  // Exit code of `ckpt verify dst` (the real binary).
+  // Exit code of `ckpt verify dst` (the real binary). A signal or a sanitizer finding is a test
+  // failure (and returns 128 + signal, or 86).
   int ckpt_verify(const std::string& dst) {
-    std::string cmd = std::string(CKPT_BIN) + " verify " + dst + " > /dev/null 2>&1";
-    int rc = std::system(cmd.c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    const std::string err_path = dir_ + "/verify.stderr";
+    const pid_t pid = spawn_ckpt({"verify", dst}, err_path);
+    int status = 0;
+    if (pid <= 0 || waitpid(pid, &status, 0) != pid) {
+      ADD_FAILURE() << "could not run " << CKPT_BIN;
+      return -1;
+    }
+    std::ifstream ef(err_path);
+    const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+    if (WIFSIGNALED(status)) {
+      ADD_FAILURE() << "ckpt verify " << dst << " killed by signal " << WTERMSIG(status) << "\n" << err;
+      return 128 + WTERMSIG(status);
+    }
+    const int code = WEXITSTATUS(status);
+    for (std::string_view mark : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"})
+      if (err.find(mark) != std::string::npos || code == kSanitizerExit) {
+        ADD_FAILURE() << "sanitizer finding in ckpt verify " << dst << " (exit " << code << ")\n" << err;
+        return kSanitizerExit;
+      }
+    return code;
   }
+  // Starts CKPT_BIN with `args`, stdout to /dev/null, stderr to `err_path`, and sanitizer options
+  // that end in exitcode=86 (later options win), the caller's others kept.
+  static pid_t spawn_ckpt(const std::vector<std::string>& args, const std::string& err_path) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e)
+      if (std::string_view(*e).rfind("ASAN_OPTIONS=", 0) != 0 && std::string_view(*e).rfind("UBSAN_OPTIONS=", 0) != 0)
+        env.emplace_back(*e);
+    const char* asan = std::getenv("ASAN_OPTIONS");
+    const char* ubsan = std::getenv("UBSAN_OPTIONS");
+    const std::string code = std::to_string(kSanitizerExit);
+    env.push_back(std::string("ASAN_OPTIONS=") + (asan ? asan : "detect_leaks=0") + ":exitcode=" + code);
+    env.push_back(std::string("UBSAN_OPTIONS=") + (ubsan ? ubsan : "print_stacktrace=1") + ":halt_on_error=1:exitcode=" + code);
+    std::vector<std::string> argv_s = {CKPT_BIN};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    for (auto& e : env) envp.push_back(e.data());
+    argv.push_back(nullptr);
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, CKPT_BIN, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  }
+  static constexpr int kSanitizerExit = 86;
   // File offset and size of the raw bytes of a contiguous dataset.
   std::pair<uint64_t, uint64_t> data_extent(const std::string& file, const std::string& dataset) {
     auto lock = h5_lock();
@@ -159,8 +211,11 @@ TEST_F(Corruption, FlippedBitInCompressedChunkFails) {
   ASSERT_TRUE(r.ok());
   auto rep = (*r)->verify();
   ASSERT_EQ(rep.failures.size(), 1u);
-  EXPECT_EQ(rep.failures[0].status.tensor(), p["tensor"].get<std::string>());
-  EXPECT_NE(ckpt_verify(dst), 0);
+  const Status& st = rep.failures[0].status;
+  EXPECT_EQ(st.tensor(), p["tensor"].get<std::string>());
+  // A chunk zstd cannot decode is corrupt input (3); one that decodes to other bytes fails its
+  // checksum (1).
+  EXPECT_EQ(ckpt_verify(dst), st.kind() == ErrorKind::kChecksum ? 1 : 3) << st.to_string();
 }
 
 TEST_F(Corruption, TruncatedShard) {
@@ -188,12 +243,13 @@ TEST_F(Corruption, ManifestRules) {
   struct Edit {
     const char* code;
     std::function<void(json&)> apply;
+    int exit = 3;  // corrupt input, unless the rule says otherwise
   };
   std::vector<Edit> edits = {
       {"PieceOverlap", [](json& j) { j["pieces"][1]["region"]["offset"] = {31, 0}; }},
       {"PieceGap", [](json& j) { j["pieces"][1]["region"]["offset"] = {33, 0}, j["pieces"][1]["region"]["extent"] = {31, 32}, j["pieces"][1]["bytes"] = 31 * 32 * 2; }},
       {"RegionOutOfBounds", [](json& j) { j["pieces"][1]["region"]["offset"] = {40, 0}; }},
-      {"UnsupportedVersion", [](json& j) { j["version"] = 7; }},
+      {"UnsupportedVersion", [](json& j) { j["version"] = 7; }, 5},
       {"BadByteCount", [](json& j) { j["pieces"][0]["dtype"] = "F32"; }},
       {"DTypeMismatch", [](json& j) { j["pieces"][0]["dtype"] = "I16"; }},  // same size, other HDF5 type
       {"ShapeMismatch",
@@ -211,7 +267,7 @@ TEST_F(Corruption, ManifestRules) {
     put_manifest(clean, j.dump());
     Status st = open_status(clean);
     EXPECT_EQ(st.code(), e.code) << st.to_string();
-    EXPECT_NE(ckpt_verify(clean), 0) << e.code;
+    EXPECT_EQ(ckpt_verify(clean), e.exit) << e.code;
   }
   put_manifest(clean, good.dump().substr(0, 100));
   EXPECT_EQ(open_status(clean).code(), "InvalidJson");

@@ -1,0 +1,109 @@
+"""Peak memory of the streaming commands: `ckpt from-hf`, `ckpt reshard` and `ckpt to-hf` with
+`--max-memory 64M` on checkpoints larger than that (~150 MB and ~310 MB of float32):
+
+- budget: the peak resident set of the command (its own and its children's, from wait4) stays
+  within BUDGET_MIB;
+- constant: the peak on the 2x input is within a small margin of the peak on the 1x input, so
+  nothing grows with the checkpoint's size (a whole tensor or file held in memory, a leak per
+  piece).
+The largest tensor (16 MiB) is far below both inputs; what varies is the number of layers.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+pytestmark = pytest.mark.memory
+MAX_MEMORY = "64M"
+# --max-memory is the whole process's budget: the commands reserve 48 MiB of it for the store
+# writer, HDF5 and the process; the rest is chunk buffers. Measured: 25-50 MiB.
+BUDGET_MIB = 64
+MARGIN_MIB = 8  # 2x input vs 1x input
+
+
+def _config(layers):
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "vocab_size": 4096, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": layers,
+            "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": False,
+            "torch_dtype": "float32"}
+
+
+def _hf_dir(path, layers, rng):
+    """A HuggingFace directory with one safetensors file per layer (about 40 MB each)."""
+    cfg = _config(layers)
+    h, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+
+    def r(*shape):
+        return rng.random(shape, dtype=np.float32)
+
+    files = {"model-embed.safetensors": {"model.embed_tokens.weight": r(V, h), "lm_head.weight": r(V, h),
+                                         "model.norm.weight": r(h)}}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        files[f"model-layer{i}.safetensors"] = {
+            p + "input_layernorm.weight": r(h), p + "post_attention_layernorm.weight": r(h),
+            **{p + f"self_attn.{k}_proj.weight": r(h, h) for k in "qkvo"},
+            p + "mlp.gate_proj.weight": r(f, h), p + "mlp.up_proj.weight": r(f, h), p + "mlp.down_proj.weight": r(h, f)}
+    path.mkdir()
+    weight_map, total = {}, 0
+    for name, tensors in files.items():
+        save_file(tensors, str(path / name), metadata={"format": "pt"})
+        for k, v in tensors.items():
+            weight_map[k] = name
+            total += v.nbytes
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                   "weight_map": weight_map}))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return total
+
+
+# The peak RSS of a process starts at that of the process it was forked from (the kernel keeps
+# the larger of the two across exec), and this test's Python holds hundreds of MB of numpy
+# arrays: ckpt is started by a small launcher (python -I -S, ~9 MB) that reports wait4's ru_maxrss.
+_LAUNCHER = """import os, sys
+pid = os.fork()
+if pid == 0:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, ru = os.wait4(pid, 0)
+print(ru.ru_maxrss)
+sys.exit(os.waitstatus_to_exitcode(status) & 255)
+"""
+
+
+def _peak_mib(ckpt_bin, *args):
+    """Runs ckpt ARGS; returns its peak RSS in MiB (ru_maxrss of ckpt and its children)."""
+    p = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, ckpt_bin, *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"ckpt {args} exited {p.returncode}: {p.stderr}"
+    return int(p.stdout.split()[-1]) / 1024.0  # KiB on Linux
+
+
+def test_peak_rss_within_budget_and_constant(ckpt_bin, tmp_path):
+    if os.environ.get("CKPT_SANITIZE") == "ON":
+        pytest.skip("ASan's shadow memory and quarantine are not ckpt's")
+    rng = np.random.default_rng(0)
+    peaks = {}
+    for scale, layers in (("1x", 3), ("2x", 7)):
+        d = tmp_path / scale
+        d.mkdir()
+        size = _hf_dir(d / "hf", layers, rng)
+        assert size > 2 * 64 << 20
+        peaks[scale] = {
+            "from-hf": _peak_mib(ckpt_bin, "from-hf", d / "hf", d / "native", "--max-memory", MAX_MEMORY, "--no-fsync"),
+            "reshard": _peak_mib(ckpt_bin, "reshard", d / "native", d / "tp2", "--tp", 2, "--pp", 1, "--dp", 1,
+                                 "--max-memory", MAX_MEMORY),
+            "to-hf": _peak_mib(ckpt_bin, "to-hf", d / "tp2", d / "out", "--max-memory", MAX_MEMORY, "--no-fsync"),
+        }
+        print(f"{scale}: {size / 2**20:.0f} MiB of tensors, peak RSS (MiB) " +
+              ", ".join(f"{k} {v:.1f}" for k, v in peaks[scale].items()))
+    for cmd in peaks["1x"]:
+        one, two = peaks["1x"][cmd], peaks["2x"][cmd]
+        assert max(one, two) <= BUDGET_MIB, f"{cmd}: peak RSS {max(one, two):.1f} MiB > {BUDGET_MIB} MiB"
+        assert two <= one + MARGIN_MIB, f"{cmd}: peak RSS grows with the input: {one:.1f} -> {two:.1f} MiB"
