@@ -76,6 +76,27 @@ std::optional<Box> intersect(const Box& a, const Box& b) {
   return r;
 }
 
+void subtract_box(const Box& r, const Box& x, std::vector<Box>& out) {
+  Box rest = r;  // shrinks dimension by dimension to x
+  for (size_t d = 0; d < r.ndim(); ++d) {
+    const int64_t lo = rest.offset[d], hi = rest.offset[d] + rest.extent[d];
+    const int64_t xlo = x.offset[d], xhi = x.offset[d] + x.extent[d];
+    if (xlo > lo) {
+      Box b = rest;
+      b.extent[d] = xlo - lo;
+      out.push_back(std::move(b));
+    }
+    if (xhi < hi) {
+      Box b = rest;
+      b.offset[d] = xhi;
+      b.extent[d] = hi - xhi;
+      out.push_back(std::move(b));
+    }
+    rest.offset[d] = xlo;
+    rest.extent[d] = xhi - xlo;
+  }
+}
+
 namespace {
 // Decomposes [b, e) of the sub-array of `box` whose leading indices are fixed by `prefix`
 // (prefix.size() == d), appending boxes in order.
@@ -140,6 +161,11 @@ std::vector<Box> flat_range_to_boxes(const Box& box, int64_t begin, int64_t end)
 std::vector<Box> Region::boxes() const {
   if (!is_flat()) return {box};
   return flat_range_to_boxes(box, flat_begin, flat_end);
+}
+
+bool flat_range_fits(const Region& r) {
+  if (!r.is_flat()) return true;
+  return r.flat_begin >= 0 && r.flat_begin <= r.flat_end && r.flat_end <= r.box.numel();
 }
 
 std::string Region::to_string() const {

@@ -42,6 +42,10 @@ Status validate_box(const Box& b, const Shape& shape);
 // Intersection of two boxes of the same rank; nullopt when it is empty.
 std::optional<Box> intersect(const Box& a, const Box& b);
 
+// Appends r \ x to `out`: at most 2*ndim disjoint boxes whose union with x is r.
+// Requires x to lie inside r (same rank).
+void subtract_box(const Box& r, const Box& x, std::vector<Box>& out);
+
 // The flat row-major range [begin, end) of `box`'s elements as at most 2*ndim-1 boxes, in order.
 // Each returned box's elements, in row-major order, are one contiguous run of the range.
 // Requires 0 <= begin <= end <= box.numel(). Rank-0 boxes give one box when the range is [0, 1).
@@ -64,6 +68,11 @@ struct Region {
   bool operator==(const Region& o) const = default;
   std::string to_string() const;  // "[0:4, 2:5]" or "[0:4, 2:5] flat 3..17"
 };
+
+// The one check that a flat range lies inside its box: true when `r` is rectangular
+// (!is_flat()) or 0 <= flat_begin <= flat_end <= box.numel(). `r.box` must be valid
+// (validate_box), so that its numel does not overflow. Callers report their own error.
+bool flat_range_fits(const Region& r);
 
 // Copies the elements of `region` from `src`, a dense row-major buffer holding exactly the box
 // `src_box`, into `dst`, a dense row-major buffer holding exactly `dst_box`. `region` must lie in

@@ -1,7 +1,8 @@
 // Executor: fills the pieces of a TensorSink from whatever pieces of a TensorSource cover them.
-// Reads any box of a global tensor by box intersection with the source pieces, casts dtypes,
-// streams each target piece in storage order in bounded chunks; output bytes do not depend on the
-// thread count. Thread safety: functions are reentrant; one TensorSource/TensorSink per call.
+// Reads any box of a global tensor by box intersection with the source pieces (SourceIndex,
+// reshard/source_index.h), casts dtypes, streams each target piece in storage order in bounded
+// chunks (ChunkPipeline, reshard/chunk_pipeline.h); output bytes do not depend on the thread count.
+// Thread safety: functions are reentrant; one TensorSource/TensorSink per call.
 // With threads > 1 all source reads stay on the calling thread and all sink writes run, in order,
 // on one writer thread (so a source and a sink must not share unlocked state); workers only cast
 // and copy. A chunk that the source holds as raw file ranges (TensorSource::file_extent) goes
@@ -12,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,40 +21,9 @@
 #include "formats/region.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
+#include "reshard/source_index.h"
 
 namespace ckpt {
-
-// Per tensor, the boxes the source pieces hold (a flat piece contributes each box of
-// Region::boxes()), for fast lookup. Built from (and validated against) a source's listing.
-struct SourceIndex {
-  struct Entry {
-    size_t piece;  // index into TensorSource::pieces()
-    Box box;       // global coordinates; for a flat piece one box of its region
-  };
-  std::unordered_map<std::string, std::vector<Entry>> by_tensor;
-  std::unordered_map<std::string, size_t> tensor_index;  // name -> index in TensorSource::tensors()
-
-  // Validates the listing (unique tensor names, every piece names a known tensor, has its rank,
-  // lies inside its tensor, flat ranges inside their box) and indexes it. `what` names the source
-  // in messages.
-  static Result<SourceIndex> build(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces,
-                                   const std::string& what = "source");
-  static Result<SourceIndex> build(const TensorSource& src) {
-    return build(src.tensors(), src.pieces(), src.describe());
-  }
-  const std::vector<Entry>* find(const std::string& tensor) const;
-};
-
-// One part of a box: which source piece provides which sub-box.
-struct SourcePart {
-  size_t piece;
-  Box box;  // global coordinates, inside the piece (inside one box of a flat piece)
-};
-
-// Splits `box` of `tensor` into parts served by source pieces (the first piece in index order
-// wins where pieces overlap). An uncovered part is a kNotFound error, code "RegionNotCovered",
-// naming the tensor, the requested box and the first missing sub-box.
-Result<std::vector<SourcePart>> assign_box(const SourceIndex& index, const std::string& tensor, const Box& box);
 
 // Reads `box` (global coordinates) of global tensor `tensor` into `dst`, dense row-major of
 // extent box.extent, converted to `out` (ckpt::cast_elements with `cast`).
@@ -94,10 +63,10 @@ Status check_plan_coverage(const SourceIndex& index, const std::vector<TensorMet
 Status execute(TensorSource& src, TensorSink& dst, const std::vector<TensorMeta>& out_tensors,
                const std::vector<Piece>& out_pieces, const nlohmann::json& metadata, const ExecOptions& opts = {});
 
-// Same, without begin()/commit()/abort(): fills pieces of a sink the caller already began.
-// For callers that drive the sink themselves (multi-rank writers, several sources).
-Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst,
-                    const std::vector<TensorMeta>& out_tensors, const std::vector<Piece>& out_pieces,
+// Same, without begin()/commit()/abort(): fills pieces of a sink the caller already began
+// (`out_pieces` as declared to it). For callers that drive the sink themselves (multi-rank
+// writers, several sources). Coverage is not checked first: an uncovered chunk fails when reached.
+Status execute_into(TensorSource& src, const SourceIndex& index, TensorSink& dst, const std::vector<Piece>& out_pieces,
                     const ExecOptions& opts = {});
 
 }  // namespace ckpt

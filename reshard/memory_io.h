@@ -1,6 +1,6 @@
 // In-memory TensorSource and TensorSink: a checkpoint held as one byte buffer per piece (piece
-// bytes in storage order: row-major over the box, or the flat range of it). Used by tests, the
-// trainer's in-memory shards and round trips through the executor.
+// bytes in storage order: row-major over the box, or the flat range of it). Used by tests (round
+// trips through the executor); the trainer keeps its own buffers and does not use these (yet).
 // Thread safety: one thread at a time per object.
 #pragma once
 

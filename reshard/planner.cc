@@ -250,16 +250,14 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
     min_out = std::min(min_out, dtype_size(p.dtype));
     f.bytes_written += wb;
     plan.bytes_written += wb;
-    for (const Box& b : p.region.boxes()) {
-      auto parts = assign_box(index, p.tensor, b);
-      if (!parts.ok())
-        return parts.take_status().with_context("target piece " + std::to_string(k) + " (" + p.tensor + " " +
-                                                p.region.to_string() + ", " + f.file + ")");
-      for (const SourcePart& sp : *parts) {
-        const uint64_t rb = static_cast<uint64_t>(sp.box.numel()) * dtype_size(src_pieces[sp.piece].dtype);
-        f.bytes_read += rb;
-        plan.bytes_read += rb;
-      }
+    auto copies = copy_ops(index, p, 0, p.region.numel());
+    if (!copies.ok())
+      return copies.take_status().with_context("target piece " + std::to_string(k) + " (" + p.tensor + " " +
+                                               p.region.to_string() + ", " + f.file + ")");
+    for (const CopyOps::Op& op : copies->ops) {
+      const uint64_t rb = static_cast<uint64_t>(op.part.box.numel()) * dtype_size(src_pieces[op.part.piece].dtype);
+      f.bytes_read += rb;
+      plan.bytes_read += rb;
     }
   }
   // Chunks never exceed the largest target piece: size the bound with that.

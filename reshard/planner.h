@@ -32,6 +32,11 @@ struct FileWork {
   uint64_t bytes_read = 0;      // source bytes read to fill them
 };
 
+// What the plan holds: the target pieces, the writing rank and file of each, and totals. It does
+// not hold the copies: copy_ops() (reshard/source_index.h) derives the copies that fill any range
+// of a target piece from the source's SourceIndex. make_plan derives them once per piece (for the
+// bytes read and the coverage check), check_plan_coverage once per piece, and the executor once
+// per chunk, so the copies in memory stay bounded by one chunk's.
 struct Plan {
   Layout layout;
   std::vector<TensorMeta> tensors;  // global view, same as the source
@@ -48,14 +53,15 @@ struct Plan {
 };
 
 // Pieces of one tensor under `layout` before the file assignment: (rank, region) in rank order.
-// Exposed for the trainer (its own rank's shards) and tests.
+// Exposed for benchmarks/reshard_bench.cc.
 struct RankRegion {
   int rank;
   Region region;
 };
 
 // Computes the target pieces. Refuses layouts the rules refuse (before anything is written);
-// checks that the source covers every target piece (errors name the tensor and missing box).
+// checks that the source covers every target piece (errors name the tensor and missing box) and
+// totals the bytes its copies read (copy_ops per piece).
 // `exec` only sizes peak_buffer.
 Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::vector<Piece>& src_pieces,
                        const nlohmann::json& src_metadata, const Layout& target, const ShardingRules& rules,
@@ -66,8 +72,8 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules);
 
-// Everything rank `rank` holds in memory under `layout` (not de-duplicated: replicas included),
-// e.g. for a trainer that resumes on that rank. ZeRO-1 optimizer state gives flat regions.
+// Everything rank `rank` holds in memory under `layout` (not de-duplicated: replicas included).
+// ZeRO-1 optimizer state gives flat regions. Nothing calls it yet (no test either); meant for a trainer resuming on another layout.
 Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                      const ShardingRules& rules, int rank);
 

@@ -148,6 +148,42 @@ std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
   return mine;
 }
 
+namespace {
+
+// Fills the shard files `mine` (indices into plan.files) from `src`, each through its own
+// ShardWriter under `partial`; appends their piece records (JSON) to `records`.
+Status fill_files(TracedSource& src, const SourceIndex& index, const Plan& plan, const std::vector<size_t>& mine,
+                  const std::string& partial, const StoreExecOptions& opts, nlohmann::json& records) {
+  uint64_t my_total = 0, my_done = 0;
+  for (size_t f : mine) my_total += plan.files[f].bytes_written;
+  for (size_t f : mine) {
+    const FileWork& fw = plan.files[f];
+    std::vector<Piece> pieces;
+    pieces.reserve(fw.pieces.size());
+    for (size_t k : fw.pieces) pieces.push_back(plan.pieces[k]);
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<store::ShardWriter> w,
+                          store::StoreWriter::open_rank(partial, fw.rank, plan.tensors, pieces, opts.store));
+    ShardSink sink(w.get());
+    ExecOptions eo = opts.exec;
+    eo.only_pieces.clear();
+    const uint64_t base = my_done;
+    if (opts.exec.progress)
+      eo.progress = [&, base](uint64_t d, uint64_t) { opts.exec.progress(base + d, my_total); };
+    Status st = execute_into(src, index, sink, pieces, eo);
+    if (!st.ok()) {
+      w->abort();
+      return st;
+    }
+    CKPT_ASSIGN_OR_RETURN(std::vector<store::PieceRecord> recs, w->close());
+    for (const auto& r : recs) records.push_back(store::piece_record_to_json(r));
+    my_done += fw.bytes_written;
+    src.wrote(fw.file);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::string& dst_in,
                              const StoreExecOptions& opts, Dist* dist) {
   std::string dst = dst_in;
@@ -169,41 +205,8 @@ Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::
 
   // Fill my files.
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
-  const std::vector<size_t> mine = files_for_process(plan, rank, nprocs);
-  uint64_t my_total = 0, my_done = 0;
-  for (size_t f : mine) my_total += plan.files[f].bytes_written;
   nlohmann::json my_records = nlohmann::json::array();
-  for (size_t f : mine) {
-    if (!st.ok()) break;
-    const FileWork& fw = plan.files[f];
-    std::vector<Piece> pieces;
-    pieces.reserve(fw.pieces.size());
-    for (size_t k : fw.pieces) pieces.push_back(plan.pieces[k]);
-    auto w = store::StoreWriter::open_rank(partial, fw.rank, plan.tensors, pieces, opts.store);
-    if (!w.ok()) {
-      st = w.take_status();
-      break;
-    }
-    ShardSink sink(w->get());
-    ExecOptions eo = opts.exec;
-    eo.only_pieces.clear();
-    const uint64_t base = my_done;
-    if (opts.exec.progress)
-      eo.progress = [&, base](uint64_t d, uint64_t) { opts.exec.progress(base + d, my_total); };
-    st = execute_into(src, index, sink, plan.tensors, pieces, eo);
-    if (!st.ok()) {
-      (*w)->abort();
-      break;
-    }
-    auto recs = (*w)->close();
-    if (!recs.ok()) {
-      st = recs.take_status();
-      break;
-    }
-    for (const auto& r : *recs) my_records.push_back(store::piece_record_to_json(r));
-    my_done += fw.bytes_written;
-    src.wrote(fw.file);
-  }
+  st = fill_files(src, index, plan, files_for_process(plan, rank, nprocs), partial, opts, my_records);
   src.finish(st);
 
   // Everyone done and OK? Then gather the records and let rank 0 finalize.

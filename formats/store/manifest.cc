@@ -265,7 +265,7 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
           .with_tensor(t.name);
     if (p.region.is_flat()) {
       int64_t n = p.region.box.numel();
-      if (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > n)
+      if (!flat_range_fits(p.region))
         return Status::Error("RegionOutOfBounds", where + ": flat range " + std::to_string(p.region.flat_begin) + ".." +
                                                            std::to_string(p.region.flat_end) + " is not inside [0, " + std::to_string(n) + "]")
             .with_tensor(t.name);

@@ -157,7 +157,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     if (it == by_name.end()) return Status::InvalidArgument("piece #" + std::to_string(i) + " names unknown tensor '" + p.tensor + "'").with_tensor(p.tensor);
     Status st = validate_box(p.region.box, it->second->shape);
     if (!st.ok()) return Status::InvalidArgument("piece #" + std::to_string(i) + " region " + p.region.to_string() + ": " + st.message()).with_tensor(p.tensor);
-    if (p.region.is_flat() && (p.region.flat_begin < 0 || p.region.flat_begin > p.region.flat_end || p.region.flat_end > p.region.box.numel()))
+    if (!flat_range_fits(p.region))
       return Status::InvalidArgument("piece #" + std::to_string(i) + " flat range " + p.region.to_string() + " outside its box").with_tensor(p.tensor);
   }
   auto impl = std::make_unique<Impl>();

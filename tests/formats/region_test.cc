@@ -64,6 +64,68 @@ TEST(Region, IntersectAndValidate) {
   EXPECT_EQ(validate_box(Box{{INT64_MAX}, {2}}, {4}).code(), "RegionOutOfBounds");
 }
 
+TEST(Region, FlatRangeFits) {
+  const Box b{{1, 2}, {3, 4}};  // 12 elements
+  EXPECT_TRUE(flat_range_fits(Region{b}));  // rectangular
+  EXPECT_TRUE(flat_range_fits(Region{b, 0, 12}));
+  EXPECT_TRUE(flat_range_fits(Region{b, 5, 5}));
+  EXPECT_TRUE(flat_range_fits(Region{b, 12, 12}));
+  EXPECT_FALSE(flat_range_fits(Region{b, 0, 13}));   // past the box's 12 elements
+  EXPECT_FALSE(flat_range_fits(Region{b, 13, 13}));
+  EXPECT_FALSE(flat_range_fits(Region{b, -1, 3}));
+  EXPECT_FALSE(flat_range_fits(Region{b, 4, 3}));    // reversed
+  EXPECT_TRUE(flat_range_fits(Region{Box{}, 0, 1}));  // rank 0: one element
+  EXPECT_FALSE(flat_range_fits(Region{Box{}, 0, 2}));
+  EXPECT_TRUE(flat_range_fits(Region{Box{{0, 0}, {0, 5}}, 0, 0}));  // empty box
+  EXPECT_FALSE(flat_range_fits(Region{Box{{0, 0}, {0, 5}}, 0, 1}));
+  // Against an enumeration: a range fits iff it is ordered, starts and ends at positions of the
+  // box and each of its indices is an element of the box; a fitting range's boxes hold exactly
+  // its elements.
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 500; ++trial) {
+    const size_t nd = 1 + rng() % 3;
+    Box box{Shape(nd), Shape(nd)};
+    for (size_t d = 0; d < nd; ++d) { box.offset[d] = rng() % 3; box.extent[d] = rng() % 4; }
+    const int64_t n = box.numel();
+    // flat_end >= 0: a flat region (flat_end == -1 is the rectangular one, checked above)
+    const int64_t fb = static_cast<int64_t>(rng() % (n + 4)) - 2, fe = static_cast<int64_t>(rng() % (n + 3));
+    bool inside = fb <= fe;  // every index of [fb, fe) is an element of the box
+    for (int64_t k = fb; k < fe; ++k) inside = inside && k >= 0 && k < n;
+    inside = inside && fb >= 0 && fe <= n;  // an empty range sits at a position of the box
+    ASSERT_EQ(flat_range_fits(Region{box, fb, fe}), inside) << box.to_string() << " " << fb << ".." << fe;
+    if (!inside) continue;
+    int64_t count = 0;
+    for (const Box& x : Region{box, fb, fe}.boxes()) count += box.contains(x) ? x.numel() : -1000;
+    EXPECT_EQ(count, fe - fb);
+  }
+}
+
+TEST(Region, SubtractBoxPartitionsTheRest) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const size_t nd = 1 + rng() % 4;
+    Box r{Shape(nd), Shape(nd)}, x{Shape(nd), Shape(nd)};
+    for (size_t d = 0; d < nd; ++d) {
+      r.offset[d] = rng() % 3;
+      r.extent[d] = 1 + rng() % 4;
+      const int64_t lo = rng() % r.extent[d], hi = lo + 1 + rng() % (r.extent[d] - lo);
+      x.offset[d] = r.offset[d] + lo;
+      x.extent[d] = hi - lo;
+    }
+    std::vector<Box> rest;
+    subtract_box(r, x, rest);
+    EXPECT_LE(rest.size(), 2 * nd);
+    // Every element of r lies in exactly one of x and the returned boxes; nothing outside r.
+    std::vector<int> hits(static_cast<size_t>(r.numel()), 0);
+    for_each_index(x, [&](const Shape& idx) { ++hits[lin(r, idx)]; });
+    for (const Box& b : rest) {
+      ASSERT_TRUE(r.contains(b)) << b.to_string() << " outside " << r.to_string();
+      for_each_index(b, [&](const Shape& idx) { ++hits[lin(r, idx)]; });
+    }
+    for (int h : hits) ASSERT_EQ(h, 1) << r.to_string() << " minus " << x.to_string();
+  }
+}
+
 TEST(Region, CopyBoxMatchesNaive) {
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 500; ++trial) {

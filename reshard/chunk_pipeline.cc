@@ -1,0 +1,238 @@
+#include "reshard/chunk_pipeline.h"
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+
+#include "reshard/part_io.h"
+
+namespace ckpt {
+
+namespace {
+
+using Slot = ChunkPipeline::Slot;
+
+void grow(std::vector<uint8_t>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+// Casts and copies the raw reads of a chunk into its output buffer (worker-safe: no I/O).
+Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& target, const CastOptions& cast) {
+  const DType od = target.dtype;
+  const size_t os = dtype_size(od);
+  for (size_t k = 0; k < s.copies.ops.size(); ++k) {
+    if (s.direct[k]) continue;
+    const CopyOps::Op& r = s.copies.ops[k];
+    const DType sd = src_pieces[r.part.piece].dtype;
+    const Box& cb = s.copies.boxes[r.box];
+    uint8_t* dst = s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os;
+    const uint8_t* raw = s.raw.data() + s.raw_off[k];
+    const size_t n = static_cast<size_t>(r.part.box.numel());
+    if (r.part.box == cb) {
+      CKPT_RETURN_IF_ERROR(cast_with_context(raw, sd, dst, od, n, cast, target.tensor, r.part.box));
+    } else if (sd == od) {
+      copy_box(raw, r.part.box, dst, cb, r.part.box, os);
+    } else {
+      grow(s.tmp, n * os);
+      CKPT_RETURN_IF_ERROR(cast_with_context(raw, sd, s.tmp.data(), od, n, cast, target.tensor, r.part.box));
+      copy_box(s.tmp.data(), r.part.box, dst, cb, r.part.box, os);
+    }
+  }
+  return Status::Ok();
+}
+
+// Fills s.extents when every read of the chunk is in the target dtype and is
+// a row-major run of its chunk box offered by the source as a file range, and the runs of
+// each chunk box tile it in order. Runs back to back in one file merge into one range; a chunk of
+// several ranges is taken only when none is small (small ones cost a syscall each: read instead).
+void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
+  const size_t os = dtype_size(od);
+  constexpr uint64_t kMinExtentBytes = 64 << 10;
+  struct Run {
+    size_t cbox;
+    int64_t start;  // element index in its chunk box
+    int64_t n;
+    FileExtent e;
+  };
+  std::vector<Run> runs;
+  for (const CopyOps::Op& r : s.copies.ops) {
+    const Box& cb = s.copies.boxes[r.box];
+    if (src.pieces()[r.part.piece].dtype != od) return;
+    std::optional<int64_t> start = row_major_run_start(cb, r.part.box);
+    if (!start) return;
+    std::optional<FileExtent> e = src.file_extent(r.part.piece, r.part.box);
+    if (!e || e->bytes != static_cast<uint64_t>(r.part.box.numel()) * os) return;
+    runs.push_back({r.box, *start, r.part.box.numel(), *e});
+  }
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return std::tie(a.cbox, a.start) < std::tie(b.cbox, b.start); });
+  size_t cbox = 0;
+  int64_t next = 0;  // expected start of the next run in chunk box `cbox`
+  bool ok = !runs.empty();
+  for (const Run& r : runs) {
+    if (r.cbox != cbox) {
+      ok = ok && r.cbox == cbox + 1 && next == s.copies.boxes[cbox].numel();
+      cbox = r.cbox;
+      next = 0;
+    }
+    ok = ok && r.start == next;
+    if (!ok) break;
+    next += r.n;
+    FileExtent* last = s.extents.empty() ? nullptr : &s.extents.back().e;
+    if (last && last->fd == r.e.fd && last->offset + last->bytes == r.e.offset) {
+      last->bytes += r.e.bytes;  // back to back in one file: one range
+      s.extents.back().count += r.n;
+    } else {
+      s.extents.push_back({r.e, r.n});
+    }
+  }
+  // Every chunk box tiled in order (so the ranges hold exactly the chunk); small ranges only alone.
+  ok = ok && cbox + 1 == s.copies.boxes.size() && next == s.copies.boxes[cbox].numel();
+  for (const Slot::Range& x : s.extents) ok = ok && (s.extents.size() == 1 || x.e.bytes >= kMinExtentBytes);
+  if (!ok) s.extents.clear();
+}
+
+}  // namespace
+
+ChunkPipeline::ChunkPipeline(TensorSource& src, const SourceIndex& index, TensorSink& dst,
+                             const std::vector<Piece>& out_pieces, const ExecOptions& opts)
+    : src_(src), index_(index), dst_(dst), out_(out_pieces), opts_(opts),
+      slots_(static_cast<size_t>(exec_pipeline_depth(opts.threads))) {
+  // threads > 1: workers cast/copy; one writer thread writes chunks in order (write-behind) while
+  // this thread reads the next ones. Source reads stay on this thread, sink writes on the writer.
+  if (opts.threads > 1) {
+    pool_ = std::make_unique<ThreadPool>(opts.threads - 1);
+    writer_ = std::make_unique<ThreadPool>(1);
+  }
+}
+
+ChunkPipeline::~ChunkPipeline() { abandon(); }
+
+Status ChunkPipeline::run(const std::vector<size_t>& sel, uint64_t total) {
+  total_ = total;
+  Status st = fill(sel);
+  if (st.ok()) st = drain();
+  if (!st.ok()) abandon();
+  return st;
+}
+
+Status ChunkPipeline::fill(const std::vector<size_t>& sel) {
+  for (size_t pi : sel) {
+    const Piece& tp = out_[pi];
+    const int64_t n = tp.region.numel();
+    const int64_t chunk_elems = std::max<int64_t>(1, static_cast<int64_t>(opts_.max_chunk_bytes / dtype_size(tp.dtype)));
+    for (int64_t a = 0; a < n; a += chunk_elems) CKPT_RETURN_IF_ERROR(push(pi, a, std::min(n, a + chunk_elems)));
+  }
+  return Status::Ok();
+}
+
+Status ChunkPipeline::push(size_t piece, int64_t begin, int64_t end) {
+  Slot& s = slots_[seq_ % slots_.size()];
+  ++seq_;
+  CKPT_RETURN_IF_ERROR(finish(s));  // the chunk depth steps back: written in order
+  CKPT_RETURN_IF_ERROR(prepare(s, piece, begin, end));
+  CKPT_RETURN_IF_ERROR(read(s));
+  return transform_and_write(s);
+}
+
+// The chunk's copies, where each lands, and whether the sink takes it as file ranges.
+Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end) {
+  const Piece& tp = out_[piece];
+  const std::vector<Piece>& sp = src_.pieces();
+  s.piece = piece;
+  s.count = end - begin;
+  auto copies = copy_ops(index_, tp, begin, end);
+  if (!copies.ok()) return copies.take_status().with_context("target " + piece_desc(piece, tp));
+  s.copies = std::move(copies).value();
+  s.direct.assign(s.copies.ops.size(), false);
+  s.raw_off.assign(s.copies.ops.size(), 0);
+  s.raw_bytes = 0;
+  for (size_t k = 0; k < s.copies.ops.size(); ++k) {
+    const CopyOps::Op& r = s.copies.ops[k];
+    s.direct[k] = r.part.box == s.copies.boxes[r.box] && sp[r.part.piece].dtype == tp.dtype;
+    if (!s.direct[k]) {
+      s.raw_off[k] = s.raw_bytes;
+      s.raw_bytes += static_cast<uint64_t>(r.part.box.numel()) * dtype_size(sp[r.part.piece].dtype);
+    }
+  }
+  // A sink that copies files, and every part a same-dtype run of its chunk box that its source
+  // holds as one file range: the chunk is those ranges in storage order, not read (a chunk of
+  // whole rows split by rows over pieces, e.g. column-parallel shards, is a few ranges).
+  s.extents.clear();
+  if (dst_.accepts_file_extents()) plan_chunk_extents(src_, s, tp.dtype);
+  if (!s.extents.empty()) {
+    s.raw_bytes = 0;  // nothing read, nothing to transform
+  } else {
+    grow(s.out, static_cast<size_t>(s.count) * dtype_size(tp.dtype));
+    grow(s.raw, s.raw_bytes);
+  }
+  return Status::Ok();
+}
+
+Status ChunkPipeline::read(Slot& s) {
+  if (!s.extents.empty()) return Status::Ok();
+  const size_t os = dtype_size(out_[s.piece].dtype);
+  for (size_t k = 0; k < s.copies.ops.size(); ++k) {
+    const CopyOps::Op& r = s.copies.ops[k];
+    uint8_t* to = s.direct[k] ? s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os
+                              : s.raw.data() + s.raw_off[k];
+    CKPT_RETURN_IF_ERROR(read_part(src_, r.part, to));
+  }
+  return Status::Ok();
+}
+
+Status ChunkPipeline::transform_and_write(Slot& s) {
+  const Piece& tp = out_[s.piece];
+  s.async = false;
+  if (s.raw_bytes > 0 && pool_) {
+    s.async = true;
+    Slot* sl = &s;
+    const std::vector<Piece>* sp = &src_.pieces();
+    const CastOptions cast = opts_.cast;
+    s.fut = pool_->submit([sl, sp, &tp, cast] { return transform(*sl, *sp, tp, cast); });
+  } else if (s.raw_bytes > 0) {
+    CKPT_RETURN_IF_ERROR(transform(s, src_.pieces(), tp, opts_.cast));
+  }
+  s.busy = true;
+  if (!writer_) return finish(s);  // inline: write now
+  Slot* sl = &s;
+  s.wfut = writer_->submit([this, sl] { return write_chunk(*sl); });
+  return Status::Ok();
+}
+
+Status ChunkPipeline::write_chunk(Slot& s) {
+  Status st = s.async ? s.fut.get() : Status::Ok();
+  if (st.ok() && failed_.load()) return Status::Internal("write skipped after an earlier error");
+  const Piece& tp = out_[s.piece];
+  if (st.ok()) {
+    if (s.extents.empty()) st = dst_.write(s.piece, s.out.data(), s.count);
+    for (size_t k = 0; k < s.extents.size() && st.ok(); ++k) st = dst_.write_from_file(s.piece, s.extents[k].e, s.extents[k].count);
+    if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
+  }
+  if (!st.ok()) failed_.store(true);
+  return st;
+}
+
+Status ChunkPipeline::finish(Slot& s) {
+  if (!s.busy) return Status::Ok();
+  s.busy = false;
+  CKPT_RETURN_IF_ERROR(writer_ ? s.wfut.get() : write_chunk(s));
+  done_ += static_cast<uint64_t>(s.count) * dtype_size(out_[s.piece].dtype);
+  if (opts_.progress) opts_.progress(done_, total_);
+  return Status::Ok();
+}
+
+Status ChunkPipeline::drain() {
+  for (uint64_t k = 0; k < slots_.size(); ++k) CKPT_RETURN_IF_ERROR(finish(slots_[(seq_ + k) % slots_.size()]));
+  return Status::Ok();
+}
+
+void ChunkPipeline::abandon() {
+  failed_.store(true);
+  for (Slot& s : slots_) {
+    if (s.busy && writer_) s.wfut.wait();
+    else if (s.busy && s.async) s.fut.wait();
+    s.busy = false;
+  }
+}
+
+}  // namespace ckpt

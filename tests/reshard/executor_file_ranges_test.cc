@@ -1,0 +1,158 @@
+// Executor file ranges: chunks that a source holds as raw file ranges go to a sink that accepts
+// them without being read; the bytes equal the naive extraction either way.
+#include "reshard/executor.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "formats/file_io.h"
+#include "reshard/memory_io.h"
+#include "tests/reshard/executor_world.h"
+
+namespace ckpt {
+namespace {
+
+using namespace exec_test;
+
+// A MemorySource whose pieces also lie in a file (with gaps between them, so ranges of two pieces
+// never merge) and which offers file_extent() for every row-major run of a box piece.
+class FileBackedSource : public MemorySource {
+ public:
+  FileBackedSource(MemoryCheckpoint c, const std::string& path) : MemorySource(std::move(c)), path_(path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    uint64_t off = 4097;
+    for (const auto& d : checkpoint().data) {
+      at_.push_back(off);
+      EXPECT_TRUE(pwrite_full(fd_, d.data(), d.size(), off, path).ok());
+      off += d.size() + 333;
+    }
+  }
+  ~FileBackedSource() override {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    const Piece& p = pieces()[piece];
+    if (p.region.is_flat()) return std::nullopt;
+    auto start = row_major_run_start(p.region.box, sub);
+    if (!start) return std::nullopt;
+    const uint64_t es = dtype_size(p.dtype);
+    return FileExtent{fd_, at_[piece] + static_cast<uint64_t>(*start) * es, static_cast<uint64_t>(sub.numel()) * es};
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<uint64_t> at_;
+};
+
+// A MemorySink that takes file extents by reading them back (pread), counting them.
+class ExtentSink : public MemorySink {
+ public:
+  bool accepts_file_extents() const override { return true; }
+  Status write_from_file(size_t piece, const FileExtent& e, int64_t count) override {
+    ++extent_writes;
+    std::vector<uint8_t> buf(e.bytes);
+    CKPT_RETURN_IF_ERROR(pread_full(e.fd, buf.data(), e.bytes, e.offset, "extent"));
+    return MemorySink::write(piece, buf.data(), count);
+  }
+  Status write(size_t piece, const void* data, int64_t count) override {
+    ++buffer_writes;
+    return MemorySink::write(piece, data, count);
+  }
+  int extent_writes = 0, buffer_writes = 0;
+};
+
+// Chunks whose parts are row runs of file-backed pieces go to the sink as file ranges in storage
+// order (several per chunk where a chunk spans pieces); the others are read. Either way the bytes
+// equal the naive extraction, for any chunk size and thread count.
+TEST(Executor, ChunksAsFileRangesMatchNaiveExtraction) {
+  std::mt19937 rng(99);
+  const std::string path = ::testing::TempDir() + "/exec_extents_" + std::to_string(::getpid());
+  int total_extents = 0;
+  for (int iter = 0; iter < 12; ++iter) {
+    World w;
+    const Shape shape{256, 1024};  // f32: 4 KiB rows
+    w.tensors = {{"a", DType::kF32, shape}, {"b", DType::kF32, shape}};
+    w.global = {make_global(shape, 4, static_cast<uint32_t>(rng())), make_global(shape, 4, static_cast<uint32_t>(rng()))};
+    auto row_cuts = [&](int step) {
+      std::vector<int64_t> cuts{0, 256};
+      for (int i = 0; i < 3; ++i) cuts.push_back(static_cast<int64_t>(rng() % (256 / step)) * step);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      return cuts;
+    };
+    std::vector<Piece> src_pieces, dst_pieces;
+    for (const auto& t : w.tensors) {
+      if (t.name == "b" && iter % 3 == 0) {  // column halves: no chunk of b is one run of a piece
+        src_pieces.push_back({t.name, Region{Box{{0, 0}, {256, 512}}}, DType::kF32});
+        src_pieces.push_back({t.name, Region{Box{{0, 512}, {256, 512}}}, DType::kF32});
+      } else {
+        auto c = row_cuts(16);  // >= 64 KiB runs
+        for (size_t i = 0; i + 1 < c.size(); ++i) src_pieces.push_back({t.name, Region{Box{{c[i], 0}, {c[i + 1] - c[i], 1024}}}, DType::kF32});
+      }
+      auto d = row_cuts(1);
+      for (size_t i = 0; i + 1 < d.size(); ++i) dst_pieces.push_back({t.name, Region{Box{{d[i], 0}, {d[i + 1] - d[i], 1024}}}, DType::kF32});
+    }
+    for (int threads : {1, 2, 3}) {
+      FileBackedSource src(make_source(w, src_pieces), path);
+      ExtentSink sink;
+      ExecOptions o;
+      o.threads = threads;
+      o.max_chunk_bytes = (64u << 10) + (rng() % 8) * (100u << 10);
+      ASSERT_TRUE(execute(src, sink, w.tensors, dst_pieces, {}, o).ok()) << iter;
+      ASSERT_TRUE(sink.committed());
+      expect_matches(w, sink.checkpoint());
+      total_extents += sink.extent_writes;
+    }
+  }
+  EXPECT_GT(total_extents, 0);
+}
+
+// Chunks that start and end inside rows (partial first and last row boxes) of one source piece
+// are still one file range each: nothing is read or buffered.
+TEST(Executor, ChunksCuttingRowsOfOnePieceAreOneFileRangeEach) {
+  World w;
+  w.tensors = {{"a", DType::kBF16, {64, 2048}}};
+  w.global = {make_global({64, 2048}, 2, 8)};
+  std::vector<Piece> pieces = {{"a", Region{Box::whole({64, 2048})}, DType::kBF16}};
+  FileBackedSource src(make_source(w, pieces), ::testing::TempDir() + "/exec_rows_" + std::to_string(::getpid()));
+  ExtentSink sink;
+  ExecOptions o;
+  o.threads = 2;
+  o.max_chunk_bytes = 10000;  // 1.2 rows of 4 KiB: every chunk cuts rows
+  ASSERT_TRUE(execute(src, sink, w.tensors, pieces, {}, o).ok());
+  expect_matches(w, sink.checkpoint());
+  EXPECT_EQ(sink.buffer_writes, 0);
+  EXPECT_EQ(sink.extent_writes, (64 * 2048 * 2 + 9999) / 10000);
+  EXPECT_EQ(src.reads(), 0u);
+}
+
+// One chunk spanning two row-split source pieces: two file ranges, in order, and no read.
+TEST(Executor, ChunkSpanningTwoPiecesIsTwoFileRanges) {
+  World w;
+  w.tensors = {{"a", DType::kF32, {256, 1024}}};
+  w.global = {make_global({256, 1024}, 4, 5)};
+  std::vector<Piece> src_pieces = {{"a", Region{Box{{128, 0}, {128, 1024}}}, DType::kF32},  // listed second-half first
+                                   {"a", Region{Box{{0, 0}, {128, 1024}}}, DType::kF32}};
+  std::vector<Piece> dst = {{"a", Region{Box::whole({256, 1024})}, DType::kF32}};
+  for (int threads : {1, 2}) {
+    FileBackedSource src(make_source(w, src_pieces), ::testing::TempDir() + "/exec_two_" + std::to_string(::getpid()));
+    ExtentSink sink;
+    ExecOptions o;
+    o.threads = threads;
+    o.max_chunk_bytes = 1 << 20;  // the whole tensor in one chunk
+    ASSERT_TRUE(execute(src, sink, w.tensors, dst, {}, o).ok());
+    expect_matches(w, sink.checkpoint());
+    EXPECT_EQ(sink.extent_writes, 2);
+    EXPECT_EQ(sink.buffer_writes, 0);
+    EXPECT_EQ(src.reads(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
