@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "converters/megatron_export.h"
 #include "formats/open_source.h"
 
@@ -35,7 +36,10 @@ int run_export(const ExportArgs& a) {
   }
   auto src = open_source(a.src);
   if (!src.ok()) return report_error(src.status());
+  ProgressBar bar("export-megatron", stderr_is_tty());
+  o.progress = bar.callback();
   Status s = export_megatron(**src, a.dst, o);
+  bar.finish();
   if (!s.ok()) return report_error(s);
   std::printf("wrote %s (tp=%d pp=%d)\n", a.dst.c_str(), a.tp, a.pp);
   return 0;

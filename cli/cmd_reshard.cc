@@ -1,7 +1,6 @@
 // ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout
 // (reshard/planner.h, reshard/store_reshard.h). Under mpirun the shard files are divided among
 // the processes.
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,14 +8,8 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "converters/megatron_dir_source.h"
-#include "formats/store/store_reader.h"
+#include "converters/reshard_job.h"
 #include "reshard/dist.h"
-#include "reshard/planner.h"
-#include "reshard/source_verify.h"
-#include "reshard/store_reshard.h"
 
 namespace ckpt::cli {
 namespace {
@@ -28,116 +21,56 @@ struct ReshardArgs {
   bool dry_run = false, json = false, no_verify = false;
 };
 
-Result<Layout> target_layout(const ReshardArgs& a, const LlamaConfig& cfg, const nlohmann::json& src_meta) {
-  Layout l;
-  if (!a.layout_file.empty()) {
-    if (a.layout.given())
-      return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
-    CKPT_ASSIGN_OR_RETURN(l, Layout::from_file(a.layout_file));
+// The plan of a --dry-run on stdout: JSON (--json) or its text summary.
+void print_dry_run(const ReshardArgs& a, const ReshardOutcome& r) {
+  if (a.json) {
+    nlohmann::json j = r.plan.to_json();
+    j["plan_seconds"] = r.plan_seconds;
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
-    if (!a.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
-    CKPT_ASSIGN_OR_RETURN(l, a.layout.make(cfg.num_hidden_layers));
-    if (src_meta.contains("layout")) l.keep_source_settings(src_meta["layout"]);
+    std::printf("%s", r.plan.to_string().c_str());
   }
-  return l;
 }
 
 // The summary of a finished reshard on stdout: JSON (--json) or one line.
-void print_result(const ReshardArgs& a, const TensorSource& src, const Plan& plan, const Layout& layout, double plan_s,
-                  double secs, int processes) {
+void print_result(const ReshardArgs& a, const ReshardOutcome& r) {
   if (a.json) {
-    nlohmann::json j = plan.to_json();
+    nlohmann::json j = r.plan.to_json();
     j["dst"] = a.dst;
-    j["seconds"] = secs;
-    j["plan_seconds"] = plan_s;
-    j["processes"] = processes;
+    j["seconds"] = r.seconds;
+    j["plan_seconds"] = r.plan_seconds;
+    j["processes"] = r.processes;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n", src.describe().c_str(),
-                a.dst.c_str(), layout.to_string().c_str(), plan.pieces.size(), plan.files.size(),
-                plan.bytes_written / 1073741824.0, secs);
+    std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n",
+                r.src_description.c_str(), a.dst.c_str(), r.layout.to_string().c_str(), r.plan.pieces.size(),
+                r.plan.files.size(), r.plan.bytes_written / 1073741824.0, r.seconds);
   }
 }
 
 int run_reshard(const ReshardArgs& a) {
-  Dist* dist = Dist::launched_under_mpi() ? &Dist::get() : nullptr;
-  const bool root = !dist || dist->rank() == 0;
-  auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
-
-  auto sopts = store::parse_compress_spec(a.compress, "--compress");
-  if (!sopts.ok()) return fail(sopts.take_status());
-  sopts->hash_threads = a.stream.threads;
-
-  // SRC re-hash, overlapped with the reshard in a child process (single-process runs only; under
-  // mpirun rank 0 re-hashes inline before committing).
-  BackgroundVerify bg;
-  if (!a.no_verify && !a.dry_run && !dist && !is_megatron_dir(a.src)) (void)bg.start(a.src);
-
-  // SRC: a native store (checksummed), or a Megatron-layout directory written by export-megatron
-  // (packed QKV and fused gate/up are unpacked by its segment map).
-  std::unique_ptr<store::StoreReader> store_src;
-  std::unique_ptr<TensorSource> other_src;
-  if (is_megatron_dir(a.src)) {
-    auto m = open_megatron_dir(a.src);
-    if (!m.ok()) return fail(m.take_status().with_context("opening SRC"));
-    other_src = std::move(m).value();
-  } else {
-    auto reader = store::StoreReader::open(a.src);
-    if (!reader.ok()) return fail(reader.take_status().with_context("opening SRC"));
-    store_src = std::move(reader).value();
-  }
-  TensorSource& src = store_src ? static_cast<TensorSource&>(*store_src) : *other_src;
-  const nlohmann::json& meta = src.metadata();
-  if (!meta.contains("model_config"))
-    return fail(Status::Error("NoModelConfig",
-                              "SRC '" + src.describe() + "' has no model_config metadata: cannot derive sharding rules"));
-  auto cfg = LlamaConfig::from_json(meta["model_config"]);
-  if (!cfg.ok()) return fail(cfg.take_status().with_context("model_config of '" + src.describe() + "'"));
-  LlamaShardingRules rules(*cfg);
-  auto layout = target_layout(a, *cfg, meta);
-  if (!layout.ok()) return fail(layout.take_status());
-
-  // Buffer budget: the rest after what the store writer, HDF5 and the process itself need.
-  ExecOptions eo;
-  eo.threads = a.stream.threads;
-  size_t max_src = 1;
-  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  auto chunk = a.stream.chunk_bytes(max_src, 1, kStoreWriterReserveBytes);
-  if (!chunk.ok()) return fail(chunk.take_status());
-  eo.max_chunk_bytes = *chunk;
-
-  const auto t0 = std::chrono::steady_clock::now();
-  auto plan = make_plan(src.tensors(), src.pieces(), meta, *layout, rules, eo);
-  if (!plan.ok()) return fail(plan.take_status());
-  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  if (a.dry_run) {
-    if (root) {
-      if (a.json) {
-        nlohmann::json j = plan->to_json();
-        j["plan_seconds"] = plan_s;
-        std::printf("%s\n", j.dump(2).c_str());
-      } else {
-        std::printf("%s", plan->to_string().c_str());
-      }
-    }
-    return 0;
-  }
-
-  StoreExecOptions so;
-  so.exec = eo;
-  so.store = *sopts;
-  ProgressBar bar("reshard", root && stderr_is_tty() && !a.json);
-  so.exec.progress = bar.callback();
-  if (bg.started())
-    so.before_commit = [&bg]() -> Status { return bg.wait(); };
-  else if (!a.no_verify && store_src)
-    so.before_commit = [&store_src]() -> Status { return verify_source_inline(*store_src); };
-  Status st = execute_plan_to_store(src, *plan, a.dst, so, dist);
+  ReshardRequest req;
+  req.src = a.src;
+  req.dst = a.dst;
+  req.layout_file = a.layout_file;
+  req.layout = a.layout.values();
+  req.compress = a.compress;
+  req.threads = a.stream.threads;
+  req.max_memory = a.stream.max_memory;
+  req.dry_run = a.dry_run;
+  req.no_verify = a.no_verify;
+  req.dist = Dist::launched_under_mpi() ? &Dist::get() : nullptr;
+  const bool root = !req.dist || req.dist->rank() == 0;
+  ProgressBar bar("reshard", root && stderr_is_tty() && !a.json && !a.dry_run);
+  req.progress = bar.callback();
+  auto r = run_reshard_job(req);
   bar.finish();
-  if (!st.ok()) return fail(st);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (root) print_result(a, src, *plan, *layout, plan_s, secs, dist ? dist->size() : 1);
+  if (!r.ok()) return root ? report_error(r.status()) : exit_code_for(r.status());
+  if (!root) return 0;
+  if (a.dry_run)
+    print_dry_run(a, *r);
+  else
+    print_result(a, *r);
   return 0;
 }
 

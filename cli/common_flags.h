@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "converters/reshard_job.h"
 #include "formats/status.h"
 #include "reshard/layout.h"
 
@@ -18,9 +19,10 @@ struct LayoutFlags {
   std::string pp_layers;
 
   void add(CLI::App& sub, const std::string& zero_help);
-  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  LayoutValues values() const { return {tp, pp, dp, zero, pp_layers}; }
+  bool given() const { return values().given(); }
   // Requires --tp --pp --dp (each >= 1); --pp-layers must sum to `num_layers`.
-  Result<Layout> make(int64_t num_layers) const;
+  Result<Layout> make(int64_t num_layers) const { return values().make(num_layers); }
 };
 
 struct StreamFlags {

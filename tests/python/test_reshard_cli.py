@@ -8,7 +8,7 @@
    (read back by h5py + hdf5plugin); --threads / --max-memory do not change a single output byte;
    impossible layouts are refused before anything is written; a corrupt or missing source piece
    is named and nothing is committed; a progress bar is drawn on a terminal only (reshard, verify,
-   to-hf, from-hf), each redraw erasing the rest of the line;
+   to-hf, from-hf, export-megatron), each redraw erasing the rest of the line;
  * `ckpt diff` native vs native and native vs HF dir: exit 0 equal / 1 differ, --atol/--rtol,
    --json figures equal to numpy's.
 """
@@ -309,10 +309,11 @@ def test_progress_bar_only_on_a_terminal(make_store, ckpt_bin, run_ckpt, tmp_pat
     assert_progress_lines(err, "reshard")
     p = run_ckpt("reshard", src, tmp_path / "notty", "--tp", 2, "--pp", 2, "--dp", 1)
     assert "reshard [" not in p.stderr
-    # The other long commands draw the same bar: verify, to-hf, from-hf.
+    # The other long commands draw the same bar: verify, to-hf, from-hf, export-megatron.
     for label, args in [("verify", ["verify", tmp_path / "tty"]),
                         ("to-hf", ["to-hf", tmp_path / "tty", tmp_path / "hf"]),
-                        ("from-hf", ["from-hf", tmp_path / "hf", tmp_path / "back"])]:
+                        ("from-hf", ["from-hf", tmp_path / "hf", tmp_path / "back"]),
+                        ("export-megatron", ["export-megatron", tmp_path / "tty", tmp_path / "meg", "--tp", "2"])]:
         rc, err = stderr_on_a_terminal(ckpt_bin, *args)
         assert rc == 0, err
         assert_progress_lines(err, label)

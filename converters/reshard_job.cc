@@ -1,0 +1,141 @@
+#include "converters/reshard_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "converters/llama_config.h"
+#include "converters/llama_sharding.h"
+#include "converters/megatron_dir_source.h"
+#include "formats/byte_size.h"
+#include "formats/store/store_options.h"
+#include "formats/store/store_reader.h"
+#include "reshard/dist.h"
+#include "reshard/executor.h"
+#include "reshard/flags.h"
+#include "reshard/source_verify.h"
+#include "reshard/store_reshard.h"
+
+namespace ckpt {
+
+Result<Layout> LayoutValues::make(int64_t num_layers) const {
+  if (tp < 1 || pp < 1 || dp < 1)
+    return Status::InvalidArgument("layout flags: give --tp N --pp N --dp N (each >= 1), optionally --pp-layers and --zero");
+  std::vector<int> per;
+  if (!pp_layers.empty()) {
+    CKPT_ASSIGN_OR_RETURN(per, parse_int_list(pp_layers, "--pp-layers"));
+  }
+  return Layout::make(tp, pp, dp, zero < 0 ? 0 : zero, static_cast<int>(num_layers), per);
+}
+
+Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
+                                    size_t min_out_elem, uint64_t reserve) {
+  CKPT_ASSIGN_OR_RETURN(uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
+  const uint64_t floor = 4u << 20;  // the smallest budget handed to the executor
+  const uint64_t budget = mem > reserve + floor ? mem - reserve : floor;
+  return exec_chunk_bytes(budget, threads, max_src_elem, min_out_elem);
+}
+
+namespace {
+
+// SRC as opened: a native store (checksummed, re-verifiable) or another TensorSource.
+struct OpenedSource {
+  std::unique_ptr<store::StoreReader> store;
+  std::unique_ptr<TensorSource> other;
+  TensorSource& get() { return store ? static_cast<TensorSource&>(*store) : *other; }
+};
+
+// A native store, or a Megatron-layout directory written by export-megatron (packed QKV and
+// fused gate/up are unpacked by its segment map).
+Result<OpenedSource> open_reshard_source(const std::string& path) {
+  OpenedSource s;
+  if (is_megatron_dir(path)) {
+    auto m = open_megatron_dir(path);
+    if (!m.ok()) return m.take_status().with_context("opening SRC");
+    s.other = std::move(m).value();
+  } else {
+    auto reader = store::StoreReader::open(path);
+    if (!reader.ok()) return reader.take_status().with_context("opening SRC");
+    s.store = std::move(reader).value();
+  }
+  return s;
+}
+
+Result<Layout> target_layout(const ReshardRequest& r, const LlamaConfig& cfg, const nlohmann::json& src_meta) {
+  Layout l;
+  if (!r.layout_file.empty()) {
+    if (r.layout.given())
+      return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
+    CKPT_ASSIGN_OR_RETURN(l, Layout::from_file(r.layout_file));
+  } else {
+    if (!r.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
+    CKPT_ASSIGN_OR_RETURN(l, r.layout.make(cfg.num_hidden_layers));
+    if (src_meta.contains("layout")) l.keep_source_settings(src_meta["layout"]);
+  }
+  return l;
+}
+
+// The model config, target layout and executor options of a reshard of `src`.
+Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Layout& layout, ExecOptions& eo) {
+  const nlohmann::json& meta = src.metadata();
+  if (!meta.contains("model_config"))
+    return Status::Error("NoModelConfig",
+                         "SRC '" + src.describe() + "' has no model_config metadata: cannot derive sharding rules");
+  auto c = LlamaConfig::from_json(meta["model_config"]);
+  if (!c.ok()) return c.take_status().with_context("model_config of '" + src.describe() + "'");
+  cfg = *c;
+  CKPT_ASSIGN_OR_RETURN(layout, target_layout(r, cfg, meta));
+  // Buffer budget: the rest after what the store writer, HDF5 and the process itself need.
+  eo.threads = r.threads;
+  size_t max_src = 1;
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+  CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, 1, kStoreWriterReserveBytes));
+  return Status::Ok();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
+  CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
+  sopts.hash_threads = r.threads;
+
+  // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
+  // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
+  BackgroundVerify bg;
+  if (!r.no_verify && !r.dry_run && !r.dist && !is_megatron_dir(r.src)) (void)bg.start(r.src);
+
+  CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
+  TensorSource& src = opened.get();
+  LlamaConfig cfg;
+  ReshardOutcome out;
+  ExecOptions eo;
+  CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo));
+  LlamaShardingRules rules(cfg);
+  out.src_description = src.describe();
+  out.processes = r.dist ? r.dist->size() : 1;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  CKPT_ASSIGN_OR_RETURN(out.plan, make_plan(src.tensors(), src.pieces(), src.metadata(), out.layout, rules, eo));
+  out.plan_seconds = seconds_since(t0);
+  if (r.dry_run) return out;
+
+  StoreExecOptions so;
+  so.exec = eo;
+  so.store = sopts;
+  so.exec.progress = r.progress;
+  if (bg.started())
+    so.before_commit = [&bg]() -> Status { return bg.wait(); };
+  else if (!r.no_verify && opened.store)
+    so.before_commit = [&opened]() -> Status { return verify_source_inline(*opened.store); };
+  CKPT_RETURN_IF_ERROR(execute_plan_to_store(src, out.plan, r.dst, so, r.dist));
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+}  // namespace ckpt

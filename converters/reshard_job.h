@@ -1,0 +1,62 @@
+// One `ckpt reshard` run below the CLI: open SRC (a native store, or a Megatron-layout directory
+// written by export-megatron), derive the LLaMA sharding rules from its model_config, build the
+// target layout (--layout FILE, or the flag values keeping the source's other settings), size the
+// chunks to the memory budget, make the plan and, unless dry_run, execute it into a new native
+// store at DST with the SRC checksums re-verified before commit (reshard/source_verify.h: in a
+// child process forked before SRC is opened here, single-process runs; inline on rank 0 under MPI).
+// Thread safety: one call at a time per process.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "formats/status.h"
+#include "reshard/layout.h"
+#include "reshard/planner.h"
+
+namespace ckpt {
+
+class Dist;
+
+// The layout flag values (--tp --pp --dp --zero --pp-layers); 0 / -1 / empty means not given.
+struct LayoutValues {
+  int tp = 0, pp = 0, dp = 0, zero = -1;
+  std::string pp_layers;  // "a,b,c": layers per pipeline stage
+
+  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  // Requires tp, pp, dp >= 1; pp_layers must sum to `num_layers` (kInvalidArgument naming the flag).
+  Result<Layout> make(int64_t num_layers) const;
+};
+
+// The executor chunk size that keeps its buffers within `max_memory` (e.g. "256M", parsed with
+// errors naming --max-memory) less `reserve` bytes, for `threads` workers, the widest source and
+// narrowest output element.
+Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
+                                    size_t min_out_elem, uint64_t reserve = 0);
+
+struct ReshardRequest {
+  std::string src, dst;
+  std::string layout_file;  // a layout JSON file; excludes `layout`
+  LayoutValues layout;
+  std::string compress = "none";  // none, zstd[:LEVEL], shuffle+zstd[:LEVEL] (errors name --compress)
+  int threads = 2;
+  std::string max_memory = "256M";
+  bool dry_run = false;    // plan only: nothing is written
+  bool no_verify = false;  // skip re-hashing SRC before commit
+  std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
+  Dist* dist = nullptr;    // null: a single process
+};
+
+struct ReshardOutcome {
+  Plan plan;
+  Layout layout;
+  std::string src_description;  // TensorSource::describe() of SRC
+  double plan_seconds = 0;      // making the plan
+  double seconds = 0;           // plan and execution (0 for a dry run)
+  int processes = 1;
+};
+
+Result<ReshardOutcome> run_reshard_job(const ReshardRequest& req);
+
+}  // namespace ckpt
