@@ -1,6 +1,7 @@
-// ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout
-// (reshard/planner.h, reshard/store_reshard.h). Under mpirun the shard files are divided among
-// the processes.
+// ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout.
+// The work is converters/reshard_job.h (run_reshard_job); this file parses the flags, draws the
+// progress bar and prints the plan or the result. Under mpirun the shard files are divided among
+// the processes and rank 0 prints.
 #include <cstdio>
 #include <memory>
 #include <string>
