@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -17,17 +18,14 @@ namespace fs = std::filesystem;
 using ckpt::testing::CmdResult;
 using ckpt::testing::run_ckpt;
 
-class ExitCodes : public ::testing::Test {
+class ExitCodes : public ckpt::testing::TempDirTest {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ckpt_exit_codes_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    TempDirTest::SetUp();
     std::string err;
     src_ = ckpt::testing::train_tiny(root_, &err);
     ASSERT_FALSE(src_.empty()) << err;
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   // A copy of the trained checkpoint whose manifest.json `edit` changed.
   template <typename F>
@@ -44,7 +42,7 @@ class ExitCodes : public ::testing::Test {
     return run_ckpt({"reshard", d.string(), (root_ / "out").string(), "--tp", "1", "--pp", "1", "--dp", "1"}, root_ / "err");
   }
 
-  fs::path root_, src_;
+  fs::path src_;
 };
 
 // The model config says intermediate_size 180, the stored MLP weights are 176 wide: the file's

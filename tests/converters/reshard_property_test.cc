@@ -30,6 +30,7 @@
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
 #include "tests/naive_region.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt {
 namespace {
@@ -140,16 +141,7 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-class ReshardProperty : public ::testing::Test {
- protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ckpt_reshard_prop_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  fs::path root_;
-};
+using ReshardProperty = ckpt::testing::TempDirTest;
 
 StoreExecOptions random_exec(std::mt19937& rng) {
   StoreExecOptions o;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include "tests/temp_dir.h"
 
 namespace ckpt {
 namespace {
@@ -18,9 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_root() {
-  auto p = fs::temp_directory_path() / ("ckpt_fsutil_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-  fs::create_directories(p);
-  return p.string();
+  return ckpt::testing::fresh_temp_dir("fsutil").string();
 }
 
 std::string slurp(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include "tests/temp_dir.h"
 
 namespace ckpt {
 namespace {
@@ -88,15 +89,9 @@ TEST(JsonRead, SyntaxErrorsNameThePosition) {
   EXPECT_NE(r.status().message().find("NUL byte at byte 2"), std::string::npos) << r.status().message();
 }
 
-class JsonFile : public ::testing::Test {
+class JsonFile : public ckpt::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ckpt_json_read_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  const fs::path& dir_ = root_;
 };
 
 TEST_F(JsonFile, ReadsAndNamesTheFile) {

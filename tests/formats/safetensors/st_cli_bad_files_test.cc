@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -68,14 +69,8 @@ CmdResult ckpt(const std::vector<std::string>& args, const fs::path& errfile) {
 const char* kConfig = R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":4,"hidden_size":2,
 "intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":1,"torch_dtype":"float32"})";
 
-class CliBadFiles : public ::testing::Test {
+class CliBadFiles : public ckpt::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ckpt_st_cli_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
 
   // A fresh HF directory holding config.json and `model.safetensors` = bytes.
   fs::path hf_dir(const std::string& name, const std::string& bytes) {

@@ -9,21 +9,15 @@
 #include <sstream>
 
 #include "formats/safetensors/st_dir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::safetensors {
 namespace {
 
 namespace fs = std::filesystem;
 
-class DirWriterTest : public ::testing::Test {
+class DirWriterTest : public ckpt::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ckpt_st_dirw_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  fs::path root_;
   const std::vector<TensorMeta> metas_{{"w", DType::kF32, {2, 3}}};
   const std::vector<Piece> pieces_{{"w", Region{Box::whole({2, 3})}, DType::kF32}};
 };

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "formats/safetensors/st_dir.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::safetensors {
 namespace {
@@ -54,9 +55,7 @@ struct Fixture {
 
 Fixture make_tensors(const std::string& name) {
   Fixture f;
-  f.root = (fs::temp_directory_path() / ("ckpt_sti_" + name + "_" + std::to_string(::getpid()))).string();
-  fs::remove_all(f.root);
-  fs::create_directories(f.root);
+  f.root = ckpt::testing::fresh_temp_dir("sti_" + name).string();
   std::mt19937 rng(42);
   std::normal_distribution<float> nd;
   for (int i = 0; i < 5; ++i) {

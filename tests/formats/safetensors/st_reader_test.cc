@@ -10,6 +10,7 @@
 
 #include "formats/safetensors/st_reader.h"
 #include "formats/safetensors/st_writer.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::safetensors {
 namespace {
@@ -17,10 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("ckpt_st_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
+  return ckpt::testing::fresh_temp_dir("st_" + name).string();
 }
 
 struct T {

@@ -12,14 +12,12 @@
 #include "formats/dtype.h"
 #include "formats/region.h"
 #include "formats/tensor_io.h"
+#include "tests/temp_dir.h"
 
 namespace ckpt::store::testing {
 
 inline std::string temp_dir(const std::string& tag) {
-  auto base = std::filesystem::temp_directory_path() / ("ckpt_store_" + tag + "_" + std::to_string(::getpid()) + "_" +
-                                                        std::to_string(std::random_device{}()));
-  std::filesystem::create_directories(base);
-  return base.string();
+  return ckpt::testing::fresh_temp_dir("store_" + tag).string();
 }
 
 // A dense global tensor in memory: bytes row-major.
