@@ -6,8 +6,9 @@
 #   scripts/test.sh            the default suite (CI runs exactly this)
 #   CKPT_LONG=1 scripts/test.sh   longer property/crash/fuzz runs
 # Each ctest run must find at least a minimum number of tests (a glob or discovery that finds
-# nothing fails): 145 / 135 by default (at 0619c98: 137 gtest cases + 14 Python files; the
-# sanitizer run has the gtest cases and 3 asan_py files); raise them as tests are added. With CI=true, where every dependency is installed, a skipped test is a
+# nothing fails): 205 / 195 by default (issue 10's merge runs 211: 196 gtest cases + 15 Python
+# files; the sanitizer run 199: the gtest cases + 3 asan_py files); raise them
+# as tests are added. With CI=true, where every dependency is installed, a skipped test is a
 # failure (CKPT_NO_SKIP=1 for pytest, see tests/python/conftest.py; ctest's "Skipped" for gtest).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -58,7 +59,7 @@ echo "== build (RelWithDebInfo, -Werror) =="
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build -j"$JOBS"
 echo "== tests =="
-run_ctest build "${CKPT_MIN_TESTS:-145}"
+run_ctest build "${CKPT_MIN_TESTS:-205}"
 
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer) =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON \
@@ -69,7 +70,7 @@ echo "== tests under ASan + UBSan =="
 # the sanitized ckpt binary) and the asan_py Python tests; the other Python tests run once, above.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=$SAN_EXIT \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=$SAN_EXIT \
-  run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-135}" -LE "python|slow"
+  run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-195}" -LE "python|slow"
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="
