@@ -72,6 +72,13 @@ ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=$SAN_EXIT \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=$SAN_EXIT \
   run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-195}" -LE "python|slow"
 
+echo "== line limits (functions <= 90 lines in production code, files <= 450 lines) =="
+if "$PY" scripts/line_limits.py; then
+  total_pass=$((total_pass + 1))
+else
+  total_fail=$((total_fail + 1))
+fi
+
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="
   if bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-15}"; then
