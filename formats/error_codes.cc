@@ -87,6 +87,11 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ChecksumMismatch", kSum},
     // Reshard engine (reshard/).
     {"BadLayout", kArg},
+    // Communicator (reshard/comm.h).
+    {"Mpi", ErrorKind::kIo},            // an MPI call failed (message: the MPI error string)
+    {"CommTimeout", ErrorKind::kIo},    // peers did not arrive within CKPT_COMM_TIMEOUT_S
+    {"PeerFailed", ErrorKind::kIo},     // another rank failed (fail_all) without a Status of its own
+    {"WorldSizeMismatch", kArg},        // mpirun -np differs from the layout's world size
     {"TensorNotFound", kNotFound},
     {"RegionNotCovered", kNotFound},
     {"ZeroBufferOverflow", kOver},

@@ -14,6 +14,8 @@
 #include "converters/llama_config.h"
 #include "formats/region.h"
 #include "formats/status.h"
+#include "reshard/comm.h"
+#include "reshard/layout.h"
 
 namespace ckpt::trainer {
 
@@ -23,6 +25,8 @@ struct Param {
   Shape shape;       // global shape, HF orientation [out, in]
   Box box;           // the part held here (Box::whole(shape) unless sharded)
   bool decay = true; // AdamW weight decay applies (false for RMSNorm weights)
+  bool tp_replicated = false;  // every TP rank holds the same values (norms when tp > 1): counted
+                               // once (on TP rank 0) in the global gradient norm
   std::vector<T> w;  // values, dense row-major of box.extent
   std::vector<T> g;  // gradient accumulator, same layout as w
 
@@ -90,12 +94,44 @@ struct StageRange {
   int64_t layer_end = -1;  // -1: through the last layer
 };
 
+// The part of the model one rank holds under a Layout: pipeline stage `pp_rank`, tensor-parallel
+// rank `tp_rank` (boxes from LlamaShardingRules::place, one definition with the store), and the
+// TP group for the forward/backward all-reduces (null when layout.tp == 1).
+struct ModelShard {
+  Layout layout;      // tp, pp, stage_of_layer, vocab_divisor are used
+  int pp_rank = 0;
+  int tp_rank = 0;
+  Comm* tp = nullptr;  // size layout.tp, rank tp_rank
+};
+
 template <class T>
 class Model {
  public:
   // Validates the config for this trainer (no biases, even head_dim, sizes that fit memory and
   // int64 arithmetic) and allocates zeroed parameters.
   static Result<Model> create(const LlamaConfig& c, StageRange stage = {});
+  // A shard under a layout. Refuses (LayoutRefused, naming the numbers) tp not dividing the
+  // attention heads, the KV heads or intermediate_size. Allocates only this rank's boxes.
+  static Result<Model> create(const LlamaConfig& c, const ModelShard& shard);
+
+  // Pipeline-stage interface: 1F1B keeps several micro-batches in flight; `slot` in [0, slots)
+  // names the saved activations of one of them. set_slots(k) before the first stage_forward.
+  void set_slots(int k);
+  // Forward of one micro-batch (b sequences of seq tokens) through this stage.
+  // First stage: `tokens` [b*seq] (x_in ignored); other stages: x_in [b*seq, D] from the previous
+  // stage. Not the last stage: x_out [b*seq, D] receives the output, returns 0.
+  // Last stage: `targets` [b*seq]; returns the SUM of the token losses (vocab-parallel
+  // cross-entropy, identical on every TP rank) and keeps loss_scale * d(sum)/d(logits) for
+  // stage_backward (x_out unused). Tokens and targets are checked against the vocabulary.
+  Result<double> stage_forward(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets,
+                               int64_t b, int64_t seq, T loss_scale, T* x_out);
+  // Backward of the micro-batch in `slot`. dx_out [b*seq, D] = d(loss)/d(x_out) from the next
+  // stage (ignored on the last stage). dx_in [b*seq, D] receives d(loss)/d(x_in) (ignored on the
+  // first stage, which accumulates the embedding gradient instead). Parameter gradients
+  // accumulate (+=) into Param::g. The slot may be reused afterwards.
+  Status stage_backward(int slot, const T* dx_out, T* dx_in);
+  int64_t layer_begin() const { return layer_begin_; }
+  int64_t layer_end() const { return layer_end_; }
 
   const LlamaConfig& config() const { return cfg_; }
   bool has_embedding() const { return layer_begin_ == 0; }
