@@ -9,7 +9,7 @@ namespace ckpt {
 
 namespace {
 
-void finalize_mpi() {
+void comm_finalize_mpi() {
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin) MPI_Finalize();
@@ -50,7 +50,7 @@ Comm& Comm::world() {
     if (!inited) {
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      std::atexit(finalize_mpi);
+      std::atexit(comm_finalize_mpi);
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c.rank_);
@@ -158,6 +158,15 @@ Status Comm::recv(T* buf, int64_t n, int peer, int tag) {
                     "Recv");
 }
 
+template <class T>
+Status Comm::sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, int src, int tag) {
+  if (size_ == 0 || !mpi_) return no_comm();
+  return mpi_status(MPI_Sendrecv(sbuf, dst < 0 ? 0 : static_cast<int>(sn), mpi_type<T>(), dst < 0 ? MPI_PROC_NULL : dst, tag,
+                                 rbuf, src < 0 ? 0 : static_cast<int>(rn), mpi_type<T>(), src < 0 ? MPI_PROC_NULL : src, tag,
+                                 as_mpi(handle_), MPI_STATUS_IGNORE),
+                    "Sendrecv");
+}
+
 Status Comm::barrier() {
   if (size_ == 0) return no_comm();
   if (!mpi_) return Status::Ok();
@@ -227,7 +236,8 @@ void Comm::fail_all(const Status& why) {
   template Status Comm::reduce_scatter_sum<T>(const T*, T*, int64_t);         \
   template Status Comm::all_gather<T>(const T*, T*, int64_t);                 \
   template Status Comm::send<T>(const T*, int64_t, int, int);                 \
-  template Status Comm::recv<T>(T*, int64_t, int, int);
+  template Status Comm::recv<T>(T*, int64_t, int, int);                       \
+  template Status Comm::sendrecv<T>(const T*, int64_t, int, T*, int64_t, int, int);
 CKPT_COMM_INSTANTIATE(float)
 CKPT_COMM_INSTANTIATE(double)
 CKPT_COMM_INSTANTIATE(int64_t)

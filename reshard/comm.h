@@ -56,6 +56,9 @@ class Comm {
   // Point to point (peer is a rank of this communicator). send returns once `buf` may be reused.
   template <class T> Status send(const T* buf, int64_t n, int peer, int tag);
   template <class T> Status recv(T* buf, int64_t n, int peer, int tag);
+  // Sends sbuf to `dst` and receives rbuf from `src` at once (no deadlock when two ranks exchange;
+  // dst or src may be -1: that half is skipped).
+  template <class T> Status sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, int src, int tag);
   Status barrier();
 
   // Agreement: every rank passes its own status; all get Ok when every one is Ok, else the

@@ -14,7 +14,7 @@ nlohmann::json TrainerState::to_json() const {
           {"lr_schedule", schedule.to_json()},
           {"seed", seed},
           {"data", {{"source", data_source}, {"next_step", step},
-                    {"samples_per_step", micro_batch * grad_accum}, {"rng", "counter-based (seed, step, sample)"}}},
+                    {"samples_per_step", global_batch}, {"rng", "counter-based (seed, step, sample)"}}},
           {"micro_batch", micro_batch},
           {"seq_len", seq_len},
           {"grad_accum", grad_accum},
@@ -34,6 +34,7 @@ Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
     s.micro_batch = j.at("micro_batch").get<int64_t>();
     s.seq_len = j.at("seq_len").get<int64_t>();
     s.grad_accum = j.at("grad_accum").get<int64_t>();
+    s.global_batch = j.at("data").value("samples_per_step", s.micro_batch * s.grad_accum);
     const auto& a = j.at("adamw");
     s.adam.beta1 = a.at("beta1").get<double>();
     s.adam.beta2 = a.at("beta2").get<double>();
@@ -43,7 +44,7 @@ Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return Status::Error("BadTrainerState", std::string("metadata 'trainer': ") + e.what());
   }
-  if (s.step < 0 || s.micro_batch < 1 || s.seq_len < 1 || s.grad_accum < 1)
+  if (s.step < 0 || s.micro_batch < 1 || s.seq_len < 1 || s.grad_accum < 1 || s.global_batch < 1)
     return Status::Error("BadTrainerState", "metadata 'trainer': step, micro_batch, seq_len, grad_accum out of range");
   return s;
 }

@@ -29,7 +29,9 @@ struct TrainerState {
   LrSchedule schedule;
   uint64_t seed = 0;            // init and data seed
   std::string data_source = "procedural";
-  int64_t micro_batch = 1, seq_len = 1, grad_accum = 1;
+  int64_t micro_batch = 1, seq_len = 1, grad_accum = 1;  // micro_batch: of DP rank 0 (per-rank
+                                // sizes are in the layout); grad_accum: micro-batches per DP rank per step
+  int64_t global_batch = 1;     // samples per step (data.samples_per_step), whatever the layout
   AdamWOptions adam;
   double max_grad_norm = 1.0;
 

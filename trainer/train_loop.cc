@@ -26,6 +26,7 @@ TrainerState initial_state(const TrainOptions& o) {
   s.micro_batch = o.micro_batch;
   s.seq_len = o.seq_len;
   s.grad_accum = o.grad_accum;
+  s.global_batch = o.micro_batch * o.grad_accum;
   s.adam = o.adam;
   s.max_grad_norm = o.max_grad_norm;
   return s;

@@ -54,6 +54,9 @@ struct StepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
   double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
+  // Parallel runs: the step's compute, communication (collectives) and pipeline-idle (waiting for
+  // a neighbouring stage) seconds, each the maximum over ranks.
+  double compute_s = 0, comm_s = 0, idle_s = 0;
 };
 
 // The trainer state at step 0 for options `o` (schedule, seed, batch shape, optimizer settings).
