@@ -1,0 +1,300 @@
+"""`ckpt train` under mpirun, from the command line (issue 11 acceptance, CLI side).
+
+- Resume on another layout: 20 steps on layout A with a checkpoint at step 10, then a new mpirun
+  on layout B resumes A's step-10 checkpoint to step 20. Oracle: the uninterrupted run on A (its
+  train_log.jsonl and its step-20 checkpoint). Losses of steps 11-20 within 1e-5 relative;
+  `ckpt diff --rtol 1e-5 --atol 2e-6` of the two step-20 checkpoints equal. Why an atol: two
+  one-process runs of the same global batch split into different micro-batches (12x1 vs 4x3)
+  already differ by up to 6e-7 absolute in the step-20 weights at lr 3e-3 (float32 summation
+  order, amplified by Adam where m/sqrt(v) is sensitive), and by up to 8e-8 relative in losses.
+- Checkpoints of parallel runs pass `ckpt verify`, `ckpt inspect --json` shows their layout, and
+  one written by 8 ranks (tp2 pp2 dp2 zero-1) resharded offline to one process equals the
+  one-process run's checkpoint of the same step.
+- Faults: a rank SIGKILLed while writing its shard of step S (CKPT_TEST_KILL_IN_SAVE=R:S) ends the
+  job nonzero within the timeout, `latest` names the previous checkpoint, which resumes on another
+  layout; a corrupt or missing piece in the resume source stops every rank with the same error
+  naming it, before any step.
+- Invalid layouts are refused before any work, with a message naming the problem.
+
+Every layout of one test runs the same global batch (12 sequences of 8 tokens per step).
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd  # noqa: E402
+
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 264,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+STEPS, MID = 20, 10
+COMMON = ["--seq-len", 8, "--threads", 1, "--seed", 7, "--warmup", 3, "--lr", 3e-3, "--total-steps", STEPS]
+LOSS_RTOL, DIFF_RTOL, DIFF_ATOL = 1e-5, 1e-5, 2e-6
+TIMEOUT = 300
+
+# name -> (processes, layout flags); every one is 12 sequences per step.
+LAYOUTS = {
+    "one": (1, ["--micro-batch", 12]),
+    "tp2": (2, ["--tp", 2, "--micro-batch", 6, "--grad-accum", 2]),
+    "tp4": (4, ["--tp", 4, "--micro-batch", 12]),
+    "pp123": (3, ["--pp", 3, "--pp-layers", "1,2,3", "--micro-batch", 3, "--grad-accum", 4]),
+    "pp321": (3, ["--pp", 3, "--pp-layers", "3,2,1", "--micro-batch", 4, "--grad-accum", 3]),
+    "dp321": (3, ["--dp", 3, "--micro-batches", "3,2,1", "--grad-accum", 2]),
+    "dp2z1": (2, ["--dp", 2, "--zero", 1, "--micro-batch", 3, "--grad-accum", 2]),
+    "dp3z0": (3, ["--dp", 3, "--zero", 0, "--micro-batches", "1,1,2", "--grad-accum", 3]),
+    "tp2pp2dp2z1": (8, ["--tp", 2, "--pp", 2, "--pp-layers", "2,4", "--dp", 2, "--zero", 1,
+                        "--micro-batch", 2, "--grad-accum", 3]),
+}
+EXPECTED_LAYOUT = {  # what inspect --json must show: (tp, pp, dp, zero, layers_per_stage, micro_batch)
+    "pp123": (1, 3, 1, 0, [1, 2, 3], [3]), "dp321": (1, 1, 3, 0, [6], [3, 2, 1]),
+    "dp2z1": (1, 1, 2, 1, [6], [3, 3]), "tp4": (4, 1, 1, 0, [6], [12]),
+    "tp2pp2dp2z1": (2, 2, 2, 1, [2, 4], [2, 2]),
+}
+PAIRS = [("pp123", "tp2"), ("dp321", "dp2z1"), ("tp4", "one"), ("one", "tp2pp2dp2z1"),
+         ("pp123", "pp321"), ("dp2z1", "dp3z0")]
+
+
+def ckpt_path():
+    p = os.environ.get("CKPT_BIN") or str(pathlib.Path(os.environ.get("CKPT_BINARY_DIR", "../../build")) / "ckpt")
+    if not os.path.exists(p):
+        pytest.fail(f"ckpt binary not found at {p}")
+    return os.path.abspath(p)
+
+
+def step_dir(step):
+    return f"step-{step:08d}"
+
+
+def train_cmd(n, cfg, layout_args, *args, tag=False):
+    base = [ckpt_path(), "train", "--config", cfg, *COMMON, *layout_args, *args]
+    if n == 1:
+        return [str(a) for a in base]
+    cmd = mpirun_cmd(n, *base)
+    return cmd[:1] + ["--tag-output"] + cmd[1:] if tag else cmd
+
+
+def run(cmd, env=None, check=True):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=dict(os.environ, **(env or {})))
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def ckpt(*args, check=True):
+    return run([ckpt_path(), *args], check=check)
+
+
+def log(run_dir):
+    return [json.loads(l) for l in (pathlib.Path(run_dir) / "train_log.jsonl").read_text().splitlines()]
+
+
+def step_lines(out):
+    return [l for l in out.splitlines() if re.match(r"^(\[\d+,\d+\]<stdout>:)?step\s+\d+", l)]
+
+
+class Runs:
+    """Runs shared by the tests of this file, each made once: full(name) = 20 steps on a layout
+    with checkpoints every 10 steps; resumed(a, b) = layout b resuming full(a)'s step 10."""
+
+    def __init__(self, root):
+        self.root = pathlib.Path(root)
+        self.cfg = self.root / "config.json"
+        self.cfg.write_text(json.dumps(CONFIG))
+        self.done = {}
+
+    def train(self, name, out, *args, env=None, check=True):
+        n, flags = LAYOUTS[name]
+        return run(train_cmd(n, self.cfg, flags, "--out", out, *args), env=env, check=check)
+
+    def full(self, name):
+        out = self.root / f"full_{name}"
+        if out not in self.done:
+            self.done[out] = self.train(name, out, "--steps", STEPS, "--save-every", MID)
+        return out
+
+    def resumed(self, a, b):
+        out = self.root / f"resume_{a}_to_{b}"
+        if out not in self.done:
+            src = self.full(a) / step_dir(MID)
+            self.done[out] = self.train(b, out, "--steps", STEPS, "--resume", src)
+        return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp("parallel_runs"))
+
+
+def assert_losses_close(ref, got, steps):
+    ref = {r["step"]: r["loss"] for r in ref}
+    got_steps = [r["step"] for r in got]
+    assert got_steps == list(steps), f"logged steps {got_steps}, expected {list(steps)}"
+    worst = max(abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]]) for r in got)
+    bad = [(r["step"], r["loss"], ref[r["step"]]) for r in got
+           if abs(r["loss"] - ref[r["step"]]) > LOSS_RTOL * abs(ref[r["step"]])]
+    assert not bad, f"losses (step, got, reference) beyond {LOSS_RTOL} relative: {bad}; worst {worst:.3g}"
+    return worst
+
+
+def assert_same_checkpoint(a, b):
+    p = ckpt("diff", "--json", "--rtol", DIFF_RTOL, "--atol", DIFF_ATOL, a, b, check=False)
+    j = json.loads(p.stdout)
+    worst = sorted(((t.get("max_abs", 0), t["name"], t["status"]) for t in j["tensors"]), reverse=True)[:5]
+    assert j["equal"] and p.returncode == 0, f"{a} vs {b}: {j['counts']}; largest |a-b|: {worst}"
+    assert j["counts"]["only_in_a"] == 0 and j["counts"]["only_in_b"] == 0
+
+
+@pytest.mark.parametrize("a,b", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_resume_on_another_layout(runs, a, b):
+    full = runs.full(a)
+    la = log(full)
+    assert [r["step"] for r in la] == list(range(1, STEPS + 1))
+    assert la[-1]["loss"] < la[0]["loss"], "the reference run does not learn"
+    res = runs.resumed(a, b)
+    assert len(step_lines(runs.done[res].stdout)) == STEPS - MID, runs.done[res].stdout
+    worst = assert_losses_close(la, log(res), range(MID + 1, STEPS + 1))
+    print(f"{a} -> {b}: worst relative loss difference {worst:.3g}")
+    assert (res / "latest").read_text().strip() == step_dir(STEPS)
+    assert_same_checkpoint(full / step_dir(STEPS), res / step_dir(STEPS))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_LAYOUT))
+def test_checkpoints_verify_and_show_their_layout(runs, name):
+    full = runs.full(name)
+    for s in (MID, STEPS):
+        v = json.loads(ckpt("verify", "--json", full / step_dir(s)).stdout)
+        assert v["ok"] and v["structure_ok"] and not v["failures"], v
+    j = json.loads(ckpt("inspect", "--json", full).stdout)
+    assert j["step"] == STEPS
+    lay = j["layout"]
+    got = (lay["tp"], lay["pp"], lay["dp"], lay["zero"], lay["layers_per_stage"], lay["micro_batch"])
+    assert got == EXPECTED_LAYOUT[name], f"inspect shows {lay}"
+    # Every rank writes its own shard file.
+    assert j["totals"]["files"] == LAYOUTS[name][0], j["totals"]
+
+
+def test_eight_rank_checkpoint_resharded_to_one_process_equals_one_process_run(runs, tmp_path):
+    src = runs.resumed("one", "tp2pp2dp2z1") / step_dir(STEPS)
+    assert json.loads(ckpt("inspect", "--json", src).stdout)["layout"]["tp"] == 2
+    dst = tmp_path / "one"
+    ckpt("reshard", src, dst, "--tp", 1, "--pp", 1, "--dp", 1, "--zero", 0)
+    lay = json.loads(ckpt("inspect", "--json", dst).stdout)["layout"]
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["zero"]) == (1, 1, 1, 0)
+    ckpt("verify", dst)
+    assert_same_checkpoint(runs.full("one") / step_dir(STEPS), dst)
+    # Also an 8-rank run from scratch at step 10, against the one-process run.
+    assert_same_checkpoint(runs.full("one") / step_dir(MID), runs.full("tp2pp2dp2z1") / step_dir(MID))
+
+
+@pytest.mark.parametrize("name,rank,other", [("dp2z1", 1, "tp2"), ("pp123", 0, "one")])
+def test_rank_killed_in_background_save(runs, tmp_path, name, rank, other):
+    """Rank `rank` SIGKILLs itself while writing its shard of step 10 (checkpoints every 5)."""
+    out = tmp_path / "killed"
+    p = runs.train(name, out, "--steps", STEPS, "--save-every", 5,
+                   env={"CKPT_TEST_KILL_IN_SAVE": f"{rank}:10"}, check=False)
+    assert p.returncode != 0, f"the job survived a killed rank:\n{p.stdout[-2000:]}"
+    assert (out / "latest").read_text().strip() == step_dir(5)
+    assert (out / step_dir(5) / "manifest.json").exists()
+    assert not (out / step_dir(10) / "manifest.json").exists()
+    ckpt("verify", out / step_dir(5))
+    # Resume the previous complete checkpoint on another layout: the uninterrupted run's losses.
+    again = tmp_path / "again"
+    runs.train(other, again, "--steps", MID, "--resume", out)  # a run dir: follows `latest`
+    assert_losses_close(log(runs.full(name)), log(again), range(6, MID + 1))
+    assert_same_checkpoint(runs.full(name) / step_dir(MID), again / step_dir(MID))
+
+
+def tagged(out):
+    """{rank: [lines]} of mpirun --tag-output text ('[job,rank]<stderr>:line')."""
+    by_rank = {}
+    for line in out.splitlines():
+        m = re.match(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?(.*)$", line)
+        if m:
+            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    return by_rank
+
+
+def assert_every_rank_stops_with(p, n, needle):
+    assert p.returncode != 0, p.stdout[-2000:]
+    assert not step_lines(p.stdout), f"steps ran from a damaged source:\n{p.stdout[-2000:]}"
+    ranks = tagged(p.stdout + "\n" + p.stderr)
+    msgs = {}
+    for r in range(n):
+        hits = [l for l in ranks.get(r, []) if needle in l and "ckpt" in l]
+        assert hits, f"rank {r} did not report {needle!r}: {ranks.get(r)}\n{p.stderr[-3000:]}"
+        msgs[r] = hits[0]
+    assert len(set(msgs.values())) == 1, f"ranks report different errors: {msgs}"
+
+
+def damaged_source(runs, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(runs.full("pp123") / step_dir(MID), src)
+    man = json.loads((src / "manifest.json").read_text())
+    return src, man
+
+
+def test_corrupt_piece_in_resume_source(runs, tmp_path):
+    src, man = damaged_source(runs, tmp_path)
+    name = "model.layers.3.mlp.down_proj.weight"
+    piece = next(p for p in man["pieces"] if p["tensor"] == name)
+    with h5py.File(src / piece["file"], "r") as f:
+        off = f[piece["dataset"]].id.get_offset()
+    assert off is not None, "expected a contiguous dataset"
+    with open(src / piece["file"], "r+b") as fh:
+        fh.seek(off + 16)
+        b = fh.read(4)
+        fh.seek(off + 16)
+        fh.write(bytes(x ^ 0x5A for x in b))
+    n, flags = LAYOUTS["tp2"]
+    p = run(train_cmd(n, runs.cfg, flags, "--out", tmp_path / "out", "--steps", STEPS, "--resume", src, tag=True),
+            check=False)
+    assert_every_rank_stops_with(p, n, name)
+    assert not (tmp_path / "out" / step_dir(MID + 1)).exists()
+
+
+def test_missing_shard_file_in_resume_source(runs, tmp_path):
+    src, man = damaged_source(runs, tmp_path)
+    gone = sorted({p["file"] for p in man["pieces"]})[-1]
+    (src / gone).unlink()
+    n, flags = LAYOUTS["dp2z1"]
+    p = run(train_cmd(n, runs.cfg, flags, "--out", tmp_path / "out", "--steps", STEPS, "--resume", src, tag=True),
+            check=False)
+    assert_every_rank_stops_with(p, n, pathlib.Path(gone).name)
+
+
+KV2 = dict(CONFIG, num_key_value_heads=2)
+INVALID = [  # (id, config, processes, flags, regex the message must match)
+    ("world-size", CONFIG, 3, ["--tp", 2], r"(?s)tp\*pp\*dp = 2.*3"),
+    ("tp-heads", CONFIG, 3, ["--tp", 3], r"tp=3 does not divide num_attention_heads=4"),
+    ("tp-kv-heads", KV2, 4, ["--tp", 4], r"tp=4.*num_key_value_heads=2"),
+    ("empty-stage", CONFIG, 3, ["--pp", 3, "--pp-layers", "0,3,3"], r"stage 0 .*0 layers|stage 0 holds no layer"),
+    ("micro-batches", CONFIG, 3, ["--dp", 3, "--micro-batches", "1,2"], r"--micro-batches gives 2 .*dp=3"),
+]
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_layout_refused_before_any_work(tmp_path, case):
+    _, config, n, flags, pattern = case
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    out = tmp_path / "out"
+    p = run(train_cmd(n, cfg, flags, "--out", out, "--steps", 2), check=False)
+    assert p.returncode != 0, p.stdout
+    assert re.search(pattern, p.stderr), f"message does not match {pattern!r}:\n{p.stderr[-2000:]}"
+    assert not step_lines(p.stdout), p.stdout
+    assert not (out / "train_log.jsonl").exists() and not list(out.glob("step-*"))
