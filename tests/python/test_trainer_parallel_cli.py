@@ -59,10 +59,11 @@ LAYOUTS = {
     "tp2pp2dp2z1": (8, ["--tp", 2, "--pp", 2, "--pp-layers", "2,4", "--dp", 2, "--zero", 1,
                         "--micro-batch", 2, "--grad-accum", 3]),
 }
-EXPECTED_LAYOUT = {  # what inspect --json must show: (tp, pp, dp, zero, layers_per_stage, micro_batch)
-    "pp123": (1, 3, 1, 0, [1, 2, 3], [3]), "dp321": (1, 1, 3, 0, [6], [3, 2, 1]),
-    "dp2z1": (1, 1, 2, 1, [6], [3, 3]), "tp4": (4, 1, 1, 0, [6], [12]),
-    "tp2pp2dp2z1": (2, 2, 2, 1, [2, 4], [2, 2]),
+LAYOUT_OF = {  # what inspect --json must show: (tp, pp, dp, zero, layers_per_stage, micro_batch)
+    "one": (1, 1, 1, 0, [6], [12]), "tp2": (2, 1, 1, 0, [6], [6]), "tp4": (4, 1, 1, 0, [6], [12]),
+    "pp123": (1, 3, 1, 0, [1, 2, 3], [3]), "pp321": (1, 3, 1, 0, [3, 2, 1], [4]),
+    "dp321": (1, 1, 3, 0, [6], [3, 2, 1]), "dp2z1": (1, 1, 2, 1, [6], [3, 3]),
+    "dp3z0": (1, 1, 3, 0, [6], [1, 1, 2]), "tp2pp2dp2z1": (2, 2, 2, 1, [2, 4], [2, 2]),
 }
 PAIRS = [("pp123", "tp2"), ("dp321", "dp2z1"), ("tp4", "one"), ("one", "tp2pp2dp2z1"),
          ("pp123", "pp321"), ("dp2z1", "dp3z0")]
@@ -159,6 +160,16 @@ def assert_same_checkpoint(a, b):
     assert j["counts"]["only_in_a"] == 0 and j["counts"]["only_in_b"] == 0
 
 
+def assert_inspect_shows(ckpt_dir, name, step):
+    """inspect --json of a checkpoint of layout `name`: its step, its layout, a shard file per rank."""
+    j = json.loads(ckpt("inspect", "--json", ckpt_dir).stdout)
+    assert j["step"] == step
+    lay = j["layout"]
+    got = (lay["tp"], lay["pp"], lay["dp"], lay["zero"], lay["layers_per_stage"], lay["micro_batch"])
+    assert got == LAYOUT_OF[name], f"inspect of {ckpt_dir} shows {lay}"
+    assert j["totals"]["files"] == LAYOUTS[name][0], f"every rank writes its own shard file: {j['totals']}"
+
+
 @pytest.mark.parametrize("a,b", PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
 def test_resume_on_another_layout(runs, a, b):
     full = runs.full(a)
@@ -171,21 +182,16 @@ def test_resume_on_another_layout(runs, a, b):
     print(f"{a} -> {b}: worst relative loss difference {worst:.3g}")
     assert (res / "latest").read_text().strip() == step_dir(STEPS)
     assert_same_checkpoint(full / step_dir(STEPS), res / step_dir(STEPS))
+    assert_inspect_shows(res / step_dir(STEPS), b, STEPS)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_LAYOUT))
+@pytest.mark.parametrize("name", ["tp4", "pp123", "dp321", "dp2z1", "tp2pp2dp2z1"])
 def test_checkpoints_verify_and_show_their_layout(runs, name):
     full = runs.full(name)
     for s in (MID, STEPS):
         v = json.loads(ckpt("verify", "--json", full / step_dir(s)).stdout)
         assert v["ok"] and v["structure_ok"] and not v["failures"], v
-    j = json.loads(ckpt("inspect", "--json", full).stdout)
-    assert j["step"] == STEPS
-    lay = j["layout"]
-    got = (lay["tp"], lay["pp"], lay["dp"], lay["zero"], lay["layers_per_stage"], lay["micro_batch"])
-    assert got == EXPECTED_LAYOUT[name], f"inspect shows {lay}"
-    # Every rank writes its own shard file.
-    assert j["totals"]["files"] == LAYOUTS[name][0], j["totals"]
+    assert_inspect_shows(full, name, STEPS)
 
 
 def test_eight_rank_checkpoint_resharded_to_one_process_equals_one_process_run(runs, tmp_path):
