@@ -192,7 +192,11 @@ Status Comm::sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, i
   const char* name = dst < 0 ? "recv" : src < 0 ? "send" : "sendrecv";
   CKPT_RETURN_IF_ERROR(precheck(*this, name, std::max(dst < 0 ? 0 : sn, src < 0 ? 0 : rn)));
   if (dst < 0 && src < 0) return Status::Ok();
-  if (!mpi_) return Status::Internal(std::string(name) + " in a one-rank world without MPI");
+  if (!mpi_) {  // a one-rank world: only an exchange with itself (sendrecv to and from rank 0)
+    if (dst != 0 || src != 0 || sn > rn) return Status::Internal(std::string(name) + " in a one-rank world without MPI");
+    if (sn) std::memmove(rbuf, sbuf, sizeof(T) * static_cast<size_t>(sn));
+    return Status::Ok();
+  }
   MPI_Comm h = CommAccess::handle(*this);
   MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   if (dst >= 0)
