@@ -25,19 +25,46 @@ def _tool():
     return str(p)
 
 
-def _config(tmp_path, kv_heads=4, tied=False, heads=8, inter=96):
+def _config(tmp_path, kv_heads=4, tied=False, heads=8, inter=96, layers=2):
     c = dict(architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
              max_position_embeddings=64, attention_bias=False, mlp_bias=False, hidden_act="silu",
-             torch_dtype="float32", vocab_size=300, hidden_size=64, intermediate_size=inter, num_hidden_layers=2,
+             torch_dtype="float32", vocab_size=300, hidden_size=64, intermediate_size=inter, num_hidden_layers=layers,
              num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=8, tie_word_embeddings=tied)
-    p = tmp_path / f"config_{kv_heads}_{heads}_{inter}_{int(tied)}.json"
+    p = tmp_path / f"config_{kv_heads}_{heads}_{inter}_{layers}_{int(tied)}.json"
     p.write_text(json.dumps(c))
     return p
 
 
-def _run(tp, cfg, *args):
-    return subprocess.run(mpirun_cmd(tp, _tool(), cfg, "--tp", tp, *args), capture_output=True, text=True,
-                          timeout=300)
+def _run(tp, cfg, *args, pp=1):
+    return subprocess.run(mpirun_cmd(tp * pp, _tool(), cfg, "--tp", tp, "--pp", pp, *args), capture_output=True,
+                          text=True, timeout=300)
+
+
+def _check(ranks, tp, pp, f64, tied, label):
+    assert [x["rank"] for x in ranks] == list(range(tp * pp))
+    worst = max(ranks, key=lambda x: x["worst_rel"])
+    print(f"{label}: worst gradient error {worst['worst_rel']:.3g} ({worst['worst_tensor']}, rank {worst['rank']})")
+    assert worst["worst_rel"] <= (1e-10 if f64 else 1e-5), worst
+    # The loss (last stage) is the one-process loss, and the same on every TP rank.
+    ref = ranks[0]["loss_ref"]
+    last = [x for x in ranks if x["pp_rank"] == pp - 1]
+    assert all(x["loss"] is None for x in ranks if x["pp_rank"] < pp - 1)
+    for x in last:
+        assert abs(x["loss"] - ref) <= (1e-12 if f64 else 1e-6) * abs(ref), x
+        assert abs(x["loss"] - last[0]["loss"]) <= 1e-14 * abs(ref), (x, last[0])
+    shared = 0  # one copy of every replicated tensor
+    for stage in range(pp):
+        group = [x for x in ranks if x["pp_rank"] == stage]
+        shared += group[0]["replicated_numel"]
+        # Vocabulary rows of the embedding / head: contiguous, in rank order, covering [0, 300);
+        # padded rows never held.
+        bounds = [tuple(x["vocab"]) for x in group]
+        assert bounds == ([(0, 128), (128, 256), (256, 300), (300, 300)] if tp == 4 else
+                          [(0, 200), (200, 300)] if tp == 2 else [(0, 300)]), bounds
+    # Every rank holds only its shard: the shards plus one copy of the replicated norms are the
+    # model (the tied embedding twice with pp > 1: on the first and the last stage).
+    twice = 300 * 64 if tied and pp > 1 else 0
+    assert sum(x["numel"] - x["replicated_numel"] for x in ranks) + shared == ranks[0]["full_numel"] + twice
 
 
 @pytest.mark.parametrize("tp,divisor,tied,f64", [
@@ -48,29 +75,21 @@ def test_tp_shard_gradients_match_one_process(tmp_path, tp, divisor, tied, f64):
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["ok"], out
-    ranks = out["ranks"]
-    assert [x["rank"] for x in ranks] == list(range(tp))
-    worst = max(ranks, key=lambda x: x["worst_rel"])
-    print(f"tp={tp} tied={tied} f64={f64}: worst gradient error {worst['worst_rel']:.3g} "
-          f"({worst['worst_tensor']}, rank {worst['rank']})")
-    assert worst["worst_rel"] <= (1e-10 if f64 else 1e-5), worst
-    # The loss is the one-process loss, and the same on every TP rank.
-    ref = ranks[0]["loss_ref"]
-    for x in ranks:
-        assert abs(x["loss"] - ref) <= (1e-12 if f64 else 1e-6) * abs(ref), x
-        assert abs(x["loss"] - ranks[0]["loss"]) <= 1e-14 * abs(ref), (x, ranks[0])
-    # Vocabulary rows: contiguous, in rank order, covering [0, 300); padded rows never held.
-    bounds = [tuple(x["vocab"]) for x in ranks]
-    assert bounds[0][0] == 0 and bounds[-1][1] == 300, bounds
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), bounds
-    if tp == 4:
-        assert bounds == [(0, 128), (128, 256), (256, 300), (300, 300)]
-    else:
-        assert bounds == [(0, 200), (200, 300)]
-    # Every rank holds only its shard: the shards plus one copy of the replicated norms are the model.
-    rep = ranks[0]["replicated_numel"]
-    assert rep == (2 * 2 + 1) * 64
-    assert sum(x["numel"] - x["replicated_numel"] for x in ranks) + rep == ranks[0]["full_numel"]
+    _check(out["ranks"], tp, 1, f64, tied, f"tp={tp} tied={tied} f64={f64}")
+    assert out["ranks"][0]["replicated_numel"] == (2 * 2 + 1) * 64  # the norms
+
+
+@pytest.mark.parametrize("tp,pp,tied,f64", [(2, 2, True, True), (2, 2, True, False), (2, 2, False, True),
+                                            (1, 3, True, True)])
+def test_tp_and_pipeline_stages_match_one_process(tmp_path, tp, pp, tied, f64):
+    """Stages chained by send/recv over 3 micro-batches in flight, tied embedding gradients summed
+    over the first and last stage: the same gradients as the one-process model."""
+    r = _run(tp, _config(tmp_path, tied=tied, layers=3), "--vocab-divisor", 100, "--f64", int(f64),
+             "--micro-batches", 3, pp=pp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"], out
+    _check(out["ranks"], tp, pp, f64, tied, f"tp={tp} pp={pp} tied={tied} f64={f64}")
 
 
 @pytest.mark.parametrize("tp,kv,heads,inter,named", [

@@ -1,11 +1,14 @@
-// tp_check: one micro-batch forward + backward of a tensor-parallel model shard, run under
-// mpirun (every rank one TP rank, pp = dp = 1), against the one-process model on the same data
-// and weights, which every rank also builds (the config is tiny). Prints on rank 0 one JSON line:
-//   {"ok": true, "ranks": [{"rank", "loss", "loss_ref", "worst_rel", "worst_tensor", "numel",
+// tp_check: forward + backward of `--micro-batches` micro-batches through a tensor-parallel
+// (and optionally pipeline-parallel, --pp: stages chained by send/recv, all forwards then all
+// backwards, one activation slot per micro-batch; tied embeddings summed over the first and last
+// stage) model shard under mpirun (dp = 1), against the one-process model on the same data and
+// weights, which every rank also builds (the config is tiny). Prints on rank 0 one JSON line:
+//   {"ok": true, "ranks": [{"rank", "pp_rank", "loss" (null before the last stage), "loss_ref", "worst_rel", "worst_tensor", "numel",
 //     "replicated_numel", "full_numel", "vocab": [begin, end]}, ...]}
 // worst_rel: the largest |g_shard - g_full| over the rank's boxes, relative to the largest |g| of
 // the whole tensor. A model that refuses the layout: {"ok": false, "code", "message"} (exit 3).
-//   mpirun -np T tp_check CONFIG --tp T [--vocab-divisor D] [--f64 1] [--batch B] [--seq S]
+//   mpirun -np T*P tp_check CONFIG --tp T [--pp P] [--vocab-divisor D] [--f64 1] [--batch B] [--seq S]
+//                              [--micro-batches M]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,8 +30,8 @@ namespace {
 
 struct Options {
   std::string config;
-  int tp = 1;
-  int64_t vocab_divisor = 128, batch = 2, seq = 6;
+  int tp = 1, pp = 1;
+  int64_t vocab_divisor = 128, batch = 2, seq = 6, micro_batches = 1;
   bool f64 = false;
 };
 
@@ -65,9 +68,41 @@ double box_error(const Param<T>& p, const Param<T>& full) {
   return mx > 0 ? err / mx : err;
 }
 
+// The micro-batches through this rank's stage: every forward, then every backward (GPipe order,
+// one slot each), activations and their gradients sent between neighbouring stages. Returns the
+// sum of the token losses (last stage; 0 elsewhere).
+template <class T>
+Result<double> run_stages(Model<T>& m, LayoutGroups& g, const std::vector<int32_t>& tok,
+                          const std::vector<int32_t>& tgt, const Options& o, T scale) {
+  const int64_t n = o.batch * o.seq, D = m.config().hidden_size;
+  const int M = static_cast<int>(o.micro_batches), prev = g.pp_rank - 1;
+  const int next = m.has_head() ? -1 : g.pp_rank + 1;
+  m.set_slots(M);
+  std::vector<T> x(static_cast<size_t>(n * D)), y(x.size());
+  double loss = 0;
+  for (int j = 0; j < M; ++j) {
+    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(x.data(), n * D, prev, 0));
+    CKPT_ASSIGN_OR_RETURN(double l, m.stage_forward(j, tok.data() + j * n, x.data(), tgt.data() + j * n, o.batch,
+                                                    o.seq, scale, y.data()));
+    loss += l;
+    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(y.data(), n * D, next, 0));
+  }
+  for (int j = 0; j < M; ++j) {
+    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(y.data(), n * D, next, 1));
+    CKPT_RETURN_IF_ERROR(m.stage_backward(j, y.data(), x.data()));
+    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(x.data(), n * D, prev, 1));
+  }
+  // Tied embeddings: the first and the last stage each hold the tensor; its gradient is the sum.
+  if (m.config().tie_word_embeddings && g.embedding.size() > 1) {
+    Param<T>* e = m.find("model.embed_tokens.weight");
+    CKPT_RETURN_IF_ERROR(g.embedding.all_reduce_sum<T>(e->g.data(), e->numel()));
+  }
+  return loss;
+}
+
 template <class T>
 Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) {
-  CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(o.tp, 1, 1, 0, static_cast<int>(c.num_hidden_layers)));
+  CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(o.tp, o.pp, 1, 0, static_cast<int>(c.num_hidden_layers)));
   layout.vocab_divisor = o.vocab_divisor;
   CKPT_ASSIGN_OR_RETURN(LayoutGroups groups, LayoutGroups::make(world, layout));
   auto made = Model<T>::create(c, ModelShard{layout, groups.pp_rank, groups.tp_rank, &groups.tp});
@@ -77,21 +112,25 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
   CKPT_RETURN_IF_ERROR(set_weights(shard));
   CKPT_RETURN_IF_ERROR(set_weights(full));
 
-  const int64_t n = o.batch * o.seq;
+  const int64_t n = o.batch * o.seq, all = n * o.micro_batches;
   std::vector<int32_t> tok, tgt;
   uint64_t x = 11;
-  for (int64_t i = 0; i < 2 * n; ++i) {
+  for (int64_t i = 0; i < 2 * all; ++i) {
     x = splitmix64(x);
-    (i < n ? tok : tgt).push_back(static_cast<int32_t>(x % static_cast<uint64_t>(c.vocab_size)));
+    (i < all ? tok : tgt).push_back(static_cast<int32_t>(x % static_cast<uint64_t>(c.vocab_size)));
   }
-  const T scale = static_cast<T>(1.0 / static_cast<double>(n));
-  CKPT_ASSIGN_OR_RETURN(double ref, full.forward_backward(tok.data(), tgt.data(), o.batch, o.seq, scale));
-  shard.set_slots(2);  // slot 1: not the slot forward_backward uses
-  CKPT_ASSIGN_OR_RETURN(double loss,
-                        shard.stage_forward(1, tok.data(), nullptr, tgt.data(), o.batch, o.seq, scale, nullptr));
-  CKPT_RETURN_IF_ERROR(shard.stage_backward(1, nullptr, nullptr));
+  const T scale = static_cast<T>(1.0 / static_cast<double>(all));
+  double ref = 0;
+  for (int64_t j = 0; j < o.micro_batches; ++j) {
+    CKPT_ASSIGN_OR_RETURN(double l, full.forward_backward(tok.data() + j * n, tgt.data() + j * n, o.batch, o.seq,
+                                                          scale));
+    ref += l;
+  }
+  auto loss = run_stages(shard, groups, tok, tgt, o, scale);
+  if (!loss.ok()) world.fail_all(loss.status());
+  CKPT_RETURN_IF_ERROR(loss.status());
 
-  nlohmann::json r{{"rank", world.rank()}, {"loss", loss}, {"loss_ref", ref}, {"worst_rel", 0.0},
+  nlohmann::json r{{"rank", world.rank()}, {"pp_rank", groups.pp_rank}, {"loss", nullptr}, {"loss_ref", ref}, {"worst_rel", 0.0},
                    {"worst_tensor", ""}, {"numel", shard.num_params()}, {"full_numel", full.num_params()},
                    {"vocab", {shard.vocab_range().begin, shard.vocab_range().end}}};
   int64_t replicated = 0;
@@ -106,6 +145,7 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
     }
   }
   r["replicated_numel"] = replicated;
+  if (shard.has_head()) r["loss"] = *loss;
   return r;
 }
 
@@ -117,6 +157,8 @@ Result<Options> parse(int argc, char** argv) {
     const std::string k = argv[i];
     const long long v = std::atoll(argv[i + 1]);
     if (k == "--tp") o.tp = static_cast<int>(v);
+    else if (k == "--pp") o.pp = static_cast<int>(v);
+    else if (k == "--micro-batches") o.micro_batches = v;
     else if (k == "--vocab-divisor") o.vocab_divisor = v;
     else if (k == "--f64") o.f64 = v != 0;
     else if (k == "--batch") o.batch = v;
