@@ -4,10 +4,11 @@
 // split from it (RAII: a split communicator is freed with its Comm). Every operation returns a
 // Status; MPI errors are returned (MPI_ERRORS_RETURN), never an abort without a message.
 // Bounded waits: every operation runs as its non-blocking MPI form and waits in a poll loop
-// (MPI_Test, then the control channel, then a sleep of 20 us growing to 1 ms); an operation whose
-// peers do not arrive within CKPT_COMM_TIMEOUT_S seconds (default 600) fails with CommTimeout
-// naming the operation, the communicator size and the element count (split waits boundedly for
-// every rank to arrive, then calls the blocking MPI_Comm_split).
+// (MPI_Test, then the control channel, then a yield for the first 200 us, then a sleep of 20 us
+// growing to 1 ms); an operation whose peers do not arrive within CKPT_COMM_TIMEOUT_S seconds
+// (default 600) fails with CommTimeout naming the operation, the communicator size and the
+// element count (split waits boundedly for every rank to arrive, then calls the blocking
+// MPI_Comm_split).
 // Failures: fail_all() sends this rank's Status to every other world rank over a control
 // communicator (a dup of the world); every pending or later operation on any rank then returns it
 // with "rank R: " before the message (the same text on every rank when one rank fails). A
