@@ -6,8 +6,9 @@
 //   comm_check groups T,P,D ...     LayoutGroups::make for each layout (tp,pp,dp); rank 0 prints
 //                                   one JSON line per layout: per world rank its pp/dp/tp rank and
 //                                   the world ranks of each group, in group order
-//   comm_check timeout              rank 0 skips an all_reduce_sum (float, 1000 elements) and
-//                                   waits in a recv that never comes; the others time out
+//   comm_check timeout              rank 0 skips an all_reduce_sum (float, 1000 elements),
+//                                   computes (sleeps) 1 s, then waits in a recv that never comes;
+//                                   the others time out (and rank 0 learns it from them)
 //   comm_check bench                rank 0 prints the mean seconds of all_reduce_sum (float) of
 //                                   1e3, 1.6e4, 2.56e5 and 4.096e6 elements (not a check)
 //   comm_check fail                 rank 1 fails (fail_all, an Io error) while rank 0 waits in an
@@ -210,6 +211,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 int run_timeout(Comm& w) {
   std::vector<float> b(1000, 1.0f);
+  if (w.rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   Status st = w.rank() == 0 ? w.recv(b.data(), 1, 1, 99) : w.all_reduce_sum(b.data(), 1000);
   if (st.ok()) return fail(Status::Internal("the operation succeeded although rank 0 skipped it"));
   return fail(st);
