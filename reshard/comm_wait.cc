@@ -32,8 +32,14 @@ struct State {
   std::vector<MPI_Request> sends;    // fail_local()'s sends, never waited for
 };
 
+double timeout_from_env();
+
 State& state() {
-  static State s;
+  static State s = [] {
+    State st;
+    st.timeout_s = timeout_from_env();
+    return st;
+  }();
   return s;
 }
 
@@ -139,7 +145,6 @@ void start_mpi(int* rank, int* size) {
     MPI_Comm_size(MPI_COMM_WORLD, &s.size);
     MPI_Comm_dup(MPI_COMM_WORLD, &s.ctrl);
     MPI_Comm_set_errhandler(s.ctrl, MPI_ERRORS_RETURN);
-    s.timeout_s = timeout_from_env();
     s.started = true;
   }
   *rank = s.rank;
@@ -147,6 +152,8 @@ void start_mpi(int* rank, int* size) {
 }
 
 bool mpi_started() { return state().started; }
+double timeout_s() { return state().timeout_s; }
+void set_timeout_s(double seconds) { state().timeout_s = seconds; }
 int world_rank() { return state().rank; }
 const Status& failure() { return state().failure; }
 

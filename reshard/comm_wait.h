@@ -32,6 +32,10 @@ void start_mpi(int* rank, int* size);
 bool mpi_started();
 int world_rank();
 
+// The timeout of every wait, seconds (CKPT_COMM_TIMEOUT_S, default 600, until set_timeout_s).
+double timeout_s();
+void set_timeout_s(double seconds);
+
 // The failure that stops every operation of this process ("rank R: ..."), OK while there is none.
 const Status& failure();
 // Records this rank's own failure `why` (first one wins) and sends it to every other rank over
