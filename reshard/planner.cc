@@ -83,7 +83,7 @@ Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, co
         const int64_t a = std::max(lo, segs[j].offset) - segs[j].offset;
         const int64_t b = std::min(hi, segs[j].offset + segs[j].numel) - segs[j].offset;
         if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
-        out.push_back({segs[j].tensor, r, pls[segs[j].tensor].tp_boxes[zb.tp_rank], a, b});
+        out.push_back({segs[j].tensor, r, segs[j].box, a, b});
       }
     }
   }

@@ -27,8 +27,9 @@ Result<ZeroBuffer> one_buffer(const std::vector<TensorPlacement>& pls, const std
   zb.dp = layout.dp;
   for (size_t i = 0; i < pls.size(); ++i) {
     if (kind_of[i].empty() || kind_of[i] != kind || !on_stage(pls[i], stage)) continue;
-    const int64_t n = pls[i].tp_boxes[static_cast<size_t>(tp_rank)].numel();
-    zb.segments.push_back({i, zb.total, n});
+    const Box& box = pls[i].tp_boxes[static_cast<size_t>(tp_rank)];
+    const int64_t n = box.numel();
+    zb.segments.push_back({i, box, zb.total, n});
     auto nt = checked_add(zb.total, n);
     if (!nt) return overflow(kind);
     zb.total = *nt;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "formats/region.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
 #include "reshard/layout.h"
@@ -28,6 +29,7 @@ inline constexpr int64_t kZeroPadElements = 128;
 // the box's elements in row-major order.
 struct ZeroSegment {
   size_t tensor = 0;   // index into the tensor list
+  Box box;             // the tensor's TP box (of the buffer's TP rank)
   int64_t offset = 0;  // first element in the flat buffer
   int64_t numel = 0;   // the TP box's element count (may be 0: a vocab shard of padding only)
 };
