@@ -1,9 +1,12 @@
 // The reference decoder-only LLaMA model (HF LlamaForCausalLM semantics), fp32 (or fp64 for
 // gradient checks), forward and backward by hand on top of trainer/ops.h.
 // Structure for parallel layouts: a Model owns a contiguous range of decoder layers (a pipeline
-// stage), plus the embedding (first stage) and final norm + head (last stage). Every parameter is
-// a Param: a canonical HF name, its global shape and the Box of it this process holds (the whole
-// tensor today; a TP shard later), with value and gradient buffers of the box's extent.
+// stage), plus the embedding (first stage) and final norm + head (last stage; with tied
+// embeddings and pp > 1 both the first and the last stage hold model.embed_tokens.weight). Every
+// parameter is a Param: a canonical HF name, its global shape and the Box of it this process
+// holds (the whole tensor, or this TP rank's box from LlamaShardingRules::place), with value and
+// gradient buffers of the box's extent. Tensor parallelism: trainer/layer_decoder.h (layers) and
+// trainer/tp_ops.h (vocab-parallel embedding, head and cross-entropy).
 // Thread safety: a Model is used by one thread at a time (BLAS may use several internally).
 #pragma once
 
@@ -16,77 +19,10 @@
 #include "formats/status.h"
 #include "reshard/comm.h"
 #include "reshard/layout.h"
+#include "trainer/layer_decoder.h"
+#include "trainer/tp_ops.h"
 
 namespace ckpt::trainer {
-
-template <class T>
-struct Param {
-  std::string name;  // canonical HF name, e.g. "model.layers.3.mlp.up_proj.weight"
-  Shape shape;       // global shape, HF orientation [out, in]
-  Box box;           // the part held here (Box::whole(shape) unless sharded)
-  bool decay = true; // AdamW weight decay applies (false for RMSNorm weights)
-  bool tp_replicated = false;  // every TP rank holds the same values (norms when tp > 1): counted
-                               // once (on TP rank 0) in the global gradient norm
-  std::vector<T> w;  // values, dense row-major of box.extent
-  std::vector<T> g;  // gradient accumulator, same layout as w
-
-  void allocate(std::string n, Shape s, bool wd);
-  int64_t numel() const { return static_cast<int64_t>(w.size()); }
-};
-
-// Scratch shared by all layers of a model during backward (sized for the largest micro-batch).
-template <class T>
-struct Workspace {
-  std::vector<T> dh, dg, du;    // [n, F]
-  std::vector<T> dxn;           // [n, D]
-  std::vector<T> datt, dq;      // [n, H*hd]
-  std::vector<T> dk, dv;        // [n, K*hd]
-  std::vector<T> dscores;       // [seq, seq]
-};
-
-template <class T>
-class DecoderLayer {
- public:
-  DecoderLayer(const LlamaConfig& c, int64_t index);
-
-  int64_t index() const { return index_; }
-  // Parameters in canonical order (llama_layer_param_names).
-  std::vector<Param<T>*> params();
-
-  // x_out[n, D] = layer(x_in[n, D]) for n = b * seq rows (b sequences of seq tokens, positions
-  // 0..seq-1). Saves the activations needed by backward. cos/sin: rope tables [seq, hd/2].
-  void forward(const T* x_in, T* x_out, int64_t b, int64_t seq, const T* cos, const T* sin);
-  // dx_in[n, D] = d(loss)/d(x_in) given dx_out[n, D] (from the last forward); parameter
-  // gradients are accumulated into Param::g. dx_in must not alias dx_out.
-  void backward(const T* dx_out, T* dx_in, Workspace<T>& ws, const T* cos, const T* sin);
-
-  Param<T> input_layernorm;           // [D]
-  Param<T> q_proj;                    // [H*hd, D]
-  Param<T> k_proj;                    // [K*hd, D]
-  Param<T> v_proj;                    // [K*hd, D]
-  Param<T> o_proj;                    // [D, H*hd]
-  Param<T> post_attention_layernorm;  // [D]
-  Param<T> gate_proj;                 // [F, D]
-  Param<T> up_proj;                   // [F, D]
-  Param<T> down_proj;                 // [D, F]
-
- private:
-  int64_t index_;
-  int64_t D_, F_, H_, K_, hd_;
-  double eps_;
-  int64_t b_ = 0, seq_ = 0;
-  // Activations of the last forward (n = b * seq):
-  std::vector<T> x_in_;    // [n, D]
-  std::vector<T> xn1_;     // [n, D] input_layernorm output
-  std::vector<T> rstd1_;   // [n]
-  std::vector<T> q_, k_, v_;  // [n, H*hd], [n, K*hd], [n, K*hd] (q, k after RoPE)
-  std::vector<T> probs_;   // [b, H, seq, seq]
-  std::vector<T> att_;     // [n, H*hd] attention output before o_proj
-  std::vector<T> x_mid_;   // [n, D] residual after attention
-  std::vector<T> xn2_;     // [n, D] post_attention_layernorm output
-  std::vector<T> rstd2_;   // [n]
-  std::vector<T> g_, u_, h_;  // [n, F] gate, up, silu(gate)*up
-};
 
 // Which part of the model a process holds (a pipeline stage: layers [layer_begin, layer_end)).
 struct StageRange {
@@ -136,6 +72,10 @@ class Model {
   const LlamaConfig& config() const { return cfg_; }
   bool has_embedding() const { return layer_begin_ == 0; }
   bool has_head() const { return layer_end_ == cfg_.num_hidden_layers; }
+  // Vocabulary rows of the embedding / head held here (the whole vocabulary when tp == 1).
+  VocabRange vocab_range() const { return vocab_; }
+  int tp_size() const { return tp_.size; }
+  int tp_rank() const { return tp_.rank; }
 
   // Every parameter held, in canonical order (llama_model_tensors). With tied embeddings the
   // head is model.embed_tokens.weight (listed once).
@@ -152,7 +92,8 @@ class Model {
   // Errors: tokens or targets outside [0, vocab), sizes too large.
   Result<double> forward_backward(const int32_t* tokens, const int32_t* targets, int64_t b,
                                   int64_t seq, T loss_scale);
-  // Forward only. logits (if non-null) receives [b*seq, V]. Returns the sum of token losses when
+  // Forward only. logits (if non-null) receives [b*seq, V] (with tp > 1: the columns of this rank's
+  // vocabulary range, vocab_range()). Returns the sum of token losses when
   // targets is non-null, else 0.
   Result<double> forward(const int32_t* tokens, const int32_t* targets, int64_t b, int64_t seq,
                          std::vector<T>* logits);
@@ -162,25 +103,42 @@ class Model {
   double train_flops_per_token(int64_t seq) const;
 
  private:
+  // Saved activations of one micro-batch of this stage (n = b * seq rows).
+  struct SlotActs {
+    bool live = false;            // forward done, backward pending
+    int64_t b = 0, seq = 0;
+    std::vector<int32_t> tokens;  // [n] (first stage: the embedding backward)
+    std::vector<T> resid;         // [(layers + 1) * n * D] the residual stream at every layer boundary
+    std::vector<T> xf, rstdf;     // [n, D], [n] final norm output (last stage)
+    std::vector<T> logits;        // [n, Vl] (last stage; dlogits after stage_forward with grads)
+  };
+
   Model() = default;
+  static Result<Model> build(const LlamaConfig& c, int64_t begin, int64_t end, const ModelShard* shard);
   Status check_batch(const int32_t* tokens, const int32_t* targets, int64_t b, int64_t seq) const;
-  void run_forward(const int32_t* tokens, int64_t b, int64_t seq);
+  Status check_stage_call(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets, int64_t b,
+                          int64_t seq, T* x_out) const;
+  // The forward of stage_forward; grads: keep loss_scale * dlogits for backward.
+  Result<double> run_forward(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets, int64_t b,
+                             int64_t seq, T loss_scale, T* x_out, bool grads);
+  Status head_backward(SlotActs& s, T* dx);  // dx [n, D] = d(loss)/d(last layer output)
+  Status tp_sum(T* buf, int64_t n);
+  void ensure_rope(int64_t seq);
+  Param<T>& head() { return cfg_.tie_word_embeddings ? embed_ : lm_head_; }
 
   LlamaConfig cfg_;
   int64_t layer_begin_ = 0, layer_end_ = 0;
-  Param<T> embed_;                  // [V, D]
+  TpPart tp_;
+  VocabRange vocab_;                // rows of the embedding / head held here
+  bool holds_embed_ = false;        // first stage, or last stage with tied embeddings
+  Param<T> embed_;                  // [V, D] (rows vocab_)
   std::vector<DecoderLayer<T>> layers_;
   Param<T> norm_;                   // [D]
-  Param<T> lm_head_;                // [V, D] (unused when tied)
+  Param<T> lm_head_;                // [V, D] (rows vocab_; unused when tied)
   Workspace<T> ws_;
   std::vector<T> cos_, sin_;        // [seq, hd/2]
   int64_t rope_seq_ = -1;
-  std::vector<T> x0_, x1_;          // [n, D] residual stream ping-pong
-  std::vector<T> xf_;               // [n, D] final norm output
-  std::vector<T> rstdf_;            // [n]
-  std::vector<T> logits_;           // [n, V] (dlogits in place during backward)
-  const int32_t* tokens_ = nullptr; // of the last forward (for the embedding backward)
-  std::vector<int32_t> tok_copy_;   // [n]
+  std::vector<SlotActs> slots_ = std::vector<SlotActs>(1);
 };
 
 }  // namespace ckpt::trainer
