@@ -16,7 +16,7 @@
 #include "converters/hf_import.h"
 #include "formats/open_source.h"
 #include "formats/store/store_writer.h"
-#include "reshard/dist.h"
+#include "reshard/comm.h"
 
 namespace ckpt::cli {
 namespace {
@@ -30,9 +30,9 @@ struct FromHfArgs {
 
 int run_from_hf(const FromHfArgs& a) {
   const bool layout_given = a.layout.given();
-  Dist* dist = layout_given && Dist::launched_under_mpi() ? &Dist::get() : nullptr;
+  Comm* dist = layout_given && Comm::launched_under_mpi() ? &Comm::world() : nullptr;
   const bool root = !dist || dist->rank() == 0;
-  auto fail = [&](Status st) { return root ? report_error(st) : exit_code_for(st); };
+  auto fail = [&](const Status& st) { return error_exit(st, root); };
 
   HfImportOptions opts;
   opts.threads = a.stream.threads;

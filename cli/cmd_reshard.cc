@@ -10,7 +10,7 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/reshard_job.h"
-#include "reshard/dist.h"
+#include "reshard/comm.h"
 
 namespace ckpt::cli {
 namespace {
@@ -60,13 +60,13 @@ int run_reshard(const ReshardArgs& a) {
   req.max_memory = a.stream.max_memory;
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
-  req.dist = Dist::launched_under_mpi() ? &Dist::get() : nullptr;
+  req.dist = Comm::launched_under_mpi() ? &Comm::world() : nullptr;
   const bool root = !req.dist || req.dist->rank() == 0;
   ProgressBar bar("reshard", root && stderr_is_tty() && !a.json && !a.dry_run);
   req.progress = bar.callback();
   auto r = run_reshard_job(req);
   bar.finish();
-  if (!r.ok()) return root ? report_error(r.status()) : exit_code_for(r.status());
+  if (!r.ok()) return error_exit(r.status(), root);
   if (!root) return 0;
   if (a.dry_run)
     print_dry_run(a, *r);

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "reshard/flags.h"
 #include "cli/progress.h"
 #include "converters/llama_config.h"
 #include "trainer/train_loop.h"
@@ -15,6 +17,8 @@ struct TrainFlags {
   std::string config;
   trainer::TrainOptions o;
   bool sync_save = false;
+  LayoutFlags layout;
+  std::string micro_batches;
 };
 
 CommandAction setup_train(CLI::App& sub) {
@@ -36,11 +40,29 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--weight-decay", f->o.adam.weight_decay, "AdamW weight decay")->capture_default_str();
   sub.add_option("--clip", f->o.max_grad_norm, "Global gradient-norm clip (0: off)")->capture_default_str();
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
+  f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
+  sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`); excludes --tp/--pp/--pp-layers/--dp/--zero");
+  sub.add_option("--micro-batches", f->micro_batches,
+                 "Per data-parallel rank micro-batch sizes a,b,.. (heterogeneous DP); default: --micro-batch on every rank");
+  sub.add_option("--dump-grads", f->o.dump_grads,
+                 "Write the first step's gradients (global view, after the DP reduction, before clipping) as a checkpoint to DIR");
+  sub.footer(
+      "Parallel runs: mpirun -np N ckpt train ... --tp T --pp P [--pp-layers a,b,..] --dp D [--micro-batches a,b,..] [--zero 1]\n"
+      "with N = T*P*D. Ranks follow Megatron-LM: rank = (pp_rank*dp + dp_rank)*tp + tp_rank. Every DP rank runs\n"
+      "--grad-accum micro-batches of its own size per step; the global batch is grad-accum * sum(micro-batches)\n"
+      "and the update equals the one-process update for the same global batch. --resume accepts a checkpoint of\n"
+      "any layout (the global batch and seq-len must match).");
   return [f]() -> int {
     auto cfg = LlamaConfig::from_file(f->config);
     if (!cfg.ok()) return report_error(cfg.status());
     f->o.config = *cfg;
     f->o.async_save = !f->sync_save;
+    f->o.layout_values = f->layout.values();
+    if (!f->micro_batches.empty()) {
+      auto mb = parse_int_list(f->micro_batches, "--micro-batches");
+      if (!mb.ok()) return report_error(mb.status());
+      f->o.micro_batches = *mb;
+    }
     ProgressBar bar("resume", !f->o.resume.empty() && stderr_is_tty());
     trainer::TrainOptions o = f->o;
     o.resume_progress = bar.callback();

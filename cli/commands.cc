@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "reshard/comm.h"
+
 namespace ckpt::cli {
 
 namespace {
@@ -40,8 +42,12 @@ int exit_code_for(const Status& s) {
   return 70;
 }
 
-int report_error(const Status& s) {
-  std::fprintf(stderr, "ckpt: %s\n", s.to_string().c_str());
+int report_error(const Status& s) { return error_exit(s, true); }
+
+int error_exit(const Status& s, bool print) {
+  if (print) std::fprintf(stderr, "ckpt: %s\n", s.to_string().c_str());
+  std::fflush(stderr);
+  Comm::abandon(s);  // no-op without MPI
   return exit_code_for(s);
 }
 

@@ -25,8 +25,13 @@ struct CommandRegistrar {
   static ::ckpt::cli::CommandRegistrar CKPT_CONCAT(ckpt_cmd_registrar_, __COUNTER__)(name, description, setup)
 
 int exit_code_for(const Status& s);
-// Prints "ckpt: <error>" to stderr and returns its exit code.
+// Prints "ckpt: <error>" to stderr and returns its exit code. Under MPI (once Comm::world()
+// started it), it then takes the exit path of reshard/comm.h (Comm::abandon): the caller must
+// return that code from main without touching MPI again.
 int report_error(const Status& s);
+// report_error(s) when `print`, else the same exit path without the message (the ranks of an
+// mpirun job other than the one that prints an agreed error).
+int error_exit(const Status& s, bool print);
 // True when stderr is a terminal (progress bars are drawn only then).
 bool stderr_is_tty();
 

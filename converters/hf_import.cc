@@ -113,7 +113,7 @@ std::unique_ptr<TensorSource> make_import_view(TensorSource& src, const HfImport
 }
 
 Status run_hf_import_to_layout(TensorSource& src, const HfImportPlan& plan, const Layout& layout, const std::string& dst,
-                               const StoreExecOptions& opts, Dist* dist) {
+                               const StoreExecOptions& opts, Comm* dist) {
   auto view = make_import_view(src, plan);
   LlamaShardingRules rules(plan.config);
   CKPT_ASSIGN_OR_RETURN(Plan rp, make_plan(view->tensors(), view->pieces(), plan.metadata, layout, rules, opts.exec));

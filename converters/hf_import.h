@@ -54,6 +54,6 @@ std::unique_ptr<TensorSource> make_import_view(TensorSource& src, const HfImport
 // planner and store executor; `dist` for mpirun, null for one process). The layout is refused
 // before anything is written when the model cannot take it (LayoutRefused).
 Status run_hf_import_to_layout(TensorSource& src, const HfImportPlan& plan, const Layout& layout, const std::string& dst,
-                               const StoreExecOptions& opts, Dist* dist = nullptr);
+                               const StoreExecOptions& opts, Comm* dist = nullptr);
 
 }  // namespace ckpt

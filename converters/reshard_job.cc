@@ -12,7 +12,7 @@
 #include "formats/byte_size.h"
 #include "formats/store/store_options.h"
 #include "formats/store/store_reader.h"
-#include "reshard/dist.h"
+#include "reshard/comm.h"
 #include "reshard/executor.h"
 #include "reshard/flags.h"
 #include "reshard/source_verify.h"

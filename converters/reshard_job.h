@@ -17,7 +17,7 @@
 
 namespace ckpt {
 
-class Dist;
+class Comm;
 
 // The layout flag values (--tp --pp --dp --zero --pp-layers); 0 / -1 / empty means not given.
 struct LayoutValues {
@@ -45,7 +45,7 @@ struct ReshardRequest {
   bool dry_run = false;    // plan only: nothing is written
   bool no_verify = false;  // skip re-hashing SRC before commit
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
-  Dist* dist = nullptr;    // null: a single process
+  Comm* dist = nullptr;    // the world under mpirun (Comm::world()); null: a single process
 };
 
 struct ReshardOutcome {

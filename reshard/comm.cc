@@ -2,36 +2,75 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
+#include "reshard/comm_wait.h"
+
 namespace ckpt {
+
+using comm_detail::OpInfo;
+
+struct CommAccess {
+  static MPI_Comm handle(const Comm& c) { return reinterpret_cast<MPI_Comm>(c.handle_); }
+};
 
 namespace {
 
-void comm_finalize_mpi() {
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (!fin) MPI_Finalize();
-}
-
-MPI_Comm as_mpi(intptr_t h) { return reinterpret_cast<MPI_Comm>(h); }
 intptr_t from_mpi(MPI_Comm c) { return reinterpret_cast<intptr_t>(c); }
-
-Status mpi_status(int rc, const char* op) {
-  if (rc == MPI_SUCCESS) return Status::Ok();
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  return Status::Error("Mpi", std::string("MPI ") + op + " failed: " + std::string(msg, static_cast<size_t>(len)));
-}
 
 template <class T> MPI_Datatype mpi_type();
 template <> MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <> MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 template <> MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
+template <class T> const char* type_name();
+template <> const char* type_name<float>() { return "float"; }
+template <> const char* type_name<double>() { return "double"; }
+template <> const char* type_name<int64_t>() { return "int64"; }
 
 Status no_comm() { return Status::Internal("operation on an empty communicator"); }
+
+// Before any operation: the communicator exists, no failure stops this process, and the count
+// fits MPI's int.
+Status precheck(const Comm& c, const char* op, int64_t count) {
+  if (c.size() == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(comm_detail::failure());
+  if (count < 0 || count > INT_MAX)
+    return Status::InvalidArgument(std::string(op) + ": element count " + std::to_string(count) +
+                                   " out of range (0.." + std::to_string(INT_MAX) + ")");
+  return Status::Ok();
+}
+
+// Starts one non-blocking MPI operation (`start` fills the request) and waits for it (bounded).
+template <class Start>
+Status run(const OpInfo& info, Start&& start) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  CKPT_RETURN_IF_ERROR(comm_detail::mpi_status(start(&req), info.op));
+  return comm_detail::wait(&req, 1, info);
+}
+
+template <class T>
+Status all_reduce(const Comm& c, T* buf, int64_t n, MPI_Op op, const char* name) {
+  CKPT_RETURN_IF_ERROR(precheck(c, name, n));
+  if (!c.is_mpi() || n == 0) return Status::Ok();
+  return run({name, type_name<T>(), c.size(), n}, [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), mpi_type<T>(), op, CommAccess::handle(c), r);
+  });
+}
+
+// `s` of `root` on every rank of `c` (its length first, then its bytes).
+Result<std::string> bcast_string(const Comm& c, int root, std::string s, const char* name) {
+  int len = static_cast<int>(s.size());
+  MPI_Comm h = CommAccess::handle(c);
+  CKPT_RETURN_IF_ERROR(run({name, "int", c.size(), 1}, [&](MPI_Request* r) { return MPI_Ibcast(&len, 1, MPI_INT, root, h, r); }));
+  if (c.rank() != root) s.assign(static_cast<size_t>(len), '\0');
+  CKPT_RETURN_IF_ERROR(run({name, "char", c.size(), len}, [&](MPI_Request* r) {
+    return MPI_Ibcast(s.data(), len, MPI_CHAR, root, h, r);
+  }));
+  return s;
+}
 
 }  // namespace
 
@@ -45,16 +84,7 @@ Comm& Comm::world() {
     Comm c;
     c.size_ = 1;
     if (!launched_under_mpi()) return c;
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      std::atexit(comm_finalize_mpi);
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &c.rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &c.size_);
+    comm_detail::start_mpi(&c.rank_, &c.size_);
     c.mpi_ = true;
     c.handle_ = from_mpi(MPI_COMM_WORLD);
     return c;
@@ -78,11 +108,12 @@ Comm& Comm::operator=(Comm&& o) noexcept {
 }
 
 Comm::~Comm() {
-  if (owned_ && mpi_) {
+  // After a failure, operations may still be pending on the communicator: it is left to MPI.
+  if (owned_ && mpi_ && comm_detail::failure().ok()) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
-      MPI_Comm c = as_mpi(handle_);
+      MPI_Comm c = CommAccess::handle(*this);
       MPI_Comm_free(&c);
     }
   }
@@ -90,12 +121,15 @@ Comm::~Comm() {
 }
 
 Result<Comm> Comm::split(int color, int key) const {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "split", 0));
   Comm c;
   c.size_ = 1;
   if (!mpi_) return c;
+  MPI_Comm h = CommAccess::handle(*this);
+  // MPI_Comm_split blocks: a bounded barrier first makes sure every rank is there.
+  CKPT_RETURN_IF_ERROR(run({"split", "", size_, 0}, [&](MPI_Request* r) { return MPI_Ibarrier(h, r); }));
   MPI_Comm out;
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Comm_split(as_mpi(handle_), color, key, &out), "Comm_split"));
+  CKPT_RETURN_IF_ERROR(comm_detail::mpi_status(MPI_Comm_split(h, color, key, &out), "Comm_split"));
   MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
   c.mpi_ = true;
   c.owned_ = true;
@@ -107,91 +141,108 @@ Result<Comm> Comm::split(int color, int key) const {
 
 template <class T>
 Status Comm::all_reduce_sum(T* buf, int64_t n) {
-  if (size_ == 0) return no_comm();
-  if (!mpi_ || n == 0) return Status::Ok();
-  return mpi_status(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), mpi_type<T>(), MPI_SUM, as_mpi(handle_)),
-                    "Allreduce");
+  return all_reduce(*this, buf, n, MPI_SUM, "all_reduce_sum");
 }
 
 template <class T>
 Status Comm::all_reduce_max(T* buf, int64_t n) {
-  if (size_ == 0) return no_comm();
-  if (!mpi_ || n == 0) return Status::Ok();
-  return mpi_status(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), mpi_type<T>(), MPI_MAX, as_mpi(handle_)),
-                    "Allreduce");
+  return all_reduce(*this, buf, n, MPI_MAX, "all_reduce_max");
 }
 
 template <class T>
 Status Comm::reduce_scatter_sum(const T* in, T* out, int64_t n) {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "reduce_scatter_sum", n));
   if (!mpi_) {
     if (n) std::memcpy(out, in, sizeof(T) * static_cast<size_t>(n));
     return Status::Ok();
   }
-  return mpi_status(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), mpi_type<T>(), MPI_SUM, as_mpi(handle_)),
-                    "Reduce_scatter_block");
+  if (n == 0) return Status::Ok();
+  return run({"reduce_scatter_sum", type_name<T>(), size_, n}, [&](MPI_Request* r) {
+    return MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), mpi_type<T>(), MPI_SUM, CommAccess::handle(*this), r);
+  });
 }
 
 template <class T>
 Status Comm::all_gather(const T* in, T* out, int64_t n) {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "all_gather", n));
   if (!mpi_) {
     if (n && in != out) std::memmove(out, in, sizeof(T) * static_cast<size_t>(n));
     return Status::Ok();
   }
+  if (n == 0) return Status::Ok();
   const void* src = in == out + static_cast<int64_t>(rank_) * n ? MPI_IN_PLACE : in;
-  return mpi_status(MPI_Allgather(src, static_cast<int>(n), mpi_type<T>(), out, static_cast<int>(n), mpi_type<T>(),
-                                  as_mpi(handle_)),
-                    "Allgather");
+  return run({"all_gather", type_name<T>(), size_, n}, [&](MPI_Request* r) {
+    return MPI_Iallgather(src, static_cast<int>(n), mpi_type<T>(), out, static_cast<int>(n), mpi_type<T>(),
+                          CommAccess::handle(*this), r);
+  });
 }
 
 template <class T>
 Status Comm::send(const T* buf, int64_t n, int peer, int tag) {
-  if (size_ == 0 || !mpi_) return no_comm();
-  return mpi_status(MPI_Send(buf, static_cast<int>(n), mpi_type<T>(), peer, tag, as_mpi(handle_)), "Send");
+  return sendrecv<T>(buf, n, peer, nullptr, 0, -1, tag);
 }
 
 template <class T>
 Status Comm::recv(T* buf, int64_t n, int peer, int tag) {
-  if (size_ == 0 || !mpi_) return no_comm();
-  return mpi_status(MPI_Recv(buf, static_cast<int>(n), mpi_type<T>(), peer, tag, as_mpi(handle_), MPI_STATUS_IGNORE),
-                    "Recv");
+  return sendrecv<T>(nullptr, 0, -1, buf, n, peer, tag);
 }
 
 template <class T>
 Status Comm::sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, int src, int tag) {
-  if (size_ == 0 || !mpi_) return no_comm();
-  return mpi_status(MPI_Sendrecv(sbuf, dst < 0 ? 0 : static_cast<int>(sn), mpi_type<T>(), dst < 0 ? MPI_PROC_NULL : dst, tag,
-                                 rbuf, src < 0 ? 0 : static_cast<int>(rn), mpi_type<T>(), src < 0 ? MPI_PROC_NULL : src, tag,
-                                 as_mpi(handle_), MPI_STATUS_IGNORE),
-                    "Sendrecv");
+  const char* name = dst < 0 ? "recv" : src < 0 ? "send" : "sendrecv";
+  CKPT_RETURN_IF_ERROR(precheck(*this, name, std::max(dst < 0 ? 0 : sn, src < 0 ? 0 : rn)));
+  if (dst < 0 && src < 0) return Status::Ok();
+  if (!mpi_) {  // a one-rank world: only an exchange with itself (sendrecv to and from rank 0)
+    if (dst != 0 || src != 0 || sn > rn) return Status::Internal(std::string(name) + " in a one-rank world without MPI");
+    if (sn) std::memmove(rbuf, sbuf, sizeof(T) * static_cast<size_t>(sn));
+    return Status::Ok();
+  }
+  MPI_Comm h = CommAccess::handle(*this);
+  MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (dst >= 0)
+    CKPT_RETURN_IF_ERROR(comm_detail::mpi_status(
+        MPI_Isend(sbuf, static_cast<int>(sn), mpi_type<T>(), dst, tag, h, &reqs[0]), "Isend"));
+  if (src >= 0) {
+    Status st = comm_detail::mpi_status(MPI_Irecv(rbuf, static_cast<int>(rn), mpi_type<T>(), src, tag, h, &reqs[1]),
+                                        "Irecv");
+    if (!st.ok()) {
+      // The send may be under way: wait for it (bounded) before returning the error.
+      (void)comm_detail::wait(reqs, 1, {name, type_name<T>(), size_, sn});
+      return st;
+    }
+  }
+  return comm_detail::wait(reqs, 2, {name, type_name<T>(), size_, dst >= 0 ? sn : rn}, 1);
 }
 
 Status Comm::barrier() {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "barrier", 0));
   if (!mpi_) return Status::Ok();
-  return mpi_status(MPI_Barrier(as_mpi(handle_)), "Barrier");
+  return run({"barrier", "", size_, 0}, [&](MPI_Request* r) { return MPI_Ibarrier(CommAccess::handle(*this), r); });
 }
 
 Result<std::vector<std::string>> Comm::gather(const std::string& mine) {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "gather", static_cast<int64_t>(mine.size())));
   if (!mpi_) return std::vector<std::string>{mine};
-  MPI_Comm c = as_mpi(handle_);
+  MPI_Comm c = CommAccess::handle(*this);
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(rank_ == 0 ? size_ : 0), displs;
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c), "Gather"));
+  CKPT_RETURN_IF_ERROR(run({"gather", "int", size_, 1}, [&](MPI_Request* r) {
+    return MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c, r);
+  }));
   std::vector<char> all(1);
   if (rank_ == 0) {
     displs.resize(static_cast<size_t>(size_));
-    int total = 0;
+    int64_t total = 0;
     for (int i = 0; i < size_; ++i) {
-      displs[static_cast<size_t>(i)] = total;
+      displs[static_cast<size_t>(i)] = static_cast<int>(total);
       total += lens[static_cast<size_t>(i)];
+      if (total > INT_MAX) return Status::InvalidArgument("gather: more than 2 GiB of strings in total");
     }
     all.resize(static_cast<size_t>(total) + 1);
   }
-  CKPT_RETURN_IF_ERROR(mpi_status(
-      MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, c), "Gatherv"));
+  CKPT_RETURN_IF_ERROR(run({"gather", "char", size_, len}, [&](MPI_Request* r) {
+    return MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, c, r);
+  }));
   std::vector<std::string> out;
   if (rank_ == 0)
     for (int i = 0; i < size_; ++i)
@@ -200,35 +251,29 @@ Result<std::vector<std::string>> Comm::gather(const std::string& mine) {
 }
 
 Result<std::string> Comm::broadcast(const std::string& from_root) {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "broadcast", static_cast<int64_t>(from_root.size())));
   if (!mpi_) return from_root;
-  MPI_Comm c = as_mpi(handle_);
-  int len = static_cast<int>(from_root.size());
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(&len, 1, MPI_INT, 0, c), "Bcast"));
-  std::string s = rank_ == 0 ? from_root : std::string(static_cast<size_t>(len), '\0');
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(s.data(), len, MPI_CHAR, 0, c), "Bcast"));
-  return s;
+  return bcast_string(*this, 0, rank_ == 0 ? from_root : std::string(), "broadcast");
 }
 
 Status Comm::agree(const Status& mine) {
-  if (size_ == 0) return no_comm();
+  CKPT_RETURN_IF_ERROR(precheck(*this, "agree", 1));
   if (!mpi_) return mine;
   int64_t bad = mine.ok() ? size_ : rank_;
-  CKPT_RETURN_IF_ERROR(mpi_status(
-      MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_MIN, as_mpi(handle_)), "Allreduce"));
+  CKPT_RETURN_IF_ERROR(run({"agree", "int64", size_, 1}, [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, &bad, 1, MPI_INT64_T, MPI_MIN, CommAccess::handle(*this), r);
+  }));
   if (bad == size_) return Status::Ok();
-  std::string text = rank_ == bad ? mine.to_json() : std::string();
-  int len = static_cast<int>(text.size());
-  MPI_Comm c = as_mpi(handle_);
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(&len, 1, MPI_INT, static_cast<int>(bad), c), "Bcast"));
-  text.resize(static_cast<size_t>(len));
-  CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(text.data(), len, MPI_CHAR, static_cast<int>(bad), c), "Bcast"));
+  CKPT_ASSIGN_OR_RETURN(std::string text,
+                        bcast_string(*this, static_cast<int>(bad), rank_ == bad ? mine.to_json() : std::string(), "agree"));
   return Status::from_json(text);
 }
 
-void Comm::fail_all(const Status& why) {
-  (void)why;  // basic version: the caller exits; mpirun ends the job
-}
+void Comm::fail_all(const Status& why) { comm_detail::fail_local(why); }
+
+Status Comm::failure() { return comm_detail::failure(); }
+
+void Comm::abandon(const Status& why) { comm_detail::abandon(why); }
 
 #define CKPT_COMM_INSTANTIATE(T)                                              \
   template Status Comm::all_reduce_sum<T>(T*, int64_t);                       \
@@ -242,25 +287,5 @@ CKPT_COMM_INSTANTIATE(float)
 CKPT_COMM_INSTANTIATE(double)
 CKPT_COMM_INSTANTIATE(int64_t)
 #undef CKPT_COMM_INSTANTIATE
-
-Result<LayoutGroups> LayoutGroups::make(Comm& world, const Layout& layout) {
-  if (world.size() != layout.world_size())
-    return Status::Error("WorldSizeMismatch", "the layout " + layout.to_string() + " needs " +
-                                                  std::to_string(layout.world_size()) + " ranks (tp*pp*dp), but " +
-                                                  std::to_string(world.size()) + " were started (mpirun -np)");
-  LayoutGroups g;
-  const int r = world.rank(), tp = layout.tp, dp = layout.dp, pp = layout.pp;
-  g.tp_rank = r % tp;
-  g.dp_rank = (r / tp) % dp;
-  g.pp_rank = r / (tp * dp);
-  CKPT_ASSIGN_OR_RETURN(g.tp, world.split(g.pp_rank * dp + g.dp_rank, g.tp_rank));
-  CKPT_ASSIGN_OR_RETURN(g.dp, world.split(g.pp_rank * tp + g.tp_rank, g.dp_rank));
-  CKPT_ASSIGN_OR_RETURN(g.pp, world.split(g.dp_rank * tp + g.tp_rank, g.pp_rank));
-  CKPT_ASSIGN_OR_RETURN(g.model, world.split(g.dp_rank, r));
-  const bool end_stage = pp > 1 && (g.pp_rank == 0 || g.pp_rank == pp - 1);
-  const int emb_color = end_stage ? g.dp_rank * tp + g.tp_rank : dp * tp + r;
-  CKPT_ASSIGN_OR_RETURN(g.embedding, world.split(emb_color, g.pp_rank));
-  return g;
-}
 
 }  // namespace ckpt

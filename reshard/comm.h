@@ -3,9 +3,25 @@
 // env OMPI_COMM_WORLD_SIZE set; otherwise a one-rank world that never touches MPI), or a group
 // split from it (RAII: a split communicator is freed with its Comm). Every operation returns a
 // Status; MPI errors are returned (MPI_ERRORS_RETURN), never an abort without a message.
-// Waits are bounded (CKPT_COMM_TIMEOUT_S, default 600 s): an operation whose peers do not arrive
-// fails with CommTimeout naming the operation. fail_all() tells every rank that this rank failed;
-// every pending or later operation on any rank then returns that Status ("rank R: ...").
+// Bounded waits: every operation runs as its non-blocking MPI form and waits in a poll loop
+// (MPI_Test, then the control channel, then a sleep of 20 us growing to 1 ms); an operation whose
+// peers do not arrive within CKPT_COMM_TIMEOUT_S seconds (default 600) fails with CommTimeout
+// naming the operation, the communicator size and the element count (split waits boundedly for
+// every rank to arrive, then calls the blocking MPI_Comm_split).
+// Failures: fail_all() sends this rank's Status to every other world rank over a control
+// communicator (a dup of the world); every pending or later operation on any rank then returns it
+// with "rank R: " before the message (the same text on every rank when one rank fails). A
+// timeout or an MPI error of an operation is sent the same way. A failure is sticky: every later
+// operation of the process returns it at once (failure()), and its pending requests are left to
+// MPI (a late message may still land in a send/recv buffer of a collective: after a failure, exit).
+// Exit path under MPI after an error: print the message, then Comm::abandon(why), then exit with
+// the error's code (cli/ report_error and error_exit do this). abandon() sends the failure to the
+// other ranks (unless one is known already), waits at most min(CKPT_COMM_TIMEOUT_S, 10) s for
+// every rank to reach abandon too (so that each prints before mpirun ends the job), and makes the
+// process exit without MPI_Finalize, which could block on requests a peer never matched; mpirun
+// then sees a nonzero exit, ends the job and exits with that code. A process exiting normally
+// finalizes MPI at exit, unless a failure is known (then it exits without MPI_Finalize, which
+// mpirun reports as an error).
 // LayoutGroups: the TP, DP, PP groups of a Layout (rank order of reshard/layout.h) and the
 // embedding group (first and last stage) for tied embeddings.
 // Thread safety: call from the main thread only (MPI_THREAD_FUNNELED); background threads must
@@ -69,8 +85,14 @@ class Comm {
   // Rank 0's string, on every rank.
   Result<std::string> broadcast(const std::string& from_root);
   // Tells every rank of the world that this rank failed with `why` (does not wait for them);
-  // their pending and later operations return it.
+  // their pending and later operations return it, as do this rank's ("rank R: " + message).
+  // No-op when a failure is already known here.
   void fail_all(const Status& why);
+  // The failure that stops every operation of this process ("rank R: ..."), OK while none.
+  static Status failure();
+  // The exit path after an error (see the top of this file): call it after printing `why`, then
+  // exit with the error's code. No-op when MPI was not started (no world() under mpirun).
+  static void abandon(const Status& why);
 
  private:
   friend struct CommAccess;

@@ -11,7 +11,7 @@
 #include "formats/fs_util.h"
 #include "formats/json_read.h"
 #include "formats/store/manifest.h"
-#include "reshard/dist.h"
+#include "reshard/comm.h"
 
 namespace ckpt {
 
@@ -38,20 +38,18 @@ class ShardSink final : public TensorSink {
 };
 
 // Every process's `mine`, gathered to rank 0 (Status::to_json); each process gets the first
-// failure in rank order (its message names the rank), or OK when every process succeeded.
-Status first_failure(Dist& dist, const Status& mine) {
+// failure in rank order (its message names the rank), or OK when every process succeeded. A
+// failure of the communicator itself is returned as it is.
+Status first_failure(Comm& dist, const Status& mine) {
+  CKPT_ASSIGN_OR_RETURN(const std::vector<std::string> all, dist.gather(mine.to_json()));
   Status first;
-  if (dist.rank() == 0) {
-    const std::vector<std::string> all = dist.gather(mine.to_json());
-    for (size_t r = 0; r < all.size() && first.ok(); ++r) {
-      first = Status::from_json(all[r]);
-      if (!first.ok() && r != 0) first = std::move(first).with_context("reshard process " + std::to_string(r) + " of " +
-                                                                      std::to_string(all.size()) + "; nothing was committed");
-    }
-  } else {
-    (void)dist.gather(mine.to_json());
+  for (size_t r = 0; r < all.size() && first.ok(); ++r) {  // rank 0 only: the others got none
+    first = Status::from_json(all[r]);
+    if (!first.ok() && r != 0) first = std::move(first).with_context("reshard process " + std::to_string(r) + " of " +
+                                                                    std::to_string(all.size()) + "; nothing was committed");
   }
-  return Status::from_json(dist.broadcast(first.to_json()));
+  CKPT_ASSIGN_OR_RETURN(const std::string text, dist.broadcast(first.to_json()));
+  return Status::from_json(text);
 }
 
 // Rank 0: parses every process's piece records, runs opts.before_commit and finalizes `dst`.
@@ -185,7 +183,7 @@ Status fill_files(TracedSource& src, const SourceIndex& index, const Plan& plan,
 }  // namespace
 
 Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::string& dst_in,
-                             const StoreExecOptions& opts, Dist* dist) {
+                             const StoreExecOptions& opts, Comm* dist) {
   std::string dst = dst_in;
   while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
   const int rank = dist ? dist->rank() : 0;
@@ -197,7 +195,8 @@ Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::
   Status st;
   if (rank == 0) st = store::StoreWriter::prepare_partial(dst);
   if (dist) {
-    Status root = Status::from_json(dist->broadcast(st.to_json()));
+    CKPT_ASSIGN_OR_RETURN(const std::string text, dist->broadcast(st.to_json()));
+    Status root = Status::from_json(text);
     if (!root.ok()) return rank == 0 ? root : std::move(root).with_context("rank 0 could not prepare '" + partial + "'");
   } else if (!st.ok()) {
     return st;
@@ -215,15 +214,24 @@ Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::
     if (rank == 0) (void)remove_tree(partial);
     return st.ok() ? group : st;
   }
-  std::vector<std::string> gathered =
-      dist ? dist->gather(my_records.dump()) : std::vector<std::string>{my_records.dump()};
+  std::vector<std::string> gathered{my_records.dump()};
+  if (dist) {
+    auto g = dist->gather(gathered.front());
+    if (!g.ok()) {
+      if (rank == 0) (void)remove_tree(partial);
+      return g.take_status();
+    }
+    gathered = std::move(*g);
+  }
   Status fin;
   if (rank == 0) {
     fin = finalize_on_root(gathered, plan, dst, opts);
     if (!fin.ok()) (void)remove_tree(partial);
   }
   if (dist) {
-    Status root = Status::from_json(dist->broadcast(fin.to_json()));
+    auto text = dist->broadcast(fin.to_json());
+    if (!text.ok()) return rank == 0 ? fin : text.take_status();  // rank 0: committed or not, as fin says
+    Status root = Status::from_json(*text);
     if (rank != 0 && !root.ok()) return std::move(root).with_context("rank 0 failed to finalize");
   }
   return fin;

@@ -1,6 +1,6 @@
 // Executes a Plan into a new native-store checkpoint: one HDF5 shard file per writing rank,
 // written under `<dst>.partial/` and renamed to `<dst>` by one process after every file is
-// complete. Under mpirun (see reshard/dist.h) the shard files are divided among the processes,
+// complete. Under mpirun (the world of reshard/comm.h) the shard files are divided among the processes,
 // each reading only the source regions its files need; piece records are gathered to rank 0,
 // which finalizes. Output bytes are identical for any process or thread count.
 // Thread safety: one call at a time per process (HDF5 is used from the calling thread).
@@ -18,7 +18,7 @@
 
 namespace ckpt {
 
-class Dist;
+class Comm;
 
 // Memory a reshard into the store keeps out of its chunk budget: the store writer's buffers,
 // HDF5's caches and the process itself.
@@ -35,10 +35,10 @@ struct StoreExecOptions {
 // Files of `plan` handled by process `proc` of `nprocs` (greedy by bytes, deterministic).
 std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs);
 
-// Writes `plan` from `src` to the new checkpoint dir `dst` (must not exist). `dist` null means a
-// single process. On error nothing at `dst` exists (a `<dst>.partial` may remain after a crash;
+// Writes `plan` from `src` to the new checkpoint dir `dst` (must not exist). `dist` (the world
+// communicator under mpirun) null means a single process. On error nothing at `dst` exists (a `<dst>.partial` may remain after a crash;
 // it is never taken for a checkpoint and is replaced by the next run).
 Status execute_plan_to_store(TensorSource& src, const Plan& plan, const std::string& dst,
-                             const StoreExecOptions& opts, Dist* dist = nullptr);
+                             const StoreExecOptions& opts, Comm* dist = nullptr);
 
 }  // namespace ckpt

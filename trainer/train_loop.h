@@ -12,6 +12,7 @@
 #include <string>
 
 #include "converters/llama_config.h"
+#include "converters/reshard_job.h"
 #include "formats/status.h"
 #include "trainer/adamw.h"
 #include "trainer/async_saver.h"
@@ -39,6 +40,12 @@ struct TrainOptions {
   double max_grad_norm = 1.0;
   AdamWOptions adam;
   std::string data_path;        // corpus file; empty: procedural corpus
+  // The layout (trainer/train_layout.h): flags or a file; none given: one process. micro_batch
+  // above is every DP rank's size unless micro_batches lists one per DP rank.
+  LayoutValues layout_values;
+  std::string layout_file;
+  std::vector<int> micro_batches;
+  std::string dump_grads;       // directory: the first step's gradients (global view), as a checkpoint
   bool async_save = true;
   bool print = true;            // a line per step on stdout
   // Progress of the --resume read (bytes done, total), called during Trainer::create() only.

@@ -1,0 +1,62 @@
+#include "trainer/train_layout.h"
+
+#include "converters/llama_sharding.h"
+
+namespace ckpt::trainer {
+
+namespace {
+
+Status refuse(const std::string& msg) { return Status::Error("LayoutRefused", msg); }
+
+Result<Layout> base_layout(const TrainLayoutFlags& f, const LlamaConfig& c) {
+  const int64_t L = c.num_hidden_layers;
+  if (!f.file.empty()) {
+    if (f.values.given())
+      return Status::InvalidArgument("--layout FILE excludes --tp, --pp, --pp-layers, --dp and --zero");
+    return Layout::from_file(f.file);
+  }
+  if (!f.values.given()) return Layout::make(1, 1, 1, 0, static_cast<int>(L));
+  LayoutValues v = f.values;  // unset parallel sizes default to 1 for training
+  if (v.tp == 0) v.tp = 1;
+  if (v.pp == 0) v.pp = 1;
+  if (v.dp == 0) v.dp = 1;
+  return v.make(L);
+}
+
+}  // namespace
+
+int64_t global_batch(const Layout& layout, int64_t grad_accum) {
+  int64_t sum = 0;
+  for (int m : layout.micro_batch) sum += m;
+  return sum * grad_accum;
+}
+
+Result<Layout> train_layout(const TrainLayoutFlags& f, const LlamaConfig& c, int world_size) {
+  CKPT_ASSIGN_OR_RETURN(Layout layout, base_layout(f, c));
+  if (!f.micro_batches.empty()) {
+    if (static_cast<int>(f.micro_batches.size()) != layout.dp)
+      return refuse("--micro-batches gives " + std::to_string(f.micro_batches.size()) +
+                    " sizes, but dp=" + std::to_string(layout.dp) + " (one per data-parallel rank)");
+    layout.micro_batch = f.micro_batches;
+  } else if (layout.micro_batch.empty()) {
+    if (f.micro_batch < 1 || f.micro_batch > (1 << 20))
+      return Status::InvalidArgument("--micro-batch must be in [1, 1048576]");
+    layout.micro_batch.assign(static_cast<size_t>(layout.dp), static_cast<int>(f.micro_batch));
+  }
+  CKPT_RETURN_IF_ERROR(layout.validate());
+  CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(layout));
+  if (c.num_key_value_heads % layout.tp != 0)
+    return refuse("tp=" + std::to_string(layout.tp) + " does not divide num_key_value_heads=" +
+                  std::to_string(c.num_key_value_heads) +
+                  ": the trainer splits whole KV heads over tensor-parallel ranks (no KV replication)");
+  if (layout.world_size() != world_size)
+    return Status::Error("WorldSizeMismatch",
+                         "the layout " + layout.to_string() + " needs tp*pp*dp = " +
+                             std::to_string(layout.world_size()) + " processes, but " + std::to_string(world_size) +
+                             (world_size == 1 ? " was started (run it with mpirun -np " +
+                                                    std::to_string(layout.world_size()) + ")"
+                                              : " were started (mpirun -np)"));
+  return layout;
+}
+
+}  // namespace ckpt::trainer
