@@ -21,14 +21,6 @@ struct Holding {
   int64_t a, b;
 };
 
-// "optimizer.exp_avg.model.x" -> "optimizer.exp_avg": the buffer group of a ZeRO-sharded tensor.
-std::string zero_kind(const std::string& name) {
-  size_t p = name.find('.');
-  if (p == std::string::npos) return name;
-  size_t q = name.find('.', p + 1);
-  return q == std::string::npos ? name : name.substr(0, q);
-}
-
 Status bad_placement(const TensorMeta& t, const std::string& msg) {
   return Status::Internal("sharding rules gave a bad placement for '" + t.name + "': " + msg).with_tensor(t.name);
 }
@@ -78,50 +70,23 @@ Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, co
         }
   }
   if (!zero) return out;
-  // ZeRO-1: per (stage, TP rank, kind) one flat buffer of the TP-local boxes in tensor order,
-  // padded to a multiple of kZeroPadElements * dp, split evenly over the DP ranks.
-  std::vector<std::string> kinds;
-  std::vector<std::string> kind_of(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!pls[i].optimizer_state) continue;
-    kind_of[i] = zero_kind(tensors[i].name);
-    if (std::find(kinds.begin(), kinds.end(), kind_of[i]) == kinds.end()) kinds.push_back(kind_of[i]);
-  }
-  const int64_t pad = kZeroPadElements * layout.dp;
-  for (int s = 0; s < layout.pp; ++s)
-    for (int t = 0; t < layout.tp; ++t)
-      for (const std::string& kind : kinds) {
-        struct Seg {
-          size_t tensor;
-          int64_t off, n;
-        };
-        std::vector<Seg> segs;
-        int64_t total = 0;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          if (!pls[i].optimizer_state || kind_of[i] != kind) continue;
-          if (!std::binary_search(pls[i].stages.begin(), pls[i].stages.end(), s)) continue;
-          const int64_t n = pls[i].tp_boxes[t].numel();
-          segs.push_back({i, total, n});
-          auto nt = checked_add(total, n);
-          if (!nt) return Status::Error("ZeroBufferOverflow", "ZeRO buffer size overflows");
-          total = *nt;
-        }
-        if (total == 0) continue;
-        const int64_t padded = (total + pad - 1) / pad * pad;
-        const int64_t shard = padded / layout.dp;
-        size_t k = 0;  // first segment that may intersect the shard
-        for (int d = 0; d < layout.dp; ++d) {
-          const int64_t lo = d * shard, hi = lo + shard;
-          const int r = layout.rank_of(s, d, t);
-          while (k < segs.size() && segs[k].off + segs[k].n <= lo) ++k;
-          for (size_t j = k; j < segs.size() && segs[j].off < hi; ++j) {
-            const int64_t a = std::max(lo, segs[j].off) - segs[j].off;
-            const int64_t b = std::min(hi, segs[j].off + segs[j].n) - segs[j].off;
-            if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
-            out.push_back({segs[j].tensor, r, pls[segs[j].tensor].tp_boxes[t], a, b});
-          }
-        }
+  // ZeRO-1: the flat buffers of reshard/zero_layout.h, each DP rank's range cut into its segments.
+  CKPT_ASSIGN_OR_RETURN(std::vector<ZeroBuffer> bufs, zero_buffers(tensors, pls, layout));
+  for (const ZeroBuffer& zb : bufs) {
+    const auto& segs = zb.segments;
+    size_t k = 0;  // first segment that may intersect the shard
+    for (int d = 0; d < layout.dp; ++d) {
+      const auto [lo, hi] = zb.range(d);
+      const int r = layout.rank_of(zb.stage, d, zb.tp_rank);
+      while (k < segs.size() && segs[k].offset + segs[k].numel <= lo) ++k;
+      for (size_t j = k; j < segs.size() && segs[j].offset < hi; ++j) {
+        const int64_t a = std::max(lo, segs[j].offset) - segs[j].offset;
+        const int64_t b = std::min(hi, segs[j].offset + segs[j].numel) - segs[j].offset;
+        if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
+        out.push_back({segs[j].tensor, r, segs[j].box, a, b});
       }
+    }
+  }
   return out;
 }
 

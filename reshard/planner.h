@@ -19,12 +19,9 @@
 #include "reshard/executor.h"
 #include "reshard/layout.h"
 #include "reshard/sharding.h"
+#include "reshard/zero_layout.h"
 
 namespace ckpt {
-
-// ZeRO-1 flat buffers are padded to a multiple of kZeroPadElements * dp elements, so every DP
-// rank's shard is a whole number of kZeroPadElements-element blocks.
-inline constexpr int64_t kZeroPadElements = 128;
 
 struct FileWork {
   int rank = 0;
