@@ -135,20 +135,23 @@ double ParallelOptimizer<T>::grad_sq_share() const {
 }
 
 template <class T>
-Status ParallelOptimizer<T>::step(double lr, int64_t step, Comm& dp) {
-  if (layout_.zero != 1) {
-    adam_.step(lr, step);
-    return Status::Ok();
-  }
-  if (dp.size() != layout_.dp)
-    return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
-  // Master values of the own range from the Params (equal on every DP rank after the last gather).
-  const auto [lo, hi] = buf_.range(dp_rank_);
-  for (const Part& p : parts_) {
-    const int64_t a = std::max(lo, p.flat), b = std::min(hi, p.flat + p.n);
-    if (a < b) std::copy(p.w + (a - p.flat), p.w + (b - p.flat), shard_w_.data() + (a - lo));
+void ParallelOptimizer<T>::update(double lr, int64_t step) {
+  if (layout_.zero == 1) {
+    // Master values of the own range from the Params (equal on every DP rank after the last gather).
+    const auto [lo, hi] = buf_.range(dp_rank_);
+    for (const Part& p : parts_) {
+      const int64_t a = std::max(lo, p.flat), b = std::min(hi, p.flat + p.n);
+      if (a < b) std::copy(p.w + (a - p.flat), p.w + (b - p.flat), shard_w_.data() + (a - lo));
+    }
   }
   adam_.step(lr, step);
+}
+
+template <class T>
+Status ParallelOptimizer<T>::gather_params(Comm& dp) {
+  if (layout_.zero != 1) return Status::Ok();
+  if (dp.size() != layout_.dp)
+    return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
   CKPT_RETURN_IF_ERROR(dp.all_gather(shard_w_.data(), flat_.data(), buf_.shard()));
   for (const Part& p : parts_) std::copy(flat_.data() + p.flat, flat_.data() + p.flat + p.n, p.w);
   return Status::Ok();

@@ -61,8 +61,15 @@ class ParallelOptimizer {
   double grad_sq_share() const;
   void scale_grads(T coef) { adam_.scale_grads(coef); }
   // AdamW on this rank's slots (lr, 1-based step); zero 1: the master values are taken from the
-  // Params first and the updated range is all-gathered over `dp` into every DP rank's Params.
-  Status step(double lr, int64_t step, Comm& dp);
+  // Params first, and gather_params() must follow.
+  void update(double lr, int64_t step);
+  // zero 1: all-gather over `dp` of the updated ranges into every DP rank's Params (zero 0: no-op).
+  Status gather_params(Comm& dp);
+  // update() then gather_params().
+  Status step(double lr, int64_t step, Comm& dp) {
+    update(lr, step);
+    return gather_params(dp);
+  }
 
   // The reduced gradients (after reduce_gradients): zero 0 each Param's box, zero 1 the own range.
   std::vector<GradRegion<T>> grad_regions() const;
