@@ -21,14 +21,6 @@ struct Holding {
   int64_t a, b;
 };
 
-// "optimizer.exp_avg.model.x" -> "optimizer.exp_avg": the buffer group of a ZeRO-sharded tensor.
-std::string zero_kind(const std::string& name) {
-  size_t p = name.find('.');
-  if (p == std::string::npos) return name;
-  size_t q = name.find('.', p + 1);
-  return q == std::string::npos ? name : name.substr(0, q);
-}
-
 Status bad_placement(const TensorMeta& t, const std::string& msg) {
   return Status::Internal("sharding rules gave a bad placement for '" + t.name + "': " + msg).with_tensor(t.name);
 }
@@ -78,50 +70,23 @@ Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, co
         }
   }
   if (!zero) return out;
-  // ZeRO-1: per (stage, TP rank, kind) one flat buffer of the TP-local boxes in tensor order,
-  // padded to a multiple of kZeroPadElements * dp, split evenly over the DP ranks.
-  std::vector<std::string> kinds;
-  std::vector<std::string> kind_of(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!pls[i].optimizer_state) continue;
-    kind_of[i] = zero_kind(tensors[i].name);
-    if (std::find(kinds.begin(), kinds.end(), kind_of[i]) == kinds.end()) kinds.push_back(kind_of[i]);
-  }
-  const int64_t pad = kZeroPadElements * layout.dp;
-  for (int s = 0; s < layout.pp; ++s)
-    for (int t = 0; t < layout.tp; ++t)
-      for (const std::string& kind : kinds) {
-        struct Seg {
-          size_t tensor;
-          int64_t off, n;
-        };
-        std::vector<Seg> segs;
-        int64_t total = 0;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          if (!pls[i].optimizer_state || kind_of[i] != kind) continue;
-          if (!std::binary_search(pls[i].stages.begin(), pls[i].stages.end(), s)) continue;
-          const int64_t n = pls[i].tp_boxes[t].numel();
-          segs.push_back({i, total, n});
-          auto nt = checked_add(total, n);
-          if (!nt) return Status::Error("ZeroBufferOverflow", "ZeRO buffer size overflows");
-          total = *nt;
-        }
-        if (total == 0) continue;
-        const int64_t padded = (total + pad - 1) / pad * pad;
-        const int64_t shard = padded / layout.dp;
-        size_t k = 0;  // first segment that may intersect the shard
-        for (int d = 0; d < layout.dp; ++d) {
-          const int64_t lo = d * shard, hi = lo + shard;
-          const int r = layout.rank_of(s, d, t);
-          while (k < segs.size() && segs[k].off + segs[k].n <= lo) ++k;
-          for (size_t j = k; j < segs.size() && segs[j].off < hi; ++j) {
-            const int64_t a = std::max(lo, segs[j].off) - segs[j].off;
-            const int64_t b = std::min(hi, segs[j].off + segs[j].n) - segs[j].off;
-            if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
-            out.push_back({segs[j].tensor, r, pls[segs[j].tensor].tp_boxes[t], a, b});
-          }
-        }
+  // ZeRO-1: the flat buffers of reshard/zero_layout.h, each DP rank's range cut into its segments.
+  CKPT_ASSIGN_OR_RETURN(std::vector<ZeroBuffer> bufs, zero_buffers(tensors, pls, layout));
+  for (const ZeroBuffer& zb : bufs) {
+    const auto& segs = zb.segments;
+    size_t k = 0;  // first segment that may intersect the shard
+    for (int d = 0; d < layout.dp; ++d) {
+      const auto [lo, hi] = zb.range(d);
+      const int r = layout.rank_of(zb.stage, d, zb.tp_rank);
+      while (k < segs.size() && segs[k].offset + segs[k].numel <= lo) ++k;
+      for (size_t j = k; j < segs.size() && segs[j].offset < hi; ++j) {
+        const int64_t a = std::max(lo, segs[j].offset) - segs[j].offset;
+        const int64_t b = std::min(hi, segs[j].offset + segs[j].numel) - segs[j].offset;
+        if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
+        out.push_back({segs[j].tensor, r, segs[j].box, a, b});
       }
+    }
+  }
   return out;
 }
 
@@ -135,61 +100,120 @@ bool box_less(const Box& x, const Box& y) {
   return x.extent < y.extent;
 }
 
+// Distinct boxes of one tensor's holdings: identical or disjoint (else the rules are wrong).
+Result<std::vector<Box>> distinct_boxes(const TensorMeta& t, const std::vector<Holding>& hs,
+                                        const std::vector<size_t>& list) {
+  std::vector<Box> distinct;
+  for (size_t h : list)
+    if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
+  std::sort(distinct.begin(), distinct.end(), box_less);
+  for (size_t x = 0; x < distinct.size(); ++x)
+    for (size_t y = x + 1; y < distinct.size(); ++y)
+      if (intersect(distinct[x], distinct[y]))
+        return bad_placement(t, "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
+                                    " overlap without being equal");
+  return distinct;
+}
+
+// An elementary segment [a, b) of one distinct box of one tensor: every holding of that box
+// either covers it whole or misses it. `holders`: ascending ranks; `rank`: the writer chosen.
+struct Segment {
+  size_t tensor, box;
+  int64_t a, b;
+  uint64_t bytes;
+  std::vector<int> holders;
+  int rank = -1;
+};
+
+// Cuts the holdings of tensor `i` (over `boxes`) at every interval end into segments.
+void cut_segments(size_t i, const std::vector<Box>& boxes, const std::vector<Holding>& hs,
+                  const std::vector<size_t>& list, size_t elem, std::vector<Segment>& out) {
+  for (size_t bi = 0; bi < boxes.size(); ++bi) {
+    std::vector<int64_t> cuts;
+    for (size_t h : list)
+      if (hs[h].box == boxes[bi]) cuts.insert(cuts.end(), {hs[h].a, hs[h].b});
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      Segment s{i, bi, cuts[c], cuts[c + 1], static_cast<uint64_t>(cuts[c + 1] - cuts[c]) * elem, {}};
+      for (size_t h : list)
+        if (hs[h].box == boxes[bi] && hs[h].a <= s.a && s.b <= hs[h].b) s.holders.push_back(hs[h].rank);
+      std::sort(s.holders.begin(), s.holders.end());
+      s.holders.erase(std::unique(s.holders.begin(), s.holders.end()), s.holders.end());
+      if (!s.holders.empty()) out.push_back(std::move(s));
+    }
+  }
+}
+
+// Balanced de-duplication: segments with one holder go to it; then the shared ones, largest
+// first (ties: tensor order, box order, start), each to its holder with the fewest bytes so far
+// (ties: lowest rank). Deterministic: depends on the segments only.
+void assign_balanced(std::vector<Segment>& segs, int world) {
+  std::vector<uint64_t> load(static_cast<size_t>(world), 0);
+  std::vector<size_t> shared;
+  for (size_t k = 0; k < segs.size(); ++k) {
+    if (segs[k].holders.size() == 1) {
+      segs[k].rank = segs[k].holders[0];
+      load[static_cast<size_t>(segs[k].rank)] += segs[k].bytes;
+    } else {
+      shared.push_back(k);
+    }
+  }
+  std::stable_sort(shared.begin(), shared.end(), [&](size_t x, size_t y) { return segs[x].bytes > segs[y].bytes; });
+  for (size_t k : shared) {
+    int best = segs[k].holders[0];
+    for (int r : segs[k].holders)
+      if (load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
+    segs[k].rank = best;
+    load[static_cast<size_t>(best)] += segs[k].bytes;
+  }
+}
+
 }  // namespace
 
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules) {
   CKPT_RETURN_IF_ERROR(layout.validate());
   CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/false));
-  // Group by tensor, ascending rank (stable: generation order within a rank).
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/true));
   std::vector<std::vector<size_t>> by_tensor(tensors.size());
   for (size_t h = 0; h < hs.size(); ++h) by_tensor[hs[h].tensor].push_back(h);
-  std::vector<std::vector<RankRegion>> out(tensors.size());
+  std::vector<std::vector<Box>> boxes(tensors.size());
+  std::vector<Segment> segs;  // tensor order, box order, start order
   for (size_t i = 0; i < tensors.size(); ++i) {
-    auto& list = by_tensor[i];
-    std::stable_sort(list.begin(), list.end(), [&](size_t x, size_t y) { return hs[x].rank < hs[y].rank; });
-    // Distinct boxes must be identical or disjoint.
-    std::vector<Box> distinct;
-    for (size_t h : list)
-      if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
-    for (size_t x = 0; x < distinct.size(); ++x)
-      for (size_t y = x + 1; y < distinct.size(); ++y)
-        if (intersect(distinct[x], distinct[y]))
-          return bad_placement(tensors[i], "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
-                                               " overlap without being equal");
-    // Per distinct box, the element intervals already stored.
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> stored(distinct.size());
-    for (size_t h : list) {
-      const Holding& H = hs[h];
-      const size_t bi = static_cast<size_t>(std::find(distinct.begin(), distinct.end(), H.box) - distinct.begin());
-      auto& st = stored[bi];
-      std::sort(st.begin(), st.end());
-      int64_t cur = H.a;
-      std::vector<std::pair<int64_t, int64_t>> fresh;
-      for (const auto& [sa, sb] : st) {
-        if (sb <= cur) continue;
-        if (sa >= H.b) break;
-        if (sa > cur) fresh.push_back({cur, sa});
-        cur = std::max(cur, sb);
-        if (cur >= H.b) break;
-      }
-      if (cur < H.b) fresh.push_back({cur, H.b});
-      for (const auto& [fa, fb] : fresh) {
-        out[i].push_back({H.rank, make_region(H.box, fa, fb)});
-        st.push_back({fa, fb});
-      }
-    }
-    // Coverage: the stored intervals tile every distinct box (the rules' boxes must cover the
-    // tensor; checked by the sink's validator, and here for a clear message).
-    int64_t covered = 0;
-    for (size_t bi = 0; bi < distinct.size(); ++bi)
-      for (const auto& [a, b] : stored[bi]) covered += b - a;
-    int64_t want = 1;
+    CKPT_ASSIGN_OR_RETURN(boxes[i], distinct_boxes(tensors[i], hs, by_tensor[i]));
+    const size_t before = segs.size();
+    cut_segments(i, boxes[i], hs, by_tensor[i], dtype_size(tensors[i].dtype), segs);
+    // Coverage: the segments tile every distinct box (the rules' boxes must cover the tensor;
+    // checked by the sink's validator, and here for a clear message).
+    int64_t covered = 0, want = 1;
+    for (size_t k = before; k < segs.size(); ++k) covered += segs[k].b - segs[k].a;
     for (int64_t e : tensors[i].shape) want *= e;
     if (covered != want)
       return bad_placement(tensors[i], "the ranks hold " + std::to_string(covered) + " of " + std::to_string(want) +
                                            " elements of shape " + shape_to_string(tensors[i].shape));
+  }
+  assign_balanced(segs, layout.world_size());
+  // Adjacent segments of one box written by the same rank become one region (a rank holds one
+  // interval of a box, so the merged range stays inside what it holds).
+  std::vector<std::vector<RankRegion>> out(tensors.size());
+  struct Run {
+    int rank;
+    size_t box;
+    int64_t a, b;
+  };
+  for (size_t k = 0; k < segs.size();) {
+    const size_t i = segs[k].tensor;
+    std::vector<Run> runs;
+    for (; k < segs.size() && segs[k].tensor == i; ++k) {
+      const Segment& s = segs[k];
+      if (!runs.empty() && runs.back().rank == s.rank && runs.back().box == s.box && runs.back().b == s.a)
+        runs.back().b = s.b;
+      else
+        runs.push_back({s.rank, s.box, s.a, s.b});
+    }
+    std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.rank < y.rank; });
+    for (const Run& r : runs) out[i].push_back({r.rank, make_region(boxes[i][r.box], r.a, r.b)});
   }
   return out;
 }
