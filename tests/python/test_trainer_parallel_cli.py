@@ -3,10 +3,12 @@
 - Resume on another layout: 20 steps on layout A with a checkpoint at step 10, then a new mpirun
   on layout B resumes A's step-10 checkpoint to step 20. Oracle: the uninterrupted run on A (its
   train_log.jsonl and its step-20 checkpoint). Losses of steps 11-20 within 1e-5 relative;
-  `ckpt diff --rtol 1e-5 --atol 2e-6` of the two step-20 checkpoints equal. Why an atol: two
-  one-process runs of the same global batch split into different micro-batches (12x1 vs 4x3)
-  already differ by up to 6e-7 absolute in the step-20 weights at lr 3e-3 (float32 summation
-  order, amplified by Adam where m/sqrt(v) is sensitive), and by up to 8e-8 relative in losses.
+  `ckpt diff --rtol 1e-5 --atol 5e-6` of the two step-20 checkpoints equal. Why an atol: one
+  process alone, the same global batch split into other micro-batches (12x1 vs 4x3, 2x6, 1x12),
+  gives step-10 and step-20 weights up to 6e-7, 5e-7 and 1.6e-6 apart (float32 summation order,
+  amplified by Adam on elements whose m/sqrt(v) is sensitive; always the same few elements, e.g.
+  layers.3.mlp.up_proj), and losses up to 8e-8 relative apart. The parallel layouts measured
+  2.5e-7 (pp123) to 2.3e-6 (tp2 pp2 dp2 zero-1, the same up_proj element) against one process.
 - Checkpoints of parallel runs pass `ckpt verify`, `ckpt inspect --json` shows their layout, and
   one written by 8 ranks (tp2 pp2 dp2 zero-1) resharded offline to one process equals the
   one-process run's checkpoint of the same step.
@@ -43,7 +45,7 @@ CONFIG = {
 }
 STEPS, MID = 20, 10
 COMMON = ["--seq-len", 8, "--threads", 1, "--seed", 7, "--warmup", 3, "--lr", 3e-3, "--total-steps", STEPS]
-LOSS_RTOL, DIFF_RTOL, DIFF_ATOL = 1e-5, 1e-5, 2e-6
+LOSS_RTOL, DIFF_RTOL, DIFF_ATOL = 1e-5, 1e-5, 5e-6
 TIMEOUT = 300
 
 # name -> (processes, layout flags); every one is 12 sequences per step.
