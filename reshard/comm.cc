@@ -276,6 +276,7 @@ Status Comm::failure() { return comm_detail::failure(); }
 void Comm::abandon(const Status& why) { comm_detail::abandon(why); }
 
 double Comm::timeout_s() { return comm_detail::timeout_s(); }
+double Comm::seconds_waiting() { return comm_detail::seconds_waiting(); }
 
 CommTimeoutScope::CommTimeoutScope(double seconds) : previous_(comm_detail::timeout_s()) {
   comm_detail::set_timeout_s(seconds);

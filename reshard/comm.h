@@ -93,6 +93,9 @@ class Comm {
   static Status failure();
   // The timeout of every wait of this process, seconds (CKPT_COMM_TIMEOUT_S; CommTimeoutScope).
   static double timeout_s();
+  // Seconds this process has spent waiting for MPI operations to complete, over all Comms (0
+  // without MPI): callers take differences to split a span into compute and communication.
+  static double seconds_waiting();
   // The exit path after an error (see the top of this file): call it after printing `why`, then
   // exit with the error's code. No-op when MPI was not started (no world() under mpirun).
   static void abandon(const Status& why);

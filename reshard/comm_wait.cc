@@ -27,6 +27,7 @@ struct State {
   int rank = 0, size = 1;
   MPI_Comm ctrl = MPI_COMM_NULL;
   double timeout_s = kDefaultTimeoutS;
+  double waited_s = 0;               // total time spent in wait() (Comm::seconds_waiting)
   Status failure;
   std::string sent_text;             // the JSON fail_local() sends (alive while the sends are)
   std::vector<MPI_Request> sends;    // fail_local()'s sends, never waited for
@@ -185,6 +186,11 @@ Status mpi_status(int rc, const char* op) {
 Status wait(MPI_Request* reqs, int n, const OpInfo& info, int first_recv) {
   State& s = state();
   const auto t0 = Clock::now();
+  struct AddWaited {
+    State& s;
+    Clock::time_point t0;
+    ~AddWaited() { s.waited_s += seconds_since(t0); }
+  } add_waited{s, t0};
   auto pause = std::chrono::microseconds(20);
   for (;;) {
     int done = 0;
@@ -211,6 +217,8 @@ Status wait(MPI_Request* reqs, int n, const OpInfo& info, int first_recv) {
       back_off(pause);
   }
 }
+
+double seconds_waiting() { return state().waited_s; }
 
 void abandon(const Status& why) {
   State& s = state();

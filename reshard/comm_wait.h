@@ -50,6 +50,8 @@ Status mpi_status(int rc, const char* op);
 // On error, requests still pending are left to MPI (receives, reqs[first_recv..n), are
 // cancelled; -1: none) and MPI_Finalize will be skipped.
 Status wait(MPI_Request* reqs, int n, const OpInfo& info, int first_recv = -1);
+// Total seconds this process has spent in wait() (every operation of every Comm).
+double seconds_waiting();
 
 // The exit path after an error (Comm::abandon): see reshard/comm.h.
 void abandon(const Status& why);

@@ -78,6 +78,7 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
     if (k == acts.size()) break;
     const PipeAction& a = acts[k];
     const int slot = a.micro % slots;
+    const double waited0 = Comm::seconds_waiting();  // TP all-reduces inside the stage count as comm
     if (a.kind == PipeKind::kForward) {
       CKPT_RETURN_IF_ERROR(data.batch(st.step, sh.start + a.micro * sh.mb, sh.mb, S, tok.data(), tgt.data()));
       CKPT_ASSIGN_OR_RETURN(double l, model.stage_forward(slot, tok.data(), x_in.data(), tgt.data(), sh.mb, S, scale,
@@ -87,6 +88,9 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
       CKPT_RETURN_IF_ERROR(model.stage_backward(slot, dx_out.data(), dx_in.data()));
     }
     t = clock_lap(t, &clock->compute);
+    const double tp_comm = Comm::seconds_waiting() - waited0;
+    clock->compute -= tp_comm;
+    clock->comm += tp_comm;
   }
   return loss;
 }
