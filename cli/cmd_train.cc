@@ -70,11 +70,15 @@ CommandAction setup_train(CLI::App& sub) {
     bar.finish();
     if (!t.ok()) return report_error(t.status());
     const auto& m = (*t)->model();
-    std::printf("ckpt train: %lld parameters, step %lld -> %lld, micro-batch %lld x %lld tokens, grad-accum %lld, %d thread(s)\n",
-                static_cast<long long>(m.num_params()), static_cast<long long>((*t)->step()),
-                static_cast<long long>(f->o.steps), static_cast<long long>(f->o.micro_batch),
-                static_cast<long long>(f->o.seq_len), static_cast<long long>(f->o.grad_accum), f->o.threads);
-    std::fflush(stdout);
+    if ((*t)->rank() == 0) {
+      std::printf("ckpt train: %s, %lld parameters on rank 0, step %lld -> %lld, global batch %lld x %lld tokens "
+                  "(grad-accum %lld), %d thread(s) per rank\n",
+                  (*t)->layout().to_string().c_str(), static_cast<long long>(m.num_params()),
+                  static_cast<long long>((*t)->step()), static_cast<long long>(f->o.steps),
+                  static_cast<long long>((*t)->state().global_batch), static_cast<long long>(f->o.seq_len),
+                  static_cast<long long>(f->o.grad_accum), f->o.threads);
+      std::fflush(stdout);
+    }
     Status st = (*t)->run();
     if (!st.ok()) return report_error(st);
     return 0;

@@ -105,7 +105,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"HfFilesCorrupt", kCorrupt},
     {"HfFilesChecksum", kSum},
     {"HfFilesTooLarge", kUnsup},
-    // Trainer checkpoints (trainer/checkpoint_io.h).
+    // Trainer checkpoints (trainer/trainer_state.h).
     {"BadTrainerState", kCorrupt},
     {"NotTrainerCheckpoint", kCorrupt},
 };

@@ -275,6 +275,14 @@ Status Comm::failure() { return comm_detail::failure(); }
 
 void Comm::abandon(const Status& why) { comm_detail::abandon(why); }
 
+double Comm::timeout_s() { return comm_detail::timeout_s(); }
+
+CommTimeoutScope::CommTimeoutScope(double seconds) : previous_(comm_detail::timeout_s()) {
+  comm_detail::set_timeout_s(seconds);
+}
+
+CommTimeoutScope::~CommTimeoutScope() { comm_detail::set_timeout_s(previous_); }
+
 #define CKPT_COMM_INSTANTIATE(T)                                              \
   template Status Comm::all_reduce_sum<T>(T*, int64_t);                       \
   template Status Comm::all_reduce_max<T>(T*, int64_t);                       \

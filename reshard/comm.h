@@ -4,10 +4,11 @@
 // split from it (RAII: a split communicator is freed with its Comm). Every operation returns a
 // Status; MPI errors are returned (MPI_ERRORS_RETURN), never an abort without a message.
 // Bounded waits: every operation runs as its non-blocking MPI form and waits in a poll loop
-// (MPI_Test, then the control channel, then a sleep of 20 us growing to 1 ms); an operation whose
-// peers do not arrive within CKPT_COMM_TIMEOUT_S seconds (default 600) fails with CommTimeout
-// naming the operation, the communicator size and the element count (split waits boundedly for
-// every rank to arrive, then calls the blocking MPI_Comm_split).
+// (MPI_Test, then the control channel, then a yield for the first 200 us, then a sleep of 20 us
+// growing to 1 ms); an operation whose peers do not arrive within CKPT_COMM_TIMEOUT_S seconds
+// (default 600) fails with CommTimeout naming the operation, the communicator size and the
+// element count (split waits boundedly for every rank to arrive, then calls the blocking
+// MPI_Comm_split).
 // Failures: fail_all() sends this rank's Status to every other world rank over a control
 // communicator (a dup of the world); every pending or later operation on any rank then returns it
 // with "rank R: " before the message (the same text on every rank when one rank fails). A
@@ -90,6 +91,8 @@ class Comm {
   void fail_all(const Status& why);
   // The failure that stops every operation of this process ("rank R: ..."), OK while none.
   static Status failure();
+  // The timeout of every wait of this process, seconds (CKPT_COMM_TIMEOUT_S; CommTimeoutScope).
+  static double timeout_s();
   // The exit path after an error (see the top of this file): call it after printing `why`, then
   // exit with the error's code. No-op when MPI was not started (no world() under mpirun).
   static void abandon(const Status& why);
@@ -100,6 +103,20 @@ class Comm {
   bool mpi_ = false;
   bool owned_ = false;   // a split communicator, freed by the destructor
   intptr_t handle_ = 0;  // MPI_Comm (Open MPI: a pointer)
+};
+
+// Replaces the timeout of every wait of this process while it lives, then restores the previous
+// one: for waits whose length is the peers' work, not a fault (a distributed reshard waiting for
+// the other processes' shard files and for rank 0's commit).
+class CommTimeoutScope {
+ public:
+  explicit CommTimeoutScope(double seconds);
+  ~CommTimeoutScope();
+  CommTimeoutScope(const CommTimeoutScope&) = delete;
+  CommTimeoutScope& operator=(const CommTimeoutScope&) = delete;
+
+ private:
+  double previous_;
 };
 
 // The groups of `layout` that contain this rank (rank = (pp_rank * dp + dp_rank) * tp + tp_rank).

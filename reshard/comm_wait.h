@@ -1,8 +1,9 @@
 // The process-wide MPI state behind Comm (reshard/comm.h; internal to reshard/comm*.cc): MPI
 // start-up, the control communicator (an MPI_Comm_dup of the world) over which a failing rank
 // sends its Status to every other rank, the sticky failure, the timeout, and wait(), the bounded
-// poll loop every Comm operation waits in (MPI_Testall, then the control channel, then a back-off
-// sleep of 20 us growing to 1 ms, so that oversubscribed ranks leave the CPU to those computing).
+// poll loop every Comm operation waits in (MPI_Testall, then the control channel, then a yield of
+// the CPU for the first 200 us, then a back-off sleep of 20 us growing to 1 ms, so that
+// oversubscribed ranks leave the CPU to those computing).
 // Thread safety: main thread only, as Comm.
 #pragma once
 
@@ -30,6 +31,10 @@ struct OpInfo {
 void start_mpi(int* rank, int* size);
 bool mpi_started();
 int world_rank();
+
+// The timeout of every wait, seconds (CKPT_COMM_TIMEOUT_S, default 600, until set_timeout_s).
+double timeout_s();
+void set_timeout_s(double seconds);
 
 // The failure that stops every operation of this process ("rank R: ..."), OK while there is none.
 const Status& failure();

@@ -100,61 +100,120 @@ bool box_less(const Box& x, const Box& y) {
   return x.extent < y.extent;
 }
 
+// Distinct boxes of one tensor's holdings: identical or disjoint (else the rules are wrong).
+Result<std::vector<Box>> distinct_boxes(const TensorMeta& t, const std::vector<Holding>& hs,
+                                        const std::vector<size_t>& list) {
+  std::vector<Box> distinct;
+  for (size_t h : list)
+    if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
+  std::sort(distinct.begin(), distinct.end(), box_less);
+  for (size_t x = 0; x < distinct.size(); ++x)
+    for (size_t y = x + 1; y < distinct.size(); ++y)
+      if (intersect(distinct[x], distinct[y]))
+        return bad_placement(t, "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
+                                    " overlap without being equal");
+  return distinct;
+}
+
+// An elementary segment [a, b) of one distinct box of one tensor: every holding of that box
+// either covers it whole or misses it. `holders`: ascending ranks; `rank`: the writer chosen.
+struct Segment {
+  size_t tensor, box;
+  int64_t a, b;
+  uint64_t bytes;
+  std::vector<int> holders;
+  int rank = -1;
+};
+
+// Cuts the holdings of tensor `i` (over `boxes`) at every interval end into segments.
+void cut_segments(size_t i, const std::vector<Box>& boxes, const std::vector<Holding>& hs,
+                  const std::vector<size_t>& list, size_t elem, std::vector<Segment>& out) {
+  for (size_t bi = 0; bi < boxes.size(); ++bi) {
+    std::vector<int64_t> cuts;
+    for (size_t h : list)
+      if (hs[h].box == boxes[bi]) cuts.insert(cuts.end(), {hs[h].a, hs[h].b});
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      Segment s{i, bi, cuts[c], cuts[c + 1], static_cast<uint64_t>(cuts[c + 1] - cuts[c]) * elem, {}};
+      for (size_t h : list)
+        if (hs[h].box == boxes[bi] && hs[h].a <= s.a && s.b <= hs[h].b) s.holders.push_back(hs[h].rank);
+      std::sort(s.holders.begin(), s.holders.end());
+      s.holders.erase(std::unique(s.holders.begin(), s.holders.end()), s.holders.end());
+      if (!s.holders.empty()) out.push_back(std::move(s));
+    }
+  }
+}
+
+// Balanced de-duplication: segments with one holder go to it; then the shared ones, largest
+// first (ties: tensor order, box order, start), each to its holder with the fewest bytes so far
+// (ties: lowest rank). Deterministic: depends on the segments only.
+void assign_balanced(std::vector<Segment>& segs, int world) {
+  std::vector<uint64_t> load(static_cast<size_t>(world), 0);
+  std::vector<size_t> shared;
+  for (size_t k = 0; k < segs.size(); ++k) {
+    if (segs[k].holders.size() == 1) {
+      segs[k].rank = segs[k].holders[0];
+      load[static_cast<size_t>(segs[k].rank)] += segs[k].bytes;
+    } else {
+      shared.push_back(k);
+    }
+  }
+  std::stable_sort(shared.begin(), shared.end(), [&](size_t x, size_t y) { return segs[x].bytes > segs[y].bytes; });
+  for (size_t k : shared) {
+    int best = segs[k].holders[0];
+    for (int r : segs[k].holders)
+      if (load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
+    segs[k].rank = best;
+    load[static_cast<size_t>(best)] += segs[k].bytes;
+  }
+}
+
 }  // namespace
 
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules) {
   CKPT_RETURN_IF_ERROR(layout.validate());
   CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/false));
-  // Group by tensor, ascending rank (stable: generation order within a rank).
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/true));
   std::vector<std::vector<size_t>> by_tensor(tensors.size());
   for (size_t h = 0; h < hs.size(); ++h) by_tensor[hs[h].tensor].push_back(h);
-  std::vector<std::vector<RankRegion>> out(tensors.size());
+  std::vector<std::vector<Box>> boxes(tensors.size());
+  std::vector<Segment> segs;  // tensor order, box order, start order
   for (size_t i = 0; i < tensors.size(); ++i) {
-    auto& list = by_tensor[i];
-    std::stable_sort(list.begin(), list.end(), [&](size_t x, size_t y) { return hs[x].rank < hs[y].rank; });
-    // Distinct boxes must be identical or disjoint.
-    std::vector<Box> distinct;
-    for (size_t h : list)
-      if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
-    for (size_t x = 0; x < distinct.size(); ++x)
-      for (size_t y = x + 1; y < distinct.size(); ++y)
-        if (intersect(distinct[x], distinct[y]))
-          return bad_placement(tensors[i], "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
-                                               " overlap without being equal");
-    // Per distinct box, the element intervals already stored.
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> stored(distinct.size());
-    for (size_t h : list) {
-      const Holding& H = hs[h];
-      const size_t bi = static_cast<size_t>(std::find(distinct.begin(), distinct.end(), H.box) - distinct.begin());
-      auto& st = stored[bi];
-      std::sort(st.begin(), st.end());
-      int64_t cur = H.a;
-      std::vector<std::pair<int64_t, int64_t>> fresh;
-      for (const auto& [sa, sb] : st) {
-        if (sb <= cur) continue;
-        if (sa >= H.b) break;
-        if (sa > cur) fresh.push_back({cur, sa});
-        cur = std::max(cur, sb);
-        if (cur >= H.b) break;
-      }
-      if (cur < H.b) fresh.push_back({cur, H.b});
-      for (const auto& [fa, fb] : fresh) {
-        out[i].push_back({H.rank, make_region(H.box, fa, fb)});
-        st.push_back({fa, fb});
-      }
-    }
-    // Coverage: the stored intervals tile every distinct box (the rules' boxes must cover the
-    // tensor; checked by the sink's validator, and here for a clear message).
-    int64_t covered = 0;
-    for (size_t bi = 0; bi < distinct.size(); ++bi)
-      for (const auto& [a, b] : stored[bi]) covered += b - a;
-    int64_t want = 1;
+    CKPT_ASSIGN_OR_RETURN(boxes[i], distinct_boxes(tensors[i], hs, by_tensor[i]));
+    const size_t before = segs.size();
+    cut_segments(i, boxes[i], hs, by_tensor[i], dtype_size(tensors[i].dtype), segs);
+    // Coverage: the segments tile every distinct box (the rules' boxes must cover the tensor;
+    // checked by the sink's validator, and here for a clear message).
+    int64_t covered = 0, want = 1;
+    for (size_t k = before; k < segs.size(); ++k) covered += segs[k].b - segs[k].a;
     for (int64_t e : tensors[i].shape) want *= e;
     if (covered != want)
       return bad_placement(tensors[i], "the ranks hold " + std::to_string(covered) + " of " + std::to_string(want) +
                                            " elements of shape " + shape_to_string(tensors[i].shape));
+  }
+  assign_balanced(segs, layout.world_size());
+  // Adjacent segments of one box written by the same rank become one region (a rank holds one
+  // interval of a box, so the merged range stays inside what it holds).
+  std::vector<std::vector<RankRegion>> out(tensors.size());
+  struct Run {
+    int rank;
+    size_t box;
+    int64_t a, b;
+  };
+  for (size_t k = 0; k < segs.size();) {
+    const size_t i = segs[k].tensor;
+    std::vector<Run> runs;
+    for (; k < segs.size() && segs[k].tensor == i; ++k) {
+      const Segment& s = segs[k];
+      if (!runs.empty() && runs.back().rank == s.rank && runs.back().box == s.box && runs.back().b == s.a)
+        runs.back().b = s.b;
+      else
+        runs.push_back({s.rank, s.box, s.a, s.b});
+    }
+    std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.rank < y.rank; });
+    for (const Run& r : runs) out[i].push_back({r.rank, make_region(boxes[i][r.box], r.a, r.b)});
   }
   return out;
 }

@@ -1,8 +1,10 @@
 // Planner: from metadata alone (source tensors and pieces, a target Layout, the model's
 // ShardingRules) computes the target pieces, the writing rank (= shard file) of each, and totals.
-// Pieces are de-duplicated: a box held by several ranks (replicated tensors, KV heads shared by
-// TP ranks, DP replicas under zero 0, the tied embedding on the first and last stage) is stored
-// once, by the lowest rank holding it. ZeRO-1 flat shards: see docs/RESHARD.md ("ZeRO-1 layout").
+// Pieces are de-duplicated with balance: a box held by several ranks (replicated tensors, KV heads
+// shared by TP ranks, DP replicas under zero 0, the tied embedding on the first and last stage)
+// is stored once, by the holder with the fewest bytes assigned so far (largest shared pieces
+// first; ties by lowest rank), so replicas share a save. ZeRO-1 flat shards: see docs/RESHARD.md
+// ("ZeRO-1 layout").
 // Thread safety: pure functions over values.
 #pragma once
 
@@ -64,8 +66,9 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
                        const nlohmann::json& src_metadata, const Layout& target, const ShardingRules& rules,
                        const ExecOptions& exec = {});
 
-// Which ranks hold which elements of every tensor (de-duplicated: what each rank writes), in
-// tensor order; result[i] lists tensor i's stored regions. Building block of make_plan.
+// Which ranks write which elements of every tensor (each element once, by one of the ranks that
+// hold it in rank_view, balanced as above), in tensor order; result[i] lists tensor i's stored
+// regions in rank order. Building block of make_plan. Deterministic.
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules);
 

@@ -17,6 +17,8 @@ namespace ckpt {
 
 namespace {
 
+constexpr double kReshardWaitS = 7 * 24 * 3600.0;  // the longest wait for another process's work
+
 // Adapts one rank's ShardWriter to the TensorSink the executor fills (begin/commit are the
 // caller's business).
 class ShardSink final : public TensorSink {
@@ -188,6 +190,10 @@ Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::
   while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
   const int rank = dist ? dist->rank() : 0;
   const int nprocs = dist ? dist->size() : 1;
+  // Every wait below is for the other processes' I/O (rank 0 re-hashes the whole source before
+  // committing): as long as their bytes take, so not bounded by CKPT_COMM_TIMEOUT_S. A rank that
+  // dies ends the job through mpirun; one that fails says so when the processes agree.
+  CommTimeoutScope peers_work(std::max(Comm::timeout_s(), kReshardWaitS));
   TracedSource src(src_in, rank, nprocs);
   const std::string partial = store::StoreWriter::partial_dir(dst);
 

@@ -78,7 +78,8 @@ template <class T>
 class DecoderLayer {
  public:
   // Allocates this TP rank's part of layer `index` (the caller checked that tp divides the
-  // heads, the KV heads and intermediate_size). Boxes: `boxes[name]` order of params().
+  // heads, the KV heads and intermediate_size). boxes: the box held of each parameter, in
+  // params() order.
   DecoderLayer(const LlamaConfig& c, int64_t index, TpPart tp, const std::vector<Box>& boxes);
 
   int64_t index() const { return index_; }

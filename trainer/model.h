@@ -53,12 +53,16 @@ class Model {
   // Pipeline-stage interface: 1F1B keeps several micro-batches in flight; `slot` in [0, slots)
   // names the saved activations of one of them. set_slots(k) before the first stage_forward.
   void set_slots(int k);
+  int slots() const { return static_cast<int>(slots_.size()); }
   // Forward of one micro-batch (b sequences of seq tokens) through this stage.
   // First stage: `tokens` [b*seq] (x_in ignored); other stages: x_in [b*seq, D] from the previous
   // stage. Not the last stage: x_out [b*seq, D] receives the output, returns 0.
   // Last stage: `targets` [b*seq]; returns the SUM of the token losses (vocab-parallel
   // cross-entropy, identical on every TP rank) and keeps loss_scale * d(sum)/d(logits) for
   // stage_backward (x_out unused). Tokens and targets are checked against the vocabulary.
+  // x_in, tokens and targets may be reused once it returns (the stage keeps copies). Errors: bad
+  // arguments (slot outside [0, slots) or still waiting for its backward, ids outside the
+  // vocabulary, missing buffers) and the TP group's failures, as Status; the slot is then free.
   Result<double> stage_forward(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets,
                                int64_t b, int64_t seq, T loss_scale, T* x_out);
   // Backward of the micro-batch in `slot`. dx_out [b*seq, D] = d(loss)/d(x_out) from the next
@@ -86,6 +90,7 @@ class Model {
   void zero_grad();
   int64_t num_params() const;
 
+  // One-process forward_backward / forward (the whole model, any TP; they use activation slot 0).
   // Forward (and backward) of one micro-batch: tokens, targets [b, seq]. Returns the SUM of the
   // token losses. Gradients are accumulated (+=) as loss_scale * d(sum)/d(param); the trainer
   // passes loss_scale = 1 / (tokens of the whole step) so that the step's loss is the mean.
@@ -100,6 +105,7 @@ class Model {
 
   // Model FLOPs of one training token (forward + backward = 3 x forward matmul FLOPs):
   // 6 * (linear weights incl. head) + 12 * layers * seq * H * hd (scores and P*V, full square).
+  // Counts this stage's layers (and head) whole: with tp > 1, the FLOPs of all its TP ranks together.
   double train_flops_per_token(int64_t seq) const;
 
  private:

@@ -21,7 +21,7 @@
 #include "formats/status.h"
 #include "reshard/comm.h"
 #include "reshard/layout.h"
-#include "trainer/checkpoint_io.h"
+#include "trainer/trainer_state.h"
 #include "trainer/data.h"
 #include "trainer/model.h"
 #include "trainer/train_loop.h"

@@ -5,85 +5,23 @@
 #include <sys/stat.h>
 
 #include "formats/checked.h"
-#include "formats/store/run_dir.h"
-#include "trainer/checkpoint_io.h"
+#include "reshard/comm.h"
+#include "trainer/dist_checkpoint.h"
+#include "trainer/grad_dump.h"
 #include "trainer/ops.h"
+#include "trainer/parallel_step.h"
+#include "trainer/train_layout.h"
+#include "trainer/zero_optimizer.h"
 
 namespace ckpt::trainer {
 
 namespace {
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-}  // namespace
 
-TrainerState initial_state(const TrainOptions& o) {
-  TrainerState s;
-  s.step = 0;
-  s.schedule = LrSchedule{o.lr, o.warmup, o.total_steps < 0 ? o.steps : o.total_steps, 0.1};
-  s.seed = o.seed;
-  s.data_source = o.data_path.empty() ? "procedural" : o.data_path;
-  s.micro_batch = o.micro_batch;
-  s.seq_len = o.seq_len;
-  s.grad_accum = o.grad_accum;
-  s.global_batch = o.micro_batch * o.grad_accum;
-  s.adam = o.adam;
-  s.max_grad_norm = o.max_grad_norm;
-  return s;
-}
-
-template <class T>
-void add_param_slots(Model<T>& model, BasicAdamW<T>& opt) {
-  for (auto* p : model.params())
-    opt.add(p->name, p->shape, Region{p->box}, p->w.data(), p->g.data(), p->numel(), p->decay);
-}
-
-template <class T>
-Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const TokenStream& data,
-                                 TrainerState* state, std::vector<int32_t>* tokens,
-                                 std::vector<int32_t>* targets) {
-  const double t0 = now_s();
-  const int64_t B = state->micro_batch, S = state->seq_len, A = state->grad_accum;
-  const int64_t ntok = B * S * A;  // bounded by Trainer::create / TrainerState::from_json
-  const T scale = T(1) / static_cast<T>(ntok);
-  tokens->resize(static_cast<size_t>(B * S));
-  targets->resize(static_cast<size_t>(B * S));
-  model.zero_grad();
-  double loss_sum = 0;
-  for (int64_t a = 0; a < A; ++a) {
-    CKPT_RETURN_IF_ERROR(data.batch(state->step, a * B, B, S, tokens->data(), targets->data()));
-    CKPT_ASSIGN_OR_RETURN(double l, model.forward_backward(tokens->data(), targets->data(), B, S, scale));
-    loss_sum += l;
-  }
-  StepStats st;
-  st.loss = loss_sum / static_cast<double>(ntok);
-  st.grad_norm = std::sqrt(opt.grad_sq_sum());
-  if (state->max_grad_norm > 0)
-    opt.scale_grads(BasicAdamW<T>::clip_coef(st.grad_norm, state->max_grad_norm));
-  st.lr = state->schedule.at(state->step);
-  opt.step(st.lr, state->step + 1);
-  state->step += 1;
-  st.step = state->step;
-  st.seconds = now_s() - t0;
-  st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
-  st.flops_per_s = st.tokens_per_s * model.train_flops_per_token(S);
-  return st;
-}
-
-template void add_param_slots<float>(Model<float>&, BasicAdamW<float>&);
-template void add_param_slots<double>(Model<double>&, BasicAdamW<double>&);
-template Result<StepStats> optimizer_step<float>(Model<float>&, BasicAdamW<float>&, const TokenStream&,
-                                                 TrainerState*, std::vector<int32_t>*, std::vector<int32_t>*);
-template Result<StepStats> optimizer_step<double>(Model<double>&, BasicAdamW<double>&, const TokenStream&,
-                                                  TrainerState*, std::vector<int32_t>*, std::vector<int32_t>*);
-
-Trainer::~Trainer() {
-  if (saver_) (void)saver_->wait();
-  saver_.reset();
-  if (log_) std::fclose(log_);
-}
-
-Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
+Status check_options(const TrainOptions& o) {
   if (o.steps < 0) return Status::InvalidArgument("--steps must be >= 0");
   if (o.micro_batch < 1 || o.seq_len < 1 || o.grad_accum < 1)
     return Status::InvalidArgument("--micro-batch, --seq-len and --grad-accum must be >= 1");
@@ -92,12 +30,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   if (o.seq_len > o.config.max_position_embeddings)
     return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " exceeds the config's max_position_embeddings " +
                                    std::to_string(o.config.max_position_embeddings));
-  {
-    auto bs = checked_mul(o.micro_batch, o.seq_len);
-    auto all = bs ? checked_mul(*bs, o.grad_accum) : std::nullopt;
-    if (!all || *all > (int64_t{1} << 31))
-      return Status::InvalidArgument("--micro-batch x --seq-len x --grad-accum is too many tokens per step");
-  }
   if (o.save_every < 0) return Status::InvalidArgument("--save-every must be >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) return Status::InvalidArgument("--lr must be a finite value >= 0");
   if (o.warmup < 0) return Status::InvalidArgument("--warmup must be >= 0");
@@ -105,68 +37,129 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   if (o.config.vocab_size < kMinVocab)
     return Status::InvalidArgument("vocab_size " + std::to_string(o.config.vocab_size) +
                                    " is smaller than the byte tokenizer's " + std::to_string(kMinVocab));
-  if ((o.save_every > 0 || !o.resume.empty()) && o.out_dir.empty() && o.resume == "latest")
-    return Status::InvalidArgument("--resume latest needs --out RUN_DIR");
+  if (o.resume == "latest" && o.out_dir.empty()) return Status::InvalidArgument("--resume latest needs --out RUN_DIR");
+  return Status::Ok();
+}
+
+// Tokens per step within the limits of one process's buffers.
+Status check_batch(const Layout& layout, const TrainOptions& o) {
+  const int64_t g = global_batch(layout, o.grad_accum);
+  auto all = checked_mul(g, o.seq_len);
+  if (!all || *all > (int64_t{1} << 31))
+    return Status::InvalidArgument("--grad-accum x sum(micro-batches) x --seq-len is too many tokens per step");
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct Trainer::Parts {
+  LayoutGroups groups;
+  std::unique_ptr<ParallelOptimizer<float>> opt;
+  std::unique_ptr<DistSaver> saver;
+};
+
+Trainer::Trainer() = default;
+
+Trainer::~Trainer() {
+  if (parts_ && parts_->saver) (void)parts_->saver->wait();
+  if (log_) std::fclose(log_);
+}
+
+int Trainer::rank() const { return Comm::world().rank(); }
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
+  Comm& world = Comm::world();
+  CKPT_RETURN_IF_ERROR(check_options(o));
+  TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
+  CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
+  CKPT_RETURN_IF_ERROR(check_batch(layout, o));
   std::unique_ptr<Trainer> t(new Trainer());
   t->opt_s_ = o;
+  t->layout_ = layout;
   set_blas_threads(o.threads);
-  CKPT_ASSIGN_OR_RETURN(auto m, Model<float>::create(o.config));
+  t->parts_ = std::make_unique<Parts>();
+  Parts& p = *t->parts_;
+  CKPT_ASSIGN_OR_RETURN(p.groups, LayoutGroups::make(world, layout));
+  ModelShard shard{layout, p.groups.pp_rank, p.groups.tp_rank, &p.groups.tp};
+  CKPT_ASSIGN_OR_RETURN(auto m, Model<float>::create(o.config, shard));
   t->model_ = std::make_unique<Model<float>>(std::move(m));
   CKPT_RETURN_IF_ERROR(t->model_->init(o.seed));
-  t->opt_ = AdamW(o.adam);
-  add_param_slots(*t->model_, t->opt_);
+  CKPT_ASSIGN_OR_RETURN(auto popt, ParallelOptimizer<float>::create(*t->model_, layout, p.groups.pp_rank,
+                                                                   p.groups.dp_rank, p.groups.tp_rank, o.adam));
+  p.opt = std::make_unique<ParallelOptimizer<float>>(std::move(popt));
   TrainerState& s = t->state_;
   s = initial_state(o);
-  if (!o.resume.empty()) {
-    const std::string path = o.resume == "latest" ? o.out_dir : o.resume;
-    CKPT_ASSIGN_OR_RETURN(auto rs, load_checkpoint(path, *t->model_, t->opt_, o.resume_progress));
-    if (rs.seed != o.seed || rs.micro_batch != o.micro_batch || rs.seq_len != o.seq_len ||
-        rs.grad_accum != o.grad_accum || rs.data_source != s.data_source)
-      return Status::InvalidArgument(
-          "resume: the checkpoint was trained with seed " + std::to_string(rs.seed) + ", micro-batch " +
-          std::to_string(rs.micro_batch) + ", seq-len " + std::to_string(rs.seq_len) + ", grad-accum " +
-          std::to_string(rs.grad_accum) + ", data '" + rs.data_source +
-          "'; pass the same values to continue the same run");
-    s = rs;  // step, schedule, optimizer hyper-parameters come from the checkpoint
-    t->opt_.set_options(s.adam);
-  }
+  s.micro_batch = layout.micro_batch.empty() ? o.micro_batch : layout.micro_batch[0];
+  s.global_batch = global_batch(layout, o.grad_accum);
+  if (!o.resume.empty()) CKPT_RETURN_IF_ERROR(t->resume(o.resume == "latest" ? o.out_dir : o.resume));
   if (o.data_path.empty()) {
     t->data_ = TokenStream::procedural(s.seed);
   } else {
     CKPT_ASSIGN_OR_RETURN(t->data_, TokenStream::from_file(s.seed, o.data_path));
   }
   if (!o.out_dir.empty()) {
-    if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
-      return Status::FromErrno("cannot create run dir", o.out_dir, errno);
-    const std::string lp = o.out_dir + "/train_log.jsonl";
-    t->log_ = std::fopen(lp.c_str(), "a");
-    if (!t->log_) return Status::FromErrno("cannot open", lp, errno);
-    if (o.async_save) t->saver_ = std::make_unique<AsyncSaver>(o.out_dir);
+    Status st;
+    if (world.rank() == 0) {
+      if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
+        st = Status::FromErrno("cannot create run dir", o.out_dir, errno);
+      const std::string lp = o.out_dir + "/train_log.jsonl";
+      if (st.ok() && !(t->log_ = std::fopen(lp.c_str(), "a"))) st = Status::FromErrno("cannot open", lp, errno);
+    }
+    CKPT_RETURN_IF_ERROR(world.agree(st));
+    p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir);
   }
-  t->tokens_.resize(static_cast<size_t>(o.micro_batch * o.seq_len));
-  t->targets_.resize(static_cast<size_t>(o.micro_batch * o.seq_len));
   return t;
 }
 
+Status Trainer::resume(const std::string& path) {
+  Parts& p = *parts_;
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json meta,
+                        dist_load(Comm::world(), path, opt_s_.config, layout_, p.opt->held_regions()));
+  if (!meta.contains("trainer"))
+    return Status::Error("NotTrainerCheckpoint", "checkpoint '" + path + "' has no 'trainer' metadata").with_file(path);
+  CKPT_ASSIGN_OR_RETURN(TrainerState rs, TrainerState::from_json(meta.at("trainer")));
+  TrainerState& s = state_;
+  if (rs.seed != s.seed || rs.global_batch != s.global_batch || rs.seq_len != s.seq_len ||
+      rs.data_source != s.data_source)
+    return Status::InvalidArgument(
+        "resume: the checkpoint was trained with seed " + std::to_string(rs.seed) + ", global batch " +
+        std::to_string(rs.global_batch) + " samples, seq-len " + std::to_string(rs.seq_len) + ", data '" +
+        rs.data_source + "'; this run has seed " + std::to_string(s.seed) + ", global batch " +
+        std::to_string(s.global_batch) + " (grad-accum x sum of micro-batches), seq-len " + std::to_string(s.seq_len) +
+        ", data '" + s.data_source + "': pass the same values to continue the same run");
+  // Step, schedule and optimizer hyper-parameters come from the checkpoint; the batch split is this run's.
+  rs.micro_batch = s.micro_batch;
+  rs.grad_accum = s.grad_accum;
+  s = rs;
+  p.opt->adam().set_options(s.adam);  // ZeRO-1 master values are taken from the Params at each step
+  return Status::Ok();
+}
+
 Result<StepStats> Trainer::train_step() {
-  return optimizer_step(*model_, opt_, data_, &state_, &tokens_, &targets_);
+  Parts& p = *parts_;
+  GradDump<float> dump;
+  if (!opt_s_.dump_grads.empty() && !grads_dumped_) {
+    dump = [this](const std::vector<GradRegion<float>>& grads) {
+      return dump_gradients(Comm::world(), opt_s_.config, grads, opt_s_.dump_grads);
+    };
+    grads_dumped_ = true;
+  }
+  return parallel_step(*model_, *p.opt, data_, &state_, layout_, p.groups, dump);
+}
+
+static nlohmann::json checkpoint_metadata(const LlamaConfig& c, const Layout& layout, const TrainerState& s) {
+  return {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"trainer", s.to_json()}, {"profile", "reference"}};
 }
 
 Result<double> Trainer::save(bool async) {
-  if (opt_s_.out_dir.empty()) return Status::InvalidArgument("saving needs --out RUN_DIR");
+  if (opt_s_.out_dir.empty() || !parts_->saver) return Status::InvalidArgument("saving needs --out RUN_DIR");
   const double t0 = now_s();
-  if (async && saver_) {
-    CKPT_RETURN_IF_ERROR(saver_->save(*model_, opt_, state_));
-  } else {
-    if (saver_) CKPT_RETURN_IF_ERROR(saver_->wait());
-    Snapshot snap;
-    take_snapshot(*model_, opt_, state_, &snap);
-    CKPT_RETURN_IF_ERROR(write_snapshot(snap, opt_s_.out_dir));
-  }
+  CKPT_RETURN_IF_ERROR(parts_->saver->save(parts_->opt->held_regions(),
+                                           checkpoint_metadata(opt_s_.config, layout_, state_), state_.step, async));
   return now_s() - t0;
 }
 
-Status Trainer::wait_saves() { return saver_ ? saver_->wait() : Status::Ok(); }
+Status Trainer::wait_saves() { return parts_->saver ? parts_->saver->wait() : Status::Ok(); }
 
 std::string Trainer::format_line(const StepStats& s) {
   char buf[256];
@@ -175,6 +168,10 @@ std::string Trainer::format_line(const StepStats& s) {
                 static_cast<long long>(s.step), s.loss, s.lr, s.grad_norm, s.tokens_per_s,
                 s.flops_per_s / 1e9);
   std::string line = buf;
+  if (Comm::world().size() > 1) {
+    std::snprintf(buf, sizeof buf, " | comm %.0f%% idle %.0f%%", 100 * s.comm_s / s.seconds, 100 * s.idle_s / s.seconds);
+    line += buf;
+  }
   if (s.save_blocked_s > 0) {
     std::snprintf(buf, sizeof buf, " | save blocked %.1f ms", s.save_blocked_s * 1e3);
     line += buf;
@@ -185,18 +182,21 @@ std::string Trainer::format_line(const StepStats& s) {
 nlohmann::json Trainer::to_json(const StepStats& s) {
   return {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
           {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"flops_per_s", s.flops_per_s},
-          {"save_blocked_s", s.save_blocked_s}};
+          {"save_blocked_s", s.save_blocked_s}, {"compute_s", s.compute_s}, {"comm_s", s.comm_s},
+          {"idle_s", s.idle_s}};
 }
 
 Status Trainer::run(const std::function<void(const StepStats&)>& on_step) {
   const TrainOptions& o = opt_s_;
+  const bool rank0 = rank() == 0;
   while (state_.step < o.steps) {
     CKPT_ASSIGN_OR_RETURN(StepStats st, train_step());
+    if (parts_->saver) CKPT_RETURN_IF_ERROR(parts_->saver->poll().status());
     const bool last = state_.step == o.steps;
     if (!o.out_dir.empty() && ((o.save_every > 0 && state_.step % o.save_every == 0) || last)) {
       CKPT_ASSIGN_OR_RETURN(st.save_blocked_s, save(o.async_save && !last));
     }
-    if (o.print) {
+    if (o.print && rank0) {
       std::printf("%s\n", format_line(st).c_str());
       std::fflush(stdout);
     }

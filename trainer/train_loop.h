@@ -15,8 +15,8 @@
 #include "converters/reshard_job.h"
 #include "formats/status.h"
 #include "trainer/adamw.h"
-#include "trainer/async_saver.h"
-#include "trainer/checkpoint_io.h"
+#include "trainer/trainer_state.h"
+#include "reshard/layout.h"
 #include "trainer/data.h"
 #include "trainer/model.h"
 #include "trainer/lr_schedule.h"
@@ -84,40 +84,49 @@ Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const Toke
                                  TrainerState* state, std::vector<int32_t>* tokens,
                                  std::vector<int32_t>* targets);
 
+// The parallel trainer: every rank of `mpirun -np N` (or the one process) builds its part of the
+// model under the layout (trainer/train_layout.h), runs the 1F1B / DP / ZeRO-1 step
+// (trainer/parallel_step.h), saves its own pieces in the background (trainer/dist_checkpoint.h)
+// and resumes from a checkpoint of any layout. Rank 0 prints and logs.
 class Trainer {
  public:
-  // Validates options, builds and initializes the model (or resumes), opens the run dir.
+  // Validates options and the layout (before any work), builds and initializes this rank's
+  // part of the model (or resumes it), opens the run dir. Collective over Comm::world().
   static Result<std::unique_ptr<Trainer>> create(const TrainOptions& o);
   ~Trainer();
 
-  // One optimizer step (grad_accum micro-batches).
+  // One optimizer step (grad_accum micro-batches per DP rank). Collective.
   Result<StepStats> train_step();
   // Steps until options.steps, with logging and checkpoints; calls on_step after each step.
   Status run(const std::function<void(const StepStats&)>& on_step = nullptr);
   // Saves a checkpoint of the current state now (async or not per options); returns the time
-  // the caller was blocked.
+  // the caller was blocked. Collective.
   Result<double> save(bool async);
   Status wait_saves();
 
   Model<float>& model() { return *model_; }
-  AdamW& optimizer() { return opt_; }
+  const Layout& layout() const { return layout_; }
   const TrainerState& state() const { return state_; }
   int64_t step() const { return state_.step; }
+  int rank() const;
   const TrainOptions& options() const { return opt_s_; }
   static std::string format_line(const StepStats& s);
   static nlohmann::json to_json(const StepStats& s);
 
+  struct Parts;  // model groups, optimizer, saver (trainer/train_loop.cc)
+
  private:
-  Trainer() = default;
+  Trainer();
+  Status resume(const std::string& path);
 
   TrainOptions opt_s_;
+  Layout layout_;
+  std::unique_ptr<Parts> parts_;
   std::unique_ptr<Model<float>> model_;
-  AdamW opt_;
   TrainerState state_;
   TokenStream data_ = TokenStream::procedural(0);
-  std::unique_ptr<AsyncSaver> saver_;
-  std::FILE* log_ = nullptr;
-  std::vector<int32_t> tokens_, targets_;  // [micro_batch, seq_len]
+  std::FILE* log_ = nullptr;  // rank 0
+  bool grads_dumped_ = false;
 };
 
 }  // namespace ckpt::trainer

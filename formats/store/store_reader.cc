@@ -274,38 +274,47 @@ Status StoreReader::hash_piece(size_t i, const std::optional<FileExtent>& raw, s
 }
 
 VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+  std::vector<size_t> all(manifest_.pieces.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return verify_pieces(all, progress, threads);
+}
+
+VerifyReport StoreReader::verify_pieces(const std::vector<size_t>& which,
+                                        const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
   VerifyReport rep;
-  const size_t n = manifest_.pieces.size();
+  const size_t n = which.size();
   uint64_t total = 0;
-  for (const auto& r : manifest_.pieces) total += r.bytes;
+  for (size_t i : which) total += manifest_.pieces[i].bytes;
   std::vector<std::optional<FileExtent>> raw(n);
-  for (size_t i = 0; i < n; ++i) raw[i] = dataset_extent(i);  // on this thread: the lookup is not thread-safe
+  for (size_t k = 0; k < n; ++k) raw[k] = dataset_extent(which[k]);  // on this thread: the lookup is not thread-safe
   std::vector<Status> status(n);
   std::vector<std::string> got(n);
   std::vector<std::future<void>> done(n);
   {
     ThreadPool pool(std::max(1, threads));
-    for (size_t i = 0; i < n; ++i) done[i] = pool.submit([this, i, &raw, &status, &got] { status[i] = hash_piece(i, raw[i], &got[i]); });
+    for (size_t k = 0; k < n; ++k)
+      done[k] = pool.submit([this, k, &which, &raw, &status, &got] { status[k] = hash_piece(which[k], raw[k], &got[k]); });
     uint64_t bytes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      done[i].get();
-      bytes += manifest_.pieces[i].bytes;
+    for (size_t k = 0; k < n; ++k) {
+      done[k].get();
+      bytes += manifest_.pieces[which[k]].bytes;
       if (progress) progress(bytes, total);
     }
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = which[k];
     const auto& rec = manifest_.pieces[i];
     ++rep.pieces;
     rep.bytes += rec.bytes;
-    if (!status[i].ok()) {
-      rep.failures.push_back({i, error_context(std::move(status[i]), i)});
+    if (!status[k].ok()) {
+      rep.failures.push_back({i, error_context(std::move(status[k]), i)});
       continue;
     }
-    if (got[i] != rec.sha256)
+    if (got[k] != rec.sha256)
       rep.failures.push_back({i, error_context(Status::Error("ChecksumMismatch",
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
-                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got[i]),
+                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got[k]),
                                              i)});
   }
   return rep;

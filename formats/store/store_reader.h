@@ -56,6 +56,9 @@ class StoreReader final : public TensorSource {
   // from its file range (mapped, no copy), others through HDF5. `progress(done_bytes,
   // total_bytes)` is called on the calling thread as pieces complete.
   VerifyReport verify(const std::function<void(uint64_t, uint64_t)>& progress = nullptr, int threads = 2);
+  // The same for the pieces `which` only (indices into pieces(); a share of a distributed check).
+  VerifyReport verify_pieces(const std::vector<size_t>& which,
+                             const std::function<void(uint64_t, uint64_t)>& progress = nullptr, int threads = 2);
 
  private:
   StoreReader() = default;

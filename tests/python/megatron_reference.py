@@ -162,7 +162,9 @@ def make_hf_model(cfg, rng, dtype=np.float32):
 #     tensors go into one flat buffer per (stage, tp rank, kind = "optimizer.<kind>"): the TP boxes
 #     of the stage's tensors of that kind in tensor-list order, concatenated, padded to a multiple
 #     of 128*dp, split evenly over the DP ranks.
-#   * a box (or flat range of it) held by several ranks is stored once, by the lowest rank.
+#   * a box (or flat range of it) held by several ranks is stored once, balanced: holdings cut into
+#     segments; single-holder ones to their holder; shared ones largest first (ties: tensor, box,
+#     start) to the holder with the fewest bytes so far (ties: lowest rank); adjacent runs merged.
 # ---------------------------------------------------------------------------------------------
 
 def layout_stage_of_layer(layers_per_stage):
@@ -214,9 +216,10 @@ def native_tp_boxes(cfg, name, shape, tp, divisor):
     raise ValueError(f"no rule for {name}")
 
 
-def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128):
+def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128, elem_bytes=None):
     """tensors: list of (name, shape) in the checkpoint's tensor order. Returns the set of stored
-    pieces as tuples (rank, name, offset, extent, flat) with flat = (begin, end) or None."""
+    pieces as tuples (rank, name, offset, extent, flat) with flat = (begin, end) or None.
+    elem_bytes: bytes per element of each tensor (default 4), for the balance."""
     pp = len(layers_per_stage)
     stage_of = layout_stage_of_layer(layers_per_stage)
     tied = cfg.get("tie_word_embeddings", False)
@@ -272,28 +275,36 @@ def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor
                             a, b = max(lo, off) - off, min(hi, off + n) - off
                             if a < b:
                                 holdings.append(((s * dp + d) * tp + t, ti, info[ti][2][t], a, b))
-    # De-duplicate: per tensor, ascending rank, keep what is not stored yet.
+    # De-duplicate with balance (bytes per rank).
+    itemsize = [np.dtype(np.float32).itemsize if elem_bytes is None else elem_bytes[i] for i in range(len(tensors))]
+    segs = []  # [ti, box, a, b, bytes, holders, rank]
+    for ti in range(len(tensors)):
+        mine = [h for h in holdings if h[1] == ti]
+        for box in sorted({h[2] for h in mine}):
+            cuts = sorted({x for h in mine if h[2] == box for x in (h[3], h[4])})
+            for a, b in zip(cuts, cuts[1:]):
+                hold = sorted({h[0] for h in mine if h[2] == box and h[3] <= a and b <= h[4]})
+                if hold:
+                    segs.append([ti, box, a, b, (b - a) * itemsize[ti], hold, -1])
+    load = {}
+    for s in segs:
+        if len(s[5]) == 1:
+            s[6] = s[5][0]
+            load[s[6]] = load.get(s[6], 0) + s[4]
+    shared = sorted((s for s in segs if len(s[5]) > 1), key=lambda s: -s[4])  # stable
+    for s in shared:
+        s[6] = min(s[5], key=lambda r: (load.get(r, 0), r))
+        load[s[6]] = load.get(s[6], 0) + s[4]
     out = set()
-    stored = {}  # (ti, box) -> list of [a, b)
-    for rank, ti, box, a, b in sorted(holdings, key=lambda h: (h[1], h[0])):
-        iv = sorted(stored.setdefault((ti, box), []))
-        cur, fresh = a, []
-        for sa, sb in iv:
-            if sb <= cur:
-                continue
-            if sa >= b:
-                break
-            if sa > cur:
-                fresh.append((cur, sa))
-            cur = max(cur, sb)
-            if cur >= b:
-                break
-        if cur < b:
-            fresh.append((cur, b))
-        for fa, fb in fresh:
-            flat = None if (fa, fb) == (0, numel(box)) else (fa, fb)
-            out.add((rank, tensors[ti][0], box[0], box[1], flat))
-            stored[(ti, box)].append((fa, fb))
+    runs = []
+    for s in segs:
+        if runs and runs[-1][:3] == [s[6], s[0], s[1]] and runs[-1][4] == s[2]:
+            runs[-1][4] = s[3]
+        else:
+            runs.append([s[6], s[0], s[1], s[2], s[3]])
+    for rank, ti, box, a, b in runs:
+        flat = None if (a, b) == (0, numel(box)) else (a, b)
+        out.add((rank, tensors[ti][0], box[0], box[1], flat))
     return out
 
 

@@ -70,7 +70,8 @@ def layout_args(tp, per_stage, dp, zero):
 
 def check_against_reference(dst, cfg, tensors, tp, per_stage, dp, zero, divisor):
     m, got = ref.read_native_pieces(dst)
-    want = ref.native_rank_pieces(cfg, [(k, v.shape) for k, v in tensors.items()], tp, per_stage, dp, zero, divisor)
+    want = ref.native_rank_pieces(cfg, [(k, v.shape) for k, v in tensors.items()], tp, per_stage, dp, zero, divisor,
+                                  [v.dtype.itemsize for v in tensors.values()])
     got_set = {g[:5] for g in got}
     assert len(got_set) == len(got), "a piece is stored twice"
     missing, extra = want - got_set, got_set - want
@@ -146,7 +147,8 @@ def test_dry_run_prints_plan_and_writes_nothing(make_store, run_ckpt, tmp_path):
     assert "read" in out and "write" in out and "peak buffer" in out and "shards/r00000.h5" in out, out
     j = json.loads(run_ckpt("reshard", src, dst, *args, "--dry-run", "--json").stdout)
     assert not dst.exists()
-    want = ref.native_rank_pieces(CFG_GQA, [(k, v.shape) for k, v in tensors.items()], 2, [1, 3], 2, 1, 128)
+    want = ref.native_rank_pieces(CFG_GQA, [(k, v.shape) for k, v in tensors.items()], 2, [1, 3], 2, 1, 128,
+                                  [v.dtype.itemsize for v in tensors.values()])
     nbytes = {k: v.dtype.itemsize for k, v in tensors.items()}
 
     def count(p):

@@ -6,8 +6,11 @@
 //   comm_check groups T,P,D ...     LayoutGroups::make for each layout (tp,pp,dp); rank 0 prints
 //                                   one JSON line per layout: per world rank its pp/dp/tp rank and
 //                                   the world ranks of each group, in group order
-//   comm_check timeout              rank 0 skips an all_reduce_sum (float, 1000 elements) and
-//                                   waits in a recv that never comes; the others time out
+//   comm_check timeout              rank 0 skips an all_reduce_sum (float, 1000 elements),
+//                                   computes (sleeps) 1 s, then waits in a recv that never comes;
+//                                   the others time out (and rank 0 learns it from them)
+//   comm_check bench                rank 0 prints the mean seconds of all_reduce_sum (float) of
+//                                   1e3, 1.6e4, 2.56e5 and 4.096e6 elements (not a check)
 //   comm_check fail                 rank 1 fails (fail_all, an Io error) while rank 0 waits in an
 //                                   all_reduce and rank 2 in a recv from rank 1; every later
 //                                   operation must return the same failure at once
@@ -208,6 +211,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 int run_timeout(Comm& w) {
   std::vector<float> b(1000, 1.0f);
+  if (w.rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   Status st = w.rank() == 0 ? w.recv(b.data(), 1, 1, 99) : w.all_reduce_sum(b.data(), 1000);
   if (st.ok()) return fail(Status::Internal("the operation succeeded although rank 0 skipped it"));
   return fail(st);
@@ -234,6 +238,19 @@ int run_fail(Comm& w) {
   return fail(st);
 }
 
+int run_bench(Comm& w) {
+  for (int64_t n = 1000; n <= 4096000; n *= 16) {
+    std::vector<float> b(static_cast<size_t>(n), 1.0f);
+    const int reps = n > 100000 ? 5 : 50;
+    Status st = w.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < reps && st.ok(); ++k) st = w.all_reduce_sum(b.data(), n);
+    if (!st.ok()) return fail(st);
+    if (w.rank() == 0) std::printf("all_reduce_sum float n=%lld: %.6f s\n", static_cast<long long>(n), since(t0) / reps);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,5 +260,6 @@ int main(int argc, char** argv) {
   if (mode == "groups") return run_groups(w, argc, argv);
   if (mode == "timeout") return run_timeout(w);
   if (mode == "fail") return run_fail(w);
+  if (mode == "bench") return run_bench(w);
   return fail(Status::InvalidArgument("usage: comm_check collectives | groups T,P,D ... | timeout | fail"));
 }

@@ -1,0 +1,42 @@
+// Trainer checkpoints in the native store: fp32 weights (the master weights of an fp32 run) under
+// their HF names, Adam moments as optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>
+// (trainer/held_region.h), and metadata model_config (HF config.json), layout (reshard Layout
+// JSON), trainer (this file's TrainerState: step, LR schedule, data cursor, seed, optimizer
+// hyper-parameters, batch shape). Saved and loaded by trainer/dist_checkpoint.h on any layout.
+// Plain values; thread safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/status.h"
+#include "formats/store/store_writer.h"
+#include "formats/tensor_io.h"
+#include "trainer/adamw.h"
+#include "trainer/model.h"
+#include "trainer/lr_schedule.h"
+
+namespace ckpt::trainer {
+
+// The `trainer` metadata object.
+struct TrainerState {
+  int64_t step = 0;             // optimizer steps done (= Adam step count)
+  LrSchedule schedule;
+  uint64_t seed = 0;            // init and data seed
+  std::string data_source = "procedural";
+  int64_t micro_batch = 1, seq_len = 1, grad_accum = 1;  // micro_batch: of DP rank 0 (per-rank
+                                // sizes are in the layout); grad_accum: micro-batches per DP rank per step
+  int64_t global_batch = 1;     // samples per step (data.samples_per_step), whatever the layout
+  AdamWOptions adam;
+  double max_grad_norm = 1.0;
+
+  // data cursor: the next step's samples are (seed, step, 0 .. micro_batch*grad_accum-1).
+  nlohmann::json to_json() const;
+  static Result<TrainerState> from_json(const nlohmann::json& j);
+};
+
+}  // namespace ckpt::trainer
