@@ -73,7 +73,7 @@ Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<Ten
                                                            const Layout& layout, const ShardingRules& rules);
 
 // Everything rank `rank` holds in memory under `layout` (not de-duplicated: replicas included).
-// ZeRO-1 optimizer state gives flat regions. Nothing calls it yet (no test either); meant for a trainer resuming on another layout.
+// ZeRO-1 optimizer state gives flat regions. The parallel trainer allocates these (trainer/held_region.h).
 Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                      const ShardingRules& rules, int rank);
 
