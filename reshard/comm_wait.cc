@@ -16,6 +16,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kFailTag = 1;                // fail_all messages on the control communicator
 constexpr double kDefaultTimeoutS = 600;   // CKPT_COMM_TIMEOUT_S unset or invalid
 constexpr double kExitBarrierMaxS = 10;    // abandon(): longest wait for the other ranks
+constexpr double kPeerFailureGraceS = 0.5;  // wait(): an operation in flight may still complete
 // wait(): for its first 200 us a wait only yields the CPU between tests (an operation whose peers
 // are there completes at the latency of a blocking call: 1000 floats over 2 oversubscribed ranks
 // in ~6 us, against ~0.5 ms with sleeps alone); then it sleeps, 20 us growing to 1 ms.
@@ -202,6 +203,15 @@ Status wait(MPI_Request* reqs, int n, const OpInfo& info, int first_recv) {
     }
     if (done) return Status::Ok();
     if (peer_failure()) {
+      // A peer that completed this operation may fail right after it (e.g. it printed an error
+      // all ranks agreed on): let an operation already in flight finish first, so every rank
+      // returns the agreed status rather than the peer's failure notice.
+      const auto grace = Clock::now();
+      while (!done && seconds_since(grace) < kPeerFailureGraceS) {
+        std::this_thread::yield();
+        if (MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+      }
+      if (done) return Status::Ok();
       leave(reqs, n, first_recv);
       return s.failure;
     }

@@ -106,8 +106,6 @@ class CliBadFiles : public ckpt::testing::TempDirTest {
       }
     }
   }
-
-  fs::path root_;
 };
 
 struct BadCase {
