@@ -1,5 +1,7 @@
 #include "reshard/store_reshard.h"
 
+#include "reshard/balance.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,22 +132,9 @@ std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
     return all;
   }
-  std::vector<size_t> order(plan.files.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return plan.files[a].bytes_written > plan.files[b].bytes_written;
-  });
-  std::vector<uint64_t> load(static_cast<size_t>(nprocs), 0);
-  std::vector<size_t> mine;
-  for (size_t f : order) {
-    size_t best = 0;
-    for (size_t p = 1; p < load.size(); ++p)
-      if (load[p] < load[best]) best = p;
-    load[best] += plan.files[f].bytes_written + 1;
-    if (static_cast<int>(best) == proc) mine.push_back(f);
-  }
-  std::sort(mine.begin(), mine.end());
-  return mine;
+  std::vector<uint64_t> sizes;
+  for (const FileWork& f : plan.files) sizes.push_back(f.bytes_written);
+  return balanced_share(sizes, nprocs, proc);
 }
 
 namespace {

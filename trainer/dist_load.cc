@@ -7,27 +7,18 @@
 #include "reshard/source_index.h"
 #include "trainer/dist_checkpoint.h"
 
+#include "reshard/balance.h"
+
 namespace ckpt::trainer {
 
 namespace {
 
-// This rank's share of the digest check: pieces largest first, each to the rank with the fewest
-// bytes so far (ties: lowest rank). Deterministic over the manifest, so the shares tile it.
+// This rank's share of the digest check: the pieces balanced over the ranks by bytes
+// (reshard/balance.h; deterministic over the manifest, so the shares tile it).
 std::vector<size_t> my_verify_share(const store::Manifest& m, int rank, int nranks) {
-  std::vector<size_t> order(m.pieces.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return m.pieces[a].bytes > m.pieces[b].bytes; });
-  std::vector<uint64_t> load(static_cast<size_t>(nranks), 0);
-  std::vector<size_t> mine;
-  for (size_t i : order) {
-    size_t best = 0;
-    for (size_t r = 1; r < load.size(); ++r)
-      if (load[r] < load[best]) best = r;
-    load[best] += m.pieces[i].bytes + 1;
-    if (static_cast<int>(best) == rank) mine.push_back(i);
-  }
-  std::sort(mine.begin(), mine.end());
-  return mine;
+  std::vector<uint64_t> sizes;
+  for (const auto& p : m.pieces) sizes.push_back(p.bytes);
+  return balanced_share(sizes, nranks, rank);
 }
 
 Status check_config(const store::StoreReader& reader, const LlamaConfig& cfg) {
