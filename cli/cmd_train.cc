@@ -32,9 +32,9 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--seed", f->o.seed, "Seed of the initialization and the data stream")->capture_default_str();
   sub.add_option("--lr", f->o.lr, "Peak learning rate")->capture_default_str();
   sub.add_option("--warmup", f->o.warmup, "Linear warm-up steps")->capture_default_str();
-  sub.add_option("--micro-batch", f->o.micro_batch, "Sequences per micro-batch")->capture_default_str();
+  sub.add_option("--micro-batch", f->o.micro_batch, "Sequences per micro-batch, on every data-parallel rank (see --micro-batches)")->capture_default_str();
   sub.add_option("--seq-len", f->o.seq_len, "Tokens per sequence")->capture_default_str();
-  sub.add_option("--grad-accum", f->o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  sub.add_option("--grad-accum", f->o.grad_accum, "Micro-batches per optimizer step, on every data-parallel rank")->capture_default_str();
   sub.add_option("--threads", f->o.threads, "OpenBLAS threads")->capture_default_str();
   sub.add_option("--data", f->o.data_path, "Corpus file (bytes are tokens); default: procedural corpus");
   sub.add_option("--weight-decay", f->o.adam.weight_decay, "AdamW weight decay")->capture_default_str();
