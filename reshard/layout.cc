@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "formats/json_read.h"
+#include "reshard/layout_flagscale.h"
+#include "reshard/layout_general.h"
 
 namespace ckpt {
 
@@ -14,12 +16,14 @@ constexpr int kMaxParallel = 1 << 20;  // sanity bound on tp/pp/dp from untruste
 }  // namespace
 
 int Layout::first_layer(int stage) const {
+  if (!symmetric()) return pipelines.empty() ? 0 : stage_first_layer(0, stage);
   for (int i = 0; i < num_layers(); ++i)
     if (stage_of_layer[i] == stage) return i;
   return num_layers();
 }
 
 int Layout::layers_in_stage(int stage) const {
+  if (!symmetric()) return stage_layers(0, stage);
   return static_cast<int>(std::count(stage_of_layer.begin(), stage_of_layer.end(), stage));
 }
 
@@ -62,6 +66,7 @@ Result<Layout> Layout::make(int tp, int pp, int dp, int zero, int num_layers, co
 }
 
 Status Layout::validate() const {
+  if (!symmetric()) return validate_general(*this);
   if (tp < 1 || pp < 1 || dp < 1 || tp > kMaxParallel || pp > kMaxParallel || dp > kMaxParallel)
     return bad("tp, pp and dp must be in 1.." + std::to_string(kMaxParallel) + ", got tp=" + std::to_string(tp) +
                " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp));
@@ -99,6 +104,7 @@ Status Layout::validate() const {
 }
 
 nlohmann::json Layout::to_json() const {
+  if (!symmetric()) return general_to_json(*this);
   std::vector<int> per_stage(static_cast<size_t>(std::max(pp, 0)), 0);
   for (int s : stage_of_layer)
     if (s >= 0 && s < pp) ++per_stage[s];
@@ -132,6 +138,8 @@ void Layout::keep_source_settings(const nlohmann::json& src) {
 
 Result<Layout> Layout::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return bad("layout must be a JSON object, got " + std::string(j.type_name()));
+  if (j.contains("pipelines")) return general_from_json(j);
+  if (j.contains("hetero_process_meshes")) return layout_from_flagscale(j);
   auto get_int = [&](const char* key, int64_t def, bool required, int64_t& out) -> Status {
     if (!j.contains(key)) {
       if (required) return bad(std::string("layout is missing key '") + key + "'");
@@ -205,6 +213,7 @@ Result<Layout> Layout::from_json(const nlohmann::json& j) {
 }
 
 std::string Layout::to_string() const {
+  if (!symmetric()) return general_to_string(*this);
   std::string s = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " [";
   std::vector<int> per(static_cast<size_t>(std::max(pp, 0)), 0);
   for (int st : stage_of_layer)
