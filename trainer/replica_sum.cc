@@ -151,22 +151,23 @@ Result<std::vector<Holder>> holders_of(const TensorMeta& t, const Layout& layout
 void add_to_sets(int ti, const std::vector<Holder>& hs, const std::vector<Piece>& pieces, ReplicaSum::Scope scope,
                  Plan* plan) {
   for (const Piece& pc : pieces) {
-    // scope group -> (pipeline, stage) -> (tp rank, rank) of its lowest TP rank holding the piece
-    std::map<int, std::map<std::pair<int, int>, std::pair<int, int>>> groups;
+    struct ScopeGroup {
+      std::map<std::pair<int, int>, std::pair<int, int>> lowest;  // (pipeline, stage) -> (tp rank, rank)
+      std::vector<int> ranks;
+    };
+    std::map<int, ScopeGroup> groups;  // the world (0), or each pipeline under kPipeline
     for (int k : pc.holders) {
       const Holder& h = hs[static_cast<size_t>(k)];
-      const int g = scope == ReplicaSum::Scope::kPipeline ? h.place.pipeline : 0;
+      ScopeGroup& g = groups[scope == ReplicaSum::Scope::kPipeline ? h.place.pipeline : 0];
       const std::pair<int, int> me{h.place.tp_rank, h.rank};
-      auto [it, fresh] = groups[g].try_emplace({h.place.pipeline, h.place.stage}, me);
+      auto [it, fresh] = g.lowest.try_emplace({h.place.pipeline, h.place.stage}, me);
       if (!fresh) it->second = std::min(it->second, me);
+      g.ranks.push_back(h.rank);
     }
-    for (const auto& [g, stages] : groups) {
-      if (stages.size() < 2) continue;  // TP replicas of one stage hold equal gradients
-      std::vector<int> ranks, contributors;
-      for (int k : pc.holders)
-        if (scope == ReplicaSum::Scope::kWorld || hs[static_cast<size_t>(k)].place.pipeline == g)
-          ranks.push_back(hs[static_cast<size_t>(k)].rank);
-      for (const auto& [ps, lowest] : stages) contributors.push_back(lowest.second);
+    for (auto& [id, g] : groups) {
+      if (g.lowest.size() < 2) continue;  // TP replicas of one stage hold equal gradients
+      std::vector<int> ranks = std::move(g.ranks), contributors;
+      for (const auto& [ps, lowest] : g.lowest) contributors.push_back(lowest.second);
       std::sort(ranks.begin(), ranks.end());
       std::sort(contributors.begin(), contributors.end());
       auto [it, fresh] = plan->set_index.try_emplace(ranks, static_cast<int>(plan->sets.size()));
@@ -268,6 +269,7 @@ Result<ReplicaSum> ReplicaSum::make(Comm& world, const Layout& layout, const Sha
     return Status::Error("WorldSizeMismatch", "replica sum: the communicator has " + std::to_string(world.size()) +
                                                   " ranks, the layout " + layout.to_string() + " needs " +
                                                   std::to_string(layout.world_size()));
+  CKPT_RETURN_IF_ERROR(check_same_tensors(world, tensors));
   CKPT_RETURN_IF_ERROR(check_layout_views(layout, rules));
   auto impl = std::make_shared<Impl>();
   impl->rank = world.rank();
@@ -288,7 +290,6 @@ Result<ReplicaSum> ReplicaSum::make(Comm& world, const Layout& layout, const Sha
       if (lowest_rank(hs, pc) == world.rank()) counted.push_back(pc.box);
     merge_boxes(counted);
   }
-  CKPT_RETURN_IF_ERROR(check_same_tensors(world, tensors));
   CKPT_RETURN_IF_ERROR(impl->make_comms(world, plan));
   ReplicaSum out;
   out.impl_ = std::move(impl);
