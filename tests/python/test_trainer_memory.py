@@ -61,7 +61,7 @@ def train(tmp_path, n, out, cluster_file, *args):
 
 
 def test_cluster_whose_small_device_cannot_hold_its_stage_is_refused_before_training(tmp_path):
-    # Two stages of 1 and 3 layers: stage 1 (rank 1) holds 3 layers and the head, ~100 MiB.
+    # Two stages of 1 and 3 layers: stage 1 (rank 1) holds 3 layers and the head, ~460 MiB.
     big_small = write_json(tmp_path / "cluster.json", cluster([("big", "64GiB"), ("small", "48MiB")],
                                                               [("big", 1), ("small", 1)]))
     out = tmp_path / "run"
