@@ -10,19 +10,19 @@ namespace ckpt {
 
 namespace {
 
-Status bad(const std::string& msg) { return Status::Error("BadCluster", msg); }
+Status bad_cluster(const std::string& msg) { return Status::Error("BadCluster", msg); }
 
 constexpr size_t kMaxTypes = 4096;
 constexpr int64_t kMaxRanks = int64_t{1} << 20;
 
-Status known_keys(const nlohmann::json& j, std::initializer_list<const char*> keys, const std::string& ctx) {
+Status cluster_keys(const nlohmann::json& j, std::initializer_list<const char*> keys, const std::string& ctx) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : keys) ok = ok || it.key() == k;
     if (!ok) {
       std::string list;
       for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
-      return bad(ctx + " has an unknown key '" + it.key() + "' (expected: " + list + ")");
+      return bad_cluster(ctx + " has an unknown key '" + it.key() + "' (expected: " + list + ")");
     }
   }
   return Status::Ok();
@@ -35,34 +35,34 @@ Result<uint64_t> bytes_field(const nlohmann::json& v, const std::string& ctx, bo
     std::string s = v.get<std::string>();
     if (per_second && s.size() > 2 && s.compare(s.size() - 2, 2, "/s") == 0) s.resize(s.size() - 2);
     auto r = parse_byte_size(s, ctx);
-    if (!r.ok()) return bad(ctx + ": " + r.status().message());
+    if (!r.ok()) return bad_cluster(ctx + ": " + r.status().message());
     return *r;
   }
-  return bad(ctx + " must be a byte count or a size string such as \"24GiB\"" +
+  return bad_cluster(ctx + " must be a byte count or a size string such as \"24GiB\"" +
              std::string(per_second ? " or \"100GB/s\"" : "") + ", got " + v.dump());
 }
 
 Result<DeviceType> device_type_from_json(const nlohmann::json& e, size_t i) {
   const std::string ctx = "cluster device_types[" + std::to_string(i) + "]";
-  if (!e.is_object()) return bad(ctx + " must be an object {\"name\", \"memory\", ...}, got " + e.dump());
-  CKPT_RETURN_IF_ERROR(known_keys(e, {"name", "vendor", "memory", "peak_flops", "link_bandwidth", "dtype"}, ctx));
+  if (!e.is_object()) return bad_cluster(ctx + " must be an object {\"name\", \"memory\", ...}, got " + e.dump());
+  CKPT_RETURN_IF_ERROR(cluster_keys(e, {"name", "vendor", "memory", "peak_flops", "link_bandwidth", "dtype"}, ctx));
   DeviceType d;
   auto name = e.find("name");
   if (name == e.end() || !name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 256)
-    return bad(ctx + " needs a non-empty string 'name' (at most 256 bytes)");
+    return bad_cluster(ctx + " needs a non-empty string 'name' (at most 256 bytes)");
   d.name = name->get<std::string>();
   const std::string tctx = "cluster device type '" + d.name + "'";
   if (auto v = e.find("vendor"); v != e.end()) {
-    if (!v->is_string()) return bad(tctx + " key 'vendor' must be a string, got " + v->dump());
+    if (!v->is_string()) return bad_cluster(tctx + " key 'vendor' must be a string, got " + v->dump());
     d.vendor = v->get<std::string>();
   }
   auto mem = e.find("memory");
-  if (mem == e.end()) return bad(tctx + " is missing key 'memory' (bytes or a size string such as \"24GiB\")");
+  if (mem == e.end()) return bad_cluster(tctx + " is missing key 'memory' (bytes or a size string such as \"24GiB\")");
   CKPT_ASSIGN_OR_RETURN(d.memory_bytes, bytes_field(*mem, tctx + " key 'memory'", false));
-  if (d.memory_bytes == 0) return bad(tctx + " key 'memory' must be > 0");
+  if (d.memory_bytes == 0) return bad_cluster(tctx + " key 'memory' must be > 0");
   if (auto v = e.find("peak_flops"); v != e.end()) {
     if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0)
-      return bad(tctx + " key 'peak_flops' must be a number >= 0 (FLOP/s), got " + v->dump());
+      return bad_cluster(tctx + " key 'peak_flops' must be a number >= 0 (FLOP/s), got " + v->dump());
     d.peak_flops = v->get<double>();
   }
   if (auto v = e.find("link_bandwidth"); v != e.end()) {
@@ -71,7 +71,7 @@ Result<DeviceType> device_type_from_json(const nlohmann::json& e, size_t i) {
   }
   if (auto v = e.find("dtype"); v != e.end()) {
     if (!v->is_string() || (*v != "bf16" && *v != "fp16" && *v != "fp32"))
-      return bad(tctx + " key 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got " + v->dump());
+      return bad_cluster(tctx + " key 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got " + v->dump());
     d.dtype = v->get<std::string>();
   }
   return d;
@@ -79,25 +79,25 @@ Result<DeviceType> device_type_from_json(const nlohmann::json& e, size_t i) {
 
 Status ranks_from_json(const nlohmann::json& rj, Cluster& c) {
   if (!rj.is_array() || rj.empty())
-    return bad("cluster key 'ranks' must be a non-empty array of {\"type\": NAME, \"count\": N}");
+    return bad_cluster("cluster key 'ranks' must be a non-empty array of {\"type\": NAME, \"count\": N}");
   int64_t total = 0;
   for (size_t i = 0; i < rj.size(); ++i) {
     const std::string ctx = "cluster ranks[" + std::to_string(i) + "]";
     const nlohmann::json& e = rj[i];
-    if (!e.is_object()) return bad(ctx + " must be an object {\"type\": NAME, \"count\": N}, got " + e.dump());
-    CKPT_RETURN_IF_ERROR(known_keys(e, {"type", "count"}, ctx));
+    if (!e.is_object()) return bad_cluster(ctx + " must be an object {\"type\": NAME, \"count\": N}, got " + e.dump());
+    CKPT_RETURN_IF_ERROR(cluster_keys(e, {"type", "count"}, ctx));
     auto t = e.find("type");
-    if (t == e.end() || !t->is_string()) return bad(ctx + " needs a string 'type' (a device_types name)");
+    if (t == e.end() || !t->is_string()) return bad_cluster(ctx + " needs a string 'type' (a device_types name)");
     int type = -1;
     for (size_t k = 0; k < c.types.size(); ++k)
       if (c.types[k].name == t->get<std::string>()) type = static_cast<int>(k);
-    if (type < 0) return bad(ctx + " names device type " + t->dump() + ", which device_types does not define");
+    if (type < 0) return bad_cluster(ctx + " names device type " + t->dump() + ", which device_types does not define");
     auto n = e.find("count");
     if (n == e.end() || !n->is_number_integer() || n->get<int64_t>() < 1 || n->get<int64_t>() > kMaxRanks)
-      return bad(ctx + " needs an integer 'count' in 1.." + std::to_string(kMaxRanks) +
+      return bad_cluster(ctx + " needs an integer 'count' in 1.." + std::to_string(kMaxRanks) +
                  (n == e.end() ? std::string(", got none") : ", got " + n->dump()));
     total += n->get<int64_t>();
-    if (total > kMaxRanks) return bad("cluster has more than " + std::to_string(kMaxRanks) + " ranks");
+    if (total > kMaxRanks) return bad_cluster("cluster has more than " + std::to_string(kMaxRanks) + " ranks");
     c.rank_type.insert(c.rank_type.end(), static_cast<size_t>(n->get<int64_t>()), type);
   }
   return Status::Ok();
@@ -112,21 +112,21 @@ std::string place_text(const Layout& l, int rank) {
 }  // namespace
 
 Result<Cluster> Cluster::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return bad("cluster must be a JSON object {\"device_types\": [...], \"ranks\": [...]}");
-  CKPT_RETURN_IF_ERROR(known_keys(j, {"device_types", "ranks"}, "cluster"));
+  if (!j.is_object()) return bad_cluster("cluster must be a JSON object {\"device_types\": [...], \"ranks\": [...]}");
+  CKPT_RETURN_IF_ERROR(cluster_keys(j, {"device_types", "ranks"}, "cluster"));
   auto dt = j.find("device_types");
   if (dt == j.end() || !dt->is_array() || dt->empty())
-    return bad("cluster key 'device_types' must be a non-empty array of device types");
-  if (dt->size() > kMaxTypes) return bad("cluster key 'device_types' has more than " + std::to_string(kMaxTypes) + " entries");
+    return bad_cluster("cluster key 'device_types' must be a non-empty array of device types");
+  if (dt->size() > kMaxTypes) return bad_cluster("cluster key 'device_types' has more than " + std::to_string(kMaxTypes) + " entries");
   Cluster c;
   for (size_t i = 0; i < dt->size(); ++i) {
     CKPT_ASSIGN_OR_RETURN(DeviceType d, device_type_from_json((*dt)[i], i));
     for (const DeviceType& o : c.types)
-      if (o.name == d.name) return bad("cluster device type '" + d.name + "' is defined twice");
+      if (o.name == d.name) return bad_cluster("cluster device type '" + d.name + "' is defined twice");
     c.types.push_back(std::move(d));
   }
   auto rj = j.find("ranks");
-  if (rj == j.end()) return bad("cluster is missing key 'ranks' (the device type of every rank, in rank order)");
+  if (rj == j.end()) return bad_cluster("cluster is missing key 'ranks' (the device type of every rank, in rank order)");
   CKPT_RETURN_IF_ERROR(ranks_from_json(*rj, c));
   return c;
 }
