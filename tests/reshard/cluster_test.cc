@@ -8,7 +8,7 @@
 #include <string>
 
 namespace ckpt {
-namespace {
+namespace cluster_test {  // named, not anonymous: unique in a unity batch
 
 std::string fixture(const std::string& name) { return std::string(CKPT_SOURCE_DIR) + "/fixtures/clusters/" + name; }
 
@@ -125,5 +125,5 @@ TEST(Cluster, FlagScaleFixtureOnItsCluster) {
   EXPECT_TRUE(check_cluster_layout(*c, *l).ok());
 }
 
-}  // namespace
+}  // namespace cluster_test
 }  // namespace ckpt

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 namespace ckpt {
-namespace {
+namespace flagscale_test {  // named, not anonymous: unique in a unity batch
 
 Result<Layout> parse(const char* text) { return Layout::from_json(nlohmann::json::parse(text)); }
 
@@ -104,5 +104,5 @@ TEST(LayoutFlagScale, RefusesWhatCkptCannotRunNamingTheProblem) {
   EXPECT_TRUE(has(e, "num_layers 3")) << e;
 }
 
-}  // namespace
+}  // namespace flagscale_test
 }  // namespace ckpt

@@ -9,7 +9,7 @@
 #include <random>
 
 namespace ckpt {
-namespace {
+namespace layout_test {  // named, not anonymous: unique in a unity batch
 
 PipelineSpec pipe(int mb, std::vector<StageSpec> st) { return PipelineSpec{mb, std::move(st)}; }
 
@@ -237,5 +237,5 @@ TEST(LayoutGeneralJson, ErrorsNameTheKey) {
   EXPECT_EQ(ro.status().code(), "Unsupported");
 }
 
-}  // namespace
+}  // namespace layout_test
 }  // namespace ckpt

@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 namespace ckpt::trainer {
-namespace {
+namespace memory_estimate_test {  // named, not anonymous: unique in a unity batch
 
 LlamaConfig tiny() {  // fixtures/tiny_llama.json
   auto c = LlamaConfig::from_file(std::string(CKPT_SOURCE_DIR) + "/fixtures/tiny_llama.json");
@@ -125,5 +125,5 @@ TEST(MemoryEstimate, CheckNamesTheFirstRankThatDoesNotFit) {
   EXPECT_TRUE(check_memory(*est, *exact).ok());
 }
 
-}  // namespace
+}  // namespace memory_estimate_test
 }  // namespace ckpt::trainer
