@@ -73,25 +73,31 @@ void print_table(const std::vector<RankMemory>& est, const std::vector<uint64_t>
 Status report_memory(Comm& world, const MemoryInputs& in, const std::string& run_dir, bool print) {
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> all, world.gather(std::to_string(peak_rss_bytes())));
   if (world.rank() != 0 || (run_dir.empty() && !print)) return Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(std::vector<RankMemory> est, estimate_memory(in));
+  // The run is done: an estimate that cannot be made (a layout the estimate does not know) is
+  // reported in the file, not as the run's error.
+  auto est = estimate_memory(in);
   std::vector<uint64_t> rss;
   for (const std::string& s : all) rss.push_back(std::strtoull(s.c_str(), nullptr, 10));
   nlohmann::json ranks = nlohmann::json::array();
-  for (size_t r = 0; r < est.size() && r < rss.size(); ++r) {
-    nlohmann::json j = est[r].to_json();
+  for (size_t r = 0; r < rss.size(); ++r) {
+    nlohmann::json j = {{"rank", r}};
+    if (est.ok() && r < est->size()) {
+      j = (*est)[r].to_json();
+      j["ratio"] = rss[r] ? static_cast<double>((*est)[r].total()) / static_cast<double>(rss[r]) : 0.0;
+    }
     j["peak_rss"] = rss[r];
-    j["ratio"] = rss[r] ? static_cast<double>(est[r].total()) / static_cast<double>(rss[r]) : 0.0;
     ranks.push_back(std::move(j));
   }
   if (!run_dir.empty()) {
-    const nlohmann::json doc = {{"layout", in.layout.to_json()},
-                                {"seq_len", in.seq_len},
-                                {"grad_accum", in.grad_accum},
-                                {"process_bytes", process_bytes(in.mpi, in.layout.world_size())},
-                                {"ranks", ranks}};
+    nlohmann::json doc = {{"layout", in.layout.to_json()},
+                          {"seq_len", in.seq_len},
+                          {"grad_accum", in.grad_accum},
+                          {"process_bytes", process_bytes(in.mpi, in.layout.world_size())},
+                          {"ranks", ranks}};
+    if (!est.ok()) doc["estimate_error"] = est.status().to_string();
     CKPT_RETURN_IF_ERROR(write_file_atomic(run_dir + "/memory.json", doc.dump(1) + "\n"));
   }
-  if (print) print_table(est, rss);
+  if (print && est.ok()) print_table(*est, rss);
   return Status::Ok();
 }
 
