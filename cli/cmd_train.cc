@@ -47,7 +47,8 @@ CommandAction setup_train(CLI::App& sub) {
                  "rank order. The layout's device types must match it, and every rank's estimated memory (weights, "
                  "gradients, optimizer state, activations of the micro-batches in flight) must fit its device, else "
                  "the run stops before training naming the rank; at the end, estimate vs peak RSS per rank is printed "
-                 "(always in RUN_DIR/memory.json)");
+                 "(with --out, always written to RUN_DIR/memory.json)")
+      ->type_name("FILE");
   sub.add_option("--micro-batches", f->micro_batches,
                  "Per data-parallel rank micro-batch sizes a,b,.. (heterogeneous DP); default: --micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,
