@@ -11,8 +11,9 @@
 //   stream at every layer boundary, tokens (first stage), final norm and logits [n,V/tp] (last);
 // - workspace: the shared backward scratch (Workspace), the RoPE tables and the four [n,D]
 //   stage-boundary buffers of the pipeline step;
-// - buffers: the DP gradient buffer (zero 0 with replicas: every gradient packed; zero 1: the
-//   padded flat buffer plus the master and gradient shards), the corpus file when one is given;
+// - buffers: the DP gradient buffer (zero 0 with replicas: every gradient packed, the upper bound
+//   of ReplicaSum's largest holder set; zero 1: the padded flat buffer plus the master and
+//   gradient shards), the corpus file when one is given;
 // - checkpoint: the saver's staging copy of the pieces this rank writes (with a run dir);
 // - process: a measured constant (binary, libc, OpenMPI and OpenBLAS; process_bytes).
 // Pure functions except peak_rss_bytes (getrusage); thread safe.
