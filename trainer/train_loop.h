@@ -13,6 +13,7 @@
 
 #include "converters/llama_config.h"
 #include "converters/reshard_job.h"
+#include "formats/digest.h"
 #include "formats/status.h"
 #include "trainer/adamw.h"
 #include "trainer/trainer_state.h"
@@ -47,6 +48,7 @@ struct TrainOptions {
   std::vector<int> micro_batches;
   std::string dump_grads;       // directory: the first step's gradients (global view), as a checkpoint
   bool async_save = true;
+  DigestAlgo digest = kDefaultDigest;  // of every checkpoint piece (--digest)
   bool print = true;            // a line per step on stdout
   // Progress of the --resume read (bytes done, total), called during Trainer::create() only.
   std::function<void(uint64_t, uint64_t)> resume_progress;
