@@ -1,6 +1,9 @@
 #include "formats/digest.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstdlib>
 #include <utility>
@@ -10,6 +13,17 @@
 namespace ckpt {
 
 namespace {
+
+// libxxhash's runtime-dispatched update (AVX-512 / AVX2 / SSE2 as the CPU allows): Debian builds
+// the plain entry points for baseline x86-64 (SSE2), ~3x slower (8.5 against 26 GB/s measured on
+// one core of the development machine, data in cache). Same result on every path.
+void xxh3_update(XXH3_state_t* st, const void* data, size_t n) {
+#if defined(__x86_64__)
+  XXH3_128bits_update_dispatch(st, data, n);
+#else
+  XXH3_128bits_update(st, data, n);
+#endif
+}
 
 constexpr const char* kHex = "0123456789abcdef";
 
@@ -89,7 +103,7 @@ Digest& Digest::operator=(Digest&& o) noexcept {
 void Digest::update(const void* data, size_t n) {
   if (n == 0) return;
   if (algo_ == DigestAlgo::kSha256) state_->sha->update(data, n);
-  else XXH3_128bits_update(state_->xxh, data, n);
+  else xxh3_update(state_->xxh, data, n);
 }
 
 std::string Digest::hex_digest() {
