@@ -86,7 +86,7 @@ CommandAction setup_reshard(CLI::App& sub) {
   a->stream.add(sub);
   sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
   sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
-  sub.add_option("--digest", a->digest, std::string("Piece digests of DST, ") + store::kDigestFlagHelp);
+  sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");
   sub.add_flag("--no-verify", a->no_verify, "Skip re-hashing SRC pieces before committing DST");
   sub.footer(

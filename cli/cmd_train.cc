@@ -42,7 +42,7 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--weight-decay", f->o.adam.weight_decay, "AdamW weight decay")->capture_default_str();
   sub.add_option("--clip", f->o.max_grad_norm, "Global gradient-norm clip (0: off)")->capture_default_str();
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
-  sub.add_option("--digest", f->digest, std::string("Checkpoints' ") + store::kDigestFlagHelp);
+  sub.add_option("--digest", f->digest, store::kDigestFlagHelp);
   f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
   sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`); excludes --tp/--pp/--pp-layers/--dp/--zero");
   sub.add_option("--micro-batches", f->micro_batches,
