@@ -1,6 +1,7 @@
 #include "reshard/holdings.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "reshard/placement.h"
 #include "reshard/zero_layout.h"
@@ -45,6 +46,39 @@ Result<std::vector<Holding>> layout_holdings(const std::vector<TensorMeta>& tens
     }
   }
   return out;
+}
+
+bool copy_from_held(const Region& held, const void* held_data, const Region& piece, void* out, size_t elem_size) {
+  if (held.box == piece.box) {  // a flat range of the same box: one run
+    const int64_t ha = held.is_flat() ? held.flat_begin : 0, hz = held.is_flat() ? held.flat_end : held.box.numel();
+    const int64_t pa = piece.is_flat() ? piece.flat_begin : 0, pz = piece.is_flat() ? piece.flat_end : piece.box.numel();
+    if (pa >= ha && pz <= hz) {
+      std::memcpy(out, static_cast<const uint8_t*>(held_data) + (pa - ha) * static_cast<int64_t>(elem_size),
+                  static_cast<size_t>(pz - pa) * elem_size);
+      return true;
+    }
+  }
+  const std::vector<Box> hb = held.boxes(), pb = piece.boxes();
+  std::vector<int64_t> hoff(hb.size(), 0);  // first element of each held rectangle in held_data
+  for (size_t k = 1; k < hb.size(); ++k) hoff[k] = hoff[k - 1] + hb[k - 1].numel();
+  std::vector<size_t> from(pb.size());
+  for (size_t j = 0; j < pb.size(); ++j) {
+    from[j] = hb.size();
+    for (size_t k = 0; k < hb.size() && from[j] == hb.size(); ++k)
+      if (hb[k].ndim() == pb[j].ndim() && hb[k].contains(pb[j])) from[j] = k;
+    if (from[j] == hb.size() && pb[j].numel() > 0) return false;
+  }
+  const auto* src = static_cast<const uint8_t*>(held_data);
+  auto* dst = static_cast<uint8_t*>(out);
+  int64_t at = 0;
+  for (size_t j = 0; j < pb.size(); ++j) {
+    if (pb[j].numel() == 0) continue;
+    const size_t k = from[j];
+    copy_box(src + hoff[k] * static_cast<int64_t>(elem_size), hb[k], dst + at * static_cast<int64_t>(elem_size), pb[j],
+             pb[j], elem_size);
+    at += pb[j].numel();
+  }
+  return true;
 }
 
 }  // namespace ckpt

@@ -34,4 +34,11 @@ struct Holding {
 Result<std::vector<Holding>> layout_holdings(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                              const ShardingRules& rules, int only_rank = -1);
 
+// Copies the elements of `piece` (storage order) out of `held_data`, the elements of region `held`
+// in its storage order, into `out`; elem_size bytes each. A planned piece lies in one rectangle of
+// what its writer holds (a flat range counts as its flat_range_to_boxes rectangles): a (flat range
+// of the) same box, or under a general layout a sub-box (reshard/planner.h place_tensors). False,
+// copying nothing, when some part of `piece` lies in no single rectangle of `held`.
+bool copy_from_held(const Region& held, const void* held_data, const Region& piece, void* out, size_t elem_size);
+
 }  // namespace ckpt
