@@ -10,7 +10,8 @@
 //     by element) and can copy it out of one held region (copy_from_held), and under ZeRO-1 every rank's optimizer holdings are the DP range of the
 //     trainer's zero_buffer(tensors, stage_view(p, s), ...) buffers;
 //   - a general layout that only names device types plans exactly as its symmetric form;
-//   - bad general layouts are refused before anything is read, naming the pipeline stage.
+//   - bad general layouts are refused before anything is read, naming the pipeline stage; the
+//     Megatron layout refuses the general form.
 // CKPT_LONG=1 runs 400 pairs instead of 24.
 #include <gtest/gtest.h>
 
@@ -26,6 +27,7 @@
 
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
+#include "converters/megatron_segments.h"
 #include "formats/store/store_reader.h"
 #include "reshard/diff.h"
 #include "reshard/holdings.h"
@@ -427,6 +429,13 @@ TEST(ReshardHeteroPlan, BadGeneralLayoutsRefused) {
   auto d = Layout::from_pipelines({{1, {{2, 2, ""}, {2, 1, ""}}}, {1, {{3, 1, ""}}}}, 0);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("pipeline 1 holds 3 layers"), std::string::npos) << d.status().to_string();
+  // The Megatron layout is symmetric only: the general form is refused by name.
+  auto g = Layout::from_pipelines({{1, {{2, 2, "A"}, {2, 1, "B"}}}}, 0);
+  ASSERT_TRUE(g.ok());
+  auto mt = megatron_rank_tensors(c, *g, 0, 0);
+  ASSERT_FALSE(mt.ok());
+  EXPECT_EQ(mt.status().kind(), ErrorKind::kUnsupported) << mt.status().to_string();
+  EXPECT_NE(mt.status().message().find("Megatron"), std::string::npos) << mt.status().to_string();
 }
 
 }  // namespace
