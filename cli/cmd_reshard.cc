@@ -81,7 +81,7 @@ CommandAction setup_reshard(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
-  sub.add_option("--layout", a->layout_file, "Target layout JSON file (tp, pp, dp, zero, layers_per_stage, ...)");
+  sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
   a->stream.add(sub);
   sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
