@@ -20,7 +20,7 @@ namespace {
 
 store::SourceExtras store_extras(store::StoreReader& r) {
   store::SourceExtras ex;
-  ex.format = std::string(store::kFormatName) + " v" + std::to_string(store::kFormatVersion);
+  ex.format = std::string(store::kFormatName) + " v" + std::to_string(r.manifest().version);
   ex.stored_bytes = [&r](size_t i) { return r.stored_bytes(i); };
   ex.codec = [&r](size_t i) {
     const auto& p = r.manifest().pieces[i];
