@@ -38,8 +38,10 @@ Status set_batches(const TrainLayoutFlags& f, Layout* layout) {
   const int n = layout->num_pipelines();
   if (!f.micro_batches.empty()) {
     if (static_cast<int>(f.micro_batches.size()) != n)
-      return refuse("--micro-batches gives " + std::to_string(f.micro_batches.size()) + " sizes, but the layout has " +
-                    std::to_string(n) + " pipelines (data-parallel replicas; one size each)");
+      return refuse("--micro-batches gives " + std::to_string(f.micro_batches.size()) + " sizes, but " +
+                    (layout->symmetric() ? "dp=" + std::to_string(n) + " (one per data-parallel rank)"
+                                         : "the layout has " + std::to_string(n) +
+                                               " pipelines (data-parallel replicas; one size each)"));
     layout->set_micro_batches(f.micro_batches);
   } else if (layout->symmetric() && layout->micro_batch.empty()) {
     if (f.micro_batch < 1 || f.micro_batch > (1 << 20))
@@ -73,9 +75,9 @@ Result<Layout> train_layout(const TrainLayoutFlags& f, const LlamaConfig& c, int
   CKPT_RETURN_IF_ERROR(check_kv_heads(layout, c));
   if (layout.world_size() != world_size)
     return Status::Error("WorldSizeMismatch",
-                         "the layout " + layout.to_string() + " needs " + std::to_string(layout.world_size()) +
-                             " processes (" + (layout.symmetric() ? "tp*pp*dp" : "the sum of its stages' tp") +
-                             "), but " + std::to_string(world_size) +
+                         "the layout " + layout.to_string() + " needs " +
+                             (layout.symmetric() ? "tp*pp*dp = " : "the sum of its stages' tp = ") +
+                             std::to_string(layout.world_size()) + " processes, but " + std::to_string(world_size) +
                              (world_size == 1 ? " was started (run it with mpirun -np " +
                                                     std::to_string(layout.world_size()) + ")"
                                               : " were started (mpirun -np)"));
