@@ -108,6 +108,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     }
     CKPT_RETURN_IF_ERROR(world.agree(st));
     p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir);
+    CKPT_RETURN_IF_ERROR(world.agree(p.saver->prepare()));
   }
   return t;
 }
