@@ -87,6 +87,10 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ChecksumMismatch", kSum},
     // Reshard engine (reshard/).
     {"BadLayout", kArg},
+    // Cluster files and the trainer's memory check (reshard/cluster.h, trainer/memory_estimate.h).
+    {"BadCluster", kArg},
+    {"ClusterMismatch", kArg},
+    {"RankOutOfMemory", kArg},
     // Communicator (reshard/comm.h).
     {"Mpi", ErrorKind::kIo},            // an MPI call failed (message: the MPI error string)
     {"CommTimeout", ErrorKind::kIo},    // peers did not arrive within CKPT_COMM_TIMEOUT_S
@@ -108,6 +112,8 @@ constexpr ErrorCodeEntry kTable[] = {
     // Trainer checkpoints (trainer/trainer_state.h).
     {"BadTrainerState", kCorrupt},
     {"NotTrainerCheckpoint", kCorrupt},
+    // Trainer gradient sums over replicas (trainer/replica_sum.h).
+    {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
 };
 
 }  // namespace
