@@ -39,6 +39,15 @@ std::optional<int64_t> offset_in(const HeldRegion& h, const Piece& piece) {
   return pa - ha;
 }
 
+// A held whole box containing the whole-box `piece` (general layouts: the planner may cut a box
+// into cells where replicas split it differently), or null.
+const HeldRegion* box_holding(const std::vector<HeldRegion>& held, const Piece& piece) {
+  if (piece.region.is_flat()) return nullptr;
+  for (const HeldRegion& h : held)
+    if (h.tensor == piece.tensor && h.data && !h.region.is_flat() && h.region.box.contains(piece.region.box)) return &h;
+  return nullptr;
+}
+
 // CKPT_TEST_KILL_IN_SAVE=R:S names this rank and step?
 bool kill_hook(int rank, int64_t step) {
   const char* v = std::getenv("CKPT_TEST_KILL_IN_SAVE");
@@ -94,13 +103,17 @@ Status DistSaver::copy_out(const std::vector<HeldRegion>& held) {
         off = *o;
         break;
       }
-    if (!from || !from->data)
+    const HeldRegion* outer = from ? nullptr : box_holding(held, piece);  // a cell of a held box
+    if ((!from || !from->data) && !outer)
       return Status::Internal("rank " + std::to_string(world_.rank()) + " must save '" + piece.tensor + "' " +
                               piece.region.to_string() + " but holds no region containing it")
           .with_tensor(piece.tensor);
     const size_t n = static_cast<size_t>(piece.region.numel());
     staging_[k].resize(n);
-    std::memcpy(staging_[k].data(), from->data + off, n * sizeof(float));
+    if (outer)
+      copy_box(outer->data, outer->region.box, staging_[k].data(), piece.region.box, piece.region.box, sizeof(float));
+    else
+      std::memcpy(staging_[k].data(), from->data + off, n * sizeof(float));
   }
   return Status::Ok();
 }
