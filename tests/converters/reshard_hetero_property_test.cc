@@ -39,7 +39,7 @@
 #include "tests/temp_dir.h"
 
 namespace ckpt {
-namespace {
+namespace hetero_property {  // named: unique beside reshard_property_test.cc in a unity batch
 
 namespace fs = std::filesystem;
 using testing_ref::naive_extract;
@@ -438,5 +438,5 @@ TEST(ReshardHeteroPlan, BadGeneralLayoutsRefused) {
   EXPECT_NE(mt.status().message().find("Megatron"), std::string::npos) << mt.status().to_string();
 }
 
-}  // namespace
+}  // namespace hetero_property
 }  // namespace ckpt
