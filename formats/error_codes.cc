@@ -108,6 +108,8 @@ constexpr ErrorCodeEntry kTable[] = {
     // Trainer checkpoints (trainer/trainer_state.h).
     {"BadTrainerState", kCorrupt},
     {"NotTrainerCheckpoint", kCorrupt},
+    // Trainer gradient sums over replicas (trainer/replica_sum.h).
+    {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
 };
 
 }  // namespace

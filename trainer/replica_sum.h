@@ -3,10 +3,13 @@
 // layer; a tied embedding on a first and a last stage of different tp).
 // Plan (make, from metadata only, identical on every rank): every rank's boxes of every tensor come
 // from place_in_layout (reshard/placement.h); the boxes of one tensor are cut into cells by the
-// region arithmetic of formats/region.h (the grid of all the holders' box boundaries), so every
+// region arithmetic of formats/region.h (each holder's box in turn splits the cells so far with
+// intersect / subtract_box: no finer than the grid of the holders' box boundaries), so every
 // cell lies wholly inside or outside each holder's box; the cells with the same holder set are
 // summed together, one all-reduce per holder set (a communicator split once per set in make;
 // disjoint sets share one split), the sets in one global order on every rank (no deadlock).
+// A holder set's buffer holds its cells in tensor order, then row-major cell order, neighbouring
+// cells of one tensor merged into one box where they form one.
 // A (pipeline, stage) contributes once per element: TP ranks of one stage that hold the same
 // element (replicated norms) hold the same gradient, so only the lowest of them adds its value
 // and the others add zero; every holder receives the sum.
@@ -44,7 +47,8 @@ class ReplicaSum {
   };
 
   // Collective over `world` (size layout.world_size()). `tensors`: the parameters in global view,
-  // the same list on every rank. Errors: the placement's, WorldSizeMismatch, the splits'.
+  // the same list on every rank (checked: ReplicaSumMismatch on every rank when one differs from
+  // rank 0's). Errors: WorldSizeMismatch, check_layout_views', the placement's, the splits'.
   static Result<ReplicaSum> make(Comm& world, const Layout& layout, const ShardingRules& rules,
                                  const std::vector<TensorMeta>& tensors, Scope scope);
 
@@ -52,7 +56,10 @@ class ReplicaSum {
   // element held by more than one (pipeline, stage) of the scope becomes, in every holder's
   // buffer, the sum of one contribution per (pipeline, stage). `mine`: exactly this rank's boxes
   // as place_in_layout gives them (each tensor and box once; any order). T: float or double.
-  // Errors: a box of `mine` that the plan does not give this rank (or one missing), the Comm's.
+  // Empty boxes may be left out. Errors: ReplicaSumMismatch naming the rank, tensor and boxes for
+  // a box of `mine` that the plan does not give this rank (or one missing or given twice),
+  // returned before any communication (the caller fails the world, as parallel_step does, or
+  // the peers wait for their timeout); the Comm's, prefixed with the holder set's ranks.
   template <class T>
   Status sum(const std::vector<HeldBox<T>>& mine);
 
