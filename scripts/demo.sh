@@ -2,8 +2,9 @@
 # The main job: training goes on with the same loss when the cluster changes under it.
 # Builds ckpt, then trains a 6-layer LLaMA (fixtures/demo/llama_6l.json) on cluster A (2 ranks of
 # a memory-rich "hbm-large" type and 4 of a "fast" type, fixtures/demo/cluster_a.json) laid out
-# FlagScale-style (layout_a.json: 2 pipelines x [2 layers tp1 on hbm-large | 4 layers tp2 on
-# fast], micro-batches 4 and 2, ZeRO-1) for 20 steps with a checkpoint at step 10. Then the
+# by a FlagScale config (layout_a_flagscale.json: hetero_process_meshes, hetero_device_types...;
+# the same as layout_a.json: 2 pipelines x [2 layers tp1 on hbm-large | 4 layers tp2 on fast],
+# micro-batches 4 and 2, ZeRO-1) for 20 steps with a checkpoint at step 10. Then the
 # cluster changes (cluster_b.json: the hbm-large machines replaced by another vendor's, 5 ranks):
 # `ckpt reshard` moves the step-10 checkpoint (weights and Adam state) to a FlashFlex-style layout
 # (layout_b.json: two pipelines with different stage splits and per-stage tp), `inspect` shows
@@ -35,7 +36,7 @@ nranks() { "$PY" -c 'import json,sys; print(sum(r["count"] for r in json.load(op
 NA=$(nranks $FX/cluster_a.json); NB=$(nranks $FX/cluster_b.json)
 
 step "1. cluster A ($NA ranks: 2 hbm-large, 4 fast), FlagScale-style meshes: train 20 steps, checkpoint at 10"
-"${MPIRUN[@]}" -np "$NA" "${TRAIN[@]}" --cluster $FX/cluster_a.json --layout $FX/layout_a.json \
+"${MPIRUN[@]}" -np "$NA" "${TRAIN[@]}" --cluster $FX/cluster_a.json --layout $FX/layout_a_flagscale.json \
   --steps 20 --save-every 10 --out "$OUT/a"
 "$CKPT" verify "$OUT/a/step-00000010"
 

@@ -12,7 +12,7 @@ Layouts (a 6-layer model, 12 sequences of 8 tokens per step on every layout, at 
 symmetric ones from the flags, and general ones (pipelines of stages, each stage with its layers,
 tp and device type) from layout files, with a cluster file (--cluster) naming the device type of
 every rank when the stages name one. `mesh_a` and `flex_b` are the README's main job (scripts/demo.sh,
-fixtures/demo/layout_{a,b}.json) on this test's smaller model.
+fixtures/demo/layout_a_flagscale.json = layout_a.json, layout_b.json) on this test's smaller model.
 """
 import json
 import pathlib
@@ -33,9 +33,9 @@ def st(layers, tp=1, device=None):
     return dict(layers=layers, tp=tp, **({"device": device} if device else {}))
 
 
-def demo_layout(name, grad_accum):
+def demo_layout(name, grad_accum, file=None):
     j = json.loads((FIXTURES / name).read_text())
-    return Gen(j["pipelines"], j.get("zero", 0), grad_accum)
+    return Gen(j["pipelines"], j.get("zero", 0), grad_accum, file=file)
 
 
 LAYOUTS = {
@@ -50,8 +50,9 @@ LAYOUTS = {
     "dp3z0": Sym(3, ["--dp", 3, "--zero", 0, "--micro-batches", "1,1,2", "--grad-accum", 3]),
     "pp2dp2": Sym(4, ["--pp", 2, "--pp-layers", "3,3", "--dp", 2, "--micro-batch", 3, "--grad-accum", 2]),
     # FlagScale-style meshes (6 ranks): 2 pipelines x [2 layers tp1 on hbm-large | 4 layers tp2 on
-    # fast], micro-batches 4 and 2, ZeRO-1 (the pipelines hold the same parameters).
-    "mesh_a": demo_layout("layout_a.json", 2),
+    # fast], micro-batches 4 and 2, ZeRO-1 (the pipelines hold the same parameters). Trained from
+    # the FlagScale-style file (hetero_process_meshes...), checked against its general form.
+    "mesh_a": demo_layout("layout_a.json", 2, file=FIXTURES / "layout_a_flagscale.json"),
     # FlashFlex-style (5 ranks): the hbm-large ranks replaced by vendor-c, fewer ranks; the two
     # pipelines split the layers differently ([2 tp2 | 4 tp1] and [4 tp1 | 2 tp1]), replicated state.
     "flex_b": demo_layout("layout_b.json", 2),
@@ -144,6 +145,7 @@ def test_resume_on_another_layout(runs, a, b, what):
     worst = assert_losses_close(la, log(res), range(MID + 1, STEPS + 1))
     assert (res / "latest").read_text().strip() == step_dir(STEPS)
     max_abs = assert_same_checkpoint(full / step_dir(STEPS), res / step_dir(STEPS))
+    assert_inspect_shows(full / step_dir(STEPS), a, STEPS)
     assert_inspect_shows(res / step_dir(STEPS), b, STEPS)
     print(f"{a} -> {b} ({what}): worst relative loss difference {worst:.3g}, max |w_a - w_b| {max_abs:.3g}")
 

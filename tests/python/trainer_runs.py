@@ -4,7 +4,8 @@
 A layout spec is either
 - Sym(processes, flags): the symmetric form from the command-line flags (--tp/--pp/--dp...), or
 - Gen(pipelines, zero, grad_accum): the general form (reshard/layout.h), written to a layout file
-  and passed with --layout; when its stages name device types, a cluster file with those types in
+  and passed with --layout (or Gen(..., file=F): F passed instead, e.g. a FlagScale-style file
+  that must describe the same layout); when its stages name device types, a cluster file with those types in
   rank order (stage slowest, then pipeline, then tp rank) is written too and passed with --cluster.
 Every spec of one test runs the same global batch (12 sequences of 8 tokens per step).
 
@@ -64,6 +65,7 @@ class Gen:
     zero: int = 0
     grad_accum: int = 1
     extra: list = field(default_factory=list)
+    file: str = None         # a layout file to pass instead of writing this one (it must describe the same)
 
     @property
     def n(self):
@@ -164,8 +166,10 @@ class Runs:
         spec = self.specs[name]
         if isinstance(spec, Sym):
             return spec.n, list(spec.flags)
-        lay = self.root / f"layout_{name}.json"
-        lay.write_text(json.dumps(spec.layout_json(), indent=1))
+        lay = spec.file
+        if lay is None:
+            lay = self.root / f"layout_{name}.json"
+            lay.write_text(json.dumps(spec.layout_json(), indent=1))
         args = ["--layout", lay, "--grad-accum", spec.grad_accum, *spec.extra]
         cl = spec.cluster_json()
         if cl is not None:
