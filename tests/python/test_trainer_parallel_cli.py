@@ -50,6 +50,11 @@ LAYOUT_OF = {  # what inspect --json must show: (tp, pp, dp, zero, layers_per_st
 }
 
 
+def train_cmd(n, cfg, layout_args, *args, tag=False):
+    """`ckpt train` of config `cfg` with the layout flags `layout_args` on n processes."""
+    return launch(n, [ckpt_path(), "train", "--config", cfg, *COMMON, *layout_args, *args], tag=tag)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return Runs(tmp_path_factory.mktemp("parallel_runs"), LAYOUTS)
@@ -182,7 +187,7 @@ def test_invalid_layout_refused_before_any_work(tmp_path, case):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config))
     out = tmp_path / "out"
-    p = run(launch(n, [ckpt_path(), "train", "--config", cfg, *COMMON, *flags, "--out", out, "--steps", 2]), check=False)
+    p = run(train_cmd(n, cfg, flags, "--out", out, "--steps", 2), check=False)
     assert p.returncode != 0, p.stdout
     assert re.search(pattern, p.stderr), f"message does not match {pattern!r}:\n{p.stderr[-2000:]}"
     assert not step_lines(p.stdout), p.stdout
