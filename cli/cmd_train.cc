@@ -42,6 +42,13 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
   f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
   sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`); excludes --tp/--pp/--pp-layers/--dp/--zero");
+  sub.add_option("--cluster", f->o.cluster_file,
+                 "Cluster JSON file: device types (memory, FLOP/s, link bandwidth, dtype) and how many ranks of each, in "
+                 "rank order. The layout's device types must match it, and every rank's estimated memory (weights, "
+                 "gradients, optimizer state, activations of the micro-batches in flight) must fit its device, else "
+                 "the run stops before training naming the rank; at the end, estimate vs peak RSS per rank is printed "
+                 "(with --out, always written to RUN_DIR/memory.json)")
+      ->type_name("FILE");
   sub.add_option("--micro-batches", f->micro_batches,
                  "Per data-parallel rank micro-batch sizes a,b,.. (heterogeneous DP); default: --micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,

@@ -87,6 +87,10 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ChecksumMismatch", kSum},
     // Reshard engine (reshard/).
     {"BadLayout", kArg},
+    // Cluster files and the trainer's memory check (reshard/cluster.h, trainer/memory_estimate.h).
+    {"BadCluster", kArg},
+    {"ClusterMismatch", kArg},
+    {"RankOutOfMemory", kArg},
     // Communicator (reshard/comm.h).
     {"Mpi", ErrorKind::kIo},            // an MPI call failed (message: the MPI error string)
     {"CommTimeout", ErrorKind::kIo},    // peers did not arrive within CKPT_COMM_TIMEOUT_S

@@ -7,9 +7,9 @@ namespace ckpt {
 
 namespace {
 
-Status bad(const std::string& msg) { return Status::Error("BadLayout", msg); }
+Status bad_general(const std::string& msg) { return Status::Error("BadLayout", msg); }
 
-constexpr int kMaxParallel = 1 << 20;  // sanity bound on sizes from untrusted JSON
+constexpr int kMaxGeneralParallel = 1 << 20;  // sanity bound on sizes from untrusted JSON
 
 std::string where(int p, int s) { return "pipeline " + std::to_string(p) + " stage " + std::to_string(s); }
 
@@ -184,37 +184,37 @@ Result<Layout> Layout::from_pipelines(std::vector<PipelineSpec> pls, int zero, i
 // ---- the general form ----
 
 Status validate_general(const Layout& l) {
-  if (l.pipelines.empty()) return bad("a layout needs at least one pipeline");
-  if (l.pipelines.size() > static_cast<size_t>(kMaxParallel)) return bad("too many pipelines");
-  if (l.zero != 0 && l.zero != 1) return bad("zero must be 0 or 1, got " + std::to_string(l.zero));
-  if (l.vocab_divisor < 1) return bad("vocab_divisor must be >= 1, got " + std::to_string(l.vocab_divisor));
+  if (l.pipelines.empty()) return bad_general("a layout needs at least one pipeline");
+  if (l.pipelines.size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general("too many pipelines");
+  if (l.zero != 0 && l.zero != 1) return bad_general("zero must be 0 or 1, got " + std::to_string(l.zero));
+  if (l.vocab_divisor < 1) return bad_general("vocab_divisor must be >= 1, got " + std::to_string(l.vocab_divisor));
   int64_t world = 0, layers0 = -1;
   for (size_t p = 0; p < l.pipelines.size(); ++p) {
     const PipelineSpec& pl = l.pipelines[p];
     const int pi = static_cast<int>(p);
-    if (pl.micro_batch < 1 || pl.micro_batch > kMaxParallel)
-      return bad("pipeline " + std::to_string(p) + " has micro_batch " + std::to_string(pl.micro_batch) +
-                 ", expected 1.." + std::to_string(kMaxParallel));
-    if (pl.stages.empty()) return bad("pipeline " + std::to_string(p) + " has no stage");
-    if (pl.stages.size() > static_cast<size_t>(kMaxParallel)) return bad("pipeline " + std::to_string(p) + " has too many stages");
+    if (pl.micro_batch < 1 || pl.micro_batch > kMaxGeneralParallel)
+      return bad_general("pipeline " + std::to_string(p) + " has micro_batch " + std::to_string(pl.micro_batch) +
+                 ", expected 1.." + std::to_string(kMaxGeneralParallel));
+    if (pl.stages.empty()) return bad_general("pipeline " + std::to_string(p) + " has no stage");
+    if (pl.stages.size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general("pipeline " + std::to_string(p) + " has too many stages");
     int64_t layers = 0;
     for (size_t s = 0; s < pl.stages.size(); ++s) {
       const StageSpec& st = pl.stages[s];
       const int si = static_cast<int>(s);
-      if (st.layers < 1 || st.layers > kMaxParallel)
-        return bad(where(pi, si) + " holds " + std::to_string(st.layers) + " layers; every stage needs at least one");
-      if (st.tp < 1 || st.tp > kMaxParallel)
-        return bad(where(pi, si) + " has tp " + std::to_string(st.tp) + ", expected 1.." + std::to_string(kMaxParallel));
+      if (st.layers < 1 || st.layers > kMaxGeneralParallel)
+        return bad_general(where(pi, si) + " holds " + std::to_string(st.layers) + " layers; every stage needs at least one");
+      if (st.tp < 1 || st.tp > kMaxGeneralParallel)
+        return bad_general(where(pi, si) + " has tp " + std::to_string(st.tp) + ", expected 1.." + std::to_string(kMaxGeneralParallel));
       layers += st.layers;
       world += st.tp;
     }
     if (layers0 < 0) layers0 = layers;
     if (layers != layers0)
-      return bad("pipeline " + std::to_string(p) + " holds " + std::to_string(layers) + " layers, pipeline 0 holds " +
+      return bad_general("pipeline " + std::to_string(p) + " holds " + std::to_string(layers) + " layers, pipeline 0 holds " +
                  std::to_string(layers0) + " (every pipeline holds every layer once)");
-    if (layers0 > kMaxParallel) return bad("too many layers");
+    if (layers0 > kMaxGeneralParallel) return bad_general("too many layers");
   }
-  if (world > std::numeric_limits<int>::max()) return bad("world size (the sum of every stage's tp) overflows");
+  if (world > std::numeric_limits<int>::max()) return bad_general("world size (the sum of every stage's tp) overflows");
   if (l.zero == 1 && !l.uniform_pipelines()) {
     for (size_t p = 1; p < l.pipelines.size(); ++p) {
       const auto& a = l.pipelines[0].stages;
@@ -225,7 +225,7 @@ Status validate_general(const Layout& l) {
                               : std::string("nothing");
         };
         if (s >= a.size() || s >= b.size() || a[s].layers != b[s].layers || a[s].tp != b[s].tp)
-          return bad("zero=1 needs every pipeline to hold the same layers at the same tp on each stage (ZeRO-1 shards "
+          return bad_general("zero=1 needs every pipeline to hold the same layers at the same tp on each stage (ZeRO-1 shards "
                      "the optimizer state over data-parallel peers holding the same parameters): stage " +
                      std::to_string(s) + " of pipeline 0 holds " + desc(a) + ", of pipeline " + std::to_string(p) +
                      " " + desc(b));
@@ -256,14 +256,14 @@ Status int_field(const nlohmann::json& j, const char* key, const std::string& ct
                  int64_t lo, int64_t hi, int64_t& out) {
   auto it = j.find(key);
   if (it == j.end()) {
-    if (required) return bad(ctx + " is missing key '" + key + "'");
+    if (required) return bad_general(ctx + " is missing key '" + key + "'");
     out = def;
     return Status::Ok();
   }
-  if (!it->is_number_integer()) return bad(ctx + " key '" + key + "' must be an integer, got " + it->dump());
+  if (!it->is_number_integer()) return bad_general(ctx + " key '" + key + "' must be an integer, got " + it->dump());
   out = it->get<int64_t>();
   if (out < lo || out > hi)
-    return bad(ctx + " key '" + key + "' is " + std::to_string(out) + ", expected " + std::to_string(lo) + ".." +
+    return bad_general(ctx + " key '" + key + "' is " + std::to_string(out) + ", expected " + std::to_string(lo) + ".." +
                std::to_string(hi));
   return Status::Ok();
 }
@@ -272,7 +272,7 @@ Status known_keys(const nlohmann::json& j, std::initializer_list<const char*> ke
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : keys) ok = ok || it.key() == k;
-    if (!ok) return bad(ctx + " has an unknown key '" + it.key() + "'");
+    if (!ok) return bad_general(ctx + " has an unknown key '" + it.key() + "'");
   }
   return Status::Ok();
 }
@@ -283,35 +283,35 @@ Result<Layout> general_from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(
       known_keys(j, {"pipelines", "zero", "num_layers", "vocab_divisor", "profile", "rank_order", "zero_shard"}, "layout"));
   const nlohmann::json& pj = j.at("pipelines");
-  if (!pj.is_array() || pj.empty()) return bad("layout key 'pipelines' must be a non-empty array");
-  if (pj.size() > static_cast<size_t>(kMaxParallel)) return bad("layout key 'pipelines' is too long");
+  if (!pj.is_array() || pj.empty()) return bad_general("layout key 'pipelines' must be a non-empty array");
+  if (pj.size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general("layout key 'pipelines' is too long");
   std::vector<PipelineSpec> pls;
   for (size_t p = 0; p < pj.size(); ++p) {
     const std::string ctx = "pipeline " + std::to_string(p);
     const nlohmann::json& e = pj[p];
-    if (!e.is_object()) return bad(ctx + " must be an object {\"micro_batch\": m, \"stages\": [...]}");
+    if (!e.is_object()) return bad_general(ctx + " must be an object {\"micro_batch\": m, \"stages\": [...]}");
     CKPT_RETURN_IF_ERROR(known_keys(e, {"micro_batch", "stages"}, ctx));
     PipelineSpec pl;
     int64_t mb;
-    CKPT_RETURN_IF_ERROR(int_field(e, "micro_batch", ctx, 1, false, 1, kMaxParallel, mb));
+    CKPT_RETURN_IF_ERROR(int_field(e, "micro_batch", ctx, 1, false, 1, kMaxGeneralParallel, mb));
     pl.micro_batch = static_cast<int>(mb);
     auto sit = e.find("stages");
-    if (sit == e.end() || !sit->is_array() || sit->empty()) return bad(ctx + " needs a non-empty array 'stages'");
-    if (sit->size() > static_cast<size_t>(kMaxParallel)) return bad(ctx + " has too many stages");
+    if (sit == e.end() || !sit->is_array() || sit->empty()) return bad_general(ctx + " needs a non-empty array 'stages'");
+    if (sit->size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general(ctx + " has too many stages");
     for (size_t s = 0; s < sit->size(); ++s) {
       const std::string sctx = where(static_cast<int>(p), static_cast<int>(s));
       const nlohmann::json& sj = (*sit)[s];
-      if (!sj.is_object()) return bad(sctx + " must be an object {\"layers\": n, \"tp\": t, \"device\": \"X\"}");
+      if (!sj.is_object()) return bad_general(sctx + " must be an object {\"layers\": n, \"tp\": t, \"device\": \"X\"}");
       CKPT_RETURN_IF_ERROR(known_keys(sj, {"layers", "tp", "device"}, sctx));
       StageSpec st;
       int64_t v;
-      CKPT_RETURN_IF_ERROR(int_field(sj, "layers", sctx, 1, true, 1, kMaxParallel, v));
+      CKPT_RETURN_IF_ERROR(int_field(sj, "layers", sctx, 1, true, 1, kMaxGeneralParallel, v));
       st.layers = static_cast<int>(v);
-      CKPT_RETURN_IF_ERROR(int_field(sj, "tp", sctx, 1, false, 1, kMaxParallel, v));
+      CKPT_RETURN_IF_ERROR(int_field(sj, "tp", sctx, 1, false, 1, kMaxGeneralParallel, v));
       st.tp = static_cast<int>(v);
       if (auto d = sj.find("device"); d != sj.end()) {
         if (!d->is_string() || d->get<std::string>().size() > 256)
-          return bad(sctx + " key 'device' must be a string (at most 256 bytes)");
+          return bad_general(sctx + " key 'device' must be a string (at most 256 bytes)");
         st.device = d->get<std::string>();
       }
       pl.stages.push_back(std::move(st));
@@ -323,14 +323,14 @@ Result<Layout> general_from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(int_field(j, "vocab_divisor", "layout", 128, false, 1, std::numeric_limits<int>::max(), vd));
   std::string profile = "reference";
   if (auto it = j.find("profile"); it != j.end()) {
-    if (!it->is_string()) return bad("layout key 'profile' must be a string");
+    if (!it->is_string()) return bad_general("layout key 'profile' must be a string");
     profile = it->get<std::string>();
   }
   if (auto it = j.find("rank_order"); it != j.end() && *it != "tp-dp-pp")
     return Status::Unsupported("layout rank_order " + it->dump() + " (only \"tp-dp-pp\")");
   CKPT_ASSIGN_OR_RETURN(Layout l, Layout::from_pipelines(std::move(pls), static_cast<int>(zero), vd, profile));
   if (auto it = j.find("num_layers"); it != j.end() && (!it->is_number_integer() || it->get<int64_t>() != l.num_layers()))
-    return bad("layout says num_layers=" + it->dump() + " but its pipelines hold " + std::to_string(l.num_layers()) +
+    return bad_general("layout says num_layers=" + it->dump() + " but its pipelines hold " + std::to_string(l.num_layers()) +
                " layers");
   return l;
 }

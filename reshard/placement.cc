@@ -6,7 +6,7 @@ namespace ckpt {
 
 namespace {
 
-Status bad_placement(const TensorMeta& t, const std::string& msg) {
+Status bad_stage_placement(const TensorMeta& t, const std::string& msg) {
   return Status::Internal("sharding rules gave a bad placement for '" + t.name + "': " + msg).with_tensor(t.name);
 }
 
@@ -24,10 +24,10 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
     std::vector<int> stages = first->stages;
     std::sort(stages.begin(), stages.end());
     stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
-    if (stages.empty()) return bad_placement(t, "no pipeline stage");
+    if (stages.empty()) return bad_stage_placement(t, "no pipeline stage");
     for (int s : stages) {
       if (s < 0 || s >= layout.num_stages(p))
-        return bad_placement(t, "stage " + std::to_string(s) + " outside 0.." + std::to_string(layout.num_stages(p) - 1));
+        return bad_stage_placement(t, "stage " + std::to_string(s) + " outside 0.." + std::to_string(layout.num_stages(p) - 1));
       TensorPlacement pl;
       if (layout.stage_tp(p, s) == v0.tp) {
         pl = *first;
@@ -37,11 +37,11 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
         pl = std::move(r).value();
       }
       if (static_cast<int>(pl.tp_boxes.size()) != layout.stage_tp(p, s))
-        return bad_placement(t, std::to_string(pl.tp_boxes.size()) + " TP boxes for tp=" +
+        return bad_stage_placement(t, std::to_string(pl.tp_boxes.size()) + " TP boxes for tp=" +
                                     std::to_string(layout.stage_tp(p, s)));
       for (const Box& b : pl.tp_boxes) {
         Status st = validate_box(b, t.shape);
-        if (!st.ok()) return bad_placement(t, st.message());
+        if (!st.ok()) return bad_stage_placement(t, st.message());
       }
       out.push_back({p, s, std::move(pl.tp_boxes), pl.optimizer_state});
     }

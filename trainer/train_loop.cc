@@ -8,6 +8,7 @@
 #include "reshard/comm.h"
 #include "trainer/dist_checkpoint.h"
 #include "trainer/grad_dump.h"
+#include "trainer/memory_report.h"
 #include "trainer/ops.h"
 #include "trainer/parallel_step.h"
 #include "trainer/train_layout.h"
@@ -73,6 +74,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
   CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
   CKPT_RETURN_IF_ERROR(check_batch(layout, o));
+  std::string mem_check;  // before any allocation: the cluster file and every rank's memory estimate
+  CKPT_RETURN_IF_ERROR(check_cluster_memory(
+      o.cluster_file, memory_inputs(o.config, layout, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
+      &mem_check));
+  if (!mem_check.empty() && o.print && world.rank() == 0) std::printf("%s\n", mem_check.c_str());
   std::unique_ptr<Trainer> t(new Trainer());
   t->opt_s_ = o;
   t->layout_ = layout;
@@ -206,7 +212,10 @@ Status Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     }
     if (on_step) on_step(st);
   }
-  return wait_saves();
+  CKPT_RETURN_IF_ERROR(wait_saves());
+  return report_memory(Comm::world(),
+                       memory_inputs(o.config, layout_, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
+                       o.out_dir, o.print && !o.cluster_file.empty());
 }
 
 }  // namespace ckpt::trainer

@@ -45,6 +45,9 @@ struct TrainOptions {
   LayoutValues layout_values;
   std::string layout_file;
   std::vector<int> micro_batches;
+  // Cluster file (reshard/cluster.h): checked against the layout and every rank's memory estimate
+  // (trainer/memory_report.h) before anything is allocated; empty: no check.
+  std::string cluster_file;
   std::string dump_grads;       // directory: the first step's gradients (global view), as a checkpoint
   bool async_save = true;
   bool print = true;            // a line per step on stdout
