@@ -22,7 +22,7 @@ namespace ckpt::cli {
 namespace {
 
 struct FromHfArgs {
-  std::string src, out, dtype, compress = "none";
+  std::string src, out, dtype, compress = "none", digest = "xxh3-128";
   LayoutFlags layout;
   StreamFlags stream;
   bool no_fsync = false;
@@ -42,6 +42,8 @@ int run_from_hf(const FromHfArgs& a) {
     opts.dtype = *dt;
   }
   auto so = store::parse_compress_spec(a.compress, "--compress");
+  if (!so.ok()) return fail(so.take_status());
+  so = store::parse_digest_spec(a.digest, "--digest", *so);
   if (!so.ok()) return fail(so.take_status());
   so->fsync = !a.no_fsync;
   so->hash_threads = a.stream.threads;
@@ -103,6 +105,7 @@ CommandAction setup_from_hf(CLI::App& sub) {
   sub.add_option("OUT", a->out, "native checkpoint directory to create (must not exist)")->required();
   sub.add_option("--dtype", a->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--compress", a->compress, "shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL] (default none)");
+  sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   a->layout.add(sub, "ZeRO stage of the (absent) optimizer state: 0 or 1");
   a->stream.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");

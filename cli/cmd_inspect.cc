@@ -1,7 +1,8 @@
 // `ckpt inspect PATH [--json]`: layout summary, tensors (dtype, global shape, pieces, bytes),
 // totals and compression ratio of a checkpoint: a native store (checkpoint or run directory), a
 // .safetensors file, or a HuggingFace directory (index + shards, or one model.safetensors).
-// Parses and prints; the work is in formats/.
+// A layout (either form, reshard/layout.h) is also described as "layout_detail": its pipelines,
+// each stage's layers, tp, device type and world ranks. Parses and prints; the work is in formats/.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -12,13 +13,14 @@
 #include "formats/safetensors/st_dir.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/summary.h"
+#include "reshard/layout.h"
 
 namespace ckpt::cli {
 namespace {
 
 store::SourceExtras store_extras(store::StoreReader& r) {
   store::SourceExtras ex;
-  ex.format = std::string(store::kFormatName) + " v" + std::to_string(store::kFormatVersion);
+  ex.format = std::string(store::kFormatName) + " v" + std::to_string(r.manifest().version);
   ex.stored_bytes = [&r](size_t i) { return r.stored_bytes(i); };
   ex.codec = [&r](size_t i) {
     const auto& p = r.manifest().pieces[i];
@@ -50,6 +52,35 @@ store::SourceExtras safetensors_extras(safetensors::HfDirSource& s, bool dir, st
   return ex;
 }
 
+// {"form", "world_size", "zero", "uniform_pipelines", "pipelines": [{"pipeline", "micro_batch",
+//  "stages": [{"stage", "layers": [first, last], "tp", "device", "ranks": [...]}]}]}, or null
+// when `lj` is not a valid layout.
+nlohmann::json layout_detail(const nlohmann::json& lj) {
+  if (!lj.is_object()) return nullptr;
+  auto l = Layout::from_json(lj);
+  if (!l.ok()) return nullptr;
+  nlohmann::json pls = nlohmann::json::array();
+  for (int p = 0; p < l->num_pipelines(); ++p) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (int s = 0; s < l->num_stages(p); ++s) {
+      std::vector<int> ranks;
+      for (int t = 0; t < l->stage_tp(p, s); ++t) ranks.push_back(l->rank_of(s, p, t));
+      const int first = l->stage_first_layer(p, s);
+      stages.push_back({{"stage", s},
+                        {"layers", {first, first + l->stage_layers(p, s) - 1}},
+                        {"tp", l->stage_tp(p, s)},
+                        {"device", l->stage_device(p, s)},
+                        {"ranks", ranks}});
+    }
+    pls.push_back({{"pipeline", p}, {"micro_batch", l->pipeline_micro_batch(p)}, {"stages", stages}});
+  }
+  return {{"form", l->symmetric() ? "symmetric" : "general"},
+          {"world_size", l->world_size()},
+          {"zero", l->zero},
+          {"uniform_pipelines", l->uniform_pipelines()},
+          {"pipelines", pls}};
+}
+
 CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, pieces, sizes, compression", [](CLI::App& sub) {
   auto path = std::make_shared<std::string>();
   auto json_out = std::make_shared<bool>(false);
@@ -66,6 +97,7 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
     if (auto* r = dynamic_cast<store::StoreReader*>(src->get())) ex = store_extras(*r);
     else if (auto* h = dynamic_cast<safetensors::HfDirSource*>(src->get())) ex = safetensors_extras(*h, kind == SourceKind::kHfDir, file_of);
     auto s = store::summarize_source(**src, &ex);
+    s["layout_detail"] = layout_detail(s["layout"]);
     if (*json_out) std::printf("%s\n", s.dump(2).c_str());
     else std::fputs(store::text_summary(s).c_str(), stdout);
     return 0;

@@ -10,13 +10,14 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/reshard_job.h"
+#include "formats/store/store_options.h"
 #include "reshard/comm.h"
 
 namespace ckpt::cli {
 namespace {
 
 struct ReshardArgs {
-  std::string src, dst, layout_file, compress = "none";
+  std::string src, dst, layout_file, compress = "none", digest = "xxh3-128";
   LayoutFlags layout;
   StreamFlags stream;
   bool dry_run = false, json = false, no_verify = false;
@@ -56,6 +57,7 @@ int run_reshard(const ReshardArgs& a) {
   req.layout_file = a.layout_file;
   req.layout = a.layout.values();
   req.compress = a.compress;
+  req.digest = a.digest;
   req.threads = a.stream.threads;
   req.max_memory = a.stream.max_memory;
   req.dry_run = a.dry_run;
@@ -79,11 +81,12 @@ CommandAction setup_reshard(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
-  sub.add_option("--layout", a->layout_file, "Target layout JSON file (tp, pp, dp, zero, layers_per_stage, ...)");
+  sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
   a->stream.add(sub);
   sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
   sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
+  sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");
   sub.add_flag("--no-verify", a->no_verify, "Skip re-hashing SRC pieces before committing DST");
   sub.footer(

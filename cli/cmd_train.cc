@@ -8,6 +8,7 @@
 #include "reshard/flags.h"
 #include "cli/progress.h"
 #include "converters/llama_config.h"
+#include "formats/store/store_options.h"
 #include "trainer/train_loop.h"
 
 namespace ckpt::cli {
@@ -19,6 +20,7 @@ struct TrainFlags {
   bool sync_save = false;
   LayoutFlags layout;
   std::string micro_batches;
+  std::string digest = "xxh3-128";
 };
 
 CommandAction setup_train(CLI::App& sub) {
@@ -40,6 +42,7 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--weight-decay", f->o.adam.weight_decay, "AdamW weight decay")->capture_default_str();
   sub.add_option("--clip", f->o.max_grad_norm, "Global gradient-norm clip (0: off)")->capture_default_str();
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
+  sub.add_option("--digest", f->digest, store::kDigestFlagHelp);
   f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
   sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`); excludes --tp/--pp/--pp-layers/--dp/--zero");
   sub.add_option("--cluster", f->o.cluster_file,
@@ -65,6 +68,9 @@ CommandAction setup_train(CLI::App& sub) {
     f->o.config = *cfg;
     f->o.async_save = !f->sync_save;
     f->o.layout_values = f->layout.values();
+    auto so = store::parse_digest_spec(f->digest, "--digest");
+    if (!so.ok()) return report_error(so.status());
+    f->o.digest = so->digest;
     if (!f->micro_batches.empty()) {
       auto mb = parse_int_list(f->micro_batches, "--micro-batches");
       if (!mb.ok()) return report_error(mb.status());

@@ -129,6 +129,7 @@ class MegatronDirSource final : public TensorSource {
     auto cv = LlamaConfig::from_json(c.to_json());
     if (!cv.ok()) return cv.take_status().with_file(args_file);
     c = std::move(cv).value();
+    CKPT_RETURN_IF_ERROR(layout.as_symmetric("a Megatron-layout directory").status());
     CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(layout));
     std::map<std::string, DType> dtype_of;
     for (int p = 0; p < layout.pp; ++p)

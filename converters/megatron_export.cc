@@ -33,6 +33,7 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
   CKPT_ASSIGN_OR_RETURN(plan.layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
                                                   opts.layers_per_stage));
   plan.layout.vocab_divisor = opts.vocab_divisor;
+  CKPT_RETURN_IF_ERROR(plan.layout.as_symmetric("export-megatron").status());
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(plan.layout));
   // Every rank's tensors, computed (and refused) before anything is written.
   for (int p = 0; p < plan.layout.pp; ++p)

@@ -116,8 +116,9 @@ std::string megatron_rank_dir(const Layout& layout, int tp_rank, int pp_rank) {
   return buf;
 }
 
-Result<std::vector<MegatronTensor>> megatron_rank_tensors(const LlamaConfig& c, const Layout& layout, int tp_rank,
+Result<std::vector<MegatronTensor>> megatron_rank_tensors(const LlamaConfig& c, const Layout& layout_in, int tp_rank,
                                                           int pp_rank, MegatronNormNames norms) {
+  CKPT_ASSIGN_OR_RETURN(const Layout layout, layout_in.as_symmetric("the Megatron layout"));
   CKPT_RETURN_IF_ERROR(check_megatron_layout(c, layout, tp_rank, pp_rank));
   std::vector<MegatronTensor> out;
   if (pp_rank == 0) {

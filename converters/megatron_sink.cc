@@ -46,6 +46,7 @@ Status MegatronSink::begin(const std::vector<TensorMeta>& tensors, const std::ve
   (void)tensors;
   (void)metadata;
   if (pieces != pieces_) return Status::Internal("MegatronSink::begin: pieces are not the sink's segments");
+  CKPT_RETURN_IF_ERROR(layout_.as_symmetric("the Megatron sink").status());
   if (ranks_.size() != static_cast<size_t>(layout_.tp) * layout_.pp || dtypes_.size() != ranks_.size())
     return Status::Internal("MegatronSink: " + std::to_string(ranks_.size()) + " ranks for tp=" +
                             std::to_string(layout_.tp) + " pp=" + std::to_string(layout_.pp));

@@ -103,6 +103,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
+  CKPT_ASSIGN_OR_RETURN(sopts, store::parse_digest_spec(r.digest, "--digest", sopts));
   sopts.hash_threads = r.threads;
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens

@@ -40,6 +40,7 @@ struct ReshardRequest {
   std::string layout_file;  // a layout JSON file; excludes `layout`
   LayoutValues layout;
   std::string compress = "none";  // none, zstd[:LEVEL], shuffle+zstd[:LEVEL] (errors name --compress)
+  std::string digest = "xxh3-128";  // of every piece written: xxh3-128 or sha256 (errors name --digest)
   int threads = 2;
   std::string max_memory = "256M";
   bool dry_run = false;    // plan only: nothing is written

@@ -62,6 +62,7 @@ constexpr ErrorCodeEntry kTable[] = {
     // Native store (formats/store/, docs/STORE_FORMAT.md).
     {"UnknownFormat", kCorrupt},
     {"UnsupportedVersion", kUnsup},
+    {"UnknownDigest", kUnsup},  // a piece digest algorithm this ckpt does not know (formats/digest.h)
     {"BadField", kCorrupt},
     {"BadByteCount", kCorrupt},
     {"BadFileName", kCorrupt},

@@ -3,91 +3,22 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <unordered_map>
 
 #include "formats/byte_size.h"
 #include "formats/checked.h"
 #include "formats/store/run_dir.h"
+#include "reshard/holdings.h"
+#include "reshard/overlap_cells.h"
+#include "reshard/placement.h"
 
 namespace ckpt {
 
 namespace {
 
-// One rank holding elements [a, b) (storage order) of a box of tensor `tensor`.
-struct Holding {
-  size_t tensor;
-  int rank;
-  Box box;
-  int64_t a, b;
-};
-
 Status bad_placement(const TensorMeta& t, const std::string& msg) {
   return Status::Internal("sharding rules gave a bad placement for '" + t.name + "': " + msg).with_tensor(t.name);
-}
-
-Result<std::vector<TensorPlacement>> placements(const std::vector<TensorMeta>& tensors, const Layout& layout,
-                                                const ShardingRules& rules) {
-  std::vector<TensorPlacement> out;
-  out.reserve(tensors.size());
-  for (const TensorMeta& t : tensors) {
-    auto p = rules.place(t, layout);
-    if (!p.ok()) return p.take_status().with_tensor(t.name);
-    TensorPlacement pl = std::move(p).value();
-    if (static_cast<int>(pl.tp_boxes.size()) != layout.tp)
-      return bad_placement(t, std::to_string(pl.tp_boxes.size()) + " TP boxes for tp=" + std::to_string(layout.tp));
-    for (const Box& b : pl.tp_boxes) {
-      Status st = validate_box(b, t.shape);
-      if (!st.ok()) return bad_placement(t, st.message());
-    }
-    if (pl.stages.empty()) return bad_placement(t, "no pipeline stage");
-    std::sort(pl.stages.begin(), pl.stages.end());
-    pl.stages.erase(std::unique(pl.stages.begin(), pl.stages.end()), pl.stages.end());
-    for (int s : pl.stages)
-      if (s < 0 || s >= layout.pp) return bad_placement(t, "stage " + std::to_string(s) + " outside 0.." + std::to_string(layout.pp - 1));
-    out.push_back(std::move(pl));
-  }
-  return out;
-}
-
-// Every holding of every rank. `all_dp`: also the DP replicas of unsharded tensors (which
-// de-duplication would drop anyway). `only_rank` >= 0 restricts to one rank.
-Result<std::vector<Holding>> holdings(const std::vector<TensorMeta>& tensors, const Layout& layout,
-                                      const ShardingRules& rules, bool all_dp, int only_rank = -1) {
-  CKPT_ASSIGN_OR_RETURN(std::vector<TensorPlacement> pls, placements(tensors, layout, rules));
-  std::vector<Holding> out;
-  const bool zero = layout.zero == 1;
-  // Unsharded tensors (and everything under zero 0).
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorPlacement& pl = pls[i];
-    if (zero && pl.optimizer_state) continue;
-    for (int s : pl.stages)
-      for (int d = 0; d < (all_dp ? layout.dp : 1); ++d)
-        for (int t = 0; t < layout.tp; ++t) {
-          const Box& b = pl.tp_boxes[t];
-          const int r = layout.rank_of(s, d, t);
-          if (b.numel() == 0 || (only_rank >= 0 && r != only_rank)) continue;
-          out.push_back({i, r, b, 0, b.numel()});
-        }
-  }
-  if (!zero) return out;
-  // ZeRO-1: the flat buffers of reshard/zero_layout.h, each DP rank's range cut into its segments.
-  CKPT_ASSIGN_OR_RETURN(std::vector<ZeroBuffer> bufs, zero_buffers(tensors, pls, layout));
-  for (const ZeroBuffer& zb : bufs) {
-    const auto& segs = zb.segments;
-    size_t k = 0;  // first segment that may intersect the shard
-    for (int d = 0; d < layout.dp; ++d) {
-      const auto [lo, hi] = zb.range(d);
-      const int r = layout.rank_of(zb.stage, d, zb.tp_rank);
-      while (k < segs.size() && segs[k].offset + segs[k].numel <= lo) ++k;
-      for (size_t j = k; j < segs.size() && segs[j].offset < hi; ++j) {
-        const int64_t a = std::max(lo, segs[j].offset) - segs[j].offset;
-        const int64_t b = std::min(hi, segs[j].offset + segs[j].numel) - segs[j].offset;
-        if (a >= b || (only_rank >= 0 && r != only_rank)) continue;
-        out.push_back({segs[j].tensor, r, segs[j].box, a, b});
-      }
-    }
-  }
-  return out;
 }
 
 Region make_region(const Box& box, int64_t a, int64_t b) {
@@ -100,23 +31,25 @@ bool box_less(const Box& x, const Box& y) {
   return x.extent < y.extent;
 }
 
-// Distinct boxes of one tensor's holdings: identical or disjoint (else the rules are wrong).
-Result<std::vector<Box>> distinct_boxes(const TensorMeta& t, const std::vector<Holding>& hs,
-                                        const std::vector<size_t>& list) {
+// Distinct boxes of one tensor's holdings, sorted; *disjoint: every two of them are disjoint
+// (always so under symmetric layouts; general layouts overlap them: see reshard/overlap_cells.h).
+std::vector<Box> distinct_boxes(const std::vector<Holding>& hs, const std::vector<size_t>& list, bool* disjoint) {
   std::vector<Box> distinct;
   for (size_t h : list)
     if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
   std::sort(distinct.begin(), distinct.end(), box_less);
-  for (size_t x = 0; x < distinct.size(); ++x)
-    for (size_t y = x + 1; y < distinct.size(); ++y)
-      if (intersect(distinct[x], distinct[y]))
-        return bad_placement(t, "TP boxes " + distinct[x].to_string() + " and " + distinct[y].to_string() +
-                                    " overlap without being equal");
+  *disjoint = true;
+  for (size_t x = 0; x < distinct.size() && *disjoint; ++x)
+    for (size_t y = x + 1; y < distinct.size() && *disjoint; ++y)
+      if (intersect(distinct[x], distinct[y])) *disjoint = false;
   return distinct;
 }
 
 // An elementary segment [a, b) of one distinct box of one tensor: every holding of that box
-// either covers it whole or misses it. `holders`: ascending ranks; `rank`: the writer chosen.
+// either covers it whole or misses it; or (box == kCell) cell `a` of the tensor's overlap cells.
+// `holders`: ascending ranks; `rank`: the writer chosen.
+constexpr size_t kCell = static_cast<size_t>(-1);
+
 struct Segment {
   size_t tensor, box;
   int64_t a, b;
@@ -171,61 +104,95 @@ void assign_balanced(std::vector<Segment>& segs, int world) {
 
 }  // namespace
 
-Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
-                                                           const Layout& layout, const ShardingRules& rules) {
-  CKPT_RETURN_IF_ERROR(layout.validate());
-  CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/true));
-  std::vector<std::vector<size_t>> by_tensor(tensors.size());
-  for (size_t h = 0; h < hs.size(); ++h) by_tensor[hs[h].tensor].push_back(h);
-  std::vector<std::vector<Box>> boxes(tensors.size());
-  std::vector<Segment> segs;  // tensor order, box order, start order
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    CKPT_ASSIGN_OR_RETURN(boxes[i], distinct_boxes(tensors[i], hs, by_tensor[i]));
-    const size_t before = segs.size();
-    cut_segments(i, boxes[i], hs, by_tensor[i], dtype_size(tensors[i].dtype), segs);
-    // Coverage: the segments tile every distinct box (the rules' boxes must cover the tensor;
-    // checked by the sink's validator, and here for a clear message).
-    int64_t covered = 0, want = 1;
-    for (size_t k = before; k < segs.size(); ++k) covered += segs[k].b - segs[k].a;
-    for (int64_t e : tensors[i].shape) want *= e;
-    if (covered != want)
-      return bad_placement(tensors[i], "the ranks hold " + std::to_string(covered) + " of " + std::to_string(want) +
-                                           " elements of shape " + shape_to_string(tensors[i].shape));
+namespace {
+
+// The cells of one tensor whose boxes overlap, as segments (box kCell, a = the cell's index).
+void cell_segments(size_t i, const OverlapCells& oc, size_t elem, std::vector<Segment>& out) {
+  for (size_t c = 0; c < oc.cells.size(); ++c)
+    out.push_back({i, kCell, static_cast<int64_t>(c), static_cast<int64_t>(c) + 1,
+                   static_cast<uint64_t>(oc.cells[c].box.numel()) * elem, oc.cells[c].holders});
+}
+
+// The stored regions of tensor `i` from its assigned segments segs[k0, k1), in rank order.
+// Fast path (boxes disjoint): adjacent segments of one box written by the same rank become one
+// region (a rank holds one interval of a box, so the merged range stays inside what it holds).
+std::vector<RankRegion> tensor_regions(const std::vector<Segment>& segs, size_t k0, size_t k1,
+                                       const std::vector<Box>& boxes, const OverlapCells* cells) {
+  std::vector<RankRegion> out;
+  if (cells) {
+    std::vector<int> writer;
+    for (size_t k = k0; k < k1; ++k) writer.push_back(segs[k].rank);
+    for (auto& [rank, box] : merge_cells(*cells, writer)) out.push_back({rank, Region{std::move(box)}});
+    std::stable_sort(out.begin(), out.end(), [](const RankRegion& x, const RankRegion& y) { return x.rank < y.rank; });
+    return out;
   }
-  assign_balanced(segs, layout.world_size());
-  // Adjacent segments of one box written by the same rank become one region (a rank holds one
-  // interval of a box, so the merged range stays inside what it holds).
-  std::vector<std::vector<RankRegion>> out(tensors.size());
   struct Run {
     int rank;
     size_t box;
     int64_t a, b;
   };
-  for (size_t k = 0; k < segs.size();) {
-    const size_t i = segs[k].tensor;
-    std::vector<Run> runs;
-    for (; k < segs.size() && segs[k].tensor == i; ++k) {
-      const Segment& s = segs[k];
-      if (!runs.empty() && runs.back().rank == s.rank && runs.back().box == s.box && runs.back().b == s.a)
-        runs.back().b = s.b;
-      else
-        runs.push_back({s.rank, s.box, s.a, s.b});
-    }
-    std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.rank < y.rank; });
-    for (const Run& r : runs) out[i].push_back({r.rank, make_region(boxes[i][r.box], r.a, r.b)});
+  std::vector<Run> runs;
+  for (size_t k = k0; k < k1; ++k) {
+    const Segment& s = segs[k];
+    if (!runs.empty() && runs.back().rank == s.rank && runs.back().box == s.box && runs.back().b == s.a)
+      runs.back().b = s.b;
+    else
+      runs.push_back({s.rank, s.box, s.a, s.b});
   }
+  std::stable_sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.rank < y.rank; });
+  for (const Run& r : runs) out.push_back({r.rank, make_region(boxes[r.box], r.a, r.b)});
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
+                                                           const Layout& layout, const ShardingRules& rules) {
+  CKPT_RETURN_IF_ERROR(layout.validate());
+  CKPT_RETURN_IF_ERROR(check_layout_views(layout, rules));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, layout_holdings(tensors, layout, rules));
+  std::vector<std::vector<size_t>> by_tensor(tensors.size());
+  for (size_t h = 0; h < hs.size(); ++h) by_tensor[hs[h].tensor].push_back(h);
+  std::vector<std::vector<Box>> boxes(tensors.size());
+  std::vector<std::unique_ptr<OverlapCells>> cells(tensors.size());  // tensors whose boxes overlap
+  std::vector<size_t> first(tensors.size() + 1, 0);                  // tensor i: segs[first[i], first[i+1])
+  std::vector<Segment> segs;  // tensor order; box order and start order, or cell order
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    first[i] = segs.size();
+    bool disjoint = true;
+    boxes[i] = distinct_boxes(hs, by_tensor[i], &disjoint);
+    const size_t elem = dtype_size(tensors[i].dtype);
+    if (disjoint) {
+      cut_segments(i, boxes[i], hs, by_tensor[i], elem, segs);
+    } else {
+      cells[i] = std::make_unique<OverlapCells>(cut_overlap_cells(hs, by_tensor[i]));
+      cell_segments(i, *cells[i], elem, segs);
+    }
+    // Coverage: the segments tile the tensor (the rules' boxes must cover it; checked by the
+    // sink's validator, and here for a clear message).
+    int64_t covered = 0, want = 1;
+    for (size_t k = first[i]; k < segs.size(); ++k)
+      covered += segs[k].box == kCell ? cells[i]->cells[static_cast<size_t>(segs[k].a)].box.numel() : segs[k].b - segs[k].a;
+    for (int64_t e : tensors[i].shape) want *= e;
+    if (covered != want)
+      return bad_placement(tensors[i], "the ranks hold " + std::to_string(covered) + " of " + std::to_string(want) +
+                                           " elements of shape " + shape_to_string(tensors[i].shape));
+  }
+  first[tensors.size()] = segs.size();
+  assign_balanced(segs, layout.world_size());
+  std::vector<std::vector<RankRegion>> out(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) out[i] = tensor_regions(segs, first[i], first[i + 1], boxes[i], cells[i].get());
   return out;
 }
 
 Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                      const ShardingRules& rules, int rank) {
   CKPT_RETURN_IF_ERROR(layout.validate());
-  CKPT_RETURN_IF_ERROR(rules.check_layout(layout));
+  CKPT_RETURN_IF_ERROR(check_layout_views(layout, rules));
   if (rank < 0 || rank >= layout.world_size())
     return Status::InvalidArgument("rank " + std::to_string(rank) + " outside world size " +
                                    std::to_string(layout.world_size()));
-  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, holdings(tensors, layout, rules, /*all_dp=*/true, rank));
+  CKPT_ASSIGN_OR_RETURN(std::vector<Holding> hs, layout_holdings(tensors, layout, rules, rank));
   std::stable_sort(hs.begin(), hs.end(), [](const Holding& x, const Holding& y) { return x.tensor < y.tensor; });
   std::vector<Piece> out;
   for (const Holding& h : hs) out.push_back({tensors[h.tensor].name, make_region(h.box, h.a, h.b), tensors[h.tensor].dtype});
@@ -295,7 +262,7 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
   plan.metadata = src_metadata.is_object() ? src_metadata : nlohmann::json::object();
   nlohmann::json lj = target.to_json();
   if (target.zero == 1)
-    lj["zero_shard"] = {{"pad_multiple_elements", kZeroPadElements * target.dp},
+    lj["zero_shard"] = {{"pad_multiple_elements", kZeroPadElements * target.num_pipelines()},
                         {"buffer", "per (pipeline stage, tp rank, optimizer kind): TP-local boxes of the stage's "
                                    "optimizer tensors of that kind in tensor-list order, flattened row-major, "
                                    "concatenated, zero-padded at the end, split evenly over dp ranks"}};
@@ -310,12 +277,15 @@ std::string Plan::to_string() const {
   s += "  source " + human_bytes(source_bytes) + "; read " + human_bytes(bytes_read) + "; write " +
        human_bytes(bytes_written) + "; peak buffer " + human_bytes(peak_buffer) + "\n";
   for (const FileWork& f : files) {
-    const int tp = layout.tp, dp = layout.dp;
-    const int t = f.rank % tp, d = (f.rank / tp) % dp, p = f.rank / (tp * dp);
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %s  rank %d (pp %d, dp %d, tp %d)  %zu pieces  write %s  read %s\n",
-                  f.file.c_str(), f.rank, p, d, t, f.pieces.size(), human_bytes(f.bytes_written).c_str(),
-                  human_bytes(f.bytes_read).c_str());
+    const RankPlace at = layout.place_of_rank(f.rank);
+    char where[96], buf[320];
+    if (layout.symmetric())
+      std::snprintf(where, sizeof where, "pp %d, dp %d, tp %d", at.stage, at.pipeline, at.tp_rank);
+    else
+      std::snprintf(where, sizeof where, "pipeline %d, stage %d, tp %d of %d", at.pipeline, at.stage, at.tp_rank,
+                    layout.stage_tp(at.pipeline, at.stage));
+    std::snprintf(buf, sizeof buf, "  %s  rank %d (%s)  %zu pieces  write %s  read %s\n", f.file.c_str(), f.rank, where,
+                  f.pieces.size(), human_bytes(f.bytes_written).c_str(), human_bytes(f.bytes_read).c_str());
     s += buf;
   }
   return s;

@@ -4,7 +4,10 @@
 // shared by TP ranks, DP replicas under zero 0, the tied embedding on the first and last stage)
 // is stored once, by the holder with the fewest bytes assigned so far (largest shared pieces
 // first; ties by lowest rank), so replicas share a save. ZeRO-1 flat shards: see docs/RESHARD.md
-// ("ZeRO-1 layout").
+// ("ZeRO-1 layout"). Any Layout form: what each rank holds comes from reshard/holdings.h; where one
+// tensor's boxes overlap without being equal (general layouts only) the holdings are cut into
+// cells on the grid of all box boundaries (reshard/overlap_cells.h) and the stored pieces are
+// boxes of cells; symmetric layouts plan exactly as before (docs/RESHARD.md "General layouts").
 // Thread safety: pure functions over values.
 #pragma once
 
@@ -68,7 +71,10 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
 
 // Which ranks write which elements of every tensor (each element once, by one of the ranks that
 // hold it in rank_view, balanced as above), in tensor order; result[i] lists tensor i's stored
-// regions in rank order. Building block of make_plan. Deterministic.
+// regions in rank order. Building block of make_plan. Deterministic. A stored region is a (flat
+// range of a) box its rank holds, or under a general layout whose boxes overlap a sub-box of one
+// rectangle of what it holds (a held flat range is the rectangles of flat_range_to_boxes).
+// Refuses what Layout::validate or check_layout_views (every stage's view) refuses.
 Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<TensorMeta>& tensors,
                                                            const Layout& layout, const ShardingRules& rules);
 

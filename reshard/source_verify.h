@@ -1,5 +1,6 @@
 // The check `ckpt reshard` runs on a native-store SRC before it commits DST: every piece re-hashed
-// against the manifest (StoreReader::verify). verify_source_inline does it in this process;
+// against the manifest with the algorithm each piece records, xxh3-128 or sha256, manifest v1 or
+// v2 (StoreReader::verify). verify_source_inline does it in this process;
 // BackgroundVerify does it in a child process forked before this process touches SRC, so the
 // hashing and its reads overlap the reshard on another core (HDF5 is not thread safe: a process,
 // not a thread). The child's verdict comes back over a pipe as a Status (Status::to_json).

@@ -4,6 +4,9 @@
 // optimizer tensors of that kind, in tensor-list order, flattened row-major and concatenated,
 // zero-padded at the end to a multiple of kZeroPadElements * dp, split evenly over the DP ranks:
 // DP rank d holds [d*S, (d+1)*S), S = padded / dp.
+// General layouts (reshard/layout.h): ZeRO-1 needs uniform_pipelines(), so stage s has one tp
+// (which may differ from other stages') in every pipeline; its buffers are those of
+// layout.stage_view(0, s) (dp = num_pipelines()), and DP rank d is pipeline d.
 // Pure functions over values; thread safe.
 #pragma once
 
@@ -17,6 +20,7 @@
 #include "formats/status.h"
 #include "formats/tensor_io.h"
 #include "reshard/layout.h"
+#include "reshard/placement.h"
 #include "reshard/sharding.h"
 
 namespace ckpt {
@@ -51,16 +55,21 @@ struct ZeroBuffer {
 // "optimizer.exp_avg.model.x" -> "optimizer.exp_avg": the buffer kind of an optimizer tensor.
 std::string zero_kind(const std::string& name);
 
-// Every non-empty flat buffer of `layout` (whatever layout.zero says), ordered by stage, then TP
-// rank, then kind (kinds in the order of their first tensor). `placements[i]` is tensor i's
-// placement (its stages need not be sorted); only tensors with optimizer_state take part.
-// Errors: ZeroBufferOverflow when a buffer's size overflows int64.
+// Every non-empty flat buffer of `layout` (whatever layout.zero says; either form), ordered by
+// stage, then TP rank (of that stage's tp), then kind (kinds in the order of their first tensor).
+// `placed[i]` is tensor i's place_in_layout (reshard/placement.h); pipeline 0's placements
+// define the buffers; only tensors with optimizer_state take part; dp = num_pipelines().
+// Errors: Unsupported when the pipelines are not uniform (ZeRO-1 has no DP group there),
+// ZeroBufferOverflow when a buffer's size overflows int64.
 Result<std::vector<ZeroBuffer>> zero_buffers(const std::vector<TensorMeta>& tensors,
-                                             const std::vector<TensorPlacement>& placements,
+                                             const std::vector<std::vector<StagePlacement>>& placed,
                                              const Layout& layout);
 
 // The buffer of one (stage, TP rank, kind), placing the tensors with `rules` (errors name the
-// tensor). A buffer with no tensors comes back with no segments and total 0.
+// tensor). A buffer with no tensors comes back with no segments and total 0. `layout` may be the
+// general form (with uniform pipelines; its stage_view(0, stage) is used) or any stage view of it,
+// layout.stage_view(p, stage): the result equals zero_buffers(...)'s buffer of (stage, tp_rank,
+// kind).
 Result<ZeroBuffer> zero_buffer(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                const ShardingRules& rules, int stage, int tp_rank, const std::string& kind);
 

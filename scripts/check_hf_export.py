@@ -5,7 +5,7 @@
 
 1. transformers loads HF_DIR as a LlamaForCausalLM (config.json + safetensors, index if sharded).
 2. The native checkpoint is read with h5py (+ hdf5plugin for zstd shards) straight from its
-   manifest, every piece checked against its SHA-256 with hashlib, and reassembled in global view.
+   manifest, every piece checked against its digest (hashlib / xxhash), and reassembled in global view.
 3. Every HF tensor equals the native tensor cast by torch to the export dtype (bit for bit).
 4. The model scores a fixed byte sequence; the loss must be finite and below ln(vocab), the loss
    of a model that learned nothing.
@@ -18,7 +18,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from native_h5py import read_native  # scripts/native_h5py.py: h5py + hashlib only
+from native_h5py import read_native  # scripts/native_h5py.py: h5py + hashlib + xxhash only
 
 
 def fail(msg):

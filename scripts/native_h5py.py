@@ -1,10 +1,12 @@
 """Reads a ckpt native checkpoint with h5py + numpy only (no ckpt code).
 
 The independent reader of the interop tests and of scripts/check_hf_export.py: it follows
-manifest.json, reads every piece's dataset with h5py (hdf5plugin decodes zstd, filter 32015),
-checks it against the manifest's SHA-256 with hashlib and places it in its global tensor (box
-regions and flat ranges of a box). Half-precision and 8-bit floats come back as their raw bits
-(uint16 / uint8), as the store holds them.
+manifest.json (format versions 1 and 2), reads every piece's dataset with h5py (hdf5plugin decodes
+zstd, filter 32015), checks it against the manifest's digest (version 2: "digest":
+"xxh3-128:<hex>" with the xxhash package or "sha256:<hex>" with hashlib; version 1: "sha256":
+"<hex>") and places it in its global tensor (box regions and flat ranges of a box).
+Half-precision and 8-bit floats come back as their raw bits (uint16 / uint8), as the store holds
+them.
 """
 import hashlib
 import json
@@ -13,21 +15,35 @@ import pathlib
 import h5py
 import hdf5plugin  # noqa: F401  (registers the zstd filter 32015 with h5py)
 import numpy as np
+import xxhash
 
 RAW = {"F64": np.float64, "F32": np.float32, "F16": np.uint16, "BF16": np.uint16, "I64": np.int64,
        "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.uint8,
        "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
 
 
+HASHERS = {"sha256": lambda b: hashlib.sha256(b).hexdigest(), "xxh3-128": xxhash.xxh3_128_hexdigest}
+
+
+def piece_digest(man, p):
+    """-> (algorithm, hex) that the manifest records for piece `p`."""
+    if man["version"] == 1:
+        return "sha256", p["sha256"]
+    algo, _, hexd = p["digest"].partition(":")
+    if algo not in HASHERS:
+        raise ValueError(f"{p['file']}:{p['dataset']}: unknown digest algorithm {algo!r}")
+    return algo, hexd
+
+
 def read_native(ckpt, skip=lambda name: False):
     """-> (manifest, {tensor name: global array in its raw view}, set of HDF5 filter ids seen).
 
     Tensors whose name `skip` accepts are left out. Raises ValueError naming the file, dataset and
-    tensor when a piece does not match the manifest (dtype, shape, SHA-256, dataset attribute)."""
+    tensor when a piece does not match the manifest (dtype, shape, digest, dataset attribute)."""
     ckpt = pathlib.Path(ckpt)
     man = json.loads((ckpt / "manifest.json").read_text())
-    if man.get("format") != "ckpt-native" or man.get("version") != 1:
-        raise ValueError(f"{ckpt}: not a ckpt-native v1 manifest")
+    if man.get("format") != "ckpt-native" or man.get("version") not in (1, 2):
+        raise ValueError(f"{ckpt}: not a ckpt-native v1 or v2 manifest")
     metas = {t["name"]: t for t in man["tensors"]}
     out, filters, files = {}, set(), {}
     try:
@@ -49,8 +65,9 @@ def read_native(ckpt, skip=lambda name: False):
             data = np.ascontiguousarray(ds[...])
             if data.dtype != RAW[p["dtype"]] or p["dtype"] != meta["dtype"]:
                 raise ValueError(f"{where}: dataset dtype {data.dtype}, manifest {p['dtype']} (tensor {meta['dtype']})")
-            if hashlib.sha256(data.tobytes()).hexdigest() != p["sha256"]:
-                raise ValueError(f"{where}: SHA-256 differs from the manifest")
+            algo, want = piece_digest(man, p)
+            if HASHERS[algo](data.tobytes()) != want:
+                raise ValueError(f"{where}: {algo} digest differs from the manifest")
             off, ext = p["region"]["offset"], p["region"]["extent"]
             box = tuple(slice(o, o + e) for o, e in zip(off, ext))
             g = out[name]

@@ -9,7 +9,7 @@
 
 namespace ckpt::trainer {
 
-namespace {
+namespace replica_sum_internal {  // named: its types appear in ReplicaSum::Impl (unity builds)
 
 // A rank whose box of a tensor is not empty.
 struct Holder {
@@ -190,14 +190,14 @@ Status check_same_tensors(Comm& world, const std::vector<TensorMeta>& tensors) {
   return world.agree(st);
 }
 
-}  // namespace
+}  // namespace replica_sum_internal
 
 struct ReplicaSum::Impl {
   struct Group {  // a holder set this rank belongs to
     Comm comm;
     std::vector<int> ranks;
     bool contribute = false;
-    std::vector<Cell> cells;  // tensor order, then cell order
+    std::vector<replica_sum_internal::Cell> cells;  // tensor order, then cell order
     int64_t numel = 0;
   };
   int rank = 0;
@@ -208,14 +208,15 @@ struct ReplicaSum::Impl {
   std::vector<Group> groups;              // in the global order of the sets
   int64_t elements = 0;
 
-  Status make_comms(Comm& world, Plan& plan);
+  Status make_comms(Comm& world, replica_sum_internal::Plan& plan);
   template <class T>
   Result<std::vector<const HeldBox<T>*>> match(const std::vector<HeldBox<T>>& held) const;
 };
 
 // One split per round of disjoint sets (greedy, in set order): members pass the set's number in
 // the round, the other ranks a colour of their own.
-Status ReplicaSum::Impl::make_comms(Comm& world, Plan& plan) {
+Status ReplicaSum::Impl::make_comms(Comm& world, replica_sum_internal::Plan& plan) {
+  using namespace replica_sum_internal;
   std::vector<std::vector<int>> rounds;     // set indices
   std::vector<std::vector<char>> busy;      // per round: ranks in one of its sets
   for (int s = 0; s < static_cast<int>(plan.sets.size()); ++s) {
@@ -265,6 +266,7 @@ Status ReplicaSum::Impl::make_comms(Comm& world, Plan& plan) {
 
 Result<ReplicaSum> ReplicaSum::make(Comm& world, const Layout& layout, const ShardingRules& rules,
                                     const std::vector<TensorMeta>& tensors, Scope scope) {
+  using namespace replica_sum_internal;
   if (world.size() != layout.world_size())
     return Status::Error("WorldSizeMismatch", "replica sum: the communicator has " + std::to_string(world.size()) +
                                                   " ranks, the layout " + layout.to_string() + " needs " +
@@ -300,8 +302,10 @@ Result<ReplicaSum> ReplicaSum::make(Comm& world, const Layout& layout, const Sha
 // else. Returns the box of each tensor (null: not held or empty).
 template <class T>
 Result<std::vector<const HeldBox<T>*>> ReplicaSum::Impl::match(const std::vector<HeldBox<T>>& held) const {
+  using namespace replica_sum_internal;
   std::vector<const HeldBox<T>*> by(names.size(), nullptr);
   auto bad = [&](const std::string& t, const std::string& msg) {
+  using namespace replica_sum_internal;
     return Status::Error("ReplicaSumMismatch", "replica sum, rank " + std::to_string(rank) + ", tensor '" + t +
                                                    "': " + msg)
         .with_tensor(t);
@@ -326,6 +330,7 @@ Result<std::vector<const HeldBox<T>*>> ReplicaSum::Impl::match(const std::vector
 
 template <class T>
 Status ReplicaSum::sum(const std::vector<HeldBox<T>>& mine) {
+  using namespace replica_sum_internal;
   if (!impl_) return Status::Internal("ReplicaSum::sum on an empty ReplicaSum (use ReplicaSum::make)");
   CKPT_ASSIGN_OR_RETURN(std::vector<const HeldBox<T>*> by, impl_->match(mine));
   std::vector<T> buf;
@@ -350,6 +355,7 @@ Status ReplicaSum::sum(const std::vector<HeldBox<T>>& mine) {
 }
 
 std::vector<Box> ReplicaSum::counted(const std::string& tensor, const Box& box) const {
+  using namespace replica_sum_internal;
   std::vector<Box> out;
   if (!impl_) return out;
   auto it = impl_->index.find(tensor);

@@ -112,7 +112,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
       if (st.ok() && !(t->log_ = std::fopen(lp.c_str(), "a"))) st = Status::FromErrno("cannot open", lp, errno);
     }
     CKPT_RETURN_IF_ERROR(world.agree(st));
-    p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir);
+    store::StoreOptions so;
+    so.digest = o.digest;
+    p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir, so);
   }
   return t;
 }

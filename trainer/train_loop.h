@@ -13,6 +13,7 @@
 
 #include "converters/llama_config.h"
 #include "converters/reshard_job.h"
+#include "formats/digest.h"
 #include "formats/status.h"
 #include "trainer/adamw.h"
 #include "trainer/trainer_state.h"
@@ -50,6 +51,7 @@ struct TrainOptions {
   std::string cluster_file;
   std::string dump_grads;       // directory: the first step's gradients (global view), as a checkpoint
   bool async_save = true;
+  DigestAlgo digest = kDefaultDigest;  // of every checkpoint piece (--digest)
   bool print = true;            // a line per step on stdout
   // Progress of the --resume read (bytes done, total), called during Trainer::create() only.
   std::function<void(uint64_t, uint64_t)> resume_progress;

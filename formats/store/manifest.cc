@@ -9,7 +9,7 @@
 #include "formats/checked.h"
 #include "formats/dtype.h"
 #include "formats/json_read.h"
-#include "formats/sha256.h"
+#include "formats/digest.h"
 
 namespace ckpt::store {
 
@@ -80,13 +80,28 @@ json piece_record_to_json(const PieceRecord& r) {
             {"region", region},
             {"dtype", std::string(dtype_name(r.piece.dtype))},
             {"bytes", r.bytes},
-            {"sha256", r.sha256},
+            {"digest", r.digest.to_string()},
             {"codec", codec_name(r.codec)}};
   if (r.codec != Codec::kNone) j["codec_level"] = r.codec_level;
   return j;
 }
 
-Result<PieceRecord> piece_record_from_json(const json& j) {
+namespace {
+// The piece's digest: version 2 "digest": "<algorithm>:<hex>", version 1 "sha256": "<hex>".
+Result<DigestValue> digest_field(const json& j, int version, const std::string& where) {
+  if (version >= 2) {
+    if (j.contains("sha256")) return bad(where + ": field 'sha256' belongs to version 1; version " + std::to_string(version) + " records 'digest'");
+    CKPT_ASSIGN_OR_RETURN(std::string text, str_field(j, "digest", where));
+    return parse_digest(text, where);
+  }
+  if (j.contains("digest")) return bad(where + ": field 'digest' is not allowed in a version 1 manifest (it records 'sha256')");
+  CKPT_ASSIGN_OR_RETURN(std::string hex, str_field(j, "sha256", where));
+  if (!is_digest_hex(DigestAlgo::kSha256, hex)) return bad(where + ": sha256 must be 64 lower-case hex digits");
+  return DigestValue{DigestAlgo::kSha256, hex};
+}
+}  // namespace
+
+Result<PieceRecord> piece_record_from_json(const json& j, int version) {
   if (!j.is_object()) return bad("piece entry is not an object");
   PieceRecord r;
   CKPT_ASSIGN_OR_RETURN(r.piece.tensor, str_field(j, "tensor", "piece"));
@@ -113,8 +128,9 @@ Result<PieceRecord> piece_record_from_json(const json& j) {
   auto bit = j.find("bytes");
   if (bit == j.end() || !bit->is_number_unsigned()) return bad(where + ": field 'bytes' missing or not a non-negative integer");
   r.bytes = bit->get<uint64_t>();
-  CKPT_ASSIGN_OR_RETURN(r.sha256, str_field(j, "sha256", where));
-  if (!is_sha256_hex(r.sha256)) return bad(where + ": sha256 must be 64 lower-case hex digits");
+  auto dg = digest_field(j, version, where);
+  if (!dg.ok()) return dg.take_status().with_tensor(r.piece.tensor);
+  r.digest = std::move(dg).value();
   CKPT_ASSIGN_OR_RETURN(std::string cn, str_field(j, "codec", where));
   CKPT_ASSIGN_OR_RETURN(r.codec, codec_from_name(cn));
   if (r.codec != Codec::kNone) {
@@ -128,7 +144,7 @@ Result<PieceRecord> piece_record_from_json(const json& j) {
 json manifest_to_json(const Manifest& m) {
   json j = json::object();
   j["format"] = kFormatName;
-  j["version"] = m.version;
+  j["version"] = kFormatVersion;  // pieces are written in this version's form whatever was read
   if (m.metadata.is_object())
     for (auto it = m.metadata.begin(); it != m.metadata.end(); ++it)
       if (!is_reserved_key(it.key())) j[it.key()] = it.value();
@@ -150,11 +166,12 @@ Result<Manifest> manifest_from_json(const json& j) {
     return Status::Error("UnknownFormat", std::string("manifest field 'format' must be \"") + kFormatName + "\"");
   auto vit = j.find("version");
   if (vit == j.end() || !vit->is_number_integer()) return bad("manifest field 'version' missing or not an integer");
-  if (vit->get<int64_t>() != kFormatVersion)
-    return Status::Error("UnsupportedVersion",
-                         "manifest version " + vit->dump() + " is not supported (expected " + std::to_string(kFormatVersion) + ")");
+  const int64_t version = vit->get<int64_t>();  // an unsigned above INT64_MAX reads negative: refused too
+  if (version < kOldestReadableVersion || version > kFormatVersion)
+    return Status::Error("UnsupportedVersion", "manifest version " + vit->dump() + " is not supported (this ckpt reads versions " +
+                                                   std::to_string(kOldestReadableVersion) + " to " + std::to_string(kFormatVersion) + ")");
   Manifest m;
-  m.version = kFormatVersion;
+  m.version = static_cast<int>(version);
   auto tit = j.find("tensors");
   auto pit = j.find("pieces");
   if (tit == j.end() || !tit->is_array()) return bad("manifest field 'tensors' missing or not an array");
@@ -175,7 +192,7 @@ Result<Manifest> manifest_from_json(const json& j) {
   }
   m.pieces.reserve(pit->size());
   for (const auto& p : *pit) {
-    CKPT_ASSIGN_OR_RETURN(PieceRecord r, piece_record_from_json(p));
+    CKPT_ASSIGN_OR_RETURN(PieceRecord r, piece_record_from_json(p, m.version));
     m.pieces.push_back(std::move(r));
   }
   for (auto it = j.begin(); it != j.end(); ++it)
@@ -324,7 +341,8 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
 }
 
 Status validate_manifest(const Manifest& m) {
-  if (m.version != kFormatVersion) return Status::Error("UnsupportedVersion", "manifest version " + std::to_string(m.version));
+  if (m.version < kOldestReadableVersion || m.version > kFormatVersion)
+    return Status::Error("UnsupportedVersion", "manifest version " + std::to_string(m.version) + " is not supported");
   std::vector<Piece> pieces;
   pieces.reserve(m.pieces.size());
   std::set<std::pair<std::string, std::string>> datasets;
@@ -335,6 +353,9 @@ Status validate_manifest(const Manifest& m) {
       return Status::Error("BadFileName", where + ": file name '" + r.file + "' must be a relative path without '..'").with_tensor(r.piece.tensor);
     if (r.dataset.empty() || r.dataset[0] != '/' || r.dataset.size() > 1024 || r.dataset.find('\0') != std::string::npos)
       return Status::Error("BadField", where + ": dataset '" + r.dataset + "' must be an absolute HDF5 path").with_tensor(r.piece.tensor);
+    if (!is_digest_hex(r.digest.algo, r.digest.hex) || (m.version < 2 && r.digest.algo != DigestAlgo::kSha256))
+      return Status::Error("BadField", where + ": digest '" + r.digest.to_string().substr(0, 80) + "' is malformed or not allowed in version " +
+                                           std::to_string(m.version)).with_tensor(r.piece.tensor);
     if (!datasets.emplace(r.file, r.dataset).second)
       return Status::Error("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces").with_tensor(r.piece.tensor);
     pieces.push_back(r.piece);

@@ -1,4 +1,6 @@
-// manifest.json of the native store, format "ckpt-native" version 1 (spec: docs/STORE_FORMAT.md).
+// manifest.json of the native store, format "ckpt-native" (spec: docs/STORE_FORMAT.md). Writers
+// write version 2 (each piece's "digest": "<algorithm>:<hex>", xxh3-128 or sha256); readers also
+// accept version 1 (each piece's "sha256": "<hex>", read as a sha256 digest).
 // Parsing is bounded and type-checked; validate_manifest() is the one structural validator that
 // both the writer (before committing) and the reader (before any use) run: versions, names,
 // dtypes, every region inside its tensor (checked arithmetic), pieces of a tensor never overlap
@@ -12,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/digest.h"
 #include "formats/json_read.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
@@ -19,7 +22,8 @@
 namespace ckpt::store {
 
 inline constexpr const char* kFormatName = "ckpt-native";
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;          // the version every writer writes
+inline constexpr int kOldestReadableVersion = 1;  // readers accept kOldestReadableVersion..kFormatVersion
 inline constexpr uint64_t kMaxManifestBytes = kManifestJsonLimits.max_bytes;  // larger manifests are refused
 inline constexpr size_t kMaxRank = 32;                      // dimensions of a tensor
 inline constexpr const char* kManifestFile = "manifest.json";
@@ -34,14 +38,14 @@ struct PieceRecord {
   std::string file;     // relative to the checkpoint dir, e.g. "shards/r00003.h5"
   std::string dataset;  // HDF5 path inside `file`, e.g. "/p000012"
   uint64_t bytes = 0;   // numel * dtype size
-  std::string sha256;   // hex of the raw little-endian bytes in storage order
+  DigestValue digest;   // of the raw little-endian bytes in storage order (algorithm + hex)
   Codec codec = Codec::kNone;
   int codec_level = 0;  // zstd level when compressed
   bool operator==(const PieceRecord& o) const = default;
 };
 
 struct Manifest {
-  int version = kFormatVersion;
+  int version = kFormatVersion;  // as read (1 or 2); manifest_to_json always writes kFormatVersion
   nlohmann::json metadata = nlohmann::json::object();  // model_config, layout, trainer, profile...
   std::vector<TensorMeta> tensors;
   std::vector<PieceRecord> pieces;
@@ -50,21 +54,25 @@ struct Manifest {
 // Top-level keys owned by the format; metadata may not use them.
 bool is_reserved_key(const std::string& key);
 
+// A piece record in the current version's form ("digest": "<algorithm>:<hex>").
 nlohmann::json piece_record_to_json(const PieceRecord& r);
-// Type-checks one piece record (as gathered from other ranks or read from a manifest).
-Result<PieceRecord> piece_record_from_json(const nlohmann::json& j);
+// Type-checks one piece record (as gathered from other ranks or read from a manifest of
+// `version`): version 2 has "digest" (BadField if it has "sha256"; UnknownDigest for an unknown
+// algorithm), version 1 has "sha256" (BadField if it has "digest").
+Result<PieceRecord> piece_record_from_json(const nlohmann::json& j, int version = kFormatVersion);
 nlohmann::json manifest_to_json(const Manifest& m);
 // Parses (parse_json with kManifestJsonLimits) and type-checks (no geometry); errors: those of
 // parse_json (InvalidJson, JsonTooLarge, JsonTooDeep, DuplicateKey), UnknownFormat,
-// UnsupportedVersion, BadField.
+// UnsupportedVersion, BadField, UnknownDigest.
 Result<Manifest> parse_manifest(const std::string& text);
 
 // Checks tensors and pieces: unique tensor names, known dtypes, regions inside tensors, no
 // overlap, exact coverage, flat tiling, byte counts. Rule codes: DuplicateTensor, BadShape,
 // UnknownTensor, RegionOutOfBounds, PieceOverlap, PieceGap, FlatRangeGap, BadByteCount,
 // BadFileName, DuplicateDataset.
-// `require_records` also checks file/dataset/bytes/sha256 (off for a sink's begin()).
 Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces);
+// validate_pieces() plus the records: version readable, safe file names, absolute dataset paths,
+// (file, dataset) unique, byte counts, digests well-formed (BadField) and sha256 in version 1.
 Status validate_manifest(const Manifest& m);
 
 // A file name inside a checkpoint: relative, no "..", ".", empty or absolute components.

@@ -24,4 +24,11 @@ Result<StoreOptions> parse_compress_spec(const std::string& spec, const std::str
   return o;
 }
 
+Result<StoreOptions> parse_digest_spec(const std::string& spec, const std::string& flag, StoreOptions o) {
+  auto algo = digest_algo_from_name(spec);
+  if (!algo.ok()) return Status::InvalidArgument(flag + ": expected xxh3-128 or sha256, got '" + spec.substr(0, 64) + "'");
+  o.digest = *algo;
+  return o;
+}
+
 }  // namespace ckpt::store

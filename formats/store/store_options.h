@@ -1,10 +1,12 @@
-// Options of the native store writer (codec, chunk size, fsync, hash threads) and the parser of
-// the `--compress` spec that sets the codec fields. Thread safety: plain values, pure function.
+// Options of the native store writer (codec, chunk size, fsync, hash threads, digest algorithm)
+// and the parsers of the `--compress` and `--digest` specs that set them.
+// Thread safety: plain values, pure functions.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "formats/digest.h"
 #include "formats/status.h"
 #include "formats/store/manifest.h"
 
@@ -16,10 +18,20 @@ struct StoreOptions {
   uint64_t chunk_bytes = 4ull << 20;  // target HDF5 chunk size when compressed
   bool fsync = true;                  // fsync shards, manifest and directories on commit
   int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
+  DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest.h)
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into
 // the codec fields of `base`. Errors (kInvalidArgument) name `flag`.
 Result<StoreOptions> parse_compress_spec(const std::string& spec, const std::string& flag, StoreOptions base = {});
+
+// Parses a digest spec, "xxh3-128" or "sha256", into base.digest. Errors (kInvalidArgument) name
+// `flag` and the accepted values.
+Result<StoreOptions> parse_digest_spec(const std::string& spec, const std::string& flag, StoreOptions base = {});
+
+// Help text of the `--digest` flag (reshard, from-hf, train).
+inline constexpr const char* kDigestFlagHelp =
+    "digest of every piece written: xxh3-128 (default; fast checksum against accidental corruption) or sha256 "
+    "(for digests published or pinned elsewhere)";
 
 }  // namespace ckpt::store

@@ -12,7 +12,7 @@
 #include "formats/file_io.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
-#include "formats/sha256.h"
+#include "formats/digest.h"
 #include "formats/thread_pool.h"
 #include "formats/store/zstd_filter.h"
 
@@ -254,7 +254,7 @@ uint64_t StoreReader::stored_bytes(size_t piece) {
 
 Status StoreReader::hash_piece(size_t i, const std::optional<FileExtent>& raw, std::string* hex) {
   const auto& rec = manifest_.pieces[i];
-  Sha256 h;
+  Digest h(rec.digest.algo);
   if (raw) {
     CKPT_RETURN_IF_ERROR(read_file_blocks(raw->fd, raw->offset, raw->bytes, dir_ + "/" + rec.file,
                                           [&h](const void* p, size_t n) { h.update(p, n); }));
@@ -310,11 +310,11 @@ VerifyReport StoreReader::verify_pieces(const std::vector<size_t>& which,
       rep.failures.push_back({i, error_context(std::move(status[k]), i)});
       continue;
     }
-    if (got[k] != rec.sha256)
+    if (got[k] != rec.digest.hex)
       rep.failures.push_back({i, error_context(Status::Error("ChecksumMismatch",
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
-                                                                 "'): sha256 expected " + rec.sha256 + ", got " + got[k]),
+                                                                 "'): " + digest_algo_name(rec.digest.algo) + " expected " + rec.digest.hex + ", got " + got[k]),
                                              i)});
   }
   return rep;

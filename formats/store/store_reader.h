@@ -1,8 +1,9 @@
-// Reader of the native store v1 (a TensorSource). open() validates the manifest (see
+// Reader of the native store, manifest versions 1 and 2 (a TensorSource). open() validates the manifest (see
 // manifest.h) and every shard file and dataset (present, declared shape and dtype) before any
 // use; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece; a box
 // of a tensor across pieces, with casts, is the engine's read_global_box in reshard/executor.h);
-// verify() recomputes every piece's SHA-256 from the stored bytes, streamed in bounded chunks.
+// verify() recomputes every piece's digest with the algorithm its record names (xxh3-128 or
+// sha256) from the stored bytes, streamed in bounded chunks.
 // Thread safety: one thread at a time per reader (HDF5 calls also take h5_lock()).
 #pragma once
 
@@ -67,7 +68,7 @@ class StoreReader final : public TensorSource {
   // The raw byte range of piece `piece`'s dataset when it is stored contiguous and uncompressed,
   // checked to lie inside its file (looked up once; not thread-safe).
   std::optional<FileExtent> dataset_extent(size_t piece);
-  Status hash_piece(size_t piece, const std::optional<FileExtent>& raw, std::string* hex);
+  Status hash_piece(size_t piece, const std::optional<FileExtent>& raw, std::string* hex);  // rec's algorithm
 
   std::string dir_;
   Manifest manifest_;

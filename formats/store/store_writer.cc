@@ -15,7 +15,7 @@
 #include "formats/dtype.h"
 #include "formats/file_io.h"
 #include "formats/fs_util.h"
-#include "formats/sha256.h"
+#include "formats/digest.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
@@ -49,7 +49,7 @@ struct ShardWriter::Impl {
     std::vector<hsize_t> dims;
     H5Id ds;                          // open until the piece is complete
     int64_t raw_offset = -1;          // uncompressed: file offset of its contiguous data, else -1
-    Sha256 hash;
+    Digest hash;                      // opts.digest, set at open()
     int64_t numel = 0, written = 0;
     size_t esize = 0;
     // Copies from file extents not done yet: run in order on the pool, hashing the bytes on their
@@ -174,6 +174,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     auto& s = impl->slots[i];
     const auto& p = pieces[i];
     s.rec.piece = p;
+    s.hash = Digest(opts.digest);
     s.rec.file = impl->rel;
     char name[32];
     std::snprintf(name, sizeof name, "/p%06zu", i);
@@ -310,7 +311,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
   std::vector<PieceRecord> out;
   out.reserve(im.slots.size());
   for (auto& s : im.slots) {
-    s.rec.sha256 = s.hash.hex_digest();
+    s.rec.digest = s.hash.value();
     out.push_back(s.rec);
   }
   return out;

@@ -1,4 +1,4 @@
-// Writer of the native store v1: a TensorSink for one process, plus the two halves of the
+// Writer of the native store (manifest version 2, each piece's digest in opts.digest): a TensorSink for one process, plus the two halves of the
 // multi-rank (MPI) protocol, which share all the code:
 //   rank 0:    StoreWriter::prepare_partial(dst)                      (then a barrier)
 //   each rank: auto w = StoreWriter::open_rank(partial_dir(dst), rank, tensors, my_pieces, opts);
@@ -8,7 +8,7 @@
 // `<dst>.partial/`, fsyncs files and directories, and renames `<dst>.partial` to `<dst>`.
 // Uncompressed pieces are contiguous datasets allocated when the shard is created; ckpt writes
 // their bytes itself (pwrite, or copy_file_bytes from a source file), HDF5 only the metadata.
-// Thread safety: one thread per object; HDF5 calls take h5_lock(), SHA-256 runs on helper threads.
+// Thread safety: one thread per object; HDF5 calls take h5_lock(), digests run on helper threads.
 #pragma once
 
 #include <cstdint>

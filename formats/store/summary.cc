@@ -61,6 +61,27 @@ json summarize_source(const TensorSource& src, const SourceExtras* ex) {
   return out;
 }
 
+namespace {
+
+// "layout:     general, 2 pipelines, zero=1, 6 ranks" and a line per pipeline and stage.
+std::string layout_detail_text(const json& det) {
+  std::string o = "layout:     general, " + std::to_string(det["pipelines"].size()) + " pipelines, zero=" +
+                  det["zero"].dump() + ", " + det["world_size"].dump() + " ranks\n";
+  for (const auto& p : det["pipelines"]) {
+    o += "  pipeline " + p["pipeline"].dump() + " (micro-batch " + p["micro_batch"].dump() + ")\n";
+    for (const auto& st : p["stages"]) {
+      std::string ranks;
+      for (const auto& r : st["ranks"]) ranks += (ranks.empty() ? "" : ",") + r.dump();
+      const std::string dev = st["device"].is_string() ? st["device"].get<std::string>() : "";
+      o += "    stage " + st["stage"].dump() + ": layers " + st["layers"][0].dump() + "-" + st["layers"][1].dump() +
+           ", tp " + st["tp"].dump() + (dev.empty() ? "" : ", device " + dev) + ", ranks " + ranks + "\n";
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
 std::string text_summary(const json& s, bool list_tensors) {
   std::string o;
   char buf[512];
@@ -68,7 +89,10 @@ std::string text_summary(const json& s, bool list_tensors) {
   if (!s.value("format", std::string()).empty()) o += "format:     " + s["format"].get<std::string>() + "\n";
   if (!s["step"].is_null()) o += "step:       " + s["step"].dump() + "\n";
   if (!s["profile"].is_null()) o += "profile:    " + (s["profile"].is_string() ? s["profile"].get<std::string>() : s["profile"].dump()) + "\n";
-  if (s["layout"].is_object()) {
+  const json& det = s.contains("layout_detail") ? s["layout_detail"] : json(nullptr);
+  if (det.is_object() && det.value("form", std::string()) == "general") {
+    o += layout_detail_text(det);
+  } else if (s["layout"].is_object()) {
     o += "layout:    ";
     for (const char* k : {"tp", "pp", "dp", "zero"})
       if (s["layout"].contains(k)) o += std::string(" ") + k + "=" + s["layout"][k].dump();

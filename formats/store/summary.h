@@ -27,6 +27,8 @@ struct SourceExtras {
 //  pieces, bytes, stored_bytes?}], "totals": {tensors, pieces, files?, bytes, stored_bytes?,
 //  compression_ratio?}, "codecs": {...}?}
 nlohmann::json summarize_source(const TensorSource& src, const SourceExtras* extras = nullptr);
+// A "layout_detail" of the general form (set by `ckpt inspect`: pipelines, stages with layers, tp,
+// device and ranks) is printed a line per stage; other layouts as "layout: tp=.. pp=.. dp=.. zero=..".
 std::string text_summary(const nlohmann::json& summary, bool list_tensors = true);
 
 }  // namespace ckpt::store

@@ -30,6 +30,8 @@ printf '{"weight_map":{}}' > "$out/index/empty"
 sha=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
 printf '{"format":"ckpt-native","version":1,"model_config":{"a":[1]},"tensors":[{"name":"a","dtype":"F32","shape":[2,3]},{"name":"o","dtype":"F32","shape":[6]}],"pieces":[{"tensor":"a","file":"shards/r00000.h5","dataset":"p0","region":{"offset":[0,0],"extent":[2,3]},"dtype":"F32","bytes":24,"sha256":"%s","codec":"none"},{"tensor":"o","file":"shards/r00000.h5","dataset":"p1","region":{"offset":[0],"extent":[6],"flat":[0,3]},"dtype":"F32","bytes":12,"sha256":"%s","codec":"zstd","codec_level":3},{"tensor":"o","file":"shards/r00001.h5","dataset":"p2","region":{"offset":[0],"extent":[6],"flat":[3,6]},"dtype":"F32","bytes":12,"sha256":"%s","codec":"shuffle+zstd","codec_level":3}]}' "$sha" "$sha" "$sha" > "$out/manifest/three"
 printf '{"format":"ckpt-native","version":1,"tensors":[],"pieces":[]}' > "$out/manifest/empty"
+xxh=0123456789abcdef0123456789abcdef
+printf '{"format":"ckpt-native","version":2,"layout":{"pipelines":[{"micro_batch":2,"stages":[{"layers":1,"tp":2,"device":"A"}]}]},"tensors":[{"name":"a","dtype":"F32","shape":[2,3]},{"name":"o","dtype":"F32","shape":[6]}],"pieces":[{"tensor":"a","file":"shards/r00000.h5","dataset":"p0","region":{"offset":[0,0],"extent":[2,3]},"dtype":"F32","bytes":24,"digest":"xxh3-128:%s","codec":"none"},{"tensor":"o","file":"shards/r00000.h5","dataset":"p1","region":{"offset":[0],"extent":[6],"flat":[0,3]},"dtype":"F32","bytes":12,"digest":"sha256:%s","codec":"zstd","codec_level":3},{"tensor":"o","file":"shards/r00001.h5","dataset":"p2","region":{"offset":[0],"extent":[6],"flat":[3,6]},"dtype":"F32","bytes":12,"digest":"xxh3-128:%s","codec":"none"}]}' "$xxh" "$sha" "$xxh" > "$out/manifest/three_v2"
 cat > "$out/dict" <<'EOF'
 "{"
 "}"
@@ -76,6 +78,9 @@ cat > "$out/dict" <<'EOF'
 "flat"
 "bytes"
 "sha256"
+"digest"
+"xxh3-128:"
+"sha256:"
 "codec"
 "codec_level"
 "zstd"

@@ -116,7 +116,7 @@ def test_from_hf_with_layout_flags(run_ckpt, tmp_path):
     run_ckpt("reshard", tmp_path / "plain", tmp_path / "eng", "--tp", "2", "--pp", "3", "--pp-layers", "1,2,1", "--dp", "2",
              "--zero", "1")
     man_eng = json.loads((tmp_path / "eng" / "manifest.json").read_text())
-    key = lambda p: (p["tensor"], json.dumps(p["region"], sort_keys=True), p["file"], p["sha256"])  # noqa: E731
+    key = lambda p: (p["tensor"], json.dumps(p["region"], sort_keys=True), p["file"], p["digest"])  # noqa: E731
     assert sorted(map(key, man["pieces"])) == sorted(map(key, man_eng["pieces"]))
     # And back to HF: save_pretrained's bytes exactly, identical logits.
     run_ckpt("to-hf", lay, tmp_path / "back", "--no-fsync")

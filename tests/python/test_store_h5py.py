@@ -1,9 +1,12 @@
 """Interop of the native store with h5py + hdf5plugin (filter 32015 "Zstandard").
 
-1. ckpt writes (tests/tools/store_write_tool, compressed with shuffle + zstd and plain), h5py reads
-   every shard dataset; the tensors reassembled from the manifest equal the numpy source.
-2. h5py + hdf5plugin write a store (manifest made here with hashlib); `ckpt verify` and
-   `ckpt inspect` accept it, and flipping one data byte makes verify fail naming the tensor.
+1. ckpt writes (tests/tools/store_write_tool, compressed with shuffle + zstd and plain, with each
+   piece digest), h5py reads every shard dataset; the tensors reassembled from the manifest equal
+   the numpy source, and every piece's digest equals Python's hashlib.sha256 /
+   xxhash.xxh3_128 of the bytes h5py read.
+2. h5py + hdf5plugin write a store (manifest made here with hashlib or xxhash, in format version 1
+   with "sha256" or version 2 with "digest"); `ckpt verify` and `ckpt inspect` accept it, and
+   flipping one data byte makes verify fail naming the tensor.
 """
 import hashlib
 import json
@@ -13,7 +16,10 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers filter 32015 with h5py)
 import numpy as np
 import pytest
-from native_h5py import read_native  # scripts/: h5py + hashlib only, no ckpt code
+import xxhash
+from native_h5py import read_native  # scripts/: h5py + hashlib + xxhash only, no ckpt code
+
+HASH = {"sha256": lambda b: hashlib.sha256(b).hexdigest(), "xxh3-128": xxhash.xxh3_128_hexdigest}
 
 ZSTD_ID = 32015
 SHUFFLE_ID = 2
@@ -44,7 +50,7 @@ SPLITS = {"model.embed_tokens.weight": ("rows", 3), "model.layers.0.self_attn.q_
 NP_VIEW = {"BF16": np.uint16, "F16": np.uint16, "F32": np.float32, "I64": np.int64, "U8": np.uint8}
 
 
-def write_with_tool(tool, tmp_path, sources, codec, ranks=2):
+def write_with_tool(tool, tmp_path, sources, codec, ranks=2, digest="xxh3-128"):
     tensors = []
     for name, (dt, arr) in sources.items():
         raw = tmp_path / (name + ".bin")
@@ -52,8 +58,8 @@ def write_with_tool(tool, tmp_path, sources, codec, ranks=2):
         split, parts = SPLITS[name]
         tensors.append({"name": name, "dtype": dt, "shape": list(arr.shape), "data": str(raw), "split": split,
                         "parts": parts})
-    dst = tmp_path / ("store_" + codec.replace("+", "_"))
-    spec = {"dst": str(dst), "codec": codec, "level": 1, "chunk_bytes": 4096, "ranks": ranks,
+    dst = tmp_path / ("store_" + codec.replace("+", "_") + "_" + digest)
+    spec = {"dst": str(dst), "codec": codec, "level": 1, "chunk_bytes": 4096, "ranks": ranks, "digest": digest,
             "metadata": {"profile": "reference", "layout": {"tp": 2}}, "tensors": tensors}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     import subprocess
@@ -62,12 +68,19 @@ def write_with_tool(tool, tmp_path, sources, codec, ranks=2):
     return dst
 
 
+@pytest.mark.parametrize("digest", ["xxh3-128", "sha256"])
 @pytest.mark.parametrize("codec", ["shuffle+zstd", "none"])
-def test_h5py_reads_ckpt_shards(tool, run_ckpt, tmp_path, codec):
+def test_h5py_reads_ckpt_shards(tool, run_ckpt, tmp_path, codec, digest):
     rng = np.random.default_rng(0)
     sources = make_sources(rng)
-    dst = write_with_tool(tool, tmp_path, sources, codec)
-    _, got, filters = read_native(dst)
+    dst = write_with_tool(tool, tmp_path, sources, codec, digest=digest)
+    man, got, filters = read_native(dst)  # raises if a digest differs from Python's
+    assert man["version"] == 2
+    with h5py.File(dst / man["pieces"][0]["file"], "r") as f:  # and checked here too, explicitly
+        for p in (q for q in man["pieces"] if q["file"] == man["pieces"][0]["file"]):
+            raw = np.ascontiguousarray(f[p["dataset"]][...]).tobytes()
+            assert p["digest"] == f"{digest}:{HASH[digest](raw)}", p["tensor"]
+            assert "sha256" not in p
     for name, (dt, arr) in sources.items():
         assert got[name].dtype == NP_VIEW[dt]
         np.testing.assert_array_equal(got[name].view(arr.dtype) if arr.dtype != got[name].dtype else got[name], arr,
@@ -83,8 +96,9 @@ def test_h5py_reads_ckpt_shards(tool, run_ckpt, tmp_path, codec):
     assert info["layout"] == {"tp": 2}
 
 
-def write_with_h5py(dst, sources):
-    """A store written without ckpt: h5py + hdf5plugin.Zstd, manifest by hand."""
+def write_with_h5py(dst, sources, version=2, digest="xxh3-128"):
+    """A store written without ckpt: h5py + hdf5plugin.Zstd, manifest by hand (version 1: "sha256"
+    per piece; version 2: "digest": "<digest>:<hex>")."""
     (dst / "shards").mkdir(parents=True)
     pieces = []
     with h5py.File(dst / "shards" / "r00000.h5", "w") as f:
@@ -93,21 +107,27 @@ def write_with_h5py(dst, sources):
             f.create_dataset(f"/p{i:06d}", data=arr.view(NP_VIEW[dt]), **kw)
             pieces.append({"tensor": name, "file": "shards/r00000.h5", "dataset": f"/p{i:06d}",
                            "region": {"offset": [0] * arr.ndim, "extent": list(arr.shape)}, "dtype": dt,
-                           "bytes": arr.nbytes, "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
-                           "codec": "shuffle+zstd" if kw else "none", **({"codec_level": 3} if kw else {})})
-    man = {"format": "ckpt-native", "version": 1, "profile": "reference",
+                           "bytes": arr.nbytes, "codec": "shuffle+zstd" if kw else "none",
+                           **({"codec_level": 3} if kw else {})})
+            if version == 1:
+                pieces[-1]["sha256"] = hashlib.sha256(arr.tobytes()).hexdigest()
+            else:
+                pieces[-1]["digest"] = f"{digest}:{HASH[digest](arr.tobytes())}"
+    man = {"format": "ckpt-native", "version": version, "profile": "reference",
            "tensors": [{"name": n, "dtype": dt, "shape": list(a.shape)} for n, (dt, a) in sources.items()],
            "pieces": pieces}
     (dst / "manifest.json").write_text(json.dumps(man))
     return man
 
 
-def test_ckpt_reads_h5py_written_store(run_ckpt, tmp_path):
+@pytest.mark.parametrize("version,digest", [(1, "sha256"), (2, "xxh3-128"), (2, "sha256")])
+def test_ckpt_reads_h5py_written_store(run_ckpt, tmp_path, version, digest):
     rng = np.random.default_rng(1)
     sources = make_sources(rng)
     dst = tmp_path / "h5py_store"
-    man = write_with_h5py(dst, sources)
-    run_ckpt("verify", dst)
+    man = write_with_h5py(dst, sources, version, digest)
+    v = json.loads(run_ckpt("verify", dst, "--json").stdout)
+    assert v["ok"] and v["format"] == f"ckpt-native v{version}" and v["digests"] == [digest], v
     info = json.loads(run_ckpt("inspect", dst, "--json").stdout)
     assert info["totals"]["pieces"] == len(sources)
     assert info["totals"]["compression_ratio"] > 1.0
@@ -128,3 +148,14 @@ def test_ckpt_reads_h5py_written_store(run_ckpt, tmp_path):
     p = run_ckpt("verify", bad, check=False)
     assert p.returncode != 0
     assert name in p.stderr
+    # A piece whose bytes are intact but whose recorded digest is off by one bit: named, with the
+    # algorithm, exit 1.
+    bad2 = tmp_path / "bad2"
+    shutil.copytree(dst, bad2)
+    m2 = json.loads((bad2 / "manifest.json").read_text())
+    key = "sha256" if version == 1 else "digest"
+    last = m2["pieces"][-1][key]
+    m2["pieces"][-1][key] = last[:-1] + ("0" if last[-1] != "0" else "1")
+    (bad2 / "manifest.json").write_text(json.dumps(m2))
+    p = run_ckpt("verify", bad2, check=False)
+    assert p.returncode == 1 and "ChecksumMismatch" in p.stderr and f"{digest} expected" in p.stderr, p.stderr

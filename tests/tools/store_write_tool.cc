@@ -2,6 +2,7 @@
 // bytes (e.g. numpy's tofile) through the multi-rank path (open_rank per rank + finalize).
 // Usage: store_write_tool SPEC.json, with SPEC =
 //   {"dst": dir, "codec": "none"|"zstd"|"shuffle+zstd", "level": 1, "chunk_bytes": 4194304,
+//    "digest": "xxh3-128"|"sha256" (default xxh3-128),
 //    "ranks": 2, "metadata": {...},
 //    "tensors": [{"name", "dtype", "shape", "data": raw file, "split": "whole"|"rows"|"cols"|"flat",
 //                 "parts": k}]}
@@ -36,6 +37,9 @@ int main(int argc, char** argv) {
   opts.codec = *codec;
   opts.zstd_level = spec.value("level", 1);
   opts.chunk_bytes = spec.value("chunk_bytes", uint64_t{4} << 20);
+  auto digest = parse_digest_spec(spec.value("digest", std::string("xxh3-128")), "digest", opts);
+  if (!digest.ok()) return fail(digest.status().to_string());
+  opts = *digest;
   const int ranks = spec.value("ranks", 1);
   std::vector<TensorMeta> metas;
   std::vector<Piece> pieces;

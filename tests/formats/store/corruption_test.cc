@@ -2,7 +2,9 @@
 // exit code (README: 1 verification failed, 3 corrupt input, 4 not found, 5 unsupported): a
 // flipped bit in a shard (verify names the tensor), a truncated or deleted shard, manifests with
 // overlapping pieces, a gap, an out-of-bounds region, a wrong dtype or shape, an unknown version,
-// invalid JSON. A ckpt killed by a signal, or a sanitizer report (exit code 86, set here for the
+// invalid JSON, an unknown digest algorithm. Every case runs with both piece digests (xxh3-128,
+// sha256); a version 1 manifest (the sha256 store rewritten to v1 form) still loads and verifies,
+// and its flipped bits are still found. A ckpt killed by a signal, or a sanitizer report (exit code 86, set here for the
 // child, or its stderr marker), fails the test whatever the exit code.
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -27,7 +29,7 @@ namespace {
 
 using nlohmann::json;
 
-class Corruption : public ::testing::Test {
+class Corruption : public ::testing::TestWithParam<DigestAlgo> {
  protected:
   void SetUp() override {
     dir_ = testing::temp_dir("corrupt");
@@ -42,6 +44,7 @@ class Corruption : public ::testing::Test {
     const std::string dst = dir_ + "/" + name;
     StoreOptions opts;
     opts.codec = codec;
+    opts.digest = GetParam();
     opts.fsync = false;
     opts.chunk_bytes = 1024;
     EXPECT_TRUE(StoreWriter::prepare_partial(dst).ok());
@@ -81,9 +84,9 @@ class Corruption : public ::testing::Test {
   }
   // Exit code of `ckpt verify dst` (the real binary). A signal or a sanitizer finding is a test
   // failure (and returns 128 + signal, or 86).
-  int ckpt_verify(const std::string& dst) {
-    const std::string err_path = dir_ + "/verify.stderr";
-    const pid_t pid = spawn_ckpt({"verify", dst}, err_path);
+  int ckpt_verify(const std::string& dst, std::string* out = nullptr) {
+    const std::string err_path = dir_ + "/verify.stderr", out_path = dir_ + "/verify.stdout";
+    const pid_t pid = spawn_ckpt({"verify", dst}, err_path, out_path);
     int status = 0;
     if (pid <= 0 || waitpid(pid, &status, 0) != pid) {
       ADD_FAILURE() << "could not run " << CKPT_BIN;
@@ -91,6 +94,10 @@ class Corruption : public ::testing::Test {
     }
     std::ifstream ef(err_path);
     const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+    if (out) {
+      std::ifstream of(out_path);
+      *out = std::string((std::istreambuf_iterator<char>(of)), std::istreambuf_iterator<char>());
+    }
     if (WIFSIGNALED(status)) {
       ADD_FAILURE() << "ckpt verify " << dst << " killed by signal " << WTERMSIG(status) << "\n" << err;
       return 128 + WTERMSIG(status);
@@ -103,9 +110,9 @@ class Corruption : public ::testing::Test {
       }
     return code;
   }
-  // Starts CKPT_BIN with `args`, stdout to /dev/null, stderr to `err_path`, and sanitizer options
+  // Starts CKPT_BIN with `args`, stdout to `out_path`, stderr to `err_path`, and sanitizer options
   // that end in exitcode=86 (later options win), the caller's others kept.
-  static pid_t spawn_ckpt(const std::vector<std::string>& args, const std::string& err_path) {
+  static pid_t spawn_ckpt(const std::vector<std::string>& args, const std::string& err_path, const std::string& out_path) {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e)
       if (std::string_view(*e).rfind("ASAN_OPTIONS=", 0) != 0 && std::string_view(*e).rfind("UBSAN_OPTIONS=", 0) != 0)
@@ -124,7 +131,7 @@ class Corruption : public ::testing::Test {
     envp.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid = -1;
     if (posix_spawn(&pid, CKPT_BIN, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
@@ -132,6 +139,7 @@ class Corruption : public ::testing::Test {
     return pid;
   }
   static constexpr int kSanitizerExit = 86;
+  void expect_every_flip_found(const std::string& clean, const std::string& tag);
   // File offset and size of the raw bytes of a contiguous dataset.
   std::pair<uint64_t, uint64_t> data_extent(const std::string& file, const std::string& dataset) {
     auto lock = h5_lock();
@@ -153,20 +161,29 @@ class Corruption : public ::testing::Test {
   std::vector<testing::DenseTensor> tensors_;
 };
 
-TEST_F(Corruption, CleanStoreVerifies) {
+TEST_P(Corruption, CleanStoreVerifies) {
   auto dst = write("clean");
+  const json m = manifest(dst);
+  EXPECT_EQ(m["version"], 2);
+  const std::string prefix = std::string(digest_algo_name(GetParam())) + ":";
+  for (const auto& p : m["pieces"]) EXPECT_EQ(p["digest"].get<std::string>().rfind(prefix, 0), 0u) << p.dump();
   auto r = StoreReader::open(dst);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE((*r)->verify().ok());
-  EXPECT_EQ(ckpt_verify(dst), 0);
+  std::string out;
+  EXPECT_EQ(ckpt_verify(dst, &out), 0);
+  EXPECT_NE(out.find("ckpt-native v2"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::string("checked (") + digest_algo_name(GetParam()) + ")"), std::string::npos) << out;
 }
 
-TEST_F(Corruption, FlippedBitInEveryPieceIsFoundAndNamed) {
+// Flips one random bit in the data of every piece of `clean` in turn (a copy each) and checks that
+// verify() and `ckpt verify` name exactly that piece, its tensor, file and dataset, and the
+// algorithm of its digest.
+void Corruption::expect_every_flip_found(const std::string& clean, const std::string& tag) {
   std::mt19937_64 rng(9);
-  auto clean = write("flip_src");
   auto m = manifest(clean);
   for (size_t i = 0; i < m["pieces"].size(); ++i) {
-    const std::string dst = dir_ + "/flip" + std::to_string(i);
+    const std::string dst = dir_ + "/" + tag + std::to_string(i);
     std::filesystem::copy(clean, dst, std::filesystem::copy_options::recursive);
     const auto& p = m["pieces"][i];
     const std::string file = dst + "/" + p["file"].get<std::string>();
@@ -184,11 +201,42 @@ TEST_F(Corruption, FlippedBitInEveryPieceIsFoundAndNamed) {
     EXPECT_EQ(st.tensor(), p["tensor"].get<std::string>());
     EXPECT_NE(st.message().find(p["dataset"].get<std::string>()), std::string::npos) << st.message();
     EXPECT_NE(st.file().find(p["file"].get<std::string>()), std::string::npos);
+    EXPECT_NE(st.message().find(std::string(digest_algo_name(GetParam())) + " expected"), std::string::npos) << st.message();
     EXPECT_EQ(ckpt_verify(dst), 1);
   }
 }
 
-TEST_F(Corruption, FlippedBitInCompressedChunkFails) {
+TEST_P(Corruption, FlippedBitInEveryPieceIsFoundAndNamed) { expect_every_flip_found(write("flip_src"), "flip"); }
+
+// A version 1 manifest: "sha256": "<hex>" per piece, no "digest". The sha256 store rewritten so
+// loads, verifies and still finds every flipped bit; the xxh3-128 one cannot be written as v1
+// (its digests are not SHA-256): BadField.
+TEST_P(Corruption, Version1ManifestStillReads) {
+  const std::string dst = write("v1");
+  json m = manifest(dst);
+  m["version"] = 1;
+  for (auto& p : m["pieces"]) {
+    const std::string d = p["digest"];
+    p.erase("digest");
+    p["sha256"] = d.substr(d.find(':') + 1);
+  }
+  put_manifest(dst, m.dump(1));
+  if (GetParam() != DigestAlgo::kSha256) {
+    EXPECT_EQ(open_status(dst).code(), "BadField");
+    EXPECT_EQ(ckpt_verify(dst), 3);
+    return;
+  }
+  auto r = StoreReader::open(dst);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->manifest().version, 1);
+  EXPECT_TRUE((*r)->verify().ok());
+  std::string out;
+  EXPECT_EQ(ckpt_verify(dst, &out), 0);
+  EXPECT_NE(out.find("ckpt-native v1"), std::string::npos) << out;
+  expect_every_flip_found(dst, "v1flip");
+}
+
+TEST_P(Corruption, FlippedBitInCompressedChunkFails) {
   auto dst = write("flipz", Codec::kShuffleZstd);
   auto m = manifest(dst);
   const auto& p = m["pieces"][0];
@@ -218,7 +266,7 @@ TEST_F(Corruption, FlippedBitInCompressedChunkFails) {
   EXPECT_EQ(ckpt_verify(dst), st.kind() == ErrorKind::kChecksum ? 1 : 3) << st.to_string();
 }
 
-TEST_F(Corruption, TruncatedShard) {
+TEST_P(Corruption, TruncatedShard) {
   auto dst = write("trunc");
   const std::string f = dst + "/shards/r00001.h5";
   std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2);
@@ -228,7 +276,7 @@ TEST_F(Corruption, TruncatedShard) {
   EXPECT_EQ(ckpt_verify(dst), 3);
 }
 
-TEST_F(Corruption, DeletedShard) {
+TEST_P(Corruption, DeletedShard) {
   auto dst = write("deleted");
   std::filesystem::remove(dst + "/shards/r00000.h5");
   Status st = open_status(dst);
@@ -237,7 +285,7 @@ TEST_F(Corruption, DeletedShard) {
   EXPECT_EQ(ckpt_verify(dst), 4);
 }
 
-TEST_F(Corruption, ManifestRules) {
+TEST_P(Corruption, ManifestRules) {
   auto clean = write("mf");
   const json good = manifest(clean);
   struct Edit {
@@ -260,6 +308,8 @@ TEST_F(Corruption, ManifestRules) {
        }},
       {"BadFileName", [](json& j) { j["pieces"][0]["file"] = "../escape.h5"; }},
       {"MissingDataset", [](json& j) { j["pieces"][0]["dataset"] = "/nope"; }},
+      {"UnknownDigest", [](json& j) { j["pieces"][1]["digest"] = "md5:0123456789abcdef0123456789abcdef"; }, 5},
+      {"BadField", [](json& j) { j["pieces"][1]["sha256"] = std::string(64, '0'); }},  // v1's field in v2
   };
   for (const auto& e : edits) {
     json j = good;
@@ -275,6 +325,11 @@ TEST_F(Corruption, ManifestRules) {
   put_manifest(clean, good.dump());
   EXPECT_TRUE(open_status(clean).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Digests, Corruption, ::testing::Values(DigestAlgo::kXxh3_128, DigestAlgo::kSha256),
+                         [](const ::testing::TestParamInfo<DigestAlgo>& i) {
+                           return std::string(i.param == DigestAlgo::kSha256 ? "Sha256" : "Xxh3_128");
+                         });
 
 }  // namespace
 }  // namespace ckpt::store

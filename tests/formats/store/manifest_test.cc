@@ -1,4 +1,5 @@
-// Manifest parsing and the structural validator: one test per rule code.
+// Manifest parsing and the structural validator: one test per rule code, and per rule of the
+// version 2 digest field (and of version 1's sha256 field, still read).
 #include <gtest/gtest.h>
 
 #include "formats/store/manifest.h"
@@ -18,12 +19,12 @@ json piece(const std::string& t, std::vector<int64_t> off, std::vector<int64_t> 
     n = flat->second - flat->first;
   }
   return {{"tensor", t}, {"file", "shards/r00000.h5"}, {"dataset", ds}, {"region", region}, {"dtype", "F32"},
-          {"bytes", n * 4}, {"sha256", std::string(64, 'a')}, {"codec", "none"}};
+          {"bytes", n * 4}, {"digest", "xxh3-128:" + std::string(32, 'a')}, {"codec", "none"}};
 }
 
 json good() {
   return {{"format", "ckpt-native"},
-          {"version", 1},
+          {"version", 2},
           {"layout", {{"tp", 2}}},
           {"tensors", {{{"name", "w"}, {"dtype", "F32"}, {"shape", {4, 6}}}}},
           {"pieces", {piece("w", {0, 0}, {4, 3}, "/p0"), piece("w", {0, 3}, {4, 3}, "/p1")}}};
@@ -53,10 +54,126 @@ TEST(Manifest, InvalidJson) {
 }
 
 TEST(Manifest, UnknownVersion) {
+  for (int v : {0, 3, -1}) {
+    json j = good();
+    j["version"] = v;
+    EXPECT_EQ(check(j).code(), "UnsupportedVersion") << v;
+    EXPECT_EQ(check(j).kind(), ErrorKind::kUnsupported);
+  }
   json j = good();
-  j["version"] = 2;
+  j["version"] = UINT64_MAX;
   EXPECT_EQ(check(j).code(), "UnsupportedVersion");
-  EXPECT_EQ(check(j).kind(), ErrorKind::kUnsupported);
+}
+
+// The same manifest in version 1 form: "sha256": "<hex>" on every piece.
+json good_v1() {
+  json j = good();
+  j["version"] = 1;
+  for (auto& p : j["pieces"]) {
+    p.erase("digest");
+    p["sha256"] = std::string(64, 'b');
+  }
+  return j;
+}
+
+TEST(Manifest, Version1Sha256IsReadAsSha256Digest) {
+  auto m = parse_manifest(good_v1().dump());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_TRUE(validate_manifest(*m).ok());
+  EXPECT_EQ(m->version, 1);
+  EXPECT_EQ(m->pieces[0].digest.algo, DigestAlgo::kSha256);
+  EXPECT_EQ(m->pieces[0].digest.hex, std::string(64, 'b'));
+  // Written back, it is a version 2 manifest with "digest": "sha256:<hex>".
+  json out = manifest_to_json(*m);
+  EXPECT_EQ(out["version"], 2);
+  EXPECT_EQ(out["pieces"][0]["digest"], "sha256:" + std::string(64, 'b'));
+  EXPECT_FALSE(out["pieces"][0].contains("sha256"));
+  auto again = parse_manifest(out.dump());
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->pieces, m->pieces);
+}
+
+TEST(Manifest, Version2TakesBothAlgorithmsPerPiece) {
+  json j = good();
+  j["pieces"][1]["digest"] = "sha256:" + std::string(64, 'c');
+  auto m = parse_manifest(j.dump());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->pieces[0].digest, (DigestValue{DigestAlgo::kXxh3_128, std::string(32, 'a')}));
+  EXPECT_EQ(m->pieces[1].digest, (DigestValue{DigestAlgo::kSha256, std::string(64, 'c')}));
+}
+
+TEST(Manifest, Version2WithSha256FieldIsBadField) {
+  json j = good();
+  j["pieces"][0]["sha256"] = std::string(64, 'a');
+  EXPECT_EQ(check(j).code(), "BadField");
+  EXPECT_EQ(check(j).tensor(), "w");
+  j = good();
+  j["pieces"][0].erase("digest");
+  j["pieces"][0]["sha256"] = std::string(64, 'a');
+  EXPECT_EQ(check(j).code(), "BadField") << check(j).to_string();
+}
+
+TEST(Manifest, Version1WithDigestFieldIsBadField) {
+  json j = good_v1();
+  j["pieces"][0]["digest"] = "sha256:" + std::string(64, 'b');
+  EXPECT_EQ(check(j).code(), "BadField");
+  j = good_v1();
+  j["pieces"][0].erase("sha256");
+  j["pieces"][0]["digest"] = "sha256:" + std::string(64, 'b');
+  EXPECT_EQ(check(j).code(), "BadField");
+  j = good_v1();
+  j["pieces"][0]["sha256"] = std::string(32, 'b');  // an xxh3-128-sized hex is not a sha256
+  EXPECT_EQ(check(j).code(), "BadField");
+}
+
+TEST(Manifest, UnknownDigestAlgorithm) {
+  for (const char* text : {"md5:0123456789abcdef0123456789abcdef", "XXH3-128:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "blake2b:00", ":aa"}) {
+    json j = good();
+    j["pieces"][1]["digest"] = text;
+    Status st = check(j);
+    EXPECT_EQ(st.code(), "UnknownDigest") << text << ": " << st.to_string();
+    EXPECT_EQ(st.kind(), ErrorKind::kUnsupported);
+    EXPECT_EQ(st.tensor(), "w");
+  }
+}
+
+TEST(Manifest, MalformedDigestIsBadField) {
+  for (const std::string& text : {std::string(32, 'a'),                     // no algorithm
+                                  "xxh3-128:" + std::string(64, 'a'),       // a sha256-sized hex
+                                  "sha256:" + std::string(32, 'a'),         // an xxh3-128-sized hex
+                                  "xxh3-128:" + std::string(32, 'A'),       // upper case
+                                  "xxh3-128:" + std::string(31, 'a') + "g", // not hex
+                                  "xxh3-128:" + std::string(32, 'a') + " "}) {
+    json j = good();
+    j["pieces"][0]["digest"] = text;
+    EXPECT_EQ(check(j).code(), "BadField") << text;
+  }
+  json j = good();
+  j["pieces"][0]["digest"] = 7;
+  EXPECT_EQ(check(j).code(), "BadField");
+  j["pieces"][0].erase("digest");
+  EXPECT_EQ(check(j).code(), "BadField");
+}
+
+TEST(Manifest, ValidatorChecksInMemoryDigests) {
+  auto m = parse_manifest(good().dump());
+  ASSERT_TRUE(m.ok());
+  m->pieces[0].digest.hex = "abc";
+  EXPECT_EQ(validate_manifest(*m).code(), "BadField");
+  m = parse_manifest(good().dump());
+  m->version = 1;  // version 1 knows only sha256
+  EXPECT_EQ(validate_manifest(*m).code(), "BadField");
+}
+
+TEST(Manifest, GatheredRecordsUseTheCurrentForm) {
+  json rec = json::parse(piece("w", {0, 0}, {4, 3}, "/p0").dump());  // as gathered: text
+  auto r = piece_record_from_json(rec);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(piece_record_to_json(*r), rec);
+  rec.erase("digest");
+  rec["sha256"] = std::string(64, 'a');
+  EXPECT_EQ(piece_record_from_json(rec).status().code(), "BadField");
+  EXPECT_TRUE(piece_record_from_json(rec, 1).ok());
 }
 
 TEST(Manifest, UnknownFormat) {
@@ -73,7 +190,7 @@ TEST(Manifest, WrongTypes) {
   j["tensors"][0]["shape"] = {4, -6};
   EXPECT_EQ(check(j).code(), "BadField");
   j = good();
-  j["pieces"][0]["sha256"] = "xyz";
+  j["pieces"][0]["digest"] = "xyz";
   EXPECT_EQ(check(j).code(), "BadField");
 }
 
