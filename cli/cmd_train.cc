@@ -44,7 +44,7 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
   sub.add_option("--digest", f->digest, store::kDigestFlagHelp);
   f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
-  sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`); excludes --tp/--pp/--pp-layers/--dp/--zero");
+  sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`; symmetric or general: pipelines of stages, each with its layers, tp and device type); excludes --tp/--pp/--pp-layers/--dp/--zero");
   sub.add_option("--cluster", f->o.cluster_file,
                  "Cluster JSON file: device types (memory, FLOP/s, link bandwidth, dtype) and how many ranks of each, in "
                  "rank order. The layout's device types must match it, and every rank's estimated memory (weights, "
@@ -53,7 +53,7 @@ CommandAction setup_train(CLI::App& sub) {
                  "(with --out, always written to RUN_DIR/memory.json)")
       ->type_name("FILE");
   sub.add_option("--micro-batches", f->micro_batches,
-                 "Per data-parallel rank micro-batch sizes a,b,.. (heterogeneous DP); default: --micro-batch on every rank");
+                 "Per data-parallel rank (pipeline) micro-batch sizes a,b,.. (heterogeneous DP); default: the layout file's, else --micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,
                  "Write the first step's gradients (global view, after the DP reduction, before clipping) as a checkpoint to DIR");
   sub.footer(
@@ -61,7 +61,8 @@ CommandAction setup_train(CLI::App& sub) {
       "with N = T*P*D. Ranks follow Megatron-LM: rank = (pp_rank*dp + dp_rank)*tp + tp_rank. Every DP rank runs\n"
       "--grad-accum micro-batches of its own size per step; the global batch is grad-accum * sum(micro-batches)\n"
       "and the update equals the one-process update for the same global batch. --resume accepts a checkpoint of\n"
-      "any layout (the global batch and seq-len must match).");
+      "any layout (the global batch and seq-len must match). A general --layout FILE (per-stage tp, per-pipeline\n"
+      "stage splits and micro-batches) runs on N = the sum of its stages' tp ranks (docs/TRAINER.md).");
   return [f]() -> int {
     auto cfg = LlamaConfig::from_file(f->config);
     if (!cfg.ok()) return report_error(cfg.status());

@@ -72,6 +72,49 @@ Result<std::string> bcast_string(const Comm& c, int root, std::string s, const c
   return s;
 }
 
+
+// Comm::exchange under the name `name` (send, recv, sendrecv, exchange): every send posted, then
+// every receive, then one bounded wait for all (receives cancelled on error).
+template <class T>
+Status p2p(const Comm& c, const std::vector<Comm::Send<T>>& sends, const std::vector<Comm::Recv<T>>& recvs, int tag,
+           const char* name) {
+  int64_t most = 0;
+  for (const auto& x : sends) most = std::max(most, x.n);
+  for (const auto& x : recvs) most = std::max(most, x.n);
+  CKPT_RETURN_IF_ERROR(precheck(c, name, most));
+  if (sends.empty() && recvs.empty()) return Status::Ok();
+  if (!c.is_mpi()) {  // a one-rank world: only exchanges with itself, the k-th send into the k-th receive
+    bool self = sends.size() == recvs.size();
+    for (size_t k = 0; self && k < sends.size(); ++k)
+      self = sends[k].peer == 0 && recvs[k].peer == 0 && sends[k].n <= recvs[k].n;
+    if (!self) return Status::Internal(std::string(name) + " in a one-rank world without MPI");
+    for (size_t k = 0; k < sends.size(); ++k)
+      if (sends[k].n) std::memmove(recvs[k].buf, sends[k].buf, sizeof(T) * static_cast<size_t>(sends[k].n));
+    return Status::Ok();
+  }
+  MPI_Comm h = CommAccess::handle(c);
+  std::vector<MPI_Request> reqs(sends.size() + recvs.size(), MPI_REQUEST_NULL);
+  const OpInfo info{name, type_name<T>(), c.size(), most};
+  for (size_t k = 0; k < sends.size(); ++k) {
+    Status st = comm_detail::mpi_status(MPI_Isend(sends[k].buf, static_cast<int>(sends[k].n), mpi_type<T>(),
+                                                  sends[k].peer, tag, h, &reqs[k]), "Isend");
+    if (!st.ok()) {
+      (void)comm_detail::wait(reqs.data(), static_cast<int>(k), info);  // the sends under way (bounded)
+      return st;
+    }
+  }
+  const int first_recv = static_cast<int>(sends.size());
+  for (size_t k = 0; k < recvs.size(); ++k) {
+    Status st = comm_detail::mpi_status(MPI_Irecv(recvs[k].buf, static_cast<int>(recvs[k].n), mpi_type<T>(),
+                                                  recvs[k].peer, tag, h, &reqs[sends.size() + k]), "Irecv");
+    if (!st.ok()) {
+      // The sends may be under way: wait for them (bounded); receives posted are left to MPI.
+      (void)comm_detail::wait(reqs.data(), first_recv, info);
+      return st;
+    }
+  }
+  return comm_detail::wait(reqs.data(), static_cast<int>(reqs.size()), info, first_recv);
+}
 }  // namespace
 
 bool Comm::launched_under_mpi() {
@@ -189,29 +232,16 @@ Status Comm::recv(T* buf, int64_t n, int peer, int tag) {
 
 template <class T>
 Status Comm::sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, int src, int tag) {
-  const char* name = dst < 0 ? "recv" : src < 0 ? "send" : "sendrecv";
-  CKPT_RETURN_IF_ERROR(precheck(*this, name, std::max(dst < 0 ? 0 : sn, src < 0 ? 0 : rn)));
-  if (dst < 0 && src < 0) return Status::Ok();
-  if (!mpi_) {  // a one-rank world: only an exchange with itself (sendrecv to and from rank 0)
-    if (dst != 0 || src != 0 || sn > rn) return Status::Internal(std::string(name) + " in a one-rank world without MPI");
-    if (sn) std::memmove(rbuf, sbuf, sizeof(T) * static_cast<size_t>(sn));
-    return Status::Ok();
-  }
-  MPI_Comm h = CommAccess::handle(*this);
-  MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  if (dst >= 0)
-    CKPT_RETURN_IF_ERROR(comm_detail::mpi_status(
-        MPI_Isend(sbuf, static_cast<int>(sn), mpi_type<T>(), dst, tag, h, &reqs[0]), "Isend"));
-  if (src >= 0) {
-    Status st = comm_detail::mpi_status(MPI_Irecv(rbuf, static_cast<int>(rn), mpi_type<T>(), src, tag, h, &reqs[1]),
-                                        "Irecv");
-    if (!st.ok()) {
-      // The send may be under way: wait for it (bounded) before returning the error.
-      (void)comm_detail::wait(reqs, 1, {name, type_name<T>(), size_, sn});
-      return st;
-    }
-  }
-  return comm_detail::wait(reqs, 2, {name, type_name<T>(), size_, dst >= 0 ? sn : rn}, 1);
+  std::vector<Send<T>> sends;
+  std::vector<Recv<T>> recvs;
+  if (dst >= 0) sends.push_back({sbuf, sn, dst});
+  if (src >= 0) recvs.push_back({rbuf, rn, src});
+  return p2p(*this, sends, recvs, tag, dst < 0 ? "recv" : src < 0 ? "send" : "sendrecv");
+}
+
+template <class T>
+Status Comm::exchange(const std::vector<Send<T>>& sends, const std::vector<Recv<T>>& recvs, int tag) {
+  return p2p(*this, sends, recvs, tag, "exchange");
 }
 
 Status Comm::barrier() {
@@ -291,7 +321,8 @@ CommTimeoutScope::~CommTimeoutScope() { comm_detail::set_timeout_s(previous_); }
   template Status Comm::all_gather<T>(const T*, T*, int64_t);                 \
   template Status Comm::send<T>(const T*, int64_t, int, int);                 \
   template Status Comm::recv<T>(T*, int64_t, int, int);                       \
-  template Status Comm::sendrecv<T>(const T*, int64_t, int, T*, int64_t, int, int);
+  template Status Comm::sendrecv<T>(const T*, int64_t, int, T*, int64_t, int, int);           \
+  template Status Comm::exchange<T>(const std::vector<Comm::Send<T>>&, const std::vector<Comm::Recv<T>>&, int);
 CKPT_COMM_INSTANTIATE(float)
 CKPT_COMM_INSTANTIATE(double)
 CKPT_COMM_INSTANTIATE(int64_t)

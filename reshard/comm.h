@@ -23,8 +23,9 @@
 // then sees a nonzero exit, ends the job and exits with that code. A process exiting normally
 // finalizes MPI at exit, unless a failure is known (then it exits without MPI_Finalize, which
 // mpirun reports as an error).
-// LayoutGroups: the TP, DP, PP groups of a Layout (rank order of reshard/layout.h) and the
-// embedding group (first and last stage) for tied embeddings.
+// LayoutGroups: the groups of a Layout's rank (rank order of reshard/layout.h, either form): TP,
+// DP, PP, model replica, the embedding group (first and last stage) for tied embeddings, and a
+// copy of the world for the pipeline exchanges and world-wide reductions.
 // Thread safety: call from the main thread only (MPI_THREAD_FUNNELED); background threads must
 // not use a Comm.
 #pragma once
@@ -74,8 +75,16 @@ class Comm {
   template <class T> Status send(const T* buf, int64_t n, int peer, int tag);
   template <class T> Status recv(T* buf, int64_t n, int peer, int tag);
   // Sends sbuf to `dst` and receives rbuf from `src` at once (no deadlock when two ranks exchange;
-  // dst or src may be -1: that half is skipped).
+  // dst or src may be -1: that half is skipped). The one-send, one-receive case of exchange().
   template <class T> Status sendrecv(const T* sbuf, int64_t sn, int dst, T* rbuf, int64_t rn, int src, int tag);
+  // Posts every send and every receive at once (non-blocking), then waits for all of them
+  // (bounded, as every wait): a rank may send to several peers and receive from several in one
+  // step without ordering them. Receive buffers must not overlap each other or a send buffer.
+  // Without MPI (one-rank world) only exchanges with itself: the k-th send is copied into the
+  // k-th receive.
+  template <class T> struct Send { const T* buf; int64_t n; int peer; };
+  template <class T> struct Recv { T* buf; int64_t n; int peer; };
+  template <class T> Status exchange(const std::vector<Send<T>>& sends, const std::vector<Recv<T>>& recvs, int tag);
   Status barrier();
 
   // Agreement: every rank passes its own status; all get Ok when every one is Ok, else the
@@ -122,17 +131,21 @@ class CommTimeoutScope {
   double previous_;
 };
 
-// The groups of `layout` that contain this rank (rank = (pp_rank * dp + dp_rank) * tp + tp_rank).
+// The groups of `layout` that contain this rank (symmetric form: rank = (pp_rank * dp + dp_rank) *
+// tp + tp_rank; general form: reshard/layout.h's order, stage slowest, then pipeline, then TP rank).
 struct LayoutGroups {
-  int pp_rank = 0, dp_rank = 0, tp_rank = 0;
-  Comm tp;         // same (pp, dp): tp ranks in order
-  Comm dp;         // same (pp, tp): dp ranks in order
-  Comm pp;         // same (dp, tp): stages in order
-  Comm model;      // same dp: all tp*pp ranks of one model replica, in rank order
-  Comm embedding;  // first and last stage at the same (dp, tp), first stage rank 0; on other
-                   // stages (and when pp == 1) a one-rank group
+  int pp_rank = 0, dp_rank = 0, tp_rank = 0;  // = place_of_rank: stage, pipeline, TP rank
+  Comm tp;         // same (pipeline, stage): its TP ranks in order
+  Comm dp;         // uniform_pipelines(): same (stage, TP rank) of every pipeline, in pipeline order
+                   // (ZeRO-1's data-parallel peers); otherwise a one-rank group
+  Comm pp;         // same (pipeline, TP rank): the stages having that TP rank, in order
+  Comm model;      // same pipeline: all its ranks (one model replica), in rank order
+  Comm embedding;  // first and last stage at the same (pipeline, TP rank), first stage rank 0, when
+                   // the pipeline has more than one stage and both have the same tp; otherwise a
+                   // one-rank group (the trainer sums tied embeddings with trainer/replica_sum.h)
+  Comm world;      // every rank, in world order (pipeline exchanges, world-wide reductions)
   // Collective over `world`. world.size() must equal layout.world_size() (error
-  // WorldSizeMismatch naming both).
+  // WorldSizeMismatch naming both); a general layout is validated first.
   static Result<LayoutGroups> make(Comm& world, const Layout& layout);
 };
 

@@ -43,6 +43,9 @@ class DistSaver {
   DistSaver(const DistSaver&) = delete;
   DistSaver& operator=(const DistSaver&) = delete;
 
+  // Computes the plan now (local; save() does it on first use): Trainer::create calls it so that
+  // a layout the planner cannot place is refused before any work.
+  Status prepare() { return make_plan_once(); }
   // Collective. Waits for the save in flight (returns its error), copies this rank's pieces out
   // of `held` (what this rank holds: rank_view's regions) and starts writing step `step` with
   // `metadata` (model_config, trainer, ...; "layout" is replaced by the run's true layout).

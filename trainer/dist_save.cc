@@ -16,6 +16,8 @@
 #include "reshard/planner.h"
 #include "trainer/dist_checkpoint.h"
 
+#include "reshard/holdings.h"
+
 namespace ckpt::trainer {
 
 // What this rank writes: the trainer checkpoint's plan under the run's layout.
@@ -27,17 +29,6 @@ struct DistSaver::Plan {
 };
 
 namespace {
-
-// The element offset of `piece` inside held region `h` (storage order), when h holds all of it.
-std::optional<int64_t> offset_in(const HeldRegion& h, const Piece& piece) {
-  if (h.tensor != piece.tensor || h.region.box != piece.region.box) return std::nullopt;
-  const int64_t ha = h.region.is_flat() ? h.region.flat_begin : 0;
-  const int64_t hb = h.region.is_flat() ? h.region.flat_end : h.region.box.numel();
-  const int64_t pa = piece.region.is_flat() ? piece.region.flat_begin : 0;
-  const int64_t pb = piece.region.is_flat() ? piece.region.flat_end : piece.region.box.numel();
-  if (pa < ha || pb > hb) return std::nullopt;
-  return pa - ha;
-}
 
 // CKPT_TEST_KILL_IN_SAVE=R:S names this rank and step?
 bool kill_hook(int rank, int64_t step) {
@@ -86,21 +77,20 @@ Status DistSaver::copy_out(const std::vector<HeldRegion>& held) {
   staging_.resize(plan_->mine.size());
   for (size_t k = 0; k < plan_->mine.size(); ++k) {
     const Piece& piece = plan_->mine[k];
-    const HeldRegion* from = nullptr;
-    int64_t off = 0;
+    staging_[k].resize(static_cast<size_t>(piece.region.numel()));
+    // A planned piece lies in one rectangle of what this rank holds (a cell of a held box under a
+    // general layout, or a part of a ZeRO-1 flat range): reshard/holdings.h copy_from_held.
+    bool copied = false;
     for (const HeldRegion& h : held)
-      if (auto o = offset_in(h, piece)) {
-        from = &h;
-        off = *o;
+      if (h.tensor == piece.tensor && h.data &&
+          copy_from_held(h.region, h.data, piece.region, staging_[k].data(), sizeof(float))) {
+        copied = true;
         break;
       }
-    if (!from || !from->data)
+    if (!copied)
       return Status::Internal("rank " + std::to_string(world_.rank()) + " must save '" + piece.tensor + "' " +
                               piece.region.to_string() + " but holds no region containing it")
           .with_tensor(piece.tensor);
-    const size_t n = static_cast<size_t>(piece.region.numel());
-    staging_[k].resize(n);
-    std::memcpy(staging_[k].data(), from->data + off, n * sizeof(float));
   }
   return Status::Ok();
 }

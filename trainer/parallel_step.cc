@@ -25,36 +25,55 @@ double clock_lap(double t0, double* acc) {
   return t;
 }
 
-// This DP rank's share of the step: micro-batch size and first sample.
+// This pipeline's share of the step: micro-batch size and first sample.
 struct DpShare {
   int64_t mb = 1, start = 0;
 };
 
-Result<DpShare> dp_share(const Layout& layout, const TrainerState& st, int dp_rank) {
-  std::vector<int64_t> mbs(static_cast<size_t>(layout.dp), 1);
-  if (!layout.micro_batch.empty()) {
-    if (layout.micro_batch.size() != mbs.size())
-      return Status::InvalidArgument("layout has " + std::to_string(layout.micro_batch.size()) +
-                                     " micro-batch sizes for dp=" + std::to_string(layout.dp));
-    for (size_t d = 0; d < mbs.size(); ++d) mbs[d] = layout.micro_batch[d];
+Result<DpShare> dp_share(const Layout& layout, const TrainerState& st, int pipeline) {
+  int64_t sum = 0, before = 0;
+  for (int q = 0; q < layout.num_pipelines(); ++q) {
+    if (q == pipeline) before = sum;
+    sum += layout.pipeline_micro_batch(q);
   }
-  const int64_t sum = std::accumulate(mbs.begin(), mbs.end(), int64_t{0});
   if (st.grad_accum * sum != st.global_batch)
     return Status::InvalidArgument("grad-accum " + std::to_string(st.grad_accum) + " x micro-batches " +
-                                   std::to_string(sum) + " (summed over DP) = " + std::to_string(st.grad_accum * sum) +
-                                   " sequences, but the global batch is " + std::to_string(st.global_batch));
+                                   std::to_string(sum) + " (summed over the pipelines) = " +
+                                   std::to_string(st.grad_accum * sum) + " sequences, but the global batch is " +
+                                   std::to_string(st.global_batch));
   DpShare s;
-  s.mb = mbs[static_cast<size_t>(dp_rank)];
-  s.start = st.grad_accum * std::accumulate(mbs.begin(), mbs.begin() + dp_rank, int64_t{0});
+  s.mb = layout.pipeline_micro_batch(pipeline);
+  s.start = st.grad_accum * before;
   return s;
 }
 
-// Runs this stage's 1F1B actions over the DP rank's micro-batches; gradients accumulate in the
+// The sends and the receive of one pipeline exchange of rank (p, s, t), buffers of n elements.
+template <class T>
+void exchange_lists(const Layout& l, const LayoutGroups& g, const PipeExchange& e, int64_t n, const T* x_out,
+                    const T* dx_in, T* x_in, T* dx_out, std::vector<Comm::Send<T>>* sends,
+                    std::vector<Comm::Recv<T>>* recvs) {
+  const int p = g.dp_rank, s = g.pp_rank, t = g.tp_rank;
+  sends->clear();
+  recvs->clear();
+  if (!e.send.none()) {
+    const bool fwd = e.send.kind == PipeKind::kForward;
+    const int q = e.send.peer;
+    for (int j : pipe_receivers(t, l.stage_tp(p, s), l.stage_tp(p, q)))
+      sends->push_back({fwd ? x_out : dx_in, n, l.rank_of(q, p, j)});
+  }
+  if (!e.recv.none()) {
+    const int q = e.recv.peer;
+    const int from = l.rank_of(q, p, pipe_sender(t, l.stage_tp(p, q)));
+    recvs->push_back({e.recv.kind == PipeKind::kForward ? x_in : dx_out, n, from});
+  }
+}
+
+// Runs this stage's 1F1B actions over the pipeline's micro-batches; gradients accumulate in the
 // model. Returns the sum of the token losses (last stage; 0 elsewhere).
 template <class T>
 Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const TrainerState& st, const DpShare& sh,
-                            LayoutGroups& g, int stages, StepClock* clock) {
-  const int s = g.pp_rank, m = static_cast<int>(st.grad_accum);
+                            const Layout& layout, LayoutGroups& g, StepClock* clock) {
+  const int s = g.pp_rank, m = static_cast<int>(st.grad_accum), stages = layout.num_stages(g.dp_rank);
   const int64_t S = st.seq_len, n = sh.mb * S, D = model.config().hidden_size;
   const T scale = static_cast<T>(1.0 / static_cast<double>(st.global_batch * S));
   const std::vector<PipeAction> acts = one_f_one_b(s, stages, m);
@@ -64,15 +83,13 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
   // x_in / dx_out are received, x_out / dx_in sent (never the same buffer in one exchange).
   std::vector<T> x_in(static_cast<size_t>(n * D)), x_out(x_in.size()), dx_out(x_in.size()), dx_in(x_in.size());
   std::vector<int32_t> tok(static_cast<size_t>(n)), tgt(tok.size());
+  std::vector<Comm::Send<T>> sends;
+  std::vector<Comm::Recv<T>> recvs;
   double loss = 0, t = step_clock_s();
   for (size_t k = 0; k <= acts.size(); ++k) {
-    const PipeExchange& e = ex[k];
-    if (!e.send.none() || !e.recv.none()) {
-      const bool sf = e.send.kind == PipeKind::kForward, rf = e.recv.kind == PipeKind::kForward;
-      const T* sb = e.send.none() ? nullptr : sf ? x_out.data() : dx_in.data();
-      T* rb = e.recv.none() ? nullptr : rf ? x_in.data() : dx_out.data();
-      CKPT_RETURN_IF_ERROR(g.pp.sendrecv<T>(sb, e.send.none() ? 0 : n * D, e.send.none() ? -1 : e.send.peer, rb,
-                                            e.recv.none() ? 0 : n * D, e.recv.none() ? -1 : e.recv.peer, 0));
+    exchange_lists<T>(layout, g, ex[k], n * D, x_out.data(), dx_in.data(), x_in.data(), dx_out.data(), &sends, &recvs);
+    if (!sends.empty() || !recvs.empty()) {
+      CKPT_RETURN_IF_ERROR(g.world.exchange<T>(sends, recvs, 0));
       t = clock_lap(t, &clock->idle);
     }
     if (k == acts.size()) break;
@@ -95,13 +112,6 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
   return loss;
 }
 
-// Sum over the whole world: the model group (one replica) then the DP group.
-template <class V>
-Status world_sum(LayoutGroups& g, V* v, int64_t n) {
-  CKPT_RETURN_IF_ERROR(g.model.all_reduce_sum(v, n));
-  return g.dp.all_reduce_sum(v, n);
-}
-
 template <class T>
 Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const TokenStream& data, TrainerState* state,
                             const Layout& layout, LayoutGroups& g, const GradDump<T>& dump) {
@@ -109,20 +119,17 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   CKPT_ASSIGN_OR_RETURN(DpShare sh, dp_share(layout, *state, g.dp_rank));
   StepClock clock;
   model.zero_grad();
-  CKPT_ASSIGN_OR_RETURN(double loss_sum, run_pipeline(model, data, *state, sh, g, layout.pp, &clock));
+  CKPT_ASSIGN_OR_RETURN(double loss_sum, run_pipeline(model, data, *state, sh, layout, g, &clock));
   double t = step_clock_s();
-  // Tied embeddings: the first and the last stage each hold the tensor; its gradient is the sum.
-  Param<T>* emb = model.config().tie_word_embeddings && layout.pp > 1 ? model.find("model.embed_tokens.weight") : nullptr;
-  if (emb && emb->numel() > 0) CKPT_RETURN_IF_ERROR(g.embedding.all_reduce_sum<T>(emb->g.data(), emb->numel()));
-  CKPT_RETURN_IF_ERROR(opt.reduce_gradients(g.dp));
+  CKPT_RETURN_IF_ERROR(opt.reduce_gradients(g.dp));  // replica sums (tied embedding included)
   t = clock_lap(t, &clock.comm);
   if (dump) CKPT_RETURN_IF_ERROR(dump(opt.grad_regions()));
   t = step_clock_s();
   const bool head0 = model.has_head() && g.tp_rank == 0;
   const bool count_flops = g.tp_rank == 0 && g.dp_rank == 0;
-  double sums[3] = {opt.grad_sq_share(), head0 ? loss_sum : 0.0,
-                    count_flops ? model.train_flops_per_token(state->seq_len) : 0.0};
-  CKPT_RETURN_IF_ERROR(world_sum(g, sums, 3));
+  CKPT_ASSIGN_OR_RETURN(double sq, opt.grad_sq_share());
+  double sums[3] = {sq, head0 ? loss_sum : 0.0, count_flops ? model.train_flops_per_token(state->seq_len) : 0.0};
+  CKPT_RETURN_IF_ERROR(g.world.all_reduce_sum(sums, 3));
   t = clock_lap(t, &clock.comm);
   StepStats st;
   const int64_t ntok = state->global_batch * state->seq_len;
@@ -135,8 +142,7 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   CKPT_RETURN_IF_ERROR(opt.gather_params(g.dp));
   clock_lap(t, &clock.comm);
   double times[3] = {clock.compute, clock.comm, clock.idle};
-  CKPT_RETURN_IF_ERROR(g.model.all_reduce_max(times, 3));
-  CKPT_RETURN_IF_ERROR(g.dp.all_reduce_max(times, 3));
+  CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times, 3));
   state->step += 1;
   st.step = state->step;
   st.compute_s = times[0];

@@ -1,12 +1,20 @@
-// One optimizer step of the parallel trainer on one rank of a Layout (TP x PP x DP, ZeRO 0/1):
-// DP rank d runs state->grad_accum micro-batches of layout.micro_batch[d] sequences, the
-// contiguous sample range that starts at grad_accum * sum(micro_batch[0..d-1]) (micro-batch j =
-// samples start + j*mb .. +mb of step state->step), through the pipeline in the 1F1B order of
-// trainer/pipeline_schedule.h (activations and their gradients exchanged with the neighbouring
-// stages over groups.pp, one Comm::sendrecv per exchange); loss_scale = 1 / (global_batch *
-// seq_len), so the summed gradients are those of the one-process mean loss. Then: the tied
-// embedding's gradient summed over groups.embedding (pp > 1), the DP reduction of the optimizer
-// (zero 0 all-reduce, zero 1 reduce-scatter), the global gradient norm (each element once, summed
+// One optimizer step of the parallel trainer on one rank of a Layout (either form of
+// reshard/layout.h: pipelines of stages, each stage with its own tp; ZeRO 0/1). The rank is
+// (pipeline p, stage s, TP rank t) = layout.place_of_rank(rank) = (groups.dp_rank, pp_rank,
+// tp_rank). Pipeline p runs state->grad_accum micro-batches of layout.pipeline_micro_batch(p)
+// sequences, the contiguous sample range that starts at grad_accum * sum(micro-batch of the
+// pipelines before p) (micro-batch j = samples start + j*mb .. +mb of step state->step), through
+// its stages in the 1F1B order of trainer/pipeline_schedule.h. Activations at a stage boundary
+// are the full [mb*seq, D], replicated over the TP ranks of a stage, so the sizes on both sides
+// may differ: forward, TP rank j of stage s+1 receives from TP rank j % tp(s) of stage s;
+// backward, TP rank i of stage s receives from TP rank i % tp(s+1) of stage s+1; one rank may
+// thus send to several peers. Every exchange of the paired schedule posts all its sends and its
+// receive at once (Comm::exchange over groups.world); all TP ranks of a stage run the same
+// schedule, so the pairing stays deadlock-free. loss_scale = 1 / (global_batch * seq_len), so the
+// summed gradients are those of the one-process mean loss. Then: the replica sums of the
+// optimizer (ParallelOptimizer::reduce_gradients: zero 0 every gradient over every (pipeline,
+// stage) holding it, tied embedding included; zero 1 the tied embedding over the pipeline, then
+// the reduce-scatter over the DP group), the global gradient norm (each element once, summed
 // over the world), torch clip_grad_norm_, AdamW at the schedule's LR (zero 1: all-gather of the
 // updated weights), state->step++.
 // Every rank returns the same StepStats: the step's mean token loss, the norm before clipping,
@@ -29,7 +37,7 @@
 
 namespace ckpt::trainer {
 
-// Called once per step, after the DP reduction and before clipping, with this rank's reduced
+// Called once per step, after the replica sums and before clipping, with this rank's reduced
 // gradients (ParallelOptimizer::grad_regions: zero 0 every Param box, zero 1 the own flat range;
 // replicas included, so several ranks may give the same elements, equal).
 template <class T>

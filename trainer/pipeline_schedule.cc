@@ -39,4 +39,10 @@ std::vector<PipeExchange> pipe_exchanges(const std::vector<PipeAction>& actions,
   return out;
 }
 
+std::vector<int> pipe_receivers(int t, int tp_from, int tp_to) {
+  std::vector<int> out;
+  for (int j = t; j < tp_to && tp_from > 0; j += tp_from) out.push_back(j);
+  return out;
+}
+
 }  // namespace ckpt::trainer

@@ -7,7 +7,8 @@
 // The point-to-point traffic around the actions is a list of exchanges, each one Comm::sendrecv:
 // before action k, send what action k-1 produced for a neighbour and receive what action k needs.
 // tests/trainer/pipeline_schedule_test.cc checks, for many (p, m), that every stage's exchanges
-// complete under rendezvous sends (no deadlock) and match in order.
+// complete under rendezvous sends (no deadlock) and match in order, also rank by rank when the
+// stages have different TP sizes (pipe_receivers below).
 // Pure functions; thread safe.
 #pragma once
 
@@ -47,5 +48,13 @@ struct PipeExchange {
 
 // exchanges[k] for k in 0..actions.size(): runs before action k (the last one after every action).
 std::vector<PipeExchange> pipe_exchanges(const std::vector<PipeAction>& actions, int stage, int stages);
+
+// Stage boundaries with different tensor-parallel sizes (the activation and its gradient are
+// replicated over a stage's TP ranks): TP rank j of the receiving stage reads from TP rank
+// j % tp_from of the sending stage. The TP ranks of the receiving stage (size tp_to) that TP rank
+// t of the sending stage (size tp_from) sends to: t, t + tp_from, ... below tp_to (none when
+// t >= tp_to). Each exchange of a rank posts all of them at once with its receive.
+std::vector<int> pipe_receivers(int t, int tp_from, int tp_to);
+inline int pipe_sender(int j, int tp_from) { return j % tp_from; }
 
 }  // namespace ckpt::trainer

@@ -86,16 +86,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   t->parts_ = std::make_unique<Parts>();
   Parts& p = *t->parts_;
   CKPT_ASSIGN_OR_RETURN(p.groups, LayoutGroups::make(world, layout));
-  ModelShard shard{layout, p.groups.pp_rank, p.groups.tp_rank, &p.groups.tp};
+  const LayoutGroups& g = p.groups;
+  ModelShard shard{layout.stage_view(g.dp_rank, g.pp_rank), g.pp_rank, g.tp_rank, &p.groups.tp};
   CKPT_ASSIGN_OR_RETURN(auto m, Model<float>::create(o.config, shard));
   t->model_ = std::make_unique<Model<float>>(std::move(m));
   CKPT_RETURN_IF_ERROR(t->model_->init(o.seed));
-  CKPT_ASSIGN_OR_RETURN(auto popt, ParallelOptimizer<float>::create(*t->model_, layout, p.groups.pp_rank,
-                                                                   p.groups.dp_rank, p.groups.tp_rank, o.adam));
+  CKPT_ASSIGN_OR_RETURN(auto popt, ParallelOptimizer<float>::create(*t->model_, layout, g.pp_rank, g.dp_rank,
+                                                                   g.tp_rank, &world, o.adam));
   p.opt = std::make_unique<ParallelOptimizer<float>>(std::move(popt));
   TrainerState& s = t->state_;
   s = initial_state(o);
-  s.micro_batch = layout.micro_batch.empty() ? o.micro_batch : layout.micro_batch[0];
+  s.micro_batch = layout.pipeline_micro_batch(0);
   s.global_batch = global_batch(layout, o.grad_accum);
   if (!o.resume.empty()) CKPT_RETURN_IF_ERROR(t->resume(o.resume == "latest" ? o.out_dir : o.resume));
   if (o.data_path.empty()) {
@@ -115,6 +116,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     store::StoreOptions so;
     so.digest = o.digest;
     p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir, so);
+    CKPT_RETURN_IF_ERROR(world.agree(p.saver->prepare()));
   }
   return t;
 }

@@ -16,9 +16,9 @@ Region region_of(const Box& box, int64_t a, int64_t b) {
   return Region{box, a, b};
 }
 
-// Whether this rank counts parameter `p`'s gradient in the global norm (DP aside): not when a
-// lower TP rank holds the same box (replicated norms, shared KV heads), not the tied embedding
-// off the first stage.
+// zero 1: whether this rank counts parameter `p`'s gradient in the global norm (DP aside; `layout`
+// is the stage view): not when a lower TP rank holds the same box (replicated norms, shared KV
+// heads), not the tied embedding off the first stage (which holds all of it).
 template <class T>
 Result<bool> counted_here(const Param<T>& p, const Layout& layout, const LlamaShardingRules& rules, int pp_rank,
                           int tp_rank) {
@@ -35,45 +35,72 @@ Result<bool> counted_here(const Param<T>& p, const Layout& layout, const LlamaSh
 
 template <class T>
 Result<ParallelOptimizer<T>> ParallelOptimizer<T>::create(Model<T>& model, const Layout& layout, int pp_rank,
-                                                          int dp_rank, int tp_rank, const AdamWOptions& opt) {
-  if (pp_rank < 0 || pp_rank >= layout.pp || dp_rank < 0 || dp_rank >= layout.dp || tp_rank < 0 ||
-      tp_rank >= layout.tp)
-    return Status::InvalidArgument("optimizer of rank (pp " + std::to_string(pp_rank) + ", dp " +
+                                                          int dp_rank, int tp_rank, Comm* world,
+                                                          const AdamWOptions& opt) {
+  if (dp_rank < 0 || dp_rank >= layout.num_pipelines() || pp_rank < 0 || pp_rank >= layout.num_stages(dp_rank) ||
+      tp_rank < 0 || tp_rank >= layout.stage_tp(dp_rank, pp_rank))
+    return Status::InvalidArgument("optimizer of rank (stage " + std::to_string(pp_rank) + ", pipeline " +
                                    std::to_string(dp_rank) + ", tp " + std::to_string(tp_rank) + ") outside " +
                                    layout.to_string());
+  if (world && world->size() != layout.world_size())
+    return Status::Error("WorldSizeMismatch", "optimizer over a world of " + std::to_string(world->size()) +
+                                                  " ranks for " + layout.to_string());
   ParallelOptimizer o;
   o.layout_ = layout;
+  o.view_ = layout.stage_view(dp_rank, pp_rank);
   o.pp_rank_ = pp_rank;
   o.dp_rank_ = dp_rank;
   o.tp_rank_ = tp_rank;
   o.adam_ = BasicAdamW<T>(opt);
   for (Param<T>* p : model.params())
     if (p->numel() > 0) o.params_.push_back({p->name, Region{p->box}, p->w.data(), p->g.data(), p->numel()});
-  CKPT_RETURN_IF_ERROR(layout.zero == 1 ? o.build_zero1(model) : o.build_zero0(model));
+  CKPT_RETURN_IF_ERROR(layout.zero == 1 ? o.build_zero1(model, world) : o.build_zero0(model, world));
   return o;
 }
 
 template <class T>
-Status ParallelOptimizer<T>::build_zero0(Model<T>& model) {
+Status ParallelOptimizer<T>::needs_world(const char* what) const {
+  if (replicas_ || layout_.world_size() == 1) return Status::Ok();
+  return Status::Internal(std::string(what) + ": the optimizer of " + layout_.to_string() +
+                          " was created without a world communicator");
+}
+
+template <class T>
+Status ParallelOptimizer<T>::build_zero0(Model<T>& model, Comm* world) {
   const LlamaShardingRules rules(model.config());
-  int64_t total = 0;
+  if (world && layout_.world_size() > 1) {
+    CKPT_ASSIGN_OR_RETURN(ReplicaSum rs, ReplicaSum::make(*world, layout_, rules,
+                                                          llama_model_tensors(model.config(), DType::kF32),
+                                                          ReplicaSum::Scope::kWorld));
+    replicas_ = std::make_shared<ReplicaSum>(std::move(rs));
+  }
   for (Param<T>* p : model.params()) {
     if (p->numel() == 0) continue;
-    CKPT_ASSIGN_OR_RETURN(bool c, counted_here(*p, layout_, rules, pp_rank_, tp_rank_));
+    summed_.push_back({p->name, p->box, p->g.data()});
     adam_.add(p->name, p->shape, Region{p->box}, p->w.data(), p->g.data(), p->numel(), p->decay);
-    counted_.push_back(c && dp_rank_ == 0);
-    total += p->numel();
+    counted_boxes_.push_back(replicas_ ? replicas_->counted(p->name, p->box) : std::vector<Box>{p->box});
   }
-  if (layout_.dp > 1) flat_.resize(static_cast<size_t>(total));
   return Status::Ok();
 }
 
 template <class T>
-Status ParallelOptimizer<T>::build_zero1(Model<T>& model) {
+Status ParallelOptimizer<T>::build_zero1(Model<T>& model, Comm* world) {
   const LlamaShardingRules rules(model.config());
-  const std::vector<TensorMeta> tensors = trainer_tensors(model.config());
-  CKPT_ASSIGN_OR_RETURN(buf_, zero_buffer(tensors, layout_, rules, pp_rank_, tp_rank_,
-                                          zero_kind(kExpAvgPrefix)));
+  const LlamaConfig& cfg = model.config();
+  if (!layout_.uniform_pipelines())
+    return Status::InvalidArgument("zero=1 needs pipelines holding the same layers at the same tp: " +
+                                   layout_.to_string());
+  if (world && cfg.tie_word_embeddings && layout_.num_stages(0) > 1) {
+    // The tied embedding lives on the first and the last stage (maybe at different tp).
+    std::vector<TensorMeta> emb;
+    for (const TensorMeta& t : llama_model_tensors(cfg, DType::kF32))
+      if (t.name == kEmbedName) emb.push_back(t);
+    CKPT_ASSIGN_OR_RETURN(ReplicaSum rs, ReplicaSum::make(*world, layout_, rules, emb, ReplicaSum::Scope::kPipeline));
+    replicas_ = std::make_shared<ReplicaSum>(std::move(rs));
+    if (Param<T>* e = model.find(kEmbedName); e && e->numel() > 0) summed_.push_back({e->name, e->box, e->g.data()});
+  }
+  const std::vector<TensorMeta> tensors = trainer_tensors(cfg);
+  CKPT_ASSIGN_OR_RETURN(buf_, zero_buffer(tensors, view_, rules, pp_rank_, tp_rank_, zero_kind(kExpAvgPrefix)));
   const auto [lo, hi] = buf_.range(dp_rank_);
   flat_.assign(static_cast<size_t>(buf_.padded), T(0));
   shard_w_.assign(static_cast<size_t>(hi - lo), T(0));
@@ -94,7 +121,7 @@ Status ParallelOptimizer<T>::build_zero1(Model<T>& model) {
     const int64_t a = std::max(lo, seg.offset) - seg.offset;
     const int64_t b = std::min(hi, seg.offset + seg.numel) - seg.offset;
     if (a >= b) continue;
-    CKPT_ASSIGN_OR_RETURN(bool c, counted_here(*p, layout_, rules, pp_rank_, tp_rank_));
+    CKPT_ASSIGN_OR_RETURN(bool c, counted_here(*p, view_, rules, pp_rank_, tp_rank_));
     const size_t at = static_cast<size_t>(seg.offset + a - lo);
     adam_.add(name, p->shape, region_of(seg.box, a, b), shard_w_.data() + at, shard_g_.data() + at, b - a, p->decay);
     counted_.push_back(c);
@@ -107,26 +134,40 @@ Status ParallelOptimizer<T>::build_zero1(Model<T>& model) {
 
 template <class T>
 Status ParallelOptimizer<T>::reduce_gradients(Comm& dp) {
-  if (dp.size() != layout_.dp)
-    return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
   if (layout_.zero != 1) {
-    if (layout_.dp == 1) return Status::Ok();
-    size_t at = 0;
-    for (const Whole& p : params_) std::copy(p.g, p.g + p.n, flat_.data() + at), at += static_cast<size_t>(p.n);
-    CKPT_RETURN_IF_ERROR(dp.all_reduce_sum(flat_.data(), static_cast<int64_t>(at)));
-    at = 0;
-    for (const Whole& p : params_) std::copy(flat_.data() + at, flat_.data() + at + p.n, p.g), at += static_cast<size_t>(p.n);
-    return Status::Ok();
+    CKPT_RETURN_IF_ERROR(needs_world("reduce_gradients"));
+    return replicas_ ? replicas_->sum(summed_) : Status::Ok();
   }
+  if (dp.size() != view_.dp)
+    return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
+  if (replicas_) CKPT_RETURN_IF_ERROR(replicas_->sum(summed_));
   std::fill(flat_.begin(), flat_.end(), T(0));
   for (const Part& p : parts_) std::copy(p.g, p.g + p.n, flat_.data() + p.flat);
   return dp.reduce_scatter_sum(flat_.data(), shard_g_.data(), buf_.shard());
 }
 
 template <class T>
-double ParallelOptimizer<T>::grad_sq_share() const {
+Result<double> ParallelOptimizer<T>::grad_sq_share() const {
   double t = 0;
   const auto& slots = adam_.slots();
+  if (layout_.zero != 1) {
+    CKPT_RETURN_IF_ERROR(needs_world("grad_sq_share"));
+    std::vector<T> part;
+    for (size_t k = 0; k < slots.size(); ++k)
+      for (const Box& b : counted_boxes_[k]) {
+        const Box& box = slots[k].region.box;
+        const T* g = slots[k].g;
+        int64_t n = slots[k].n;
+        if (b != box) {  // a part of the box: gather its elements first
+          part.resize(static_cast<size_t>(b.numel()));
+          copy_box(slots[k].g, box, part.data(), b, b, sizeof(T));
+          g = part.data();
+          n = b.numel();
+        }
+        for (int64_t i = 0; i < n; ++i) t += static_cast<double>(g[i]) * g[i];
+      }
+    return t;
+  }
   for (size_t k = 0; k < slots.size(); ++k) {
     if (!counted_[k]) continue;
     for (int64_t i = 0; i < slots[k].n; ++i) t += static_cast<double>(slots[k].g[i]) * slots[k].g[i];
@@ -150,7 +191,7 @@ void ParallelOptimizer<T>::update(double lr, int64_t step) {
 template <class T>
 Status ParallelOptimizer<T>::gather_params(Comm& dp) {
   if (layout_.zero != 1) return Status::Ok();
-  if (dp.size() != layout_.dp)
+  if (dp.size() != view_.dp)
     return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
   CKPT_RETURN_IF_ERROR(dp.all_gather(shard_w_.data(), flat_.data(), buf_.shard()));
   for (const Part& p : parts_) std::copy(flat_.data() + p.flat, flat_.data() + p.flat + p.n, p.w);

@@ -1,17 +1,22 @@
-// ParallelOptimizer: AdamW for one rank of a parallel layout, with the optimizer state either
-// replicated over DP (zero 0: one slot per Param this rank holds, as add_param_slots) or sharded
-// ZeRO-1 style (zero 1: this DP rank's range of the stage's flat buffer, reshard/zero_layout.h,
-// the same definition the checkpoint store uses; one slot per segment part inside the range,
-// whose Region is a flat range of the Param's TP box).
-// It also owns the DP side of a step: the gradient reduction over DP (zero 0: all-reduce of every
-// gradient; zero 1: reduce-scatter of the flat gradient buffer into the own range), this rank's
-// share of the global gradient norm (each element counted on exactly one rank of the world), and,
-// for zero 1, the all-gather of the updated weights back into every DP rank's Params.
+// ParallelOptimizer: AdamW for one rank of a parallel layout (either form of reshard/layout.h),
+// with the optimizer state either replicated over the replicas (zero 0: one slot per Param this
+// rank holds, as add_param_slots) or sharded ZeRO-1 style (zero 1, uniform pipelines only: this
+// pipeline's range of the stage's flat buffer, reshard/zero_layout.h under the stage view
+// layout.stage_view(pipeline, stage), the same definition the checkpoint store uses; one slot per
+// segment part inside the range, whose Region is a flat range of the Param's TP box).
+// It also owns the replica side of a step: the gradient sums (zero 0: trainer/replica_sum.h over
+// the world, every element summed over every (pipeline, stage) holding it, whatever their TP
+// splits; zero 1: the tied embedding summed over the stages of the pipeline by the same
+// ReplicaSum, then the reduce-scatter of the flat gradient buffer over the DP group into the own
+// range), this rank's share of the global gradient norm (each element counted on exactly one
+// rank of the world: zero 0 ReplicaSum::counted, which may be parts of a box), and, for zero 1,
+// the all-gather of the updated weights back into every pipeline's Params.
 // The Model must outlive the optimizer and keep its parameter buffers (they are not resized).
 // Thread safety: one thread at a time; the Comm calls must come from the main thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -24,6 +29,7 @@
 #include "trainer/adamw.h"
 #include "trainer/held_region.h"
 #include "trainer/model.h"
+#include "trainer/replica_sum.h"
 
 namespace ckpt::trainer {
 
@@ -38,11 +44,14 @@ struct GradRegion {
 template <class T>
 class ParallelOptimizer {
  public:
-  // The optimizer of `model`, this rank's shard (stage pp_rank, DP rank dp_rank, TP rank tp_rank
-  // of `layout`). zero 1: errors when a Param is missing from the stage's flat buffer or its box
-  // disagrees with the sharding rules.
+  // The optimizer of `model`, this rank's shard (stage pp_rank of pipeline dp_rank, TP rank
+  // tp_rank of `layout`). `world` (size layout.world_size()): the replica sums are planned over
+  // it (collective: every rank calls create with the same layout); null: a one-rank layout, or an
+  // optimizer only asked for its slots and held regions (reduce_gradients and grad_sq_share then
+  // fail when the layout has more than one rank). zero 1: errors when a Param is missing from the
+  // stage's flat buffer or its box disagrees with the sharding rules.
   static Result<ParallelOptimizer> create(Model<T>& model, const Layout& layout, int pp_rank, int dp_rank,
-                                          int tp_rank, const AdamWOptions& opt = {});
+                                          int tp_rank, Comm* world, const AdamWOptions& opt = {});
 
   BasicAdamW<T>& adam() { return adam_; }
   const BasicAdamW<T>& adam() const { return adam_; }
@@ -51,14 +60,16 @@ class ParallelOptimizer {
   // exp_avg_sq twin has the same segments. zero 0: empty.
   const ZeroBuffer& flat_layout() const { return buf_; }
 
-  // Sums the Params' gradients over `dp` (size layout.dp): zero 0 all-reduce (every DP rank gets
-  // the sum in Param::g); zero 1 reduce-scatter of the padded flat buffer (this rank's range of
-  // the sum goes to its slots; Param::g is left as it was).
+  // Sums the Params' gradients over their replicas: zero 0 the world's ReplicaSum (every holder
+  // gets the sum in Param::g; `dp` unused); zero 1 the tied embedding over the pipeline's stages,
+  // then the reduce-scatter of the padded flat buffer over `dp` (the DP group, size
+  // num_pipelines(); this rank's range of the sum goes to its slots; Param::g is left as it was).
   Status reduce_gradients(Comm& dp);
   // Sum of the squared reduced gradients this rank counts: every element of the world's
-  // gradients once (zero 0: on DP rank 0 only; zero 1: the own range; TP-replicated boxes on the
-  // lowest TP rank holding them; the tied embedding on the first stage only).
-  double grad_sq_share() const;
+  // gradients once (zero 0: the parts of its boxes that no lower world rank holds; zero 1: the
+  // own range, TP-replicated boxes on the lowest TP rank holding them, the tied embedding on the
+  // first stage only).
+  Result<double> grad_sq_share() const;
   void scale_grads(T coef) { adam_.scale_grads(coef); }
   // AdamW on this rank's slots (lr, 1-based step); zero 1: the master values are taken from the
   // Params first, and gather_params() must follow.
@@ -92,17 +103,22 @@ class ParallelOptimizer {
     T* g = nullptr;
     int64_t n = 0;
   };
-  Status build_zero0(Model<T>& model);
-  Status build_zero1(Model<T>& model);
+  Status build_zero0(Model<T>& model, Comm* world);
+  Status build_zero1(Model<T>& model, Comm* world);
+  Status needs_world(const char* what) const;
 
-  Layout layout_;
+  Layout layout_;                      // the run's layout (either form)
+  Layout view_;                        // its stage view for this rank's (pipeline, stage)
   int pp_rank_ = 0, dp_rank_ = 0, tp_rank_ = 0;
   BasicAdamW<T> adam_;
   std::vector<Whole> params_;          // every Param with elements, canonical order
-  std::vector<bool> counted_;          // per adam_ slot: counted in the gradient norm
+  std::vector<bool> counted_;          // zero 1, per adam_ slot: counted in the gradient norm
+  std::vector<std::vector<Box>> counted_boxes_;  // zero 0, per adam_ slot: the parts counted
+  std::shared_ptr<ReplicaSum> replicas_;  // zero 0: every Param; zero 1: the tied embedding (or null)
+  std::vector<HeldBox<T>> summed_;     // this rank's boxes of the tensors replicas_ sums
   ZeroBuffer buf_;                     // zero 1
   std::vector<Part> parts_;            // zero 1: per segment of buf_
-  std::vector<T> flat_;                // zero 0: packed gradients; zero 1: [padded] flat buffer
+  std::vector<T> flat_;                // zero 1: [padded] flat buffer
   std::vector<T> shard_w_, shard_g_;   // zero 1: [shard] master values and reduced gradients
 };
 

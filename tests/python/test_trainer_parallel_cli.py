@@ -192,3 +192,50 @@ def test_invalid_layout_refused_before_any_work(tmp_path, case):
     assert re.search(pattern, p.stderr), f"message does not match {pattern!r}:\n{p.stderr[-2000:]}"
     assert not step_lines(p.stdout), p.stdout
     assert not (out / "train_log.jsonl").exists() and not list(out.glob("step-*"))
+
+
+def _general(pipelines, zero=0):
+    """A general layout (reshard/layout.h): [(micro_batch, [(layers, tp, device), ..]), ..]."""
+    return {"pipelines": [{"micro_batch": mb, "stages": [{"layers": n, "tp": t, "device": d} for n, t, d in st]}
+                          for mb, st in pipelines], "zero": zero, "num_layers": 6, "vocab_divisor": 128,
+            "profile": "reference", "rank_order": "tp-dp-pp"}
+
+
+# FlashFlex style: pipeline 0 = [2 layers tp 2 | 4 layers tp 1], pipeline 1 = [3 | 3]; 5 ranks;
+# 12 sequences per step like LAYOUTS (grad-accum 2 x (4 + 2)).
+FLASHFLEX = _general([(4, [(2, 2, "A"), (4, 1, "B")]), (2, [(3, 1, "B"), (3, 1, "C")])])
+
+
+def test_general_layout_trains_like_one_process(runs, tmp_path):
+    """`ckpt train --layout FILE` on a general layout (no checkpoint: the planner's general form
+    is another branch's): the first steps' losses equal the one-process run's."""
+    lf = tmp_path / "flashflex.json"
+    lf.write_text(json.dumps(FLASHFLEX))
+    p = run(train_cmd(5, runs.cfg, ["--layout", lf, "--grad-accum", 2], "--steps", 4))
+    got = [{"step": int(m.group(1)), "loss": float(m.group(2))}
+           for m in (re.search(r"step\s+(\d+) \| loss ([0-9.]+)", l) for l in step_lines(p.stdout)) if m]
+    ref = [json.loads(l) for l in (runs.full("one") / "train_log.jsonl").read_text().splitlines()]
+    assert_losses_close(ref, got, range(1, 5))
+
+
+GENERAL_INVALID = [  # (id, config, processes, layout, extra flags, regex the message must match)
+    ("stage-tp-heads", CONFIG, 4, _general([(1, [(3, 1, "A"), (3, 1, "B")]), (1, [(3, 3, "C"), (3, 1, "B")])]), [],
+     r"pipeline 1 stage 0.*tp=3 does not divide num_attention_heads=4"),
+    ("stage-tp-kv-heads", KV2, 5, _general([(1, [(2, 1, "A"), (4, 4, "B")])]), [],
+     r"pipeline 0 stage 1: tp=4 does not divide num_key_value_heads=2"),
+    ("world-size", CONFIG, 3, FLASHFLEX, [], r"sum of its stages' tp = 5 processes, but 3"),
+    ("micro-batches", CONFIG, 5, FLASHFLEX, ["--micro-batches", "1,2,3"], r"gives 3 sizes, but the layout has 2 pipelines"),
+]
+
+
+@pytest.mark.parametrize("case", GENERAL_INVALID, ids=[c[0] for c in GENERAL_INVALID])
+def test_invalid_general_layout_refused_before_any_work(tmp_path, case):
+    _, config, n, layout, flags, pattern = case
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    lf = tmp_path / "layout.json"
+    lf.write_text(json.dumps(layout))
+    p = run(train_cmd(n, cfg, ["--layout", lf, *flags], "--steps", 2), check=False)
+    assert p.returncode != 0, p.stdout
+    assert re.search(pattern, p.stderr), f"message does not match {pattern!r}:\n{p.stderr[-2000:]}"
+    assert not step_lines(p.stdout), p.stdout

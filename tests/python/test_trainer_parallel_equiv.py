@@ -9,6 +9,12 @@ the tensor's largest gradient (float64: 1e-10; the worst is printed), the global
 equal to the planner's rank_view. Weights after 10 steps are compared in float64 only: in float32
 Adam amplifies rounding differences of near-zero gradients (m / sqrt(v) ~ sign(g)), so only the
 float64 twin can show that the updates are the same.
+
+Issue 12: the same check for general layouts (pipelines of stages, each with its own tp and device
+type; reshard/layout.h), the seeds' worked examples on a 6-layer model, given as layout files:
+stages of [1, 2, 3] layers on three device types, three data-parallel replicas with micro-batches
+[3, 2, 1], FlagScale-style meshes (tp 2 then tp 1, ZeRO-1), FlashFlex-style pipelines (different
+stage splits and per-stage tp), and a tied embedding whose first and last stage have different tp.
 """
 import json
 import os
@@ -27,6 +33,24 @@ def _tool():
     if not p.exists():
         pytest.fail(f"parallel_check not found at {p}: build it first")
     return str(p)
+
+
+def _stage(layers, tp, device):
+    return {"layers": layers, "tp": tp, "device": device}
+
+
+def _general(pipelines, zero=0):
+    return {"pipelines": [{"micro_batch": mb, "stages": [_stage(*st) for st in stages]} for mb, stages in pipelines],
+            "zero": zero, "num_layers": 6, "vocab_divisor": 128, "profile": "reference", "rank_order": "tp-dp-pp"}
+
+
+def _layout_args(tmp_path, name, args):
+    """args, with a general layout (a dict) written to a file and passed as --layout FILE."""
+    if not isinstance(args, dict):
+        return args
+    p = tmp_path / f"layout_{name}.json"
+    p.write_text(json.dumps(args))
+    return ["--layout", p]
 
 
 def _config(tmp_path, kv=2, layers=4, tied=False):
@@ -53,7 +77,20 @@ CASES = [
     ("tied_pp2", 2, {"tied": True}, ["--pp", 2]),
     ("tied_tp2_pp2_dp2_zero1", 8, {"tied": True}, ["--tp", 2, "--pp", 2, "--dp", 2, "--zero", 1]),
 ]
-F64 = {"pp3_1_2_3", "dp3_mb_3_2_1", "tp2_pp2_dp2_zero1_uneven", "tied_tp2_pp2_dp2_zero1"}
+# The worked examples of issue 12 (6 layers): name, ranks, config kwargs, general layout.
+GENERAL = [
+    ("hetero_pp_1_2_3", 4, {"layers": 6}, _general([(2, [(1, 1, "A"), (2, 2, "B"), (3, 1, "C")])])),
+    ("hetero_dp_mb_3_2_1", 3, {"layers": 6}, _general([(3, [(6, 1, "A")]), (2, [(6, 1, "B")]), (1, [(6, 1, "C")])])),
+    ("flagscale_tp2_tp1_zero1", 6, {"layers": 6},
+     _general([(2, [(2, 2, "A"), (4, 1, "B")]), (1, [(2, 2, "A"), (4, 1, "B")])], zero=1)),
+    ("flashflex_2tp2_4_vs_3_3", 5, {"layers": 6},
+     _general([(2, [(2, 2, "A"), (4, 1, "B")]), (1, [(3, 1, "B"), (3, 1, "C")])])),
+    ("tied_first_tp1_last_tp2_zero1", 6, {"layers": 6, "tied": True},
+     _general([(1, [(3, 1, "A"), (3, 2, "B")]), (2, [(3, 1, "A"), (3, 2, "B")])], zero=1)),
+]
+CASES += GENERAL
+F64 = {"pp3_1_2_3", "dp3_mb_3_2_1", "tp2_pp2_dp2_zero1_uneven", "tied_tp2_pp2_dp2_zero1", "flagscale_tp2_tp1_zero1",
+       "flashflex_2tp2_4_vs_3_3"}
 
 
 # Every case in float32; the float64 twin for the pipeline, heterogeneous DP and 8-rank cases.
@@ -64,7 +101,7 @@ RUNS = [(c, False) for c in CASES] + [(c, True) for c in CASES if c[0] in F64]
 def test_layout_gives_the_one_process_step(case, f64, tmp_path):
     name, n, cfg_kw, args = case
     cfg = _config(tmp_path, **cfg_kw)
-    cmd = mpirun_cmd(n, _tool(), cfg, *args, "--steps", 10, "--grad-accum", 2, "--seq", 8, "--f64", int(f64))
+    cmd = mpirun_cmd(n, _tool(), cfg, *_layout_args(tmp_path, name, args), "--steps", 10, "--grad-accum", 2, "--seq", 8, "--f64", int(f64))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

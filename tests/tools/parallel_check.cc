@@ -1,7 +1,8 @@
 // parallel_check: `--steps` optimizer steps of parallel_step on a layout under mpirun, against the
 // one-process trainer (optimizer_step on Model::create(cfg), the independent oracle) that every
 // rank also runs (the config is tiny). Every rank also checks that its held regions
-// (ParallelOptimizer::held_regions) are exactly rank_view() of the planner.
+// (ParallelOptimizer::held_regions) are exactly the planner's rank_view() of its rank under the
+// stage view of its (pipeline, stage) (the layout itself when symmetric).
 // Prints on rank 0 one JSON line:
 //   {"ok": true, "losses": [...], "ref_losses": [...], "ranks": [{"rank", "loss_rel" (worst over
 //    steps), "grad_rel" (step-0 gradients: worst |g - g_ref| / max|g_ref| of the tensor over the
@@ -9,6 +10,7 @@
 //    "held_ok", "norm_rel"}, ...]}
 //   mpirun -np T*P*D parallel_check CONFIG --tp T --pp P [--pp-layers a,b,..] --dp D
 //       [--micro-batches a,b,..] [--zero Z] [--grad-accum A] [--seq S] [--steps K] [--f64 1]
+//   mpirun -np N parallel_check CONFIG --layout LAYOUT.json [--micro-batches a,b,..] ...
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +31,7 @@ using namespace ckpt::trainer;
 namespace {
 
 struct Options {
-  std::string config;
+  std::string config, layout_file;
   int tp = 1, pp = 1, dp = 1, zero = 0;
   std::vector<int> pp_layers, micro_batches;
   int64_t grad_accum = 2, seq = 8, steps = 10;
@@ -103,19 +105,31 @@ Result<bool> held_equals_rank_view(ParallelOptimizer<T>& opt, const LlamaConfig&
   return true;
 }
 
+Result<Layout> make_layout(const Options& o, const LlamaConfig& c) {
+  if (!o.layout_file.empty()) {
+    CKPT_ASSIGN_OR_RETURN(Layout l, Layout::from_file(o.layout_file));
+    if (!o.micro_batches.empty()) l.set_micro_batches(o.micro_batches);
+    CKPT_RETURN_IF_ERROR(l.validate());
+    return l;
+  }
+  CKPT_ASSIGN_OR_RETURN(Layout l, Layout::make(o.tp, o.pp, o.dp, o.zero, static_cast<int>(c.num_hidden_layers),
+                                               o.pp_layers));
+  l.micro_batch = o.micro_batches.empty() ? std::vector<int>(static_cast<size_t>(o.dp), 1) : o.micro_batches;
+  return l;
+}
+
 template <class T>
 Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) {
-  CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(o.tp, o.pp, o.dp, o.zero, static_cast<int>(c.num_hidden_layers),
-                                                    o.pp_layers));
-  layout.micro_batch = o.micro_batches.empty() ? std::vector<int>(static_cast<size_t>(o.dp), 1) : o.micro_batches;
+  CKPT_ASSIGN_OR_RETURN(Layout layout, make_layout(o, c));
   CKPT_ASSIGN_OR_RETURN(LayoutGroups g, LayoutGroups::make(world, layout));
-  auto made = Model<T>::create(c, ModelShard{layout, g.pp_rank, g.tp_rank, &g.tp});
+  const Layout view = layout.stage_view(g.dp_rank, g.pp_rank);
+  auto made = Model<T>::create(c, ModelShard{view, g.pp_rank, g.tp_rank, &g.tp});
   CKPT_RETURN_IF_ERROR(world.agree(made.status()));
   Model<T> model = std::move(made).value();
   CKPT_RETURN_IF_ERROR(model.init(42));
-  CKPT_ASSIGN_OR_RETURN(auto opt, ParallelOptimizer<T>::create(model, layout, g.pp_rank, g.dp_rank, g.tp_rank));
+  CKPT_ASSIGN_OR_RETURN(auto opt, ParallelOptimizer<T>::create(model, layout, g.pp_rank, g.dp_rank, g.tp_rank, &world));
   int64_t gb = 0;
-  for (int mb : layout.micro_batch) gb += mb * o.grad_accum;
+  for (int p = 0; p < layout.num_pipelines(); ++p) gb += layout.pipeline_micro_batch(p) * o.grad_accum;
   TrainerState st = make_state(o, gb);
   const TokenStream data = TokenStream::procedural(st.seed);
   // The oracle: one process, one micro-batch of the whole global batch.
@@ -141,7 +155,10 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
   };
   nlohmann::json out{{"rank", world.rank()}, {"loss_rel", 0.0}, {"norm_rel", 0.0}, {"grad_rel", 0.0}, {"grad_tensor", ""}};
   int64_t numel = 0;
-  CKPT_ASSIGN_OR_RETURN(bool held_ok, held_equals_rank_view(opt, c, layout, world.rank()));
+  // This rank under the stage view: the same (stage, TP rank), pipeline p (the view has every
+  // pipeline when they are uniform, else only this one).
+  const int view_rank = view.rank_of(g.pp_rank, view.dp == layout.num_pipelines() ? g.dp_rank : 0, g.tp_rank);
+  CKPT_ASSIGN_OR_RETURN(bool held_ok, held_equals_rank_view(opt, c, view, view_rank));
   out["held_ok"] = held_ok;
   std::vector<double> losses, ref_losses;
   for (int64_t k = 0; k < o.steps; ++k) {
@@ -179,6 +196,7 @@ Result<Options> parse(int argc, char** argv) {
     else if (k == "--pp") o.pp = static_cast<int>(x);
     else if (k == "--dp") o.dp = static_cast<int>(x);
     else if (k == "--zero") o.zero = static_cast<int>(x);
+    else if (k == "--layout") o.layout_file = v;
     else if (k == "--pp-layers") o.pp_layers = int_list(v);
     else if (k == "--micro-batches") o.micro_batches = int_list(v);
     else if (k == "--grad-accum") o.grad_accum = x;

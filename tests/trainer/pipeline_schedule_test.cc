@@ -2,11 +2,14 @@
 // then backward once per stage, the stages' lists are executable together (a forward needs the
 // previous stage's forward, a backward the next stage's backward), the in-flight count stays
 // within the slots, and the point-to-point exchanges complete under rendezvous sends (a send
-// waits for the matching receive to be posted), messages matching in order.
+// waits for the matching receive to be posted), messages matching in order; and the same rank by
+// rank when the stages have different TP sizes (pipe_receivers / pipe_sender: one rank may send
+// to several peers in one exchange, all posted at once).
 #include "trainer/pipeline_schedule.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -87,6 +90,92 @@ std::string simulate_exchanges(const std::vector<std::vector<PipeExchange>>& ex,
   for (int s = 0; s < p; ++s)
     if (pc[s] != ex[s].size()) return "deadlock: stage " + std::to_string(s) + " at exchange " + std::to_string(pc[s]);
   return "";
+}
+
+// Rank-level rendezvous model of Comm::exchange for stages of TP sizes `tps`: rank (s, t) posts,
+// in its current exchange, one send to every TP rank pipe_receivers(t, tp(s), tp(q)) of the peer
+// stage q and its receive from TP rank pipe_sender(t, tp(q)) of q; a send completes with the
+// receiver's matching receive; an exchange ends when all its messages completed.
+struct SimRank {
+  int s = 0, t = 0;
+  size_t pc = 0;
+  std::vector<bool> sent;  // per receiver of the current exchange's send
+  bool got = false;
+};
+
+std::string simulate_ranks(const std::vector<int>& tps, int m) {
+  const int p = static_cast<int>(tps.size());
+  std::vector<std::vector<PipeExchange>> ex;
+  for (int s = 0; s < p; ++s) ex.push_back(pipe_exchanges(one_f_one_b(s, p, m), s, p));
+  std::vector<SimRank> ranks;
+  std::vector<int> first(p + 1, 0);
+  for (int s = 0; s < p; ++s) {
+    first[s + 1] = first[s] + tps[s];
+    for (int t = 0; t < tps[s]; ++t) ranks.push_back({s, t, 0, {}, false});
+  }
+  auto receivers = [&](const SimRank& r) {
+    const PipeMessage& msg = ex[r.s][r.pc].send;
+    return msg.none() ? std::vector<int>{} : pipe_receivers(r.t, tps[r.s], tps[msg.peer]);
+  };
+  auto settle = [&](SimRank& r) {
+    while (r.pc < ex[r.s].size()) {
+      if (r.sent.empty()) r.sent.assign(receivers(r).size(), false);
+      const bool all_sent = std::find(r.sent.begin(), r.sent.end(), false) == r.sent.end();
+      if (!all_sent || !(r.got || ex[r.s][r.pc].recv.none())) return;
+      ++r.pc;
+      r.sent.clear();
+      r.got = false;
+    }
+  };
+  for (SimRank& r : ranks) settle(r);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (SimRank& r : ranks) {
+      if (r.pc == ex[r.s].size()) continue;
+      const PipeMessage& msg = ex[r.s][r.pc].send;
+      const std::vector<int> to = receivers(r);
+      for (size_t i = 0; i < to.size() && r.pc < ex[r.s].size(); ++i) {
+        if (r.sent[i]) continue;
+        SimRank& q = ranks[static_cast<size_t>(first[msg.peer] + to[i])];
+        if (q.pc == ex[q.s].size() || q.got) continue;
+        const PipeMessage& want = ex[q.s][q.pc].recv;
+        if (want.none() || want.peer != r.s || want.kind != msg.kind || pipe_sender(q.t, tps[r.s]) != r.t) continue;
+        if (want.micro != msg.micro) return "micro-batches out of order at stage " + std::to_string(q.s);
+        r.sent[i] = q.got = true;
+        settle(q);
+        progress = true;
+      }
+      settle(r);
+    }
+  }
+  for (const SimRank& r : ranks)
+    if (r.pc != ex[r.s].size())
+      return "deadlock: stage " + std::to_string(r.s) + " tp rank " + std::to_string(r.t) + " at exchange " +
+             std::to_string(r.pc);
+  return "";
+}
+
+TEST(PipelineSchedule, BoundaryPeersCoverEveryReceiverOnce) {
+  for (int a = 1; a <= 4; ++a)
+    for (int b = 1; b <= 4; ++b) {
+      std::vector<int> from(b, -1);
+      for (int t = 0; t < a; ++t)
+        for (int j : pipe_receivers(t, a, b)) {
+          ASSERT_EQ(from[j], -1) << a << "->" << b;
+          from[j] = t;
+        }
+      for (int j = 0; j < b; ++j) EXPECT_EQ(from[j], pipe_sender(j, a)) << a << "->" << b << " receiver " << j;
+    }
+}
+
+TEST(PipelineSchedule, RanksOfMixedTpStagesCompleteTheirExchanges) {
+  const std::vector<std::vector<int>> cases = {{2, 1}, {1, 2}, {1, 2, 1}, {2, 1, 1}, {1, 3, 2}, {3, 2, 1, 2}, {4, 1, 4}};
+  for (const auto& tps : cases)
+    for (int m = 1; m <= 6; ++m) {
+      std::string name;
+      for (int t : tps) name += std::to_string(t) + " ";
+      EXPECT_EQ(simulate_ranks(tps, m), "") << "tps " << name << "m=" << m;
+    }
 }
 
 TEST(PipelineSchedule, EveryMicroBatchForwardThenBackwardOnce) {

@@ -50,7 +50,7 @@ void check_layout(const LlamaConfig& c, const Layout& l) {
     SCOPED_TRACE(l.to_string() + " rank " + std::to_string(r));
     const int t = r % l.tp, d = (r / l.tp) % l.dp, p = r / (l.tp * l.dp);
     Model<float> m = stage_model(c, l, p, t);
-    auto opt = ParallelOptimizer<float>::create(m, l, p, d, t);
+    auto opt = ParallelOptimizer<float>::create(m, l, p, d, t, nullptr);
     ASSERT_TRUE(opt.ok()) << opt.status().message();
     Held got, want;
     for (const HeldRegion& h : opt->held_regions()) {
@@ -84,7 +84,7 @@ TEST(ParallelOptimizer, ZeroSlotsTileTheRange) {
     int64_t covered = 0, total = 0;
     for (int d = 0; d < 3; ++d) {
       Model<float> m = stage_model(c, l, p);
-      auto opt = ParallelOptimizer<float>::create(m, l, p, d, 0);
+      auto opt = ParallelOptimizer<float>::create(m, l, p, d, 0, nullptr);
       ASSERT_TRUE(opt.ok()) << opt.status().message();
       const ZeroBuffer& zb = opt->flat_layout();
       EXPECT_EQ(zb.padded % (kZeroPadElements * 3), 0);
@@ -103,7 +103,7 @@ TEST(ParallelOptimizer, RefusesAModelOfAnotherStage) {
   const LlamaConfig c = tiny(false);
   const Layout l = make_layout(1, 2, 1, 4, {1, 3});
   Model<float> m = stage_model(c, l, 0);
-  auto opt = ParallelOptimizer<float>::create(m, l, 1, 0, 0);
+  auto opt = ParallelOptimizer<float>::create(m, l, 1, 0, 0, nullptr);
   EXPECT_FALSE(opt.ok());
 }
 
