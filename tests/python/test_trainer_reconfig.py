@@ -98,13 +98,7 @@ HETERO_PAIRS = [
     ("flex_b", "one", "asymmetric -> one process"),
     ("one", "flex_plain", "one process -> asymmetric pipelines without device types"),
 ]
-# Switch for the lead: True once the trainer runs and saves general layouts (h-trainer + h-engine's
-# planner and copy_from_held + h-digest's manifest v2; `ckpt train --cluster` is on main). Until
-# then only the symmetric pairs run. On an integration of those branches (with DistSaver::copy_out
-# using copy_from_held) all 15 pairs passed: worst relative loss difference 1e-08, max |w_a - w_b|
-# 1.2e-07, the whole file 36 s.
-HETERO_TRAINER_LANDED = False
-PAIRS = SYMMETRIC_PAIRS + (HETERO_PAIRS if HETERO_TRAINER_LANDED else [])
+PAIRS = SYMMETRIC_PAIRS + HETERO_PAIRS
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +171,7 @@ def test_matrix_covers_the_acceptance_transitions():
     def shape(n):
         s = LAYOUTS[n]
         return [[x["layers"] for x in p["stages"]] for p in s.pipelines] if general(n) else None
-    pairs = [(a, b) for a, b, _ in SYMMETRIC_PAIRS + HETERO_PAIRS]
+    pairs = [(a, b) for a, b, _ in PAIRS]
     assert len(pairs) >= 10 and len(set(pairs)) == len(pairs)
     checks = {
         "symmetric -> asymmetric": any(not general(a) and asym(b) for a, b in pairs),
