@@ -13,7 +13,7 @@ void LayoutFlags::add(CLI::App& sub, const std::string& zero_help) {
 void StreamFlags::add(CLI::App& sub) {
   sub.add_option("--threads", threads,
                  "threads: 1 does everything on one; N reads on one, writes on another, casts/copies on N-1 workers, and a native "
-                 "checkpoint being written copies and SHA-256-hashes pieces taken from source files on N (default " +
+                 "checkpoint being written copies and hashes pieces taken from source files on N (default " +
                      std::to_string(threads) + ")")
       ->check(CLI::Range(1, 64));
   sub.add_option("--max-memory", max_memory, "buffer budget, e.g. 256M, 1G (default " + max_memory + ")");
