@@ -35,6 +35,7 @@
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
 #include "reshard/zero_layout.h"
+#include "tests/converters/random_model.h"
 #include "tests/naive_region.h"
 #include "tests/temp_dir.h"
 
@@ -42,66 +43,8 @@ namespace ckpt {
 namespace hetero_property {  // named: unique beside reshard_property_test.cc in a unity batch
 
 namespace fs = std::filesystem;
+using namespace testing_prop;
 using testing_ref::naive_extract;
-
-struct Model {
-  LlamaConfig cfg;
-  std::vector<TensorMeta> tensors;
-  std::vector<std::vector<uint8_t>> global;  // per tensor: dense row-major bytes of the global view
-};
-
-// Random finite values (bf16: the top half of a float32).
-std::vector<uint8_t> random_values(const TensorMeta& t, std::mt19937& rng) {
-  int64_t n = 1;
-  for (int64_t d : t.shape) n *= d;
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  const size_t es = dtype_size(t.dtype);
-  std::vector<uint8_t> out(static_cast<size_t>(n) * es);
-  for (int64_t i = 0; i < n; ++i) {
-    const float f = u(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if (es == 2) bits >>= 16;
-    std::memcpy(out.data() + i * static_cast<int64_t>(es), &bits, es);  // little endian: the low bytes
-  }
-  return out;
-}
-
-Model random_model(std::mt19937& rng) {
-  Model m;
-  LlamaConfig& c = m.cfg;
-  const int64_t kvs[] = {1, 2, 4}, qpgs[] = {1, 2, 3}, hds[] = {2, 4}, hs[] = {8, 12}, is[] = {12, 24};
-  c.num_key_value_heads = kvs[rng() % 3];
-  c.num_attention_heads = c.num_key_value_heads * qpgs[rng() % 3];
-  c.head_dim = hds[rng() % 2];
-  c.hidden_size = hs[rng() % 2];
-  c.intermediate_size = is[rng() % 2];
-  c.num_hidden_layers = 1 + static_cast<int64_t>(rng() % 4);
-  c.vocab_size = 5 + static_cast<int64_t>(rng() % 60);
-  c.tie_word_embeddings = rng() % 2;
-  c.attention_bias = rng() % 5 == 0;
-  c.mlp_bias = rng() % 5 == 0;
-  const DType wdt = rng() % 2 ? DType::kBF16 : DType::kF32;
-  c.dtype = wdt;
-  m.tensors = llama_model_tensors(c, wdt);
-  const size_t nparams = m.tensors.size();
-  for (std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.fp32_param."}) {
-    if (kind == "optimizer.fp32_param." && wdt == DType::kF32) continue;
-    for (size_t i = 0; i < nparams; ++i) m.tensors.push_back({kind + m.tensors[i].name, DType::kF32, m.tensors[i].shape});
-  }
-  for (const auto& t : m.tensors) m.global.push_back(random_values(t, rng));
-  return m;
-}
-
-std::vector<int> allowed_tps(const LlamaConfig& c) {
-  std::vector<int> out;
-  LlamaShardingRules rules(c);
-  for (int tp : {1, 2, 3, 4}) {
-    auto l = Layout::make(tp, 1, 1, 0, static_cast<int>(c.num_hidden_layers));
-    if (l.ok() && rules.check_layout(*l).ok()) out.push_back(tp);
-  }
-  return out;
-}
 
 // A random composition of L layers into 1..min(L, 3) stages, each at a random allowed tp.
 std::vector<StageSpec> random_stages(std::mt19937& rng, int L, const std::vector<int>& tps) {
@@ -143,29 +86,6 @@ Layout random_general(std::mt19937& rng, const LlamaConfig& c, const std::vector
     EXPECT_TRUE(l.ok()) << l.status().to_string();
     if (l.ok() && l->world_size() <= 12) return *l;
   }
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-StoreExecOptions random_exec(std::mt19937& rng) {
-  StoreExecOptions o;
-  o.store.fsync = false;
-  o.exec.threads = 1 + static_cast<int>(rng() % 2);
-  const uint64_t chunks[] = {200, 64ull << 20};  // small chunks exercise chunk boundaries
-  o.exec.max_chunk_bytes = chunks[rng() % 2];
-  return o;
-}
-
-Status reshard_to(TensorSource& src, const LlamaConfig& cfg, const Layout& layout, const std::string& dst,
-                  const StoreExecOptions& opts) {
-  LlamaShardingRules rules(cfg);
-  CKPT_ASSIGN_OR_RETURN(Plan plan, make_plan(src.tensors(), src.pieces(), src.metadata(), layout, rules, opts.exec));
-  return execute_plan_to_store(src, plan, dst, opts);
 }
 
 MemoryCheckpoint global_checkpoint(const Model& m) {
@@ -285,8 +205,8 @@ TEST_F(ReshardHetero, RandomGeneralLayoutsRoundTripByteIdentical) {
   std::mt19937 rng(20261124);
   int general = 0, zero1 = 0, mixed_tp = 0, split_differs = 0, tied_mixed = 0;
   for (int c = 0; c < cases; ++c) {
-    const Model m = random_model(rng);
-    const auto tps = allowed_tps(m.cfg);
+    const Model m = random_model(rng, small_ranges());
+    const auto tps = allowed_tps(m.cfg, {1, 2, 3, 4});
     const Layout A = random_general(rng, m.cfg, tps), B = random_general(rng, m.cfg, tps);
     const std::string what = "case " + std::to_string(c) + ": A " + A.to_json().dump() + ", B " + B.to_json().dump() +
                              ", config " + m.cfg.to_json().dump();
@@ -305,11 +225,11 @@ TEST_F(ReshardHetero, RandomGeneralLayoutsRoundTripByteIdentical) {
     const fs::path dir = root_ / std::to_string(c);
     const std::string a = dir / "A", b = dir / "B", a2 = dir / "A2";
     ASSERT_TRUE(fs::create_directories(dir));
-    Status st = reshard_to(global, m.cfg, A, a, random_exec(rng));
+    Status st = reshard_to(global, m.cfg, A, a, random_exec(rng, 2, {200, 64ull << 20}));
     ASSERT_TRUE(st.ok()) << what << ": global -> A: " << st.to_string();
     auto ra = store::StoreReader::open(a);
     ASSERT_TRUE(ra.ok()) << what << ra.status().to_string();
-    st = reshard_to(**ra, m.cfg, B, b, random_exec(rng));
+    st = reshard_to(**ra, m.cfg, B, b, random_exec(rng, 2, {200, 64ull << 20}));
     ASSERT_TRUE(st.ok()) << what << ": A -> B: " << st.to_string();
     {
       auto rb = store::StoreReader::open(b);
@@ -332,7 +252,7 @@ TEST_F(ReshardHetero, RandomGeneralLayoutsRoundTripByteIdentical) {
       auto rep = diff_sources(**ra, **rb, DiffOptions{});
       ASSERT_TRUE(rep.ok()) << what << rep.status().to_string();
       for (const auto& td : rep->tensors) ASSERT_EQ(td.kind, TensorDiffKind::kIdentical) << what << " " << td.name;
-      st = reshard_to(**rb, m.cfg, A, a2, random_exec(rng));
+      st = reshard_to(**rb, m.cfg, A, a2, random_exec(rng, 2, {200, 64ull << 20}));
       ASSERT_TRUE(st.ok()) << what << ": B -> A: " << st.to_string();
     }
     ASSERT_EQ(slurp(a + "/manifest.json"), slurp(a2 + "/manifest.json")) << what;
@@ -362,8 +282,8 @@ TEST(ReshardHeteroPlan, NamedDevicesPlanAsTheSymmetricForm) {
   std::mt19937 rng(5);
   int checked = 0;
   for (int c = 0; c < 20; ++c) {
-    const Model m = random_model(rng);
-    const auto tps = allowed_tps(m.cfg);
+    const Model m = random_model(rng, small_ranges());
+    const auto tps = allowed_tps(m.cfg, {1, 2, 3, 4});
     const int L = static_cast<int>(m.cfg.num_hidden_layers);
     const int tp = tps[rng() % tps.size()], dp = 1 + static_cast<int>(rng() % 3);
     std::vector<StageSpec> stages = random_stages(rng, L, {tp});

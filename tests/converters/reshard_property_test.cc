@@ -29,6 +29,7 @@
 #include "reshard/memory_io.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
+#include "tests/converters/random_model.h"
 #include "tests/naive_region.h"
 #include "tests/temp_dir.h"
 
@@ -36,69 +37,7 @@ namespace ckpt {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Model {
-  LlamaConfig cfg;
-  std::vector<TensorMeta> tensors;
-  std::vector<std::vector<uint8_t>> global;  // per tensor: dense row-major bytes of the global view
-};
-
-// Random finite values (bf16: the top half of a float32), so diff compares numbers.
-std::vector<uint8_t> random_values(const TensorMeta& t, std::mt19937& rng) {
-  int64_t n = 1;
-  for (int64_t d : t.shape) n *= d;
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  std::vector<uint8_t> out(static_cast<size_t>(n) * dtype_size(t.dtype));
-  for (int64_t i = 0; i < n; ++i) {
-    float f = u(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if (t.dtype == DType::kBF16) {
-      uint16_t h = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(out.data() + i * 2, &h, 2);
-    } else {
-      std::memcpy(out.data() + i * 4, &bits, 4);
-    }
-  }
-  return out;
-}
-
-Model random_model(std::mt19937& rng) {
-  Model m;
-  LlamaConfig& c = m.cfg;
-  const int64_t kvs[] = {1, 2, 3, 4}, qpgs[] = {1, 2, 3, 4}, hds[] = {2, 4}, hs[] = {8, 12, 16}, is[] = {24, 48};
-  c.num_key_value_heads = kvs[rng() % 4];
-  c.num_attention_heads = c.num_key_value_heads * qpgs[rng() % 4];
-  c.head_dim = hds[rng() % 2];
-  c.hidden_size = hs[rng() % 3];
-  c.intermediate_size = is[rng() % 2];
-  c.num_hidden_layers = 1 + static_cast<int64_t>(rng() % 5);
-  c.vocab_size = 5 + static_cast<int64_t>(rng() % 96);
-  c.tie_word_embeddings = rng() % 2;
-  c.attention_bias = rng() % 5 == 0;
-  c.mlp_bias = rng() % 5 == 0;
-  const DType wdt = rng() % 2 ? DType::kBF16 : DType::kF32;
-  c.dtype = wdt;
-  m.tensors = llama_model_tensors(c, wdt);
-  const size_t nparams = m.tensors.size();
-  for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.fp32_param."}) {
-    if (std::string(kind) == "optimizer.fp32_param." && wdt == DType::kF32) continue;
-    for (size_t i = 0; i < nparams; ++i)
-      m.tensors.push_back({kind + m.tensors[i].name, DType::kF32, m.tensors[i].shape});
-  }
-  for (const auto& t : m.tensors) m.global.push_back(random_values(t, rng));
-  return m;
-}
-
-std::vector<int> allowed_tps(const LlamaConfig& c) {
-  std::vector<int> out;
-  LlamaShardingRules rules(c);
-  for (int tp : {1, 2, 3, 4, 8}) {
-    auto l = Layout::make(tp, 1, 1, 0, static_cast<int>(c.num_hidden_layers));
-    if (l.ok() && rules.check_layout(*l).ok()) out.push_back(tp);
-  }
-  return out;
-}
+using namespace testing_prop;
 
 Layout random_layout(std::mt19937& rng, const LlamaConfig& c, const std::vector<int>& tps) {
   const int L = static_cast<int>(c.num_hidden_layers);
@@ -134,31 +73,7 @@ Layout random_layout(std::mt19937& rng, const LlamaConfig& c, const std::vector<
 
 using testing_ref::naive_extract;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 using ReshardProperty = ckpt::testing::TempDirTest;
-
-StoreExecOptions random_exec(std::mt19937& rng) {
-  StoreExecOptions o;
-  o.store.fsync = false;
-  o.exec.threads = 1 + static_cast<int>(rng() % 3);
-  const uint64_t chunks[] = {200, 4096, 64ull << 20};  // small chunks exercise chunk boundaries
-  o.exec.max_chunk_bytes = chunks[rng() % 3];
-  return o;
-}
-
-// Reshards `src` (any TensorSource) into a new store at `dst` under `layout`.
-Status reshard_to(TensorSource& src, const LlamaConfig& cfg, const Layout& layout, const std::string& dst,
-                  const StoreExecOptions& opts) {
-  LlamaShardingRules rules(cfg);
-  CKPT_ASSIGN_OR_RETURN(Plan plan, make_plan(src.tensors(), src.pieces(), src.metadata(), layout, rules, opts.exec));
-  return execute_plan_to_store(src, plan, dst, opts);
-}
 
 TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -171,8 +86,8 @@ TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
   std::map<int, int> tp_seen;
   int zero_seen[2] = {0, 0}, tied_seen[2] = {0, 0}, gqa = 0, vocab_not_div = 0, uneven = 0;
   for (int c = 0; c < cases; ++c) {
-    Model m = random_model(rng);
-    const auto tps = allowed_tps(m.cfg);
+    Model m = random_model(rng, symmetric_ranges());
+    const auto tps = allowed_tps(m.cfg, {1, 2, 3, 4, 8});
     ASSERT_FALSE(tps.empty());
     const Layout A = random_layout(rng, m.cfg, tps), B = random_layout(rng, m.cfg, tps);
     const std::string what = "case " + std::to_string(c) + ": A " + A.to_string() + " div " +
@@ -199,13 +114,13 @@ TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
     const std::string a = dir / "A", b = dir / "B", a2 = dir / "A2";
     ASSERT_TRUE(fs::create_directories(dir));
     {
-      Status st = reshard_to(global, m.cfg, A, a, random_exec(rng));
+      Status st = reshard_to(global, m.cfg, A, a, random_exec(rng, 3, {200, 4096, 64ull << 20}));
       ASSERT_TRUE(st.ok()) << what << ": global -> A: " << st.to_string();
     }
     auto ra = store::StoreReader::open(a);
     ASSERT_TRUE(ra.ok()) << what << ra.status().to_string();
     {
-      Status st = reshard_to(**ra, m.cfg, B, b, random_exec(rng));
+      Status st = reshard_to(**ra, m.cfg, B, b, random_exec(rng, 3, {200, 4096, 64ull << 20}));
       ASSERT_TRUE(st.ok()) << what << ": A -> B: " << st.to_string();
     }
     {
@@ -237,7 +152,7 @@ TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
       ASSERT_TRUE(rep.ok()) << what << rep.status().to_string();
       ASSERT_TRUE(rep->equal()) << what << "\n" << rep->to_text();
       for (const auto& td : rep->tensors) ASSERT_EQ(td.kind, TensorDiffKind::kIdentical) << what << " " << td.name;
-      Status st = reshard_to(**rb, m.cfg, A, a2, random_exec(rng));
+      Status st = reshard_to(**rb, m.cfg, A, a2, random_exec(rng, 3, {200, 4096, 64ull << 20}));
       ASSERT_TRUE(st.ok()) << what << ": B -> A: " << st.to_string();
     }
     // A -> B -> A: the same manifest byte for byte (every piece's file, dataset, region, dtype,
@@ -277,7 +192,7 @@ TEST_F(ReshardProperty, ImpossibleLayoutsRefusedBeforeAnyWrite) {
   std::mt19937 rng(7);
   int refused = 0;
   for (int c = 0; c < 40; ++c) {
-    Model m = random_model(rng);
+    Model m = random_model(rng, symmetric_ranges());
     LlamaShardingRules rules(m.cfg);
     MemoryCheckpoint g;
     g.tensors = m.tensors;
