@@ -25,7 +25,7 @@ uint64_t u(int64_t v) { return static_cast<uint64_t>(std::max<int64_t>(v, 0)); }
 
 // What a (pipeline, stage, tp rank) holds, from the planner under the stage's view.
 struct Held {
-  int64_t weights = 0, optimizer = 0, staging = 0, vocab_rows = 0;
+  int64_t weights = 0, optimizer = 0, vocab_rows = 0;
   int64_t zero_padded = 0, zero_shard = 0;
 };
 
@@ -35,28 +35,14 @@ int view_rank(const Layout& view, const RankPlace& place) {
   return view.rank_of(place.stage, view.dp == 1 ? 0 : place.pipeline, place.tp_rank);
 }
 
-using StagingCache = std::map<std::pair<int, int>, std::vector<int64_t>>;
-
 Result<Held> held_of(const MemoryInputs& in, const RankPlace& place, const std::vector<TensorMeta>& tensors,
-                     const LlamaShardingRules& rules, StagingCache* staging) {
+                     const LlamaShardingRules& rules) {
   const Layout view = in.layout.stage_view(place.pipeline, place.stage);
   const int vr = view_rank(view, place);
   Held h;
   CKPT_ASSIGN_OR_RETURN(std::vector<Piece> pieces, rank_view(tensors, view, rules, vr));
   const size_t pre = std::strlen("optimizer.");
   for (const Piece& p : pieces) (p.tensor.compare(0, pre, "optimizer.") == 0 ? h.optimizer : h.weights) += p.region.numel();
-  if (in.checkpoints) {  // the saver's share, per rank of the view (cached per view)
-    const auto key = std::make_pair(view.dp == 1 ? place.pipeline : 0, place.stage);
-    auto it = staging->find(key);
-    if (it == staging->end()) {
-      CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(tensors, view, rules));
-      std::vector<int64_t> per(static_cast<size_t>(view.world_size()), 0);
-      for (const auto& t : placed)
-        for (const RankRegion& rr : t) per.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
-      it = staging->emplace(key, std::move(per)).first;
-    }
-    h.staging = it->second.at(static_cast<size_t>(vr));
-  }
   const Shape vshape{in.config.vocab_size, in.config.hidden_size};
   CKPT_ASSIGN_OR_RETURN(TensorPlacement emb, rules.place(TensorMeta{"model.embed_tokens.weight", DType::kF32, vshape}, view));
   h.vocab_rows = emb.tp_boxes.at(static_cast<size_t>(place.tp_rank)).extent[0];
@@ -93,7 +79,7 @@ ActBytes activation_bytes(const MemoryInputs& in, const RankPlace& place, int64_
   return a;
 }
 
-RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h) {
+RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t staging) {
   const Layout& l = in.layout;
   RankMemory m;
   m.rank = rank;
@@ -112,7 +98,7 @@ RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h) {
   else if (l.num_pipelines() > 1)
     m.buffers = m.grads;  // the packed gradients of the DP / replica sum
   m.buffers += in.data_bytes;
-  m.checkpoint = kF * u(h.staging);
+  m.checkpoint = kF * u(staging);
   m.process = process_bytes(in.mpi, l.world_size());
   return m;
 }
@@ -145,24 +131,31 @@ Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in) {
     return Status::InvalidArgument("memory estimate: seq_len and grad_accum must be >= 1");
   const LlamaShardingRules rules(in.config);
   const std::vector<TensorMeta> tensors = trainer_tensors(in.config);
-  // Uniform pipelines hold the same on every pipeline (the staging share aside).
-  const bool per_pipeline = in.checkpoints || !in.layout.uniform_pipelines();
+  // Uniform pipelines hold the same on every pipeline.
+  const bool per_pipeline = !in.layout.uniform_pipelines();
   std::map<std::tuple<int, int, int>, Held> cache;
-  StagingCache staging;
+  // The saver's share: the elements the planner gives each rank to write, under the real layout
+  // (replicas in other pipelines share the writing, also when the pipelines split differently).
+  std::vector<int64_t> staging(static_cast<size_t>(in.layout.world_size()), 0);
+  if (in.checkpoints) {
+    CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(tensors, in.layout, rules));
+    for (const auto& t : placed)
+      for (const RankRegion& rr : t) staging.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
+  }
   std::vector<RankMemory> out;
   for (int r = 0; r < in.layout.world_size(); ++r) {
     const RankPlace pl = in.layout.place_of_rank(r);
     const auto key = std::make_tuple(per_pipeline ? pl.pipeline : 0, pl.stage, pl.tp_rank);
     auto it = cache.find(key);
     if (it == cache.end()) {
-      auto h = held_of(in, pl, tensors, rules, &staging);
+      auto h = held_of(in, pl, tensors, rules);
       if (!h.ok())
         return h.take_status().with_context("memory estimate of rank " + std::to_string(r) + " (pipeline " +
                                              std::to_string(pl.pipeline) + ", stage " + std::to_string(pl.stage) +
                                              ")");
       it = cache.emplace(key, *h).first;
     }
-    out.push_back(rank_memory(in, r, it->second));
+    out.push_back(rank_memory(in, r, it->second, staging[static_cast<size_t>(r)]));
   }
   return out;
 }

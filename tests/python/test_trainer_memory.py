@@ -87,7 +87,11 @@ LAYOUTS = {
     "tp2pp2": ["--tp", 2, "--pp", 2, "--pp-layers", "2,2", "--micro-batch", 2, "--grad-accum", 2],
     "pp2dp2z1": ["--pp", 2, "--pp-layers", "1,3", "--dp", 2, "--zero", 1, "--micro-batches", "2,1",
                  "--grad-accum", 2],
+    # General form (FlashFlex style): pipelines with their own stage splits and per-stage tp.
+    "flashflex": ["--layout", "{tmp}/flashflex.json", "--grad-accum", 2],
 }
+FLASHFLEX = {"pipelines": [{"micro_batch": 2, "stages": [{"layers": 2, "tp": 2}, {"layers": 2, "tp": 1}]},
+                           {"micro_batch": 1, "stages": [{"layers": 4, "tp": 1}]}], "zero": 0}
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -95,7 +99,9 @@ def test_estimate_within_20_percent_of_peak_rss_per_rank(tmp_path, name):
     n = 4
     roomy = write_json(tmp_path / "cluster.json", cluster([("A", "16GiB"), ("B", "8GiB")], [("A", 2), ("B", 2)]))
     out = tmp_path / "run"
-    p = train(tmp_path, n, out, roomy, *LAYOUTS[name], "--steps", 1)
+    write_json(tmp_path / "flashflex.json", FLASHFLEX)
+    args = [str(a).replace("{tmp}", str(tmp_path)) for a in LAYOUTS[name]]
+    p = train(tmp_path, n, out, roomy, *args, "--steps", 1)
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "memory check: every rank fits" in p.stdout, p.stdout
     assert "peak RSS" in p.stdout, p.stdout  # the table printed with --cluster
