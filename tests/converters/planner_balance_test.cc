@@ -12,6 +12,7 @@
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
 #include "reshard/planner.h"
+#include "tests/naive_region.h"
 
 namespace ckpt {
 namespace {
@@ -37,27 +38,6 @@ std::vector<TensorMeta> balance_tensors(const LlamaConfig& c) {
   return out;
 }
 
-// Global flat indices of a region, element by element (no boxes, no runs).
-std::vector<int64_t> balance_indices(const Shape& shape, const Region& r) {
-  const Box& b = r.box;
-  int64_t bn = 1;
-  for (int64_t e : b.extent) bn *= e;
-  const int64_t fb = r.is_flat() ? r.flat_begin : 0, fe = r.is_flat() ? r.flat_end : bn;
-  std::vector<int64_t> out;
-  std::vector<int64_t> idx(b.ndim());
-  for (int64_t k = fb; k < fe; ++k) {
-    int64_t rem = k;
-    for (size_t d = b.ndim(); d-- > 0;) {
-      idx[d] = rem % b.extent[d];
-      rem /= b.extent[d];
-    }
-    int64_t g = 0;
-    for (size_t d = 0; d < b.ndim(); ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
-    out.push_back(g);
-  }
-  return out;
-}
-
 // Checks every property but balance; returns bytes per rank.
 std::vector<uint64_t> balance_check(const LlamaConfig& cfg, const Layout& layout) {
   const std::vector<TensorMeta> ts = balance_tensors(cfg);
@@ -73,7 +53,7 @@ std::vector<uint64_t> balance_check(const LlamaConfig& cfg, const Layout& layout
     std::map<std::string, Shape> shape_of;
     for (const TensorMeta& t : ts) shape_of[t.name] = t.shape;
     for (const Piece& p : *view)
-      for (int64_t g : balance_indices(shape_of[p.tensor], p.region)) held[static_cast<size_t>(r)][p.tensor].insert(g);
+      for (int64_t g : testing_ref::naive_indices(shape_of[p.tensor], p.region)) held[static_cast<size_t>(r)][p.tensor].insert(g);
   }
   std::vector<uint64_t> bytes(static_cast<size_t>(layout.world_size()), 0);
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -82,7 +62,7 @@ std::vector<uint64_t> balance_check(const LlamaConfig& cfg, const Layout& layout
     std::vector<int> count(static_cast<size_t>(n), 0);
     for (const RankRegion& rr : (*placed)[i]) {
       const std::set<int64_t>& mine = held[static_cast<size_t>(rr.rank)][ts[i].name];
-      for (int64_t g : balance_indices(ts[i].shape, rr.region)) {
+      for (int64_t g : testing_ref::naive_indices(ts[i].shape, rr.region)) {
         ++count[static_cast<size_t>(g)];
         EXPECT_TRUE(mine.count(g)) << ts[i].name << " element " << g << " written by rank " << rr.rank
                                    << " which does not hold it";

@@ -97,26 +97,6 @@ MemoryCheckpoint global_checkpoint(const Model& m) {
   return g;
 }
 
-// Global flat indices of a region, element by element (no boxes, no runs).
-std::vector<int64_t> indices(const Shape& shape, const Region& r) {
-  const Box& b = r.box;
-  int64_t bn = 1;
-  for (int64_t e : b.extent) bn *= e;
-  const int64_t fb = r.is_flat() ? r.flat_begin : 0, fe = r.is_flat() ? r.flat_end : bn;
-  std::vector<int64_t> out, idx(b.ndim());
-  for (int64_t k = fb; k < fe; ++k) {
-    int64_t rem = k;
-    for (size_t d = b.ndim(); d-- > 0;) {
-      idx[d] = rem % b.extent[d];
-      rem /= b.extent[d];
-    }
-    int64_t g = 0;
-    for (size_t d = 0; d < b.ndim(); ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
-    out.push_back(g);
-  }
-  return out;
-}
-
 // place_tensors(layout) stores every element once, each by a rank whose rank_view holds it.
 void check_assignment(const Model& m, const Layout& layout, const std::string& what) {
   LlamaShardingRules rules(m.cfg);
@@ -132,7 +112,7 @@ void check_assignment(const Model& m, const Layout& layout, const std::string& w
     ASSERT_TRUE(view.ok()) << what << view.status().to_string();
     for (const Piece& p : *view) {
       const size_t i = ti.at(p.tensor);
-      for (int64_t g : indices(m.tensors[i].shape, p.region)) held[static_cast<size_t>(r)][i].insert(g);
+      for (int64_t g : testing_ref::naive_indices(m.tensors[i].shape, p.region)) held[static_cast<size_t>(r)][i].insert(g);
     }
     views.push_back(std::move(view).value());
   }
@@ -160,7 +140,7 @@ void check_assignment(const Model& m, const Layout& layout, const std::string& w
     for (int64_t e : m.tensors[i].shape) n *= e;
     std::vector<int> count(static_cast<size_t>(n), 0);
     for (const RankRegion& rr : (*placed)[i])
-      for (int64_t g : indices(m.tensors[i].shape, rr.region)) {
+      for (int64_t g : testing_ref::naive_indices(m.tensors[i].shape, rr.region)) {
         ++count[static_cast<size_t>(g)];
         ASSERT_TRUE(held[static_cast<size_t>(rr.rank)][i].count(g))
             << what << ": " << m.tensors[i].name << " element " << g << " written by rank " << rr.rank
