@@ -1,0 +1,51 @@
+// A torch.save file (the zip format): <archive>/data.pkl, <archive>/data/<key> storages,
+// <archive>/byteorder ("little" only), <archive>/version; also one embedded at a byte range of a
+// larger file (DCP .distcp items). Opened through libzip (ZIP64 included); data.pkl is read with a
+// size bound and unpickled by the restricted unpickler; storages are read in place with
+// zip_fseek/zip_fread from the stored (uncompressed) entry, never inflated whole into memory
+// (a compressed storage is inflated only as far as a read needs, with the entry's size bound).
+// At open, every storage the pickle names is checked: present, byte size == numel * element size,
+// every tensor's (storage_offset, size, stride) inside its storage (no negative strides).
+// Thread safety: one thread at a time (libzip handles are not shared between threads).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "formats/region.h"
+#include "formats/status.h"
+#include "formats/torch/py_object.h"
+#include "formats/torch/unpickler.h"
+
+namespace ckpt::torch {
+
+struct TorchFileLimits {
+  uint64_t max_pickle_bytes = 1ull << 31;  // data.pkl (a zip bomb's data.pkl fails here)
+  UnpickleLimits unpickle;
+};
+
+class TorchFile {
+ public:
+  // `offset`/`length`: the zip lies at that byte range of `path` (length UINT64_MAX: to the end).
+  static Result<std::unique_ptr<TorchFile>> open(const std::string& path, uint64_t offset = 0,
+                                                 uint64_t length = UINT64_MAX,
+                                                 const TorchFileLimits& limits = {});
+  ~TorchFile();
+
+  const PyObj* root() const;
+  const std::string& path() const;
+  // Reads `bytes` bytes at `byte_offset` of storage `key` (checked against its size).
+  Status read_storage(const std::string& key, uint64_t byte_offset, uint64_t bytes, void* dst);
+  // Reads the sub-box `sub` (coordinates of the tensor, 0-based) of tensor `t` into `dst`, dense
+  // row-major, in t.storage.dtype, honouring storage offset and strides (views of a shared
+  // storage, transposed tensors). Contiguous runs are read as single ranges.
+  Status read_tensor(const TensorRef& t, const Box& sub, void* dst);
+
+ private:
+  TorchFile();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::torch
