@@ -6,7 +6,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 
 APT_PKGS=(g++ cmake ninja-build pkg-config libhdf5-dev libzstd-dev nlohmann-json3-dev libssl-dev
-  libcli11-dev libopenblas-dev libxxhash-dev libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
+  libcli11-dev libopenblas-dev libxxhash-dev libzip-dev zlib1g-dev libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
   libbenchmark-dev clang libclang-rt-14-dev python3-venv)
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -24,15 +24,15 @@ if ((${#missing[@]})); then
 fi
 
 VENV="$here/.venv"
-PY_PKGS=(numpy h5py hdf5plugin safetensors transformers pytest matplotlib xxhash)
+PY_PKGS=(numpy h5py hdf5plugin safetensors transformers pytest matplotlib xxhash 'megatron-core==0.16.1' psutil)
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating Python venv at $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash' >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil' >/dev/null 2>&1; then
   echo "setup: installing Python packages into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check 'torch==2.13.0' "${PY_PKGS[@]}" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash' \
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil' \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
 fi
