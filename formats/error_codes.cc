@@ -83,6 +83,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DTypeMismatch", kCorrupt},
     {"ShapeMismatch", kCorrupt},  // a stored tensor's shape differs from what its config implies
     {"ReadFailed", kCorrupt},
+    {"ChunkCorrupt", kCorrupt},  // a compressed chunk that does not decode (formats/store/chunk_codec.h)
     {"FileTooLarge", kCorrupt},
     {"ShardMissing", kNotFound},
     {"ChecksumMismatch", kSum},

@@ -56,6 +56,7 @@ Status StoreReader::error_context(Status st, size_t piece) const {
 Status StoreReader::open_files() {
   auto lock = h5_lock();
   datasets_.resize(manifest_.pieces.size());
+  chunked_.resize(manifest_.pieces.size());
   for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
     const auto& rec = manifest_.pieces[i];
     const std::string path = dir_ + "/" + rec.file;
@@ -93,6 +94,10 @@ Status StoreReader::open_files() {
     if (nd < 0 || nd > 64 || got != want)
       return Status::Error("ShapeMismatch", where + ": dataset shape " + dims_string(got) + ", expected " + dims_string(want))
           .with_file(path).with_tensor(rec.piece.tensor);
+    if (rec.codec != Codec::kNone) {
+      const size_t es = dtype_size(rec.piece.dtype);
+      if (auto g = chunk_grid_of(ds.get(), want, rec.codec, es)) chunked_[i] = ChunkedDataset{next_chunked_uid(), ds.get(), *g, rec.codec, es};
+    }
     datasets_[i] = std::move(ds);
   }
   return Status::Ok();
@@ -105,6 +110,13 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
   if (sub.ndim() != reg.box.ndim()) return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " has the wrong rank"), piece);
   for (size_t d = 0; d < sub.ndim(); ++d)
     if (sub.offset[d] < 0 || sub.extent[d] < 0) return error_context(Status::InvalidArgument("sub-box " + sub.to_string() + " is negative"), piece);
+  if (chunked_[piece] && !reg.is_flat() && reg.box.contains(sub)) {
+    Box local = sub;
+    for (size_t d = 0; d < sub.ndim(); ++d) local.offset[d] -= reg.box.offset[d];
+    if (sub.ndim() == 0) local = Box{{0}, {1}};
+    Status st = read_chunked_box(*chunked_[piece], local, dst);
+    return st.ok() ? st : error_context(std::move(st).with_file(dir_ + "/" + rec.file), piece);
+  }
   auto lock = h5_lock();
   H5Id fspace = h5_space(H5Dget_space(datasets_[piece].get()));
   const size_t n = sub.ndim();
@@ -226,6 +238,10 @@ Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end,
                                                  std::to_string(numel) + " elements"),
                          piece);
   if (begin == end) return Status::Ok();
+  if (chunked_[piece]) {
+    Status st = read_chunked_range(*chunked_[piece], static_cast<uint64_t>(begin), static_cast<uint64_t>(end), dst);
+    return st.ok() ? st : error_context(std::move(st).with_file(dir_ + "/" + rec.file), piece);
+  }
   const auto dims = piece_dataset_dims(rec.piece.region);
   const size_t esize = dtype_size(rec.piece.dtype);
   auto lock = h5_lock();

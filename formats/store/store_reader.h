@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "formats/store/h5_handles.h"
+#include "formats/store/chunk_reader.h"
 #include "formats/store/manifest.h"
 #include "formats/tensor_io.h"
 
@@ -75,6 +76,9 @@ class StoreReader final : public TensorSource {
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, H5Id> files_;
   std::vector<H5Id> datasets_;
+  // Compressed datasets chunked as the store writes them: read and decoded chunk by chunk outside
+  // HDF5's lock (formats/store/chunk_reader.h); nullopt: HDF5's own path.
+  std::vector<std::optional<ChunkedDataset>> chunked_;
   // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain
   // descriptors of the shard files, opened on first use.
   std::vector<int64_t> raw_offsets_;

@@ -16,6 +16,7 @@
 #include "formats/file_io.h"
 #include "formats/fs_util.h"
 #include "formats/digest.h"
+#include "formats/store/chunk_writer.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
@@ -49,6 +50,7 @@ struct ShardWriter::Impl {
     std::vector<hsize_t> dims;
     H5Id ds;                          // open until the piece is complete
     int64_t raw_offset = -1;          // uncompressed: file offset of its contiguous data, else -1
+    size_t chunk_stream = SIZE_MAX;   // compressed: its stream in `chunks`
     Digest hash;                      // opts.digest, set at open()
     int64_t numel = 0, written = 0;
     size_t esize = 0;
@@ -74,6 +76,7 @@ struct ShardWriter::Impl {
   size_t queued = 0;                 // extents waiting or being copied (all slots; copy_mu)
   std::unique_ptr<ThreadPool> pool;  // copies and hashes extents; destroyed (joined) before the slots
   std::unique_ptr<ThreadPool> buffer_hasher;  // hashes a written buffer while it is written
+  std::unique_ptr<ChunkWriter> chunks;        // compressed pieces: chunks compressed on `pool`
   bool closed = false;
 
   ~Impl() {
@@ -132,6 +135,7 @@ struct ShardWriter::Impl {
   Status advance(Slot& s, int64_t count) {
     s.written += count;
     if (s.written == s.numel) {
+      if (s.chunk_stream != SIZE_MAX) CKPT_RETURN_IF_ERROR(chunks->flush());  // before its dataset closes
       auto lock = h5_lock();
       if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(path).with_tensor(s.rec.piece.tensor);
     }
@@ -166,6 +170,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   impl->opts = opts;
   impl->pool = std::make_unique<ThreadPool>(std::max(1, opts.hash_threads));
   impl->buffer_hasher = std::make_unique<ThreadPool>(1);
+  impl->chunks = std::make_unique<ChunkWriter>(impl->pool.get(), impl->path);
   auto lock = h5_lock();
   impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
   if (!impl->file.valid()) return Status::Io("cannot create HDF5 shard '" + impl->path + "' (exists, or directory missing)").with_file(impl->path);
@@ -209,6 +214,9 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     s.ds = h5_dataset(H5Dcreate2(impl->file.get(), s.rec.dataset.c_str(), h5_type_for(p.dtype), space.get(), H5P_DEFAULT,
                                  dcpl.get(), dapl.get()));
     if (!s.ds.valid()) return Status::Io("cannot create dataset " + s.rec.dataset + " for tensor '" + p.tensor + "'").with_file(impl->path);
+    if (s.rec.codec != Codec::kNone)
+      s.chunk_stream = impl->chunks->add(s.ds.get(), s.dims, piece_chunk_dims(s.dims, s.esize, opts.chunk_bytes), s.esize, s.rec.codec,
+                                         opts.zstd_level, Impl::rec_desc(s));
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "tensor", p.tensor));
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "dtype", std::string(dtype_name(p.dtype))));
     if (s.rec.codec == Codec::kNone && s.numel > 0) {
@@ -237,23 +245,8 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
     st = pwrite_full(im.fd.get(), data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize, im.path);
     if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor).with_context("writing " + Impl::rec_desc(s));
   } else {
-    auto lock = h5_lock();
-    Box local = Box::whole(Shape(s.dims.begin(), s.dims.end()));
-    const char* src = static_cast<const char*>(data);
-    for (const Box& b : flat_range_to_boxes(local, s.written, s.written + count)) {
-      std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), ext(b.extent.begin(), b.extent.end());
-      hsize_t n = static_cast<hsize_t>(b.numel());
-      H5Id fspace = h5_space(H5Dget_space(s.ds.get()));
-      // The memory space has the selection's own shape: HDF5 then maps it onto chunks block by
-      // block; a 1-D memory space against an N-D chunked selection costs a callback per element.
-      H5Id mspace = h5_space(H5Screate_simple(static_cast<int>(ext.size()), ext.data(), nullptr));
-      if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, ext.data(), nullptr) < 0 ||
-          H5Dwrite(s.ds.get(), h5_type_for(s.rec.piece.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, src) < 0) {
-        st = Status::Io("HDF5 write of dataset " + s.rec.dataset + " failed (disk full?)").with_file(im.path).with_tensor(s.rec.piece.tensor);
-        break;
-      }
-      src += n * s.esize;
-    }
+    st = im.chunks->write(s.chunk_stream, data, static_cast<uint64_t>(count));
+    if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor);
   }
   if (hashed.valid()) hashed.get();
   CKPT_RETURN_IF_ERROR(st);

@@ -1,0 +1,138 @@
+#include "formats/store/chunk_reader.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "formats/store/h5_handles.h"
+#include "formats/store/zstd_filter.h"
+
+namespace ckpt::store {
+
+namespace {
+
+// The last chunk this thread decoded.
+struct DecodedChunk {
+  uint64_t uid = 0;
+  uint64_t chunk = UINT64_MAX;
+  std::vector<char> bytes;
+};
+
+Result<const std::vector<char>*> fetch_chunk(const ChunkedDataset& d, uint64_t c) {
+  thread_local DecodedChunk cache;
+  thread_local std::vector<char> stored;
+  if (cache.uid == d.uid && cache.chunk == c) return &cache.bytes;
+  cache.uid = 0;
+  const size_t bytes = d.grid.chunk_elems() * d.esize;
+  const std::vector<hsize_t> off = d.grid.offset(c);
+  {
+    auto lock = h5_lock();
+    hsize_t n = 0;
+    if (H5Dget_chunk_storage_size(d.ds, off.data(), &n) < 0 || n == 0 || n > ZSTD_compressBound(bytes))
+      return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " is missing or " + std::to_string(n) + " bytes stored for " +
+                                               std::to_string(bytes) + " bytes of data");
+    stored.resize(n);
+    uint32_t mask = 0;
+    if (H5Dread_chunk(d.ds, H5P_DEFAULT, off.data(), &mask, stored.data()) < 0 || mask != 0)
+      return Status::Error("ChunkCorrupt", "raw read of chunk " + std::to_string(c) + " failed");
+  }
+  cache.bytes.resize(bytes);
+  CKPT_RETURN_IF_ERROR(decode_chunk(d.codec, d.esize, stored.data(), stored.size(), cache.bytes.data(), bytes));
+  cache.uid = d.uid;
+  cache.chunk = c;
+  return &cache.bytes;
+}
+
+Box chunk_box(const ChunkGrid& g, uint64_t c) {
+  const std::vector<hsize_t> off = g.offset(c);
+  Box b;
+  for (size_t i = 0; i < g.dims.size(); ++i) {
+    b.offset.push_back(static_cast<int64_t>(off[i]));
+    b.extent.push_back(static_cast<int64_t>(std::min<hsize_t>(g.chunk[i], g.dims[i] - off[i])));
+  }
+  return b;
+}
+
+}  // namespace
+
+uint64_t next_chunked_uid() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+std::optional<ChunkGrid> chunk_grid_of(hid_t ds, const std::vector<hsize_t>& dims, Codec codec, size_t esize) {
+  auto lock = h5_lock();
+  H5Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (!dcpl.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return std::nullopt;
+  std::vector<hsize_t> chunk(dims.size());
+  if (dims.empty() || H5Pget_chunk(dcpl.get(), static_cast<int>(dims.size()), chunk.data()) != static_cast<int>(dims.size()))
+    return std::nullopt;
+  // Filters: [shuffle,] zstd, nothing else.
+  const bool want_shuffle = codec == Codec::kShuffleZstd && esize > 1;
+  const int nf = H5Pget_nfilters(dcpl.get());
+  if (nf != (want_shuffle ? 2 : 1)) return std::nullopt;
+  for (int i = 0; i < nf; ++i) {
+    unsigned flags = 0, cd[8];
+    size_t ncd = 8;
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, 0, nullptr, nullptr);
+    if (f != (want_shuffle && i == 0 ? H5Z_FILTER_SHUFFLE : static_cast<H5Z_filter_t>(kZstdFilterId))) return std::nullopt;
+  }
+  ChunkGrid g = ChunkGrid::of(dims, chunk);
+  uint64_t bytes = esize;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (chunk[d] == 0 || (d < g.k && chunk[d] != 1) || (d > g.k && chunk[d] != dims[d])) return std::nullopt;
+    bytes *= chunk[d];
+  }
+  if (bytes > kZstdMaxChunkBytes) return std::nullopt;
+  return g;
+}
+
+Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst) {
+  if (sub.numel() == 0) return Status::Ok();
+  const ChunkGrid& g = d.grid;
+  // Chunks meeting `sub`: every index of the dims before k, the chunk rows of dim k it spans.
+  const size_t k = g.k;
+  std::vector<int64_t> idx(sub.offset.begin(), sub.offset.begin() + static_cast<long>(k));
+  const uint64_t j0 = static_cast<uint64_t>(sub.offset[k]) / g.chunk[k];
+  const uint64_t j1 = static_cast<uint64_t>(sub.offset[k] + sub.extent[k] - 1) / g.chunk[k];
+  for (bool more = true; more;) {
+    uint64_t outer = 0;
+    for (size_t i = 0; i < k; ++i) outer = outer * g.dims[i] + static_cast<uint64_t>(idx[i]);
+    for (uint64_t j = j0; j <= j1; ++j) {
+      const uint64_t c = outer * g.per_run + j;
+      CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
+      Box cb = chunk_box(g, c);
+      Box full = cb;  // the stored chunk's own extent (edge chunks are stored full size)
+      full.extent[k] = static_cast<int64_t>(g.chunk[k]);
+      auto inter = intersect(cb, sub);
+      if (inter) copy_box(buf->data(), full, dst, sub, *inter, d.esize);
+    }
+    more = false;
+    for (size_t i = k; i-- > 0;) {
+      if (++idx[i] < sub.offset[i] + sub.extent[i]) {
+        more = true;
+        break;
+      }
+      idx[i] = sub.offset[i];
+    }
+  }
+  return Status::Ok();
+}
+
+Status read_chunked_range(const ChunkedDataset& d, uint64_t begin, uint64_t end, void* dst) {
+  char* out = static_cast<char*>(dst);
+  while (begin < end) {
+    const uint64_t c = d.grid.chunk_of(begin);
+    const uint64_t first = d.grid.first(c);
+    const uint64_t take = std::min(end, first + d.grid.valid(c)) - begin;
+    CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
+    std::memcpy(out, buf->data() + (begin - first) * d.esize, take * d.esize);
+    out += take * d.esize;
+    begin += take;
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::store

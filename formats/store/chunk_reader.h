@@ -1,0 +1,41 @@
+// Reads compressed datasets of the store chunk by chunk: each stored chunk is fetched raw with
+// H5Dread_chunk under h5_lock() and decoded (formats/store/chunk_codec.h) on the calling thread
+// outside the lock, so the engine's reader threads decompress in parallel. Datasets whose chunking
+// is not the store writer's (files written by other tools) are left to HDF5's own path: grid_of()
+// says which. The last chunk decoded by a thread is kept (one per thread), so reads that cut a
+// chunk in two decode it once.
+// Thread safety: any thread; HDF5 calls take h5_lock().
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "formats/region.h"
+#include "formats/status.h"
+#include "formats/store/chunk_codec.h"
+
+namespace ckpt::store {
+
+struct ChunkedDataset {
+  uint64_t uid = 0;  // unique per process (next_chunked_uid): keys the per-thread decoded chunk
+  hid_t ds = -1;
+  ChunkGrid grid;
+  Codec codec = Codec::kNone;
+  size_t esize = 1;
+};
+
+uint64_t next_chunked_uid();
+
+// The dataset's grid when it is chunked as piece_chunk_dims would chunk `dims` for some target
+// (ones before the cut dim, whole after it) and filtered by exactly the codec's filters.
+std::optional<ChunkGrid> chunk_grid_of(hid_t ds, const std::vector<hsize_t>& dims, Codec codec, size_t esize);
+
+// Box `sub` (dataset coordinates, inside the dataset) into dst, dense row-major.
+Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst);
+// Elements [begin, end) in storage order into dst.
+Status read_chunked_range(const ChunkedDataset& d, uint64_t begin, uint64_t end, void* dst);
+
+}  // namespace ckpt::store

@@ -1,0 +1,88 @@
+#include "formats/store/chunk_writer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "formats/store/h5_handles.h"
+
+namespace ckpt::store {
+
+ChunkWriter::~ChunkWriter() {
+  for (auto& p : fifo_) p.stored.wait();  // no compression left running for a writer that is gone
+}
+
+size_t ChunkWriter::add(hid_t ds, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& chunk, size_t esize, Codec codec, int level,
+                        std::string desc) {
+  Stream s;
+  s.ds = ds;
+  s.grid = ChunkGrid::of(dims, chunk);
+  s.esize = esize;
+  s.codec = codec;
+  s.level = level;
+  s.desc = std::move(desc);
+  streams_.push_back(std::move(s));
+  return streams_.size() - 1;
+}
+
+Status ChunkWriter::write(size_t id, const void* data, uint64_t count) {
+  CKPT_RETURN_IF_ERROR(error_);
+  Stream& s = streams_.at(id);
+  const char* src = static_cast<const char*>(data);
+  while (count > 0) {
+    const uint64_t c = s.grid.chunk_of(s.pos);
+    const uint64_t in_chunk = s.pos - s.grid.first(c);
+    const uint64_t take = std::min<uint64_t>(count, s.grid.valid(c) - in_chunk);
+    if (s.stage.empty()) s.stage.assign(s.grid.chunk_elems() * s.esize, 0);  // zeros after an edge chunk's rows
+    std::memcpy(s.stage.data() + in_chunk * s.esize, src, take * s.esize);
+    s.pos += take;
+    src += take * s.esize;
+    count -= take;
+    if (in_chunk + take == s.grid.valid(c)) CKPT_RETURN_IF_ERROR(submit(id, c));
+  }
+  return Status::Ok();
+}
+
+Status ChunkWriter::submit(size_t id, uint64_t chunk) {
+  Stream& s = streams_[id];
+  auto buf = std::make_shared<std::vector<char>>(std::move(s.stage));
+  s.stage.clear();
+  const Codec codec = s.codec;
+  const int level = s.level;
+  const size_t esize = s.esize;
+  fifo_.push_back({id, chunk, pool_->submit([buf, codec, level, esize] { return encode_chunk(codec, level, esize, buf->data(), buf->size()); })});
+  // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
+  while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
+  return Status::Ok();
+}
+
+Status ChunkWriter::write_front() {
+  Pending p = std::move(fifo_.front());
+  fifo_.pop_front();
+  auto stored = p.stored.get();
+  if (!stored.ok()) {
+    error_ = stored.status();
+    return error_;
+  }
+  const Stream& s = streams_[p.id];
+  const std::vector<hsize_t> off = s.grid.offset(p.chunk);
+  auto lock = h5_lock();
+  if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), stored->size(), stored->data()) < 0) {
+    error_ = Status::Io("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc + " failed (disk full?)").with_file(path_);
+    return error_;
+  }
+  return Status::Ok();
+}
+
+Status ChunkWriter::flush() {
+  while (!fifo_.empty()) {
+    Status st = write_front();
+    if (!st.ok()) {
+      for (auto& p : fifo_) p.stored.wait();
+      fifo_.clear();
+      return st;
+    }
+  }
+  return error_;
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,61 @@
+// Writes compressed pieces of a shard: the elements of each piece arrive in storage order
+// (ShardWriter::write), are staged into whole chunks (formats/store/chunk_codec.h ChunkGrid),
+// compressed on the writer's thread pool, and written in submission order with H5Dwrite_chunk
+// (already-filtered chunks), so the file's bytes do not depend on thread timing. At most
+// 2 x pool size + 1 chunks are in flight: memory stays a few chunks whatever the piece size.
+// Thread safety: one thread calls add/write/flush; compression runs on the pool.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+#include "formats/store/chunk_codec.h"
+#include "formats/thread_pool.h"
+
+namespace ckpt::store {
+
+class ChunkWriter {
+ public:
+  ChunkWriter(ThreadPool* pool, std::string path) : pool_(pool), path_(std::move(path)) {}
+  ~ChunkWriter();
+  // A chunked dataset to fill (kept open by the caller until flush() after its last write).
+  size_t add(hid_t ds, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& chunk, size_t esize, Codec codec, int level,
+             std::string desc);
+  // The next `count` elements of stream `id`.
+  Status write(size_t id, const void* data, uint64_t count);
+  // Every chunk staged so far compressed and written; the first error.
+  Status flush();
+
+ private:
+  struct Stream {
+    hid_t ds = -1;
+    ChunkGrid grid;
+    size_t esize = 1;
+    Codec codec = Codec::kNone;
+    int level = 1;
+    std::string desc;
+    uint64_t pos = 0;              // elements received
+    std::vector<char> stage;       // the chunk being filled (chunk_elems * esize bytes)
+  };
+  struct Pending {
+    size_t id;
+    uint64_t chunk;
+    std::future<Result<std::string>> stored;
+  };
+  Status submit(size_t id, uint64_t chunk);
+  Status write_front();
+
+  ThreadPool* pool_;
+  std::string path_;
+  std::vector<Stream> streams_;
+  std::deque<Pending> fifo_;
+  Status error_;
+};
+
+}  // namespace ckpt::store
