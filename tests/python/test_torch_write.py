@@ -1,0 +1,229 @@
+"""torch.save files written by ckpt (formats/torch/torch_file_writer.h, through
+tests/tools/torch_write_tool) load in torch.load(weights_only=True) (argparse.Namespace allowed
+with add_safe_globals, as Megatron-LM does), pass zipfile's CRC check, keep torch's 64-byte data
+alignment, and their data.pkl also loads with a plain restricted pickle.Unpickler. Every tensor
+equals the one torch rebuilds itself from the same storage bytes with as_strided (dtype, shape,
+strides, storage offset, shared storages, parameters)."""
+import argparse
+import collections
+import json
+import pickle
+import struct
+import subprocess
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+torch.serialization.add_safe_globals([argparse.Namespace])
+
+DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+    "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64, "F16": torch.float16,
+    "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def storage_bytes(k, dtype, numel):
+    """The tool's pattern, computed with numpy: byte j of storage k."""
+    n = numel * torch.empty((), dtype=DTYPES[dtype]).element_size()
+    j = np.arange(n, dtype=np.int64)
+    b = (j + k) % 2 if dtype == "BOOL" else (31 * j + 17 * k + 3) % 251
+    return b.astype(np.uint8).tobytes()
+
+
+def expected_tensor(spec, node):
+    idx = next(i for i, s in enumerate(spec["storages"]) if s["key"] == node["storage"])
+    s = spec["storages"][idx]
+    if s["numel"] == 0:
+        return torch.empty(node["size"], dtype=DTYPES[s["dtype"]])
+    flat = torch.frombuffer(bytearray(storage_bytes(idx, s["dtype"], s["numel"])), dtype=torch.uint8)
+    flat = flat.view(DTYPES[s["dtype"]])
+    return flat.as_strided(node["size"], node["stride"], node.get("offset", 0))
+
+
+def raw(t):
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+REFS = {}
+
+
+def check_value(spec, node, got):
+    """Compares what torch.load returned with the spec node (independent expectation)."""
+    if node is None or isinstance(node, (bool, int, float, str)):
+        assert type(got) is type(node) and got == node, (got, node)
+        return
+    t = node["t"]
+    if t == "ref":
+        node = REFS[node["id"]]
+        t = node["t"]
+    if "id" in node:
+        REFS[node["id"]] = node
+    if t in ("list", "tuple"):
+        assert type(got) is (list if t == "list" else tuple) and len(got) == len(node["v"])
+        for n, g in zip(node["v"], got):
+            check_value(spec, n, g)
+    elif t in ("dict", "odict", "ns"):
+        want = {"dict": dict, "odict": collections.OrderedDict, "ns": argparse.Namespace}[t]
+        assert type(got) is want, (type(got), want)
+        items = list(vars(got).items()) if t == "ns" else list(got.items())
+        assert len(items) == len(node["v"])
+        for (k, g), kv in zip(items, node["v"]):
+            check_value(spec, kv[0], k)
+            check_value(spec, kv[1], g)
+    elif t == "bytes":
+        assert got == bytes.fromhex(node["hex"])
+    elif t == "dtype":
+        assert got is getattr(torch, node["v"].split(".")[1])
+    elif t == "tensor":
+        exp = expected_tensor(spec, node)
+        assert isinstance(got, torch.nn.Parameter) == bool(node.get("param", False))
+        assert got.requires_grad == bool(node.get("requires_grad", False))
+        assert got.dtype == exp.dtype and tuple(got.shape) == tuple(node["size"])
+        assert tuple(got.stride()) == tuple(node["stride"]) and got.storage_offset() == node.get("offset", 0)
+        assert raw(got.detach()) == raw(exp)
+    else:
+        raise AssertionError(t)
+
+
+def write(tool, tmp_path, spec, name="out.pt"):
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(spec))
+    out = tmp_path / name
+    r = subprocess.run([tool("torch_write_tool"), str(p), str(out)], capture_output=True, text=True, timeout=60)
+    return r, out
+
+
+def check_zip(path, zip64):
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        names = z.namelist()
+        arch = names[0].split("/")[0]
+        for want in ("data.pkl", "byteorder", "version", ".format_version", ".storage_alignment", ".data/serialization_id"):
+            assert f"{arch}/{want}" in names
+        assert z.read(f"{arch}/byteorder") == b"little" and z.read(f"{arch}/version") == b"3\n"
+        data = path.read_bytes()
+        for info in z.infolist():  # torch's kFieldAlignment: every record's data at a multiple of 64
+            n, e = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+            assert (info.header_offset + 30 + n + e) % 64 == 0, info.filename
+            assert info.compress_type == zipfile.ZIP_STORED
+    assert (b"PK\x06\x06" in data[-200:]) == zip64
+    return arch
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """A plain allow-list unpickler: rebuild functions return their arguments."""
+    ALLOWED = {("collections", "OrderedDict"), ("argparse", "Namespace"), ("_codecs", "encode")}
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch._utils" and name.startswith("_rebuild_"):
+            return lambda *a: (name, a)
+        if module in ("torch", "torch.storage"):
+            return f"{module}.{name}"
+        raise pickle.UnpicklingError(f"forbidden global {module}.{name}")
+
+    def persistent_load(self, pid):
+        assert pid[0] == "storage" and len(pid) == 5
+        return pid
+
+
+def tensor(storage, size, stride, offset=0, **kw):
+    return {"t": "tensor", "storage": storage, "size": size, "stride": stride, "offset": offset, **kw}
+
+
+def contiguous_strides(size):
+    st, acc = [], 1
+    for d in reversed(size):
+        st.insert(0, acc)
+        acc *= d
+    return st
+
+
+def all_dtypes_spec():
+    shapes = [[3, 5], [7], [], [2, 0, 3], [2, 3, 4], [1, 1, 1, 1, 2], [4, 4], [33], [2, 2, 2], [5, 1],
+              [9], [3, 3], [6, 2], [1], [2, 5]]
+    storages, entries = [], []
+    for k, (name, shape) in enumerate(zip(DTYPES, shapes)):
+        numel = int(np.prod(shape)) if shape else 1
+        storages.append({"key": str(k), "dtype": name, "numel": numel})
+        entries.append([f"t_{name}", tensor(str(k), shape, contiguous_strides(shape))])
+    return {"storages": storages, "root": {"t": "dict", "v": entries}, "slab": 5}
+
+
+def nested_spec(zip64=False):
+    shared = {"t": "list", "id": 1, "v": [1, 2, {"t": "bytes", "hex": ""}]}
+    root = {"t": "odict", "v": [
+        ["model", {"t": "odict", "v": [
+            ["w", tensor("0", [4, 6], [6, 1])],
+            ["w_t", tensor("0", [6, 4], [1, 6])],               # transposed view of the same storage
+            ["w_row2", tensor("0", [2, 3], [6, 2], offset=13)],  # strided view with an offset
+            ["p", tensor("1", [3, 2], [2, 1], param=True, requires_grad=True)],
+            ["g", tensor("1", [6], [1], requires_grad=True)],
+        ]}],
+        ["args", {"t": "ns", "v": [["tensor_model_parallel_size", 2], ["lr", 3e-4], ["bf16", True],
+                                   ["name", "héllo ✓"], ["none", None], ["big", 2**40 + 3],
+                                   ["neg", -(2**62)], ["small_neg", -7], ["layers", {"t": "list", "v": [1, 2, 3]}]]}],
+        ["iteration", 1000],
+        ["rng", {"t": "tuple", "v": ["MT19937", {"t": "bytes", "hex": "00ff80417f"}, 624, 0, 0.5, -1.25e300]}],
+        ["nested", {"t": "dict", "v": [[1, "int key"], [{"t": "tuple", "v": [1, 2]}, "tuple key"],
+                                       ["deep", {"t": "list", "v": [{"t": "list", "v": [{"t": "tuple", "v": []}]}]}]]}],
+        ["a", shared], ["b", {"t": "ref", "id": 1}],
+        ["dtype", {"t": "dtype", "v": "torch.bfloat16"}],
+        ["many", {"t": "list", "v": list(range(2500))}],
+    ]}
+    storages = [{"key": "0", "dtype": "F32", "numel": 24}, {"key": "1", "dtype": "BF16", "numel": 6}]
+    return {"storages": storages, "root": root, "force_zip64": zip64, "slab": 3}
+
+
+@pytest.mark.parametrize("name,spec_fn", [("dtypes", all_dtypes_spec), ("nested", nested_spec),
+                                          ("zip64", lambda: nested_spec(zip64=True))])
+def test_torch_load_weights_only(tool, tmp_path, name, spec_fn):
+    spec = spec_fn()
+    r, out = write(tool, tmp_path, spec, name=f"{name}.pt")
+    assert r.returncode == 0, r.stderr
+    arch = check_zip(out, zip64=spec.get("force_zip64", False))
+    assert arch == name  # torch.save names the archive after the file
+    got = torch.load(out, weights_only=True)
+    check_value(spec, spec["root"], got)
+    if name == "nested":
+        m = got["model"]
+        assert m["w"].untyped_storage().data_ptr() == m["w_t"].untyped_storage().data_ptr()
+        assert got["a"] is got["b"]  # one object, written once (memo)
+    with zipfile.ZipFile(out) as z:
+        plain = RestrictedUnpickler(__import__("io").BytesIO(z.read(f"{arch}/data.pkl"))).load()
+    assert isinstance(plain, (dict, collections.OrderedDict))
+
+
+def test_restricted_unpickler_sees_torch_form(tool, tmp_path):
+    spec = nested_spec()
+    r, out = write(tool, tmp_path, spec)
+    assert r.returncode == 0, r.stderr
+    with zipfile.ZipFile(out) as z:
+        data = z.read("out/data.pkl")
+    assert data[:2] == b"\x80\x02"  # protocol 2, torch.save's default
+    plain = RestrictedUnpickler(__import__("io").BytesIO(data)).load()
+    name, args = plain["model"]["w_row2"]
+    assert name == "_rebuild_tensor_v2"
+    assert args[0] == ("storage", "torch.FloatStorage", "0", "cpu", 24)
+    assert args[1:5] == (13, (2, 3), (6, 2), False) and args[5] == collections.OrderedDict()
+    pname, pargs = plain["model"]["p"]
+    assert pname == "_rebuild_parameter" and pargs[0][0] == "_rebuild_tensor_v2" and pargs[1] is True
+    assert plain["args"].lr == 3e-4 and plain["rng"][1] == b"\x00\xff\x80\x41\x7f"
+
+
+def test_refused_trees_leave_nothing(tool, tmp_path):
+    bad = [
+        {"storages": [{"key": "0", "dtype": "F32", "numel": 4}], "root": tensor("0", [5], [1])},      # past the storage
+        {"storages": [{"key": "0", "dtype": "F32", "numel": 4}], "root": tensor("0", [2], [1], offset=3)},
+        {"storages": [{"key": "0", "dtype": "F32", "numel": 4}, {"key": "0", "dtype": "F32", "numel": 4}], "root": None},
+    ]
+    for spec in bad:
+        r, out = write(tool, tmp_path, spec)
+        assert r.returncode == 3, r.stderr
+        assert "TorchWriteInvalid" in r.stderr
+        assert list(tmp_path.glob("out.pt*")) == []
