@@ -227,3 +227,88 @@ def test_refused_trees_leave_nothing(tool, tmp_path):
         assert r.returncode == 3, r.stderr
         assert "TorchWriteInvalid" in r.stderr
         assert list(tmp_path.glob("out.pt*")) == []
+
+
+# --- DCP directories (formats/torch/dcp_writer.h) ------------------------------------------------
+
+def global_tensor(k, dtype, shape):
+    n = int(np.prod(shape)) if shape else 1
+    flat = torch.frombuffer(bytearray(storage_bytes(k, dtype, n)), dtype=torch.uint8).view(DTYPES[dtype])
+    return flat.reshape(shape)
+
+
+def write_dcp(tool, tmp_path, spec, name="dcp"):
+    p = tmp_path / "dcp_spec.json"
+    p.write_text(json.dumps(spec))
+    out = tmp_path / name
+    r = subprocess.run([tool("torch_write_tool"), "--dcp", str(p), str(out)], capture_output=True, text=True, timeout=60)
+    return r, out
+
+
+def dcp_spec(zip64=False):
+    def grid(shape, cuts, ranks):  # chunks of a 2-D tensor cut at rows `cuts[0]` and columns `cuts[1]`
+        rows = [0, *cuts[0], shape[0]]
+        cols = [0, *cuts[1], shape[1]]
+        out, i = [], 0
+        for r0, r1 in zip(rows, rows[1:]):
+            for c0, c1 in zip(cols, cols[1:]):
+                out.append({"offset": [r0, c0], "extent": [r1 - r0, c1 - c0], "rank": ranks[i % len(ranks)]})
+                i += 1
+        return out
+    return {
+        "tensors": [
+            {"name": "layers.0.w", "dtype": "F32", "shape": [6, 10], "chunks": grid([6, 10], ([2, 3], [7]), [0, 1, 2])},
+            {"name": "layers.0.b", "dtype": "BF16", "shape": [10], "chunks": [
+                {"offset": [0], "extent": [4], "rank": 1}, {"offset": [4], "extent": [6], "rank": 0}]},
+            {"name": "step", "dtype": "I64", "shape": [], "chunks": [{"offset": [], "extent": [], "rank": 2}]},
+            {"name": "emb", "dtype": "F16", "shape": [5, 3], "chunks": grid([5, 3], ([1], []), [2])},
+            {"name": "u8", "dtype": "U8", "shape": [4, 4], "chunks": grid([4, 4], ([2], [2]), [0, 1])},
+        ],
+        "bytes": [{"fqn": "extra_state", "rank": 1,
+                   "obj": {"t": "dict", "v": [["iteration", 7], ["name", "run"], ["shape", {"t": "tuple", "v": [1, 2]}]]}}],
+        "force_zip64": zip64, "slab": 5,
+    }
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_dcp_load(tool, tmp_path, zip64):
+    import torch.distributed.checkpoint as dcp
+    spec = dcp_spec(zip64)
+    r, out = write_dcp(tool, tmp_path, spec)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    sd = {t["name"]: torch.zeros(t["shape"], dtype=DTYPES[t["dtype"]]) for t in spec["tensors"]}
+    sd["extra_state"] = None
+    dcp.load(sd, checkpoint_id=str(out))
+    for k, t in enumerate(spec["tensors"]):
+        assert torch.equal(sd[t["name"]], global_tensor(k, t["dtype"], t["shape"])), t["name"]
+    assert sd["extra_state"] == {"iteration": 7, "name": "run", "shape": (1, 2)}
+    # The metadata as torch reads it: the real dataclasses, chunk boxes and byte ranges.
+    md = pickle.loads((out / ".metadata").read_bytes())
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorStorageMetadata)
+    assert isinstance(md, Metadata) and md.version == "1.0.0"
+    w = md.state_dict_metadata["layers.0.w"]
+    assert isinstance(w, TensorStorageMetadata) and w.size == torch.Size([6, 10]) and len(w.chunks) == 6
+    assert w.properties.dtype == torch.float32 and w.properties.memory_format == torch.contiguous_format
+    assert isinstance(md.state_dict_metadata["extra_state"], BytesStorageMetadata)
+    assert md.planner_data["emb"] == ("emb",)
+    info = md.storage_data[MetadataIndex("layers.0.w", torch.Size([2, 7]))]
+    blob = (out / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
+    with zipfile.ZipFile(__import__("io").BytesIO(blob)) as z:  # each item is a torch.save zip
+        assert z.testzip() is None
+    item = torch.load(__import__("io").BytesIO(blob), weights_only=True)
+    assert torch.equal(item, global_tensor(0, "F32", [6, 10])[2:3, 7:10])
+
+
+def test_dcp_refused_layouts_leave_nothing(tool, tmp_path):
+    base = {"name": "w", "dtype": "F32", "shape": [4, 4]}
+    bad = [
+        [{**base, "chunks": [{"offset": [0, 0], "extent": [4, 3]}]}],                                  # not covered
+        [{**base, "chunks": [{"offset": [0, 0], "extent": [4, 4]}, {"offset": [1, 1], "extent": [1, 1]}]}],  # overlap
+        [{**base, "chunks": [{"offset": [2, 0], "extent": [4, 4]}]}],                                  # outside
+    ]
+    for tensors in bad:
+        r, out = write_dcp(tool, tmp_path, {"tensors": tensors})
+        assert r.returncode == 3 and "DcpWriteInvalid" in r.stderr, r.stderr
+        assert not (tmp_path / "dcp").exists() and not (tmp_path / "dcp.partial").exists()

@@ -1,6 +1,12 @@
 // torch_write_tool: writes a torch.save file with ckpt's pickler and TorchFileWriter from a JSON
-// description of the object tree, for tests/python/test_torch_write.py.
+// description of the object tree, or a DCP directory with DcpWriter, for
+// tests/python/test_torch_write.py.
 //   torch_write_tool SPEC.json OUT.pt
+//   torch_write_tool --dcp SPEC.json OUT_DIR
+// DCP SPEC: {"tensors": [{"name", "dtype", "shape", "chunks": [{"offset", "extent", "rank"}]}],
+//            "bytes": [{"fqn", "rank", "obj": V}] (each a torch.save of V), "force_zip64": b,
+//            "slab": elements per write}; element bytes of each global tensor follow the pattern
+//            below with k = the tensor's index, in row-major order of the whole tensor.
 // SPEC: {"storages": [{"key", "dtype" (safetensors name), "numel"}], "root": V, "force_zip64": b,
 //        "slab": bytes per write (storages are written in slabs, interleaved round-robin)}
 // V: null | true/false | integer | float | "str" | {"t": "list"|"tuple", "v": [V...]}
@@ -10,6 +16,7 @@
 //    | {"t": "ref", "id": N} (the object given "id": N earlier: written once, memoized)
 // Byte j of the storage at index k is (31 j + 17 k + 3) mod 251 ((j + k) mod 2 for BOOL).
 // Exit: 0 ok, 3 the writer refused (message on stderr), 2 usage.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -19,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/torch/dcp_writer.h"
 #include "formats/torch/torch_file_writer.h"
 
 namespace {
@@ -82,11 +90,67 @@ unsigned char pattern_byte(uint64_t j, uint64_t k, bool boolean) {
   return boolean ? static_cast<unsigned char>((j + k) % 2) : static_cast<unsigned char>((31 * j + 17 * k + 3) % 251);
 }
 
+ckpt::Status write_dcp(const json& spec, const std::string& out) {
+  using namespace ckpt;
+  std::vector<TensorMeta> tensors;
+  std::vector<Piece> pieces;
+  torch::DcpWriterOptions opts;
+  opts.fsync = false;
+  opts.force_zip64 = spec.value("force_zip64", false);
+  std::vector<std::string> globals;  // each tensor's pattern bytes
+  for (const auto& t : spec["tensors"]) {
+    auto dt = dtype_from_name(t["dtype"].get<std::string>());
+    if (!dt.ok()) return dt.status();
+    Shape shape = t["shape"].get<Shape>();
+    tensors.push_back(TensorMeta{t["name"], *dt, shape});
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string g(static_cast<size_t>(n) * dtype_size(*dt), '\0');
+    for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<char>(pattern_byte(j, globals.size(), *dt == DType::kBool));
+    globals.push_back(std::move(g));
+    for (const auto& c : t["chunks"]) {
+      pieces.push_back(Piece{t["name"], Region{Box{c["offset"].get<Shape>(), c["extent"].get<Shape>()}}, *dt});
+      opts.piece_rank.push_back(c.value("rank", 0));
+    }
+  }
+  for (const auto& b : spec.value("bytes", json::array())) {
+    Builder bld;
+    auto data = torch::torch_save_bytes(bld.build(b["obj"]));
+    if (!data.ok()) return data.status();
+    opts.bytes.push_back(torch::DcpBytesEntry{b["fqn"], *data, b.value("rank", 0)});
+  }
+  torch::DcpWriter w(out, opts);
+  CKPT_RETURN_IF_ERROR(w.begin(tensors, pieces, json::object()));
+  int64_t slab = spec.value("slab", int64_t{1} << 20);
+  std::vector<size_t> order = w.write_order();
+  std::reverse(order.begin(), order.end());  // not the file order: pwrite in place anyway
+  for (size_t i : order) {
+    const Piece& p = pieces[i];
+    size_t ti = 0;
+    while (tensors[ti].name != p.tensor) ++ti;
+    size_t es = dtype_size(p.dtype);
+    std::string buf(static_cast<size_t>(p.region.box.numel()) * es, '\0');
+    copy_box(globals[ti].data(), Box::whole(tensors[ti].shape), buf.data(), p.region.box, p.region.box, es);
+    for (int64_t done = 0; done < p.region.box.numel();) {
+      int64_t n = std::min(slab, p.region.box.numel() - done);
+      CKPT_RETURN_IF_ERROR(w.write(i, buf.data() + done * es, n));
+      done += n;
+    }
+  }
+  return w.commit();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--dcp") {
+    std::ifstream in(argv[2]);
+    ckpt::Status st = write_dcp(json::parse(in), argv[3]);
+    if (!st.ok()) std::fprintf(stderr, "torch_write_tool: %s\n", st.to_string().c_str());
+    return st.ok() ? 0 : 3;
+  }
   if (argc != 3) {
-    std::fprintf(stderr, "usage: torch_write_tool SPEC.json OUT.pt\n");
+    std::fprintf(stderr, "usage: torch_write_tool SPEC.json OUT.pt | --dcp SPEC.json OUT_DIR\n");
     return 2;
   }
   std::ifstream in(argv[1]);
