@@ -110,6 +110,7 @@ class Pickler {
   std::string out_;
   std::unordered_map<const PyObj*, uint32_t> memo_;
   std::unordered_map<std::string, uint32_t> global_memo_;
+  std::unordered_map<std::string, uint32_t> const_memo_;
   std::unordered_set<const PyObj*> open_;  // tuples / records / tensors being written (cycle check)
   uint32_t next_ = 0;
 
@@ -180,6 +181,17 @@ class Pickler {
     out_.append(s);
     return Status::Ok();
   }
+  // A string CPython would write once and then fetch (a literal of torch's code: 'storage', 'cpu').
+  Status constant_str(const std::string& v) {
+    auto it = const_memo_.find(v);
+    if (it != const_memo_.end()) {
+      get(it->second);
+      return Status::Ok();
+    }
+    CKPT_RETURN_IF_ERROR(str(v));
+    const_memo_[v] = put();
+    return Status::Ok();
+  }
   Status global(std::string_view cls) {
     auto it = global_memo_.find(std::string(cls));
     if (it != global_memo_.end()) {
@@ -219,8 +231,11 @@ class Pickler {
     }
     CKPT_RETURN_IF_ERROR(global("_codecs.encode"));
     CKPT_RETURN_IF_ERROR(str(latin));
-    CKPT_RETURN_IF_ERROR(str("latin1"));
-    out_ += "\x86R";
+    put();
+    CKPT_RETURN_IF_ERROR(constant_str("latin1"));
+    out_ += '\x86';
+    put();
+    out_ += 'R';
     memoize(o);
     return Status::Ok();
   }
@@ -242,12 +257,14 @@ Status Pickler::persistent_id(const StorageRef& s) {
     numel = s.numel * static_cast<int64_t>(dtype_size(s.dtype));
   }
   out_ += '(';
-  CKPT_RETURN_IF_ERROR(str("storage"));
+  CKPT_RETURN_IF_ERROR(constant_str("storage"));
   CKPT_RETURN_IF_ERROR(global(cls));
-  CKPT_RETURN_IF_ERROR(str(s.key));
-  CKPT_RETURN_IF_ERROR(str(s.location.empty() ? "cpu" : s.location));
+  CKPT_RETURN_IF_ERROR(constant_str(s.key));  // torch's key string is one object per storage
+  CKPT_RETURN_IF_ERROR(constant_str(s.location.empty() ? "cpu" : s.location));
   integer(numel);
-  out_ += "tQ";
+  out_ += 't';
+  put();
+  out_ += 'Q';
   return Status::Ok();
 }
 
@@ -259,7 +276,6 @@ Status Pickler::tensor(const PyObj* o) {
   bool v3 = *legacy_storage_class(t.storage.dtype) == '\0';
   if (t.is_parameter) {
     CKPT_RETURN_IF_ERROR(global("torch._utils._rebuild_parameter"));
-    out_ += '(';
   }
   CKPT_RETURN_IF_ERROR(global(v3 ? "torch._utils._rebuild_tensor_v3" : "torch._utils._rebuild_tensor_v2"));
   out_ += '(';
@@ -269,15 +285,23 @@ Status Pickler::tensor(const PyObj* o) {
     if (dims->size() > 3) out_ += '(';
     for (int64_t d : *dims) integer(d);
     tuple_op(dims->size());
+    if (!dims->empty()) put();
   }
   out_ += (t.requires_grad && !t.is_parameter) ? '\x88' : '\x89';
   CKPT_RETURN_IF_ERROR(ordered_dict_empty());
+  put();
   if (v3) CKPT_RETURN_IF_ERROR(global(torch_dtype_global(t.storage.dtype)));
-  out_ += "tR";
+  out_ += 't';
+  put();
+  out_ += 'R';
   if (t.is_parameter) {
+    put();
     out_ += t.requires_grad ? '\x88' : '\x89';
     CKPT_RETURN_IF_ERROR(ordered_dict_empty());
-    out_ += "tR";
+    put();
+    out_ += '\x87';  // (tensor, requires_grad, OrderedDict()): TUPLE3
+    put();
+    out_ += 'R';
   }
   memoize(o);
   return Status::Ok();
@@ -305,7 +329,7 @@ Status Pickler::sequence(const PyObj* o, int depth) {
 
 Status Pickler::mapping(const PyObj* o, int depth) {
   if (o->cls == "collections.OrderedDict") {
-    CKPT_RETURN_IF_ERROR(ordered_dict_empty());
+      CKPT_RETURN_IF_ERROR(ordered_dict_empty());
   } else if (o->cls.empty()) {
     out_ += '}';
   } else {
@@ -354,7 +378,10 @@ Status Pickler::dump(const PyObj* o, int depth) {
     case PyType::kBool: out_ += o->b ? '\x88' : '\x89'; return Status::Ok();
     case PyType::kInt: integer(o->i); return Status::Ok();
     case PyType::kFloat: real(o->f); return Status::Ok();
-    case PyType::kStr: return str(o->s);
+    case PyType::kStr:
+      CKPT_RETURN_IF_ERROR(str(o->s));
+      memoize(o);  // as CPython does: a str met again through the same object is fetched
+      return Status::Ok();
     case PyType::kBytes: return bytes(o);
     case PyType::kList: return sequence(o, depth);
     case PyType::kDict: return mapping(o, depth);

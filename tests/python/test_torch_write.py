@@ -312,3 +312,28 @@ def test_dcp_refused_layouts_leave_nothing(tool, tmp_path):
         r, out = write_dcp(tool, tmp_path, {"tensors": tensors})
         assert r.returncode == 3 and "DcpWriteInvalid" in r.stderr, r.stderr
         assert not (tmp_path / "dcp").exists() and not (tmp_path / "dcp.partial").exists()
+
+
+def test_data_pkl_byte_identical_to_torch_save(tool, tmp_path):
+    """The pickle is what torch.save itself writes for the same state dict, byte for byte: views
+    sharing a storage, a transposed bf16 tensor, a float8 tensor (_rebuild_tensor_v3), a parameter,
+    bytes, an argparse.Namespace, ints."""
+    t = torch.arange(10, dtype=torch.float32)
+    ref = collections.OrderedDict(
+        a=t, b=t[2:5], c=torch.ones(2, 3, dtype=torch.bfloat16).t(), f8=torch.zeros(2, dtype=torch.float8_e4m3fn),
+        p=torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float16)), n=3, big=-(2**40), bs=b"\x00\xff",
+        ns=argparse.Namespace(x=1, y="z"))
+    torch.save(ref, tmp_path / "ref.pt")
+    spec = {"storages": [{"key": "0", "dtype": "F32", "numel": 10}, {"key": "1", "dtype": "BF16", "numel": 6},
+                         {"key": "2", "dtype": "F8_E4M3", "numel": 2}, {"key": "3", "dtype": "F16", "numel": 4}],
+            "root": {"t": "odict", "v": [
+                ["a", tensor("0", [10], [1])], ["b", tensor("0", [3], [1], offset=2)], ["c", tensor("1", [3, 2], [1, 3])],
+                ["f8", tensor("2", [2], [1])], ["p", tensor("3", [2, 2], [2, 1], param=True, requires_grad=True)],
+                ["n", 3], ["big", -(2**40)], ["bs", {"t": "bytes", "hex": "00ff"}],
+                ["ns", {"t": "ns", "v": [["x", 1], ["y", "z"]]}]]}}
+    r, out = write(tool, tmp_path, spec, name="mine.pt")
+    assert r.returncode == 0, r.stderr
+    with zipfile.ZipFile(tmp_path / "ref.pt") as a, zipfile.ZipFile(out) as b:
+        assert a.read("ref/data.pkl") == b.read("mine/data.pkl")
+        for rec in ("byteorder", "version", ".format_version", ".storage_alignment"):
+            assert a.read(f"ref/{rec}") == b.read(f"mine/{rec}")
