@@ -61,16 +61,15 @@ std::string random_save_id() {
 
 }  // namespace dcp_pickle_detail
 
-using namespace dcp_pickle_detail;
 
 Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string& save_id) {
-  TreeBuilder b;
+  dcp_pickle_detail::TreeBuilder b;
   std::vector<std::pair<const PyObj*, const PyObj*>> sdm, planner, storage;
   for (const auto& bi : md.bytes) {
     const PyObj* fqn = b.str(bi.fqn);
-    sdm.emplace_back(fqn, b.dataclass(kMd + "BytesStorageMetadata", {}));
+    sdm.emplace_back(fqn, b.dataclass(dcp_pickle_detail::kMd + "BytesStorageMetadata", {}));
     planner.emplace_back(fqn, b.a.tuple({fqn}));
-    const PyObj* index = b.dataclass(kMd + "MetadataIndex", {{b.str("fqn"), fqn}, {b.str("index"), b.a.none()}});
+    const PyObj* index = b.dataclass(dcp_pickle_detail::kMd + "MetadataIndex", {{b.str("fqn"), fqn}, {b.str("index"), b.a.none()}});
     storage.emplace_back(index, b.storage_info(bi.file, bi.offset, bi.length));
   }
   for (const auto& t : md.tensors) {
@@ -79,22 +78,22 @@ Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string
     for (size_t i = 0; i < t.chunks.size(); ++i) {
       const DcpChunk& c = t.chunks[i];
       const PyObj* offsets = b.size(c.offsets);
-      chunks.push_back(b.dataclass(kMd + "ChunkStorageMetadata", {{b.str("offsets"), offsets}, {b.str("sizes"), b.size(c.sizes)}}));
-      const PyObj* index = b.dataclass(kMd + "MetadataIndex", {{b.str("fqn"), fqn},
+      chunks.push_back(b.dataclass(dcp_pickle_detail::kMd + "ChunkStorageMetadata", {{b.str("offsets"), offsets}, {b.str("sizes"), b.size(c.sizes)}}));
+      const PyObj* index = b.dataclass(dcp_pickle_detail::kMd + "MetadataIndex", {{b.str("fqn"), fqn},
                                                                {b.str("offset"), offsets},
                                                                {b.str("index"), b.a.integer(static_cast<int64_t>(i))}});
       storage.emplace_back(index, b.storage_info(c.file, c.offset, c.length));
     }
-    sdm.emplace_back(fqn, b.dataclass(kMd + "TensorStorageMetadata", {{b.str("properties"), b.properties(t.dtype)},
+    sdm.emplace_back(fqn, b.dataclass(dcp_pickle_detail::kMd + "TensorStorageMetadata", {{b.str("properties"), b.properties(t.dtype)},
                                                                        {b.str("size"), b.size(t.size)},
                                                                        {b.str("chunks"), b.a.list(std::move(chunks))}}));
     planner.emplace_back(fqn, b.a.tuple({fqn}));
   }
-  const PyObj* meta = b.dataclass(kMd + "StorageMeta", {{b.str("checkpoint_id"), b.a.none()},
-                                                        {b.str("save_id"), b.str(save_id.empty() ? random_save_id() : save_id)},
+  const PyObj* meta = b.dataclass(dcp_pickle_detail::kMd + "StorageMeta", {{b.str("checkpoint_id"), b.a.none()},
+                                                        {b.str("save_id"), b.str(save_id.empty() ? dcp_pickle_detail::random_save_id() : save_id)},
                                                         {b.str("load_id"), b.a.none()},
                                                         {b.str("modules"), b.a.list({})}});
-  const PyObj* root = b.dataclass(kMd + "Metadata", {{b.str("state_dict_metadata"), b.a.dict(std::move(sdm))},
+  const PyObj* root = b.dataclass(dcp_pickle_detail::kMd + "Metadata", {{b.str("state_dict_metadata"), b.a.dict(std::move(sdm))},
                                                      {b.str("planner_data"), b.a.dict(std::move(planner))},
                                                      {b.str("storage_data"), b.a.dict(std::move(storage))},
                                                      {b.str("storage_meta"), meta},

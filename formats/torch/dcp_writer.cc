@@ -38,7 +38,6 @@ Result<std::unique_ptr<TorchZipWriter>> plan_chunk_item(DType dt, const Shape& e
 
 }  // namespace dcp_writer_detail
 
-using namespace dcp_writer_detail;
 
 DcpWriter::DcpWriter(std::string dir, DcpWriterOptions opts)
     : dir_(std::move(dir)), opts_(std::move(opts)), partial_(dir_, opts_.policy) {}
@@ -50,26 +49,26 @@ DcpWriter::~DcpWriter() {
 Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces) const {
   std::map<std::string, const TensorMeta*> by_name;
   for (const auto& t : tensors)
-    if (!by_name.emplace(t.name, &t).second) return bad_piece("tensor '" + t.name + "' declared twice");
+    if (!by_name.emplace(t.name, &t).second) return dcp_writer_detail::bad_piece("tensor '" + t.name + "' declared twice");
   for (const auto& b : opts_.bytes)
-    if (by_name.count(b.fqn) || b.rank < 0) return bad_piece("bytes item '" + b.fqn + "' has a tensor's name or a negative rank");
+    if (by_name.count(b.fqn) || b.rank < 0) return dcp_writer_detail::bad_piece("bytes item '" + b.fqn + "' has a tensor's name or a negative rank");
   if (!opts_.piece_rank.empty() && opts_.piece_rank.size() != pieces.size())
     return Status::Internal("DcpWriter: " + std::to_string(opts_.piece_rank.size()) + " piece ranks for " + std::to_string(pieces.size()) + " pieces");
   std::map<std::string, std::vector<const Box*>> boxes;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     auto it = by_name.find(p.tensor);
-    if (it == by_name.end()) return bad_piece("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'");
-    if (p.region.is_flat()) return bad_piece("a DCP chunk is a box; piece " + std::to_string(i) + " of '" + p.tensor + "' is " + p.region.to_string());
+    if (it == by_name.end()) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'");
+    if (p.region.is_flat()) return dcp_writer_detail::bad_piece("a DCP chunk is a box; piece " + std::to_string(i) + " of '" + p.tensor + "' is " + p.region.to_string());
     if (p.dtype != it->second->dtype)
-      return bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "' is " + std::string(dtype_name(p.dtype)) + ", the tensor " +
+      return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "' is " + std::string(dtype_name(p.dtype)) + ", the tensor " +
                        std::string(dtype_name(it->second->dtype)) + " (DCP holds one dtype per tensor)");
     Status st = validate_box(p.region.box, it->second->shape);
-    if (!st.ok()) return bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "': " + st.message());
-    if (!opts_.piece_rank.empty() && opts_.piece_rank[i] < 0) return bad_piece("piece " + std::to_string(i) + " has a negative rank");
+    if (!st.ok()) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "': " + st.message());
+    if (!opts_.piece_rank.empty() && opts_.piece_rank[i] < 0) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " has a negative rank");
     for (const Box* o : boxes[p.tensor])
       if (intersect(*o, p.region.box) && !p.region.box.empty())
-        return bad_piece("pieces of '" + p.tensor + "' overlap: " + o->to_string() + " and " + p.region.box.to_string());
+        return dcp_writer_detail::bad_piece("pieces of '" + p.tensor + "' overlap: " + o->to_string() + " and " + p.region.box.to_string());
     boxes[p.tensor].push_back(&p.region.box);
   }
   for (const auto& t : tensors) {
@@ -77,7 +76,7 @@ Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std
     int64_t covered = 0;
     for (const Box* b : boxes[t.name]) covered += b->numel();
     if (covered != n || (boxes[t.name].empty()))
-      return bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) + " of " +
+      return dcp_writer_detail::bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) + " of " +
                        std::to_string(n) + " elements (a DCP needs every element in a chunk)");
   }
   return Status::Ok();
@@ -107,7 +106,7 @@ Status DcpWriter::lay_out(const std::vector<TensorMeta>& tensors, const std::vec
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     size_t f = file_for(opts_.piece_rank.empty() ? 0 : opts_.piece_rank[i]);
-    CKPT_ASSIGN_OR_RETURN(auto zip, plan_chunk_item(p.dtype, p.region.box.extent, p.region.box.numel(), opts_.force_zip64));
+    CKPT_ASSIGN_OR_RETURN(auto zip, dcp_writer_detail::plan_chunk_item(p.dtype, p.region.box.extent, p.region.box.numel(), opts_.force_zip64));
     Item it;
     it.file = f;
     it.base = files_[f].size;

@@ -89,7 +89,6 @@ std::string archive_name_for(const std::string& path) {
 
 }  // namespace torch_writer_detail
 
-using namespace torch_writer_detail;
 
 Result<std::unique_ptr<TorchZipWriter>> TorchZipWriter::plan(const PyObj* root, std::vector<TorchStorage> storages,
                                                              const TorchWriteOptions& opts) {
@@ -97,9 +96,9 @@ Result<std::unique_ptr<TorchZipWriter>> TorchZipWriter::plan(const PyObj* root, 
   std::map<std::string, int> keys;
   for (const auto& s : storages) {
     if (s.key.empty() || s.key.find('/') != std::string::npos || !keys.emplace(s.key, 0).second || s.numel < 0)
-      return bad_tree("storage key '" + s.key + "' is empty, holds '/', is declared twice or has a negative size");
+      return torch_writer_detail::bad_tree("storage key '" + s.key + "' is empty, holds '/', is declared twice or has a negative size");
   }
-  CKPT_RETURN_IF_ERROR(StorageCheck(storages).walk(root, 0));
+  CKPT_RETURN_IF_ERROR(torch_writer_detail::StorageCheck(storages).walk(root, 0));
   CKPT_ASSIGN_OR_RETURN(w->pickle_, pickle_dumps(root));
   std::string a = opts.archive_name.empty() ? "archive" : opts.archive_name;
   std::vector<ZipEntrySpec> entries;
@@ -114,12 +113,12 @@ Result<std::unique_ptr<TorchZipWriter>> TorchZipWriter::plan(const PyObj* root, 
   w->first_storage_entry_ = entries.size();
   for (const auto& s : storages) {
     auto bytes = checked_mul(static_cast<uint64_t>(s.numel), static_cast<uint64_t>(dtype_size(s.dtype)));
-    if (!bytes) return bad_tree("storage '" + s.key + "' size overflows");
+    if (!bytes) return torch_writer_detail::bad_tree("storage '" + s.key + "' size overflows");
     entries.push_back(ZipEntrySpec{a + "/data/" + s.key, *bytes});
     w->small_.emplace_back();
   }
   small("version", "3\n");
-  small(".data/serialization_id", opts.serialization_id.empty() ? random_serialization_id() : opts.serialization_id);
+  small(".data/serialization_id", opts.serialization_id.empty() ? torch_writer_detail::random_serialization_id() : opts.serialization_id);
   w->zip_ = ZipWriter(ZipWriterOptions{64, opts.force_zip64});
   CKPT_RETURN_IF_ERROR(w->zip_.layout(std::move(entries)));
   w->storages_ = std::move(storages);
@@ -155,7 +154,7 @@ Status TorchZipWriter::finish() {
 
 TorchFileWriter::TorchFileWriter(std::string path, TorchWriteOptions opts) : path_(std::move(path)), opts_(std::move(opts)) {
   tmp_ = temp_path_for(path_);
-  if (opts_.archive_name.empty()) opts_.archive_name = archive_name_for(path_);
+  if (opts_.archive_name.empty()) opts_.archive_name = torch_writer_detail::archive_name_for(path_);
 }
 
 TorchFileWriter::~TorchFileWriter() {

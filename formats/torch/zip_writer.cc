@@ -35,7 +35,6 @@ struct CentralZip64 {
 
 }  // namespace zip_writer_detail
 
-using namespace zip_writer_detail;
 
 uint32_t zip_crc32(uint32_t crc, const void* data, uint64_t n) {
   const auto* p = static_cast<const Bytef*>(data);
@@ -62,24 +61,24 @@ Status ZipWriter::layout(std::vector<ZipEntrySpec> entries) {
     e.name = std::move(spec.name);
     e.size = spec.size;
     e.header = cursor;
-    e.zip64 = opts_.force_zip64 || e.size >= kMax32;
-    uint64_t start = cursor + kLocalFixed + e.name.size() + (e.zip64 ? 20 : 0) + 4;  // + FB record header
+    e.zip64 = opts_.force_zip64 || e.size >= zip_writer_detail::kMax32;
+    uint64_t start = cursor + zip_writer_detail::kLocalFixed + e.name.size() + (e.zip64 ? 20 : 0) + 4;  // + FB record header
     e.padding = static_cast<uint16_t>((opts_.alignment - start % opts_.alignment) % opts_.alignment);
     e.data = start + e.padding;
     auto end = checked_add(e.data, e.size);
     if (!end) return Status::InvalidArgument("zip entry '" + e.name + "' of " + std::to_string(e.size) + " bytes overflows");
     cursor = *end;
-    big = big || e.zip64 || e.header >= kMax32;
+    big = big || e.zip64 || e.header >= zip_writer_detail::kMax32;
     entries_.push_back(std::move(e));
   }
   cd_offset_ = cursor;
   cd_size_ = 0;
   for (const auto& e : entries_) {
-    CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= kMax32};
-    cd_size_ += kCentralFixed + e.name.size() + z.extra_len();
+    zip_writer_detail::CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= zip_writer_detail::kMax32};
+    cd_size_ += zip_writer_detail::kCentralFixed + e.name.size() + z.extra_len();
   }
-  zip64_ = big || cd_offset_ >= kMax32 || cd_size_ >= kMax32;
-  total_ = cd_offset_ + cd_size_ + (zip64_ ? kZip64Eocd + kZip64Locator : 0) + kEocd;
+  zip64_ = big || cd_offset_ >= zip_writer_detail::kMax32 || cd_size_ >= zip_writer_detail::kMax32;
+  total_ = cd_offset_ + cd_size_ + (zip64_ ? zip_writer_detail::kZip64Eocd + zip_writer_detail::kZip64Locator : 0) + zip_writer_detail::kEocd;
   laid_out_ = true;
   return Status::Ok();
 }
@@ -120,26 +119,26 @@ Status ZipWriter::write_from_file(size_t entry, int src_fd, uint64_t src_off, ui
 
 std::string ZipWriter::local_header(const Entry& e) const {
   std::string h;
-  le32(h, 0x04034b50);
-  le16(h, e.zip64 ? 45 : 20);  // version needed
-  le16(h, kFlagUtf8);
-  le16(h, 0);  // stored
-  le16(h, 0);  // time
-  le16(h, kDosDate);
-  le32(h, e.crc);
-  le32(h, e.zip64 ? kMax32 : e.size);
-  le32(h, e.zip64 ? kMax32 : e.size);
-  le16(h, e.name.size());
-  le16(h, (e.zip64 ? 20 : 0) + 4 + e.padding);
+  zip_writer_detail::le32(h, 0x04034b50);
+  zip_writer_detail::le16(h, e.zip64 ? 45 : 20);  // version needed
+  zip_writer_detail::le16(h, zip_writer_detail::kFlagUtf8);
+  zip_writer_detail::le16(h, 0);  // stored
+  zip_writer_detail::le16(h, 0);  // time
+  zip_writer_detail::le16(h, zip_writer_detail::kDosDate);
+  zip_writer_detail::le32(h, e.crc);
+  zip_writer_detail::le32(h, e.zip64 ? zip_writer_detail::kMax32 : e.size);
+  zip_writer_detail::le32(h, e.zip64 ? zip_writer_detail::kMax32 : e.size);
+  zip_writer_detail::le16(h, e.name.size());
+  zip_writer_detail::le16(h, (e.zip64 ? 20 : 0) + 4 + e.padding);
   h += e.name;
   if (e.zip64) {
-    le16(h, 0x0001);
-    le16(h, 16);
-    le64(h, e.size);
-    le64(h, e.size);
+    zip_writer_detail::le16(h, 0x0001);
+    zip_writer_detail::le16(h, 16);
+    zip_writer_detail::le64(h, e.size);
+    zip_writer_detail::le64(h, e.size);
   }
   h += "FB";
-  le16(h, e.padding);
+  zip_writer_detail::le16(h, e.padding);
   h.append(e.padding, 'Z');
   return h;
 }
@@ -147,61 +146,61 @@ std::string ZipWriter::local_header(const Entry& e) const {
 std::string ZipWriter::central_directory() const {
   std::string d;
   for (const auto& e : entries_) {
-    CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= kMax32};
-    le32(d, 0x02014b50);
-    le16(d, (3 << 8) | (zip64_ ? 45 : 20));  // made by: Unix
-    le16(d, e.zip64 || z.offset ? 45 : 20);
-    le16(d, kFlagUtf8);
-    le16(d, 0);
-    le16(d, 0);
-    le16(d, kDosDate);
-    le32(d, e.crc);
-    le32(d, z.sizes ? kMax32 : e.size);
-    le32(d, z.sizes ? kMax32 : e.size);
-    le16(d, e.name.size());
-    le16(d, z.extra_len());
-    le16(d, 0);  // comment
-    le16(d, 0);  // disk
-    le16(d, 0);  // internal attributes
-    le32(d, 0100644u << 16);  // external attributes: a regular file, rw-r--r--
-    le32(d, z.offset ? kMax32 : e.header);
+    zip_writer_detail::CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= zip_writer_detail::kMax32};
+    zip_writer_detail::le32(d, 0x02014b50);
+    zip_writer_detail::le16(d, (3 << 8) | (zip64_ ? 45 : 20));  // made by: Unix
+    zip_writer_detail::le16(d, e.zip64 || z.offset ? 45 : 20);
+    zip_writer_detail::le16(d, zip_writer_detail::kFlagUtf8);
+    zip_writer_detail::le16(d, 0);
+    zip_writer_detail::le16(d, 0);
+    zip_writer_detail::le16(d, zip_writer_detail::kDosDate);
+    zip_writer_detail::le32(d, e.crc);
+    zip_writer_detail::le32(d, z.sizes ? zip_writer_detail::kMax32 : e.size);
+    zip_writer_detail::le32(d, z.sizes ? zip_writer_detail::kMax32 : e.size);
+    zip_writer_detail::le16(d, e.name.size());
+    zip_writer_detail::le16(d, z.extra_len());
+    zip_writer_detail::le16(d, 0);  // comment
+    zip_writer_detail::le16(d, 0);  // disk
+    zip_writer_detail::le16(d, 0);  // internal attributes
+    zip_writer_detail::le32(d, 0100644u << 16);  // external attributes: a regular file, rw-r--r--
+    zip_writer_detail::le32(d, z.offset ? zip_writer_detail::kMax32 : e.header);
     d += e.name;
     if (z.extra_len() > 0) {
-      le16(d, 0x0001);
-      le16(d, z.extra_len() - 4);
+      zip_writer_detail::le16(d, 0x0001);
+      zip_writer_detail::le16(d, z.extra_len() - 4);
       if (z.sizes) {
-        le64(d, e.size);
-        le64(d, e.size);
+        zip_writer_detail::le64(d, e.size);
+        zip_writer_detail::le64(d, e.size);
       }
-      if (z.offset) le64(d, e.header);
+      if (z.offset) zip_writer_detail::le64(d, e.header);
     }
   }
   uint64_t n = entries_.size();
   if (zip64_) {
-    le32(d, 0x06064b50);
-    le64(d, kZip64Eocd - 12);
-    le16(d, (3 << 8) | 45);
-    le16(d, 45);
-    le32(d, 0);
-    le32(d, 0);
-    le64(d, n);
-    le64(d, n);
-    le64(d, cd_size_);
-    le64(d, cd_offset_);
-    le32(d, 0x07064b50);
-    le32(d, 0);
-    le64(d, cd_offset_ + cd_size_);
-    le32(d, 1);
+    zip_writer_detail::le32(d, 0x06064b50);
+    zip_writer_detail::le64(d, zip_writer_detail::kZip64Eocd - 12);
+    zip_writer_detail::le16(d, (3 << 8) | 45);
+    zip_writer_detail::le16(d, 45);
+    zip_writer_detail::le32(d, 0);
+    zip_writer_detail::le32(d, 0);
+    zip_writer_detail::le64(d, n);
+    zip_writer_detail::le64(d, n);
+    zip_writer_detail::le64(d, cd_size_);
+    zip_writer_detail::le64(d, cd_offset_);
+    zip_writer_detail::le32(d, 0x07064b50);
+    zip_writer_detail::le32(d, 0);
+    zip_writer_detail::le64(d, cd_offset_ + cd_size_);
+    zip_writer_detail::le32(d, 1);
   }
   bool f = opts_.force_zip64;
-  le32(d, 0x06054b50);
-  le16(d, 0);
-  le16(d, 0);
-  le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
-  le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
-  le32(d, f || cd_size_ >= kMax32 ? kMax32 : cd_size_);
-  le32(d, f || cd_offset_ >= kMax32 ? kMax32 : cd_offset_);
-  le16(d, 0);
+  zip_writer_detail::le32(d, 0x06054b50);
+  zip_writer_detail::le16(d, 0);
+  zip_writer_detail::le16(d, 0);
+  zip_writer_detail::le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
+  zip_writer_detail::le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
+  zip_writer_detail::le32(d, f || cd_size_ >= zip_writer_detail::kMax32 ? zip_writer_detail::kMax32 : cd_size_);
+  zip_writer_detail::le32(d, f || cd_offset_ >= zip_writer_detail::kMax32 ? zip_writer_detail::kMax32 : cd_offset_);
+  zip_writer_detail::le16(d, 0);
   return d;
 }
 
