@@ -62,7 +62,7 @@ std::string random_save_id() {
 }  // namespace dcp_pickle_detail
 
 
-Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string& save_id) {
+Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string& save_id, bool flat_planner_data) {
   dcp_pickle_detail::TreeBuilder b;
   std::vector<std::pair<const PyObj*, const PyObj*>> sdm, planner, storage;
   for (const auto& bi : md.bytes) {
@@ -94,7 +94,7 @@ Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string
                                                         {b.str("load_id"), b.a.none()},
                                                         {b.str("modules"), b.a.list({})}});
   const PyObj* root = b.dataclass(dcp_pickle_detail::kMd + "Metadata", {{b.str("state_dict_metadata"), b.a.dict(std::move(sdm))},
-                                                     {b.str("planner_data"), b.a.dict(std::move(planner))},
+                                                     {b.str("planner_data"), flat_planner_data ? b.a.dict(std::move(planner)) : b.a.none()},
                                                      {b.str("storage_data"), b.a.dict(std::move(storage))},
                                                      {b.str("storage_meta"), meta},
                                                      {b.str("version"), b.str("1.0.0")}});

@@ -180,7 +180,7 @@ Status DcpWriter::commit() {
     if (opts_.fsync && ::fsync(f.fd.get()) != 0) return Status::FromErrno("fsync failed", path, errno);
     CKPT_RETURN_IF_ERROR(f.fd.close(path));
   }
-  CKPT_ASSIGN_OR_RETURN(std::string pkl, pickle_dcp_metadata(md_, opts_.save_id));
+  CKPT_ASSIGN_OR_RETURN(std::string pkl, pickle_dcp_metadata(md_, opts_.save_id, opts_.flat_planner_data));
   CKPT_RETURN_IF_ERROR(write_file(partial_.path() + "/.metadata", pkl, opts_.fsync));
   CKPT_RETURN_IF_ERROR(partial_.commit(opts_.fsync));
   committed_ = true;

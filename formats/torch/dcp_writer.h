@@ -53,6 +53,9 @@ struct DcpWriterOptions {
   bool force_zip64 = false;  // items with ZIP64 records (tests)
   PartialDirPolicy policy;
   std::string save_id;       // StorageMeta.save_id; empty: a random UUID-like id
+  // planner_data {fqn: (fqn,)} as the default planner with flatten_state_dict=True writes it;
+  // false: None, as a planner that does not flatten (Megatron-Core's) writes it.
+  bool flat_planner_data = true;
 };
 
 class DcpWriter final : public TensorSink {
@@ -101,7 +104,7 @@ class DcpWriter final : public TensorSink {
 };
 
 // The bytes of a DCP `.metadata` file for `md` (chunk files/offsets/lengths as given).
-Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string& save_id);
+Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string& save_id, bool flat_planner_data = true);
 
 // A torch.save zip of `root` (which names no storages), in memory: a DCP bytes item.
 Result<std::string> torch_save_bytes(const PyObj* root);

@@ -5,6 +5,7 @@
 //   torch_write_tool --dcp SPEC.json OUT_DIR
 // DCP SPEC: {"tensors": [{"name", "dtype", "shape", "chunks": [{"offset", "extent", "rank"}]}],
 //            "bytes": [{"fqn", "rank", "obj": V}] (each a torch.save of V), "force_zip64": b,
+//            "flat_planner_data": b,
 //            "slab": elements per write}; element bytes of each global tensor follow the pattern
 //            below with k = the tensor's index, in row-major order of the whole tensor.
 // SPEC: {"storages": [{"key", "dtype" (safetensors name), "numel"}], "root": V, "force_zip64": b,
@@ -97,6 +98,7 @@ ckpt::Status write_dcp(const json& spec, const std::string& out) {
   torch::DcpWriterOptions opts;
   opts.fsync = false;
   opts.force_zip64 = spec.value("force_zip64", false);
+  opts.flat_planner_data = spec.value("flat_planner_data", true);
   std::vector<std::string> globals;  // each tensor's pattern bytes
   for (const auto& t : spec["tensors"]) {
     auto dt = dtype_from_name(t["dtype"].get<std::string>());
