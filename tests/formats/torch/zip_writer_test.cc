@@ -43,6 +43,23 @@ TEST(ZipLayout, DataIsAlignedAndOrdered) {
   EXPECT_FALSE(empty_name.layout({{"", 1}}).ok());
 }
 
+TEST(ZipLayout, Zip64WhenSizesOrOffsetsNeedIt) {
+  ZipWriter small;
+  ASSERT_TRUE(small.layout({{"a", 1000}, {"b", 0xFFFFFFFEull - 2000}}).ok());
+  EXPECT_FALSE(small.zip64());
+  ZipWriter big;  // one entry of 5 GiB: ZIP64 extra field (20 bytes) in its local header
+  ASSERT_TRUE(big.layout({{"archive/data/0", 5ull << 30}, {"archive/version", 2}}).ok());
+  EXPECT_TRUE(big.zip64());
+  EXPECT_EQ(big.data_offset(0) % 64, 0u);
+  EXPECT_GE(big.data_offset(0), 30u + 14 + 20 + 4);
+  EXPECT_EQ(big.data_offset(1) % 64, 0u);
+  EXPECT_GT(big.data_offset(1), 5ull << 30);
+  // Central directory: 46 + name + 28 (sizes) for the big entry, 46 + name + 12 (offset) for the
+  // small one past 4 GiB; then the ZIP64 end record (56), locator (20) and the classic end (22).
+  uint64_t cd_start = big.data_offset(1) + 2;
+  EXPECT_EQ(big.total_size(), cd_start + (46 + 14 + 20) + (46 + 15 + 12) + 56 + 20 + 22);
+}
+
 class ZipWriterFile : public TempDirTest {
  protected:
   // Writes entries (content given) in interleaved slabs of 3 bytes, the second entry from a file.
