@@ -144,6 +144,16 @@ Status TorchZipWriter::write_from_file(size_t storage, int src_fd, uint64_t src_
   return zip_.write_from_file(first_storage_entry_ + storage, src_fd, src_off, bytes);
 }
 
+Status TorchZipWriter::write_at(size_t storage, uint64_t offset, const void* data, uint64_t bytes) {
+  if (storage >= storages_.size()) return Status::Internal("TorchZipWriter::write: storage " + std::to_string(storage) + " out of range");
+  return zip_.write_at(first_storage_entry_ + storage, offset, data, bytes);
+}
+
+Status TorchZipWriter::write_from_file_at(size_t storage, uint64_t offset, int src_fd, uint64_t src_off, uint64_t bytes) {
+  if (storage >= storages_.size()) return Status::Internal("TorchZipWriter::write: storage " + std::to_string(storage) + " out of range");
+  return zip_.write_from_file_at(first_storage_entry_ + storage, offset, src_fd, src_off, bytes);
+}
+
 Status TorchZipWriter::finish() {
   for (size_t i = 0; i < small_.size(); ++i) {
     if (i >= first_storage_entry_ && i < first_storage_entry_ + storages_.size()) continue;
@@ -184,6 +194,16 @@ Status TorchFileWriter::write(size_t storage, const void* data, uint64_t bytes) 
 Status TorchFileWriter::write_from_file(size_t storage, int src_fd, uint64_t src_off, uint64_t bytes) {
   if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
   return zip_->write_from_file(storage, src_fd, src_off, bytes);
+}
+
+Status TorchFileWriter::write_at(size_t storage, uint64_t offset, const void* data, uint64_t bytes) {
+  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  return zip_->write_at(storage, offset, data, bytes);
+}
+
+Status TorchFileWriter::write_from_file_at(size_t storage, uint64_t offset, int src_fd, uint64_t src_off, uint64_t bytes) {
+  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  return zip_->write_from_file_at(storage, offset, src_fd, src_off, bytes);
 }
 
 Status TorchFileWriter::commit() {

@@ -10,8 +10,9 @@
 // aligned (formats/torch/zip_writer.h). The pickle is made at plan time from a PyObj tree whose
 // kTensor / kStorage objects name storages by key; every storage named there must be declared
 // (same dtype and numel) and every tensor must lie inside its storage. Storage bytes then arrive
-// in slabs (each storage's bytes in order, storages in any interleaving), are pwritten in place
-// and never held: memory is the pickle plus O(storages).
+// in slabs (each storage's bytes in order, or disjoint byte ranges in any order with write_at;
+// storages in any interleaving), are pwritten in place and never held: memory is the pickle plus
+// O(storages). TorchFileSink (torch_file_sink.h) puts a TensorSink in front of it.
 // TorchZipWriter writes one archive into a byte range of a file it does not own (DCP items);
 // TorchFileWriter owns a file: `<path>.tmp-<pid>`, fsync, rename at commit; abort (or destruction
 // before commit) removes the temp file.
@@ -63,6 +64,10 @@ class TorchZipWriter {
   // The next `bytes` bytes of storage `storage` (index in storages()).
   Status write(size_t storage, const void* data, uint64_t bytes);
   Status write_from_file(size_t storage, int src_fd, uint64_t src_off, uint64_t bytes);
+  // `bytes` bytes at byte `offset` of storage `storage` (disjoint ranges, any order; a storage is
+  // filled either by write() or by write_at()).
+  Status write_at(size_t storage, uint64_t offset, const void* data, uint64_t bytes);
+  Status write_from_file_at(size_t storage, uint64_t offset, int src_fd, uint64_t src_off, uint64_t bytes);
   // All storages complete: writes the small records, local headers and central directory.
   Status finish();
 
@@ -87,6 +92,9 @@ class TorchFileWriter {
   Status begin(const PyObj* root, std::vector<TorchStorage> storages);
   Status write(size_t storage, const void* data, uint64_t bytes);
   Status write_from_file(size_t storage, int src_fd, uint64_t src_off, uint64_t bytes);
+  Status write_at(size_t storage, uint64_t offset, const void* data, uint64_t bytes);
+  Status write_from_file_at(size_t storage, uint64_t offset, int src_fd, uint64_t src_off, uint64_t bytes);
+  const TorchZipWriter* zip() const { return zip_.get(); }  // after begin()
   Status commit();  // finish, fsync, rename to the final path
   void abort();     // removes the temp file
   uint64_t file_size() const { return zip_ ? zip_->size() : 0; }

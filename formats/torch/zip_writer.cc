@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <iterator>
 #include <set>
 
 #include "formats/checked.h"
@@ -89,31 +90,70 @@ void ZipWriter::attach(int fd, uint64_t base, std::string what) {
   what_ = std::move(what);
 }
 
-Result<ZipWriter::Entry*> ZipWriter::next_run(size_t entry, uint64_t n) {
+Result<ZipWriter::Entry*> ZipWriter::check_range(size_t entry, uint64_t offset, uint64_t n) {
   if (!laid_out_ || fd_ < 0 || finished_) return Status::Internal("ZipWriter::write outside layout/attach..finish").with_file(what_);
   if (entry >= entries_.size()) return Status::Internal("ZipWriter::write: entry " + std::to_string(entry) + " out of range").with_file(what_);
   Entry& e = entries_[entry];
-  if (n > e.size - e.written)
-    return Status::Internal("write of " + std::to_string(n) + " bytes overruns zip entry '" + e.name + "' (" +
-                            std::to_string(e.size - e.written) + " left)").with_file(what_);
+  auto end = checked_add(offset, n);
+  bool overlap = false;
+  if (end && n > 0) {
+    auto next = e.runs.lower_bound(offset + 1);  // first run starting after `offset`
+    if (next != e.runs.end() && next->first < *end) overlap = true;
+    if (next != e.runs.begin() && std::prev(next)->second.first > offset) overlap = true;
+  }
+  if (!end || *end > e.size || overlap)
+    return Status::Internal("write of " + std::to_string(n) + " bytes at " + std::to_string(offset) + " overruns zip entry '" + e.name +
+                            "' (" + std::to_string(e.size) + " bytes) or overlaps bytes already written").with_file(what_);
   return &e;
 }
 
+void ZipWriter::add_run(Entry& e, uint64_t offset, uint64_t n, uint32_t crc) {
+  if (n == 0) return;
+  e.written += n;
+  auto next = e.runs.lower_bound(offset);
+  if (next != e.runs.begin() && std::prev(next)->second.first == offset) {  // extends the run before
+    auto prev = std::prev(next);
+    prev->second = {offset + n, static_cast<uint32_t>(::crc32_combine(prev->second.second, crc, static_cast<z_off_t>(n)))};
+    next = prev;
+  } else {
+    next = e.runs.emplace(offset, std::make_pair(offset + n, crc)).first;
+  }
+  auto after = std::next(next);
+  if (after != e.runs.end() && after->first == next->second.first) {  // joins the run after
+    uint64_t len = after->second.first - after->first;
+    next->second = {after->second.first, static_cast<uint32_t>(::crc32_combine(next->second.second, after->second.second,
+                                                                                 static_cast<z_off_t>(len)))};
+    e.runs.erase(after);
+  }
+}
+
 Status ZipWriter::write(size_t entry, const void* data, uint64_t n) {
-  CKPT_ASSIGN_OR_RETURN(Entry * e, next_run(entry, n));
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, n, base_ + e->data + e->written, what_));
-  e->crc = zip_crc32(e->crc, data, n);
-  e->written += n;
+  uint64_t at = entry < entries_.size() ? entries_[entry].appended : 0;
+  CKPT_RETURN_IF_ERROR(write_at(entry, at, data, n));
+  entries_[entry].appended += n;
+  return Status::Ok();
+}
+
+Status ZipWriter::write_at(size_t entry, uint64_t offset, const void* data, uint64_t n) {
+  CKPT_ASSIGN_OR_RETURN(Entry * e, check_range(entry, offset, n));
+  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, n, base_ + e->data + offset, what_));
+  add_run(*e, offset, n, zip_crc32(0, data, n));
   return Status::Ok();
 }
 
 Status ZipWriter::write_from_file(size_t entry, int src_fd, uint64_t src_off, uint64_t n) {
-  CKPT_ASSIGN_OR_RETURN(Entry * e, next_run(entry, n));
-  uint32_t crc = e->crc;
-  CKPT_RETURN_IF_ERROR(copy_file_bytes(src_fd, src_off, fd_, base_ + e->data + e->written, n, what_,
+  uint64_t at = entry < entries_.size() ? entries_[entry].appended : 0;
+  CKPT_RETURN_IF_ERROR(write_from_file_at(entry, at, src_fd, src_off, n));
+  entries_[entry].appended += n;
+  return Status::Ok();
+}
+
+Status ZipWriter::write_from_file_at(size_t entry, uint64_t offset, int src_fd, uint64_t src_off, uint64_t n) {
+  CKPT_ASSIGN_OR_RETURN(Entry * e, check_range(entry, offset, n));
+  uint32_t crc = 0;
+  CKPT_RETURN_IF_ERROR(copy_file_bytes(src_fd, src_off, fd_, base_ + e->data + offset, n, what_,
                                        [&crc](const void* p, size_t k) { crc = zip_crc32(crc, p, k); }));
-  e->crc = crc;
-  e->written += n;
+  add_run(*e, offset, n, crc);
   return Status::Ok();
 }
 
@@ -206,10 +246,12 @@ std::string ZipWriter::central_directory() const {
 
 Status ZipWriter::finish() {
   if (!laid_out_ || fd_ < 0 || finished_) return Status::Internal("ZipWriter::finish outside layout/attach").with_file(what_);
-  for (const auto& e : entries_)
-    if (e.written != e.size)
+  for (auto& e : entries_) {
+    if (e.written != e.size || e.runs.size() > 1)
       return Status::Internal("zip entry '" + e.name + "' incomplete: " + std::to_string(e.written) + " of " +
                               std::to_string(e.size) + " bytes written").with_file(what_);
+    e.crc = e.runs.empty() ? 0 : e.runs.begin()->second.second;
+  }
   for (const auto& e : entries_) {
     std::string h = local_header(e);
     if (e.header + h.size() != e.data) return Status::Internal("zip local header of '" + e.name + "' does not fit its layout");

@@ -9,10 +9,12 @@
 //  - general purpose flag 0x0800 (UTF-8 names), method 0 (stored), DOS date 1980-01-01 00:00,
 //    CRC-32 (zlib's crc32) computed incrementally as the data arrives; no data descriptors.
 // Sizes are declared up front (layout()), so every entry's place is known before any byte is
-// written: entries are filled by pwrite in any interleaving (each entry's bytes in order, which
-// the running CRC needs), straight from memory or from a file range, and finish() writes the local
-// headers in front of the data and the central directory after it. Memory: O(entries), never the
-// data. The zip may start at any byte of a file it does not own (attach(fd, base)): a DCP .distcp
+// written: entries are filled by pwrite in any interleaving, straight from memory or from a file
+// range, either in order (write) or as disjoint byte ranges in any order (write_at: each range's
+// CRC runs as its bytes pass, contiguous ranges are merged with zlib's crc32_combine), and
+// finish() checks every entry is covered exactly once, then writes the local headers in front of
+// the data and the central directory after it. Memory: O(entries + ranges not yet merged),
+// never the data. The zip may start at any byte of a file it does not own (attach(fd, base)): a DCP .distcp
 // holds one zip per item.
 // Why not libzip (which reads these files, formats/torch/torch_file.h): libzip builds an archive
 // from zip_source callbacks at zip_close and offers no way to learn an entry's data offset or to
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,10 +56,14 @@ class ZipWriter {
   // Where the bytes go: `fd` (not owned; opened for writing) with the zip's first byte at `base`.
   // `what` names the file in errors.
   void attach(int fd, uint64_t base, std::string what);
-  // Appends `n` bytes to entry `entry` (its bytes arrive in order).
+  // Appends `n` bytes to entry `entry` (after the last appended byte).
   Status write(size_t entry, const void* data, uint64_t n);
-  // The same from bytes [src_off, src_off + n) of `src_fd` (copied file to file, CRC on the way).
+  // Writes `n` bytes at byte `offset` of entry `entry` (ranges must not overlap). An entry is
+  // filled either by write() or by write_at(), not both.
+  Status write_at(size_t entry, uint64_t offset, const void* data, uint64_t n);
+  // write() / write_at() of bytes [src_off, src_off + n) of `src_fd` (copied file to file).
   Status write_from_file(size_t entry, int src_fd, uint64_t src_off, uint64_t n);
+  Status write_from_file_at(size_t entry, uint64_t offset, int src_fd, uint64_t src_off, uint64_t n);
   // Every entry complete: writes the local headers, the central directory and the end records.
   Status finish();
 
@@ -66,8 +73,10 @@ class ZipWriter {
     uint64_t size = 0;
     uint64_t header = 0;   // local header offset
     uint64_t data = 0;     // data offset
-    uint64_t written = 0;
-    uint32_t crc = 0;
+    uint64_t appended = 0;  // write(): the next byte
+    uint64_t written = 0;   // bytes written in all
+    uint32_t crc = 0;       // of the whole entry, set by finish()
+    std::map<uint64_t, std::pair<uint64_t, uint32_t>> runs;  // written ranges: begin -> (end, CRC)
     bool zip64 = false;    // sizes in the local header's ZIP64 extra field
     uint16_t padding = 0;  // 'Z' bytes of the FB record
   };
@@ -79,7 +88,8 @@ class ZipWriter {
   uint64_t base_ = 0;
   std::string what_;
 
-  Result<Entry*> next_run(size_t entry, uint64_t n);
+  Result<Entry*> check_range(size_t entry, uint64_t offset, uint64_t n);
+  void add_run(Entry& e, uint64_t offset, uint64_t n, uint32_t crc);
   std::string local_header(const Entry& e) const;
   std::string central_directory() const;
 };

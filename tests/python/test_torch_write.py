@@ -337,3 +337,22 @@ def test_data_pkl_byte_identical_to_torch_save(tool, tmp_path):
         assert a.read("ref/data.pkl") == b.read("mine/data.pkl")
         for rec in ("byteorder", "version", ".format_version", ".storage_alignment"):
             assert a.read(f"ref/{rec}") == b.read(f"mine/{rec}")
+
+
+def test_sink_fills_one_storage_from_pieces_in_any_order(tool, tmp_path):
+    """TorchFileSink: a flat buffer storage filled by three pieces written back to front (CRC by
+    crc32_combine), and one whole storage; a storage left incomplete is refused."""
+    spec = {"storages": [{"key": "0", "dtype": "F32", "numel": 100}, {"key": "1", "dtype": "BF16", "numel": 8}],
+            "root": {"t": "dict", "v": [["buf", tensor("0", [100], [1])], ["w", tensor("1", [2, 4], [4, 1])],
+                                        ["view", tensor("0", [10, 3], [3, 1], offset=50)]]},
+            "pieces": [{"storage": 0, "first": 0, "count": 37}, {"storage": 0, "first": 37, "count": 40},
+                       {"storage": 0, "first": 77, "count": 23}, {"storage": 1, "first": 0, "count": 8}],
+            "slab": 6}
+    r, out = write(tool, tmp_path, spec)
+    assert r.returncode == 0, r.stderr
+    check_zip(out, zip64=False)
+    check_value(spec, spec["root"], torch.load(out, weights_only=True))
+    spec["pieces"] = spec["pieces"][1:]
+    r, out = write(tool, tmp_path, spec, name="short.pt")
+    assert r.returncode == 3 and "incomplete" in r.stderr, r.stderr
+    assert list(tmp_path.glob("short.pt*")) == []

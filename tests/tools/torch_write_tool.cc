@@ -15,6 +15,7 @@
 //    | {"t": "bytes", "hex": "..."} | {"t": "dtype", "v": "torch.float32"}
 //    | {"t": "tensor", "storage": key, "offset", "size": [..], "stride": [..], "requires_grad", "param"}
 //    | {"t": "ref", "id": N} (the object given "id": N earlier: written once, memoized)
+// With "pieces" the storages are filled through TorchFileSink (see write_through_sink).
 // Byte j of the storage at index k is (31 j + 17 k + 3) mod 251 ((j + k) mod 2 for BOOL).
 // Exit: 0 ok, 3 the writer refused (message on stderr), 2 usage.
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/torch/dcp_writer.h"
+#include "formats/torch/torch_file_sink.h"
 #include "formats/torch/torch_file_writer.h"
 
 namespace {
@@ -142,6 +144,40 @@ ckpt::Status write_dcp(const json& spec, const std::string& out) {
   return w.commit();
 }
 
+// Through TorchFileSink: spec "pieces": [{"storage": index, "first": element, "count": n}], each
+// a 1-D piece, written in reverse declaration order in slabs of "slab" elements.
+ckpt::Status write_through_sink(const json& spec, const PyObj* root, const std::vector<ckpt::torch::TorchStorage>& storages,
+                                const ckpt::torch::TorchWriteOptions& opts, const std::string& out) {
+  using namespace ckpt;
+  std::vector<TensorMeta> tensors;
+  std::vector<Piece> pieces;
+  std::vector<torch::TorchSinkSlot> slots;
+  for (const auto& p : spec["pieces"]) {
+    size_t k = p["storage"];
+    int64_t n = p["count"];
+    std::string name = "p" + std::to_string(pieces.size());
+    tensors.push_back(TensorMeta{name, storages.at(k).dtype, {n}});
+    pieces.push_back(Piece{name, Region{Box::whole({n})}, storages[k].dtype});
+    slots.push_back(torch::TorchSinkSlot{k, p["first"].get<int64_t>()});
+  }
+  torch::TorchFileSink sink(out, root, storages, slots, opts);
+  CKPT_RETURN_IF_ERROR(sink.begin(tensors, pieces, json::object()));
+  int64_t slab = spec.value("slab", int64_t{1} << 20);
+  for (size_t i = pieces.size(); i-- > 0;) {
+    size_t k = slots[i].storage, es = dtype_size(storages[k].dtype);
+    int64_t n = pieces[i].region.numel();
+    for (int64_t done = 0; done < n;) {
+      int64_t c = std::min(slab, n - done);
+      std::string buf(static_cast<size_t>(c) * es, '\0');
+      uint64_t first_byte = static_cast<uint64_t>(slots[i].first_element + done) * es;
+      for (size_t j = 0; j < buf.size(); ++j) buf[j] = static_cast<char>(pattern_byte(first_byte + j, k, storages[k].dtype == DType::kBool));
+      CKPT_RETURN_IF_ERROR(sink.write(i, buf.data(), c));
+      done += c;
+    }
+  }
+  return sink.commit();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +206,11 @@ int main(int argc, char** argv) {
   ckpt::torch::TorchWriteOptions opts;
   opts.force_zip64 = spec.value("force_zip64", false);
   opts.fsync = false;
+  if (spec.contains("pieces")) {
+    ckpt::Status st = write_through_sink(spec, root, storages, opts, argv[2]);
+    if (!st.ok()) std::fprintf(stderr, "torch_write_tool: %s\n", st.to_string().c_str());
+    return st.ok() ? 0 : 3;
+  }
   ckpt::torch::TorchFileWriter w(argv[2], opts);
   ckpt::Status st = w.begin(root, storages);
   uint64_t slab = spec.value("slab", uint64_t{1} << 20);

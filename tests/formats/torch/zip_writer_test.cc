@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zip.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -136,6 +137,36 @@ TEST_F(ZipWriterFile, LibzipReadsItBack) {
     write_zip(path, e, zip64);
     check_with_libzip(path, e);
   }
+}
+
+TEST_F(ZipWriterFile, RangesInAnyOrderGiveTheRightCrc) {
+  std::string content(1000, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 13 + 5);
+  std::string path = (root_ / "ranges.zip").string();
+  ZipWriter w;
+  ASSERT_TRUE(w.layout({{"a", content.size()}, {"b", 3}}).ok());
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(w.total_size())), 0);
+  w.attach(fd, 0, path);
+  // Ranges of 7..70 bytes written back to front, with a gap filled last.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (uint64_t at = 0, k = 0; at < content.size(); ++k) {
+    uint64_t n = std::min<uint64_t>(7 + (k * 29) % 64, content.size() - at);
+    ranges.emplace_back(at, n);
+    at += n;
+  }
+  std::reverse(ranges.begin(), ranges.end());
+  std::swap(ranges[2], ranges.back());
+  for (auto [at, n] : ranges) ASSERT_TRUE(w.write_at(0, at, content.data() + at, n).ok());
+  EXPECT_FALSE(w.write_at(0, 10, "xx", 2).ok());    // overlaps what is written
+  EXPECT_FALSE(w.write_at(1, 2, "xx", 2).ok());     // past the end
+  ASSERT_TRUE(w.write_at(1, 1, "yz", 2).ok());
+  EXPECT_FALSE(w.finish().ok());                    // byte 0 of "b" missing
+  ASSERT_TRUE(w.write_at(1, 0, "x", 1).ok());
+  ASSERT_TRUE(w.finish().ok());
+  ::close(fd);
+  check_with_libzip(path, {{"a", content}, {"b", "xyz"}});
 }
 
 TEST_F(ZipWriterFile, IncompleteEntryIsRefused) {
