@@ -21,7 +21,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     std::string src, out, dtype;
     int files = 1;
     StreamFlags stream;
-    bool no_fsync = false, json = false;
+    bool no_fsync = false, json = false, source_chunks = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "any checkpoint ckpt opens: native store, HuggingFace dir or .safetensors file, ...")->required();
@@ -29,13 +29,15 @@ CommandAction setup_export_dcp(CLI::App& sub) {
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--files", o->files, "number of __R_0.distcp files (writer ranks), tensors balanced by bytes (default 1)")
       ->check(CLI::Range(1, 4096));
+  sub.add_flag("--source-chunks", o->source_chunks,
+               "one DCP chunk per distinct box of the source's pieces (e.g. the tp shards of a native checkpoint) instead of one per tensor");
   o->stream.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
   sub.footer(
       "Writes what torch.distributed.checkpoint.save (FileSystemWriter, torch_save items) writes for a model's\n"
-      "state_dict: `.metadata` and `__R_0.distcp` files, one chunk per tensor, under the HuggingFace names\n"
-      "(torchtitan's convention). Load it with\n"
+      "state_dict: `.metadata` and `__R_0.distcp` files, one chunk per tensor (or per source piece with --source-chunks),\n"
+      "under the HuggingFace names (torchtitan's convention). Load it with\n"
       "    torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=OUT)\n"
       "Optimizer state and rotary inv_freq buffers are left out. The directory is built as OUT.partial and renamed\n"
       "when complete; on failure nothing is left at OUT.");
@@ -44,6 +46,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     opts.threads = o->stream.threads;
     opts.fsync = !o->no_fsync;
     opts.files = o->files;
+    opts.source_chunks = o->source_chunks;
     if (!o->dtype.empty()) {
       auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
       if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));
@@ -65,7 +68,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     bar.finish();
     if (!st.ok()) return report_error(st);
     if (o->json) {
-      nlohmann::json j{{"out", o->out}, {"tensors", plan->tensors.size()}, {"bytes", plan->total_bytes},
+      nlohmann::json j{{"out", o->out}, {"tensors", plan->tensors.size()}, {"chunks", plan->pieces.size()}, {"bytes", plan->total_bytes},
                        {"files", o->files}, {"skipped", plan->skipped}};
       std::printf("%s\n", j.dump().c_str());
     } else {

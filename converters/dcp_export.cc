@@ -7,6 +7,37 @@
 
 namespace ckpt {
 
+namespace dcp_export_detail {
+
+// The distinct boxes of the source's pieces of tensor `name` when they tile it exactly (disjoint,
+// covering), else the whole tensor.
+std::vector<Box> source_boxes(const TensorSource& src, const TensorMeta& t) {
+  std::vector<Box> boxes;
+  for (const auto& p : src.pieces()) {
+    if (p.tensor != t.name) continue;
+    if (p.region.is_flat()) return {Box::whole(t.shape)};
+    if (std::find(boxes.begin(), boxes.end(), p.region.box) == boxes.end()) boxes.push_back(p.region.box);
+  }
+  int64_t covered = 0;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (intersect(boxes[i], boxes[j])) return {Box::whole(t.shape)};
+    covered += boxes[i].numel();
+  }
+  auto n = shape_numel(t.shape);
+  if (boxes.empty() || !n.ok() || covered != *n) return {Box::whole(t.shape)};
+  return boxes;
+}
+
+std::vector<Piece> source_chunk_pieces(const TensorSource& src, const HfExportPlan& plan) {
+  std::vector<Piece> pieces;
+  for (const auto& t : plan.tensors)
+    for (const Box& b : source_boxes(src, t)) pieces.push_back(Piece{t.name, Region{b}, t.dtype});
+  return pieces;
+}
+
+}  // namespace dcp_export_detail
+
 Result<HfExportPlan> plan_dcp_export(const TensorSource& src, const std::string& src_path, const DcpExportOptions& opts) {
   if (opts.files < 1) return Status::InvalidArgument("a DCP export needs at least one file (got " + std::to_string(opts.files) + ")");
   HfExportOptions ho;
@@ -15,6 +46,7 @@ Result<HfExportPlan> plan_dcp_export(const TensorSource& src, const std::string&
   plan.config.reset();  // DCP has no place for config.json or tokenizer files
   plan.copy_files.clear();
   plan.side_files.clear();
+  if (opts.source_chunks) plan.pieces = dcp_export_detail::source_chunk_pieces(src, plan);
   return plan;
 }
 

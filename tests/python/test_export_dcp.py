@@ -64,14 +64,24 @@ def _logits(model):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("layout", [[], ["--tp", "2", "--pp", "2", "--dp", "1"]])
-def test_native_to_dcp_loads_in_torch(run_ckpt, hf_dir, tmp_path, layout):
+@pytest.mark.parametrize("layout,chunks", [([], []), (["--tp", "2", "--pp", "2", "--dp", "1"], []),
+                                           (["--tp", "2", "--pp", "2", "--dp", "2"], ["--source-chunks"])])
+def test_native_to_dcp_loads_in_torch(run_ckpt, hf_dir, tmp_path, layout, chunks):
     nat, out = tmp_path / "native", tmp_path / "dcp"
     run_ckpt("from-hf", hf_dir, nat, *layout, "--no-fsync")
-    p = run_ckpt("export-dcp", nat, out, "--files", "3", "--json", "--max-memory", "1M")
+    p = run_ckpt("export-dcp", nat, out, "--files", "3", "--json", "--max-memory", "1M", *chunks)
     summary = json.loads(p.stdout)
     ref = _reference(hf_dir)
     assert summary["tensors"] == len(ref) and summary["files"] == 3
+    md = dcp.FileSystemReader(str(out)).read_metadata()
+    n_chunks = sum(len(m.chunks) for m in md.state_dict_metadata.values())
+    assert summary["chunks"] == n_chunks
+    if chunks:  # tp=2: q/k/v/o, gate/up/down and the embeddings come in two chunks each (replicas once)
+        assert len(md.state_dict_metadata["model.layers.0.self_attn.q_proj.weight"].chunks) == 2
+        assert len(md.state_dict_metadata["model.norm.weight"].chunks) == 1
+        assert n_chunks > len(ref)
+    else:
+        assert n_chunks == len(ref)
     assert sorted(f.name for f in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
     m, sd = _dcp_load_into_model(out)
     assert set(sd) == set(ref)
