@@ -161,7 +161,9 @@ Status DcpSource::index(bool check_items) {
 Status DcpSource::load_model_config() {
   const bool hf = std::any_of(metas_.begin(), metas_.end(), [](const TensorMeta& m) { return m.name == "model.embed_tokens.weight"; });
   if (!hf) return Status::Ok();
-  for (const fs::path& d : {fs::path(dir_), fs::absolute(fs::path(dir_)).parent_path()}) {
+  fs::path self = fs::absolute(fs::path(dir_)).lexically_normal();
+  if (!self.has_filename()) self = self.parent_path();  // "dir/" -> "dir"
+  for (const fs::path& d : {self, self.parent_path()}) {
     std::error_code ec;
     const fs::path cfg = d / "config.json";
     if (!fs::is_regular_file(cfg, ec)) continue;
