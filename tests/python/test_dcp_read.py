@@ -109,3 +109,10 @@ def test_unrecognized_path_lists_every_kind(run_ckpt, tmp_path):
     assert p.returncode != 0
     for kind in ("dcp", "native-store", "hf-dir", "safetensors", "megatron-safetensors"):
         assert kind in p.stderr, p.stderr
+
+
+def test_verify_reads_every_chunk(fx, run_ckpt):
+    rep = json.loads(run_ckpt("verify", "--json", fx / "sharded" / "dcp").stdout)
+    md = _torch_metadata(fx / "sharded" / "dcp")
+    chunks = sum(len(v.chunks) for v in md.state_dict_metadata.values() if hasattr(v, "chunks"))
+    assert rep["ok"] is True and rep["format"] == "dcp" and rep["pieces"] == chunks
