@@ -244,6 +244,48 @@ def generate(out, tp, pp, bf16):
     dist.destroy_process_group()
 
 
+def load_and_forward(run_dir, out, tp, pp, local_vocab_check=True):
+    """Runs inside torchrun: builds the GPTModel of layout (tp, pp), load_state_dict(strict=True) of
+    this rank's model_optim_rng.pt of `run_dir` (torch.load(weights_only=True), argparse.Namespace
+    allowed as Megatron-LM registers it), checks every tensor equal to the file's, and writes the
+    forward logits on tokens.npy of `out` to out/logits_loaded.npy."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    dist.init_process_group("gloo")
+    _cpu_shims()
+    model = _build(tp, pp, False)
+    it = (pathlib.Path(run_dir) / "latest_checkpointed_iteration.txt").read_text().strip()
+    d = f"mp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}" + (
+        f"_{parallel_state.get_pipeline_model_parallel_rank():03d}" if pp > 1 else "")
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    ck = torch.load(pathlib.Path(run_dir) / f"iter_{int(it):07d}" / d / "model_optim_rng.pt", weights_only=True)
+    model.load_state_dict(ck["model"], strict=True)
+    for k, v in model.state_dict().items():
+        if torch.is_tensor(v):
+            assert torch.equal(v, ck["model"][k]), k
+    tokens = torch.from_numpy(np.load(pathlib.Path(out) / "tokens.npy"))
+    logits = _forward(model, tokens, pp)
+    if logits is not None and parallel_state.get_tensor_model_parallel_rank() == 0:
+        np.save(pathlib.Path(out) / "logits_loaded.npy", logits.float().numpy())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_load(run_dir, out, tp, pp):
+    """load_and_forward under torchrun with tp * pp processes; returns the logits."""
+    import numpy as np
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp), "--master-port",
+           str(29500 + random.randint(1, 2000)), __file__, "--out", str(out), "--tp", str(tp), "--pp", str(pp),
+           "--load", str(run_dir)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"megatron-core load failed ({' '.join(cmd)}):\n{p.stderr[-6000:]}")
+    return np.load(pathlib.Path(out) / "logits_loaded.npy")
+
+
 def rename_to_legacy(src, dst):
     """The older-names fixture: each rank file of `src` with its model keys renamed (LEGACY_RENAMES)."""
     import torch
@@ -311,7 +353,10 @@ def main():
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--load", help="load this run dir into megatron-core instead (see load_and_forward)")
     a = ap.parse_args()
+    if a.load:
+        return load_and_forward(a.load, a.out, a.tp, a.pp)
     generate(pathlib.Path(a.out), a.tp, a.pp, a.bf16)
 
 
