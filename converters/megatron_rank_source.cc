@@ -44,6 +44,13 @@ Status read_args_config(const nlohmann::json& j, const std::string& args_file, L
     return bad_args(args_file, "key 'untie_embeddings_and_output_weights' must be a boolean");
   c.tie_word_embeddings = !j["untie_embeddings_and_output_weights"].get<bool>();
   if (j.contains("swiglu") && j["swiglu"] != true) return Status::Unsupported("'" + args_file + "': swiglu is false");
+  // LLaMA settings only: RMSNorm, rotary embeddings in HF's rotate-half form.
+  for (const auto& [key, want] : {std::pair<const char*, const char*>{"normalization", "RMSNorm"},
+                                  {"position_embedding_type", "rope"}})
+    if (j.contains(key) && j[key].is_string() && j[key] != want)
+      return Status::Unsupported("'" + args_file + "': " + key + " is " + j[key].get<std::string>() + ", ckpt reads " + want);
+  if (j.contains("rotary_interleaved") && j["rotary_interleaved"] == true)
+    return Status::Unsupported("'" + args_file + "': rotary_interleaved is true (HF LLaMA rotates halves)");
   if (j.contains("norm_epsilon") && j["norm_epsilon"].is_number()) c.rms_norm_eps = j["norm_epsilon"].get<double>();
   if (j.contains("rotary_base") && j["rotary_base"].is_number()) c.rope_theta = j["rotary_base"].get<double>();
   if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
