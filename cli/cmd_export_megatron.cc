@@ -20,6 +20,8 @@ struct ExportArgs {
   int64_t vocab_divisor = 128;
   std::string dtype;
   bool local_norms = false;
+  std::string format = "safetensors";
+  int64_t iteration = 0;
 };
 
 int run_export(const ExportArgs& a) {
@@ -28,6 +30,8 @@ int run_export(const ExportArgs& a) {
   o.pp = a.pp;
   o.layers_per_stage = a.pp_layers;
   o.vocab_divisor = a.vocab_divisor;
+  o.format = a.format == "torch" ? MegatronFileFormat::kTorch : MegatronFileFormat::kSafetensors;
+  o.iteration = a.iteration;
   o.norms = a.local_norms ? MegatronNormNames::kLocal : MegatronNormNames::kTransformerEngine;
   if (!a.dtype.empty()) {
     auto dt = dtype_from_name(a.dtype, /*cli_aliases=*/true);
@@ -59,6 +63,14 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("--dtype", a->dtype, "Output dtype (bf16, fp16, fp32); default: the source's");
   sub.add_flag("--local-norms", a->local_norms,
                "Local-spec norm names (input_layernorm / pre_mlp_layernorm) instead of Transformer Engine's");
+  sub.add_option("--format", a->format,
+                 "safetensors (default): DST/mp_rank_*/model.safetensors + megatron_args.json, which ckpt reads back; "
+                 "torch: Megatron-LM's own legacy layout, DST/latest_checkpointed_iteration.txt + "
+                 "DST/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt (torch.save files with args, "
+                 "checkpoint_version 3.0, iteration, model) that Megatron-LM loads with --load DST")
+      ->check(CLI::IsMember({"safetensors", "torch"}));
+  sub.add_option("--iteration", a->iteration, "--format torch: the iteration the checkpoint is saved as (default 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{9999999}));
   return [a] { return run_export(*a); };
 }
 

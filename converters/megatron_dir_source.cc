@@ -1,231 +1,36 @@
 #include "converters/megatron_dir_source.h"
 
 #include <filesystem>
-#include <map>
 #include <system_error>
-#include <vector>
 
-#include "converters/llama_sharding.h"
+#include "converters/megatron_rank_source.h"
 #include "converters/megatron_segments.h"
-#include "formats/safetensors/st_reader.h"
 #include "formats/json_read.h"
+#include "formats/safetensors/st_reader.h"
 
 namespace ckpt {
-
-namespace {
-
-
-Status bad_args(const std::string& file, const std::string& msg) {
-  return Status::Error("BadMegatronArgs", "'" + file + "': " + msg).with_file(file);
-}
-
-Result<int64_t> args_int(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi) {
-  if (!j.contains(key) || !j.at(key).is_number_integer())
-    return bad_args(file, std::string("key '") + key + "' must be an integer");
-  const int64_t v = j.at(key).get<int64_t>();
-  if (v < lo || v > hi)
-    return bad_args(file, std::string("key '") + key + "' = " + std::to_string(v) + " outside " + std::to_string(lo) +
-                              ".." + std::to_string(hi));
-  return v;
-}
-
-// What megatron_args.json says: the model config (biases not yet known: they are read off the
-// rank files) and the layout.
-struct MegatronArgs {
-  nlohmann::json json;
-  LlamaConfig config;
-  Layout layout;
-};
-
-// The config fields of the args, and the parallel sizes (tp, pp, vocab divisor).
-Status read_args_config(const nlohmann::json& j, const std::string& args_file, LlamaConfig& c, int64_t& tp,
-                        int64_t& pp, int64_t& divisor) {
-  constexpr int64_t kBig = int64_t{1} << 40;
-  CKPT_ASSIGN_OR_RETURN(tp, args_int(j, args_file, "tensor_model_parallel_size", 1, 1 << 16));
-  CKPT_ASSIGN_OR_RETURN(pp, args_int(j, args_file, "pipeline_model_parallel_size", 1, 1 << 16));
-  CKPT_ASSIGN_OR_RETURN(c.num_hidden_layers, args_int(j, args_file, "num_layers", 1, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(c.hidden_size, args_int(j, args_file, "hidden_size", 1, kBig));
-  CKPT_ASSIGN_OR_RETURN(c.intermediate_size, args_int(j, args_file, "ffn_hidden_size", 1, kBig));
-  CKPT_ASSIGN_OR_RETURN(c.num_attention_heads, args_int(j, args_file, "num_attention_heads", 1, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(c.num_key_value_heads, args_int(j, args_file, "num_query_groups", 1, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(c.head_dim, args_int(j, args_file, "kv_channels", 1, 1 << 20));
-  CKPT_ASSIGN_OR_RETURN(c.vocab_size, args_int(j, args_file, "vocab_size", 1, kBig));
-  CKPT_ASSIGN_OR_RETURN(divisor, args_int(j, args_file, "make_vocab_size_divisible_by", 1, 1 << 20));
-  if (!j.contains("untie_embeddings_and_output_weights") || !j["untie_embeddings_and_output_weights"].is_boolean())
-    return bad_args(args_file, "key 'untie_embeddings_and_output_weights' must be a boolean");
-  c.tie_word_embeddings = !j["untie_embeddings_and_output_weights"].get<bool>();
-  if (j.contains("swiglu") && j["swiglu"] != true) return Status::Unsupported("'" + args_file + "': swiglu is false");
-  if (j.contains("norm_epsilon") && j["norm_epsilon"].is_number()) c.rms_norm_eps = j["norm_epsilon"].get<double>();
-  if (j.contains("rotary_base") && j["rotary_base"].is_number()) c.rope_theta = j["rotary_base"].get<double>();
-  if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
-    c.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
-  return Status::Ok();
-}
-
-Result<MegatronArgs> read_megatron_args(const std::string& args_file) {
-  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(args_file, kMegatronArgsJsonLimits, "megatron_args.json"));
-  if (!j.is_object()) return bad_args(args_file, "not a JSON object");
-  MegatronArgs a;
-  int64_t tp = 0, pp = 0, divisor = 0;
-  CKPT_RETURN_IF_ERROR(read_args_config(j, args_file, a.config, tp, pp, divisor));
-  std::vector<int> per;
-  if (j.contains("layers_per_stage")) {
-    if (!j["layers_per_stage"].is_array() || j["layers_per_stage"].size() != static_cast<size_t>(pp))
-      return bad_args(args_file, "'layers_per_stage' must be an array of pp integers");
-    for (const auto& e : j["layers_per_stage"]) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > (1 << 20))
-        return bad_args(args_file, "'layers_per_stage' holds a bad entry " + e.dump());
-      per.push_back(static_cast<int>(e.get<int64_t>()));
-    }
-  }
-  auto lay = Layout::make(static_cast<int>(tp), static_cast<int>(pp), 1, 0,
-                          static_cast<int>(a.config.num_hidden_layers), per);
-  if (!lay.ok()) return lay.take_status().with_file(args_file);
-  a.layout = std::move(lay).value();
-  a.layout.vocab_divisor = divisor;
-  a.json = std::move(j);
-  return a;
-}
-
-class MegatronDirSource final : public TensorSource {
- public:
-  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
-  const std::vector<Piece>& pieces() const override { return pieces_; }
-  const nlohmann::json& metadata() const override { return meta_; }
-  std::string describe() const override { return dir_; }
-
-  Status read(size_t piece, const Box& sub, void* dst) override {
-    if (piece >= pieces_.size()) return Status::Internal("Megatron piece " + std::to_string(piece) + " out of range");
-    const Box& seg = pieces_[piece].region.box;
-    if (!seg.contains(sub) || sub.ndim() != seg.ndim())
-      return Status::Internal("read of " + sub.to_string() + " outside Megatron segment " + seg.to_string());
-    const Map& m = map_[piece];
-    Box inner = sub;
-    for (size_t d = 0; d < sub.ndim(); ++d) inner.offset[d] = sub.offset[d] - seg.offset[d] + (d == 0 ? m.row_off : 0);
-    return files_[m.file]->read(m.inner, inner, dst);
-  }
-
-  static Result<std::unique_ptr<TensorSource>> open(const std::string& dir_in) {
-    auto src = std::unique_ptr<MegatronDirSource>(new MegatronDirSource());
-    std::string dir = dir_in;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    src->dir_ = dir;
-    const std::string args_file = dir + "/megatron_args.json";
-    CKPT_ASSIGN_OR_RETURN(MegatronArgs a, read_megatron_args(args_file));
-    LlamaConfig& c = a.config;
-    const Layout& layout = a.layout;
-    CKPT_RETURN_IF_ERROR(src->open_files(layout));
-    // Biases and norm naming are read off rank (0, 0)'s tensor names.
-    auto has = [&](const std::string& n) {
-      for (const auto& t : src->files_[0]->tensors())
-        if (t.name == n) return true;
-      return false;
-    };
-    c.attention_bias = has("decoder.layers.0.self_attention.linear_qkv.bias");
-    c.mlp_bias = has("decoder.layers.0.mlp.linear_fc1.bias");
-    const MegatronNormNames norms = has("decoder.layers.0.input_layernorm.weight") ? MegatronNormNames::kLocal
-                                                                                    : MegatronNormNames::kTransformerEngine;
-    // Validate the config the usual way (H divisible by K, even head_dim, ...).
-    auto cv = LlamaConfig::from_json(c.to_json());
-    if (!cv.ok()) return cv.take_status().with_file(args_file);
-    c = std::move(cv).value();
-    CKPT_RETURN_IF_ERROR(layout.as_symmetric("a Megatron-layout directory").status());
-    CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(layout));
-    std::map<std::string, DType> dtype_of;
-    for (int p = 0; p < layout.pp; ++p)
-      for (int r = 0; r < layout.tp; ++r) CKPT_RETURN_IF_ERROR(src->add_rank(c, layout, r, p, norms, dtype_of));
-    for (TensorMeta t : llama_model_tensors(c, DType::kF32)) {
-      auto it = dtype_of.find(t.name);
-      if (it == dtype_of.end()) return Status::Internal("Megatron layout never holds '" + t.name + "'");
-      t.dtype = it->second;
-      src->tensors_.push_back(std::move(t));
-    }
-    if (!src->tensors_.empty()) c.dtype = src->tensors_.front().dtype;
-    src->meta_ = {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"megatron_args", a.json}};
-    return std::unique_ptr<TensorSource>(std::move(src));
-  }
-
- private:
-  struct Map {
-    size_t file;       // index into files_
-    size_t inner;      // piece index of the Megatron tensor in that file
-    int64_t row_off;   // first row of the segment inside the Megatron tensor
-  };
-
-  MegatronDirSource() = default;
-
-  // The rank files, index pp_rank * tp + tp_rank.
-  Status open_files(const Layout& layout) {
-    for (int p = 0; p < layout.pp; ++p)
-      for (int r = 0; r < layout.tp; ++r) {
-        const std::string f = dir_ + "/" + megatron_rank_dir(layout, r, p) + "/model.safetensors";
-        auto sf = safetensors::SafetensorsFile::open(f);
-        if (!sf.ok()) return sf.take_status().with_file(f).with_context("Megatron rank file");
-        files_.push_back(std::move(sf).value());
-        names_.push_back(f);
-      }
-    return Status::Ok();
-  }
-
-  // Checks rank (r, p)'s file against the segment map and adds a piece per segment.
-  Status add_rank(const LlamaConfig& c, const Layout& layout, int r, int p, MegatronNormNames norms,
-                  std::map<std::string, DType>& dtype_of) {
-    const size_t fi = static_cast<size_t>(p) * layout.tp + r;
-    const TensorSource& f = *files_[fi];
-    const std::string& name = names_[fi];
-    std::map<std::string, size_t> in_file;
-    for (size_t k = 0; k < f.tensors().size(); ++k) in_file[f.tensors()[k].name] = k;
-    CKPT_ASSIGN_OR_RETURN(auto expected, megatron_rank_tensors(c, layout, r, p, norms));
-    for (const MegatronTensor& t : expected) {
-      auto it = in_file.find(t.name);
-      if (it == in_file.end())
-        return Status::Error("MissingTensor", "'" + name + "' has no tensor '" + t.name + "'")
-            .with_file(name);
-      const TensorMeta& got = f.tensors()[it->second];
-      if (got.shape != t.shape)
-        return Status::Error("ShapeMismatch", "'" + name + "': tensor '" + t.name + "' has shape " +
-                                                       shape_to_string(got.shape) + ", the args imply " +
-                                                       shape_to_string(t.shape))
-            .with_file(name);
-      // The file's piece of this tensor (one whole piece per tensor).
-      size_t inner = f.pieces().size();
-      for (size_t k = 0; k < f.pieces().size(); ++k)
-        if (f.pieces()[k].tensor == t.name) inner = k;
-      if (inner == f.pieces().size()) return Status::Internal("no piece for '" + t.name + "' in " + name);
-      int64_t row = 0;
-      for (const MegatronSegment& sg : t.segments) {
-        if (!sg.tensor.empty()) {
-          auto [dt, fresh] = dtype_of.emplace(sg.tensor, got.dtype);
-          if (!fresh && dt->second != got.dtype)
-            return Status::Error("DTypeMismatch", "'" + name + "': tensor '" + t.name + "' is " +
-                                                           std::string(dtype_name(got.dtype)) + ", another rank holds '" +
-                                                           sg.tensor + "' as " + std::string(dtype_name(dt->second)))
-                .with_file(name);
-          pieces_.push_back({sg.tensor, Region{sg.box}, got.dtype});
-          map_.push_back({fi, inner, row});
-        }
-        row += sg.rows();
-      }
-    }
-    return Status::Ok();
-  }
-
-  std::string dir_;
-  std::vector<std::unique_ptr<safetensors::SafetensorsFile>> files_;
-  std::vector<std::string> names_;  // path of each file, for messages
-  std::vector<TensorMeta> tensors_;
-  std::vector<Piece> pieces_;
-  std::vector<Map> map_;
-  nlohmann::json meta_;
-};
-
-}  // namespace
 
 bool is_megatron_dir(const std::string& dir) {
   std::error_code ec;
   return std::filesystem::is_directory(dir, ec) && std::filesystem::is_regular_file(dir + "/megatron_args.json", ec);
 }
 
-Result<std::unique_ptr<TensorSource>> open_megatron_dir(const std::string& dir) { return MegatronDirSource::open(dir); }
+Result<std::unique_ptr<TensorSource>> open_megatron_dir(const std::string& dir_in) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string args_file = dir + "/megatron_args.json";
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(args_file, kMegatronArgsJsonLimits, "megatron_args.json"));
+  CKPT_ASSIGN_OR_RETURN(MegatronArgs a, megatron_args_from_json(std::move(j), args_file));
+  MegatronRankFiles ranks;
+  for (int p = 0; p < a.layout.pp; ++p)
+    for (int r = 0; r < a.layout.tp; ++r) {
+      const std::string f = dir + "/" + megatron_rank_dir(a.layout, r, p) + "/model.safetensors";
+      auto sf = safetensors::SafetensorsFile::open(f);
+      if (!sf.ok()) return sf.take_status().with_file(f).with_context("Megatron rank file");
+      ranks.files.push_back(std::move(sf).value());
+      ranks.paths.push_back(f);
+    }
+  return open_megatron_ranks(dir, std::move(a), std::move(ranks));
+}
 
 }  // namespace ckpt

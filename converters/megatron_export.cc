@@ -6,6 +6,7 @@
 
 #include "converters/llama_sharding.h"
 #include "converters/megatron_sink.h"
+#include "converters/megatron_torch_export.h"
 #include "reshard/executor.h"
 
 namespace ckpt {
@@ -103,12 +104,18 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   std::vector<TensorMeta> tensors;
   for (const auto& [name, m] : plan.canonical) tensors.push_back(m);
   auto dtypes = output_dtypes(plan, opts.dtype);
-  MegatronSink sink(dst, plan.layout, std::move(plan.ranks), std::move(dtypes),
-                    megatron_args(plan.config, plan.layout).dump(2) + "\n");
+  const bool torch = opts.format == MegatronFileFormat::kTorch;
+  const std::string out = torch ? dst + ".staging" : dst;
+  if (torch) std::filesystem::remove_all(out, ec);
+  const nlohmann::json args = megatron_args(plan.config, plan.layout);
+  MegatronSink sink(out, plan.layout, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
-  return execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
+  Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration);
+  if (torch) std::filesystem::remove_all(out, ec);
+  return s;
 }
 
 }  // namespace ckpt

@@ -15,7 +15,14 @@
 
 namespace ckpt {
 
+enum class MegatronFileFormat {
+  kSafetensors,  // mp_rank_XX[_YYY]/model.safetensors + megatron_args.json (ckpt's own)
+  kTorch,        // Megatron-LM's legacy latest_checkpointed_iteration.txt + iter_N/mp_rank_*/model_optim_rng.pt
+};
+
 struct MegatronExportOptions {
+  MegatronFileFormat format = MegatronFileFormat::kSafetensors;
+  int64_t iteration = 0;  // kTorch: the iteration the files are saved as
   int tp = 1, pp = 1;
   std::vector<int> layers_per_stage;  // empty: even split, earlier stages take the remainder
   int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
@@ -26,7 +33,9 @@ struct MegatronExportOptions {
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
-// Writes `dst`/mp_rank_XX[_YYY]/model.safetensors for every rank plus `dst`/megatron_args.json,
+// Writes `dst`/mp_rank_XX[_YYY]/model.safetensors for every rank plus `dst`/megatron_args.json
+// (kTorch: the legacy torch layout of converters/megatron_torch_export.h, staged through those
+// files in `dst`.staging, removed afterwards),
 // from the model tensors of `src` (global view; config from metadata "model_config"). Output goes
 // to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. Optimizer state is not
 // exported. Every needed tensor is checked (present, shape) before anything is written.

@@ -1,0 +1,27 @@
+// The LEGACY Megatron-LM layout written from a staged per-rank safetensors directory (what
+// MegatronSink writes): for every rank, mp_rank_TT[_PPP]/model.safetensors becomes
+//   <dst>/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt
+// a torch.save file (formats/torch/torch_file_writer.h) of
+//   {'args': argparse.Namespace(<megatron_args>, params_dtype=torch.<dtype>, bf16, fp16),
+//    'checkpoint_version': 3.0, 'iteration': N,
+//    'model': OrderedDict(<mcore name>: tensor, <linear module>._extra_state: None, ...)}
+// as megatron/training/checkpointing.py saves it (the _extra_state entries are what megatron-core's
+// linear layers put in their state dicts), plus <dst>/latest_checkpointed_iteration.txt. Tensor
+// bytes are copied from the staged files (write_from_file), never held in memory.
+// Output goes to <dst>.partial, renamed to <dst> when complete. Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/status.h"
+#include "reshard/layout.h"
+
+namespace ckpt {
+
+Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
+                                   const nlohmann::json& args, int64_t iteration);
+
+}  // namespace ckpt
