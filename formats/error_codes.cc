@@ -115,6 +115,11 @@ constexpr ErrorCodeEntry kTable[] = {
     {"NotTrainerCheckpoint", kCorrupt},
     // Trainer gradient sums over replicas (trainer/replica_sum.h).
     {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
+    // PyTorch files written by ckpt (issue 13, write side: formats/torch/pickler, torch_file_writer,
+    // dcp_writer).
+    {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
+    {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
+    {"DcpWriteInvalid", kArg},      // DCP pieces that are not boxes, or in another dtype than the tensor
 };
 
 }  // namespace

@@ -20,7 +20,8 @@ namespace ckpt::torch {
 
 enum class PyType : uint8_t {
   kNone, kBool, kInt, kFloat, kStr, kBytes,
-  kList, kTuple, kDict,  // OrderedDict is a kDict; torch.Size is a kTuple
+  kList, kTuple, kDict,  // OrderedDict is a kDict with cls "collections.OrderedDict" (a plain dict
+                         // may leave cls empty); torch.Size is a kTuple
   kStorage,              // a persistent id ('storage', <torch.XStorage>, key, location, numel)
   kTensor,               // torch._utils._rebuild_tensor_v2 / _rebuild_parameter over a storage
   kRecord,               // any other allow-listed global: torch dtypes, argparse.Namespace, DCP
@@ -59,9 +60,11 @@ struct PyObj {
   // "torch.distributed.checkpoint.metadata.ChunkStorageMetadata"); `args` the tuple it was called
   // or NEWOBJ'd with (nullptr for a bare global such as a dtype); `state` what BUILD gave
   // (usually a kDict of attributes; nullptr when none).
+  // kDict: "collections.OrderedDict" for an OrderedDict, "" for a plain dict.
   std::string cls;
   const PyObj* args = nullptr;
   const PyObj* state = nullptr;
+  bool newobj = false;    // kRecord: built by NEWOBJ (cls.__new__(cls, *args)) rather than REDUCE
 
   bool is(PyType t) const { return type == t; }
   bool is_record(std::string_view c) const { return type == PyType::kRecord && cls == c; }

@@ -1,0 +1,144 @@
+"""`ckpt export-dcp` against torch's own DCP loader: a random LLaMA saved by transformers
+(save_pretrained, safetensors) -> `ckpt from-hf` (single rank, and laid out tp=2 pp=2 dp=1) ->
+`ckpt export-dcp` -> torch.distributed.checkpoint.load (single process, no process group) into
+the transformers model's state_dict: every tensor equal to the original, and the model's logits
+equal; straight from the HF directory too, with --dtype bf16 equal to torch's own cast. Non-LLaMA
+sources (a plain .safetensors of assorted dtypes) keep their names and dtypes. A failed export (a
+read-only destination, a corrupt source, an existing destination) leaves no DST and no
+DST.partial."""
+import json
+import os
+import pathlib
+import stat
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def _config():
+    cfg = json.loads((ROOT / "fixtures" / "tiny_llama.json").read_text())
+    cfg.update(hidden_size=32, intermediate_size=48, vocab_size=97, head_dim=8, num_hidden_layers=4)
+    return LlamaConfig(**cfg)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    m = LlamaForCausalLM(_config()).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.05)
+    return m
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf") / "model"
+    _model().save_pretrained(d)
+    return d
+
+
+def _reference(hf: pathlib.Path):
+    return load_file(hf / "model.safetensors")
+
+
+def _dcp_load_into_model(out: pathlib.Path, dtype=torch.float32):
+    m = LlamaForCausalLM(_config()).to(dtype).eval()
+    sd = m.state_dict()
+    with torch.no_grad():
+        for v in sd.values():
+            v.fill_(float("nan") if v.is_floating_point() else 0)
+    dcp.load(sd, checkpoint_id=str(out))
+    return m, sd
+
+
+def _logits(model):
+    ids = torch.tensor([[1, 5, 9, 33, 77, 96, 2, 64]])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("layout", [[], ["--tp", "2", "--pp", "2", "--dp", "1"]])
+def test_native_to_dcp_loads_in_torch(run_ckpt, hf_dir, tmp_path, layout):
+    nat, out = tmp_path / "native", tmp_path / "dcp"
+    run_ckpt("from-hf", hf_dir, nat, *layout, "--no-fsync")
+    p = run_ckpt("export-dcp", nat, out, "--files", "3", "--json", "--max-memory", "1M")
+    summary = json.loads(p.stdout)
+    ref = _reference(hf_dir)
+    assert summary["tensors"] == len(ref) and summary["files"] == 3
+    assert sorted(f.name for f in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    m, sd = _dcp_load_into_model(out)
+    assert set(sd) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(sd[k], v), k
+    original = LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    assert torch.equal(_logits(m), _logits(original))
+
+
+def test_hf_dir_to_dcp_with_cast(run_ckpt, hf_dir, tmp_path):
+    out = tmp_path / "dcp_bf16"
+    run_ckpt("export-dcp", hf_dir, out, "--dtype", "bf16")
+    _, sd = _dcp_load_into_model(out, torch.bfloat16)
+    md = dcp.FileSystemReader(str(out)).read_metadata()
+    for k, v in _reference(hf_dir).items():
+        assert md.state_dict_metadata[k].properties.dtype == torch.bfloat16
+        assert torch.equal(sd[k], v.to(torch.bfloat16)), k
+
+
+def test_plain_safetensors_keeps_names_and_dtypes(run_ckpt, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    tensors = {
+        "a.weight": torch.randn(5, 7, generator=g),
+        "b.half": torch.randn(3, 2, generator=g).half(),
+        "c.ids": torch.randint(-1000, 1000, (11,), generator=g),
+        "d.mask": torch.rand(4, 4, generator=g) > 0.5,
+        "e.scalar": torch.tensor(3.5, dtype=torch.float64),
+    }
+    src, out = tmp_path / "x.safetensors", tmp_path / "dcp"
+    save_file(tensors, src)
+    run_ckpt("export-dcp", src, out)
+    sd = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    dcp.load(sd, checkpoint_id=str(out))
+    for k, v in tensors.items():
+        assert sd[k].dtype == v.dtype and torch.equal(sd[k], v), k
+
+
+def _nothing_at(out: pathlib.Path):
+    return not out.exists() and not pathlib.Path(str(out) + ".partial").exists()
+
+
+def test_failed_exports_leave_nothing(run_ckpt, hf_dir, tmp_path):
+    # A corrupt source: a truncated safetensors file.
+    bad = tmp_path / "bad.safetensors"
+    data = (hf_dir / "model.safetensors").read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out1"
+    p = run_ckpt("export-dcp", bad, out, check=False)
+    assert p.returncode == 3 and _nothing_at(out), p.stderr
+    # A destination that cannot be written: a read-only directory (root ignores its mode: then a
+    # destination whose parent is a regular file).
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        dst = ro / "out"
+        if os.access(ro, os.W_OK):
+            (tmp_path / "plainfile").write_text("x")
+            dst = tmp_path / "plainfile" / "out"
+        p = run_ckpt("export-dcp", hf_dir, dst, check=False)
+        assert p.returncode in (2, 4) and "ckpt:" in p.stderr and _nothing_at(dst), p.stderr
+    finally:
+        ro.chmod(stat.S_IRWXU)
+    # An existing non-empty destination is refused and kept as it was.
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep").write_text("x")
+    p = run_ckpt("export-dcp", hf_dir, existing, check=False)
+    assert p.returncode == 2 and (existing / "keep").read_text() == "x", p.stderr
+    assert not pathlib.Path(str(existing) + ".partial").exists()
