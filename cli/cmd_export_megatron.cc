@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "converters/megatron_dist_export.h"
 #include "converters/megatron_export.h"
 #include "formats/open_source.h"
 
@@ -20,6 +21,7 @@ struct ExportArgs {
   int64_t vocab_divisor = 128;
   std::string dtype;
   bool local_norms = false;
+  std::string format = "safetensors";
 };
 
 int run_export(const ExportArgs& a) {
@@ -38,10 +40,10 @@ int run_export(const ExportArgs& a) {
   if (!src.ok()) return report_error(src.status());
   ProgressBar bar("export-megatron", stderr_is_tty());
   o.progress = bar.callback();
-  Status s = export_megatron(**src, a.dst, o);
+  Status s = a.format == "torch_dist" ? export_megatron_dist(**src, a.dst, o) : export_megatron(**src, a.dst, o);
   bar.finish();
   if (!s.ok()) return report_error(s);
-  std::printf("wrote %s (tp=%d pp=%d)\n", a.dst.c_str(), a.tp, a.pp);
+  std::printf("wrote %s (%s, tp=%d pp=%d)\n", a.dst.c_str(), a.format.c_str(), a.tp, a.pp);
   return 0;
 }
 
@@ -59,6 +61,9 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("--dtype", a->dtype, "Output dtype (bf16, fp16, fp32); default: the source's");
   sub.add_flag("--local-norms", a->local_norms,
                "Local-spec norm names (input_layernorm / pre_mlp_layernorm) instead of Transformer Engine's");
+  sub.add_option("--format", a->format,
+                 "Output format: safetensors (per-rank dirs, default) or torch_dist (Megatron-Core dist_checkpointing dir)")
+      ->check(CLI::IsMember({"safetensors", "torch_dist"}));
   return [a] { return run_export(*a); };
 }
 

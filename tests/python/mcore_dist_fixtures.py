@@ -28,8 +28,8 @@ after the optimizer steps), and for the export test the ShardedTensor keys/shape
 
 CLI (what the tests run once per fixture, cached under $CKPT_BINARY_DIR/fixtures/mcore_dist/<name>
 with a file lock):  torchrun --nproc-per-node N mcore_dist_fixtures.py --out DIR --tp T --pp P
-Load check (used on ckpt's export): ... --load DIR --dump OUT.npz: dist_checkpointing.load into a
-fresh GPTModel of that layout, every rank's local tensors written to OUT.<rank>.npz.
+Load check (used on ckpt's export): ... --load DIR --dump OUTDIR: dist_checkpointing.load into a
+fresh GPTModel of that layout, every rank's model.state_dict() written to OUTDIR/<mp_rank_..>.npz.
 """
 import argparse
 import contextlib
@@ -217,24 +217,24 @@ def generate(out, tp, pp):
 
 
 def load_and_dump(ckpt_dir, dump, tp, pp):
-    """dist_checkpointing.load of `ckpt_dir` into a fresh GPTModel (another seed) of this layout;
-    every rank's local model tensors (and the optimizer moments when present) to dump.<rank>.npz,
-    keyed '<sharded key>|<global offsets>'."""
+    """dist_checkpointing.load of `ckpt_dir` into a fresh GPTModel (another seed) of this layout
+    (pp > 1: the uneven 2 + 4 split), then model.load_state_dict: every rank's model.state_dict()
+    tensors (no _extra_state) to <dump>/<mp_rank_TT[_PPP]>.npz."""
     import numpy as np
+    import torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core import dist_checkpointing, parallel_state
     _init_dist()
     model = _build(tp, pp, seed=999)
-    sd = model.sharded_state_dict()
-    loaded = dist_checkpointing.load(sd, str(ckpt_dir))
-    model.load_state_dict(loaded, strict=False)
-    arrays = {}
-    for t in nested_values(model.sharded_state_dict()):
-        if isinstance(t, ShardedTensor) and not t.key.endswith("_extra_state"):
-            arrays[f"{t.key}|{','.join(map(str, t.global_offset))}"] = t.data.detach().float().numpy()
-    np.savez(f"{dump}.{dist.get_rank()}.npz", **arrays)
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))  # as Megatron-LM
+    model.load_state_dict(loaded["model"])
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    name = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()
+              if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+    pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
+    np.savez(pathlib.Path(dump) / f"{name}.npz", **arrays)
     dist.barrier()
     dist.destroy_process_group()
 
