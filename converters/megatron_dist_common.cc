@@ -14,11 +14,10 @@ namespace dist_common_detail {
 
 namespace fs = std::filesystem;
 
+// By file names only (detection is cheap); read_megatron_dist_common checks the backend.
 bool is_dist_iter_dir(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_regular_file(dir + "/metadata.json", ec) || !fs::is_regular_file(dir + "/.metadata", ec)) return false;
-  auto j = read_json_file(dir + "/metadata.json", kStatusJsonLimits, "metadata.json");
-  return j.ok() && j->is_object() && j->contains("sharded_backend") && (*j)["sharded_backend"] == "torch_dist";
+  return fs::is_regular_file(dir + "/metadata.json", ec) && fs::is_regular_file(dir + "/.metadata", ec);
 }
 
 Status bad_common(const std::string& file, const std::string& msg) {
@@ -84,6 +83,13 @@ std::optional<std::string> find_megatron_dist_dir(const std::string& path) {
 Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir) {
   using namespace dist_common_detail;
   MegatronDistCommon out;
+  const std::string mdfile = dir + "/metadata.json";
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json md, read_json_file(mdfile, kStatusJsonLimits, "metadata.json"));
+  if (!md.is_object() || !md.contains("sharded_backend") || md["sharded_backend"] != "torch_dist")
+    return Status::Unsupported("'" + mdfile + "': sharded_backend is " +
+                               (md.is_object() && md.contains("sharded_backend") ? md["sharded_backend"].dump() : "absent") +
+                               ", ckpt reads torch_dist (zarr and fsdp_dtensor are not supported)")
+        .with_file(mdfile);
   const std::string file = dir + "/common.pt";
   std::error_code ec;
   if (!fs::exists(file, ec)) return out;

@@ -17,7 +17,8 @@
 
 namespace ckpt {
 
-// The torch_dist iteration dir `path` is or points to; nullopt when it is neither.
+// The torch_dist iteration dir `path` is or points to (by file names: metadata.json and
+// .metadata); nullopt when it is neither.
 std::optional<std::string> find_megatron_dist_dir(const std::string& path);
 
 struct MegatronDistCommon {
@@ -26,7 +27,8 @@ struct MegatronDistCommon {
   std::optional<int64_t> optimizer_step;           // optimizer.state.common_step
 };
 
-// Reads `<dir>/common.pt` (absent: an empty result). Errors name the file and the entry.
+// Checks metadata.json (sharded_backend "torch_dist") and reads `<dir>/common.pt` (absent: an
+// empty result). Errors name the file and the entry.
 Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir);
 
 // The model config from the args (Megatron-LM names: num_layers, hidden_size, ffn_hidden_size,

@@ -108,6 +108,10 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   nlohmann::json args = megatron_args(cfg, layout);
   args["ckpt_format"] = "torch_dist";
   args["transformer_impl"] = "local";
+  if (layout.pp > 1) {  // Megatron-LM's names for an uneven split (first / last stage sizes)
+    args["decoder_first_pipeline_num_layers"] = args["layers_per_stage"].front();
+    args["decoder_last_pipeline_num_layers"] = args["layers_per_stage"].back();
+  }
   const int64_t iteration = source_iteration(meta);
   args["iteration"] = iteration;
   CKPT_ASSIGN_OR_RETURN(std::string common, common_pt(args, iteration));

@@ -120,6 +120,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
     {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
     {"DcpWriteInvalid", kArg},      // DCP pieces that are not boxes, or in another dtype than the tensor
+    // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
+    {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
 };
 
 }  // namespace
