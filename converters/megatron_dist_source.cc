@@ -1,5 +1,6 @@
 #include "converters/megatron_dist_source.h"
 
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 
@@ -103,6 +104,30 @@ Result<std::pair<int64_t, int64_t>> dist_shapes(const TensorSource& dcp, const s
   return std::make_pair(layers, padded);
 }
 
+// The saved layout (for inspect and reshard's settings): tp, pp from the args, the stage split
+// from Megatron-LM's decoder_first/last_pipeline_num_layers (else even, earlier stages taking the
+// remainder), the vocab divisor from make_vocab_size_divisible_by. Null when the args do not fit.
+nlohmann::json saved_layout(const nlohmann::json& args, int64_t layers) {
+  auto num = [&](const char* k, int64_t dflt) {
+    return args.contains(k) && args[k].is_number_integer() ? args[k].get<int64_t>() : dflt;
+  };
+  const int64_t tp = num("tensor_model_parallel_size", 1), pp = num("pipeline_model_parallel_size", 1);
+  if (tp < 1 || pp < 1 || pp > layers || tp > (1 << 16)) return nullptr;
+  std::vector<int> per;
+  const int64_t first = num("decoder_first_pipeline_num_layers", -1), last = num("decoder_last_pipeline_num_layers", -1);
+  if (pp > 1 && (first > 0 || last > 0)) {
+    int64_t rest = layers - std::max<int64_t>(first, 0) - std::max<int64_t>(last, 0);
+    const int64_t middle = pp - (first > 0) - (last > 0);
+    if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0)) return nullptr;
+    for (int64_t s = 0; s < pp; ++s)
+      per.push_back(static_cast<int>(s == 0 && first > 0 ? first : s == pp - 1 && last > 0 ? last : rest / middle));
+  }
+  auto l = Layout::make(static_cast<int>(tp), static_cast<int>(pp), 1, 0, static_cast<int>(layers), per);
+  if (!l.ok()) return nullptr;
+  l->vocab_divisor = num("make_vocab_size_divisible_by", 128);
+  return l->to_json();
+}
+
 Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string& path) {
   auto dir = find_megatron_dist_dir(path);
   if (!dir) return Status::NotFound("'" + path + "' is not a Megatron-Core torch_dist checkpoint (metadata.json)");
@@ -146,6 +171,7 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (common.iteration) mg["iteration"] = *common.iteration;
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
+  if (auto l = saved_layout(common.args, cfg.num_hidden_layers); !l.is_null()) src->meta_["layout"] = l;
   return std::unique_ptr<TensorSource>(std::move(src));
 }
 

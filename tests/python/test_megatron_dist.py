@@ -58,15 +58,19 @@ def test_to_hf_logits_equal_megatron_core(mcore_fixture, run_ckpt, tmp_path):
     assert rel <= 1e-5, rel
 
 
-def test_inspect_json_shows_config(run_ckpt):
+def test_inspect_json_shows_config_and_layout(run_ckpt):
     fx = mf.fixture("pp2")
     info = json.loads(run_ckpt("inspect", "--json", fx).stdout)
-    text = json.dumps(info)
-    cfg = info["metadata"]["model_config"] if "metadata" in info else info["model_config"]
-    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "tie_word_embeddings"):
-        assert cfg[k] == HF_CFG[k], (k, cfg[k])
-    assert "optimizer.exp_avg.model.layers.3.mlp.up_proj.weight" in text
+    assert "model_config" in info["metadata_keys"]
+    lay = info["layout"]
+    assert (lay["tp"], lay["pp"], lay["layers_per_stage"]) == (1, 2, [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS])
+    shapes = {t["name"]: t["shape"] for t in info["tensors"]}
+    hd = mf.HIDDEN // mf.HEADS
+    assert shapes["model.embed_tokens.weight"] == [mf.VOCAB, mf.HIDDEN]  # padding rows cut
+    assert shapes["model.layers.5.self_attn.k_proj.weight"] == [mf.GROUPS * hd, mf.HIDDEN]
+    assert shapes["model.layers.5.mlp.up_proj.weight"] == [mf.FFN, mf.HIDDEN]
+    assert shapes["optimizer.exp_avg.model.layers.3.mlp.up_proj.weight"] == [mf.FFN, mf.HIDDEN]
+    assert len(shapes) == 3 * (3 + 9 * mf.LAYERS)  # weights + 2 moments of each
 
 
 def _random_hf(tmp_path):
