@@ -1,5 +1,6 @@
-// ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..]: Megatron-LM per-rank
-// safetensors files (converters/megatron_export.h) from any checkpoint in global view.
+// ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..] [--format F]: Megatron-LM per-rank
+// safetensors or torch files (converters/megatron_export.h), or a Megatron-Core torch_dist
+// directory (converters/megatron_dist_export.h), from any checkpoint in global view.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "converters/megatron_dist_export.h"
 #include "converters/megatron_export.h"
 #include "converters/open_checkpoint.h"
 
@@ -42,10 +44,10 @@ int run_export(const ExportArgs& a) {
   if (!src.ok()) return report_error(src.status());
   ProgressBar bar("export-megatron", stderr_is_tty());
   o.progress = bar.callback();
-  Status s = export_megatron(**src, a.dst, o);
+  Status s = a.format == "torch_dist" ? export_megatron_dist(**src, a.dst, o) : export_megatron(**src, a.dst, o);
   bar.finish();
   if (!s.ok()) return report_error(s);
-  std::printf("wrote %s (tp=%d pp=%d)\n", a.dst.c_str(), a.tp, a.pp);
+  std::printf("wrote %s (%s, tp=%d pp=%d)\n", a.dst.c_str(), a.format.c_str(), a.tp, a.pp);
   return 0;
 }
 
@@ -67,8 +69,10 @@ CommandAction setup_export_megatron(CLI::App& sub) {
                  "safetensors (default): DST/mp_rank_*/model.safetensors + megatron_args.json, which ckpt reads back; "
                  "torch: Megatron-LM's own legacy layout, DST/latest_checkpointed_iteration.txt + "
                  "DST/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt (torch.save files with args, "
-                 "checkpoint_version 3.0, iteration, model) that Megatron-LM loads with --load DST")
-      ->check(CLI::IsMember({"safetensors", "torch"}));
+                 "checkpoint_version 3.0, iteration, model) that Megatron-LM loads with --load DST; "
+                 "torch_dist: a Megatron-Core dist_checkpointing directory (PyTorch DCP: __R_K.distcp, .metadata, "
+                 "common.pt, metadata.json) that megatron.core.dist_checkpointing.load accepts")
+      ->check(CLI::IsMember({"safetensors", "torch", "torch_dist"}));
   sub.add_option("--iteration", a->iteration, "--format torch: the iteration the checkpoint is saved as (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{9999999}));
   return [a] { return run_export(*a); };
@@ -76,6 +80,6 @@ CommandAction setup_export_megatron(CLI::App& sub) {
 
 }  // namespace
 
-CKPT_REGISTER_COMMAND("export-megatron", "Write Megatron-LM per-rank (TP/PP) safetensors from a checkpoint", setup_export_megatron);
+CKPT_REGISTER_COMMAND("export-megatron", "Write Megatron-LM checkpoints (per-rank safetensors or torch files, or Megatron-Core torch_dist) from a checkpoint", setup_export_megatron);
 
 }  // namespace ckpt::cli

@@ -134,6 +134,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DcpItemMismatch", kCorrupt},      // an embedded torch.save item's tensor differs from its chunk
     {"DcpTransform", kUnsup},           // items stored through transforms (zstandard, ...)
     {"DcpTooLarge", kCorrupt},          // counts or sizes beyond ckpt's bounds
+    // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
+    {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
 };
 
 }  // namespace

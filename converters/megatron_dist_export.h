@@ -1,0 +1,26 @@
+// export-megatron --format torch_dist: a checkpoint's model weights (any source in global view)
+// as a Megatron-Core torch_dist checkpoint directory, the one megatron.core.dist_checkpointing.
+// load(model.sharded_state_dict(), dir) reads for a GPTModel of that layout:
+//   <dst>/__<rank>_0.distcp, .metadata   through the DCP writer (formats/torch/dcp_writer.h): the
+//        sharded keys and chunking megatron-core itself writes (converters/megatron_dist_map.h),
+//        each chunk in the file of the rank that owns it (pp_rank * tp + tp_rank);
+//        <module>._extra_state/shard_<layer>_<layers> bytes items (torch.save([None]), what the
+//        local spec's linear layers save) for linear_qkv, linear_proj, linear_fc1, linear_fc2;
+//   <dst>/common.pt      torch.save({'args': argparse.Namespace(megatron_args), 'checkpoint_version':
+//        3.0, 'iteration': N})
+//   <dst>/metadata.json  {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+//        "common_backend": "torch", "common_backend_version": 1}
+// Written as <dst>.partial and renamed when complete; `dst` must not exist. Optimizer state is
+// not exported. Vocab padding rows are zeros.
+// Thread safety: reentrant.
+#pragma once
+
+#include <string>
+
+#include "converters/megatron_export.h"
+
+namespace ckpt {
+
+Status export_megatron_dist(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
+
+}  // namespace ckpt
