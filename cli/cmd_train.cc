@@ -52,6 +52,11 @@ CommandAction setup_train(CLI::App& sub) {
                  "the run stops before training naming the rank; at the end, estimate vs peak RSS per rank is printed "
                  "(with --out, always written to RUN_DIR/memory.json)")
       ->type_name("FILE");
+  sub.add_flag("--emulate", f->o.emulate,
+               "Emulate the --cluster file's device types on this machine: after each compute section (forward or "
+               "backward of a micro-batch, optimizer update) a rank sleeps t x (fastest type's speed / its type's "
+               "speed - 1), speed = peak_flops x efficiency; memory is capped by the cluster check; every log line, "
+               "train_log.jsonl record (\"emulated\", \"rank_compute_s\") and the start line say the run is emulated");
   sub.add_option("--micro-batches", f->micro_batches,
                  "Per data-parallel rank (pipeline) micro-batch sizes a,b,.. (heterogeneous DP); default: the layout file's, else --micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,

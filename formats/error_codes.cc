@@ -136,6 +136,9 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DcpTooLarge", kCorrupt},          // counts or sizes beyond ckpt's bounds
     // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
     {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
+    // Calibration and emulation of device types (issue 16: trainer/plan/calibrate.h, trainer/emulate.h).
+    {"CalibrationFailed", ErrorKind::kIo},  // the MPI measurement (mpirun -np 2) did not run or report
+    {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed
 };
 
 }  // namespace

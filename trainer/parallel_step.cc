@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "trainer/emulate.h"
 #include "trainer/pipeline_schedule.h"
 
 namespace ckpt::trainer {
@@ -16,6 +17,7 @@ double step_clock_s() {
 
 struct StepClock {
   double compute = 0, comm = 0, idle = 0;
+  double stretch = 1;  // --emulate: compute sections are followed by a sleep of t x (stretch - 1)
 };
 
 // Adds the seconds since `t0` to `acc` and returns now.
@@ -104,20 +106,23 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
     } else {
       CKPT_RETURN_IF_ERROR(model.stage_backward(slot, dx_out.data(), dx_in.data()));
     }
-    t = clock_lap(t, &clock->compute);
+    const double t_end = step_clock_s();
     const double tp_comm = Comm::seconds_waiting() - waited0;
-    clock->compute -= tp_comm;
+    const double own = t_end - t - tp_comm;
+    clock->compute += own + emulate_sleep(own, clock->stretch);
     clock->comm += tp_comm;
+    t = step_clock_s();
   }
   return loss;
 }
 
 template <class T>
 Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const TokenStream& data, TrainerState* state,
-                            const Layout& layout, LayoutGroups& g, const GradDump<T>& dump) {
+                            const Layout& layout, LayoutGroups& g, const GradDump<T>& dump, double stretch) {
   const double t0 = step_clock_s();
   CKPT_ASSIGN_OR_RETURN(DpShare sh, dp_share(layout, *state, g.dp_rank));
   StepClock clock;
+  clock.stretch = stretch;
   model.zero_grad();
   CKPT_ASSIGN_OR_RETURN(double loss_sum, run_pipeline(model, data, *state, sh, layout, g, &clock));
   double t = step_clock_s();
@@ -138,16 +143,24 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   if (state->max_grad_norm > 0) opt.scale_grads(BasicAdamW<T>::clip_coef(st.grad_norm, state->max_grad_norm));
   st.lr = state->schedule.at(state->step);
   opt.update(st.lr, state->step + 1);
-  t = clock_lap(t, &clock.compute);
+  const double update_s = step_clock_s() - t;
+  clock.compute += update_s + emulate_sleep(update_s, clock.stretch);
+  t = step_clock_s();
   CKPT_RETURN_IF_ERROR(opt.gather_params(g.dp));
   clock_lap(t, &clock.comm);
-  double times[3] = {clock.compute, clock.comm, clock.idle};
-  CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times, 3));
+  // The maxima over ranks, then every rank's compute seconds (its own slot, zero elsewhere).
+  std::vector<double> times(static_cast<size_t>(3 + g.world.size()), 0.0);
+  times[0] = clock.compute;
+  times[1] = clock.comm;
+  times[2] = clock.idle;
+  times[static_cast<size_t>(3 + g.world.rank())] = clock.compute;
+  CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times.data(), static_cast<int64_t>(times.size())));
   state->step += 1;
   st.step = state->step;
   st.compute_s = times[0];
   st.comm_s = times[1];
   st.idle_s = times[2];
+  st.rank_compute_s.assign(times.begin() + 3, times.end());
   st.seconds = step_clock_s() - t0;
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * sums[2];
@@ -159,16 +172,16 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
 template <class T>
 Result<StepStats> parallel_step(Model<T>& model, ParallelOptimizer<T>& opt, const TokenStream& data,
                                 TrainerState* state, const Layout& layout, LayoutGroups& groups,
-                                const GradDump<T>& dump) {
-  auto r = step_body(model, opt, data, state, layout, groups, dump);
+                                const GradDump<T>& dump, double stretch) {
+  auto r = step_body(model, opt, data, state, layout, groups, dump, stretch);
   if (!r.ok() && Comm::launched_under_mpi()) Comm::world().fail_all(r.status());
   return r;
 }
 
 template Result<StepStats> parallel_step<float>(Model<float>&, ParallelOptimizer<float>&, const TokenStream&,
-                                                TrainerState*, const Layout&, LayoutGroups&, const GradDump<float>&);
+                                                TrainerState*, const Layout&, LayoutGroups&, const GradDump<float>&, double);
 template Result<StepStats> parallel_step<double>(Model<double>&, ParallelOptimizer<double>&, const TokenStream&,
                                                  TrainerState*, const Layout&, LayoutGroups&,
-                                                 const GradDump<double>&);
+                                                 const GradDump<double>&, double);
 
 }  // namespace ckpt::trainer

@@ -20,6 +20,10 @@
 // Every rank returns the same StepStats: the step's mean token loss, the norm before clipping,
 // and compute / comm / idle seconds (idle: inside the pipeline exchanges), each the maximum over
 // ranks. A rank whose step fails calls Comm::world().fail_all so that no peer waits for it.
+// stretch > 1 (`ckpt train --emulate`, trainer/emulate.h): after every compute section (the
+// forward or backward of a micro-batch without its TP all-reduces, the optimizer update) the rank
+// sleeps its length x (stretch - 1), counted as compute; the numbers are unchanged.
+// StepStats::rank_compute_s: every rank's own compute seconds, in rank order.
 // Thread safety: main thread only (Comm).
 #pragma once
 
@@ -46,6 +50,6 @@ using GradDump = std::function<Status(const std::vector<GradRegion<T>>&)>;
 template <class T>
 Result<StepStats> parallel_step(Model<T>& model, ParallelOptimizer<T>& opt, const TokenStream& data,
                                 TrainerState* state, const Layout& layout, LayoutGroups& groups,
-                                const GradDump<T>& dump = nullptr);
+                                const GradDump<T>& dump = nullptr, double stretch = 1.0);
 
 }  // namespace ckpt::trainer

@@ -7,6 +7,7 @@
 #include "formats/checked.h"
 #include "reshard/comm.h"
 #include "trainer/dist_checkpoint.h"
+#include "trainer/emulate.h"
 #include "trainer/grad_dump.h"
 #include "trainer/memory_report.h"
 #include "trainer/ops.h"
@@ -57,6 +58,7 @@ struct Trainer::Parts {
   LayoutGroups groups;
   std::unique_ptr<ParallelOptimizer<float>> opt;
   std::unique_ptr<DistSaver> saver;
+  Emulation emu;  // --emulate
 };
 
 Trainer::Trainer() = default;
@@ -79,12 +81,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
       o.cluster_file, memory_inputs(o.config, layout, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
       &mem_check));
   if (!mem_check.empty() && o.print && world.rank() == 0) std::printf("%s\n", mem_check.c_str());
+  Emulation emu;
+  if (o.emulate) {
+    CKPT_ASSIGN_OR_RETURN(emu, make_emulation(o.cluster_file, world.size()));
+  }
+  if (emu.on && o.print && world.rank() == 0) std::printf("%s\n", emu.label().c_str());
   std::unique_ptr<Trainer> t(new Trainer());
   t->opt_s_ = o;
   t->layout_ = layout;
   set_blas_threads(o.threads);
   t->parts_ = std::make_unique<Parts>();
   Parts& p = *t->parts_;
+  p.emu = std::move(emu);
   CKPT_ASSIGN_OR_RETURN(p.groups, LayoutGroups::make(world, layout));
   const LayoutGroups& g = p.groups;
   ModelShard shard{layout.stage_view(g.dp_rank, g.pp_rank), g.pp_rank, g.tp_rank, &p.groups.tp};
@@ -154,7 +162,11 @@ Result<StepStats> Trainer::train_step() {
     };
     grads_dumped_ = true;
   }
-  return parallel_step(*model_, *p.opt, data_, &state_, layout_, p.groups, dump);
+  CKPT_ASSIGN_OR_RETURN(StepStats st,
+                        parallel_step(*model_, *p.opt, data_, &state_, layout_, p.groups, dump, p.emu.factor(rank())));
+  st.emulation = p.emu.label();
+  st.emulation_factors = p.emu.factors_json();
+  return st;
 }
 
 static nlohmann::json checkpoint_metadata(const LlamaConfig& c, const Layout& layout, const TrainerState& s) {
@@ -186,14 +198,20 @@ std::string Trainer::format_line(const StepStats& s) {
     std::snprintf(buf, sizeof buf, " | save blocked %.1f ms", s.save_blocked_s * 1e3);
     line += buf;
   }
+  if (!s.emulation.empty()) line += " | " + s.emulation.substr(0, s.emulation.find(" ("));
   return line;
 }
 
 nlohmann::json Trainer::to_json(const StepStats& s) {
-  return {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
+  nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
           {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"flops_per_s", s.flops_per_s},
           {"save_blocked_s", s.save_blocked_s}, {"compute_s", s.compute_s}, {"comm_s", s.comm_s},
           {"idle_s", s.idle_s}};
+  if (!s.emulation.empty()) {
+    j["emulated"] = s.emulation_factors;
+    j["rank_compute_s"] = s.rank_compute_s;
+  }
+  return j;
 }
 
 Status Trainer::run(const std::function<void(const StepStats&)>& on_step) {
@@ -217,9 +235,16 @@ Status Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     if (on_step) on_step(st);
   }
   CKPT_RETURN_IF_ERROR(wait_saves());
-  return report_memory(Comm::world(),
-                       memory_inputs(o.config, layout_, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
-                       o.out_dir, o.print && !o.cluster_file.empty());
+  CKPT_RETURN_IF_ERROR(report_memory(Comm::world(),
+                                     memory_inputs(o.config, layout_, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
+                                     o.out_dir, o.print && !o.cluster_file.empty()));
+  if (!parts_->emu.on) return Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json mem, emulation_memory_report(Comm::world(), parts_->emu, o.print));
+  if (log_) {
+    std::fprintf(log_, "%s\n", nlohmann::json{{"emulation_memory", mem}}.dump().c_str());
+    std::fflush(log_);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckpt::trainer

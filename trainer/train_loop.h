@@ -49,6 +49,9 @@ struct TrainOptions {
   // Cluster file (reshard/cluster.h): checked against the layout and every rank's memory estimate
   // (trainer/memory_report.h) before anything is allocated; empty: no check.
   std::string cluster_file;
+  // --emulate (trainer/emulate.h): stretch every rank's compute to its cluster device type's
+  // speed relative to the fastest; needs cluster_file.
+  bool emulate = false;
   std::string dump_grads;       // directory: the first step's gradients (global view), as a checkpoint
   bool async_save = true;
   DigestAlgo digest = kDefaultDigest;  // of every checkpoint piece (--digest)
@@ -69,6 +72,10 @@ struct StepStats {
   // Parallel runs: the step's compute, communication (collectives) and pipeline-idle (waiting for
   // a neighbouring stage) seconds, each the maximum over ranks.
   double compute_s = 0, comm_s = 0, idle_s = 0;
+  std::vector<double> rank_compute_s;  // parallel runs: every rank's own compute seconds
+  // --emulate: Emulation::label() and the per-device-type factors ("" / null otherwise).
+  std::string emulation;
+  nlohmann::json emulation_factors;
 };
 
 // The trainer state at step 0 for options `o` (schedule, seed, batch shape, optimizer settings).

@@ -17,6 +17,8 @@ struct CalibrateOptions {
   int threads = 1;                    // OpenBLAS threads per rank, as `ckpt train --threads`
   double seconds = 2.0;               // time budget per measurement
   bool mpi = true;                    // measure rank-to-rank bandwidth (spawns mpirun -np 2)
+  std::string exe;                    // the ckpt binary mpirun starts (hidden command
+                                      // calibrate-mpi-probe); empty: /proc/self/exe
 };
 
 struct Calibration {

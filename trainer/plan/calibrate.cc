@@ -1,0 +1,66 @@
+#include "trainer/plan/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "trainer/plan/calibrate_probe.h"
+
+namespace ckpt::trainer {
+
+namespace {
+
+uint64_t calib_physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+nlohmann::json calib_device_json(const DeviceType& d) {
+  return {{"name", d.name},
+          {"vendor", d.vendor},
+          {"memory", d.memory_bytes},
+          {"peak_flops", d.peak_flops},
+          {"link_bandwidth", static_cast<uint64_t>(d.link_bytes_per_s)},
+          {"dtype", d.dtype}};
+}
+
+}  // namespace
+
+nlohmann::json Calibration::to_json() const {
+  nlohmann::json dev = calib_device_json(device);
+  dev["efficiency"] = efficiency;
+  return {{"device_type", dev},
+          {"efficiency", efficiency},
+          {"measured",
+           {{"sgemm_flops", device.peak_flops},
+            {"trainer_flops", device.peak_flops * efficiency},
+            {"memcpy_bytes_per_s", memcpy_bytes_per_s},
+            {"mpi_bytes_per_s", device.link_bytes_per_s},
+            {"mpi_latency_s", mpi_latency_s}}}};
+}
+
+Result<Calibration> calibrate_device(const CalibrateOptions& o) {
+  if (o.threads < 1 || o.threads > 1024) return Status::InvalidArgument("calibration: --threads must be in [1, 1024]");
+  if (!(o.seconds > 0) || o.seconds > 600)
+    return Status::InvalidArgument("calibration: the time per measurement must be in (0, 600] seconds");
+  if (o.name.empty()) return Status::InvalidArgument("calibration: the device type needs a name");
+  Calibration c;
+  c.device.name = o.name;
+  c.device.vendor = "cpu";
+  c.device.dtype = "fp32";
+  c.device.memory_bytes = calib_physical_memory();
+  c.device.peak_flops = sgemm_flops(o.threads, o.seconds);
+  CKPT_ASSIGN_OR_RETURN(double trainer, trainer_flops(o.threads, o.seconds));
+  c.efficiency = c.device.peak_flops > 0 ? trainer / c.device.peak_flops : 0;
+  c.memcpy_bytes_per_s = memcpy_bandwidth(std::min(o.seconds, 1.0));
+  if (o.mpi) {
+    CKPT_ASSIGN_OR_RETURN(MpiProbeResult m, spawn_mpi_probe(o.exe, std::min(o.seconds, 2.0)));
+    c.device.link_bytes_per_s = m.bytes_per_s;
+    c.mpi_latency_s = m.latency_s;
+  } else {
+    c.device.link_bytes_per_s = c.memcpy_bytes_per_s;  // no MPI measurement: the memory copy bounds it
+  }
+  return c;
+}
+
+}  // namespace ckpt::trainer
