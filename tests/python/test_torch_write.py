@@ -182,7 +182,7 @@ def nested_spec(zip64=False):
 
 @pytest.mark.parametrize("name,spec_fn", [("dtypes", all_dtypes_spec), ("nested", nested_spec),
                                           ("zip64", lambda: nested_spec(zip64=True))])
-def test_torch_load_weights_only(tool, tmp_path, name, spec_fn):
+def test_torch_load_weights_only(tool, tmp_path, monkeypatch, name, spec_fn):
     spec = spec_fn()
     r, out = write(tool, tmp_path, spec, name=f"{name}.pt")
     assert r.returncode == 0, r.stderr
@@ -191,6 +191,14 @@ def test_torch_load_weights_only(tool, tmp_path, name, spec_fn):
     got = torch.load(out, weights_only=True)
     check_value(spec, spec["root"], got)
     check_value(spec, spec["root"], torch.load(out, weights_only=True, mmap=True))  # storages sliced at their offsets
+    if not spec.get("force_zip64"):  # torch computing each storage's offset from miniz's layout rules
+        from torch.utils.serialization import config
+        monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")  # asserts computed == actual offsets
+        config.load.calculate_storage_offsets = True
+        try:
+            check_value(spec, spec["root"], torch.load(out, weights_only=True, mmap=True))
+        finally:
+            config.load.calculate_storage_offsets = False
     if name == "nested":
         m = got["model"]
         assert m["w"].untyped_storage().data_ptr() == m["w_t"].untyped_storage().data_ptr()
