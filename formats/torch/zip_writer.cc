@@ -49,6 +49,7 @@ uint32_t zip_crc32(uint32_t crc, const void* data, uint64_t n) {
 }
 
 Status ZipWriter::layout(std::vector<ZipEntrySpec> entries) {
+  using namespace zip_writer_detail;  // block scope: unity-safe
   if (laid_out_) return Status::Internal("ZipWriter::layout called twice");
   if (opts_.alignment == 0 || opts_.alignment > 4096)
     return Status::InvalidArgument("zip alignment " + std::to_string(opts_.alignment) + " (expected 1..4096)");
@@ -62,24 +63,26 @@ Status ZipWriter::layout(std::vector<ZipEntrySpec> entries) {
     e.name = std::move(spec.name);
     e.size = spec.size;
     e.header = cursor;
-    e.zip64 = opts_.force_zip64 || e.size >= zip_writer_detail::kMax32;
-    uint64_t start = cursor + zip_writer_detail::kLocalFixed + e.name.size() + (e.zip64 ? 20 : 0) + 4;  // + FB record header
+    e.zip64 = opts_.force_zip64 || e.size >= kMax32;
+    e.local_offset64 = e.header >= kMax32;
+    uint64_t start = cursor + kLocalFixed + e.name.size() + e.local_zip64_len() + 4;  // + FB record header
     e.padding = static_cast<uint16_t>((opts_.alignment - start % opts_.alignment) % opts_.alignment);
     e.data = start + e.padding;
-    auto end = checked_add(e.data, e.size);
+    e.descriptor = e.size == 0 ? 0 : (e.header >= kMax32 || e.size >= kMax32) ? 24 : 16;
+    auto end = checked_add(e.data, e.size + e.descriptor);
     if (!end) return Status::InvalidArgument("zip entry '" + e.name + "' of " + std::to_string(e.size) + " bytes overflows");
     cursor = *end;
-    big = big || e.zip64 || e.header >= zip_writer_detail::kMax32;
+    big = big || e.zip64 || e.header >= kMax32;
     entries_.push_back(std::move(e));
   }
   cd_offset_ = cursor;
   cd_size_ = 0;
   for (const auto& e : entries_) {
-    zip_writer_detail::CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= zip_writer_detail::kMax32};
-    cd_size_ += zip_writer_detail::kCentralFixed + e.name.size() + z.extra_len();
+    CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= kMax32};
+    cd_size_ += kCentralFixed + e.name.size() + z.extra_len();
   }
-  zip64_ = big || cd_offset_ >= zip_writer_detail::kMax32 || cd_size_ >= zip_writer_detail::kMax32;
-  total_ = cd_offset_ + cd_size_ + (zip64_ ? zip_writer_detail::kZip64Eocd + zip_writer_detail::kZip64Locator : 0) + zip_writer_detail::kEocd;
+  zip64_ = big || cd_offset_ >= kMax32 || cd_size_ >= kMax32;
+  total_ = cd_offset_ + cd_size_ + (zip64_ ? kZip64Eocd + kZip64Locator : 0) + kEocd;
   laid_out_ = true;
   return Status::Ok();
 }
@@ -158,89 +161,94 @@ Status ZipWriter::write_from_file_at(size_t entry, uint64_t offset, int src_fd, 
 }
 
 std::string ZipWriter::local_header(const Entry& e) const {
+  using namespace zip_writer_detail;  // block scope: unity-safe
   std::string h;
-  zip_writer_detail::le32(h, 0x04034b50);
-  zip_writer_detail::le16(h, e.zip64 ? 45 : 20);  // version needed
-  zip_writer_detail::le16(h, zip_writer_detail::kFlagUtf8);
-  zip_writer_detail::le16(h, 0);  // stored
-  zip_writer_detail::le16(h, 0);  // time
-  zip_writer_detail::le16(h, zip_writer_detail::kDosDate);
-  zip_writer_detail::le32(h, e.crc);
-  zip_writer_detail::le32(h, e.zip64 ? zip_writer_detail::kMax32 : e.size);
-  zip_writer_detail::le32(h, e.zip64 ? zip_writer_detail::kMax32 : e.size);
-  zip_writer_detail::le16(h, e.name.size());
-  zip_writer_detail::le16(h, (e.zip64 ? 20 : 0) + 4 + e.padding);
+  le32(h, 0x04034b50);
+  le16(h, e.local_zip64_len() ? 45 : 20);  // version needed
+  le16(h, e.flags());
+  le16(h, 0);  // stored
+  le16(h, 0);  // time
+  le16(h, kDosDate);
+  le32(h, e.crc);
+  le32(h, e.zip64 ? kMax32 : e.size);
+  le32(h, e.zip64 ? kMax32 : e.size);
+  le16(h, e.name.size());
+  le16(h, e.local_zip64_len() + 4 + e.padding);
   h += e.name;
-  if (e.zip64) {
-    zip_writer_detail::le16(h, 0x0001);
-    zip_writer_detail::le16(h, 16);
-    zip_writer_detail::le64(h, e.size);
-    zip_writer_detail::le64(h, e.size);
+  if (e.local_zip64_len()) {
+    le16(h, 0x0001);
+    le16(h, e.local_zip64_len() - 4);
+    if (e.zip64) {
+      le64(h, e.size);
+      le64(h, e.size);
+    }
+    if (e.local_offset64) le64(h, e.header);
   }
   h += "FB";
-  zip_writer_detail::le16(h, e.padding);
+  le16(h, e.padding);
   h.append(e.padding, 'Z');
   return h;
 }
 
 std::string ZipWriter::central_directory() const {
+  using namespace zip_writer_detail;  // block scope: unity-safe
   std::string d;
   for (const auto& e : entries_) {
-    zip_writer_detail::CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= zip_writer_detail::kMax32};
-    zip_writer_detail::le32(d, 0x02014b50);
-    zip_writer_detail::le16(d, (3 << 8) | (zip64_ ? 45 : 20));  // made by: Unix
-    zip_writer_detail::le16(d, e.zip64 || z.offset ? 45 : 20);
-    zip_writer_detail::le16(d, zip_writer_detail::kFlagUtf8);
-    zip_writer_detail::le16(d, 0);
-    zip_writer_detail::le16(d, 0);
-    zip_writer_detail::le16(d, zip_writer_detail::kDosDate);
-    zip_writer_detail::le32(d, e.crc);
-    zip_writer_detail::le32(d, z.sizes ? zip_writer_detail::kMax32 : e.size);
-    zip_writer_detail::le32(d, z.sizes ? zip_writer_detail::kMax32 : e.size);
-    zip_writer_detail::le16(d, e.name.size());
-    zip_writer_detail::le16(d, z.extra_len());
-    zip_writer_detail::le16(d, 0);  // comment
-    zip_writer_detail::le16(d, 0);  // disk
-    zip_writer_detail::le16(d, 0);  // internal attributes
-    zip_writer_detail::le32(d, 0100644u << 16);  // external attributes: a regular file, rw-r--r--
-    zip_writer_detail::le32(d, z.offset ? zip_writer_detail::kMax32 : e.header);
+    CentralZip64 z{e.zip64, opts_.force_zip64 || e.header >= kMax32};
+    le32(d, 0x02014b50);
+    le16(d, (3 << 8) | (zip64_ ? 45 : 20));  // made by: Unix
+    le16(d, e.zip64 || z.offset ? 45 : 20);
+    le16(d, e.flags());
+    le16(d, 0);
+    le16(d, 0);
+    le16(d, kDosDate);
+    le32(d, e.crc);
+    le32(d, z.sizes ? kMax32 : e.size);
+    le32(d, z.sizes ? kMax32 : e.size);
+    le16(d, e.name.size());
+    le16(d, z.extra_len());
+    le16(d, 0);  // comment
+    le16(d, 0);  // disk
+    le16(d, 0);  // internal attributes
+    le32(d, 0100644u << 16);  // external attributes: a regular file, rw-r--r--
+    le32(d, z.offset ? kMax32 : e.header);
     d += e.name;
     if (z.extra_len() > 0) {
-      zip_writer_detail::le16(d, 0x0001);
-      zip_writer_detail::le16(d, z.extra_len() - 4);
+      le16(d, 0x0001);
+      le16(d, z.extra_len() - 4);
       if (z.sizes) {
-        zip_writer_detail::le64(d, e.size);
-        zip_writer_detail::le64(d, e.size);
+        le64(d, e.size);
+        le64(d, e.size);
       }
-      if (z.offset) zip_writer_detail::le64(d, e.header);
+      if (z.offset) le64(d, e.header);
     }
   }
   uint64_t n = entries_.size();
   if (zip64_) {
-    zip_writer_detail::le32(d, 0x06064b50);
-    zip_writer_detail::le64(d, zip_writer_detail::kZip64Eocd - 12);
-    zip_writer_detail::le16(d, (3 << 8) | 45);
-    zip_writer_detail::le16(d, 45);
-    zip_writer_detail::le32(d, 0);
-    zip_writer_detail::le32(d, 0);
-    zip_writer_detail::le64(d, n);
-    zip_writer_detail::le64(d, n);
-    zip_writer_detail::le64(d, cd_size_);
-    zip_writer_detail::le64(d, cd_offset_);
-    zip_writer_detail::le32(d, 0x07064b50);
-    zip_writer_detail::le32(d, 0);
-    zip_writer_detail::le64(d, cd_offset_ + cd_size_);
-    zip_writer_detail::le32(d, 1);
+    le32(d, 0x06064b50);
+    le64(d, kZip64Eocd - 12);
+    le16(d, (3 << 8) | 45);
+    le16(d, 45);
+    le32(d, 0);
+    le32(d, 0);
+    le64(d, n);
+    le64(d, n);
+    le64(d, cd_size_);
+    le64(d, cd_offset_);
+    le32(d, 0x07064b50);
+    le32(d, 0);
+    le64(d, cd_offset_ + cd_size_);
+    le32(d, 1);
   }
   bool f = opts_.force_zip64;
-  zip_writer_detail::le32(d, 0x06054b50);
-  zip_writer_detail::le16(d, 0);
-  zip_writer_detail::le16(d, 0);
-  zip_writer_detail::le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
-  zip_writer_detail::le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
-  zip_writer_detail::le32(d, f || cd_size_ >= zip_writer_detail::kMax32 ? zip_writer_detail::kMax32 : cd_size_);
-  zip_writer_detail::le32(d, f || cd_offset_ >= zip_writer_detail::kMax32 ? zip_writer_detail::kMax32 : cd_offset_);
-  zip_writer_detail::le16(d, 0);
+  le32(d, 0x06054b50);
+  le16(d, 0);
+  le16(d, 0);
+  le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
+  le16(d, f || n >= 0xFFFF ? 0xFFFF : n);
+  le32(d, f || cd_size_ >= kMax32 ? kMax32 : cd_size_);
+  le32(d, f || cd_offset_ >= kMax32 ? kMax32 : cd_offset_);
+  le16(d, 0);
   return d;
 }
 
@@ -256,6 +264,13 @@ Status ZipWriter::finish() {
     std::string h = local_header(e);
     if (e.header + h.size() != e.data) return Status::Internal("zip local header of '" + e.name + "' does not fit its layout");
     CKPT_RETURN_IF_ERROR(pwrite_full(fd_, h.data(), h.size(), base_ + e.header, what_));
+    if (e.descriptor > 0) {  // miniz's data descriptor, which torch's storage offset calculation counts
+      std::string dd;
+      zip_writer_detail::le32(dd, 0x08074b50);
+      zip_writer_detail::le32(dd, e.crc);
+      for (int k = 0; k < 2; ++k) (e.descriptor == 24 ? zip_writer_detail::le64 : zip_writer_detail::le32)(dd, e.size);
+      CKPT_RETURN_IF_ERROR(pwrite_full(fd_, dd.data(), dd.size(), base_ + e.data + e.size, what_));
+    }
   }
   std::string d = central_directory();
   if (cd_offset_ + d.size() != total_) return Status::Internal("zip central directory does not fit its layout");

@@ -7,7 +7,12 @@
 //  - ZIP64 (extra field 0x0001, ZIP64 end of central directory record and locator) for an entry
 //    of 4 GiB or more, an offset past 4 GiB, 65535 entries or more, or always when forced (tests);
 //  - general purpose flag 0x0800 (UTF-8 names), method 0 (stored), DOS date 1980-01-01 00:00,
-//    CRC-32 (zlib's crc32) computed incrementally as the data arrives; no data descriptors.
+//    CRC-32 (zlib's crc32) computed incrementally as the data arrives;
+//  - after every non-empty entry a data descriptor (flag 0x0008; 16 bytes, 24 when the entry or
+//    its header offset passes 4 GiB) as miniz writes it: torch.load's storage offset calculation
+//    (torch.utils.serialization.config.load.calculate_storage_offsets, meta/fake loads) counts
+//    those bytes, and an entry whose header lies past 4 GiB carries that offset in its local
+//    ZIP64 extra field, as miniz's does. CRC and sizes are in the local header as well.
 // Sizes are declared up front (layout()), so every entry's place is known before any byte is
 // written: entries are filled by pwrite in any interleaving, straight from memory or from a file
 // range, either in order (write) or as disjoint byte ranges in any order (write_at: each range's
@@ -78,7 +83,11 @@ class ZipWriter {
     uint32_t crc = 0;       // of the whole entry, set by finish()
     std::map<uint64_t, std::pair<uint64_t, uint32_t>> runs;  // written ranges: begin -> (end, CRC)
     bool zip64 = false;    // sizes in the local header's ZIP64 extra field
+    bool local_offset64 = false;  // the header offset too (miniz does so past 4 GiB)
     uint16_t padding = 0;  // 'Z' bytes of the FB record
+    uint8_t descriptor = 0;  // bytes of the data descriptor after the data (0, 16, 24)
+    uint64_t local_zip64_len() const { return (zip64 || local_offset64) ? 4 + (zip64 ? 16 : 0) + (local_offset64 ? 8 : 0) : 0; }
+    uint16_t flags() const { return descriptor ? 0x0808 : 0x0800; }  // UTF-8 names [+ data descriptor]
   };
   ZipWriterOptions opts_;
   std::vector<Entry> entries_;

@@ -45,7 +45,9 @@ def expected_tensor(spec, node):
 
 
 def raw(t):
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.reshape(-1))
+    return flat.view(torch.uint8).numpy().tobytes()
 
 
 REFS = {}
@@ -182,7 +184,7 @@ def nested_spec(zip64=False):
 
 @pytest.mark.parametrize("name,spec_fn", [("dtypes", all_dtypes_spec), ("nested", nested_spec),
                                           ("zip64", lambda: nested_spec(zip64=True))])
-def test_torch_load_weights_only(tool, tmp_path, name, spec_fn):
+def test_torch_load_weights_only(tool, tmp_path, monkeypatch, name, spec_fn):
     spec = spec_fn()
     r, out = write(tool, tmp_path, spec, name=f"{name}.pt")
     assert r.returncode == 0, r.stderr
@@ -191,6 +193,14 @@ def test_torch_load_weights_only(tool, tmp_path, name, spec_fn):
     got = torch.load(out, weights_only=True)
     check_value(spec, spec["root"], got)
     check_value(spec, spec["root"], torch.load(out, weights_only=True, mmap=True))  # storages sliced at their offsets
+    if not spec.get("force_zip64"):  # torch computing each storage's offset from miniz's layout rules
+        from torch.utils.serialization import config
+        monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")  # asserts computed == actual offsets
+        config.load.calculate_storage_offsets = True
+        try:
+            check_value(spec, spec["root"], torch.load(out, weights_only=True, mmap=True))
+        finally:
+            config.load.calculate_storage_offsets = False
     if name == "nested":
         m = got["model"]
         assert m["w"].untyped_storage().data_ptr() == m["w_t"].untyped_storage().data_ptr()
@@ -357,3 +367,66 @@ def test_sink_fills_one_storage_from_pieces_in_any_order(tool, tmp_path):
     r, out = write(tool, tmp_path, spec, name="short.pt")
     assert r.returncode == 3 and "incomplete" in r.stderr, r.stderr
     assert list(tmp_path.glob("short.pt*")) == []
+
+
+def random_spec(seed):
+    """A random nested state dict: containers, scalars of every kind, tensors of random dtype,
+    shape, strides and offsets over shared storages."""
+    rng = np.random.default_rng(seed)
+    names = list(DTYPES)
+    storages = []
+    for k in range(int(rng.integers(1, 5))):
+        storages.append({"key": str(k), "dtype": names[int(rng.integers(len(names)))], "numel": int(rng.integers(1, 200))})
+
+    def rand_tensor():
+        k = int(rng.integers(len(storages)))
+        numel = storages[k]["numel"]
+        ndim = int(rng.integers(0, 4))
+        size = [int(rng.integers(0, 5)) for _ in range(ndim)]
+        stride = [int(rng.integers(0, 6)) for _ in range(ndim)]
+        span = sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
+        if any(s == 0 for s in size):
+            span = 0
+        if span >= numel:
+            size, stride, span = [1], [1], 0
+        offset = int(rng.integers(0, numel - span))
+        return tensor(str(k), size, stride, offset=offset, requires_grad=bool(rng.integers(2)) and
+                      storages[k]["dtype"] in ("F32", "F64", "F16", "BF16"), param=bool(rng.integers(4) == 0))
+
+    def rand_value(depth):
+        kind = int(rng.integers(0, 12 if depth < 4 else 8))
+        if kind == 0:
+            return None
+        if kind == 1:
+            return bool(rng.integers(2))
+        if kind == 2:
+            return int(rng.integers(-(2**62), 2**62)) >> int(rng.integers(0, 62))
+        if kind == 3:
+            return float(rng.standard_normal() * 10.0 ** int(rng.integers(-300, 300)))
+        if kind == 4:
+            return "".join(chr(int(c)) for c in rng.integers(32, 0x2FFF, size=int(rng.integers(0, 8))))
+        if kind == 5:
+            return {"t": "bytes", "hex": bytes(rng.integers(0, 256, size=int(rng.integers(0, 9)), dtype=np.uint8)).hex()}
+        if kind in (6, 7):
+            return rand_tensor()
+        n = int(rng.integers(0, 6))
+        if kind == 8:
+            return {"t": "list", "v": [rand_value(depth + 1) for _ in range(n)]}
+        if kind == 9:
+            return {"t": "tuple", "v": [rand_value(depth + 1) for _ in range(n)]}
+        keys = list(dict.fromkeys(f"k{int(rng.integers(100))}" for _ in range(n)))
+        t = ["dict", "odict", "ns"][kind - 10] if kind < 12 else "dict"
+        return {"t": t, "v": [[k, rand_value(depth + 1)] for k in keys]}
+
+    root = {"t": "dict", "v": [[f"entry{i}", rand_value(0)] for i in range(8)]}
+    return {"storages": storages, "root": root, "slab": int(rng.integers(1, 64)), "force_zip64": bool(rng.integers(2))}
+
+
+def test_random_trees_round_trip_through_torch_load(tool, tmp_path):
+    for seed in range(25):
+        spec = random_spec(seed)
+        r, out = write(tool, tmp_path, spec, name=f"r{seed}.pt")
+        assert r.returncode == 0, (seed, r.stderr)
+        REFS.clear()
+        check_value(spec, spec["root"], torch.load(out, weights_only=True))
+        check_zip(out, zip64=spec["force_zip64"])
