@@ -249,48 +249,44 @@ bool is_dcp_dir(const std::string& dir) {
 namespace dcp_meta_detail {
 
 // Checks every item's byte range against its file, and tells raw items from embedded zips.
+// Files are visited one at a time (one descriptor open at once, whatever the number of ranks).
 Status check_items(const std::string& dir, DcpMetadata& m) {
-  struct FileInfo {
-    ScopedFd fd;
-    uint64_t size = 0;
+  struct Item {
+    const std::string* fqn;
+    uint64_t offset, length;
+    DcpChunk* chunk;  // nullptr for bytes items
+    DType dtype;
   };
-  std::map<std::string, FileInfo> files;
-  auto file_of = [&](const std::string& rel) -> Result<FileInfo*> {
-    auto it = files.find(rel);
-    if (it != files.end()) return &it->second;
+  std::map<std::string, std::vector<Item>> by_file;
+  for (auto& b : m.bytes) by_file[b.file].push_back(Item{&b.fqn, b.offset, b.length, nullptr, DType::kU8});
+  for (auto& t : m.tensors)
+    for (auto& c : t.chunks) by_file[c.file].push_back(Item{&t.fqn, c.offset, c.length, &c, t.dtype});
+  for (const auto& [rel, items] : by_file) {
     const std::string path = (std::filesystem::path(dir) / rel).string();
     CKPT_ASSIGN_OR_RETURN(ScopedFd fd, open_fd(path, O_RDONLY, "DCP data file"));
     struct stat sb {};
     if (fstat(fd.get(), &sb) != 0) return Status::FromErrno("stat", path, errno);
-    FileInfo& f = files[rel];
-    f.fd = std::move(fd);
-    f.size = static_cast<uint64_t>(sb.st_size);
-    return &f;
-  };
-  auto in_file = [&](const std::string& fqn, const std::string& rel, uint64_t off, uint64_t len) -> Result<FileInfo*> {
-    CKPT_ASSIGN_OR_RETURN(FileInfo * f, file_of(rel));
-    if (off + len > f->size)  // no overflow: checked at parse
-      return Status::Error("DcpItemPastFile", "DCP item '" + fqn + "': bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
-                                                  ") run past the end of '" + rel + "' (" + std::to_string(f->size) + " bytes)")
-          .with_file((std::filesystem::path(dir) / rel).string())
-          .with_tensor(fqn);
-    return f;
-  };
-  for (const auto& b : m.bytes) CKPT_RETURN_IF_ERROR(in_file(b.fqn, b.file, b.offset, b.length).status());
-  for (auto& t : m.tensors) {
-    for (auto& c : t.chunks) {
-      CKPT_ASSIGN_OR_RETURN(FileInfo * f, in_file(t.fqn, c.file, c.offset, c.length));
+    const auto size = static_cast<uint64_t>(sb.st_size);
+    for (const Item& it : items) {
+      if (it.offset + it.length > size)  // no overflow: checked at parse
+        return Status::Error("DcpItemPastFile", "DCP item '" + *it.fqn + "': bytes [" + std::to_string(it.offset) + ", " +
+                                                    std::to_string(it.offset + it.length) + ") run past the end of '" + rel + "' (" +
+                                                    std::to_string(size) + " bytes)")
+            .with_file(path)
+            .with_tensor(*it.fqn);
+      if (!it.chunk) continue;
+      DcpChunk& c = *it.chunk;
       char magic[4] = {0, 0, 0, 0};
-      if (c.length >= 4) CKPT_RETURN_IF_ERROR(pread_full(f->fd.get(), magic, 4, c.offset, c.file));
+      if (c.length >= 4) CKPT_RETURN_IF_ERROR(pread_full(fd.get(), magic, 4, c.offset, path));
       c.raw = std::string_view(magic, 4) != std::string_view("PK\x03\x04", 4);
-      if (!c.raw) continue;
-      const uint64_t want = static_cast<uint64_t>(Box{c.offsets, c.sizes}.numel()) * dtype_size(t.dtype);
-      if (c.length != want)
-        return Status::Error("DcpItemSize", "DCP item '" + t.fqn + "' chunk at " + shape_to_string(c.offsets) + ": " + std::to_string(c.length) +
-                                                " bytes that are not a torch.save zip; a raw chunk of sizes " + shape_to_string(c.sizes) + " in " +
-                                                std::string(dtype_name(t.dtype)) + " has " + std::to_string(want))
-            .with_file((std::filesystem::path(dir) / c.file).string())
-            .with_tensor(t.fqn);
+      const uint64_t want = checked_mul(static_cast<uint64_t>(Box{c.offsets, c.sizes}.numel()), uint64_t{dtype_size(it.dtype)}).value_or(UINT64_MAX);
+      if (c.raw && c.length != want)
+        return Status::Error("DcpItemSize", "DCP item '" + *it.fqn + "' chunk at " + shape_to_string(c.offsets) + ": " +
+                                                std::to_string(c.length) + " bytes that are not a torch.save zip; a raw chunk of sizes " +
+                                                shape_to_string(c.sizes) + " in " + std::string(dtype_name(it.dtype)) + " has " +
+                                                std::to_string(want))
+            .with_file(path)
+            .with_tensor(*it.fqn);
     }
   }
   return Status::Ok();
