@@ -10,10 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "converters/megatron_dir_source.h"
 #include "converters/megatron_rank_source.h"
 #include "converters/megatron_segments.h"
-#include "formats/open_source.h"
 #include "formats/torch/torch_file.h"
 
 namespace ckpt {
@@ -278,16 +276,6 @@ bool is_megatron_torch_dir(const std::string& path) {
 
 Result<std::unique_ptr<TensorSource>> open_megatron_torch_dir(const std::string& path) {
   return megatron_torch_detail::open_dir(path);
-}
-
-}  // namespace ckpt
-
-namespace ckpt {
-
-Result<std::unique_ptr<TensorSource>> open_source_or_megatron(const std::string& path) {
-  if (is_megatron_torch_dir(path)) return open_megatron_torch_dir(path);
-  if (is_megatron_dir(path)) return open_megatron_dir(path);
-  return open_source(path);
 }
 
 }  // namespace ckpt

@@ -120,6 +120,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
     {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
     {"DcpWriteInvalid", kArg},      // DCP pieces that are not boxes, or in another dtype than the tensor
+    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron_torch_source).
+    {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
 };
 
 }  // namespace
