@@ -65,14 +65,13 @@ def test_import_matches_megatron_core_logits(name, run_ckpt, tmp_path):
 def test_inspect_shows_layout_and_config(run_ckpt):
     fx = mf.fixture("pp2")
     info = json.loads(run_ckpt("inspect", "--json", fx).stdout)
-    text = json.dumps(info)
-    for key in ("num_key_value_heads", "intermediate_size"):
-        assert key in text, text[:2000]
-    meta = info.get("metadata", info)
-    lay = meta["layout"] if "layout" in meta else info["layout"]
-    assert lay["pp"] == 2 and lay["tp"] == 1
-    cfg = meta.get("model_config", info.get("model_config"))
-    assert cfg["vocab_size"] == V and cfg["num_key_value_heads"] == K and cfg["num_hidden_layers"] == L
+    lay = info["layout"]
+    assert (lay["tp"], lay["pp"], lay["layers_per_stage"]) == (1, 2, [mf.FIRST_STAGE_LAYERS, L - mf.FIRST_STAGE_LAYERS])
+    assert lay["vocab_divisor"] == mf.DIVISOR
+    cfg = info["model_config"]
+    assert (cfg["vocab_size"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]) == (V, K, L)
+    assert (cfg["intermediate_size"], cfg["hidden_size"], cfg["tie_word_embeddings"]) == (FFN, HID, False)
+    assert "megatron" in info["metadata_keys"]
 
 
 def test_bf16_fixture_imports(run_ckpt, tmp_path):
