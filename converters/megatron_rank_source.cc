@@ -15,8 +15,9 @@ Status bad_args(const std::string& file, const std::string& msg) {
 }
 
 Result<int64_t> args_int(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi) {
-  if (!j.contains(key) || !j.at(key).is_number_integer())
-    return bad_args(file, std::string("key '") + key + "' must be an integer");
+  if (!j.contains(key) || j.at(key).is_null()) return bad_args(file, std::string("key '") + key + "' is missing");
+  if (!j.at(key).is_number_integer())
+    return bad_args(file, std::string("key '") + key + "' must be an integer, found " + j.at(key).dump().substr(0, 64));
   const int64_t v = j.at(key).get<int64_t>();
   if (v < lo || v > hi)
     return bad_args(file, std::string("key '") + key + "' = " + std::to_string(v) + " outside " + std::to_string(lo) +

@@ -10,10 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "converters/megatron_dir_source.h"
 #include "converters/megatron_rank_source.h"
 #include "converters/megatron_segments.h"
-#include "formats/open_source.h"
 #include "formats/torch/torch_file.h"
 
 namespace ckpt {
@@ -92,6 +90,8 @@ constexpr std::pair<const char*, const char*> kLegacyRenames[] = {
     {"language_model.encoder.final_norm.", "decoder.final_layernorm."},
     {"language_model.encoder.final_layernorm.", "decoder.final_layernorm."},
     {"language_model.encoder.layers.", "decoder.layers."},
+    {"language_model.transformer.final_layernorm.", "decoder.final_layernorm."},
+    {"language_model.transformer.layers.", "decoder.layers."},
     {".input_norm.", ".input_layernorm."},
     {".self_attention.query_key_value.", ".self_attention.linear_qkv."},
     {".self_attention.dense.", ".self_attention.linear_proj."},
@@ -130,19 +130,7 @@ class TorchRankFile final : public TensorSource {
     if (model == nullptr || !model->is(PyType::kDict))
       return Status::Error("MegatronNotStateDict", "'" + path + "' has no 'model' state dict").with_file(path);
     std::set<std::string> seen;
-    for (const auto& [k, v] : model->entries) {
-      if (!k->is(PyType::kStr) || !v->is(PyType::kTensor)) continue;  // _extra_state and the like
-      std::string name = megatron_mcore_name(k->s);
-      if (name.empty()) continue;
-      if (!seen.insert(name).second)
-        return Status::Error("MegatronNotStateDict", "'" + path + "': tensor '" + k->s + "' names '" + name +
-                                                         "' a second time (both naming generations?)")
-            .with_file(path).with_tensor(k->s);
-      const Shape shape(v->tensor.size.begin(), v->tensor.size.end());
-      f->tensors_.push_back({name, v->tensor.storage.dtype, shape});
-      f->pieces_.push_back({name, Region{Box::whole(shape)}, v->tensor.storage.dtype});
-      f->refs_.push_back(&v->tensor);
-    }
+    CKPT_RETURN_IF_ERROR(f->add_tensors(model, "", 0, seen));
     return f;
   }
 
@@ -150,6 +138,33 @@ class TorchRankFile final : public TensorSource {
 
  private:
   TorchRankFile() = default;
+
+  // The tensors of a (possibly nested: older Megatron-LM saves {'language_model': {'embedding':
+  // {'word_embeddings': {'weight': T}}, 'encoder': {'layers.0...': T}}}) state dict, keys joined by
+  // '.'; non-tensor values (_extra_state) skipped.
+  Status add_tensors(const PyObj* dict, const std::string& prefix, int depth, std::set<std::string>& seen) {
+    const std::string& path = file_->path();
+    if (depth > 8) return Status::Error("MegatronNotStateDict", "'" + path + "': 'model' nests deeper than 8 dicts").with_file(path);
+    for (const auto& [k, v] : dict->entries) {
+      if (!k->is(PyType::kStr)) continue;
+      if (v->is(PyType::kDict)) {
+        CKPT_RETURN_IF_ERROR(add_tensors(v, prefix + k->s + ".", depth + 1, seen));
+        continue;
+      }
+      if (!v->is(PyType::kTensor)) continue;  // _extra_state and the like
+      const std::string name = megatron_mcore_name(prefix + k->s);
+      if (!seen.insert(name).second)
+        return Status::Error("MegatronNotStateDict", "'" + path + "': tensor '" + prefix + k->s + "' names '" + name +
+                                                         "' a second time (both naming generations?)")
+            .with_file(path).with_tensor(prefix + k->s);
+      const Shape shape(v->tensor.size.begin(), v->tensor.size.end());
+      tensors_.push_back({name, v->tensor.storage.dtype, shape});
+      pieces_.push_back({name, Region{Box::whole(shape)}, v->tensor.storage.dtype});
+      refs_.push_back(&v->tensor);
+    }
+    return Status::Ok();
+  }
+
   std::unique_ptr<torch::TorchFile> file_;
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
@@ -278,16 +293,6 @@ bool is_megatron_torch_dir(const std::string& path) {
 
 Result<std::unique_ptr<TensorSource>> open_megatron_torch_dir(const std::string& path) {
   return megatron_torch_detail::open_dir(path);
-}
-
-}  // namespace ckpt
-
-namespace ckpt {
-
-Result<std::unique_ptr<TensorSource>> open_source_or_megatron(const std::string& path) {
-  if (is_megatron_torch_dir(path)) return open_megatron_torch_dir(path);
-  if (is_megatron_dir(path)) return open_megatron_dir(path);
-  return open_source(path);
 }
 
 }  // namespace ckpt

@@ -38,12 +38,3 @@ Result<std::unique_ptr<TensorSource>> open_megatron_torch_dir(const std::string&
 std::string megatron_mcore_name(const std::string& name);
 
 }  // namespace ckpt
-
-namespace ckpt {
-
-// Until the one source-opening function (converters/open_checkpoint) lands: a Megatron legacy
-// torch directory, a Megatron per-rank safetensors directory (megatron_dir_source.h), else
-// open_source (formats/open_source.h).
-Result<std::unique_ptr<TensorSource>> open_source_or_megatron(const std::string& path);
-
-}  // namespace ckpt

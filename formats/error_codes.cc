@@ -165,6 +165,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
     {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
     {"TorchReadRange", kArg},               // a read outside a storage or a tensor
+    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron_torch_source).
+    {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
 };
 
 }  // namespace

@@ -19,6 +19,7 @@ json summarize_source(const TensorSource& src, const SourceExtras* ex) {
   const json& md = src.metadata();
   out["layout"] = md.contains("layout") ? md["layout"] : json(nullptr);
   out["profile"] = md.contains("profile") ? md["profile"] : json(nullptr);
+  out["model_config"] = md.contains("model_config") ? md["model_config"] : json(nullptr);
   out["step"] = (md.contains("trainer") && md["trainer"].is_object() && md["trainer"].contains("step")) ? md["trainer"]["step"] : json(nullptr);
   out["metadata_keys"] = json::array();
   if (md.is_object())

@@ -16,11 +16,11 @@ Beside it: tokens.npy and logits.npy (megatron-core's own forward on CPU over th
 [batch, seq, padded_vocab]), computed after the optimizer steps. The 'optimizer' entry: real
 torch.optim.Adam steps in the structure of megatron-core's local optimizers (see _optimizer_state).
 
-The second naming generation ("legacy" names: language_model.encoder.layers.N.self_attention.
-query_key_value.weight, ...) is made by renaming the mcore state dict with the inverse of the
-mapping Megatron-LM's own converter applies (tools/checkpoint/loader_legacy.py reads these names;
-megatron/core/models/gpt ... ; see LEGACY_RENAMES below). It is a rename of a real model, not a
-model built by us.
+The second naming generation (older Megatron-LM: language_model.encoder.layers.N.self_attention.
+query_key_value.weight, ..., nested dicts) is made from the real mcore state dict by renaming it
+with the inverse of the mapping Megatron-LM's tools/checkpoint/loader_legacy.py reads
+(LEGACY_RENAMES) and nesting it as the legacy model saved it (legacy_nested). It is a rename of a
+real model, not a model built by us.
 
 CLI (what the tests run once per fixture, cached under $CKPT_BINARY_DIR/fixtures/mcore/<name>
 with a file lock):  torchrun --nproc-per-node N mcore_fixtures.py --out DIR --tp T --pp P [--bf16]
@@ -62,7 +62,7 @@ LAYOUTS = {
 # .output_layer) and megatron/legacy/model/transformer.py names its modules.
 LEGACY_RENAMES = [
     ("embedding.word_embeddings.weight", "language_model.embedding.word_embeddings.weight"),
-    ("decoder.final_layernorm.weight", "language_model.encoder.final_norm.weight"),
+    ("decoder.final_layernorm.weight", "language_model.encoder.final_norm.weight"),  # older: final_layernorm
     ("output_layer.weight", "language_model.output_layer.weight"),
     ("decoder.layers.", "language_model.encoder.layers."),
     (".input_layernorm.weight", ".input_norm.weight"),
@@ -80,8 +80,14 @@ def padded_vocab(tp):
     return ((VOCAB + m - 1) // m) * m
 
 
-def legacy_name(name):
-    for a, b in LEGACY_RENAMES:
+# The other norm naming of the older models (megatron/legacy/model/transformer.py before the
+# input_norm / post_attention_norm / final_norm rename).
+LAYERNORM_NAMES = [(".input_norm.", ".input_layernorm."), (".post_attention_norm.", ".post_attention_layernorm."),
+                   (".final_norm.", ".final_layernorm.")]
+
+
+def legacy_name(name, layernorm_names=False):
+    for a, b in LEGACY_RENAMES + (LAYERNORM_NAMES if layernorm_names else []):
         name = name.replace(a, b)
     return name
 
@@ -286,13 +292,37 @@ def run_load(run_dir, out, tp, pp):
     return np.load(pathlib.Path(out) / "logits_loaded.npy")
 
 
-def rename_to_legacy(src, dst):
-    """The older-names fixture: each rank file of `src` with its model keys renamed (LEGACY_RENAMES)."""
+def legacy_nested(model, layernorm_names=False):
+    """The mcore state dict in the older Megatron-LM form: renamed (LEGACY_RENAMES) and nested as
+    legacy TransformerLanguageModel.state_dict_for_save_checkpoint nests it, which the converters
+    in use read with get_element_from_dict_by_path(sd, "model.language_model.encoder")
+    (transformers' megatron_gpt2/checkpoint_reshaping_and_interoperability.py):
+    {'language_model': {'embedding': {'word_embeddings': {'weight': T}},
+                        'encoder': {'layers.0.input_norm.weight': T, ..., 'final_norm.weight': T},
+                        'output_layer': {'weight': T}}}. Non-tensor entries (_extra_state) dropped."""
+    import torch
+    lm = {}
+    for k, v in model.items():
+        if not torch.is_tensor(v):
+            continue
+        name = legacy_name(k, layernorm_names)
+        assert name.startswith("language_model."), name
+        rest = name[len("language_model."):]
+        if rest.startswith("encoder."):
+            lm.setdefault("encoder", {})[rest[len("encoder."):]] = v
+        elif rest.startswith("embedding."):
+            lm.setdefault("embedding", {}).setdefault("word_embeddings", {})["weight"] = v
+        else:
+            lm.setdefault("output_layer", {})["weight"] = v
+    return {"language_model": lm}
+
+
+def rename_to_legacy(src, dst, layernorm_names=False):
+    """The older-names fixture: each rank file of `src` with its model in the older naming."""
     import torch
     for f in sorted(pathlib.Path(src).glob("iter_*/mp_rank_*/model_optim_rng.pt")):
         ck = torch.load(f, weights_only=False)
-        ck["model"] = {legacy_name(k): v for k, v in ck["model"].items()}
-        ck["checkpoint_version"] = 3.0
+        ck["model"] = legacy_nested(ck["model"], layernorm_names)
         g = pathlib.Path(dst) / f.relative_to(src)
         g.parent.mkdir(parents=True, exist_ok=True)
         torch.save(ck, g)
@@ -301,7 +331,8 @@ def rename_to_legacy(src, dst):
 
 
 def fixture(name, binary_dir=None):
-    """The fixture directory `name` (a LAYOUTS key, or '<key>_legacy_names'), generated once under
+    """The fixture directory `name` (a LAYOUTS key, or '<key>_legacy_names' / '<key>_legacy_layernorm_names'
+    for the older naming with either norm naming), generated once under
     $CKPT_BINARY_DIR/fixtures/mcore with a file lock."""
     base = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures" / "mcore"
     base.mkdir(parents=True, exist_ok=True)
@@ -312,8 +343,9 @@ def fixture(name, binary_dir=None):
             return out
         tmp = base / (name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        if name.endswith("_legacy_names"):
-            rename_to_legacy(fixture_unlocked(base, name[: -len("_legacy_names")]), tmp)
+        if name.endswith("_legacy_names") or name.endswith("_legacy_layernorm_names"):
+            layernorm = name.endswith("_legacy_layernorm_names")
+            rename_to_legacy(fixture_unlocked(base, name.split("_legacy")[0]), tmp, layernorm)
         else:
             _run_generator(tmp, *LAYOUTS[name])
         (tmp / "DONE").write_text("")

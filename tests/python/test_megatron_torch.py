@@ -3,8 +3,9 @@
 Import: real megatron-core 0.16.1 checkpoints (mcore_fixtures.py: GPTModel with the local spec,
 GQA 8 heads / 2 groups, SwiGLU, RMSNorm, rope, vocab 300 padded; tp=1, tp=2, pp=2 split 2+4) go
 through `ckpt to-hf`; transformers' LlamaForCausalLM on the result must give megatron-core's own
-forward logits (fixture logits.npy) within 1e-5 relative. The older-names fixture is a rename of a
-real model's state dict (mcore_fixtures.LEGACY_RENAMES, the names Megatron-LM's legacy models use).
+forward logits (fixture logits.npy) within 1e-5 relative. The older-names fixtures are renames of
+real models' state dicts (mcore_fixtures.legacy_nested: the names and nesting Megatron-LM's legacy
+models saved, with both norm namings).
 
 Export: a transformers LLaMA of the same shape -> `ckpt from-hf` -> `ckpt export-megatron --format
 torch`; every file loads with torch.load(weights_only=True) (argparse.Namespace allowed, as
@@ -50,7 +51,7 @@ def rel_err(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("name", ["tp1", "tp2", "pp2", "tp1_legacy_names"])
+@pytest.mark.parametrize("name", ["tp1", "tp2", "pp2", "tp1_legacy_names", "pp2_legacy_layernorm_names"])
 def test_import_matches_megatron_core_logits(name, run_ckpt, tmp_path):
     fx = mf.fixture(name)
     run_ckpt("to-hf", fx, tmp_path / "hf")
@@ -64,14 +65,13 @@ def test_import_matches_megatron_core_logits(name, run_ckpt, tmp_path):
 def test_inspect_shows_layout_and_config(run_ckpt):
     fx = mf.fixture("pp2")
     info = json.loads(run_ckpt("inspect", "--json", fx).stdout)
-    text = json.dumps(info)
-    for key in ("num_key_value_heads", "intermediate_size"):
-        assert key in text, text[:2000]
-    meta = info.get("metadata", info)
-    lay = meta["layout"] if "layout" in meta else info["layout"]
-    assert lay["pp"] == 2 and lay["tp"] == 1
-    cfg = meta.get("model_config", info.get("model_config"))
-    assert cfg["vocab_size"] == V and cfg["num_key_value_heads"] == K and cfg["num_hidden_layers"] == L
+    lay = info["layout"]
+    assert (lay["tp"], lay["pp"], lay["layers_per_stage"]) == (1, 2, [mf.FIRST_STAGE_LAYERS, L - mf.FIRST_STAGE_LAYERS])
+    assert lay["vocab_divisor"] == mf.DIVISOR
+    cfg = info["model_config"]
+    assert (cfg["vocab_size"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]) == (V, K, L)
+    assert (cfg["intermediate_size"], cfg["hidden_size"], cfg["tie_word_embeddings"]) == (FFN, HID, False)
+    assert "megatron" in info["metadata_keys"]
 
 
 def test_bf16_fixture_imports(run_ckpt, tmp_path):
