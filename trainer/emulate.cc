@@ -14,8 +14,8 @@ std::string Emulation::label() const {
   std::string s = "emulated:";
   char buf[64];
   for (size_t i = 0; i < type_factors.size(); ++i) {
-    std::snprintf(buf, sizeof buf, "%s x%.2f", i ? "," : "", type_factors[i].second);
-    s += " " + type_factors[i].first + buf;
+    std::snprintf(buf, sizeof buf, " x%.2f", type_factors[i].second);
+    s += (i ? ", " : " ") + type_factors[i].first + buf;
   }
   return s + " (compute stretched to each device type's speed)";
 }
