@@ -13,18 +13,18 @@ namespace ckpt::torch {
 
 namespace {
 
-constexpr uint64_t kShortRunBytes = 4096;
-constexpr uint64_t kGatherSpanMin = 64ull << 20;  // always gather when the span is below this
+constexpr uint64_t kTorchShortRunBytes = 4096;
+constexpr uint64_t kTorchGatherSpanMin = 64ull << 20;  // always gather when the span is below this
 
-struct RunPlan {
+struct TorchReadRunPlan {
   size_t outer = 0;      // dimensions [0, outer) are iterated; [outer, ndim) form one run
   int64_t run = 1;       // elements per run
   int64_t first = 0;     // storage element of the sub-box's first element
   int64_t span_end = 0;  // one past the last storage element the sub-box touches
 };
 
-RunPlan plan_runs(const TensorRef& t, const Box& sub) {
-  RunPlan p;
+TorchReadRunPlan torch_plan_runs(const TensorRef& t, const Box& sub) {
+  TorchReadRunPlan p;
   size_t nd = t.size.size();
   p.outer = nd;
   for (size_t d = nd; d-- > 0;) {
@@ -48,7 +48,7 @@ RunPlan plan_runs(const TensorRef& t, const Box& sub) {
 
 // Calls fn(storage_element, out_element) for each run, in row-major order of the sub-box.
 template <typename Fn>
-Status for_each_run(const TensorRef& t, const Box& sub, const RunPlan& p, Fn&& fn) {
+Status torch_for_each_run(const TensorRef& t, const Box& sub, const TorchReadRunPlan& p, Fn&& fn) {
   std::vector<int64_t> idx(p.outer, 0);
   int64_t out = 0;
   while (true) {
@@ -75,20 +75,20 @@ Status TorchFile::read_tensor(const TensorRef& t, const Box& sub, void* dst) {
   if (t.stride.size() != t.size.size()) return Status::Error("TorchReadRange", "torch file: tensor size and stride differ in length").with_file(path());
   if (sub.numel() == 0) return Status::Ok();
   const uint64_t es = dtype_size(t.storage.dtype);
-  RunPlan p = plan_runs(t, sub);
+  TorchReadRunPlan p = torch_plan_runs(t, sub);
   auto* out = static_cast<char*>(dst);
   const uint64_t run_bytes = static_cast<uint64_t>(p.run) * es;
   const uint64_t out_bytes = static_cast<uint64_t>(sub.numel()) * es;
   const uint64_t span_bytes = static_cast<uint64_t>(p.span_end - p.first) * es;
-  if (run_bytes < kShortRunBytes && sub.numel() > p.run && span_bytes <= std::max(kGatherSpanMin, 2 * out_bytes)) {
+  if (run_bytes < kTorchShortRunBytes && sub.numel() > p.run && span_bytes <= std::max(kTorchGatherSpanMin, 2 * out_bytes)) {
     std::vector<char> span(span_bytes);
     CKPT_RETURN_IF_ERROR(read_storage(t.storage.key, static_cast<uint64_t>(p.first) * es, span_bytes, span.data()));
-    return for_each_run(t, sub, p, [&](int64_t at, int64_t o) {
+    return torch_for_each_run(t, sub, p, [&](int64_t at, int64_t o) {
       std::memcpy(out + o * es, span.data() + (at - p.first) * es, run_bytes);
       return Status::Ok();
     });
   }
-  return for_each_run(t, sub, p, [&](int64_t at, int64_t o) {
+  return torch_for_each_run(t, sub, p, [&](int64_t at, int64_t o) {
     return read_storage(t.storage.key, static_cast<uint64_t>(at) * es, run_bytes, out + o * es);
   });
 }

@@ -20,7 +20,7 @@ namespace ckpt::torch {
 struct UnpickleLimits {
   uint64_t max_depth = 256;             // nesting of containers being built (stack of marks)
   uint64_t max_memo = 1u << 22;         // memo entries (and the largest memo index accepted)
-  uint64_t max_objects = 1u << 24;      // PyObjs created
+  uint64_t max_objects = 1u << 22;      // PyObjs created (each a few hundred bytes: ~1.5 GB at most)
   uint64_t max_string = 1ull << 30;     // bytes of one str/bytes
   uint64_t max_items = 1u << 24;        // elements of one list/tuple/dict
   uint64_t max_stack = 1u << 20;        // values on the stack

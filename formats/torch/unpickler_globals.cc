@@ -9,13 +9,13 @@ namespace ckpt::torch::unpickler_detail {
 
 namespace {
 
-struct GlobalEntry {
+struct PickleGlobalEntry {
   const char* module;
   const char* name;
   GlobalKind kind;
 };
 
-constexpr GlobalEntry kAllowedGlobals[] = {
+constexpr PickleGlobalEntry kAllowedGlobals[] = {
     {"collections", "OrderedDict", GlobalKind::kOrderedDict},
     {"builtins", "set", GlobalKind::kSetLike},
     {"builtins", "frozenset", GlobalKind::kSetLike},
@@ -81,7 +81,7 @@ constexpr GlobalEntry kAllowedGlobals[] = {
 };
 
 // Protocol 2 writes Python 3 modules under their Python 2 names (Lib/_compat_pickle.py).
-std::string_view canonical_module(std::string_view m) {
+std::string_view pickle_canonical_module(std::string_view m) {
   if (m == "__builtin__") return "builtins";
   if (m == "_io") return "io";
   return m;
@@ -114,7 +114,7 @@ std::optional<AllowedGlobal> find_allowed_global(std::string_view module_in, std
     }
     return t;
   }();
-  std::string_view module = canonical_module(module_in);
+  std::string_view module = pickle_canonical_module(module_in);
   if (module.size() > 200 || name.size() > 200) return std::nullopt;
   std::string full = std::string(module) + "." + std::string(name);
   for (const auto& [k, g] : kTable)

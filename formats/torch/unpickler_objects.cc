@@ -8,7 +8,7 @@ namespace ckpt::torch::unpickler_detail {
 
 namespace {
 
-std::string clip_name(std::string_view s) {
+std::string pickle_clip_name(std::string_view s) {
   return s.size() > 200 ? std::string(s.substr(0, 200)) + "..." : std::string(s);
 }
 
@@ -17,7 +17,7 @@ std::string clip_name(std::string_view s) {
 Status Machine::push_global(std::string_view module, std::string_view name) {
   std::optional<AllowedGlobal> g = find_allowed_global(module, name);
   if (!g)
-    return fail("ForbiddenGlobal", "global '" + clip_name(module) + "." + clip_name(name) +
+    return fail("ForbiddenGlobal", "global '" + pickle_clip_name(module) + "." + pickle_clip_name(name) +
                                        "' is not on the allow-list (docs/TORCH.md); ckpt never imports or calls pickle globals");
   CKPT_ASSIGN_OR_RETURN(PyObj * o, make(PyType::kRecord));
   o->cls = g->canonical;
@@ -56,7 +56,7 @@ Status Machine::op_object(uint8_t op, bool* handled) {
       CKPT_ASSIGN_OR_RETURN(std::string_view name, take_line());
       if (op == kInst) {  // names its class inline and calls it: never accepted
         if (!find_allowed_global(module, name)) return push_global(module, name);
-        return fail("PickleUnsupportedOpcode", "INST of '" + clip_name(module) + "." + clip_name(name) + "' is not accepted");
+        return fail("PickleUnsupportedOpcode", "INST of '" + pickle_clip_name(module) + "." + pickle_clip_name(name) + "' is not accepted");
       }
       return push_global(module, name);
     }

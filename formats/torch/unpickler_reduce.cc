@@ -7,10 +7,10 @@ namespace ckpt::torch::unpickler_detail {
 
 namespace {
 
-constexpr size_t kMaxTensorDims = 64;
+constexpr size_t kPickleMaxTensorDims = 64;
 
 // UTF-8 -> latin-1 bytes (_codecs.encode(s, 'latin1')); false on a code point above 0xff.
-bool utf8_to_latin1(const std::string& s, std::string* out) {
+bool pickle_utf8_to_latin1(const std::string& s, std::string* out) {
   for (size_t i = 0; i < s.size(); ++i) {
     auto c = static_cast<uint8_t>(s[i]);
     if (c < 0x80) {
@@ -25,7 +25,7 @@ bool utf8_to_latin1(const std::string& s, std::string* out) {
   return true;
 }
 
-bool int_tuple(const PyObj* o, std::vector<int64_t>* out) {
+bool pickle_int_tuple(const PyObj* o, std::vector<int64_t>* out) {
   if (!o->is(PyType::kTuple) && !o->is(PyType::kList)) return false;
   for (const PyObj* i : o->items) {
     if (!i->is(PyType::kInt)) return false;
@@ -50,9 +50,9 @@ Result<PyObj*> Machine::rebuild_tensor(const PyObj* args, bool v3) {
   TensorRef& r = t->tensor;
   r.storage = a[0]->storage;
   r.storage_offset = a[1]->i;
-  if (!int_tuple(a[2], &r.size) || !int_tuple(a[3], &r.stride)) return bad("size and stride must be tuples of ints");
+  if (!pickle_int_tuple(a[2], &r.size) || !pickle_int_tuple(a[3], &r.stride)) return bad("size and stride must be tuples of ints");
   if (r.size.size() != r.stride.size()) return bad("size and stride have different lengths");
-  if (r.size.size() > kMaxTensorDims) return bad("more than 64 dimensions");
+  if (r.size.size() > kPickleMaxTensorDims) return bad("more than 64 dimensions");
   for (size_t i = 0; i < r.size.size(); ++i)
     if (r.size[i] < 0 || r.stride[i] < 0) return bad("a negative size or stride");
   if (!a[4]->is(PyType::kBool)) return bad("requires_grad is not a bool");
@@ -127,12 +127,12 @@ Result<PyObj*> Machine::reduce(const AllowedGlobal& g, const PyObj* args) {
       if (a.size() != 2 || !a[0]->is(PyType::kStr) || !a[1]->is(PyType::kStr) || (a[1]->s != "latin1" && a[1]->s != "latin-1"))
         return bad("takes (str, 'latin1')");
       CKPT_ASSIGN_OR_RETURN(PyObj * b, make(PyType::kBytes));
-      if (!utf8_to_latin1(a[0]->s, &b->s)) return bad("the str has characters beyond latin-1");
+      if (!pickle_utf8_to_latin1(a[0]->s, &b->s)) return bad("the str has characters beyond latin-1");
       return b;
     }
     case GlobalKind::kTorchSize: {
       std::vector<int64_t> dims;
-      if (a.size() != 1 || !int_tuple(a[0], &dims)) return bad("takes one tuple of ints");
+      if (a.size() != 1 || !pickle_int_tuple(a[0], &dims)) return bad("takes one tuple of ints");
       CKPT_ASSIGN_OR_RETURN(PyObj * t, make(PyType::kTuple));
       t->items = a[0]->items;
       return t;

@@ -9,7 +9,7 @@ namespace ckpt::torch {
 
 namespace {
 
-Status zip_err(const char* code, const std::string& path, const std::string& msg) {
+Status ziparchive_err(const char* code, const std::string& path, const std::string& msg) {
   return Status::Error(code, "torch zip: " + msg).with_file(path);
 }
 
@@ -20,14 +20,14 @@ Result<std::unique_ptr<ZipArchive>> ZipArchive::open(const std::string& path, ui
   zip_error_init(&ze);
   zip_int64_t len = length == UINT64_MAX ? -1 : static_cast<zip_int64_t>(length);  // -1: to the end
   if (length != UINT64_MAX && length > static_cast<uint64_t>(INT64_MAX))
-    return zip_err("TorchReadRange", path, "byte range length " + std::to_string(length) + " too large");
+    return ziparchive_err("TorchReadRange", path, "byte range length " + std::to_string(length) + " too large");
   zip_source_t* src = zip_source_file_create(path.c_str(), offset, len, &ze);
   if (src == nullptr) {
     int sys = zip_error_code_system(&ze);
     std::string m = zip_error_strerror(&ze);
     zip_error_fini(&ze);
     if (sys != 0) return Status::FromErrno("cannot open", path, sys);
-    return zip_err("TorchZipCorrupt", path, "cannot open the byte range: " + m);
+    return ziparchive_err("TorchZipCorrupt", path, "cannot open the byte range: " + m);
   }
   zip_t* za = zip_open_from_source(src, ZIP_RDONLY | ZIP_CHECKCONS, &ze);
   if (za == nullptr) {
@@ -36,9 +36,9 @@ Result<std::unique_ptr<ZipArchive>> ZipArchive::open(const std::string& path, ui
     zip_error_fini(&ze);
     zip_source_free(src);
     if (code == ZIP_ER_NOZIP)
-      return zip_err("TorchNotZip", path, "not a zip archive (torch.save files are zips): " + m);
-    if (code == ZIP_ER_OPEN) return zip_err("TorchZipCorrupt", path, "cannot open: " + m);
-    return zip_err("TorchZipCorrupt", path, "the zip is damaged or truncated: " + m);
+      return ziparchive_err("TorchNotZip", path, "not a zip archive (torch.save files are zips): " + m);
+    if (code == ZIP_ER_OPEN) return ziparchive_err("TorchZipCorrupt", path, "cannot open: " + m);
+    return ziparchive_err("TorchZipCorrupt", path, "the zip is damaged or truncated: " + m);
   }
   zip_error_fini(&ze);
   std::unique_ptr<ZipArchive> a(new ZipArchive());
@@ -58,7 +58,7 @@ void ZipArchive::close_stream() {
 }
 
 Status ZipArchive::zip_error(const std::string& what) const {
-  return zip_err("TorchZipCorrupt", path_, what + ": " + zip_strerror(za_));
+  return ziparchive_err("TorchZipCorrupt", path_, what + ": " + zip_strerror(za_));
 }
 
 uint64_t ZipArchive::num_entries() const {
@@ -76,9 +76,9 @@ Result<ZipArchive::Entry> ZipArchive::entry(uint64_t i) const {
   e.size = st.size;
   e.comp_size = st.comp_size;
   if ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE)
-    return zip_err("TorchZipMethod", path_, "entry '" + e.name + "' is encrypted");
+    return ziparchive_err("TorchZipMethod", path_, "entry '" + e.name + "' is encrypted");
   if (st.comp_method != ZIP_CM_STORE && st.comp_method != ZIP_CM_DEFLATE)
-    return zip_err("TorchZipMethod", path_, "entry '" + e.name + "' uses compression method " + std::to_string(st.comp_method) +
+    return ziparchive_err("TorchZipMethod", path_, "entry '" + e.name + "' uses compression method " + std::to_string(st.comp_method) +
                                                 "; only stored (0) and deflated (8) are read");
   e.deflated = st.comp_method == ZIP_CM_DEFLATE;
   return e;
@@ -104,7 +104,7 @@ Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* d
   if (!e.deflated) {
     if (stream_pos_ != offset) {
       if (zip_fseek(stream_, static_cast<zip_int64_t>(offset), SEEK_SET) != 0)
-        return zip_err("TorchZipCorrupt", path_, "cannot seek in entry '" + e.name + "': " + zip_file_strerror(stream_));
+        return ziparchive_err("TorchZipCorrupt", path_, "cannot seek in entry '" + e.name + "': " + zip_file_strerror(stream_));
       stream_pos_ = offset;
     }
   } else {
@@ -115,7 +115,7 @@ Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* d
       zip_int64_t r = zip_fread(stream_, skip.data(), n);
       if (r <= 0) {
         close_stream();
-        return zip_err("TorchZipCorrupt", path_, "entry '" + e.name + "' ends or fails to inflate before byte " + std::to_string(offset));
+        return ziparchive_err("TorchZipCorrupt", path_, "entry '" + e.name + "' ends or fails to inflate before byte " + std::to_string(offset));
       }
       stream_pos_ += static_cast<uint64_t>(r);
     }
@@ -127,7 +127,7 @@ Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* d
     if (r <= 0) {
       std::string why = r < 0 ? zip_file_strerror(stream_) : "unexpected end of data";
       close_stream();
-      return zip_err("TorchZipCorrupt", path_, "reading entry '" + e.name + "' at byte " + std::to_string(offset + done) + ": " + why);
+      return ziparchive_err("TorchZipCorrupt", path_, "reading entry '" + e.name + "' at byte " + std::to_string(offset + done) + ": " + why);
     }
     done += static_cast<uint64_t>(r);
     stream_pos_ += static_cast<uint64_t>(r);
@@ -137,7 +137,7 @@ Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* d
 
 Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code) {
   if (e.size > max_bytes)
-    return zip_err(too_large_code, path_, "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
+    return ziparchive_err(too_large_code, path_, "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
   std::string s(static_cast<size_t>(e.size), '\0');
   CKPT_RETURN_IF_ERROR(read(e, 0, e.size, s.data()));
   return s;

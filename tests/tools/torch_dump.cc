@@ -2,7 +2,9 @@
 // through formats/torch and prints the object tree as JSON; with OUT_DIR, writes every tensor's
 // elements (dense row-major, read through TorchFile::read_tensor) to OUT_DIR/<n>.bin, so
 // tests/python/test_torch_read.py can compare them with torch.load.
-//   torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N]
+//   torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N] [--halves]
+// --halves: also writes <n>.half.bin, the sub-box [size/2 : size] of every dimension (a sub-box
+// read through read_tensor, as resharding does).
 // JSON: None/bool/int/str as themselves; float {"float": x} (x "nan"/"inf"/"-inf" when not finite);
 // bytes {"bytes": hex}; {"list": [...]}, {"tuple": [...]}, {"dict": [[k, v], ...]};
 // {"tensor": {dtype, size, stride, offset, key, numel, requires_grad, parameter, file}};
@@ -31,6 +33,7 @@ namespace {
 struct Dumper {
   TorchFile* file = nullptr;
   std::string out_dir;
+  bool halves = false;
   int next = 0;
   long budget = 2000000;
   Status st;
@@ -53,6 +56,16 @@ struct Dumper {
       std::string name = std::to_string(next++) + ".bin";
       std::ofstream(out_dir + "/" + name, std::ios::binary).write(buf.data(), static_cast<std::streamsize>(buf.size()));
       j["file"] = name;
+      if (halves && st.ok()) {
+        Box sub = Box::whole(t.size);
+        for (size_t d = 0; d < sub.ndim(); ++d) {
+          sub.offset[d] = t.size[d] / 2;
+          sub.extent[d] = t.size[d] - t.size[d] / 2;
+        }
+        std::vector<char> hb(static_cast<size_t>(sub.numel()) * dtype_size(t.storage.dtype));
+        st = file->read_tensor(t, sub, hb.data());
+        std::ofstream(out_dir + "/" + name + ".half", std::ios::binary).write(hb.data(), static_cast<std::streamsize>(hb.size()));
+      }
     }
     return j;
   }
@@ -110,12 +123,14 @@ int exit_for(const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Dumper d;
   std::vector<std::string> pos;
   bool pickle_only = false;
   uint64_t offset = 0, length = UINT64_MAX;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--pickle") pickle_only = true;
+    else if (a == "--halves") d.halves = true;
     else if (a == "--offset" && i + 1 < argc) offset = std::stoull(argv[++i]);
     else if (a == "--length" && i + 1 < argc) length = std::stoull(argv[++i]);
     else pos.push_back(a);
@@ -124,7 +139,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N]\n");
     return 2;
   }
-  Dumper d;
   if (pos.size() > 1) d.out_dir = pos[1];
   if (pickle_only) {
     std::ifstream in(pos[0], std::ios::binary);
