@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser, the DCP .metadata parser), seeded with valid files
+# Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser,
+# the restricted unpickler of formats/torch, the DCP .metadata parser), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
 #   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 15 s per target)
@@ -18,9 +19,9 @@ if [ ! -f "$bdir/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
     -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
-ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz dcp_metadata_fuzz >/dev/null
+ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz unpickler_fuzz dcp_metadata_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
-mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/dcp_metadata"
+mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/unpickle" "$out/dcp_metadata"
 # DCP .metadata seeds: pickles written by torch.distributed.checkpoint.save (tests/fuzz/seeds/).
 cp "$here/tests/fuzz/seeds/dcp_metadata/"* "$out/dcp_metadata/"
 # Seeds: valid headers (empty, tensors with metadata, scalar, zero-size) and indexes.
@@ -34,6 +35,11 @@ printf '{"format":"ckpt-native","version":1,"model_config":{"a":[1]},"tensors":[
 printf '{"format":"ckpt-native","version":1,"tensors":[],"pieces":[]}' > "$out/manifest/empty"
 xxh=0123456789abcdef0123456789abcdef
 printf '{"format":"ckpt-native","version":2,"layout":{"pipelines":[{"micro_batch":2,"stages":[{"layers":1,"tp":2,"device":"A"}]}]},"tensors":[{"name":"a","dtype":"F32","shape":[2,3]},{"name":"o","dtype":"F32","shape":[6]}],"pieces":[{"tensor":"a","file":"shards/r00000.h5","dataset":"p0","region":{"offset":[0,0],"extent":[2,3]},"dtype":"F32","bytes":24,"digest":"xxh3-128:%s","codec":"none"},{"tensor":"o","file":"shards/r00000.h5","dataset":"p1","region":{"offset":[0],"extent":[6],"flat":[0,3]},"dtype":"F32","bytes":12,"digest":"sha256:%s","codec":"zstd","codec_level":3},{"tensor":"o","file":"shards/r00001.h5","dataset":"p2","region":{"offset":[0],"extent":[6],"flat":[3,6]},"dtype":"F32","bytes":12,"digest":"xxh3-128:%s","codec":"none"}]}' "$xxh" "$sha" "$xxh" > "$out/manifest/three_v2"
+# Unpickler seeds: data.pkl of torch.save files (tensors v2/v3, a Parameter, a transposed view;
+# argparse.Namespace with a dtype, OrderedDict, scalars) and a protocol-4 pickle (sets, FRAME, MEMOIZE).
+echo 'gAJ9cQAoWAEAAAB3cQFjdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3RlbnNvcl92MgpxAigoWAcAAABzdG9yYWdlcQNjdG9yY2gKRmxvYXRTdG9yYWdlCnEEWAEAAAAwcQVYAwAAAGNwdXEGSwZ0cQdRSwBLA0sChnEISwFLA4ZxCYljY29sbGVjdGlvbnMKT3JkZXJlZERpY3QKcQopUnELdHEMUnENWAEAAABwcQ5jdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3BhcmFtZXRlcgpxD2gCKChoA2gEWAEAAAAxcRBoBksCdHERUUsASwKFcRJLAYVxE4loCilScRR0cRVScRaIaAopUnEXh3EYUnEZWAEAAAB1cRpjdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3RlbnNvcl92MwpxGygoaANjdG9yY2guc3RvcmFnZQpVbnR5cGVkU3RvcmFnZQpxHFgBAAAAMnEdaAZLBHRxHlFLAEsChXEfSwGFcSCJaAopUnEhY3RvcmNoCnVpbnQxNgpxInRxI1JxJHUu' | base64 -d > "$out/unpickle/tensors"
+echo 'gAJ9cQAoWAQAAABhcmdzcQFjYXJncGFyc2UKTmFtZXNwYWNlCnECKYFxA31xBChYAQAAAGFxBUsBWAIAAABkdHEGY3RvcmNoCmJmbG9hdDE2CnEHdWJYAQAAAG9xCGNjb2xsZWN0aW9ucwpPcmRlcmVkRGljdApxCSlScQpYAQAAAGtxC11xDChLAUdABAAAAAAAAE6IY19jb2RlY3MKZW5jb2RlCnENWAEAAAB4cQ5YBgAAAGxhdGluMXEPhnEQUnERZXN1Lg==' | base64 -d > "$out/unpickle/args"
+echo 'gASVLwAAAAAAAAB9lCiMAWGUSwGKBgAAAAAAAYaUjAFzlI+UKEsBkIwBZpQokZSMAWKUQwJ4eZR1Lg==' | base64 -d > "$out/unpickle/proto4"
 cat > "$out/dict" <<'EOF'
 "{"
 "}"
@@ -83,6 +89,10 @@ cat > "$out/dict" <<'EOF'
 "digest"
 "xxh3-128:"
 "sha256:"
+"_rebuild_tensor_v2"
+"collections\x0aOrderedDict\x0a"
+"torch\x0aFloatStorage\x0a"
+"storage"
 "codec"
 "codec_level"
 "zstd"
@@ -95,8 +105,8 @@ cat > "$out/dict" <<'EOF'
 "relative_path"
 EOF
 status=0
-fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; dcp_metadata) echo dcp_metadata_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
-for t in header index manifest dcp_metadata; do
+fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; unpickle) echo unpickler_fuzz ;; dcp_metadata) echo dcp_metadata_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
+for t in header index manifest unpickle dcp_metadata; do
   echo "== $(fuzz_bin "$t") for ${secs}s"
   extra=()
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
