@@ -66,7 +66,10 @@ Result<DcpMetadata> read_dcp_metadata(const std::string& dir);
 Result<DcpMetadata> parse_dcp_metadata(std::string_view bytes);
 
 // A DCP directory as a TensorSource: tensors under their DCP keys (no renaming; the Megatron
-// and HF mappings sit on top), every chunk one piece. metadata(): {"dcp": {"bytes": [fqn...]}}.
+// and HF mappings sit on top), every non-empty chunk one piece (embedded zip items checked at open:
+// one tensor of the chunk's sizes and dtype, DcpItemMismatch). metadata(): {"dcp": {"version",
+// "bytes": [fqn...], "files": [...]}}, plus "model_config" (config.json of the directory or its
+// parent) when the keys are HF LLaMA names. docs/DCP.md.
 Result<std::unique_ptr<TensorSource>> open_dcp_dir(const std::string& dir);
 
 // DcpBadPath unless `rel` is a relative path inside the directory (not empty, not absolute, no

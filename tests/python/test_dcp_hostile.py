@@ -146,10 +146,19 @@ def test_zip_item_of_the_wrong_shape(base, run_ckpt, tmp_path):
     _refused(run_ckpt, d, "DcpItemMismatch")
 
 
-def test_unknown_dtype(tmp_path, run_ckpt):
+def test_unknown_dtype(base, run_ckpt, tmp_path):
+    d = _copy(base, tmp_path)
+    md = _md(d)
+    md.state_dict_metadata["a"].properties.dtype = torch.strided  # an allowed global that is no dtype
+    _write_md(d, md)
+    _refused(run_ckpt, d, "DcpUnknownDType", exit_code=5)
+
+
+def test_complex_dtype_is_refused(tmp_path, run_ckpt):
     d = tmp_path / "c"
     dcp.save({"z": torch.zeros(2, dtype=torch.complex64)}, checkpoint_id=str(d))
-    _refused(run_ckpt, d, "DcpUnknownDType", exit_code=5)
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode in (3, 5) and "complex64" in p.stderr, p.stderr
 
 
 def _raw_dir(base, tmp_path, length_delta=0):

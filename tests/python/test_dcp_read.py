@@ -116,3 +116,8 @@ def test_verify_reads_every_chunk(fx, run_ckpt):
     md = _torch_metadata(fx / "sharded" / "dcp")
     chunks = sum(len(v.chunks) for v in md.state_dict_metadata.values() if hasattr(v, "chunks"))
     assert rep["ok"] is True and rep["format"] == "dcp" and rep["pieces"] == chunks
+
+
+def test_from_hf_accepts_a_dcp_of_hf_names(fx, run_ckpt, tmp_path):
+    run_ckpt("from-hf", fx / "llama_bf16" / "dcp", tmp_path / "native", "--no-fsync")
+    run_ckpt("diff", tmp_path / "native", fx / "llama_bf16" / "hf")
