@@ -7,6 +7,7 @@
 #include "converters/megatron_dir_source.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
+#include "converters/megatron_torch_source.h"
 #include "reshard/diff.h"
 
 namespace ckpt::cli {
@@ -29,7 +30,7 @@ int run_diff(const DiffArgs& args) {
   o.max_memory = static_cast<int64_t>(*mem);
   o.ignore_dtype = args.ignore_dtype;
   auto open_any = [](const std::string& path) {
-    return is_megatron_dir(path) ? open_megatron_dir(path) : open_source(path);
+    return is_megatron_torch_dir(path) ? open_megatron_torch_dir(path) : is_megatron_dir(path) ? open_megatron_dir(path) : open_source(path);
   };
   auto a = open_any(args.a);
   if (!a.ok()) return report_error(a.take_status().with_context("opening A"));

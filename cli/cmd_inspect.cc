@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "formats/open_source.h"
+#include "converters/megatron_torch_source.h"
 #include "formats/safetensors/st_dir.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/summary.h"
@@ -90,7 +91,7 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
   sub.add_flag("--json", *json_out, "Print the summary as JSON");
   return CommandAction([path, json_out]() -> int {
     const SourceKind kind = detect_source(*path);
-    auto src = open_source(*path);
+    auto src = is_megatron_torch_dir(*path) ? open_megatron_torch_dir(*path) : open_source(*path);
     if (!src.ok()) return report_error(src.status());
     store::SourceExtras ex;
     auto file_of = std::make_shared<std::map<std::string, std::string>>();

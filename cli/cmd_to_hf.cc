@@ -10,6 +10,7 @@
 #include "converters/hf_export.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
+#include "converters/megatron_torch_source.h"
 #include "formats/safetensors/st_index.h"
 
 namespace ckpt::cli {
@@ -44,7 +45,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
     if (!ms.ok()) return report_error(ms.take_status());
     opts.max_shard_size = *ms;
-    auto src = open_source(o->src);
+    auto src = is_megatron_torch_dir(o->src) ? open_megatron_torch_dir(o->src) : open_source(o->src);
     if (!src.ok()) return report_error(src.status());
     auto plan = plan_hf_export(**src, o->src, opts);
     if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));

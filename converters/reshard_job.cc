@@ -9,6 +9,7 @@
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
 #include "converters/megatron_dir_source.h"
+#include "converters/megatron_torch_source.h"
 #include "formats/byte_size.h"
 #include "formats/store/store_options.h"
 #include "formats/store/store_reader.h"
@@ -51,8 +52,8 @@ struct OpenedSource {
 // fused gate/up are unpacked by its segment map).
 Result<OpenedSource> open_reshard_source(const std::string& path) {
   OpenedSource s;
-  if (is_megatron_dir(path)) {
-    auto m = open_megatron_dir(path);
+  if (is_megatron_dir(path) || is_megatron_torch_dir(path)) {
+    auto m = is_megatron_dir(path) ? open_megatron_dir(path) : open_megatron_torch_dir(path);
     if (!m.ok()) return m.take_status().with_context("opening SRC");
     s.other = std::move(m).value();
   } else {
@@ -109,7 +110,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
   BackgroundVerify bg;
-  if (!r.no_verify && !r.dry_run && !r.dist && !is_megatron_dir(r.src)) (void)bg.start(r.src);
+  if (!r.no_verify && !r.dry_run && !r.dist && !is_megatron_dir(r.src) && !is_megatron_torch_dir(r.src)) (void)bg.start(r.src);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   TensorSource& src = opened.get();
