@@ -265,3 +265,11 @@ def test_pickled_code_is_never_run(run_ckpt, tmp_path):
     assert p.returncode != 0
     assert "ForbiddenGlobal" in p.stderr and "system" in p.stderr, p.stderr
     assert not marker.exists()
+
+
+def test_reshard_straight_from_legacy_dir(run_ckpt, tmp_path):
+    fx = mf.fixture("pp2")
+    run_ckpt("reshard", fx, tmp_path / "native", "--tp", 2, "--pp", 1, "--dp", 1)
+    run_ckpt("to-hf", fx, tmp_path / "hf")
+    p = run_ckpt("diff", tmp_path / "native", tmp_path / "hf", "--json", check=False)
+    assert p.returncode == 0 and json.loads(p.stdout)["equal"] is True, p.stdout + p.stderr
