@@ -221,6 +221,9 @@ nlohmann::json megatron_meta(const PyObj* root, const std::string& iter_dir) {
     nlohmann::json x;
     if (const PyObj* v = root->get(k); v != nullptr && arg_to_json(v, x)) m[k] = x;
   }
+  // Optimizer state is not mapped yet (Megatron's param-group order decides which index is which
+  // parameter): say that it was there.
+  if (const PyObj* o = root->get("optimizer"); o != nullptr && !o->is(PyType::kNone)) m["optimizer_not_imported"] = true;
   if (const PyObj* s = root->get("opt_param_scheduler"); s != nullptr && s->is(PyType::kDict)) {
     nlohmann::json sj = nlohmann::json::object();
     for (const auto& [k, v] : s->entries) {

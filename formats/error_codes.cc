@@ -139,6 +139,8 @@ constexpr ErrorCodeEntry kTable[] = {
     // Calibration and emulation of device types (issue 16: trainer/plan/calibrate.h, trainer/emulate.h).
     {"CalibrationFailed", ErrorKind::kIo},  // the MPI measurement (mpirun -np 2) did not run or report
     {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed
+    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron_torch_source).
+    {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
     // formats/torch (unpickler, torch zip).
     {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
     {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP
@@ -165,8 +167,6 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
     {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
     {"TorchReadRange", kArg},               // a read outside a storage or a tensor
-    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron_torch_source).
-    {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
 };
 
 }  // namespace

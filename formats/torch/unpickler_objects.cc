@@ -88,6 +88,13 @@ Status Machine::op_object(uint8_t op, bool* handled) {
     case kBuild: {
       CKPT_ASSIGN_OR_RETURN(PyObj * state, pop());
       CKPT_ASSIGN_OR_RETURN(PyObj * obj, top());
+      // An OrderedDict's attributes: every nn.Module.state_dict() carries `_metadata` (module
+      // versions), pickled as BUILD({'_metadata': ...}) on the OrderedDict. Kept inert as its state.
+      if (obj->is(PyType::kDict) && state->is(PyType::kDict)) {
+        CKPT_RETURN_IF_ERROR(nest(obj, state));
+        obj->state = state;
+        return Status::Ok();
+      }
       if (!obj->is(PyType::kRecord) || global_of(obj) != nullptr)
         return fail("PickleBadReduce", "BUILD on a " + std::string(obj->is(PyType::kRecord) ? "bare global '" + obj->cls + "'" : py_type_name(obj->type)) +
                                            "; only records of allow-listed classes take a state");

@@ -145,11 +145,13 @@ def _build(tp, pp, bf16):
                      post_process=parallel_state.is_pipeline_last_stage(), parallel_output=False,
                      share_embeddings_and_output_weights=False, position_embedding_type="rope",
                      rotary_base=10000)
-    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits.
+    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits; the
+    # same on every TP rank (norms are replicated over TP), different per stage and layer.
+    gen = torch.Generator().manual_seed(99 + 1000 * parallel_state.get_pipeline_model_parallel_rank())
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "layernorm" in n or "norm" in n.split(".")[-2]:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype))
     return model
 
 

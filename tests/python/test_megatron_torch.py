@@ -246,3 +246,30 @@ def test_tensor_wrong_shape(run_ckpt, tmp_path):
     p = run_ckpt("inspect", d, check=False)
     assert p.returncode != 0
     assert name in p.stderr and "mp_rank_01" in p.stderr and "shape" in p.stderr, p.stderr
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickled_code_is_never_run(run_ckpt, tmp_path):
+    d = copy_fixture("tp1", tmp_path / "c")
+    marker = tmp_path / "pwned"
+    resave(d / "iter_0000010/mp_rank_00/model_optim_rng.pt", lambda ck: ck.__setitem__("rng_state", _Payload(marker)))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0
+    assert "ForbiddenGlobal" in p.stderr and "system" in p.stderr, p.stderr
+    assert not marker.exists()
+
+
+def test_reshard_straight_from_legacy_dir(run_ckpt, tmp_path):
+    fx = mf.fixture("pp2")
+    run_ckpt("reshard", fx, tmp_path / "native", "--tp", 2, "--pp", 1, "--dp", 1)
+    run_ckpt("to-hf", fx, tmp_path / "hf")
+    p = run_ckpt("diff", tmp_path / "native", tmp_path / "hf", "--json", check=False)
+    assert p.returncode == 0 and json.loads(p.stdout)["equal"] is True, p.stdout + p.stderr

@@ -88,6 +88,14 @@ TEST(Unpickler, ReduceOnNonGlobal) { EXPECT_EQ(code_of(kProto2 + "])R."), "Pickl
 TEST(Unpickler, ReduceOnBareGlobal) { EXPECT_EQ(code_of(kProto2 + global("torch", "float32") + ")R."), "PickleBadReduce"); }
 TEST(Unpickler, ReduceArgsNotTuple) { EXPECT_EQ(code_of(kProto2 + global("argparse", "Namespace") + "]R."), "PickleBadReduce"); }
 TEST(Unpickler, BuildOnNonRecord) { EXPECT_EQ(code_of(kProto2 + "]}b."), "PickleBadReduce"); }
+// Every nn.Module.state_dict() is an OrderedDict pickled with BUILD({'_metadata': ...}).
+TEST(Unpickler, BuildOnOrderedDictKeepsAttributes) {
+  auto r = unpickle(kProto2 + global("collections", "OrderedDict") + ")R}(" + binunicode("_metadata") + "}ub.");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->root->is(PyType::kDict));
+  ASSERT_NE(r->root->state, nullptr);
+  EXPECT_EQ(r->root->state->entries.size(), 1u);
+}
 TEST(Unpickler, BuildOnBareGlobal) { EXPECT_EQ(code_of(kProto2 + global("argparse", "Namespace") + "}b."), "PickleBadReduce"); }
 TEST(Unpickler, NewObjOnFunction) {
   EXPECT_EQ(code_of(kProto2 + global("torch._utils", "_rebuild_tensor_v2") + ")\x81."), "PickleBadReduce");
