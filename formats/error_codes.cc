@@ -120,6 +120,32 @@ constexpr ErrorCodeEntry kTable[] = {
     {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
     {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
     {"DcpWriteInvalid", kArg},      // DCP pieces that are not boxes, or in another dtype than the tensor
+    // formats/torch (unpickler, torch zip).
+    {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
+    {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP
+    {"PickleBadOpcode", kCorrupt},          // a byte that is no pickle opcode
+    {"PickleUnsupportedOpcode", kCorrupt},  // INST, OBJ, EXT*, PERSID, out-of-band buffers
+    {"PickleUnsupportedProtocol", kUnsup},  // PROTO above 5
+    {"PickleMemoIndex", kCorrupt},          // GET of an unset index, or an index past the bound
+    {"PickleTooDeep", kCorrupt},            // MARK nesting or object nesting past the bound
+    {"PickleTooLarge", kCorrupt},           // objects, stack, string or container past the bound
+    {"PickleStackUnderflow", kCorrupt},     // an opcode pops more than the stack holds
+    {"PickleBadValue", kCorrupt},           // an opcode applied to the wrong kind of value
+    {"PickleBadUtf8", kCorrupt},            // a str that is not UTF-8
+    {"PickleBadPersistentId", kCorrupt},    // not ('storage', torch.XStorage, key, location, numel)
+    {"PickleBadReduce", kCorrupt},          // REDUCE / NEWOBJ / BUILD on what may not be called
+    {"PickleBadTensor", kCorrupt},          // tensor rebuild arguments not as torch.save writes them
+    {"IntTooLarge", kUnsup},                // an integer beyond int64
+    {"TorchNotZip", kCorrupt},              // not a zip (nor a ZIP64) archive
+    {"TorchZipCorrupt", kCorrupt},          // libzip refuses the archive or an entry's data
+    {"TorchNoDataPkl", kCorrupt},           // no <archive>/data.pkl
+    {"TorchPickleTooLarge", kCorrupt},      // data.pkl larger than TorchFileLimits::max_pickle_bytes
+    {"TorchByteOrder", kUnsup},             // byteorder other than 'little'
+    {"TorchZipMethod", kUnsup},             // an entry neither stored nor deflated, or encrypted
+    {"TorchStorageMissing", kCorrupt},      // a persistent id names data/<key> that is absent
+    {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
+    {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
+    {"TorchReadRange", kArg},               // a read outside a storage or a tensor
     // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
     {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
 };

@@ -1,0 +1,148 @@
+// torch.save zip files: open (archive prefix, byteorder, data.pkl, every storage and tensor
+// checked), storage and tensor reads in place (docs/TORCH.md).
+#include "formats/torch/torch_file.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <unordered_set>
+#include <vector>
+
+#include "formats/checked.h"
+#include "formats/torch/zip_archive.h"
+
+namespace ckpt::torch {
+
+namespace {
+
+// What an open file holds (TorchFile::Impl; a separate name so file-local helpers can take it).
+struct TorchFileState {
+  std::string path;
+  std::unique_ptr<ZipArchive> zip;
+  std::string prefix;  // "archive/"
+  Pickle pickle;
+  std::map<std::string, ZipArchive::Entry> storages;  // key -> data/<key>
+};
+
+Status tf_err(const std::string& path, const char* code, const std::string& msg) {
+  return Status::Error(code, "torch file: " + msg).with_file(path);
+}
+
+// The top folder holding data.pkl ("archive/" for torch >= 1.6; older files use the file stem).
+Result<std::string> find_archive_prefix(ZipArchive& z) {
+  uint64_t n = z.num_entries();
+  for (uint64_t i = 0; i < n; ++i) {
+    CKPT_ASSIGN_OR_RETURN(auto e, z.entry(i));
+    size_t slash = e.name.find('/');
+    if (slash != std::string::npos && slash > 0 && e.name.substr(slash) == "/data.pkl") return e.name.substr(0, slash + 1);
+  }
+  return tf_err(z.path(), "TorchNoDataPkl", "no <archive>/data.pkl entry: not a torch.save file");
+}
+
+// Every storage and tensor reachable from the root (cycles and shared objects visited once).
+void collect_tensors(const PyObj* root, std::vector<const PyObj*>* storages, std::vector<const PyObj*>* tensors) {
+  std::unordered_set<const PyObj*> seen;
+  std::vector<const PyObj*> todo{root};
+  while (!todo.empty()) {
+    const PyObj* o = todo.back();
+    todo.pop_back();
+    if (o == nullptr || !seen.insert(o).second) continue;
+    if (o->is(PyType::kStorage)) storages->push_back(o);
+    if (o->is(PyType::kTensor)) tensors->push_back(o);
+    for (const PyObj* c : o->items) todo.push_back(c);
+    for (const auto& [k, v] : o->entries) {
+      todo.push_back(k);
+      todo.push_back(v);
+    }
+    todo.push_back(o->args);
+    todo.push_back(o->state);
+  }
+}
+
+Status check_storage(TorchFileState& f, const StorageRef& s) {
+  auto bytes = checked_mul(static_cast<uint64_t>(s.numel), static_cast<uint64_t>(dtype_size(s.dtype)));
+  std::string name = f.prefix + "data/" + s.key;
+  auto it = f.storages.find(s.key);
+  if (it == f.storages.end()) {
+    CKPT_ASSIGN_OR_RETURN(auto e, f.zip->find(name));
+    if (!e) return tf_err(f.path, "TorchStorageMissing", "the pickle names storage '" + s.key + "' but the zip has no entry '" + name + "'");
+    it = f.storages.emplace(s.key, *e).first;
+  }
+  if (!bytes || *bytes != it->second.size)
+    return tf_err(f.path, "TorchStorageSize", "storage '" + s.key + "' (" + std::string(dtype_name(s.dtype)) + "): the pickle says " +
+                                                  std::to_string(s.numel) + " elements, entry '" + name + "' holds " + std::to_string(it->second.size) + " bytes");
+  return Status::Ok();
+}
+
+// The tensor's elements lie inside its storage: offset + sum((size-1)*stride) < numel.
+Status check_tensor(const std::string& path, const TensorRef& t) {
+  auto ctx = [&] { return "tensor over storage '" + t.storage.key + "' (size " + shape_to_string(t.size) + ", stride " + shape_to_string(t.stride) +
+                          ", offset " + std::to_string(t.storage_offset) + ")"; };
+  auto numel = checked_numel(t.size);
+  if (!numel) return tf_err(path, "TorchTensorOutOfStorage", ctx() + ": the size overflows");
+  if (*numel == 0) return Status::Ok();
+  int64_t last = t.storage_offset;
+  for (size_t d = 0; d < t.size.size(); ++d) {
+    auto step = checked_mul(t.size[d] - 1, t.stride[d]);
+    auto sum = step ? checked_add(last, *step) : std::nullopt;
+    if (!sum) return tf_err(path, "TorchTensorOutOfStorage", ctx() + ": its extent overflows");
+    last = *sum;
+  }
+  if (last >= t.storage.numel)
+    return tf_err(path, "TorchTensorOutOfStorage", ctx() + ": reaches element " + std::to_string(last) + " of a storage of " + std::to_string(t.storage.numel));
+  return Status::Ok();
+}
+
+Status check_small_entries(TorchFileState& f) {
+  CKPT_ASSIGN_OR_RETURN(auto bo, f.zip->find(f.prefix + "byteorder"));
+  if (bo) {
+    CKPT_ASSIGN_OR_RETURN(std::string s, f.zip->read_all(*bo, 64, "TorchByteOrder"));
+    if (s != "little") return tf_err(f.path, "TorchByteOrder", "byteorder is '" + s.substr(0, 16) + "'; only 'little' is read");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct TorchFile::Impl : TorchFileState {};
+
+TorchFile::TorchFile() : impl_(std::make_unique<Impl>()) {}
+TorchFile::~TorchFile() = default;
+
+Result<std::unique_ptr<TorchFile>> TorchFile::open(const std::string& path, uint64_t offset, uint64_t length, const TorchFileLimits& limits) {
+  std::unique_ptr<TorchFile> tf(new TorchFile());
+  Impl& f = *tf->impl_;
+  f.path = path;
+  CKPT_ASSIGN_OR_RETURN(f.zip, ZipArchive::open(path, offset, length));
+  CKPT_ASSIGN_OR_RETURN(f.prefix, find_archive_prefix(*f.zip));
+  CKPT_RETURN_IF_ERROR(check_small_entries(f));
+  CKPT_ASSIGN_OR_RETURN(auto pe, f.zip->find(f.prefix + "data.pkl"));
+  if (!pe) return tf_err(path, "TorchNoDataPkl", "no " + f.prefix + "data.pkl");
+  CKPT_ASSIGN_OR_RETURN(std::string pkl, f.zip->read_all(*pe, limits.max_pickle_bytes, "TorchPickleTooLarge"));
+  auto p = unpickle(pkl, limits.unpickle);
+  if (!p.ok()) return p.take_status().with_file(path).with_context("data.pkl");
+  f.pickle = std::move(p).value();
+  std::vector<const PyObj*> storages, tensors;
+  collect_tensors(f.pickle.root, &storages, &tensors);
+  for (const PyObj* s : storages) CKPT_RETURN_IF_ERROR(check_storage(f, s->storage));
+  for (const PyObj* t : tensors) {
+    CKPT_RETURN_IF_ERROR(check_storage(f, t->tensor.storage));
+    CKPT_RETURN_IF_ERROR(check_tensor(path, t->tensor));
+  }
+  return tf;
+}
+
+const PyObj* TorchFile::root() const { return impl_->pickle.root; }
+const std::string& TorchFile::path() const { return impl_->path; }
+
+Status TorchFile::read_storage(const std::string& key, uint64_t byte_offset, uint64_t bytes, void* dst) {
+  auto it = impl_->storages.find(key);
+  if (it == impl_->storages.end()) return tf_err(impl_->path, "TorchReadRange", "no storage '" + key + "' is named by the pickle");
+  auto end = checked_add(byte_offset, bytes);
+  if (!end || *end > it->second.size)
+    return tf_err(impl_->path, "TorchReadRange", "read of " + std::to_string(bytes) + " bytes at " + std::to_string(byte_offset) +
+                                                     " past the end of storage '" + key + "' (" + std::to_string(it->second.size) + " bytes)");
+  return impl_->zip->read(it->second, byte_offset, bytes, dst);
+}
+
+}  // namespace ckpt::torch

@@ -1,0 +1,60 @@
+// A read-only zip archive (ZIP64 included) through libzip, optionally lying at a byte range of a
+// larger file (DCP .distcp items). Entries are read in place: stored entries by seeking, deflated
+// ones by inflating forward only as far as a read needs (one open stream is kept for sequential
+// reads). Entries other than stored / deflated, and encrypted ones, are refused.
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "formats/status.h"
+
+struct zip;       // libzip's zip_t
+struct zip_file;  // libzip's zip_file_t
+
+namespace ckpt::torch {
+
+class ZipArchive {
+ public:
+  struct Entry {
+    uint64_t index = 0;
+    std::string name;
+    uint64_t size = 0;       // uncompressed bytes (as the central directory declares)
+    uint64_t comp_size = 0;
+    bool deflated = false;
+  };
+
+  // `length` UINT64_MAX: to the end of the file. Errors: TorchNotZip, TorchZipCorrupt, Io.
+  static Result<std::unique_ptr<ZipArchive>> open(const std::string& path, uint64_t offset, uint64_t length);
+  ~ZipArchive();
+  ZipArchive(const ZipArchive&) = delete;
+  ZipArchive& operator=(const ZipArchive&) = delete;
+
+  uint64_t num_entries() const;
+  // Entry `i` (TorchZipMethod when neither stored nor deflated, or encrypted).
+  Result<Entry> entry(uint64_t i) const;
+  // The entry named exactly `name`, or nullopt.
+  Result<std::optional<Entry>> find(const std::string& name) const;
+  // Reads [offset, offset + bytes) of `e` (the caller checks the range against e.size).
+  Status read(const Entry& e, uint64_t offset, uint64_t bytes, void* dst);
+  // The whole entry, refused (`too_large_code`) when it declares more than `max_bytes`.
+  Result<std::string> read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code);
+  const std::string& path() const { return path_; }
+
+ private:
+  ZipArchive() = default;
+  Status zip_error(const std::string& what) const;
+  void close_stream();
+
+  std::string path_;
+  ::zip* za_ = nullptr;
+  // The deflated entry read last, positioned at stream_pos_ (sequential reads do not restart).
+  ::zip_file* stream_ = nullptr;
+  uint64_t stream_index_ = 0;
+  uint64_t stream_pos_ = 0;
+};
+
+}  // namespace ckpt::torch
