@@ -4,9 +4,8 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "converters/megatron_dir_source.h"
+#include "converters/open_checkpoint.h"
 #include "formats/byte_size.h"
-#include "formats/open_source.h"
 #include "reshard/diff.h"
 
 namespace ckpt::cli {
@@ -28,12 +27,9 @@ int run_diff(const DiffArgs& args) {
   o.rtol = args.rtol;
   o.max_memory = static_cast<int64_t>(*mem);
   o.ignore_dtype = args.ignore_dtype;
-  auto open_any = [](const std::string& path) {
-    return is_megatron_dir(path) ? open_megatron_dir(path) : open_source(path);
-  };
-  auto a = open_any(args.a);
+  auto a = open_checkpoint(args.a);
   if (!a.ok()) return report_error(a.take_status().with_context("opening A"));
-  auto b = open_any(args.b);
+  auto b = open_checkpoint(args.b);
   if (!b.ok()) return report_error(b.take_status().with_context("opening B"));
   auto rep = diff_sources(**a, **b, o);
   if (!rep.ok()) return report_error(rep.status());
@@ -50,7 +46,7 @@ int run_diff(const DiffArgs& args) {
 
 CommandAction setup_diff(CLI::App& sub) {
   auto args = std::make_shared<DiffArgs>();
-  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file or Megatron-layout dir")->required();
+  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file, Megatron-layout dir or DCP dir")->required();
   sub.add_option("B", args->b, "Second checkpoint (same kinds)")->required();
   sub.add_option("--atol", args->atol, "Absolute tolerance: |a-b| <= atol + rtol*|b| counts as equal")
       ->check(CLI::NonNegativeNumber);

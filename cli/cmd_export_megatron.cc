@@ -9,7 +9,7 @@
 #include "cli/progress.h"
 #include "converters/megatron_dist_export.h"
 #include "converters/megatron_export.h"
-#include "formats/open_source.h"
+#include "converters/open_checkpoint.h"
 
 namespace ckpt::cli {
 namespace {
@@ -36,7 +36,7 @@ int run_export(const ExportArgs& a) {
     if (!dt.ok()) return report_error(Status::InvalidArgument("--dtype '" + a.dtype + "': expected bf16, fp16 or fp32"));
     o.dtype = *dt;
   }
-  auto src = open_source(a.src);
+  auto src = open_checkpoint(a.src);
   if (!src.ok()) return report_error(src.status());
   ProgressBar bar("export-megatron", stderr_is_tty());
   o.progress = bar.callback();
@@ -49,7 +49,7 @@ int run_export(const ExportArgs& a) {
 
 CommandAction setup_export_megatron(CLI::App& sub) {
   auto a = std::make_shared<ExportArgs>();
-  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, HF dir or .safetensors file (with config)")
+  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, HF dir, .safetensors file or DCP dir with HF names (with config)")
       ->required();
   sub.add_option("DST", a->dst, "Output directory (must not exist; written as DST.partial then renamed)")->required();
   sub.add_option("--tp", a->tp, "Tensor-parallel size")->check(CLI::Range(1, 1 << 16));

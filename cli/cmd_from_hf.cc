@@ -14,7 +14,9 @@
 #include "cli/progress.h"
 #include "converters/hf_export.h"
 #include "converters/hf_import.h"
+#include "converters/open_checkpoint.h"
 #include "formats/open_source.h"
+#include "formats/torch/dcp.h"
 #include "formats/store/store_writer.h"
 #include "reshard/comm.h"
 
@@ -47,14 +49,17 @@ int run_from_hf(const FromHfArgs& a) {
   if (!so.ok()) return fail(so.take_status());
   so->fsync = !a.no_fsync;
   so->hash_threads = a.stream.threads;
+  // HF names in: a HuggingFace directory or file, or a DCP directory of an HF model's state_dict.
   auto kind = detect_source(a.src);
-  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile)
-    return fail(Status::InvalidArgument("'" + a.src + "' is not a HuggingFace directory (no model.safetensors[.index.json])"));
+  const bool dcp = torch::is_dcp_dir(a.src);
+  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile && !dcp)
+    return fail(Status::InvalidArgument("'" + a.src + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
+                                        "nor a DCP directory (.metadata)"));
   {
-    auto dir = kind == SourceKind::kHfDir ? std::filesystem::path(a.src) : std::filesystem::path(a.src).parent_path();
+    auto dir = kind == SourceKind::kSafetensorsFile ? std::filesystem::path(a.src).parent_path() : std::filesystem::path(a.src);
     opts.side_files_dir = dir.empty() ? "." : dir.string();
   }
-  auto src = open_source(a.src);
+  auto src = open_checkpoint(a.src);
   if (!src.ok()) return fail(src.take_status());
   auto plan = plan_hf_import(**src, opts);
   if (!plan.ok()) return fail(plan.take_status().with_file(a.src));

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "converters/open_checkpoint.h"
 #include "formats/open_source.h"
 #include "formats/safetensors/st_dir.h"
 #include "formats/store/store_reader.h"
@@ -85,17 +86,19 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
   auto path = std::make_shared<std::string>();
   auto json_out = std::make_shared<bool>(false);
   sub.add_option("path", *path,
-                 "Native checkpoint or run directory (follows 'latest'), a .safetensors file, or a HuggingFace directory")
+                 "Native checkpoint or run directory (follows 'latest'), a .safetensors file, a HuggingFace directory, a Megatron-layout "
+                 "directory (export-megatron) or a PyTorch Distributed Checkpoint directory (.metadata)")
       ->required();
   sub.add_flag("--json", *json_out, "Print the summary as JSON");
   return CommandAction([path, json_out]() -> int {
     const SourceKind kind = detect_source(*path);
-    auto src = open_source(*path);
+    auto src = open_checkpoint(*path);
     if (!src.ok()) return report_error(src.status());
     store::SourceExtras ex;
     auto file_of = std::make_shared<std::map<std::string, std::string>>();
     if (auto* r = dynamic_cast<store::StoreReader*>(src->get())) ex = store_extras(*r);
     else if (auto* h = dynamic_cast<safetensors::HfDirSource*>(src->get())) ex = safetensors_extras(*h, kind == SourceKind::kHfDir, file_of);
+    else if (const CheckpointKind* k = detect_checkpoint(*path)) ex.format = k->name;
     auto s = store::summarize_source(**src, &ex);
     s["layout_detail"] = layout_detail(s["layout"]);
     if (*json_out) std::printf("%s\n", s.dump(2).c_str());

@@ -79,7 +79,7 @@ int run_reshard(const ReshardArgs& a) {
 
 CommandAction setup_reshard(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
-  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), or a Megatron-layout dir (export-megatron)")->required();
+  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir or DCP dir with a model config")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
   sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");

@@ -9,7 +9,7 @@
 #include "cli/progress.h"
 #include "converters/hf_export.h"
 #include "formats/byte_size.h"
-#include "formats/open_source.h"
+#include "converters/open_checkpoint.h"
 #include "formats/safetensors/st_index.h"
 
 namespace ckpt::cli {
@@ -22,7 +22,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     bool no_fsync = false;
   };
   auto o = std::make_shared<Opts>();
-  sub.add_option("SRC", o->src, "native store dir, HuggingFace dir or .safetensors file")->required();
+  sub.add_option("SRC", o->src, "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir or DCP dir (ckpt inspect --help lists the kinds)")->required();
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
@@ -44,7 +44,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
     if (!ms.ok()) return report_error(ms.take_status());
     opts.max_shard_size = *ms;
-    auto src = open_source(o->src);
+    auto src = open_checkpoint(o->src);
     if (!src.ok()) return report_error(src.status());
     auto plan = plan_hf_export(**src, o->src, opts);
     if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));

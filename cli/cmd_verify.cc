@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "formats/byte_size.h"
+#include "converters/open_checkpoint.h"
 #include "formats/open_source.h"
 #include "formats/store/source_scan.h"
 #include "formats/store/store_reader.h"
@@ -49,14 +50,15 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
   auto path = std::make_shared<std::string>();
   auto json_out = std::make_shared<bool>(false);
   sub.add_option("path", *path,
-                 "Native checkpoint or run directory (follows 'latest'), a .safetensors file, or a HuggingFace directory")
+                 "Native checkpoint or run directory (follows 'latest'), a .safetensors file, a HuggingFace directory, a Megatron-layout "
+                 "directory (export-megatron) or a PyTorch Distributed Checkpoint directory (.metadata)")
       ->required();
   sub.add_flag("--json", *json_out, "Print the result as JSON");
   auto threads = std::make_shared<int>(2);
   sub.add_option("--threads", *threads, "pieces hashed at a time (native checkpoints; default 2)")->check(CLI::Range(1, 64));
   return CommandAction([path, json_out, threads]() -> int {
     const SourceKind kind = detect_source(*path);
-    auto src = open_source(*path);
+    auto src = open_checkpoint(*path);
     if (!src.ok()) return open_failure(*path, src.status(), *json_out);
     auto* store_reader = dynamic_cast<store::StoreReader*>(src->get());
     ProgressBar bar("verify", stderr_is_tty() && !*json_out);
@@ -65,7 +67,9 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string format = store_reader ? std::string(store::kFormatName) + " v" + std::to_string(store_reader->manifest().version)
-                               : kind == SourceKind::kHfDir ? "huggingface safetensors directory" : "safetensors";
+                               : kind == SourceKind::kHfDir             ? "huggingface safetensors directory"
+                               : kind == SourceKind::kSafetensorsFile   ? "safetensors"
+                                                                        : detect_checkpoint(*path)->name;
     const std::string where = store_reader ? store_reader->dir() : (*src)->describe();
     if (*json_out) {
       nlohmann::json fails = nlohmann::json::array();

@@ -8,8 +8,9 @@
 
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
-#include "converters/megatron_dir_source.h"
+#include "converters/open_checkpoint.h"
 #include "formats/byte_size.h"
+#include "formats/open_source.h"
 #include "formats/store/store_options.h"
 #include "formats/store/store_reader.h"
 #include "reshard/comm.h"
@@ -47,12 +48,12 @@ struct OpenedSource {
   TensorSource& get() { return store ? static_cast<TensorSource&>(*store) : *other; }
 };
 
-// A native store, or a Megatron-layout directory written by export-megatron (packed QKV and
-// fused gate/up are unpacked by its segment map).
+// A native store (opened as such: its checksums are re-verified), or any other kind
+// open_checkpoint reads (Megatron, DCP, HF: they carry their model config in metadata).
 Result<OpenedSource> open_reshard_source(const std::string& path) {
   OpenedSource s;
-  if (is_megatron_dir(path)) {
-    auto m = open_megatron_dir(path);
+  if (detect_source(path) != SourceKind::kNativeStore) {
+    auto m = open_checkpoint(path);
     if (!m.ok()) return m.take_status().with_context("opening SRC");
     s.other = std::move(m).value();
   } else {
@@ -109,7 +110,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
   BackgroundVerify bg;
-  if (!r.no_verify && !r.dry_run && !r.dist && !is_megatron_dir(r.src)) (void)bg.start(r.src);
+  if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   TensorSource& src = opened.get();

@@ -146,6 +146,19 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
     {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
     {"TorchReadRange", kArg},               // a read outside a storage or a tensor
+    // formats/torch (DCP): PyTorch Distributed Checkpoint directories (formats/torch/dcp.h, docs/DCP.md).
+    {"DcpBadMetadata", kCorrupt},       // .metadata is not the Metadata records torch writes
+    {"DcpUnknownDType", kUnsup},        // a tensor's dtype ckpt does not read
+    {"DcpChunkOutside", kCorrupt},      // a chunk does not lie inside its tensor
+    {"DcpChunkOverlap", kCorrupt},      // two chunks of one tensor share elements
+    {"DcpMissingStorage", kCorrupt},    // a chunk or bytes item without its storage_data entry
+    {"DcpDuplicateStorage", kCorrupt},  // two storage_data entries for one item
+    {"DcpBadPath", kCorrupt},           // relative_path absolute, empty or with '..'
+    {"DcpItemPastFile", kCorrupt},      // offset + length past the end of the .distcp file
+    {"DcpItemSize", kCorrupt},          // a raw item's length != chunk elements * dtype size
+    {"DcpItemMismatch", kCorrupt},      // an embedded torch.save item's tensor differs from its chunk
+    {"DcpTransform", kUnsup},           // items stored through transforms (zstandard, ...)
+    {"DcpTooLarge", kCorrupt},          // counts or sizes beyond ckpt's bounds
     // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
     {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
 };

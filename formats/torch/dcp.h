@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/region.h"
@@ -26,6 +27,8 @@ struct DcpChunk {
   std::string file;            // relative path of the .distcp file
   uint64_t offset = 0;         // byte range of the item in that file
   uint64_t length = 0;
+  bool raw = false;            // read_dcp_metadata: the item is the chunk's bytes as they are
+                               // (row-major, little-endian), not an embedded torch.save zip
 };
 
 struct DcpTensor {
@@ -44,7 +47,14 @@ struct DcpBytesItem {
 struct DcpMetadata {
   std::vector<DcpTensor> tensors;   // in .metadata order
   std::vector<DcpBytesItem> bytes;
+  std::string version;              // Metadata.version ("1.0.0" from torch 2.4 on; "" before)
 };
+
+// Bounds on what a .metadata file may declare (a hostile file fails with DcpTooLarge).
+inline constexpr uint64_t kMaxDcpMetadataBytes = uint64_t{1} << 30;
+inline constexpr size_t kMaxDcpEntries = size_t{1} << 22;        // tensors + bytes items
+inline constexpr size_t kMaxDcpChunks = size_t{1} << 22;         // chunks, all tensors together
+inline constexpr size_t kMaxDcpRank = 32;                        // dimensions of one tensor
 
 // True when `dir` holds a `.metadata` file.
 bool is_dcp_dir(const std::string& dir);
@@ -58,6 +68,10 @@ Result<DcpMetadata> parse_dcp_metadata(std::string_view bytes);
 // A DCP directory as a TensorSource: tensors under their DCP keys (no renaming; the Megatron
 // and HF mappings sit on top), every chunk one piece. metadata(): {"dcp": {"bytes": [fqn...]}}.
 Result<std::unique_ptr<TensorSource>> open_dcp_dir(const std::string& dir);
+
+// DcpBadPath unless `rel` is a relative path inside the directory (not empty, not absolute, no
+// '..' component, no NUL); `fqn` names the item in the error.
+Status check_dcp_relative_path(const std::string& rel, const std::string& fqn);
 
 // Reads a bytes item whole (e.g. a Megatron common state), at most `max_bytes`.
 Result<std::string> read_dcp_bytes(const std::string& dir, const DcpBytesItem& item, uint64_t max_bytes);

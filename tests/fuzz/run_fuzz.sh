@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser), seeded with valid files
+# Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser, the DCP .metadata parser), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
 #   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 15 s per target)
@@ -18,9 +18,11 @@ if [ ! -f "$bdir/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
     -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
-ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz >/dev/null
+ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz dcp_metadata_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
-mkdir -p "$out/header" "$out/index" "$out/manifest"
+mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/dcp_metadata"
+# DCP .metadata seeds: pickles written by torch.distributed.checkpoint.save (tests/fuzz/seeds/).
+cp "$here/tests/fuzz/seeds/dcp_metadata/"* "$out/dcp_metadata/"
 # Seeds: valid headers (empty, tensors with metadata, scalar, zero-size) and indexes.
 printf '\x02\0\0\0\0\0\0\0{}' > "$out/header/empty"
 h='{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[],"data_offsets":[16,18]},"z":{"dtype":"U8","shape":[0],"data_offsets":[18,18]}}'
@@ -85,10 +87,16 @@ cat > "$out/dict" <<'EOF'
 "codec_level"
 "zstd"
 "shuffle+zstd"
+"torch.distributed.checkpoint.metadata"
+"TensorStorageMetadata"
+"ChunkStorageMetadata"
+"MetadataIndex"
+"_StorageInfo"
+"relative_path"
 EOF
 status=0
-fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
-for t in header index manifest; do
+fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; dcp_metadata) echo dcp_metadata_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
+for t in header index manifest dcp_metadata; do
   echo "== $(fuzz_bin "$t") for ${secs}s"
   extra=()
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi

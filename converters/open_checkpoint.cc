@@ -1,0 +1,52 @@
+#include "converters/open_checkpoint.h"
+
+#include <filesystem>
+
+#include "converters/megatron_dir_source.h"
+#include "formats/open_source.h"
+#include "formats/torch/dcp.h"
+
+namespace ckpt {
+
+namespace {
+
+bool is_native_store(const std::string& p) { return detect_source(p) == SourceKind::kNativeStore; }
+bool is_hf_dir(const std::string& p) { return detect_source(p) == SourceKind::kHfDir; }
+bool is_safetensors_file(const std::string& p) { return detect_source(p) == SourceKind::kSafetensorsFile; }
+bool is_dcp(const std::string& p) {
+  std::error_code ec;
+  return std::filesystem::is_directory(p, ec) && torch::is_dcp_dir(p);
+}
+
+// One row per kind, most specific first (see open_checkpoint.h).
+constexpr CheckpointKind kCheckpointKinds[] = {
+    {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)",
+     is_megatron_dir, open_megatron_dir},
+    // Megatron-LM legacy per-rank torch files (h-mlegacy) and Megatron-Core torch_dist (h-mdist):
+    // one row each here, above "dcp" (a torch_dist directory is also a DCP directory).
+    {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
+    {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_source},
+    {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_source},
+    {"safetensors", "a .safetensors file", is_safetensors_file, open_source},
+};
+
+}  // namespace
+
+std::span<const CheckpointKind> checkpoint_kinds() { return kCheckpointKinds; }
+
+const CheckpointKind* detect_checkpoint(const std::string& path) {
+  for (const auto& k : kCheckpointKinds)
+    if (k.detect(path)) return &k;
+  return nullptr;
+}
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
+  if (const CheckpointKind* k = detect_checkpoint(path)) return k->open(path);
+  std::string kinds;
+  for (const auto& k : kCheckpointKinds) kinds += std::string("\n  ") + k.name + ": " + k.looks_like;
+  return Status::Unsupported("'" + path + "' is no checkpoint kind ckpt reads; it accepts:" + kinds);
+}
+
+}  // namespace ckpt
