@@ -40,6 +40,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zlib
 
 VOCAB = 300
 DIVISOR = 128
@@ -54,6 +55,7 @@ ITERATION = 10
 FIRST_STAGE_LAYERS = 2  # pp=2: 2 + 4 layers (uneven)
 
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
+FIXTURE_VERSION = 2  # part of the cache directory name: bump when the generator changes
 
 
 def padded_vocab(tp):
@@ -116,11 +118,13 @@ def _build(tp, pp, seed=1234):
                      post_process=parallel_state.is_pipeline_last_stage(), parallel_output=False,
                      share_embeddings_and_output_weights=False, position_embedding_type="rope",
                      rotary_base=10000)
-    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits.
+    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits; seeded
+    # by name so that the TP replicas of a norm stay equal (megatron-core saves replica 0 only).
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                g = torch.Generator().manual_seed(zlib.crc32(n.encode()))
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
     return model
 
 
@@ -152,9 +156,10 @@ def _adam_steps(model):
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
     adam = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    gen = torch.Generator().manual_seed(7)
-    for _ in range(3):
-        for p in params:
+    names = {id(p): n for n, p in model.named_parameters()}
+    for step in range(3):
+        for p in params:  # seeded by name and step: TP replicas (norms) get equal gradients
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{names[id(p)]}/{step}".encode()))
             p.grad = 0.01 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         adam.step()
     return adam
@@ -244,12 +249,12 @@ def fixture(name, binary_dir=None):
     $CKPT_BINARY_DIR/fixtures/mcore_dist with a file lock."""
     base = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures" / "mcore_dist"
     base.mkdir(parents=True, exist_ok=True)
-    out = base / name
+    out = base / f"{name}_v{FIXTURE_VERSION}"
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "DONE").exists():
             return out
-        tmp = base / (name + ".tmp")
+        tmp = base / (out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         tp, pp = LAYOUTS[name]

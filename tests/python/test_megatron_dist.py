@@ -128,7 +128,7 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
     from native_h5py import read_native
     fx = mf.fixture("tp2")
     native = tmp_path / "native"
-    run_ckpt("reshard", fx, native)
+    run_ckpt("reshard", fx, native, "--tp", "1", "--pp", "1", "--dp", "1")
     _, got, _ = read_native(native)
     g = _fixture_global(fx)
     H, K, hd = mf.HEADS, mf.GROUPS, mf.HIDDEN // mf.HEADS
