@@ -28,8 +28,9 @@ after the optimizer steps), and for the export test the ShardedTensor keys/shape
 
 CLI (what the tests run once per fixture, cached under $CKPT_BINARY_DIR/fixtures/mcore_dist/<name>
 with a file lock):  torchrun --nproc-per-node N mcore_dist_fixtures.py --out DIR --tp T --pp P
-Load check (used on ckpt's export): ... --load DIR --dump OUTDIR: dist_checkpointing.load into a
-fresh GPTModel of that layout, every rank's model.state_dict() written to OUTDIR/<mp_rank_..>.npz.
+Load check (used on ckpt's export): ... --load DIR:OUTDIR:TP:PP (repeatable):
+dist_checkpointing.load into a fresh GPTModel of that layout, every rank's model.state_dict()
+written to OUTDIR/<mp_rank_..>.npz.
 """
 import argparse
 import contextlib
@@ -221,26 +222,30 @@ def generate(out, tp, pp):
     dist.destroy_process_group()
 
 
-def load_and_dump(ckpt_dir, dump, tp, pp):
-    """dist_checkpointing.load of `ckpt_dir` into a fresh GPTModel (another seed) of this layout
-    (pp > 1: the uneven 2 + 4 split), then model.load_state_dict: every rank's model.state_dict()
-    tensors (no _extra_state) to <dump>/<mp_rank_TT[_PPP]>.npz."""
+def load_and_dump(jobs):
+    """For each (ckpt_dir, dump, tp, pp) of `jobs` (one process group, world size tp * pp each):
+    dist_checkpointing.load of ckpt_dir into a fresh GPTModel (another seed) of that layout (pp > 1:
+    the uneven 2 + 4 split), then model.load_state_dict; every rank's model.state_dict() tensors
+    (no _extra_state) to <dump>/<mp_rank_TT[_PPP]>.npz."""
     import numpy as np
     import torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
     _init_dist()
-    model = _build(tp, pp, seed=999)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))  # as Megatron-LM
-    model.load_state_dict(loaded["model"])
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    name = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
-    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()
-              if isinstance(v, torch.Tensor) and "_extra_state" not in k}
-    pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
-    np.savez(pathlib.Path(dump) / f"{name}.npz", **arrays)
-    dist.barrier()
+    for ckpt_dir, dump, tp, pp in jobs:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        model = _build(tp, pp, seed=999)
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))  # as Megatron-LM
+        model.load_state_dict(loaded["model"])
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        name = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+        arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()
+                  if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+        pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
+        np.savez(pathlib.Path(dump) / f"{name}.npz", **arrays)
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -277,13 +282,17 @@ def run_torchrun(nproc, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out")
-    ap.add_argument("--load")
-    ap.add_argument("--dump")
+    ap.add_argument("--load", action="append", default=[],
+                    help="DIR:DUMP:TP:PP (repeatable; every layout of world size nproc)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     a = ap.parse_args()
     if a.load:
-        load_and_dump(pathlib.Path(a.load), a.dump, a.tp, a.pp)
+        jobs = []
+        for spec in a.load:
+            d, dump, tp, pp = spec.rsplit(":", 3)
+            jobs.append((pathlib.Path(d), dump, int(tp), int(pp)))
+        load_and_dump(jobs)
     else:
         generate(pathlib.Path(a.out), a.tp, a.pp)
 

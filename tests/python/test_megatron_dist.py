@@ -83,22 +83,26 @@ def _random_hf(tmp_path):
     return d, hf
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
-def test_export_loads_in_megatron_core(layout, run_ckpt, tmp_path):
+def test_export_loads_in_megatron_core(run_ckpt, tmp_path):
+    """tp=2 and pp=2 (uneven) exports, both loaded in one torchrun of megatron-core."""
     src, hf = _random_hf(tmp_path)
-    out = tmp_path / "dist"
-    run_ckpt("export-megatron", src, out, "--format", "torch_dist", *LAYOUT_ARGS[layout])
-    assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
-    tp, pp = mf.LAYOUTS[layout]
-    dump = tmp_path / "dump"
-    mf.run_torchrun(tp * pp, ["--load", str(out), "--dump", str(dump), "--tp", str(tp), "--pp", str(pp)])
-    want = ref.megatron_shards(HF_CFG, hf, tp, pp, [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS] if pp > 1 else None,
-                               mf.DIVISOR, te_norms=False)
-    for rank, tensors in want.items():
-        got = np.load(dump / f"{rank}.npz")
-        assert set(got.files) == set(tensors), (rank, sorted(set(got.files) ^ set(tensors)))
-        for k, v in tensors.items():
-            np.testing.assert_array_equal(got[k], v, err_msg=f"{rank} {k}")
+    specs = []
+    for layout in ("tp2", "pp2"):
+        out = tmp_path / f"dist_{layout}"
+        run_ckpt("export-megatron", src, out, "--format", "torch_dist", *LAYOUT_ARGS[layout])
+        assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+        tp, pp = mf.LAYOUTS[layout]
+        specs += ["--load", f"{out}:{tmp_path / ('dump_' + layout)}:{tp}:{pp}"]
+    mf.run_torchrun(2, specs)
+    for layout in ("tp2", "pp2"):
+        tp, pp = mf.LAYOUTS[layout]
+        split = [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS] if pp > 1 else None
+        want = ref.megatron_shards(HF_CFG, hf, tp, pp, split, mf.DIVISOR, te_norms=False)
+        for rank, tensors in want.items():
+            got = np.load(tmp_path / f"dump_{layout}" / f"{rank}.npz")
+            assert set(got.files) == set(tensors), (layout, rank, sorted(set(got.files) ^ set(tensors)))
+            for k, v in tensors.items():
+                np.testing.assert_array_equal(got[k], v, err_msg=f"{layout} {rank} {k}")
 
 
 def test_roundtrip_native_export_import_diff(run_ckpt, tmp_path):
