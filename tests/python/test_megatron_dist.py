@@ -149,3 +149,29 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
         np.testing.assert_array_equal(got[o + "embed_tokens.weight"],
                                       g[st + "embedding.word_embeddings.weight"][: mf.VOCAB].numpy())
     np.testing.assert_array_equal(got["model.norm.weight"], g["decoder.final_layernorm.weight"].numpy())
+
+
+def _copy_fixture(tmp_path, name="tp1"):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(mf.fixture(name) / f"iter_{mf.ITERATION:07d}", d)
+    return d
+
+
+def test_refuses_other_sharded_backend(run_ckpt, tmp_path):
+    d = _copy_fixture(tmp_path)
+    md = json.loads((d / "metadata.json").read_text())
+    md["sharded_backend"] = "zarr"
+    (d / "metadata.json").write_text(json.dumps(md))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "sharded_backend" in p.stderr and "zarr" in p.stderr, p.stderr
+
+
+def test_refuses_args_that_do_not_match_tensors(run_ckpt, tmp_path):
+    d = _copy_fixture(tmp_path)
+    common = torch.load(d / "common.pt", weights_only=False)
+    common["args"].num_layers = mf.LAYERS + 1
+    torch.save(common, d / "common.pt")
+    p = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
+    assert p.returncode != 0 and "num_layers" in p.stderr and "ShapeMismatch" in p.stderr, p.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
