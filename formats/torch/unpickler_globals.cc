@@ -78,6 +78,12 @@ constexpr PickleGlobalEntry kAllowedGlobals[] = {
     {"torch.distributed.checkpoint.metadata", "StorageMeta", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo", GlobalKind::kRecordClass},
+    // Megatron-Core's torch_dist .metadata also holds its cached global save plans (issue 13,
+    // converters/megatron_dist_source): dataclasses and an Enum of plain values, kept inert.
+    {"torch.distributed.checkpoint.planner", "SavePlan", GlobalKind::kRecordClass},
+    {"torch.distributed.checkpoint.planner", "WriteItem", GlobalKind::kRecordClass},
+    {"torch.distributed.checkpoint.planner", "WriteItemType", GlobalKind::kRecordClass},
+    {"torch.distributed.checkpoint.planner", "TensorWriteData", GlobalKind::kRecordClass},
 };
 
 // Protocol 2 writes Python 3 modules under their Python 2 names (Lib/_compat_pickle.py).

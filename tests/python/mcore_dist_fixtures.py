@@ -28,8 +28,9 @@ after the optimizer steps), and for the export test the ShardedTensor keys/shape
 
 CLI (what the tests run once per fixture, cached under $CKPT_BINARY_DIR/fixtures/mcore_dist/<name>
 with a file lock):  torchrun --nproc-per-node N mcore_dist_fixtures.py --out DIR --tp T --pp P
-Load check (used on ckpt's export): ... --load DIR --dump OUTDIR: dist_checkpointing.load into a
-fresh GPTModel of that layout, every rank's model.state_dict() written to OUTDIR/<mp_rank_..>.npz.
+Load check (used on ckpt's export): ... --load DIR:OUTDIR:TP:PP (repeatable):
+dist_checkpointing.load into a fresh GPTModel of that layout, every rank's model.state_dict()
+written to OUTDIR/<mp_rank_..>.npz.
 """
 import argparse
 import contextlib
@@ -40,6 +41,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zlib
 
 VOCAB = 300
 DIVISOR = 128
@@ -54,6 +56,7 @@ ITERATION = 10
 FIRST_STAGE_LAYERS = 2  # pp=2: 2 + 4 layers (uneven)
 
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
+FIXTURE_VERSION = 2  # part of the cache directory name: bump when the generator changes
 
 
 def padded_vocab(tp):
@@ -116,11 +119,13 @@ def _build(tp, pp, seed=1234):
                      post_process=parallel_state.is_pipeline_last_stage(), parallel_output=False,
                      share_embeddings_and_output_weights=False, position_embedding_type="rope",
                      rotary_base=10000)
-    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits.
+    # Non-trivial norm weights (initialised to ones) so a swapped norm shows in the logits; seeded
+    # by name so that the TP replicas of a norm stay equal (megatron-core saves replica 0 only).
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                g = torch.Generator().manual_seed(zlib.crc32(n.encode()))
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
     return model
 
 
@@ -152,9 +157,10 @@ def _adam_steps(model):
     import torch
     params = [p for p in model.parameters() if p.requires_grad]
     adam = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    gen = torch.Generator().manual_seed(7)
-    for _ in range(3):
-        for p in params:
+    names = {id(p): n for n, p in model.named_parameters()}
+    for step in range(3):
+        for p in params:  # seeded by name and step: TP replicas (norms) get equal gradients
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{names[id(p)]}/{step}".encode()))
             p.grad = 0.01 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         adam.step()
     return adam
@@ -216,26 +222,30 @@ def generate(out, tp, pp):
     dist.destroy_process_group()
 
 
-def load_and_dump(ckpt_dir, dump, tp, pp):
-    """dist_checkpointing.load of `ckpt_dir` into a fresh GPTModel (another seed) of this layout
-    (pp > 1: the uneven 2 + 4 split), then model.load_state_dict: every rank's model.state_dict()
-    tensors (no _extra_state) to <dump>/<mp_rank_TT[_PPP]>.npz."""
+def load_and_dump(jobs):
+    """For each (ckpt_dir, dump, tp, pp) of `jobs` (one process group, world size tp * pp each):
+    dist_checkpointing.load of ckpt_dir into a fresh GPTModel (another seed) of that layout (pp > 1:
+    the uneven 2 + 4 split), then model.load_state_dict; every rank's model.state_dict() tensors
+    (no _extra_state) to <dump>/<mp_rank_TT[_PPP]>.npz."""
     import numpy as np
     import torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
     _init_dist()
-    model = _build(tp, pp, seed=999)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))  # as Megatron-LM
-    model.load_state_dict(loaded["model"])
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    name = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
-    arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()
-              if isinstance(v, torch.Tensor) and "_extra_state" not in k}
-    pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
-    np.savez(pathlib.Path(dump) / f"{name}.npz", **arrays)
-    dist.barrier()
+    for ckpt_dir, dump, tp, pp in jobs:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        model = _build(tp, pp, seed=999)
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))  # as Megatron-LM
+        model.load_state_dict(loaded["model"])
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        name = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+        arrays = {k: v.detach().float().numpy() for k, v in model.state_dict().items()
+                  if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+        pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
+        np.savez(pathlib.Path(dump) / f"{name}.npz", **arrays)
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -244,12 +254,12 @@ def fixture(name, binary_dir=None):
     $CKPT_BINARY_DIR/fixtures/mcore_dist with a file lock."""
     base = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures" / "mcore_dist"
     base.mkdir(parents=True, exist_ok=True)
-    out = base / name
+    out = base / f"{name}_v{FIXTURE_VERSION}"
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "DONE").exists():
             return out
-        tmp = base / (name + ".tmp")
+        tmp = base / (out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         tp, pp = LAYOUTS[name]
@@ -272,13 +282,17 @@ def run_torchrun(nproc, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out")
-    ap.add_argument("--load")
-    ap.add_argument("--dump")
+    ap.add_argument("--load", action="append", default=[],
+                    help="DIR:DUMP:TP:PP (repeatable; every layout of world size nproc)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     a = ap.parse_args()
     if a.load:
-        load_and_dump(pathlib.Path(a.load), a.dump, a.tp, a.pp)
+        jobs = []
+        for spec in a.load:
+            d, dump, tp, pp = spec.rsplit(":", 3)
+            jobs.append((pathlib.Path(d), dump, int(tp), int(pp)))
+        load_and_dump(jobs)
     else:
         generate(pathlib.Path(a.out), a.tp, a.pp)
 

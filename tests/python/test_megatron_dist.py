@@ -83,22 +83,26 @@ def _random_hf(tmp_path):
     return d, hf
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
-def test_export_loads_in_megatron_core(layout, run_ckpt, tmp_path):
+def test_export_loads_in_megatron_core(run_ckpt, tmp_path):
+    """tp=2 and pp=2 (uneven) exports, both loaded in one torchrun of megatron-core."""
     src, hf = _random_hf(tmp_path)
-    out = tmp_path / "dist"
-    run_ckpt("export-megatron", src, out, "--format", "torch_dist", *LAYOUT_ARGS[layout])
-    assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
-    tp, pp = mf.LAYOUTS[layout]
-    dump = tmp_path / "dump"
-    mf.run_torchrun(tp * pp, ["--load", str(out), "--dump", str(dump), "--tp", str(tp), "--pp", str(pp)])
-    want = ref.megatron_shards(HF_CFG, hf, tp, pp, [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS] if pp > 1 else None,
-                               mf.DIVISOR, te_norms=False)
-    for rank, tensors in want.items():
-        got = np.load(dump / f"{rank}.npz")
-        assert set(got.files) == set(tensors), (rank, sorted(set(got.files) ^ set(tensors)))
-        for k, v in tensors.items():
-            np.testing.assert_array_equal(got[k], v, err_msg=f"{rank} {k}")
+    specs = []
+    for layout in ("tp2", "pp2"):
+        out = tmp_path / f"dist_{layout}"
+        run_ckpt("export-megatron", src, out, "--format", "torch_dist", *LAYOUT_ARGS[layout])
+        assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+        tp, pp = mf.LAYOUTS[layout]
+        specs += ["--load", f"{out}:{tmp_path / ('dump_' + layout)}:{tp}:{pp}"]
+    mf.run_torchrun(2, specs)
+    for layout in ("tp2", "pp2"):
+        tp, pp = mf.LAYOUTS[layout]
+        split = [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS] if pp > 1 else None
+        want = ref.megatron_shards(HF_CFG, hf, tp, pp, split, mf.DIVISOR, te_norms=False)
+        for rank, tensors in want.items():
+            got = np.load(tmp_path / f"dump_{layout}" / f"{rank}.npz")
+            assert set(got.files) == set(tensors), (layout, rank, sorted(set(got.files) ^ set(tensors)))
+            for k, v in tensors.items():
+                np.testing.assert_array_equal(got[k], v, err_msg=f"{layout} {rank} {k}")
 
 
 def test_roundtrip_native_export_import_diff(run_ckpt, tmp_path):
@@ -128,7 +132,7 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
     from native_h5py import read_native
     fx = mf.fixture("tp2")
     native = tmp_path / "native"
-    run_ckpt("reshard", fx, native)
+    run_ckpt("reshard", fx, native, "--tp", "1", "--pp", "1", "--dp", "1")
     _, got, _ = read_native(native)
     g = _fixture_global(fx)
     H, K, hd = mf.HEADS, mf.GROUPS, mf.HIDDEN // mf.HEADS
@@ -145,3 +149,29 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
         np.testing.assert_array_equal(got[o + "embed_tokens.weight"],
                                       g[st + "embedding.word_embeddings.weight"][: mf.VOCAB].numpy())
     np.testing.assert_array_equal(got["model.norm.weight"], g["decoder.final_layernorm.weight"].numpy())
+
+
+def _copy_fixture(tmp_path, name="tp1"):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(mf.fixture(name) / f"iter_{mf.ITERATION:07d}", d)
+    return d
+
+
+def test_refuses_other_sharded_backend(run_ckpt, tmp_path):
+    d = _copy_fixture(tmp_path)
+    md = json.loads((d / "metadata.json").read_text())
+    md["sharded_backend"] = "zarr"
+    (d / "metadata.json").write_text(json.dumps(md))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "sharded_backend" in p.stderr and "zarr" in p.stderr, p.stderr
+
+
+def test_refuses_args_that_do_not_match_tensors(run_ckpt, tmp_path):
+    d = _copy_fixture(tmp_path)
+    common = torch.load(d / "common.pt", weights_only=False)
+    common["args"].num_layers = mf.LAYERS + 1
+    torch.save(common, d / "common.pt")
+    p = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
+    assert p.returncode != 0 and "num_layers" in p.stderr and "ShapeMismatch" in p.stderr, p.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
