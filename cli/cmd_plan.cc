@@ -1,5 +1,6 @@
 // ckpt plan: the cost-model planner (trainer/plan/; docs/PLAN.md). Parses flags and prints; the
 // cost model, the search and the re-plan live in trainer/plan/.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "reshard/layout.h"
 #include "trainer/plan/calibrate.h"
 #include "trainer/plan/cost_model.h"
+#include "trainer/plan/search.h"
 
 namespace ckpt::cli {
 namespace {
@@ -58,13 +60,83 @@ int plan_evaluate(const PlanFlags& f) {
   return 0;
 }
 
+Status plan_write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".partial";
+  FILE* fp = std::fopen(tmp.c_str(), "w");
+  if (!fp || std::fwrite(text.data(), 1, text.size(), fp) != text.size() || std::fclose(fp) != 0 ||
+      std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::Error("Io", "cannot write '" + path + "'");
+  return Status::Ok();
+}
+
+nlohmann::json plan_candidate_json(const trainer::PlanCandidate& c) {
+  nlohmann::json j = c.cost.to_json();
+  j["layout"] = c.layout.to_json();
+  j["layout_text"] = c.layout.to_string();
+  j["placement"] = c.placement;
+  return j;
+}
+
+int plan_search(const PlanFlags& f) {
+  auto cluster = Cluster::from_file(f.cluster);
+  if (!cluster.ok()) return report_error(cluster.status());
+  auto cfg = LlamaConfig::from_file(f.model);
+  if (!cfg.ok()) return report_error(cfg.status());
+  trainer::SearchOptions o;
+  o.global_batch = f.global_batch;
+  o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
+  o.top = std::max(1, f.top);
+  const auto model = trainer::ModelSpec::from_config(*cfg);
+  auto r = trainer::search_layouts(model, *cluster, o);
+  if (!r.ok()) return report_error(r.status());
+  auto hand = trainer::hand_written_layout(model, *cluster, o);
+  const auto& best = r->best[0];
+  if (!f.out.empty()) {
+    Status st = plan_write_file(f.out, best.layout.to_json().dump(2) + "\n");
+    if (!st.ok()) return report_error(st);
+  }
+  const double gain = hand.ok() && hand->cost.feasible ? hand->cost.step_time_s / best.cost.step_time_s : 0;
+  if (f.json) {
+    nlohmann::json j = {{"best", plan_candidate_json(best)}, {"seconds", r->seconds}, {"arrangements", r->arrangements},
+                        {"evaluated", r->evaluated}, {"exhaustive", r->exhaustive}, {"cross_node_tp", r->cross_node_tp}};
+    j["next"] = nlohmann::json::array();
+    for (size_t i = 1; i < r->best.size(); ++i) {
+      nlohmann::json c = plan_candidate_json(r->best[i]);
+      c["why_slower"] = trainer::why_slower(r->best[i], best);
+      j["next"].push_back(std::move(c));
+    }
+    if (hand.ok()) j["hand_written"] = plan_candidate_json(*hand), j["predicted_gain"] = gain;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("best layout: %s\n%s", best.layout.to_string().c_str(), best.cost.to_text().c_str());
+  if (f.explain)
+    for (const auto& rc : best.cost.ranks)
+      std::printf("  rank %d -> cluster rank %d (%s, %s): memory %.3f / %.3f GiB, compute %.1f%% of peak\n", rc.rank, rc.cluster_rank,
+                  rc.node.c_str(), rc.device.c_str(), static_cast<double>(rc.memory) / 1073741824.0,
+                  static_cast<double>(rc.capacity) / 1073741824.0, 100 * rc.compute_fraction);
+  for (size_t i = 1; i < r->best.size(); ++i) {
+    std::printf("next %zu: %s: %.6g s, %s\n", i, r->best[i].layout.to_string().c_str(), r->best[i].cost.step_time_s,
+                trainer::why_slower(r->best[i], best).c_str());
+    if (f.explain) std::printf("%s", r->best[i].cost.to_text().c_str());
+  }
+  if (hand.ok())
+    std::printf("hand-written layout (tp = devices per node, even split, equal micro-batches): %s: %.6g s%s; predicted gain %.2fx\n",
+                hand->layout.to_string().c_str(), hand->cost.step_time_s, hand->cost.feasible ? "" : " (does not fit)", gain);
+  std::printf("searched %lld arrangements x micro-batch counts (%lld layouts evaluated, %s) in %.3f s\n",
+              static_cast<long long>(r->arrangements), static_cast<long long>(r->evaluated),
+              r->exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r->seconds);
+  if (!f.out.empty()) std::printf("wrote %s (ckpt train --layout / ckpt reshard --layout)\n", f.out.c_str());
+  return 0;
+}
+
 int run_plan(const PlanFlags& f) {
   if (f.calibrate) return plan_calibrate(f);
   if (f.cluster.empty()) return report_error(Status::InvalidArgument("ckpt plan needs --cluster FILE (or --calibrate)"));
   if (f.from.empty() && (f.model.empty() || f.global_batch < 1))
     return report_error(Status::InvalidArgument("ckpt plan needs --model CONFIG and --global-batch N >= 1 (or --from CHECKPOINT)"));
   if (!f.evaluate.empty()) return plan_evaluate(f);
-  return report_error(Status::Unsupported("the layout search is not built yet"));
+  return plan_search(f);
 }
 
 CommandAction setup_plan(CLI::App& sub) {
