@@ -132,6 +132,8 @@ int plan_search(const PlanFlags& f) {
 
 int run_plan(const PlanFlags& f) {
   if (f.calibrate) return plan_calibrate(f);
+  if (!f.from.empty() || !f.reshard.empty())
+    return report_error(Status::Unsupported("ckpt plan --from / --reshard (re-plan a checkpoint) is not implemented yet"));
   if (f.cluster.empty()) return report_error(Status::InvalidArgument("ckpt plan needs --cluster FILE (or --calibrate)"));
   if (f.from.empty() && (f.model.empty() || f.global_batch < 1))
     return report_error(Status::InvalidArgument("ckpt plan needs --model CONFIG and --global-batch N >= 1 (or --from CHECKPOINT)"));
