@@ -11,7 +11,9 @@
 #include "reshard/layout.h"
 #include "trainer/plan/calibrate.h"
 #include "trainer/plan/cost_model.h"
+#include "trainer/plan/replan.h"
 #include "trainer/plan/search.h"
+#include "converters/reshard_job.h"
 
 namespace ckpt::cli {
 namespace {
@@ -77,10 +79,10 @@ nlohmann::json plan_candidate_json(const trainer::PlanCandidate& c) {
   return j;
 }
 
-int plan_search(const PlanFlags& f) {
+int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
   auto cluster = Cluster::from_file(f.cluster);
   if (!cluster.ok()) return report_error(cluster.status());
-  auto cfg = LlamaConfig::from_file(f.model);
+  Result<LlamaConfig> cfg = given ? Result<LlamaConfig>(*given) : LlamaConfig::from_file(f.model);
   if (!cfg.ok()) return report_error(cfg.status());
   trainer::SearchOptions o;
   o.global_batch = f.global_batch;
@@ -130,11 +132,41 @@ int plan_search(const PlanFlags& f) {
   return 0;
 }
 
+// --from CHECKPOINT: the model, batch and sequence length from the checkpoint; the plan for the new
+// cluster; the reshard command printed, or run with --reshard DST.
+int plan_from(const PlanFlags& flags) {
+  auto src = trainer::replan_source(flags.from);
+  if (!src.ok()) return report_error(src.status());
+  PlanFlags f = flags;
+  if (f.global_batch < 1) f.global_batch = src->global_batch;
+  if (f.seq_len < 1) f.seq_len = src->seq_len;
+  if (f.out.empty()) f.out = f.reshard.empty() ? std::string("planned_layout.json") : f.reshard + ".layout.json";
+  if (!f.json)
+    std::printf("re-plan of %s (step %lld, layout %s): global batch %lld x %lld tokens\n", src->checkpoint.c_str(),
+                static_cast<long long>(src->step), src->layout.to_string().c_str(), static_cast<long long>(f.global_batch),
+                static_cast<long long>(f.seq_len));
+  const int rc = plan_search(f, &src->config);
+  if (rc != 0) return rc;
+  if (f.reshard.empty()) {
+    if (!f.json) std::printf("move the checkpoint there with:\n  ckpt reshard %s DST --layout %s\n", src->checkpoint.c_str(), f.out.c_str());
+    return 0;
+  }
+  ReshardRequest req;
+  req.src = src->checkpoint;
+  req.dst = f.reshard;
+  req.layout_file = f.out;
+  auto r = run_reshard_job(req);
+  if (!r.ok()) return report_error(r.status());
+  if (!f.json)
+    std::printf("resharded %s -> %s (%s) in %.2f s\n", src->checkpoint.c_str(), f.reshard.c_str(), r->layout.to_string().c_str(), r->seconds);
+  return 0;
+}
+
 int run_plan(const PlanFlags& f) {
   if (f.calibrate) return plan_calibrate(f);
-  if (!f.from.empty() || !f.reshard.empty())
-    return report_error(Status::Unsupported("ckpt plan --from / --reshard (re-plan a checkpoint) is not implemented yet"));
   if (f.cluster.empty()) return report_error(Status::InvalidArgument("ckpt plan needs --cluster FILE (or --calibrate)"));
+  if (!f.reshard.empty() && f.from.empty()) return report_error(Status::InvalidArgument("--reshard DST needs --from CHECKPOINT"));
+  if (!f.from.empty()) return plan_from(f);
   if (f.from.empty() && (f.model.empty() || f.global_batch < 1))
     return report_error(Status::InvalidArgument("ckpt plan needs --model CONFIG and --global-batch N >= 1 (or --from CHECKPOINT)"));
   if (!f.evaluate.empty()) return plan_evaluate(f);

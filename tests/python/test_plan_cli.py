@@ -76,3 +76,23 @@ def test_plan_bad_clusters_say_what(tmp_path):
     p = ckpt("plan", "--cluster", small, "--model", CONFIG, "--global-batch", 4, "--seq-len", 16, check=False)
     assert p.returncode == 2, p.stderr
     assert "PlanInfeasible" in p.stderr and "short by" in p.stderr and "over by" in p.stderr
+
+
+def test_replan_from_checkpoint_reshards_to_the_new_cluster(tmp_path):
+    run_dir = tmp_path / "run"
+    ckpt("train", "--config", CONFIG, "--steps", 1, "--micro-batch", 2, "--grad-accum", 2, "--seq-len", SEQ, "--out", run_dir)
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps(CLUSTER))
+    dst = tmp_path / "dst"
+    p = ckpt("plan", "--from", run_dir, "--cluster", cl, "-o", tmp_path / "planned.json")
+    assert "ckpt reshard" in p.stdout and "global batch 4 x 32 tokens" in p.stdout, p.stdout
+    ckpt("plan", "--from", run_dir, "--cluster", cl, "--reshard", dst)
+    planned = json.loads((tmp_path / "dst.layout.json").read_text())
+    manifest = json.loads((dst / "manifest.json").read_text())
+    assert {k: manifest["layout"][k] for k in planned} == planned
+    # The plan is for the new cluster's 3 devices and the checkpoint's batch (4 sequences).
+    if "pipelines" in planned:
+        assert sum(st["tp"] for pl in planned["pipelines"] for st in pl["stages"]) == 3
+    ckpt("verify", dst)
+    # The source checkpoint is untouched: it still verifies.
+    ckpt("verify", run_dir)
