@@ -9,6 +9,7 @@
 #include "converters/llama_config.h"
 #include "reshard/cluster.h"
 #include "reshard/layout.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/plan/calibrate.h"
 #include "trainer/plan/cost_model.h"
 #include "trainer/plan/replan.h"
@@ -22,7 +23,7 @@ struct PlanFlags {
   std::string cluster, model, out, evaluate, from, reshard;
   int64_t global_batch = 0, seq_len = 0;
   int top = 3;
-  bool explain = false, json = false, calibrate = false;
+  bool explain = false, json = false, calibrate = false, trainer_memory = false;
   trainer::CalibrateOptions cal;
 };
 
@@ -55,6 +56,14 @@ int plan_evaluate(const PlanFlags& f) {
   if (f.json) {
     nlohmann::json j = cost->to_json();
     j["layout"] = layout->to_json();
+    if (f.trainer_memory) {  // the reference trainer's own allocation (trainer/memory_estimate.h), fp32
+      trainer::MemoryInputs mi;
+      mi.config = *cfg, mi.layout = *layout, mi.seq_len = o.seq_len, mi.mpi = layout->world_size() > 1;
+      mi.grad_accum = cost->pipelines.empty() ? 1 : cost->pipelines[0].micro_batches;
+      auto est = trainer::estimate_memory(mi);
+      if (!est.ok()) return report_error(est.status());
+      for (size_t r = 0; r < est->size() && r < j["ranks"].size(); ++r) j["ranks"][r]["trainer_memory_bytes"] = (*est)[r].total();
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("layout %s\n%s", layout->to_string().c_str(), cost->to_text().c_str());
@@ -183,6 +192,7 @@ CommandAction setup_plan(CLI::App& sub) {
   sub.add_option("--top", f->top, "How many layouts to show (the best and the next ones, with why they lose)")->capture_default_str();
   sub.add_flag("--explain", f->explain, "Print every shown layout's per-stage times and per-rank memory");
   sub.add_flag("--json", f->json, "Print JSON (step_time_s, tokens_per_s, stages, pipelines, ranks, feasible, problems)");
+  sub.add_flag("--trainer-memory", f->trainer_memory, "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): ranks[].trainer_memory_bytes");
   sub.add_option("--evaluate", f->evaluate, "Predict the step time and memory of this layout file instead of searching")->type_name("LAYOUT");
   sub.add_option("--from", f->from, "Re-plan: take the model, batch and sequence length from this checkpoint (or run dir)")->type_name("CHECKPOINT");
   sub.add_option("--reshard", f->reshard, "With --from: reshard the checkpoint into the planned layout at DST (else the command is printed)")->type_name("DST");

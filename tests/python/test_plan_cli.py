@@ -48,8 +48,11 @@ def test_plan_layout_trains_and_evaluates(tmp_path):
     assert plan["best"]["flops_per_step"] == pytest.approx(naive_step_flops(cfg, G, SEQ), rel=1e-12)
     # --evaluate of the written layout gives the search's prediction (same placement rule).
     e = json.loads(ckpt("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", G, "--seq-len", SEQ,
-                        "--evaluate", out, "--json").stdout)
+                        "--evaluate", out, "--json", "--trainer-memory").stdout)
+    assert all(r["trainer_memory_bytes"] > 0 for r in e["ranks"])
     assert e["feasible"]
+    assert e["step_time_s"] == pytest.approx(plan["best"]["step_time_s"], rel=1e-12)
+    assert [r["cluster_rank"] for r in e["ranks"]] == plan["best"]["placement"]
     assert set(e) >= {"step_time_s", "tokens_per_s", "stages", "pipelines", "ranks", "problems"}
     # The trainer takes the layout as is and runs a step.
     world = sum(st["tp"] for pl in layout["pipelines"] for st in pl["stages"]) if "pipelines" in layout else \
