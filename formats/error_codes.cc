@@ -167,6 +167,9 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
     {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
     {"TorchReadRange", kArg},               // a read outside a storage or a tensor
+    // The planner (issue 16, trainer/plan/).
+    {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
+    {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
 };
 
 }  // namespace
