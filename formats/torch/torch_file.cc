@@ -13,7 +13,9 @@
 
 namespace ckpt::torch {
 
-namespace {
+// A named namespace, not an anonymous one: TorchFile::Impl derives from TorchFileState, and a base
+// with internal linkage is an error (-Wsubobject-linkage) once unity builds include this file.
+namespace torch_file_detail {
 
 // What an open file holds (TorchFile::Impl; a separate name so file-local helpers can take it).
 struct TorchFileState {
@@ -102,7 +104,9 @@ Status torchfile_check_byteorder(TorchFileState& f) {
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace torch_file_detail
+
+using namespace torch_file_detail;
 
 struct TorchFile::Impl : TorchFileState {};
 
