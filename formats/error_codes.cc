@@ -116,6 +116,9 @@ constexpr ErrorCodeEntry kTable[] = {
     {"NotTrainerCheckpoint", kCorrupt},
     // Trainer gradient sums over replicas (trainer/replica_sum.h).
     {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
+    // The planner (issue 16, trainer/plan/).
+    {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
+    {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
     // Calibration and emulation of device types (issue 16: trainer/plan/calibrate.h, trainer/emulate.h).
     {"CalibrationFailed", ErrorKind::kIo},  // the MPI measurement (mpirun -np 2) did not run or report
     {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed

@@ -82,6 +82,54 @@ TEST(Cluster, BadFilesAreRefusedNamingTheProblem) {
   EXPECT_NE(m.status().to_string().find("no_such_cluster.json"), std::string::npos) << m.status().to_string();
 }
 
+TEST(Cluster, NodesAndLinks) {
+  auto c = Cluster::from_file(fixture("two_nodes.json"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->world_size(), 8);
+  EXPECT_EQ(c->rank_type, (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+  ASSERT_EQ(c->num_nodes(), 2);
+  EXPECT_EQ(c->node_of(3), 0);
+  EXPECT_EQ(c->node_of(4), 1);
+  EXPECT_DOUBLE_EQ(c->types[0].efficiency, 0.45);
+  EXPECT_DOUBLE_EQ(Cluster::efficiency_of(c->types[1]), kDefaultEfficiency);
+  EXPECT_DOUBLE_EQ(c->link(0, 3).bytes_per_s, 200e9);   // intra node n0
+  EXPECT_DOUBLE_EQ(c->link(0, 3).latency_s, 5e-6);
+  EXPECT_DOUBLE_EQ(c->link(4, 7).bytes_per_s, 32e9);    // n1's own intra_node bandwidth
+  EXPECT_DOUBLE_EQ(c->link(4, 7).latency_s, 5e-6);      // latency from the cluster's intra_node
+  EXPECT_DOUBLE_EQ(c->link(0, 7).bytes_per_s, 25e9);    // inter node
+  EXPECT_DOUBLE_EQ(c->slowest_link({0, 1, 2}).bytes_per_s, 200e9);
+  EXPECT_DOUBLE_EQ(c->slowest_link({0, 1, 5}).bytes_per_s, 25e9);
+  EXPECT_DOUBLE_EQ(c->slowest_link({0, 1, 5}).latency_s, 20e-6);
+  auto back = Cluster::from_json(c->to_json());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->to_json(), c->to_json());
+  EXPECT_EQ(back->rank_node, c->rank_node);
+  // A "ranks" file is one node; links default to the device types' link_bandwidth.
+  auto flat = Cluster::from_file(fixture("two_types.json"));
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->num_nodes(), 1);
+  EXPECT_DOUBLE_EQ(flat->link(0, 7).bytes_per_s, 64e9);
+  EXPECT_DOUBLE_EQ(flat->link(0, 7).latency_s, kDefaultIntraLatencyS);
+}
+
+TEST(Cluster, BadTopologyIsRefusedNamingTheProblem) {
+  const std::string types = R"({"device_types":[{"name":"X","memory":"1GiB"}],)";
+  expect_bad(types + R"("nodes":[{"name":"n0","devices":[]}]})", "cluster node 'n0' is empty");
+  expect_bad(types + R"("nodes":[{"name":"n0","devices":[{"type":"Y","count":1}]}]})", "names device type \"Y\"");
+  expect_bad(types + R"("nodes":[{"name":"n0","devices":[{"type":"X","count":1}]},{"name":"n0","devices":[{"type":"X","count":1}]}]})",
+             "node 'n0' is defined twice");
+  expect_bad(types + R"("nodes":[{"name":"n0"}]})", "missing key 'devices'");
+  expect_bad(types + R"("nodes":[{"name":"n0","devices":[{"type":"X","count":2}]}],"ranks":[{"type":"X","count":1}]})",
+             "disagree");
+  expect_bad(types + R"("ranks":[{"type":"X","count":1}],"links":{"intra_node":{"bandwidth":"fast"}}})", "links.intra_node");
+  expect_bad(types + R"("ranks":[{"type":"X","count":1}],"links":{"inter_node":{"latency":"soon"}}})", "latency");
+  expect_bad(types + R"("ranks":[{"type":"X","count":1}],"links":{"outer":{}}})", "unknown key 'outer'");
+  expect_bad(R"({"device_types":[{"name":"X","memory":"1GiB","efficiency":1.5}],"ranks":[{"type":"X","count":1}]})",
+             "'efficiency' must be a number in (0, 1]");
+  expect_bad(R"({"device_types":[{"name":"X","peak_flops":1e12}],"nodes":[{"devices":[{"type":"X","count":1}]}]})",
+             "device type 'X' is missing key 'memory'");
+}
+
 Layout general(std::vector<PipelineSpec> pls) {
   auto r = Layout::from_pipelines(std::move(pls), 0);
   EXPECT_TRUE(r.ok()) << r.status().message();

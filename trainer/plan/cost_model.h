@@ -1,0 +1,146 @@
+// The planner's cost model (docs/PLAN.md has every formula): the time of one optimizer step and the
+// memory of every rank for a LLaMA model, a cluster (reshard/cluster.h: device types with peak
+// FLOP/s, efficiency, memory, dtype; nodes and links) and a layout (reshard/layout.h) mapped onto
+// the cluster's devices (a placement). Terms:
+// - compute: per layer forward FLOPs (GQA projections, score and probability-value matmuls,
+//   SwiGLU MLP), the LM head; backward = 2 x forward; divided by tp; at peak_flops * efficiency;
+// - tensor parallel: 4 ring all-reduces of the [b*s, D] activation per layer (2 forward, 2
+//   backward), one for the embedding (first stage) and one for the head's input gradient (last),
+//   over the slowest link the TP group spans;
+// - pipeline: the [b*s, D] activation sent forward and its gradient backward at every boundary;
+// - a pipeline's time (m + S - 1) * max stage time (1F1B with its bubble) plus the data-parallel
+//   gradient all-reduce (or ZeRO-1 reduce-scatter + all-gather, the same bytes) of its largest stage;
+//   the step's time is the slowest pipeline's;
+// - memory per rank: weights and gradients in the device type's dtype, Adam state (fp32 master +
+//   two moments; no master copy when the dtype is fp32), divided over the replicas under ZeRO-1,
+//   activations of the micro-batches in flight under 1F1B (min(S - s, m) on stage s).
+// Pure functions over values; thread safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "converters/llama_config.h"
+#include "formats/status.h"
+#include "reshard/cluster.h"
+#include "reshard/layout.h"
+
+namespace ckpt::trainer {
+
+struct ModelSpec {
+  int64_t layers = 1, hidden = 1, ffn = 1, heads = 1, kv_heads = 1, head_dim = 1, vocab = 1;
+  bool tied = false;
+  static ModelSpec from_config(const LlamaConfig& c);
+  // Parameters of one decoder layer split by TP (q, k, v, o, gate, up, down) and replicated (2 norms).
+  int64_t layer_split_params() const;
+  int64_t layer_norm_params() const { return 2 * hidden; }
+  int64_t total_params() const;
+  // Forward FLOPs (2 per multiply-add) of one decoder layer / of the LM head for b sequences of s tokens.
+  double layer_forward_flops(int64_t b, int64_t s) const;
+  double head_forward_flops(int64_t b, int64_t s) const;
+  // Forward + backward FLOPs of a whole step of `sequences` sequences (3 x forward).
+  double step_flops(int64_t sequences, int64_t s) const;
+};
+
+struct PlanOptions {
+  int64_t global_batch = 1;    // sequences per optimizer step
+  int64_t seq_len = 1;
+  std::vector<int> placement;  // layout rank -> cluster rank; empty: assign_placement()
+};
+
+// What one stage of one pipeline costs per micro-batch (forward + backward), per rank.
+struct StageCost {
+  int pipeline = 0, stage = 0, first_layer = 0, layers = 0, tp = 1;
+  std::string device;
+  double flops = 0;        // per rank per micro-batch
+  double compute_s = 0, tp_comm_s = 0, p2p_s = 0, dp_sync_s = 0;
+  double time_s() const { return compute_s + tp_comm_s + p2p_s; }
+  uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, capacity = 0;
+  uint64_t memory() const { return weights + grads + optimizer + activations; }
+};
+
+struct PipelineCost {
+  int micro_batch = 1;
+  int64_t micro_batches = 1;
+  int stages = 1;
+  double time_s = 0;        // (m + S - 1) * max stage time + dp_sync_s
+  double bubble_s = 0;      // (S - 1) * max stage time
+  double dp_sync_s = 0;     // the largest stage's gradient sync
+};
+
+struct RankCost {
+  int rank = 0, cluster_rank = 0, pipeline = 0, stage = 0;
+  std::string node, device;
+  uint64_t memory = 0, capacity = 0;
+  double compute_fraction = 0;  // FLOPs this rank does in a step / (peak_flops * step time)
+};
+
+struct PlanCost {
+  bool feasible = true;
+  std::vector<std::string> problems;  // what does not fit, by how much
+  double step_time_s = 0, tokens_per_s = 0, flops_per_step = 0, mfu = 0;
+  int64_t global_batch = 0, seq_len = 0;
+  std::vector<StageCost> stages;      // pipeline by pipeline, stage by stage
+  std::vector<PipelineCost> pipelines;
+  std::vector<RankCost> ranks;        // layout rank order
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+// Bytes per element of a device type's dtype (bf16/fp16 2, fp32 4).
+int dtype_bytes_of(const DeviceType& d);
+
+// ---- per-stage terms (shared by evaluate and the search; docs/PLAN.md) ----
+struct StageShape {
+  int layers = 1, tp = 1;
+  bool first = false, last = false;
+};
+// Parameters held by one TP rank of a stage.
+int64_t stage_rank_params(const ModelSpec& m, const StageShape& st);
+// Forward + backward FLOPs of one TP rank of a stage for one micro-batch of b sequences.
+double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s);
+// Ring all-reduce of `bytes` over n ranks on `link`: 2(n-1)/n * bytes / bw + 2(n-1) * latency.
+double ring_allreduce_s(double bytes, int n, const LinkSpec& link);
+// The TP all-reduces of a stage for one micro-batch (forward + backward).
+double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
+// Memory of one TP rank of stage `stage` of `stages` (slots = min(stages - stage, micro_batches)).
+struct MemoryTerms {
+  uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0;
+  uint64_t total() const { return weights + grads + optimizer + activations; }
+};
+MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int dtype_bytes,
+                              int64_t slots, int zero_ways);
+
+// Where a stage sits, what the cost terms need from the cluster: the slowest device of its ranks
+// (lowest peak_flops * efficiency), the least memory, and the links its traffic crosses.
+struct StagePlace {
+  const DeviceType* device = nullptr;
+  uint64_t capacity = 0;
+  LinkSpec tp_link, prev_link, next_link, dp_link;
+  bool has_prev = false, has_next = false;
+};
+// ranks: the stage's cluster ranks (tp order); prev / next: the neighbouring stages' (empty at the
+// ends); replicas: the data-parallel group of the stage's first rank (empty without replicas).
+StagePlace make_stage_place(const Cluster& c, const std::vector<int>& ranks, const std::vector<int>& prev,
+                            const std::vector<int>& next, const std::vector<int>& replicas);
+// Every term of one stage (stage `stage` of `stages`, m micro-batches of b sequences, `pipelines`
+// replicas, ZeRO-1 over `zero_ways`). pipeline / first_layer are left 0.
+StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const StageShape& shape, int64_t b, int64_t s,
+                     int64_t m, int stage, int stages, int pipelines, int zero_ways);
+
+// The cluster rank of every layout rank: the identity when the layout covers the cluster and names
+// matching device types (check_cluster_layout), else every TP group (stage by stage, pipeline by
+// pipeline) on devices of its stage's type, inside one node where one has enough free ones.
+// Errors: ClusterMismatch naming the type that runs out (needed vs available).
+Result<std::vector<int>> assign_placement(const Cluster& cluster, const Layout& layout);
+
+// The prediction for `layout` on `cluster`. Errors: the layout's (validate), a placement of the
+// wrong size or naming a rank twice, micro-batches not dividing the global batch (BadPlan). A
+// layout that is valid but does not fit (memory, tp not dividing the heads) gives feasible = false
+// with the problems named.
+Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const Layout& layout, const PlanOptions& opt);
+
+}  // namespace ckpt::trainer

@@ -1,0 +1,154 @@
+// The per-stage terms of the cost model (trainer/plan/cost_model.h; formulas in docs/PLAN.md).
+#include <algorithm>
+#include <cmath>
+
+#include "trainer/plan/cost_model.h"
+
+namespace ckpt::trainer {
+
+ModelSpec ModelSpec::from_config(const LlamaConfig& c) {
+  ModelSpec m;
+  m.layers = c.num_hidden_layers;
+  m.hidden = c.hidden_size;
+  m.ffn = c.intermediate_size;
+  m.heads = c.num_attention_heads;
+  m.kv_heads = c.num_key_value_heads;
+  m.head_dim = c.head_dim;
+  m.vocab = c.vocab_size;
+  m.tied = c.tie_word_embeddings;
+  return m;
+}
+
+int64_t ModelSpec::layer_split_params() const {
+  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  return hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * ffn;
+}
+
+int64_t ModelSpec::total_params() const {
+  return layers * (layer_split_params() + layer_norm_params()) + vocab * hidden * (tied ? 1 : 2) + hidden;
+}
+
+double ModelSpec::layer_forward_flops(int64_t b, int64_t s) const {
+  const double n = static_cast<double>(b) * static_cast<double>(s);
+  const double D = static_cast<double>(hidden), q = static_cast<double>(heads * head_dim),
+               kv = static_cast<double>(kv_heads * head_dim), F = static_cast<double>(ffn);
+  const double proj = 2 * n * D * (q + 2 * kv) + 2 * n * q * D;  // q, k, v, o
+  const double attn = 2 * 2 * static_cast<double>(b) * static_cast<double>(heads) * static_cast<double>(s) *
+                      static_cast<double>(s) * static_cast<double>(head_dim);  // Q K^T and P V
+  const double mlp = 3 * 2 * n * D * F;                                      // gate, up, down
+  return proj + attn + mlp;
+}
+
+double ModelSpec::head_forward_flops(int64_t b, int64_t s) const {
+  return 2.0 * static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(hidden) * static_cast<double>(vocab);
+}
+
+double ModelSpec::step_flops(int64_t sequences, int64_t s) const {
+  return 3 * (static_cast<double>(layers) * layer_forward_flops(sequences, s) + head_forward_flops(sequences, s));
+}
+
+int dtype_bytes_of(const DeviceType& d) { return d.dtype == "fp32" ? 4 : 2; }
+
+int64_t stage_rank_params(const ModelSpec& m, const StageShape& st) {
+  const int64_t t = st.tp;
+  int64_t p = st.layers * (m.layer_split_params() / t + m.layer_norm_params());
+  const int64_t emb = (m.vocab + t - 1) / t * m.hidden;
+  if (st.first) p += emb;
+  if (st.last) p += m.hidden + ((st.first && m.tied) ? 0 : emb);  // final norm; head (or tied copy)
+  return p;
+}
+
+double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s) {
+  double f = static_cast<double>(st.layers) * m.layer_forward_flops(b, s);
+  if (st.last) f += m.head_forward_flops(b, s);
+  return 3 * f / st.tp;
+}
+
+double ring_allreduce_s(double bytes, int n, const LinkSpec& link) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / link.bytes_per_s + 2.0 * (n - 1) * std::max(0.0, link.latency_s);
+}
+
+double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link) {
+  if (st.tp <= 1) return 0;
+  const double bytes = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden) * act_bytes;
+  const int count = 4 * st.layers + (st.first ? 1 : 0) + (st.last ? 1 : 0);
+  return count * ring_allreduce_s(bytes, st.tp, link);
+}
+
+MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int dtype_bytes,
+                              int64_t slots, int zero_ways) {
+  MemoryTerms r;
+  const uint64_t params = static_cast<uint64_t>(stage_rank_params(m, st));
+  const uint64_t wb = static_cast<uint64_t>(dtype_bytes);
+  r.weights = params * wb;
+  r.grads = params * wb;
+  const uint64_t opt = params * (dtype_bytes >= 4 ? 8 : 12);  // fp32 master (not for fp32) + 2 moments
+  const uint64_t ways = static_cast<uint64_t>(std::max(1, zero_ways));
+  r.optimizer = (opt + ways - 1) / ways;
+  const int64_t t = st.tp;
+  const int64_t per_token_layer = 4 * m.hidden + (2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
+                                                  3 * m.ffn + m.heads * s) / t;
+  const int64_t n = b * s;
+  uint64_t act = static_cast<uint64_t>(slots) * static_cast<uint64_t>(n) *
+                 static_cast<uint64_t>(st.layers * per_token_layer + m.hidden) * wb;
+  if (st.last) act += static_cast<uint64_t>(n) * static_cast<uint64_t>((m.vocab + t - 1) / t) * 8;  // fp32 logits + grad
+  r.activations = act;
+  return r;
+}
+
+}  // namespace ckpt::trainer
+
+namespace ckpt::trainer {
+
+namespace {
+LinkSpec terms_pair_link(const Cluster& c, const std::vector<int>& from, const std::vector<int>& to) {
+  LinkSpec w{1e300, 0};
+  for (size_t j = 0; j < to.size(); ++j) {
+    const LinkSpec l = c.link(from[j % from.size()], to[j]);
+    if (l.bytes_per_s < w.bytes_per_s || (l.bytes_per_s == w.bytes_per_s && l.latency_s > w.latency_s)) w = l;
+  }
+  return w;
+}
+}  // namespace
+
+StagePlace make_stage_place(const Cluster& c, const std::vector<int>& ranks, const std::vector<int>& prev,
+                            const std::vector<int>& next, const std::vector<int>& replicas) {
+  StagePlace p;
+  p.capacity = UINT64_MAX;
+  for (int r : ranks) {
+    const DeviceType& d = c.device_of(r);
+    if (!p.device || d.peak_flops * Cluster::efficiency_of(d) < p.device->peak_flops * Cluster::efficiency_of(*p.device)) p.device = &d;
+    p.capacity = std::min(p.capacity, d.memory_bytes);
+  }
+  p.tp_link = c.slowest_link(ranks);
+  p.has_prev = !prev.empty();
+  p.has_next = !next.empty();
+  if (p.has_prev) p.prev_link = terms_pair_link(c, ranks, prev);  // our input gradient goes back
+  if (p.has_next) p.next_link = terms_pair_link(c, ranks, next);  // our activation goes forward
+  if (replicas.size() > 1) p.dp_link = c.slowest_link(replicas);
+  return p;
+}
+
+StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const StageShape& shape, int64_t b, int64_t s,
+                     int64_t m, int stage, int stages, int pipelines, int zero_ways) {
+  StageCost c;
+  c.stage = stage;
+  c.layers = shape.layers;
+  c.tp = shape.tp;
+  c.device = place.device->name;
+  const int ab = dtype_bytes_of(*place.device);
+  c.flops = stage_rank_flops(model, shape, b, s);
+  c.compute_s = c.flops / (place.device->peak_flops * Cluster::efficiency_of(*place.device));
+  c.tp_comm_s = stage_tp_comm_s(model, shape, b, s, ab, place.tp_link);
+  const double act = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(model.hidden) * ab;
+  if (place.has_next) c.p2p_s += act / place.next_link.bytes_per_s + place.next_link.latency_s;
+  if (place.has_prev) c.p2p_s += act / place.prev_link.bytes_per_s + place.prev_link.latency_s;
+  const MemoryTerms mem = stage_rank_memory(model, shape, b, s, ab, std::min<int64_t>(stages - stage, m), zero_ways);
+  c.weights = mem.weights, c.grads = mem.grads, c.optimizer = mem.optimizer, c.activations = mem.activations;
+  c.capacity = place.capacity;
+  if (pipelines > 1) c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape)) * ab, pipelines, place.dp_link);
+  return c;
+}
+
+}  // namespace ckpt::trainer
