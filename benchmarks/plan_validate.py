@@ -20,7 +20,8 @@
    For each: predicted step seconds (`ckpt plan --evaluate LAYOUT --cluster C --model M
    --global-batch 8 --seq-len 128 --json`) and measured ones (`mpirun -np 2 ckpt train --emulate
    --cluster C --layout LAYOUT`, --steps steps, the first --warmup excluded, median of the
-   per-step seconds over --repeat runs).
+   per-step seconds over --repeat runs; the runs go round robin over the layouts, so that a
+   machine load that drifts during the script spreads over all of them).
 5. Figures: Spearman rank correlation of predicted vs measured (acceptance >= 0.8), the planner's
    choice vs the hand-written layout: predicted gain and measured gain (step-time ratios;
    acceptance: within 25% of each other), the machine's load average before and after every run.
@@ -123,12 +124,18 @@ def predict(a, d, layout_file):
     return t, j
 
 
-def measure(a, d, name, layout):
-    """Median seconds per step after the warm-up, over --repeat runs; per-run medians and loads."""
-    lf = d / (name.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "").replace(",", "-") + ".json")
+def layout_file(d, name, layout):
+    lf = d / (name.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "").replace(",", "-")
+              .replace("'", "") + ".json")
     lf.write_text(json.dumps(layout))
+    return lf
+
+
+def measure(a, d, name, layout, repeats):
+    """Per-step seconds after the warm-up of `repeats` runs (indices), and per-run medians and loads."""
+    lf = layout_file(d, name, layout)
     secs, runs = [], []
-    for k in range(a.repeat):
+    for k in repeats:
         out = d / f"run_{lf.stem}_{k}"
         shutil.rmtree(out, ignore_errors=True)
         before = load()
@@ -147,7 +154,7 @@ def measure(a, d, name, layout):
                      "idle_s": statistics.median(r["idle_s"] for r in steps),
                      "rank_compute_s": [statistics.median(r["rank_compute_s"][i] for r in steps) for i in range(2)]})
         shutil.rmtree(out, ignore_errors=True)
-    return statistics.median(secs), runs, lf
+    return secs, runs, lf
 
 
 def ranks(v):
@@ -243,13 +250,24 @@ def main():
             layouts.append(("planner's choice", planned))
         if hand is not None:
             layouts.append(("hand-written", hand))
+    # Round robin: repeat k runs every layout once, so that a load that drifts during the run (other
+    # users of the machine) spreads over all layouts instead of favouring the last ones.
+    secs = {n: [] for n, _ in layouts}
+    runs = {n: [] for n, _ in layouts}
+    files = {}
+    for k in range(a.repeat):
+        for name, layout in layouts:
+            s_, r_, files[name] = measure(a, d, name, layout, [k])
+            secs[name] += s_
+            runs[name] += r_
+            print(f"round {k}: {name:20s} measured {r_[-1]['median_s']:8.3f} s  load {r_[-1]['load_after']}", flush=True)
     rows = []
     for name, layout in layouts:
-        meas, runs, lf = measure(a, d, name, layout)
-        pred = float("nan") if a.measure_only else predict(a, d, lf)[0]
-        rows.append({"layout": name, "file": lf.name, "layout_json": layout, "predicted_s": pred, "measured_s": meas,
-                     "runs": runs})
-        print(f"{name:20s} predicted {pred:8.3f} s  measured {meas:8.3f} s  load {runs[-1]['load_after']}", flush=True)
+        pred = float("nan") if a.measure_only else predict(a, d, files[name])[0]
+        meas = statistics.median(secs[name])
+        rows.append({"layout": name, "file": files[name].name, "layout_json": layout, "predicted_s": pred,
+                     "measured_s": meas, "runs": runs[name]})
+        print(f"{name:20s} predicted {pred:8.3f} s  measured {meas:8.3f} s", flush=True)
     fixed = [r for r in rows if r["layout"] not in ("planner's choice", "hand-written")]
     rho = float("nan") if a.measure_only else spearman([r["predicted_s"] for r in fixed], [r["measured_s"] for r in fixed])
     res = {"spearman": rho, "rows": rows, "calibration": cal, "slow_factor": a.slow_factor, "steps": a.steps,
