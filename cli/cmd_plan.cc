@@ -1,5 +1,6 @@
 // ckpt plan: the cost-model planner (trainer/plan/; docs/PLAN.md). Parses flags and prints; the
 // cost model, the search and the re-plan live in trainer/plan/.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,8 +9,12 @@
 #include "converters/llama_config.h"
 #include "reshard/cluster.h"
 #include "reshard/layout.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/plan/calibrate.h"
 #include "trainer/plan/cost_model.h"
+#include "trainer/plan/replan.h"
+#include "trainer/plan/search.h"
+#include "converters/reshard_job.h"
 
 namespace ckpt::cli {
 namespace {
@@ -18,7 +23,7 @@ struct PlanFlags {
   std::string cluster, model, out, evaluate, from, reshard;
   int64_t global_batch = 0, seq_len = 0;
   int top = 3;
-  bool explain = false, json = false, calibrate = false;
+  bool explain = false, json = false, calibrate = false, trainer_memory = false;
   trainer::CalibrateOptions cal;
 };
 
@@ -51,6 +56,14 @@ int plan_evaluate(const PlanFlags& f) {
   if (f.json) {
     nlohmann::json j = cost->to_json();
     j["layout"] = layout->to_json();
+    if (f.trainer_memory) {  // the reference trainer's own allocation (trainer/memory_estimate.h), fp32
+      trainer::MemoryInputs mi;
+      mi.config = *cfg, mi.layout = *layout, mi.seq_len = o.seq_len, mi.mpi = layout->world_size() > 1;
+      mi.grad_accum = cost->pipelines.empty() ? 1 : cost->pipelines[0].micro_batches;
+      auto est = trainer::estimate_memory(mi);
+      if (!est.ok()) return report_error(est.status());
+      for (size_t r = 0; r < est->size() && r < j["ranks"].size(); ++r) j["ranks"][r]["trainer_memory_bytes"] = (*est)[r].total();
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("layout %s\n%s", layout->to_string().c_str(), cost->to_text().c_str());
@@ -58,13 +71,115 @@ int plan_evaluate(const PlanFlags& f) {
   return 0;
 }
 
+Status plan_write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".partial";
+  FILE* fp = std::fopen(tmp.c_str(), "w");
+  if (!fp || std::fwrite(text.data(), 1, text.size(), fp) != text.size() || std::fclose(fp) != 0 ||
+      std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::Error("Io", "cannot write '" + path + "'");
+  return Status::Ok();
+}
+
+nlohmann::json plan_candidate_json(const trainer::PlanCandidate& c) {
+  nlohmann::json j = c.cost.to_json();
+  j["layout"] = c.layout.to_json();
+  j["layout_text"] = c.layout.to_string();
+  j["placement"] = c.placement;
+  return j;
+}
+
+int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
+  auto cluster = Cluster::from_file(f.cluster);
+  if (!cluster.ok()) return report_error(cluster.status());
+  Result<LlamaConfig> cfg = given ? Result<LlamaConfig>(*given) : LlamaConfig::from_file(f.model);
+  if (!cfg.ok()) return report_error(cfg.status());
+  trainer::SearchOptions o;
+  o.global_batch = f.global_batch;
+  o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
+  o.top = std::max(1, f.top);
+  const auto model = trainer::ModelSpec::from_config(*cfg);
+  auto r = trainer::search_layouts(model, *cluster, o);
+  if (!r.ok()) return report_error(r.status());
+  auto hand = trainer::hand_written_layout(model, *cluster, o);
+  const auto& best = r->best[0];
+  if (!f.out.empty()) {
+    Status st = plan_write_file(f.out, best.layout.to_json().dump(2) + "\n");
+    if (!st.ok()) return report_error(st);
+  }
+  const double gain = hand.ok() && hand->cost.feasible ? hand->cost.step_time_s / best.cost.step_time_s : 0;
+  if (f.json) {
+    nlohmann::json j = {{"best", plan_candidate_json(best)}, {"seconds", r->seconds}, {"arrangements", r->arrangements},
+                        {"evaluated", r->evaluated}, {"exhaustive", r->exhaustive}, {"cross_node_tp", r->cross_node_tp}};
+    j["next"] = nlohmann::json::array();
+    for (size_t i = 1; i < r->best.size(); ++i) {
+      nlohmann::json c = plan_candidate_json(r->best[i]);
+      c["why_slower"] = trainer::why_slower(r->best[i], best);
+      j["next"].push_back(std::move(c));
+    }
+    if (hand.ok()) j["hand_written"] = plan_candidate_json(*hand), j["predicted_gain"] = gain;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("best layout: %s\n%s", best.layout.to_string().c_str(), best.cost.to_text().c_str());
+  if (f.explain)
+    for (const auto& rc : best.cost.ranks)
+      std::printf("  rank %d -> cluster rank %d (%s, %s): memory %.3f / %.3f GiB, compute %.1f%% of peak\n", rc.rank, rc.cluster_rank,
+                  rc.node.c_str(), rc.device.c_str(), static_cast<double>(rc.memory) / 1073741824.0,
+                  static_cast<double>(rc.capacity) / 1073741824.0, 100 * rc.compute_fraction);
+  for (size_t i = 1; i < r->best.size(); ++i) {
+    std::printf("next %zu: %s: %.6g s, %s\n", i, r->best[i].layout.to_string().c_str(), r->best[i].cost.step_time_s,
+                trainer::why_slower(r->best[i], best).c_str());
+    if (f.explain) std::printf("%s", r->best[i].cost.to_text().c_str());
+  }
+  if (hand.ok())
+    std::printf("hand-written layout (tp = devices per node, even split, equal micro-batches): %s: %.6g s%s; predicted gain %.2fx\n",
+                hand->layout.to_string().c_str(), hand->cost.step_time_s, hand->cost.feasible ? "" : " (does not fit)", gain);
+  std::printf("searched %lld arrangements x micro-batch counts (%lld layouts evaluated, %s) in %.3f s\n",
+              static_cast<long long>(r->arrangements), static_cast<long long>(r->evaluated),
+              r->exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r->seconds);
+  if (!f.out.empty()) std::printf("wrote %s (ckpt train --layout / ckpt reshard --layout)\n", f.out.c_str());
+  return 0;
+}
+
+// --from CHECKPOINT: the model, batch and sequence length from the checkpoint; the plan for the new
+// cluster; the reshard command printed, or run with --reshard DST.
+int plan_from(const PlanFlags& flags) {
+  auto src = trainer::replan_source(flags.from);
+  if (!src.ok()) return report_error(src.status());
+  PlanFlags f = flags;
+  if (f.global_batch < 1) f.global_batch = src->global_batch;
+  if (f.seq_len < 1) f.seq_len = src->seq_len;
+  if (f.out.empty()) f.out = f.reshard.empty() ? std::string("planned_layout.json") : f.reshard + ".layout.json";
+  if (!f.json)
+    std::printf("re-plan of %s (step %lld, layout %s): global batch %lld x %lld tokens\n", src->checkpoint.c_str(),
+                static_cast<long long>(src->step), src->layout.to_string().c_str(), static_cast<long long>(f.global_batch),
+                static_cast<long long>(f.seq_len));
+  const int rc = plan_search(f, &src->config);
+  if (rc != 0) return rc;
+  if (f.reshard.empty()) {
+    if (!f.json) std::printf("move the checkpoint there with:\n  ckpt reshard %s DST --layout %s\n", src->checkpoint.c_str(), f.out.c_str());
+    return 0;
+  }
+  ReshardRequest req;
+  req.src = src->checkpoint;
+  req.dst = f.reshard;
+  req.layout_file = f.out;
+  auto r = run_reshard_job(req);
+  if (!r.ok()) return report_error(r.status());
+  if (!f.json)
+    std::printf("resharded %s -> %s (%s) in %.2f s\n", src->checkpoint.c_str(), f.reshard.c_str(), r->layout.to_string().c_str(), r->seconds);
+  return 0;
+}
+
 int run_plan(const PlanFlags& f) {
   if (f.calibrate) return plan_calibrate(f);
   if (f.cluster.empty()) return report_error(Status::InvalidArgument("ckpt plan needs --cluster FILE (or --calibrate)"));
+  if (!f.reshard.empty() && f.from.empty()) return report_error(Status::InvalidArgument("--reshard DST needs --from CHECKPOINT"));
+  if (!f.from.empty()) return plan_from(f);
   if (f.from.empty() && (f.model.empty() || f.global_batch < 1))
     return report_error(Status::InvalidArgument("ckpt plan needs --model CONFIG and --global-batch N >= 1 (or --from CHECKPOINT)"));
   if (!f.evaluate.empty()) return plan_evaluate(f);
-  return report_error(Status::Unsupported("the layout search is not built yet"));
+  return plan_search(f);
 }
 
 CommandAction setup_plan(CLI::App& sub) {
@@ -77,6 +192,7 @@ CommandAction setup_plan(CLI::App& sub) {
   sub.add_option("--top", f->top, "How many layouts to show (the best and the next ones, with why they lose)")->capture_default_str();
   sub.add_flag("--explain", f->explain, "Print every shown layout's per-stage times and per-rank memory");
   sub.add_flag("--json", f->json, "Print JSON (step_time_s, tokens_per_s, stages, pipelines, ranks, feasible, problems)");
+  sub.add_flag("--trainer-memory", f->trainer_memory, "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): ranks[].trainer_memory_bytes");
   sub.add_option("--evaluate", f->evaluate, "Predict the step time and memory of this layout file instead of searching")->type_name("LAYOUT");
   sub.add_option("--from", f->from, "Re-plan: take the model, batch and sequence length from this checkpoint (or run dir)")->type_name("CHECKPOINT");
   sub.add_option("--reshard", f->reshard, "With --from: reshard the checkpoint into the planned layout at DST (else the command is printed)")->type_name("DST");

@@ -120,7 +120,7 @@ std::string place_text(const Layout& l, int rank) {
 
 
 // A latency: seconds as a number, or a string with a unit ("5us", "0.02ms", "1e-6s", "800ns").
-Result<double> latency_field(const nlohmann::json& v, const std::string& ctx) {
+Result<double> cluster_latency_field(const nlohmann::json& v, const std::string& ctx) {
   double sec = -1;
   if (v.is_number()) {
     sec = v.get<double>();
@@ -142,7 +142,7 @@ Result<double> latency_field(const nlohmann::json& v, const std::string& ctx) {
   return sec;
 }
 
-Result<LinkSpec> link_from_json(const nlohmann::json& j, const std::string& ctx) {
+Result<LinkSpec> cluster_link_from_json(const nlohmann::json& j, const std::string& ctx) {
   if (!j.is_object()) return bad_cluster(ctx + " must be an object {\"bandwidth\": ..., \"latency\": ...}, got " + j.dump());
   CKPT_RETURN_IF_ERROR(cluster_keys(j, {"bandwidth", "latency"}, ctx));
   LinkSpec l;
@@ -152,24 +152,24 @@ Result<LinkSpec> link_from_json(const nlohmann::json& j, const std::string& ctx)
     l.bytes_per_s = static_cast<double>(bw);
   }
   if (auto v = j.find("latency"); v != j.end()) {
-    CKPT_ASSIGN_OR_RETURN(l.latency_s, latency_field(*v, ctx + " key 'latency'"));
+    CKPT_ASSIGN_OR_RETURN(l.latency_s, cluster_latency_field(*v, ctx + " key 'latency'"));
   }
   return l;
 }
 
-Status links_from_json(const nlohmann::json& j, Cluster& c) {
+Status cluster_links_from_json(const nlohmann::json& j, Cluster& c) {
   if (!j.is_object()) return bad_cluster("cluster key 'links' must be an object {\"intra_node\": ..., \"inter_node\": ...}");
   CKPT_RETURN_IF_ERROR(cluster_keys(j, {"intra_node", "inter_node"}, "cluster links"));
   if (auto v = j.find("intra_node"); v != j.end()) {
-    CKPT_ASSIGN_OR_RETURN(c.intra_node, link_from_json(*v, "cluster links.intra_node"));
+    CKPT_ASSIGN_OR_RETURN(c.intra_node, cluster_link_from_json(*v, "cluster links.intra_node"));
   }
   if (auto v = j.find("inter_node"); v != j.end()) {
-    CKPT_ASSIGN_OR_RETURN(c.inter_node, link_from_json(*v, "cluster links.inter_node"));
+    CKPT_ASSIGN_OR_RETURN(c.inter_node, cluster_link_from_json(*v, "cluster links.inter_node"));
   }
   return Status::Ok();
 }
 
-Status nodes_from_json(const nlohmann::json& nj, Cluster& c) {
+Status cluster_nodes_from_json(const nlohmann::json& nj, Cluster& c) {
   if (!nj.is_array() || nj.empty()) return bad_cluster("cluster key 'nodes' must be a non-empty array of {\"name\", \"devices\"}");
   for (size_t i = 0; i < nj.size(); ++i) {
     const nlohmann::json& e = nj[i];
@@ -193,7 +193,7 @@ Status nodes_from_json(const nlohmann::json& nj, Cluster& c) {
     CKPT_RETURN_IF_ERROR(ranks_from_json(*d, c, ctx + " key 'devices'", ctx + " devices"));
     n.count = c.world_size() - n.first_rank;
     if (auto v = e.find("intra_node"); v != e.end()) {
-    CKPT_ASSIGN_OR_RETURN(n.intra, link_from_json(*v, ctx + " key 'intra_node'"));
+    CKPT_ASSIGN_OR_RETURN(n.intra, cluster_link_from_json(*v, ctx + " key 'intra_node'"));
   }
     c.rank_node.insert(c.rank_node.end(), static_cast<size_t>(n.count), static_cast<int>(c.nodes.size()));
     c.nodes.push_back(std::move(n));
@@ -202,14 +202,14 @@ Status nodes_from_json(const nlohmann::json& nj, Cluster& c) {
   return Status::Ok();
 }
 
-nlohmann::json link_to_json(const LinkSpec& l) {
+nlohmann::json cluster_link_to_json(const LinkSpec& l) {
   nlohmann::json j = nlohmann::json::object();
   if (l.bytes_per_s > 0) j["bandwidth"] = static_cast<uint64_t>(l.bytes_per_s);
   if (l.latency_s >= 0) j["latency"] = l.latency_s;
   return j;
 }
 
-nlohmann::json runs_to_json(const Cluster& c, size_t begin, size_t end) {
+nlohmann::json cluster_runs_to_json(const Cluster& c, size_t begin, size_t end) {
   nlohmann::json out = nlohmann::json::array();
   for (size_t r = begin; r < end;) {
     size_t e = r;
@@ -277,7 +277,7 @@ Result<Cluster> Cluster::from_json(const nlohmann::json& j) {
   if (rj == j.end() && nj == j.end())
     return bad_cluster("cluster is missing key 'ranks' (the device type of every rank, in rank order) or 'nodes'");
   if (nj != j.end()) {
-    CKPT_RETURN_IF_ERROR(nodes_from_json(*nj, c));
+    CKPT_RETURN_IF_ERROR(cluster_nodes_from_json(*nj, c));
     if (rj != j.end()) {  // both: must agree
       Cluster flat;
       flat.types = c.types;
@@ -289,7 +289,7 @@ Result<Cluster> Cluster::from_json(const nlohmann::json& j) {
   } else {
     CKPT_RETURN_IF_ERROR(ranks_from_json(*rj, c));
   }
-  if (auto v = j.find("links"); v != j.end()) CKPT_RETURN_IF_ERROR(links_from_json(*v, c));
+  if (auto v = j.find("links"); v != j.end()) CKPT_RETURN_IF_ERROR(cluster_links_from_json(*v, c));
   return c;
 }
 
@@ -313,19 +313,19 @@ nlohmann::json Cluster::to_json() const {
     if (types[i].efficiency > 0) types_j[i]["efficiency"] = types[i].efficiency;
   nlohmann::json out = {{"device_types", types_j}};
   if (!topology || nodes.empty()) {
-    out["ranks"] = runs_to_json(*this, 0, rank_type.size());
+    out["ranks"] = cluster_runs_to_json(*this, 0, rank_type.size());
   } else {
     nlohmann::json nodes_j = nlohmann::json::array();
     for (const NodeSpec& n : nodes) {
-      nlohmann::json e = {{"name", n.name}, {"devices", runs_to_json(*this, static_cast<size_t>(n.first_rank), static_cast<size_t>(n.first_rank + n.count))}};
-      if (n.intra.bytes_per_s > 0 || n.intra.latency_s >= 0) e["intra_node"] = link_to_json(n.intra);
+      nlohmann::json e = {{"name", n.name}, {"devices", cluster_runs_to_json(*this, static_cast<size_t>(n.first_rank), static_cast<size_t>(n.first_rank + n.count))}};
+      if (n.intra.bytes_per_s > 0 || n.intra.latency_s >= 0) e["intra_node"] = cluster_link_to_json(n.intra);
       nodes_j.push_back(std::move(e));
     }
     out["nodes"] = std::move(nodes_j);
   }
   nlohmann::json links = nlohmann::json::object();
-  if (intra_node.bytes_per_s > 0 || intra_node.latency_s >= 0) links["intra_node"] = link_to_json(intra_node);
-  if (inter_node.bytes_per_s > 0 || inter_node.latency_s >= 0) links["inter_node"] = link_to_json(inter_node);
+  if (intra_node.bytes_per_s > 0 || intra_node.latency_s >= 0) links["intra_node"] = cluster_link_to_json(intra_node);
+  if (inter_node.bytes_per_s > 0 || inter_node.latency_s >= 0) links["inter_node"] = cluster_link_to_json(inter_node);
   if (!links.empty()) out["links"] = std::move(links);
   return out;
 }

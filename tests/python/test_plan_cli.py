@@ -1,0 +1,101 @@
+"""ckpt plan end to end: the layout `ckpt plan -o` writes is taken as is by `ckpt train --layout`
+(one step under mpirun, oversubscribed), `--evaluate` of that layout predicts what the search
+reported for it, and the FLOPs per step match a count from the model's matmul shapes made here
+(from transformers' LlamaConfig)."""
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd
+from trainer_runs import ckpt, ckpt_path
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "fixtures" / "tiny_llama.json"
+
+CLUSTER = {
+    "device_types": [
+        {"name": "fast", "memory": "1GiB", "peak_flops": 4e10, "link_bandwidth": "2GB/s", "dtype": "fp32"},
+        {"name": "slow", "memory": "1GiB", "peak_flops": 1e10, "link_bandwidth": "2GB/s", "dtype": "fp32"},
+    ],
+    "nodes": [{"name": "n0", "devices": [{"type": "fast", "count": 1}, {"type": "slow", "count": 2}]}],
+}
+G, SEQ = 8, 32
+
+
+def naive_step_flops(cfg, sequences, s):
+    from transformers import LlamaConfig
+    c = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures",)})
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n = sequences * s
+    d, f, h, k, v = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size
+    layer = 2 * n * d * h * hd + 2 * 2 * n * d * k * hd + 2 * n * h * hd * d + 2 * 2 * sequences * h * s * s * hd + 3 * 2 * n * d * f
+    return 3 * (c.num_hidden_layers * layer + 2 * n * d * v)
+
+
+@pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
+def test_plan_layout_trains_and_evaluates(tmp_path):
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps(CLUSTER))
+    out = tmp_path / "layout.json"
+    p = ckpt("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", G, "--seq-len", SEQ, "-o", out, "--json", "--top", "2")
+    plan = json.loads(p.stdout)
+    layout = json.loads(out.read_text())
+    assert layout == plan["best"]["layout"]
+    assert plan["best"]["feasible"] and plan["best"]["step_time_s"] > 0
+    cfg = json.loads(CONFIG.read_text())
+    assert plan["best"]["flops_per_step"] == pytest.approx(naive_step_flops(cfg, G, SEQ), rel=1e-12)
+    # --evaluate of the written layout gives the search's prediction (same placement rule).
+    e = json.loads(ckpt("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", G, "--seq-len", SEQ,
+                        "--evaluate", out, "--json", "--trainer-memory").stdout)
+    assert all(r["trainer_memory_bytes"] > 0 for r in e["ranks"])
+    assert e["feasible"]
+    assert e["step_time_s"] == pytest.approx(plan["best"]["step_time_s"], rel=1e-12)
+    assert [r["cluster_rank"] for r in e["ranks"]] == plan["best"]["placement"]
+    assert set(e) >= {"step_time_s", "tokens_per_s", "stages", "pipelines", "ranks", "problems"}
+    # The trainer takes the layout as is and runs a step.
+    world = sum(st["tp"] for pl in layout["pipelines"] for st in pl["stages"]) if "pipelines" in layout else \
+        layout["tp"] * layout["pp"] * layout["dp"]
+    mbs = [pl["micro_batch"] for pl in layout["pipelines"]] if "pipelines" in layout else layout.get("micro_batch", [1])
+    grad_accum = G // sum(mbs)
+    cmd = [ckpt_path(), "train", "--config", CONFIG, "--layout", out, "--grad-accum", grad_accum, "--seq-len", SEQ,
+           "--steps", 1, "--out", tmp_path / "run"]
+    cmd = mpirun_cmd(world, *cmd) if world > 1 else [str(c) for c in cmd]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "run" / "latest").exists()
+
+
+def test_plan_bad_clusters_say_what(tmp_path):
+    bad = tmp_path / "empty_node.json"
+    bad.write_text(json.dumps({"device_types": [{"name": "x", "memory": "1GiB", "peak_flops": 1e12}],
+                               "nodes": [{"name": "n0", "devices": []}]}))
+    p = ckpt("plan", "--cluster", bad, "--model", CONFIG, "--global-batch", 4, check=False)
+    assert p.returncode == 2 and "cluster node 'n0' is empty" in p.stderr
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"device_types": [{"name": "x", "memory": 4096, "peak_flops": 1e12}],
+                                 "ranks": [{"type": "x", "count": 2}]}))
+    p = ckpt("plan", "--cluster", small, "--model", CONFIG, "--global-batch", 4, "--seq-len", 16, check=False)
+    assert p.returncode == 2, p.stderr
+    assert "PlanInfeasible" in p.stderr and "short by" in p.stderr and "over by" in p.stderr
+
+
+def test_replan_from_checkpoint_reshards_to_the_new_cluster(tmp_path):
+    run_dir = tmp_path / "run"
+    ckpt("train", "--config", CONFIG, "--steps", 1, "--micro-batch", 2, "--grad-accum", 2, "--seq-len", SEQ, "--out", run_dir)
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps(CLUSTER))
+    dst = tmp_path / "dst"
+    p = ckpt("plan", "--from", run_dir, "--cluster", cl, "-o", tmp_path / "planned.json")
+    assert "ckpt reshard" in p.stdout and "global batch 4 x 32 tokens" in p.stdout, p.stdout
+    ckpt("plan", "--from", run_dir, "--cluster", cl, "--reshard", dst)
+    planned = json.loads((tmp_path / "dst.layout.json").read_text())
+    manifest = json.loads((dst / "manifest.json").read_text())
+    assert {k: manifest["layout"][k] for k in planned} == planned
+    # The plan is for the new cluster's 3 devices and the checkpoint's batch (4 sequences).
+    if "pipelines" in planned:
+        assert sum(st["tp"] for pl in planned["pipelines"] for st in pl["stages"]) == 3
+    ckpt("verify", dst)
+    # The source checkpoint is untouched: it still verifies.
+    ckpt("verify", run_dir)
