@@ -115,7 +115,7 @@ def grad_accum(layout):
 
 
 def predict(a, d, layout_file):
-    r = run([a.ckpt, "plan", "--evaluate", layout_file, "--cluster", d / "cluster.json", "--model", d / "model.json",
+    r = run([a.ckpt, "plan", "--evaluate", layout_file, "--cluster", d / "cluster.json", "--model", d / "model.json",  # placement: the planner's
              "--global-batch", GLOBAL_BATCH, "--seq-len", SEQ, "--json"])
     j = json.loads(r.stdout)
     t = find_key(j, STEP_KEYS)
@@ -131,6 +131,24 @@ def layout_file(d, name, layout):
     return lf
 
 
+def cluster_for(d, lf, layout):
+    """The cluster file in the layout's rank order (stage by stage, then pipeline, then tp rank) when
+    every stage names its device type (the planner may put 'slow' first); else DIR/cluster.json."""
+    stages = [st for p in layout["pipelines"] for st in p["stages"]]
+    if not all(st.get("device") for st in stages):
+        return d / "cluster.json"
+    order = []
+    for si in range(max(len(p["stages"]) for p in layout["pipelines"])):
+        for p in layout["pipelines"]:
+            if si < len(p["stages"]):
+                order += [p["stages"][si]["device"]] * p["stages"][si]["tp"]
+    c = json.loads((d / "cluster.json").read_text())
+    c["ranks"] = [{"type": t, "count": 1} for t in order]
+    f = d / f"cluster_{lf.stem}.json"
+    f.write_text(json.dumps(c))
+    return f
+
+
 def measure(a, d, name, layout, repeats):
     """Per-step seconds after the warm-up of `repeats` runs (indices), and per-run medians and loads."""
     lf = layout_file(d, name, layout)
@@ -139,7 +157,7 @@ def measure(a, d, name, layout, repeats):
         out = d / f"run_{lf.stem}_{k}"
         shutil.rmtree(out, ignore_errors=True)
         before = load()
-        run(mpirun(2, a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--cluster", d / "cluster.json",
+        run(mpirun(2, a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--cluster", cluster_for(d, lf, layout),
                    "--emulate", "--out", out, "--steps", a.steps, "--seq-len", SEQ, "--grad-accum", grad_accum(layout),
                    "--threads", 1, "--warmup", 1, "--save-every", 0))
         recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
