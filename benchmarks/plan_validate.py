@@ -20,7 +20,8 @@
    For each: predicted step seconds (`ckpt plan --evaluate LAYOUT --cluster C --model M
    --global-batch 8 --seq-len 128 --json`) and measured ones (`mpirun -np 2 ckpt train --emulate
    --cluster C --layout LAYOUT`, --steps steps, the first --warmup excluded, median of the
-   per-step seconds over --repeat runs).
+   per-step seconds over --repeat runs; the runs go round robin over the layouts, so that a
+   machine load that drifts during the script spreads over all of them).
 5. Figures: Spearman rank correlation of predicted vs measured (acceptance >= 0.8), the planner's
    choice vs the hand-written layout: predicted gain and measured gain (step-time ratios;
    acceptance: within 25% of each other), the machine's load average before and after every run.
@@ -78,8 +79,10 @@ def mpirun(n, *args):
                   *map(str, args)]
 
 
-def run(cmd, timeout=900):
+def run(cmd, timeout=900, check=True):
     r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0 and not check:
+        return None
     if r.returncode != 0:
         sys.exit(f"failed ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r
@@ -112,7 +115,7 @@ def grad_accum(layout):
 
 
 def predict(a, d, layout_file):
-    r = run([a.ckpt, "plan", "--evaluate", layout_file, "--cluster", d / "cluster.json", "--model", d / "model.json",
+    r = run([a.ckpt, "plan", "--evaluate", layout_file, "--cluster", d / "cluster.json", "--model", d / "model.json",  # placement: the planner's
              "--global-batch", GLOBAL_BATCH, "--seq-len", SEQ, "--json"])
     j = json.loads(r.stdout)
     t = find_key(j, STEP_KEYS)
@@ -121,16 +124,40 @@ def predict(a, d, layout_file):
     return t, j
 
 
-def measure(a, d, name, layout):
-    """Median seconds per step after the warm-up, over --repeat runs; per-run medians and loads."""
-    lf = d / (name.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "").replace(",", "-") + ".json")
+def layout_file(d, name, layout):
+    lf = d / (name.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "").replace(",", "-")
+              .replace("'", "") + ".json")
     lf.write_text(json.dumps(layout))
+    return lf
+
+
+def cluster_for(d, lf, layout):
+    """The cluster file in the layout's rank order (stage by stage, then pipeline, then tp rank) when
+    every stage names its device type (the planner may put 'slow' first); else DIR/cluster.json."""
+    stages = [st for p in layout["pipelines"] for st in p["stages"]]
+    if not all(st.get("device") for st in stages):
+        return d / "cluster.json"
+    order = []
+    for si in range(max(len(p["stages"]) for p in layout["pipelines"])):
+        for p in layout["pipelines"]:
+            if si < len(p["stages"]):
+                order += [p["stages"][si]["device"]] * p["stages"][si]["tp"]
+    c = json.loads((d / "cluster.json").read_text())
+    c["ranks"] = [{"type": t, "count": 1} for t in order]
+    f = d / f"cluster_{lf.stem}.json"
+    f.write_text(json.dumps(c))
+    return f
+
+
+def measure(a, d, name, layout, repeats):
+    """Per-step seconds after the warm-up of `repeats` runs (indices), and per-run medians and loads."""
+    lf = layout_file(d, name, layout)
     secs, runs = [], []
-    for k in range(a.repeat):
+    for k in repeats:
         out = d / f"run_{lf.stem}_{k}"
         shutil.rmtree(out, ignore_errors=True)
         before = load()
-        run(mpirun(2, a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--cluster", d / "cluster.json",
+        run(mpirun(2, a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--cluster", cluster_for(d, lf, layout),
                    "--emulate", "--out", out, "--steps", a.steps, "--seq-len", SEQ, "--grad-accum", grad_accum(layout),
                    "--threads", 1, "--warmup", 1, "--save-every", 0))
         recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
@@ -145,7 +172,7 @@ def measure(a, d, name, layout):
                      "idle_s": statistics.median(r["idle_s"] for r in steps),
                      "rank_compute_s": [statistics.median(r["rank_compute_s"][i] for r in steps) for i in range(2)]})
         shutil.rmtree(out, ignore_errors=True)
-    return statistics.median(secs), runs, lf
+    return secs, runs, lf
 
 
 def ranks(v):
@@ -189,7 +216,9 @@ def write_inputs(a, d, cal):
 def planner_choice(a, d):
     """The planner's best layout (written to a file) and the hand-written one it compares with."""
     r = run([a.ckpt, "plan", "--cluster", d / "cluster.json", "--model", d / "model.json", "--global-batch",
-             GLOBAL_BATCH, "--seq-len", SEQ, "--json", "-o", d / "planned.json"])
+             GLOBAL_BATCH, "--seq-len", SEQ, "--json", "-o", d / "planned.json"], check=False)
+    if r is None or not (d / "planned.json").exists():
+        return None, None, None  # no search yet (milestone F1 has --evaluate only)
     j = json.loads(r.stdout)
     hand = None
     for k in ("hand_layout", "hand_written", "baseline", "hand"):
@@ -235,22 +264,51 @@ def main():
     plan_json = None
     if not a.measure_only:
         planned, hand, plan_json = planner_choice(a, d)
-        layouts.append(("planner's choice", planned))
+        if planned is not None:
+            layouts.append(("planner's choice", planned))
         if hand is not None:
             layouts.append(("hand-written", hand))
+    # Round robin: repeat k runs every layout once, so that a load that drifts during the run (other
+    # users of the machine) spreads over all layouts instead of favouring the last ones.
+    secs = {n: [] for n, _ in layouts}
+    runs = {n: [] for n, _ in layouts}
+    files = {}
+    for k in range(a.repeat):
+        for name, layout in layouts:
+            s_, r_, files[name] = measure(a, d, name, layout, [k])
+            secs[name] += s_
+            runs[name] += r_
+            print(f"round {k}: {name:20s} measured {r_[-1]['median_s']:8.3f} s  load {r_[-1]['load_after']}", flush=True)
     rows = []
     for name, layout in layouts:
-        meas, runs, lf = measure(a, d, name, layout)
-        pred = float("nan") if a.measure_only else predict(a, d, lf)[0]
-        rows.append({"layout": name, "file": lf.name, "layout_json": layout, "predicted_s": pred, "measured_s": meas,
-                     "runs": runs})
-        print(f"{name:20s} predicted {pred:8.3f} s  measured {meas:8.3f} s  load {runs[-1]['load_after']}", flush=True)
+        pred = float("nan") if a.measure_only else predict(a, d, files[name])[0]
+        meas = statistics.median(secs[name])
+        rows.append({"layout": name, "file": files[name].name, "layout_json": layout, "predicted_s": pred,
+                     "measured_s": meas, "runs": runs[name]})
+        print(f"{name:20s} predicted {pred:8.3f} s  measured {meas:8.3f} s", flush=True)
     fixed = [r for r in rows if r["layout"] not in ("planner's choice", "hand-written")]
     rho = float("nan") if a.measure_only else spearman([r["predicted_s"] for r in fixed], [r["measured_s"] for r in fixed])
     res = {"spearman": rho, "rows": rows, "calibration": cal, "slow_factor": a.slow_factor, "steps": a.steps,
            "warmup": a.warmup, "repeat": a.repeat, "niceness": niceness, "load_start": load0, "load_end": load(),
            "seconds": time.time() - t0, "plan": plan_json}
     by = {r["layout"]: r for r in rows}
+    if "planner's choice" not in by and not a.measure_only:
+        # Without the planner's search: its choice among the fixed layouts (lowest prediction), against
+        # the hand-written layouts (even split [3,3], equal micro-batches [2,2]).
+        best = min(fixed, key=lambda r: r["predicted_s"])
+        res["choice_note"] = "no `ckpt plan` search: the planner's choice = the lowest prediction of the fixed layouts"
+        by["planner's choice"] = best
+        res["planner_choice_layout"] = best["layout"]
+        for hand_name in ("pp=2 [3,3]", "dp=2 mb [2,2]"):
+            if hand_name in by:
+                h = by[hand_name]
+                res.setdefault("gains", []).append(
+                    {"hand": hand_name, "choice": best["layout"], "predicted_gain": h["predicted_s"] / best["predicted_s"],
+                     "measured_gain": h["measured_s"] / best["measured_s"]})
+                g = res["gains"][-1]
+                g["ratio"] = g["predicted_gain"] / g["measured_gain"]
+                print(f"choice {best['layout']} vs hand-written {hand_name}: predicted gain {g['predicted_gain']:.3f}x, "
+                      f"measured {g['measured_gain']:.3f}x (ratio {g['ratio']:.3f})")
     if "hand-written" in by:
         p, h = by["planner's choice"], by["hand-written"]
         res["predicted_gain"] = h["predicted_s"] / p["predicted_s"]

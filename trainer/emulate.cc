@@ -27,7 +27,7 @@ nlohmann::json Emulation::factors_json() const {
   return j;
 }
 
-double effective_flops(const DeviceType& d) { return d.peak_flops; }
+double effective_flops(const DeviceType& d) { return d.peak_flops * Cluster::efficiency_of(d); }
 
 Result<Emulation> make_emulation(const std::string& cluster_file, int world_size) {
   if (cluster_file.empty())

@@ -35,7 +35,7 @@ struct Emulation {
   nlohmann::json factors_json() const;
 };
 
-// A device type's effective training FLOP/s: peak_flops x efficiency (1 when the type has none).
+// A device type's effective training FLOP/s: peak_flops x Cluster::efficiency_of (the cost model's).
 double effective_flops(const DeviceType& d);
 
 // The emulation of `cluster_file` for a world of `world_size` ranks. Errors: EmulationRefused

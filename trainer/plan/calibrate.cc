@@ -28,7 +28,7 @@ nlohmann::json calib_device_json(const DeviceType& d) {
 
 nlohmann::json Calibration::to_json() const {
   nlohmann::json dev = calib_device_json(device);
-  dev["efficiency"] = efficiency;
+  dev["efficiency"] = device.efficiency;
   return {{"device_type", dev},
           {"efficiency", efficiency},
           {"measured",
@@ -52,6 +52,8 @@ Result<Calibration> calibrate_device(const CalibrateOptions& o) {
   c.device.peak_flops = sgemm_flops(o.threads, o.seconds);
   CKPT_ASSIGN_OR_RETURN(double trainer, trainer_flops(o.threads, o.seconds));
   c.efficiency = c.device.peak_flops > 0 ? trainer / c.device.peak_flops : 0;
+  // A cluster file takes an efficiency in (0, 1]; a noisy measurement above 1 is written as 1.
+  c.device.efficiency = std::clamp(c.efficiency, 1e-6, 1.0);
   c.memcpy_bytes_per_s = memcpy_bandwidth(std::min(o.seconds, 1.0));
   if (o.mpi) {
     CKPT_ASSIGN_OR_RETURN(MpiProbeResult m, spawn_mpi_probe(o.exe, std::min(o.seconds, 2.0)));

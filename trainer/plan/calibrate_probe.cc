@@ -12,6 +12,7 @@
 
 #include "reshard/comm.h"
 #include "trainer/ops.h"
+#include "trainer/plan/cost_model.h"
 #include "trainer/train_loop.h"
 
 namespace ckpt::trainer {
@@ -93,13 +94,13 @@ Result<double> trainer_flops(int threads, double seconds) {
   o.threads = threads;
   o.print = false;
   CKPT_ASSIGN_OR_RETURN(auto t, Trainer::create(o));
-  const double per_token = t->model().train_flops_per_token(o.seq_len);  // one process: the whole model
-  const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
+  // The cost model's FLOPs (trainer/plan/cost_model.h), so that efficiency x peak predicts the trainer.
+  const double step_flops = ModelSpec::from_config(o.config).step_flops(o.micro_batch, o.seq_len);
   Status failed;
   const double rate = median_rate(seconds, 3, [&]() {
     auto st = t->train_step();
     if (!st.ok() && failed.ok()) failed = st.status();
-    return tokens * per_token;
+    return step_flops;
   });
   CKPT_RETURN_IF_ERROR(failed);
   return rate;

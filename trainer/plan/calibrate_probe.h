@@ -5,8 +5,8 @@
 //   (calibration_model(): rows n = micro-batch x seq; [n, D] x [D, F] and back, forward 2nDF and
 //   backward 4nDF FLOPs each), with `threads` OpenBLAS threads;
 // - trainer_flops: the real trainer (Trainer::create + train_step, one process) on that model, its
-//   model FLOP/s by Model::train_flops_per_token (6 x weights x tokens + attention
-//   12 x layers x seq x H x hd per token);
+//   model FLOP/s counted by the cost model's ModelSpec::step_flops (trainer/plan/cost_model.h; equal
+//   to Model::train_flops_per_token x tokens);
 // - memcpy_bandwidth: bytes/s of a memcpy of 64 MiB (buffers touched first);
 // - mpi_probe: under mpirun -np 2, ping-pong between ranks 0 and 1 over reshard/comm.h (the
 //   trainer's Comm): latency = half the round trip of an 8-byte message, bandwidth = bytes / half
