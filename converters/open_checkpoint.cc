@@ -24,13 +24,14 @@ bool is_dcp(const std::string& p) {
 constexpr CheckpointKind kCheckpointKinds[] = {
     {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)",
      is_megatron_dir, open_megatron_dir},
-    // Megatron-LM legacy per-rank torch files and Megatron-Core torch_dist, above "dcp" (a
-    // torch_dist directory is also a DCP directory).
+    // Megatron-Core torch_dist and Megatron-LM legacy per-rank torch files, above "dcp" (a
+    // torch_dist directory is also a DCP directory); torch_dist first: both kinds of run dir hold
+    // latest_checkpointed_iteration.txt, and only torch_dist's detect looks into the iteration.
+    {"megatron-torch-dist", "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
+     is_megatron_dist_dir, open_megatron_dist},
     {"megatron-torch",
      "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
      is_megatron_torch_dir, open_megatron_torch_dir},
-    {"megatron-torch-dist", "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
-     is_megatron_dist_dir, open_megatron_dist},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
     {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_source},
     {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_source},
