@@ -66,11 +66,7 @@ Status run_dcp_export(TensorSource& src, const HfExportPlan& plan, const std::st
     load[f] += bytes(i);
   }
   torch::DcpWriter sink(out, wo);
-  ExecOptions eo;
-  eo.threads = opts.threads;
-  eo.max_chunk_bytes = opts.max_chunk_bytes;
-  eo.progress = opts.progress;
-  return execute(src, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
+  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress);
 }
 
 }  // namespace ckpt

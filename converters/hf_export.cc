@@ -127,10 +127,15 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);
+  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress);
+}
+
+Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPlan& plan, int threads, uint64_t max_chunk_bytes,
+                           const std::function<void(uint64_t, uint64_t)>& progress) {
   ExecOptions eo;
-  eo.threads = opts.threads;
-  eo.max_chunk_bytes = opts.max_chunk_bytes;
-  eo.progress = opts.progress;
+  eo.threads = threads;
+  eo.max_chunk_bytes = max_chunk_bytes;
+  eo.progress = progress;
   return execute(src, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
 }
 

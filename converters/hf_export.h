@@ -50,6 +50,11 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
 // Writes `out` (a new directory, committed by renaming `<out>.partial`).
 Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
 
+// Runs an export plan's region copies from `src` into `sink` (the engine's execute with the
+// plan's tensors and pieces); shared by the HF and DCP exports.
+Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPlan& plan, int threads, uint64_t max_chunk_bytes,
+                           const std::function<void(uint64_t, uint64_t)>& progress);
+
 // Validates a config object as LLaMA and returns it with its dtype keys set to `dt`.
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt);
 
