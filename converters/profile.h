@@ -1,0 +1,125 @@
+// Vendor / framework conventions as data (issue 14; docs/PROFILES.md). A Profile says how one stack
+// stores the LLaMA family's tensors: stored dtype per tensor class, vocab padding, QKV and MLP
+// packing, weight orientation, tensor names and config key names. Profiles are JSON files:
+// profiles/<name>.json in the repository (built in), or a user's file (--profile-file).
+//
+// The model behind every profile is the canonical view (HF names, [out, in], no padding,
+// converters/llama_config.h). A profile's global tensors are described, for a model config and a
+// tensor-parallel size, as concatenations along dim 0 of boxes of canonical tensors and rows of
+// zeros (ProfileTensor, the generalisation of converters/megatron_segments.h), optionally stored
+// transposed. Converting A -> B is box arithmetic over those maps: A's pieces are mapped to
+// canonical boxes, canonical boxes to B's tensors (converters/profile_view.h), and the existing
+// planner and executor do the layout change in the same pass.
+//
+// Global views that depend on tp: packings "per TP rank" (Megatron's fc1 [gate_r; up_r],
+// PaddleNLP's fused qkv [q_r; k_r; v_r]) define the global tensor as the concatenation of the
+// rank tensors of the layout's tp, so every TP rank holds one contiguous box of it; the store's
+// manifest records layout and profile together, and the same tensor name at another tp is
+// another row order (a conversion handles it like any other profile change).
+//
+// Optimizer tensors follow their parameter: "optimizer.<kind>.<profile name>", same shape and
+// packing as the parameter, dtype from the "optimizer" class.
+// Pure values and functions; thread safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "converters/llama_config.h"
+#include "formats/dtype.h"
+#include "formats/region.h"
+#include "formats/status.h"
+#include "formats/tensor_io.h"
+
+namespace ckpt {
+
+enum class QkvPacking : uint8_t {
+  kSeparate,        // q_proj, k_proj, v_proj
+  kMegatronGroups,  // [q heads of g; k_g; v_g] for each query group g (tp-independent)
+  kLibaiHeads,      // per attention head h: [q_h; k_h; v_h] (LiBai query_key_value; needs K == H)
+  kFusedWhole,      // [q_all; k_all; v_all]
+  kFusedPerTp,      // [q_r; k_r; v_r] for each TP rank r (depends on tp)
+};
+enum class MlpPacking : uint8_t {
+  kSeparate,    // gate_proj, up_proj
+  kFusedPerTp,  // [gate_r; up_r] for each TP rank r (Megatron linear_fc1; depends on tp)
+  kFusedWhole,  // [gate; up]
+};
+enum class Orientation : uint8_t { kOutIn, kInOut };  // 2-D linear weights: [out, in] (HF, Megatron) or [in, out] (Paddle)
+
+// Tensor classes for stored dtypes.
+enum class TensorClass : uint8_t { kWeight, kNorm, kEmbedding, kOptimizer };
+
+struct VocabPadding {
+  int64_t multiple = 1;         // padded rows: ceil(V / m) * m with m = multiple (x tp when scales_with_tp)
+  bool scales_with_tp = false;  // Megatron: make_vocab_size_divisible_by * tp
+  int64_t padded(int64_t vocab, int tp) const;
+};
+
+struct Profile {
+  std::string name;         // "megatron-mcore"
+  std::string description;  // one line
+  // Stored dtype per class; nullopt = keep the source's dtype ("keep" in JSON).
+  std::optional<DType> dtype_weight, dtype_norm, dtype_embedding, dtype_optimizer;
+  VocabPadding vocab;
+  QkvPacking qkv = QkvPacking::kSeparate;
+  MlpPacking mlp = MlpPacking::kSeparate;
+  Orientation orientation = Orientation::kOutIn;
+  // Tensor kind -> name pattern ("{i}" = global layer index). Kinds: embed, final_norm, lm_head,
+  // input_norm, post_norm, q, k, v, qkv, o, gate, up, gate_up, down, and the bias kinds q_bias,
+  // k_bias, v_bias, qkv_bias, o_bias, gate_bias, up_bias, gate_up_bias, down_bias.
+  std::vector<std::pair<std::string, std::string>> names;
+  // Canonical (HF config.json) key -> this stack's key, for the config written beside the tensors.
+  std::vector<std::pair<std::string, std::string>> config_keys;
+  std::vector<std::string> sources;  // the framework files this convention was read from (docs)
+
+  // The stored dtype of a tensor of class `c` whose source dtype is `src`.
+  DType stored_dtype(TensorClass c, DType src) const;
+  nlohmann::json to_json() const;
+};
+
+// Parses and validates a profile; every problem a named code (error_codes.cc): ProfileUnknownField,
+// ProfileBadValue (unknown packing/orientation/dtype name, non-positive multiple),
+// ProfileContradiction (e.g. qkv "separate" with a "qkv" name, libai heads with biases...),
+// ProfileIncompleteNaming (a kind the packing needs has no name), ProfileDuplicateName.
+// `origin` (file path or "built-in <name>") is named in every message.
+Result<Profile> profile_from_json(const nlohmann::json& j, const std::string& origin);
+
+// The profiles shipped in profiles/*.json (compiled in): hf, megatron-mcore, megatron-legacy,
+// paddlenlp, libai, reference.
+std::vector<std::string> builtin_profile_names();
+Result<Profile> builtin_profile(const std::string& name);  // ProfileUnknown lists the names
+// A built-in name, or a JSON file when `file` is non-empty (--profile-file).
+Result<Profile> load_profile(const std::string& name, const std::string& file = "");
+
+// One slab of a profile tensor (untransposed orientation): `box` of canonical tensor `canonical`,
+// or `zero_rows` rows of zeros (vocab padding) when `canonical` is empty.
+struct ProfileSegment {
+  std::string canonical;
+  Box box;
+  int64_t zero_rows = 0;
+  int64_t rows() const { return canonical.empty() ? zero_rows : (box.ndim() ? box.extent[0] : 1); }
+};
+
+struct ProfileTensor {
+  std::string name;        // in the profile's naming
+  Shape shape;             // as stored (transposed when `transposed`)
+  DType dtype;             // as stored
+  bool transposed = false; // stored as the transpose of the concatenation of the segments (2-D only)
+  TensorClass cls = TensorClass::kWeight;
+  std::vector<ProfileSegment> segments;  // concatenated along dim 0 (before the transpose)
+};
+
+// The profile's global tensors for a model: one per canonical tensor or packed group of them, in
+// canonical order, optimizer tensors after the model's (for each canonical optimizer tensor in
+// `canonical`, whose dtypes are the source dtypes). `tp` matters for per-TP packings and
+// tp-scaled vocab padding. Refuses (ProfileUnsupported, naming the rule) models the convention
+// cannot express: libai heads with GQA (K != H), per-TP packing with tp not dividing the heads...
+Result<std::vector<ProfileTensor>> profile_tensors(const Profile& p, const LlamaConfig& config,
+                                                   const std::vector<TensorMeta>& canonical, int tp);
+
+}  // namespace ckpt
