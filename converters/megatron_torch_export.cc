@@ -32,12 +32,6 @@ const PyObj* json_to_py(PyArena& a, const nlohmann::json& v) {
   return a.none();
 }
 
-// Megatron's params_dtype global (fp32 / bf16 / fp16 are what it trains in). TODO(merge): torch_dtype_name of
-// formats/torch/py_object.h once its implementation (branch h-torchread) is merged.
-const char* megatron_params_dtype(DType t) {
-  return t == DType::kBF16 ? "torch.bfloat16" : t == DType::kF16 ? "torch.float16" : "torch.float32";
-}
-
 // argparse.Namespace(**args, params_dtype=torch.<dtype>, bf16=..., fp16=...).
 const PyObj* args_namespace(PyArena& a, const nlohmann::json& args, DType dtype) {
   std::vector<std::pair<const PyObj*, const PyObj*>> kv;
@@ -47,7 +41,7 @@ const PyObj* args_namespace(PyArena& a, const nlohmann::json& args, DType dtype)
     kv.emplace_back(a.str("decoder_first_pipeline_num_layers"), json_to_py(a, it->front()));
     kv.emplace_back(a.str("decoder_last_pipeline_num_layers"), json_to_py(a, it->back()));
   }
-  kv.emplace_back(a.str("params_dtype"), a.record(megatron_params_dtype(dtype), nullptr, nullptr));
+  kv.emplace_back(a.str("params_dtype"), a.record(torch::torch_dtype_name(dtype), nullptr, nullptr));
   kv.emplace_back(a.str("bf16"), a.boolean(dtype == DType::kBF16));
   kv.emplace_back(a.str("fp16"), a.boolean(dtype == DType::kF16));
   return a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(kv)), true);

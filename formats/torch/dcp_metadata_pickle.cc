@@ -13,10 +13,6 @@
 
 namespace ckpt::torch {
 
-namespace pickler_detail {
-const char* torch_dtype_global(DType t);  // formats/torch/pickler.cc (until py_object.cc's torch_dtype_name)
-}  // namespace pickler_detail
-
 namespace dcp_pickle_detail {
 
 const std::string kMd = "torch.distributed.checkpoint.metadata.";
@@ -36,7 +32,7 @@ struct TreeBuilder {
   const PyObj* properties(DType dt) {
     const PyObj* layout = a.record("torch.serialization._get_layout", a.tuple({a.str("torch.strided")}), nullptr);
     const PyObj* mem = a.record(kMd + "_MEM_FORMAT_ENCODING", a.tuple({a.integer(0)}), nullptr);  // contiguous
-    const PyObj* state = a.tuple({a.record(pickler_detail::torch_dtype_global(dt), nullptr, nullptr), layout, a.boolean(false), mem,
+    const PyObj* state = a.tuple({a.record(torch_dtype_name(dt), nullptr, nullptr), layout, a.boolean(false), mem,
                                   a.boolean(false)});
     return a.record(kMd + "TensorProperties", a.tuple({}), state, true);
   }

@@ -28,44 +28,9 @@ namespace pickler_detail {
 constexpr int kMaxPickleDepth = 1000;  // CPython's own recursion limit is of this order
 constexpr size_t kBatch = 1000;        // CPython's APPENDS / SETITEMS batch size
 
-// The legacy storage class of a dtype, or "" for dtypes torch saves as an UntypedStorage.
-// (The reader's storage_class_name in formats/torch/py_object.cc maps the same names.)
-const char* legacy_storage_class(DType t) {
-  switch (t) {
-    case DType::kF64: return "torch.DoubleStorage";
-    case DType::kF32: return "torch.FloatStorage";
-    case DType::kF16: return "torch.HalfStorage";
-    case DType::kBF16: return "torch.BFloat16Storage";
-    case DType::kI64: return "torch.LongStorage";
-    case DType::kI32: return "torch.IntStorage";
-    case DType::kI16: return "torch.ShortStorage";
-    case DType::kI8: return "torch.CharStorage";
-    case DType::kU8: return "torch.ByteStorage";
-    case DType::kBool: return "torch.BoolStorage";
-    default: return "";
-  }
-}
-
-const char* torch_dtype_global(DType t) {
-  switch (t) {
-    case DType::kBool: return "torch.bool";
-    case DType::kU8: return "torch.uint8";
-    case DType::kI8: return "torch.int8";
-    case DType::kI16: return "torch.int16";
-    case DType::kU16: return "torch.uint16";
-    case DType::kI32: return "torch.int32";
-    case DType::kU32: return "torch.uint32";
-    case DType::kI64: return "torch.int64";
-    case DType::kU64: return "torch.uint64";
-    case DType::kF16: return "torch.float16";
-    case DType::kBF16: return "torch.bfloat16";
-    case DType::kF32: return "torch.float32";
-    case DType::kF64: return "torch.float64";
-    case DType::kF8E4M3: return "torch.float8_e4m3fn";
-    case DType::kF8E5M2: return "torch.float8_e5m2";
-  }
-  return "torch.float32";
-}
+// torch saves uint16/32/64 and float8 tensors over an UntypedStorage (numel in bytes) through
+// _rebuild_tensor_v3, the others over their legacy typed storage class (py_object.h's map).
+constexpr const char* kUntypedStorage = "torch.storage.UntypedStorage";
 
 bool valid_utf8(std::string_view s) {
   static const uint32_t kMinCodePoint[] = {0, 0x80, 0x800, 0x10000};
@@ -250,12 +215,9 @@ class Pickler {
 Status Pickler::persistent_id(const StorageRef& s) {
   if (s.key.empty()) return bad("a storage with an empty key");
   if (s.numel < 0) return bad("storage '" + s.key + "' with " + std::to_string(s.numel) + " elements");
-  std::string cls = legacy_storage_class(s.dtype);
+  const std::string cls = storage_class_name(s.dtype);
   int64_t numel = s.numel;
-  if (cls.empty()) {
-    cls = "torch.storage.UntypedStorage";
-    numel = s.numel * static_cast<int64_t>(dtype_size(s.dtype));
-  }
+  if (cls == kUntypedStorage) numel = s.numel * static_cast<int64_t>(dtype_size(s.dtype));
   out_ += '(';
   CKPT_RETURN_IF_ERROR(constant_str("storage"));
   CKPT_RETURN_IF_ERROR(global(cls));
@@ -273,7 +235,7 @@ Status Pickler::tensor(const PyObj* o) {
   if (t.size.size() != t.stride.size())
     return bad("tensor over storage '" + t.storage.key + "' with " + std::to_string(t.size.size()) + " sizes and " +
                std::to_string(t.stride.size()) + " strides");
-  bool v3 = *legacy_storage_class(t.storage.dtype) == '\0';
+  const bool v3 = storage_class_name(t.storage.dtype) == kUntypedStorage;
   if (t.is_parameter) {
     CKPT_RETURN_IF_ERROR(global("torch._utils._rebuild_parameter"));
   }
@@ -290,7 +252,7 @@ Status Pickler::tensor(const PyObj* o) {
   out_ += (t.requires_grad && !t.is_parameter) ? '\x88' : '\x89';
   CKPT_RETURN_IF_ERROR(ordered_dict_empty());
   put();
-  if (v3) CKPT_RETURN_IF_ERROR(global(torch_dtype_global(t.storage.dtype)));
+  if (v3) CKPT_RETURN_IF_ERROR(global(torch_dtype_name(t.storage.dtype)));
   out_ += 't';
   put();
   out_ += 'R';
