@@ -1,6 +1,6 @@
 """Megatron-Core `torch_dist` checkpoints against megatron-core 0.16.1 itself.
 
-Fixtures (tests/python/mcore_dist_fixtures.py, cached under $CKPT_BINARY_DIR/fixtures/mcore_dist):
+Fixtures (tests/python/mcore_fixtures.py, kind "dist", cached under $CKPT_BINARY_DIR/fixtures):
 a small LLaMA-like GPTModel (local spec, RMSNorm, SwiGLU, GQA 8/2, rotary, untied, vocab 300
 padded, fp32) saved by megatron.core.dist_checkpointing.save for tp=1, tp=2 and pp=2 (uneven
 2 + 4 layers), with megatron-core's forward logits on fixed tokens and its FP32Optimizer's
@@ -8,11 +8,11 @@ sharded Adam state.
   * import: `ckpt to-hf` of each fixture -> transformers LlamaForCausalLM logits equal
     megatron-core's (1e-5 relative, fp32); `ckpt inspect --json` shows the config; the Adam
     moments equal those torch's DCP reader finds in the fixture.
-  * export: a random transformers-layout LLaMA -> `ckpt export-megatron --format torch_dist`
-    (tp=2; pp=2 uneven) -> megatron.core.dist_checkpointing.load into a GPTModel of that layout
-    (torchrun) -> every rank's model.state_dict() equals the independent numpy packing of
-    tests/python/megatron_reference.py; round trip native -> export -> import -> `ckpt diff`
-    identical.
+  * export: round trip native -> `ckpt export-megatron --format torch_dist` -> import ->
+    `ckpt diff` identical. The load of the export into megatron-core (dist_checkpointing.load
+    into a GPTModel of tp=2 / pp=2 uneven, every rank's state dict equal to an independent
+    repacking) is in test_megatron_torch.py::test_exports_load_in_megatron_core, which shares one
+    torchrun between both formats.
 """
 import json
 import pathlib
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import mcore_dist_fixtures as mf  # noqa: E402
+import mcore_fixtures as mf  # noqa: E402
 import megatron_reference as ref  # noqa: E402
 
 pytest.importorskip("megatron.core")
@@ -41,7 +41,7 @@ LAYOUT_ARGS = {"tp2": ["--tp", "2"], "pp2": ["--pp", "2", "--pp-layers", f"{mf.F
 
 @pytest.fixture(scope="module", params=["tp1", "tp2", "pp2"])
 def mcore_fixture(request):
-    return mf.fixture(request.param)
+    return mf.fixture(request.param, "dist")
 
 
 def test_to_hf_logits_equal_megatron_core(mcore_fixture, run_ckpt, tmp_path):
@@ -59,7 +59,7 @@ def test_to_hf_logits_equal_megatron_core(mcore_fixture, run_ckpt, tmp_path):
 
 
 def test_inspect_json_shows_config_and_layout(run_ckpt):
-    fx = mf.fixture("pp2")
+    fx = mf.fixture("pp2", "dist")
     info = json.loads(run_ckpt("inspect", "--json", fx).stdout)
     assert "model_config" in info["metadata_keys"]
     lay = info["layout"]
@@ -81,28 +81,6 @@ def _random_hf(tmp_path):
     save_file(hf, str(d / "model.safetensors"), metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(HF_CFG))
     return d, hf
-
-
-def test_export_loads_in_megatron_core(run_ckpt, tmp_path):
-    """tp=2 and pp=2 (uneven) exports, both loaded in one torchrun of megatron-core."""
-    src, hf = _random_hf(tmp_path)
-    specs = []
-    for layout in ("tp2", "pp2"):
-        out = tmp_path / f"dist_{layout}"
-        run_ckpt("export-megatron", src, out, "--format", "torch_dist", *LAYOUT_ARGS[layout])
-        assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
-        tp, pp = mf.LAYOUTS[layout]
-        specs += ["--load", f"{out}:{tmp_path / ('dump_' + layout)}:{tp}:{pp}"]
-    mf.run_torchrun(2, specs)
-    for layout in ("tp2", "pp2"):
-        tp, pp = mf.LAYOUTS[layout]
-        split = [mf.FIRST_STAGE_LAYERS, mf.LAYERS - mf.FIRST_STAGE_LAYERS] if pp > 1 else None
-        want = ref.megatron_shards(HF_CFG, hf, tp, pp, split, mf.DIVISOR, te_norms=False)
-        for rank, tensors in want.items():
-            got = np.load(tmp_path / f"dump_{layout}" / f"{rank}.npz")
-            assert set(got.files) == set(tensors), (layout, rank, sorted(set(got.files) ^ set(tensors)))
-            for k, v in tensors.items():
-                np.testing.assert_array_equal(got[k], v, err_msg=f"{layout} {rank} {k}")
 
 
 def test_roundtrip_native_export_import_diff(run_ckpt, tmp_path):
@@ -130,7 +108,7 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
     """The Adam moments ckpt imports (reshard into the native store, read with h5py) equal those
     of the fixture as torch's DCP reader assembles them, unpacked by megatron_reference's rules."""
     from native_h5py import read_native
-    fx = mf.fixture("tp2")
+    fx = mf.fixture("tp2", "dist")
     native = tmp_path / "native"
     run_ckpt("reshard", fx, native, "--tp", "1", "--pp", "1", "--dp", "1")
     _, got, _ = read_native(native)
@@ -154,7 +132,7 @@ def test_optimizer_moments_equal_torch_dcp(run_ckpt, tmp_path):
 def _copy_fixture(tmp_path, name="tp1"):
     import shutil
     d = tmp_path / "copy"
-    shutil.copytree(mf.fixture(name) / f"iter_{mf.ITERATION:07d}", d)
+    shutil.copytree(mf.fixture(name, "dist") / f"iter_{mf.ITERATION:07d}", d)
     return d
 
 

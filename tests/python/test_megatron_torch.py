@@ -142,9 +142,10 @@ def expected_rank(sd, tp, pp, tp_rank, pp_rank, per_stage):
     return out
 
 
-def export(run_ckpt, store, dst, tp, pp):
-    args = ["export-megatron", store, dst, "--format", "torch", "--tp", tp, "--pp", pp, "--local-norms",
-            "--iteration", 10]
+def export(run_ckpt, store, dst, tp, pp, fmt="torch"):
+    args = ["export-megatron", store, dst, "--format", fmt, "--tp", tp, "--pp", pp]
+    if fmt == "torch":
+        args += ["--local-norms", "--iteration", 10]
     if pp > 1:
         args += ["--pp-layers", f"{mf.FIRST_STAGE_LAYERS},{L - mf.FIRST_STAGE_LAYERS}"]
     run_ckpt(*args)
@@ -175,17 +176,36 @@ def test_export_torch_loads_and_equals(name, native, run_ckpt, tmp_path):
                 assert torch.equal(got[k], v), f"{f}: {k}"
 
 
-@pytest.mark.parametrize("name", ["tp2", "pp2"])
-def test_export_torch_loads_in_megatron_core(name, native, run_ckpt, tmp_path):
-    d, _ = native
-    tp, pp = LAYOUTS[name]
-    out = tmp_path / "mg"
-    export(run_ckpt, d / "store", out, tp, pp)
+def test_exports_load_in_megatron_core(native, run_ckpt, tmp_path):
+    """tp=2 and pp=2 (uneven) exports in both formats, all loaded in one torchrun of megatron-core:
+    --format torch with load_state_dict(strict=True) (tensors equal inside) and the forward logits
+    equal to the HF model's; --format torch_dist with dist_checkpointing.load, every rank's
+    model.state_dict() equal to the independent torch repacking (expected_rank)."""
+    d, sd = native
     tokens = np.random.default_rng(0).integers(0, V, size=(mf.BATCH, mf.SEQ)).astype(np.int64)
-    np.save(tmp_path / "tokens.npy", tokens)
-    got = mf.run_load(out, tmp_path, tp, pp)[:, :, :V]  # load_state_dict(strict) + tensors equal inside
     ref = hf_logits(d / "hf", tokens)
-    assert rel_err(got, ref) < 1e-5
+    legacy_jobs, dist_jobs = [], []
+    for name in ("tp2", "pp2"):
+        tp, pp = LAYOUTS[name]
+        out = tmp_path / name
+        out.mkdir()
+        export(run_ckpt, d / "store", out / "mg", tp, pp)
+        np.save(out / "tokens.npy", tokens)
+        legacy_jobs.append((out / "mg", out, tp, pp))
+        export(run_ckpt, d / "store", out / "dist", tp, pp, fmt="torch_dist")
+        dist_jobs.append((out / "dist", out / "dump", tp, pp))
+    for (run_dir, _, _, _), got in zip(legacy_jobs, mf.run_load(legacy_jobs, dist_jobs)):
+        assert rel_err(got[:, :, :V], ref) < 1e-5, run_dir
+    for _, dump, tp, pp in dist_jobs:
+        per_stage = [mf.FIRST_STAGE_LAYERS, L - mf.FIRST_STAGE_LAYERS] if pp > 1 else [L]
+        for p in range(pp):
+            for r in range(tp):
+                rank = f"mp_rank_{r:02d}" + (f"_{p:03d}" if pp > 1 else "")
+                got = np.load(dump / f"{rank}.npz")
+                want = expected_rank(sd, tp, pp, r, p, per_stage)
+                assert set(got.files) == set(want), (dump, rank, sorted(set(got.files) ^ set(want)))
+                for k, v in want.items():
+                    np.testing.assert_array_equal(got[k], v.float().numpy(), err_msg=f"{dump} {rank} {k}")
 
 
 @pytest.mark.parametrize("name", ["tp2", "pp2"])
