@@ -38,6 +38,7 @@
 #include "tests/converters/random_model.h"
 #include "tests/naive_region.h"
 #include "tests/temp_dir.h"
+#include "tests/test_cases.h"
 
 namespace ckpt {
 namespace hetero_property {  // named: unique beside reshard_property_test.cc in a unity batch
@@ -181,7 +182,7 @@ void check_zero_buffers(const Model& m, const Layout& layout, const std::string&
 using ReshardHetero = ckpt::testing::TempDirTest;
 
 TEST_F(ReshardHetero, RandomGeneralLayoutsRoundTripByteIdentical) {
-  const int cases = std::getenv("CKPT_LONG") ? 400 : 24;
+  const int cases = ckpt::testing::property_cases(24, 400, 8);
   std::mt19937 rng(20261124);
   int general = 0, zero1 = 0, mixed_tp = 0, split_differs = 0, tied_mixed = 0;
   for (int c = 0; c < cases; ++c) {

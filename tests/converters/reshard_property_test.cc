@@ -32,6 +32,7 @@
 #include "tests/converters/random_model.h"
 #include "tests/naive_region.h"
 #include "tests/temp_dir.h"
+#include "tests/test_cases.h"
 
 namespace ckpt {
 namespace {
@@ -76,12 +77,7 @@ using testing_ref::naive_extract;
 using ReshardProperty = ckpt::testing::TempDirTest;
 
 TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
-#if defined(__SANITIZE_ADDRESS__)
-  const int default_cases = 30;  // the sanitizer build runs the same properties on fewer cases
-#else
-  const int default_cases = 120;
-#endif
-  const int cases = std::getenv("CKPT_LONG") ? 1000 : default_cases;
+  const int cases = ckpt::testing::property_cases(120, 1000, 12);
   std::mt19937 rng(20261123);
   std::map<int, int> tp_seen;
   int zero_seen[2] = {0, 0}, tied_seen[2] = {0, 0}, gqa = 0, vocab_not_div = 0, uneven = 0;

@@ -12,6 +12,7 @@
 #include "formats/file_io.h"
 #include "reshard/memory_io.h"
 #include "tests/reshard/executor_world.h"
+#include "tests/test_cases.h"
 
 namespace ckpt {
 namespace {
@@ -74,7 +75,8 @@ TEST(Executor, ChunksAsFileRangesMatchNaiveExtraction) {
   std::mt19937 rng(99);
   const std::string path = ::testing::TempDir() + "/exec_extents_" + std::to_string(::getpid());
   int total_extents = 0;
-  for (int iter = 0; iter < 12; ++iter) {
+  const int iters = ckpt::testing::property_cases(12, 60, 4);
+  for (int iter = 0; iter < iters; ++iter) {
     World w;
     const Shape shape{256, 1024};  // f32: 4 KiB rows
     w.tensors = {{"a", DType::kF32, shape}, {"b", DType::kF32, shape}};
