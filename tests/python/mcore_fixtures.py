@@ -445,22 +445,29 @@ def rename_to_legacy(src, dst, layernorm_names=False):
         shutil.copy(pathlib.Path(src) / n, pathlib.Path(dst) / n)
 
 
-def _generated(binary_dir=None):
-    """The directory holding every generated fixture (one torchrun, once, under a file lock)."""
-    root = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures"
-    root.mkdir(parents=True, exist_ok=True)
-    base = root / f"mcore_v{FIXTURE_VERSION}"
-    with open(root / ".mcore.lock", "w") as lock:
+def cached(out, make, lock_file):
+    """`out`, made once by make(tmp) into a temporary directory renamed when complete, under an
+    exclusive lock on `lock_file` (parallel test processes share it). Other fixture modules use it."""
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "DONE").exists():
-            tmp = root / (base.name + ".tmp")
+        if not (out / "DONE").exists():
+            tmp = out.parent / (out.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            run_torchrun(2, ["--all", str(tmp)])
+            make(tmp)
             (tmp / "DONE").write_text("")
-            shutil.rmtree(base, ignore_errors=True)
-            tmp.rename(base)
-    return base
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+    return out
+
+
+def _generated(binary_dir=None):
+    """The directory holding every generated fixture (one torchrun, once)."""
+    root = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures"
+    return cached(root / f"mcore_v{FIXTURE_VERSION}", lambda tmp: run_torchrun(2, ["--all", str(tmp)]),
+                  root / ".mcore.lock")
 
 
 def fixture(name, kind="legacy", binary_dir=None):
@@ -473,16 +480,9 @@ def fixture(name, kind="legacy", binary_dir=None):
         if not out.is_dir():
             raise KeyError(f"no {kind} fixture {name!r}")
         return out
-    out = base / f"renamed_{name}"
-    with open(base / ".rename.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "DONE").exists():
-            tmp = base / (out.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            rename_to_legacy(base / f"legacy_{name.split('_legacy')[0]}", tmp, name.endswith("_legacy_layernorm_names"))
-            (tmp / "DONE").write_text("")
-            tmp.rename(out)
-    return out
+    src = base / f"legacy_{name.split('_legacy')[0]}"
+    layernorm = name.endswith("_legacy_layernorm_names")
+    return cached(base / f"renamed_{name}", lambda tmp: rename_to_legacy(src, tmp, layernorm), base / ".rename.lock")
 
 
 def _jobs(specs):
