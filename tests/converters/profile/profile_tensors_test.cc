@@ -132,7 +132,7 @@ TEST(ProfileTensors, OptimizerTensorsFollowTheirParameter) {
   EXPECT_EQ(m->dtype, DType::kF32);
   EXPECT_EQ(m->shape, (Shape{8, 4}));
   ASSERT_EQ(m->segments.size(), 6u);
-  EXPECT_EQ(m->segments[2].canonical, "optimizer.exp_avg.model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(m->segments[1].canonical, "optimizer.exp_avg.model.layers.0.self_attn.k_proj.weight");
   const ProfileTensor* e = find_tensor(ts, "optimizer.exp_avg.embedding.word_embeddings.weight");
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->segments.back().zero_rows, 256 - 5);
