@@ -170,6 +170,10 @@ constexpr ErrorCodeEntry kTable[] = {
     // The planner (issue 16, trainer/plan/).
     {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
     {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
+    // Profile conversions, engine side (issue 14: converters/profile_view.h, exactness.h).
+    {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
+    {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
+    {"LossyConversion", kOver},           // overflow without --saturate: the tensors and counts
 };
 
 }  // namespace
