@@ -150,7 +150,7 @@ class CanonicalViewImpl final : public CanonicalView {
     v->owner_ = std::move(owner);
     v->pts_ = pts;
     v->meta_ = std::move(metadata);
-    v->tile_ = std::max<uint64_t>(tile, 4096);
+    v->tile_ = std::max<uint64_t>(tile, 1);
     CKPT_RETURN_IF_ERROR(v->build(canonical));
     return std::unique_ptr<CanonicalView>(std::move(v));
   }

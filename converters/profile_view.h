@@ -45,6 +45,8 @@ class ProfileView : public TensorSource {
  public:
   // What the reads so far met (narrowing casts per tensor); thread safe.
   virtual ExactnessReport report() const = 0;
+  // The target profile's tensors this view presents (for ProfileShardingRules).
+  virtual const std::vector<ProfileTensor>& stored_tensors() const = 0;
 };
 
 // The low-level constructors, from the profile tensors themselves (tests build them by hand).

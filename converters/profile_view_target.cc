@@ -18,6 +18,7 @@ class ProfileViewImpl final : public ProfileView {
   const nlohmann::json& metadata() const override { return meta_; }
   std::string describe() const override { return src_->describe(); }
   ExactnessReport report() const override { return tracker_.snapshot(); }
+  const std::vector<ProfileTensor>& stored_tensors() const override { return pts_; }
 
   Status read(size_t piece, const Box& sub, void* dst_v) override {
     if (piece >= pieces_.size()) return Status::Internal("profile view piece " + std::to_string(piece) + " out of range");
@@ -59,7 +60,7 @@ class ProfileViewImpl final : public ProfileView {
     v->meta_ = std::move(metadata);
     v->cast_ = cast;
     v->cast_.overflow = OverflowPolicy::kSaturate;  // clamped values are counted; the caller decides
-    v->tile_ = std::max<uint64_t>(tile, 4096);
+    v->tile_ = std::max<uint64_t>(tile, 1);
     CKPT_RETURN_IF_ERROR(v->build());
     return std::unique_ptr<ProfileView>(std::move(v));
   }
