@@ -193,8 +193,6 @@ class CanonicalViewImpl final : public CanonicalView {
     std::map<std::string, size_t> pt_of, canon_of;
     for (size_t i = 0; i < pts_.size(); ++i) pt_of[pts_[i].name] = i;
     for (size_t i = 0; i < canonical.size(); ++i) canon_of[canonical[i].name] = i;
-    std::map<std::string, size_t> src_tensor;
-    for (size_t i = 0; i < src_->tensors().size(); ++i) src_tensor[src_->tensors()[i].name] = i;
     std::vector<int> dtype_of(canonical.size(), -1);
     for (const TensorMeta& t : src_->tensors()) {
       auto it = pt_of.find(t.name);
