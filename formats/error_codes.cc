@@ -179,6 +179,9 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ProfileUnknown", kArg},               // --profile names no built-in profile
     {"ProfileUnsupported", kUnsup},         // a model the convention cannot express (LiBai heads with GQA, per-TP packing with tp not dividing)
     {"ProfileNotSplittable", kArg},         // a packed tensor whose TP rank's part is not one box at this tp
+    // Profile conversions, engine side (issue 14: converters/profile_view.h, exactness.h).
+    {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
+    {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
 };
 
 }  // namespace
