@@ -16,7 +16,7 @@ std::string profile_param_of(const std::string& canonical) {
   return dot == std::string::npos ? canonical : canonical.substr(dot + 1);
 }
 
-Box transpose_box(const Box& b) {
+Box profile_transpose_box(const Box& b) {
   Box t = b;
   std::reverse(t.offset.begin(), t.offset.end());
   std::reverse(t.extent.begin(), t.extent.end());
@@ -136,7 +136,7 @@ Result<TensorPlacement> ProfileShardingRules::place(const TensorMeta& tensor, co
     CKPT_ASSIGN_OR_RETURN(p.tp_boxes, segment_boxes(*t, layout));
   }
   if (t->transposed)
-    for (auto& b : p.tp_boxes) b = transpose_box(b);
+    for (auto& b : p.tp_boxes) b = profile_transpose_box(b);
   return p;
 }
 
