@@ -103,6 +103,23 @@ TEST(ProfileSharding, HandEnumeratedMegatronAndPaddle) {
   EXPECT_EQ(p.stages, std::vector<int>{1});
 }
 
+// Tied embeddings: no output head tensor; the embedding lives on the first and the last stage.
+TEST(ProfileSharding, TiedEmbeddings) {
+  LlamaConfig c = tiny_config(4, 2, 1, 5, 2, 4);
+  c.tie_word_embeddings = true;
+  const ProfileShardingRules rules = rules_for("megatron-mcore", c, 2);
+  EXPECT_EQ(rules.find("output_layer.weight"), nullptr);
+  const TensorPlacement p = place_ok(rules, "embedding.word_embeddings.weight", layout_of(2, 2, 2));
+  EXPECT_EQ(p.stages, (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.tp_boxes, (std::vector<Box>{Box{{0, 0}, {128, 4}}, Box{{128, 0}, {128, 4}}}));
+  auto bad = rules.place(TensorMeta{"embedding.word_embeddings.weight", DType::kBF16, {5, 4}}, layout_of(2, 2, 2));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), "ShapeMismatch");
+  bad = rules.place(TensorMeta{"decoder.layers.9.mlp.linear_fc2.weight", DType::kBF16, {4, 4}}, layout_of(2, 2, 2));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), "UnknownTensor");
+}
+
 TEST(ProfileSharding, ProfileNotSplittable) {
   const LlamaConfig c = tiny_config(4, 2, 1, 5, 2, 4);
   auto expect_refused = [&](const ProfileShardingRules& rules, const std::string& name, int tp) {
