@@ -3,6 +3,9 @@
 // megatron-mcore profile, (4) the packings that cannot be split.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "converters/llama_sharding.h"
 #include "converters/megatron_segments.h"
 #include "converters/profile_sharding.h"
@@ -101,6 +104,48 @@ TEST(ProfileSharding, HandEnumeratedMegatronAndPaddle) {
   p = place_ok(pd, "lm_head.weight", layout);
   EXPECT_EQ(p.tp_boxes, (std::vector<Box>{Box{{0, 0}, {4, 5}}, Box{{0, 5}, {4, 0}}}));
   EXPECT_EQ(p.stages, std::vector<int>{1});
+}
+
+// Every shipped profile, tp 1, 2, 4: what TP rank r holds of the profile's tensors, cut back into
+// canonical boxes (profile_segments_in), is exactly LlamaShardingRules' box of r for every
+// canonical tensor: each piece inside it, no two overlapping, together all of it.
+TEST(ProfileSharding, EveryProfileRankHoldsTheCanonicalRankBoxes) {
+  for (const auto& name : builtin_profile_names()) {
+    LlamaConfig c = tiny_config(8, name == "libai" ? 8 : 4, 2, 37, 2, 8);
+    c.attention_bias = true;
+    c.mlp_bias = true;
+    const LlamaShardingRules llama(c);
+    for (int tp : {1, 2, 4}) {
+      const ProfileShardingRules rules = rules_for(name, c, tp);
+      const Layout layout = layout_of(tp, 1, 2);
+      for (int r = 0; r < tp; ++r) {
+        std::map<std::string, std::vector<Box>> pieces;
+        for (const auto& t : rules.tensors()) {
+          Box box = place_ok(rules, t.name, layout).tp_boxes.at(r);
+          if (t.transposed) {
+            std::reverse(box.offset.begin(), box.offset.end());
+            std::reverse(box.extent.begin(), box.extent.end());
+          }
+          for (const auto& s : profile_segments_in(t, box))
+            if (!s.canonical.empty()) pieces[s.canonical].push_back(s.box);
+        }
+        for (const auto& t : llama_model_tensors(c, DType::kF32)) {
+          auto want = llama.place(t, layout);
+          ASSERT_TRUE(want.ok()) << want.status().message();
+          const Box& w = want->tp_boxes[r];
+          const auto& got = pieces[t.name];
+          int64_t sum = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            EXPECT_TRUE(w.contains(got[i])) << name << " tp=" << tp << " rank " << r << " " << t.name << " "
+                                            << got[i].to_string() << " outside " << w.to_string();
+            for (size_t j = 0; j < i; ++j) EXPECT_FALSE(intersect(got[i], got[j]).has_value()) << name << " " << t.name;
+            sum += got[i].numel();
+          }
+          EXPECT_EQ(sum, w.numel()) << name << " tp=" << tp << " rank " << r << " " << t.name;
+        }
+      }
+    }
+  }
 }
 
 // Tied embeddings: no output head tensor; the embedding lives on the first and the last stage.
