@@ -12,7 +12,7 @@
 // planner and executor do the layout change in the same pass.
 //
 // Global views that depend on tp: packings "per TP rank" (Megatron's fc1 [gate_r; up_r],
-// PaddleNLP's fused qkv [q_r; k_r; v_r]) define the global tensor as the concatenation of the
+// PaddleNLP's gate_up_fused_proj [gate_r | up_r]) define the global tensor as the concatenation of the
 // rank tensors of the layout's tp, so every TP rank holds one contiguous box of it; the store's
 // manifest records layout and profile together, and the same tensor name at another tp is
 // another row order (a conversion handles it like any other profile change).
@@ -69,7 +69,7 @@ namespace ckpt {
 
 enum class QkvPacking : uint8_t {
   kSeparate,        // q_proj, k_proj, v_proj
-  kMegatronGroups,  // [q heads of g; k_g; v_g] for each query group g (tp-independent)
+  kMegatronGroups,  // [q heads of g; k_g; v_g] for each query group g (tp-independent; also PaddleNLP qkv_proj)
   kLibaiHeads,      // per attention head h: [q_h; k_h; v_h] (LiBai query_key_value; needs K == H)
   kFusedWhole,      // [q_all; k_all; v_all]
   kFusedPerTp,      // [q_r; k_r; v_r] for each TP rank r (depends on tp)
