@@ -15,6 +15,7 @@
 #include "converters/hf_export.h"
 #include "converters/hf_import.h"
 #include "converters/open_checkpoint.h"
+#include "converters/reshard_job.h"
 #include "formats/open_source.h"
 #include "formats/torch/dcp.h"
 #include "formats/store/store_writer.h"
@@ -28,9 +29,35 @@ struct FromHfArgs {
   LayoutFlags layout;
   StreamFlags stream;
   bool no_fsync = false;
+  ProfileRequest profile;
 };
 
+// from-hf --profile: the reshard job from the HF directory (canonical names) into the profile's
+// view, in one pass (converters/profile_view_job.h); the layout defaults to tp=pp=dp=1.
+int run_from_hf_profile(const FromHfArgs& a) {
+  ReshardRequest req;
+  req.src = a.src;
+  req.dst = a.out;
+  req.layout = a.layout.given() ? a.layout.values() : LayoutValues{1, 1, 1, -1, ""};
+  req.compress = a.compress;
+  req.digest = a.digest;
+  req.threads = a.stream.threads;
+  req.max_memory = a.stream.max_memory;
+  req.profile = a.profile;
+  req.dist = Comm::launched_under_mpi() ? &Comm::world() : nullptr;
+  const bool root = !req.dist || req.dist->rank() == 0;
+  if (!a.dtype.empty())
+    return error_exit(Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)"), root);
+  auto r = run_reshard_job(req);
+  if (!r.ok()) return error_exit(r.status(), root);
+  if (root)
+    std::printf("imported %s into %s (%s, profile %s)\n%s", a.src.c_str(), a.out.c_str(), r->layout.to_string().c_str(),
+                r->profile.c_str(), r->exactness.to_string().c_str());
+  return 0;
+}
+
 int run_from_hf(const FromHfArgs& a) {
+  if (a.profile.given()) return run_from_hf_profile(a);
   const bool layout_given = a.layout.given();
   Comm* dist = layout_given && Comm::launched_under_mpi() ? &Comm::world() : nullptr;
   const bool root = !dist || dist->rank() == 0;
@@ -114,6 +141,9 @@ CommandAction setup_from_hf(CLI::App& sub) {
   a->layout.add(sub, "ZeRO stage of the (absent) optimizer state: 0 or 1");
   a->stream.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
+  sub.add_option("--profile", a->profile.profile, "store in this built-in profile (docs/PROFILES.md); tokenizer files are not carried");
+  sub.add_option("--profile-file", a->profile.profile_file, "store in the profile of this JSON file");
+  sub.add_flag("--saturate", a->profile.saturate, "with --profile: clamp values beyond the profile dtype's range (reported)");
   sub.footer(
       "Tokenizer files (tokenizer*.json, tokenizer.model, special_tokens_map.json, generation_config.json, ...)\n"
       "found beside the weights are carried in the checkpoint's metadata (\"hf_files\", with SHA-256) and written\n"

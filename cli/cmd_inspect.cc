@@ -92,7 +92,8 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
   sub.add_flag("--json", *json_out, "Print the summary as JSON");
   return CommandAction([path, json_out]() -> int {
     const SourceKind kind = detect_source(*path);
-    auto src = open_checkpoint(*path);
+    // A native store as stored (its profile's tensors), not its canonical view.
+    auto src = kind == SourceKind::kNativeStore ? open_source(*path) : open_checkpoint(*path);
     if (!src.ok()) return report_error(src.status());
     store::SourceExtras ex;
     auto file_of = std::make_shared<std::map<std::string, std::string>>();

@@ -1,11 +1,14 @@
-// ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout.
+// ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout,
+// and with --profile converts it to another profile in the same pass (ckpt convert, cli/
+// cmd_convert.cc, is the same command with the profile required and the layout optional).
 // The work is converters/reshard_job.h (run_reshard_job); this file parses the flags, draws the
-// progress bar and prints the plan or the result. Under mpirun the shard files are divided among
-// the processes and rank 0 prints.
+// progress bar and prints the plan or the result (and the exactness report of a conversion).
+// Under mpirun the shard files are divided among the processes and rank 0 prints.
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "cli/cmd_reshard.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
@@ -21,6 +24,8 @@ struct ReshardArgs {
   LayoutFlags layout;
   StreamFlags stream;
   bool dry_run = false, json = false, no_verify = false;
+  ProfileRequest profile;
+  bool convert = false;  // ckpt convert: a profile is required, the layout flags optional
 };
 
 // The plan of a --dry-run on stdout: JSON (--json) or its text summary.
@@ -42,8 +47,15 @@ void print_result(const ReshardArgs& a, const ReshardOutcome& r) {
     j["seconds"] = r.seconds;
     j["plan_seconds"] = r.plan_seconds;
     j["processes"] = r.processes;
+    if (!r.profile.empty()) {
+      j["profile"] = r.profile;
+      j["from_profile"] = r.from_profile;
+      j["exactness"] = r.exactness.to_json();
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
+    if (!r.profile.empty())
+      std::printf("profile %s -> %s\n%s", r.from_profile.c_str(), r.profile.c_str(), r.exactness.to_string().c_str());
     std::printf("resharded %s -> %s (%s): %zu pieces in %zu files, %.2f GiB written in %.2f s\n",
                 r.src_description.c_str(), a.dst.c_str(), r.layout.to_string().c_str(), r.plan.pieces.size(),
                 r.plan.files.size(), r.plan.bytes_written / 1073741824.0, r.seconds);
@@ -62,6 +74,9 @@ int run_reshard(const ReshardArgs& a) {
   req.max_memory = a.stream.max_memory;
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
+  req.profile = a.profile;
+  if (a.convert && !a.profile.given())
+    return error_exit(Status::InvalidArgument("convert: give --profile NAME or --profile-file FILE"), true);
   req.dist = Comm::launched_under_mpi() ? &Comm::world() : nullptr;
   const bool root = !req.dist || req.dist->rank() == 0;
   ProgressBar bar("reshard", root && stderr_is_tty() && !a.json && !a.dry_run);
@@ -77,8 +92,11 @@ int run_reshard(const ReshardArgs& a) {
   return 0;
 }
 
-CommandAction setup_reshard(CLI::App& sub) {
+}  // namespace
+
+CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   auto a = std::make_shared<ReshardArgs>();
+  a->convert = convert;
   sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir or DCP dir with a model config")->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
   sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
@@ -89,12 +107,20 @@ CommandAction setup_reshard(CLI::App& sub) {
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");
   sub.add_flag("--no-verify", a->no_verify, "Skip re-hashing SRC pieces before committing DST");
+  sub.add_option("--profile", a->profile.profile,
+                 "Convert to this built-in profile in the same pass (hf, megatron-mcore, megatron-legacy, paddlenlp, "
+                 "libai, reference; docs/PROFILES.md)");
+  sub.add_option("--profile-file", a->profile.profile_file, "Convert to the profile in this JSON file");
+  sub.add_flag("--saturate", a->profile.saturate,
+               "Clamp values beyond the target dtype's range to its max finite (reported) instead of failing");
   sub.footer(
       "Output is written to DST.partial and renamed when complete. Under `mpirun -np K` the shard files are\n"
       "divided among the K processes; the result is byte-identical to a single process.");
   return [a] { return run_reshard(*a); };
 }
 
+namespace {
+CommandAction setup_reshard(CLI::App& sub) { return setup_reshard_command(sub, false); }
 }  // namespace
 
 CKPT_REGISTER_COMMAND("reshard", "Re-split a checkpoint for another TP/PP/DP(ZeRO) layout", setup_reshard);

@@ -5,6 +5,7 @@
 #include "converters/megatron_dir_source.h"
 #include "converters/megatron_dist_source.h"
 #include "converters/megatron_torch_source.h"
+#include "converters/profile_view.h"
 #include "formats/open_source.h"
 #include "formats/torch/dcp.h"
 
@@ -20,6 +21,20 @@ bool is_dcp(const std::string& p) {
   return std::filesystem::is_directory(p, ec) && torch::is_dcp_dir(p);
 }
 
+// A native store; one stored in a profile other than "reference" (its manifest's "profile" /
+// "profile_spec") opens as its canonical view (converters/profile_view.h, issue 14).
+Result<std::unique_ptr<TensorSource>> open_native_store(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
+  const nlohmann::json& md = src->metadata();
+  const bool other = md.contains("profile_spec") ||
+                     (md.contains("profile") && md["profile"].is_string() && md["profile"] != "reference");
+  if (!other) return src;
+  CKPT_ASSIGN_OR_RETURN(Profile p, profile_of_metadata(md, path));
+  TensorSource& ref = *src;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CanonicalView> view, canonical_view(ref, std::move(src), p));
+  return std::unique_ptr<TensorSource>(std::move(view));
+}
+
 // One row per kind, most specific first (see open_checkpoint.h).
 constexpr CheckpointKind kCheckpointKinds[] = {
     {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)",
@@ -33,7 +48,7 @@ constexpr CheckpointKind kCheckpointKinds[] = {
      "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
      is_megatron_torch_dir, open_megatron_torch_dir},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
-    {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_source},
+    {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
     {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_source},
     {"safetensors", "a .safetensors file", is_safetensors_file, open_source},
 };

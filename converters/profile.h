@@ -12,13 +12,43 @@
 // planner and executor do the layout change in the same pass.
 //
 // Global views that depend on tp: packings "per TP rank" (Megatron's fc1 [gate_r; up_r],
-// PaddleNLP's fused qkv [q_r; k_r; v_r]) define the global tensor as the concatenation of the
+// PaddleNLP's gate_up_fused_proj [gate_r | up_r]) define the global tensor as the concatenation of the
 // rank tensors of the layout's tp, so every TP rank holds one contiguous box of it; the store's
 // manifest records layout and profile together, and the same tensor name at another tp is
 // another row order (a conversion handles it like any other profile change).
 //
 // Optimizer tensors follow their parameter: "optimizer.<kind>.<profile name>", same shape and
 // packing as the parameter, dtype from the "optimizer" class.
+//
+// The profile file (every rule a named code, formats/error_codes.cc; docs/PROFILES.md):
+//   {
+//     "name": "megatron-mcore",                    required, [a-z0-9._-]+ (ProfileBadValue)
+//     "description": "one line",                   optional string
+//     "dtypes": {"weight": "BF16", "norm": "BF16", "embedding": "BF16", "optimizer": "F32"},
+//                                                  required, all four; a float dtype name
+//                                                  (safetensors spelling or bf16/fp16/fp32/fp64)
+//                                                  or "keep" (the source's dtype)
+//     "vocab_padding": {"multiple": 128, "scales_with_tp": true},
+//                                                  optional (default 1, false); multiple in
+//                                                  [1, 2^20]
+//     "qkv_packing": "megatron-groups",            separate | megatron-groups | libai-heads |
+//                                                  fused-whole | fused-per-tp
+//     "mlp_packing": "fused-per-tp",               separate | fused-per-tp | fused-whole
+//     "orientation": "out-in",                     out-in | in-out
+//     "names": {"embed": "embedding.word_embeddings.weight",
+//               "qkv": "decoder.layers.{i}.self_attention.linear_qkv.weight", ...},
+//                                                  kind -> pattern; layer kinds hold "{i}" once,
+//                                                  the others (embed, final_norm, lm_head) none
+//     "config_keys": {"num_hidden_layers": "num_layers", ...},   optional, HF key -> stack key
+//     "sources": ["NVIDIA/Megatron-LM@<commit>:tools/checkpoint/saver_core.py", ...]  optional
+//   }
+// Rules: ProfileUnknownField (a key not listed above, at any level; a kind or a config key ckpt
+// does not know), ProfileBadValue (missing required field, wrong JSON type, unknown enum or dtype
+// name, multiple out of range, bad name pattern), ProfileContradiction (a name for a kind the
+// packing does not use: "qkv" with separate q/k/v, "q" with a packed qkv, "gate_up" with separate
+// gate/up, "gate" with a fused MLP; the bias kinds likewise), ProfileIncompleteNaming (a kind the
+// packing needs has no name; at profile_tensors: a bias kind the model needs), ProfileDuplicateName
+// (two kinds with one pattern, two canonical keys with one stack key).
 // Pure values and functions; thread safe.
 #pragma once
 
@@ -39,7 +69,7 @@ namespace ckpt {
 
 enum class QkvPacking : uint8_t {
   kSeparate,        // q_proj, k_proj, v_proj
-  kMegatronGroups,  // [q heads of g; k_g; v_g] for each query group g (tp-independent)
+  kMegatronGroups,  // [q heads of g; k_g; v_g] for each query group g (tp-independent; also PaddleNLP qkv_proj)
   kLibaiHeads,      // per attention head h: [q_h; k_h; v_h] (LiBai query_key_value; needs K == H)
   kFusedWhole,      // [q_all; k_all; v_all]
   kFusedPerTp,      // [q_r; k_r; v_r] for each TP rank r (depends on tp)
@@ -79,6 +109,8 @@ struct Profile {
 
   // The stored dtype of a tensor of class `c` whose source dtype is `src`.
   DType stored_dtype(TensorClass c, DType src) const;
+  // The pattern of `kind`, or "" when the profile does not name it.
+  std::string pattern(const std::string& kind) const;
   nlohmann::json to_json() const;
 };
 
@@ -112,7 +144,21 @@ struct ProfileTensor {
   bool transposed = false; // stored as the transpose of the concatenation of the segments (2-D only)
   TensorClass cls = TensorClass::kWeight;
   std::vector<ProfileSegment> segments;  // concatenated along dim 0 (before the transpose)
+
+  // The shape of the concatenation of the segments (= shape, or shape reversed when transposed).
+  Shape untransposed_shape() const;
 };
+
+// The canonical boxes and zero rows that make up `box` (untransposed coordinates of `t`, inside
+// untransposed_shape()), in row order: each segment's rows clipped to the box's rows, its trailing
+// dims narrowed to the box's. Empty segments are dropped.
+std::vector<ProfileSegment> profile_segments_in(const ProfileTensor& t, const Box& box);
+
+// Names for the enums (as in the JSON files).
+const char* qkv_packing_name(QkvPacking p);
+const char* mlp_packing_name(MlpPacking p);
+const char* orientation_name(Orientation o);
+const char* tensor_class_name(TensorClass c);
 
 // The profile's global tensors for a model: one per canonical tensor or packed group of them, in
 // canonical order, optimizer tensors after the model's (for each canonical optimizer tensor in

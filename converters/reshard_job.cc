@@ -9,6 +9,7 @@
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
 #include "converters/open_checkpoint.h"
+#include "converters/profile_view.h"
 #include "formats/byte_size.h"
 #include "formats/open_source.h"
 #include "formats/store/store_options.h"
@@ -71,6 +72,8 @@ Result<Layout> target_layout(const ReshardRequest& r, const LlamaConfig& cfg, co
       return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
     CKPT_ASSIGN_OR_RETURN(l, Layout::from_file(r.layout_file));
   } else {
+    if (!r.layout.given() && r.profile.given() && src_meta.contains("layout"))
+      return Layout::from_json(src_meta["layout"]);  // a profile conversion keeping the layout
     if (!r.layout.given()) return Status::InvalidArgument("give --layout FILE, or --tp N --pp N --dp N (each >= 1)");
     CKPT_ASSIGN_OR_RETURN(l, r.layout.make(cfg.num_hidden_layers));
     if (src_meta.contains("layout")) l.keep_source_settings(src_meta["layout"]);
@@ -96,6 +99,23 @@ Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Lay
   return Status::Ok();
 }
 
+// The profile views of a conversion job, and the chunk size re-sized for the view's dtypes and
+// its transpose / cast tiles (three per executor thread).
+Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequest& r, TensorSource& src,
+                                                               const LlamaConfig& cfg, Layout& layout, ExecOptions& eo) {
+  const bool root = !r.dist || r.dist->rank() == 0;
+  CKPT_ASSIGN_OR_RETURN(auto conv, ProfileConversion::prepare(src, r.profile, cfg, layout, root, kProfileTileBytes));
+  size_t max_src = 1, min_out = 8;
+  for (const auto& p : conv->source().pieces()) {
+    max_src = std::max(max_src, dtype_size(p.dtype));
+    min_out = std::min(min_out, dtype_size(p.dtype));
+  }
+  const uint64_t tiles = uint64_t{3} * (static_cast<uint64_t>(r.threads) + 1) * kProfileTileBytes;
+  CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, min_out,
+                                                               kStoreWriterReserveBytes + tiles));
+  return conv;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -118,16 +138,26 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   ReshardOutcome out;
   ExecOptions eo;
   CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo));
-  LlamaShardingRules rules(cfg);
+  LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();
   out.processes = r.dist ? r.dist->size() : 1;
+  // Profile conversion (issue 14): plan from the target profile's view of SRC.
+  std::unique_ptr<ProfileConversion> conv;
+  if (needs_profile_views(src.metadata(), r.profile))
+    CKPT_ASSIGN_OR_RETURN(conv, prepare_profile_job(r, src, cfg, out.layout, eo));
+  TensorSource& plan_src = conv ? conv->source() : src;
+  const ShardingRules& rules = conv ? conv->rules() : static_cast<const ShardingRules&>(llama_rules);
 
   const auto t0 = std::chrono::steady_clock::now();
-  CKPT_ASSIGN_OR_RETURN(out.plan, make_plan(src.tensors(), src.pieces(), src.metadata(), out.layout, rules, eo));
+  CKPT_ASSIGN_OR_RETURN(out.plan, make_plan(plan_src.tensors(), plan_src.pieces(), plan_src.metadata(), out.layout, rules, eo));
   out.plan_seconds = seconds_since(t0);
   if (r.dry_run) return out;
 
   StoreExecOptions so;
+  if (conv) {
+    so.process_note = [&conv] { return conv->process_note(); };
+    so.amend_metadata = [&conv](const std::vector<std::string>& notes, nlohmann::json& md) { return conv->amend(notes, md); };
+  }
   so.exec = eo;
   so.store = sopts;
   so.exec.progress = r.progress;
@@ -135,8 +165,13 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
     so.before_commit = [&bg]() -> Status { return bg.wait(); };
   else if (!r.no_verify && opened.store)
     so.before_commit = [&opened]() -> Status { return verify_source_inline(*opened.store); };
-  CKPT_RETURN_IF_ERROR(execute_plan_to_store(src, out.plan, r.dst, so, r.dist));
+  CKPT_RETURN_IF_ERROR(execute_plan_to_store(plan_src, out.plan, r.dst, so, r.dist));
   out.seconds = seconds_since(t0);
+  if (conv) {
+    out.profile = conv->target().name;
+    out.from_profile = conv->from().name;
+    out.exactness = conv->report();
+  }
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include <functional>
 #include <string>
 
+#include "converters/exactness.h"
+#include "converters/profile_view_job.h"
 #include "formats/status.h"
 #include "reshard/layout.h"
 #include "reshard/planner.h"
@@ -47,6 +49,7 @@ struct ReshardRequest {
   bool no_verify = false;  // skip re-hashing SRC before commit
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
   Comm* dist = nullptr;    // the world under mpirun (Comm::world()); null: a single process
+  ProfileRequest profile;  // --profile / --profile-file / --saturate (converters/profile_view_job.h)
 };
 
 struct ReshardOutcome {
@@ -56,6 +59,9 @@ struct ReshardOutcome {
   double plan_seconds = 0;      // making the plan
   double seconds = 0;           // plan and execution (0 for a dry run)
   int processes = 1;
+  std::string profile;          // the profile of DST when the job went through the profile views
+  std::string from_profile;     // ... and the one of SRC
+  ExactnessReport exactness;    // merged over processes on rank 0
 };
 
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& req);

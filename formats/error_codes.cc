@@ -170,6 +170,18 @@ constexpr ErrorCodeEntry kTable[] = {
     // The planner (issue 16, trainer/plan/).
     {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
     {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
+    // Vendor / framework profiles (issue 14, prof14a: converters/profile*.h).
+    {"ProfileUnknownField", kCorrupt},      // a profile key (top level, dtypes, vocab_padding, names, config_keys) ckpt does not know
+    {"ProfileBadValue", kCorrupt},          // a missing field, a wrong JSON type, an unknown packing/orientation/dtype, a bad name pattern
+    {"ProfileContradiction", kCorrupt},     // fields that cannot hold together (a "qkv" name with separate q/k/v packing, ...)
+    {"ProfileIncompleteNaming", kCorrupt},  // a tensor kind the packing or the model needs has no name
+    {"ProfileDuplicateName", kCorrupt},     // two kinds (or two config keys) mapped to the same name
+    {"ProfileUnknown", kArg},               // --profile names no built-in profile
+    {"ProfileUnsupported", kUnsup},         // a model the convention cannot express (LiBai heads with GQA, per-TP packing with tp not dividing)
+    {"ProfileNotSplittable", kArg},         // a packed tensor whose TP rank's part is not one box at this tp
+    // Profile conversions, engine side (issue 14: converters/profile_view.h, exactness.h).
+    {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
+    {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
 };
 
 }  // namespace

@@ -60,12 +60,14 @@ Status first_failure(Comm& dist, const Status& mine) {
 Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& plan, const std::string& dst,
                         const StoreExecOptions& opts) {
   std::vector<store::PieceRecord> records;
+  std::vector<std::string> notes;
   for (const std::string& g : gathered) {
     auto j = parse_json(g, kManifestJsonLimits, "piece records of a reshard process");
-    if (!j.ok() || !j->is_array())
+    if (!j.ok() || !j->is_object() || !(*j)["records"].is_array() || !(*j)["note"].is_string())
       return Status::Internal("bad piece records gathered from a reshard process: " +
-                              (j.ok() ? std::string("not a JSON array") : j.status().to_string()));
-    for (const auto& rj : *j) {
+                              (j.ok() ? std::string("not {records, note}") : j.status().to_string()));
+    notes.push_back((*j)["note"].get<std::string>());
+    for (const auto& rj : (*j)["records"]) {
       CKPT_ASSIGN_OR_RETURN(store::PieceRecord r, store::piece_record_from_json(rj));
       records.push_back(std::move(r));
     }
@@ -73,8 +75,10 @@ Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& pl
   if (records.size() != plan.pieces.size())
     return Status::Internal("gathered " + std::to_string(records.size()) + " piece records, the plan has " +
                             std::to_string(plan.pieces.size()));
+  nlohmann::json metadata = plan.metadata;
+  if (opts.amend_metadata) CKPT_RETURN_IF_ERROR(opts.amend_metadata(notes, metadata));
   if (opts.before_commit) CKPT_RETURN_IF_ERROR(opts.before_commit());
-  return store::StoreWriter::finalize(dst, plan.tensors, std::move(records), plan.metadata, opts.store);
+  return store::StoreWriter::finalize(dst, plan.tensors, std::move(records), metadata, opts.store);
 }
 
 // The source as this process sees it, counting what it asks for; with CKPT_DIST_TRACE=DIR set,
@@ -209,7 +213,9 @@ Status execute_plan_to_store(TensorSource& src_in, const Plan& plan, const std::
     if (rank == 0) (void)remove_tree(partial);
     return st.ok() ? group : st;
   }
-  std::vector<std::string> gathered{my_records.dump()};
+  const nlohmann::json mine = {{"records", std::move(my_records)},
+                               {"note", opts.process_note ? opts.process_note() : std::string()}};
+  std::vector<std::string> gathered{mine.dump()};
   if (dist) {
     auto g = dist->gather(gathered.front());
     if (!g.ok()) {

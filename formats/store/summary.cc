@@ -19,6 +19,7 @@ json summarize_source(const TensorSource& src, const SourceExtras* ex) {
   const json& md = src.metadata();
   out["layout"] = md.contains("layout") ? md["layout"] : json(nullptr);
   out["profile"] = md.contains("profile") ? md["profile"] : json(nullptr);
+  if (md.contains("exactness")) out["exactness"] = md["exactness"];  // a profile conversion's report
   out["model_config"] = md.contains("model_config") ? md["model_config"] : json(nullptr);
   out["step"] = (md.contains("trainer") && md["trainer"].is_object() && md["trainer"].contains("step")) ? md["trainer"]["step"] : json(nullptr);
   out["metadata_keys"] = json::array();
@@ -90,6 +91,19 @@ std::string text_summary(const json& s, bool list_tensors) {
   if (!s.value("format", std::string()).empty()) o += "format:     " + s["format"].get<std::string>() + "\n";
   if (!s["step"].is_null()) o += "step:       " + s["step"].dump() + "\n";
   if (!s["profile"].is_null()) o += "profile:    " + (s["profile"].is_string() ? s["profile"].get<std::string>() : s["profile"].dump()) + "\n";
+  if (s.contains("exactness") && s["exactness"].is_object()) {
+    const json& x = s["exactness"];
+    uint64_t changed = 0, clamped = 0;
+    if (x.contains("steps") && x["steps"].is_array())
+      for (const json& st : x["steps"])
+        if (st.is_object()) {
+          changed += st.value("changed", uint64_t{0});
+          clamped += st.value("clamped", uint64_t{0});
+        }
+    o += "exactness:  converted from " + x.value("from_profile", std::string("?")) + ": " +
+         (x.value("exact", false) ? std::string("exact") : std::to_string(changed) + " values changed, " +
+                                                              std::to_string(clamped) + " clamped") + "\n";
+  }
   const json& det = s.contains("layout_detail") ? s["layout_detail"] : json(nullptr);
   if (det.is_object() && det.value("form", std::string()) == "general") {
     o += layout_detail_text(det);

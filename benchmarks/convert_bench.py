@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Profile conversion benchmark (issue 14; a command, not a timed test).
+
+  * a synthetic GQA LLaMA (20 layers, hidden 2048, 16 heads / 4 KV heads, ffn 5632, vocab 32000,
+    bf16: about 2.1 GB) written as sharded HF safetensors (untimed), imported with
+    `ckpt from-hf --tp 2 --pp 2` (untimed);
+  * in the same run, the same page-cache state (SRC read before each run), outputs fsync'd:
+      reshard alone          ckpt reshard SRC DST --tp 1 --pp 3 --pp-layers 7,7,6
+      convert megatron-mcore ckpt convert ... --profile megatron-mcore  (QKV per group, fused
+                             [gate; up] per TP rank, vocab padded to 128 x tp; no cast)
+      convert paddlenlp      ckpt convert ... --profile paddlenlp  (every linear weight and
+                             lm_head transposed: the transpose-heavy case)
+    each with --max-memory (default 512M) and --threads 2: wall time and peak RSS (largest
+    process), the ratio to reshard alone, and the machine's load average around each run.
+Prints one JSON object (and a table on stderr). The data directory is removed at the end unless
+--keep. Usage: convert_bench.py [--build DIR] [--dir DIR] [--layers 20] [--reps 1] [--keep]
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from reshard_bench import run_timed, warm  # noqa: E402  (same timing and page-cache helpers)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def make_hf(d: pathlib.Path, layers: int):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+           "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+           "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu"}
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    h, f, kvd = 2048, 5632, 4 * 128
+    weight_map = {}
+
+    def shard(name, tensors):
+        save_file(tensors, str(d / name))
+        weight_map.update({k: name for k in tensors})
+
+    rnd = lambda *s: (torch.randn(*s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
+    shard("model-embed.safetensors", {"model.embed_tokens.weight": rnd(32000, h), "model.norm.weight": rnd(h),
+                                      "lm_head.weight": rnd(32000, h)})
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shard(f"model-{i:03d}.safetensors", {
+            p + "input_layernorm.weight": rnd(h), p + "post_attention_layernorm.weight": rnd(h),
+            p + "self_attn.q_proj.weight": rnd(h, h), p + "self_attn.k_proj.weight": rnd(kvd, h),
+            p + "self_attn.v_proj.weight": rnd(kvd, h), p + "self_attn.o_proj.weight": rnd(h, h),
+            p + "mlp.gate_proj.weight": rnd(f, h), p + "mlp.up_proj.weight": rnd(f, h), p + "mlp.down_proj.weight": rnd(h, f)})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--dir", default="/work/bench-data/prof14b")
+    ap.add_argument("--layers", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--max-memory", default="512M")
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    ckpt = str(pathlib.Path(a.build) / "ckpt")
+    d = pathlib.Path(a.dir)
+    if d.exists():
+        shutil.rmtree(d)
+    try:
+        make_hf(d / "hf", a.layers)
+        run_timed([ckpt, "from-hf", str(d / "hf"), str(d / "src"), "--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync"])
+        shutil.rmtree(d / "hf")
+        src_bytes = sum(p.stat().st_size for p in (d / "src").rglob("*") if p.is_file())
+        per = max(1, a.layers // 3)
+        layout = ["--tp", "1", "--pp", "3", "--pp-layers", f"{per + (a.layers - 3 * per)},{per},{per}", "--dp", "1",
+                  "--threads", "2", "--max-memory", a.max_memory]
+        cases = {"reshard": ["reshard"], "convert megatron-mcore": ["convert", "--profile", "megatron-mcore"],
+                 "convert paddlenlp": ["convert", "--profile", "paddlenlp"]}
+        runs = {k: [] for k in cases}
+        for rep in range(a.reps):
+            for name, args in cases.items():
+                dst = d / "dst"
+                warm(d / "src")
+                load0 = os.getloadavg()[0]
+                cmd = [ckpt, args[0], str(d / "src"), str(dst), *args[1:], *layout]
+                secs, rss, _ = run_timed(cmd)
+                runs[name].append({"seconds": secs, "peak_rss_mib": rss, "load_before": load0,
+                                   "load_after": os.getloadavg()[0]})
+                shutil.rmtree(dst)
+        best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+        out = {"source_bytes": src_bytes, "layers": a.layers, "max_memory": a.max_memory, "runs": runs,
+               "ratio_to_reshard": {k: best[k]["seconds"] / best["reshard"]["seconds"] for k in best}}
+        print(json.dumps(out, indent=2))
+        for k, r in best.items():
+            print(f"{k:24s} {r['seconds']:8.2f} s  peak RSS {r['peak_rss_mib']:7.1f} MiB  x{out['ratio_to_reshard'][k]:.2f}"
+                  f"  load {r['load_before']:.1f}->{r['load_after']:.1f}", file=sys.stderr)
+    finally:
+        if not a.keep and d.exists():
+            shutil.rmtree(d)
+
+
+if __name__ == "__main__":
+    main()

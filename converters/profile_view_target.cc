@@ -1,0 +1,196 @@
+// The profile view: canonical tensors presented in a target profile (converters/profile_view.h).
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "converters/profile_view.h"
+
+namespace ckpt {
+
+namespace {
+
+namespace pvt = profile_view_detail;
+
+class ProfileViewImpl final : public ProfileView {
+ public:
+  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  const nlohmann::json& metadata() const override { return meta_; }
+  std::string describe() const override { return src_->describe(); }
+  ExactnessReport report() const override { return tracker_.snapshot(); }
+  const std::vector<ProfileTensor>& stored_tensors() const override { return pts_; }
+
+  Status read(size_t piece, const Box& sub, void* dst_v) override {
+    if (piece >= pieces_.size()) return Status::Internal("profile view piece " + std::to_string(piece) + " out of range");
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    auto* dst = static_cast<uint8_t*>(dst_v);
+    if (m.zero) {
+      std::memset(dst, 0, static_cast<size_t>(sub.numel()) * dtype_size(pt.dtype));
+      return Status::Ok();
+    }
+    const ProfileSegment& seg = pt.segments[m.seg];
+    const Box csub = m.identity ? sub : pvt::concat_to_canonical(seg, m.row0, pvt::stored_to_concat(pt, sub));
+    const DType sd = src_->pieces()[m.src].dtype;
+    ExactnessEntry e{seg.canonical, pt.name, cast_step_name(sd, pt.dtype)};
+    Status st = pt.transposed ? read_transposed(m.src, sd, pt.dtype, csub, dst, e)
+                              : read_straight(m.src, sd, pt.dtype, csub, dst, e);
+    if (e.elements > 0) tracker_.add(e);
+    if (!st.ok())
+      return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
+    return st;
+  }
+
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size()) return std::nullopt;
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    if (m.zero || pt.transposed || src_->pieces()[m.src].dtype != pt.dtype) return std::nullopt;
+    if (m.identity) return src_->file_extent(m.src, sub);
+    return src_->file_extent(m.src, pvt::concat_to_canonical(pt.segments[m.seg], m.row0, sub));
+  }
+
+  static Result<std::unique_ptr<ProfileView>> make(TensorSource& src, std::unique_ptr<TensorSource> owner,
+                                                   const std::vector<ProfileTensor>& pts, nlohmann::json metadata,
+                                                   const CastOptions& cast, uint64_t tile) {
+    auto v = std::unique_ptr<ProfileViewImpl>(new ProfileViewImpl());
+    v->src_ = &src;
+    v->owner_ = std::move(owner);
+    v->pts_ = pts;
+    v->meta_ = std::move(metadata);
+    v->cast_ = cast;
+    v->cast_.overflow = OverflowPolicy::kSaturate;  // clamped values are counted; the caller decides
+    v->tile_ = std::max<uint64_t>(tile, 1);
+    CKPT_RETURN_IF_ERROR(v->build());
+    return std::unique_ptr<ProfileView>(std::move(v));
+  }
+
+ private:
+  struct Map {
+    size_t src = 0;  // canonical piece
+    size_t pt = 0, seg = 0;
+    int64_t row0 = 0;
+    bool identity = false, zero = false;
+  };
+
+  ProfileViewImpl() = default;
+
+  // Canonical box `csub` in storage order: flat runs of at most a tile, each read and cast.
+  Status read_straight(size_t sp, DType sd, DType dd, const Box& csub, uint8_t* dst, ExactnessEntry& e) {
+    if (sd == dd) return src_->read(sp, csub, dst);
+    const size_t ss = dtype_size(sd), ds = dtype_size(dd);
+    const int64_t n = csub.numel();
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / ss));
+    std::vector<uint8_t> tmp(static_cast<size_t>(std::min(step, n)) * ss);
+    for (int64_t b = 0; b < n; b += step) {
+      const int64_t end = std::min(n, b + step);
+      size_t at = 0;
+      for (const Box& x : flat_range_to_boxes(csub, b, end)) {
+        CKPT_RETURN_IF_ERROR(src_->read(sp, x, tmp.data() + at));
+        at += static_cast<size_t>(x.numel()) * ss;
+      }
+      CKPT_RETURN_IF_ERROR(tracked_cast(tmp.data(), sd, dst + static_cast<size_t>(b) * ds, dd,
+                                        static_cast<size_t>(end - b), cast_, e));
+    }
+    return Status::Ok();
+  }
+
+  // Canonical box `csub` [R, C] into dst [C, R]: canonical row tiles, cast, transposed into their
+  // columns of dst.
+  Status read_transposed(size_t sp, DType sd, DType dd, const Box& csub, uint8_t* dst, ExactnessEntry& e) {
+    const size_t ss = dtype_size(sd), ds = dtype_size(dd);
+    const int64_t R = csub.extent[0], C = csub.extent[1];
+    if (R == 0 || C == 0) return Status::Ok();
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(C) * std::max(ss, ds))));
+    const size_t tile_n = static_cast<size_t>(std::min(step, R) * C);
+    std::vector<uint8_t> raw(tile_n * ss), cast(sd == dd ? 0 : tile_n * ds);
+    for (int64_t r = 0; r < R; r += step) {
+      Box t = csub;
+      t.offset[0] += r;
+      t.extent[0] = std::min(step, R - r);
+      const size_t n = static_cast<size_t>(t.extent[0] * C);
+      CKPT_RETURN_IF_ERROR(src_->read(sp, t, raw.data()));
+      const uint8_t* out = raw.data();
+      if (sd != dd) {
+        CKPT_RETURN_IF_ERROR(tracked_cast(raw.data(), sd, cast.data(), dd, n, cast_, e));
+        out = cast.data();
+      }
+      pvt::transpose_into(out, t.extent[0], C, dst + static_cast<size_t>(r) * ds, R, ds);
+    }
+    return Status::Ok();
+  }
+
+  Status build() {
+    std::map<std::string, size_t> canon_of;
+    for (size_t i = 0; i < src_->tensors().size(); ++i) canon_of[src_->tensors()[i].name] = i;
+    // Canonical tensor -> the (profile tensor, segment, first row) holding it.
+    struct Slot {
+      size_t pt, seg;
+      int64_t row0;
+    };
+    std::map<std::string, std::vector<Slot>> slots;
+    for (size_t k = 0; k < pts_.size(); ++k) {
+      const ProfileTensor& pt = pts_[k];
+      tensors_.push_back({pt.name, pt.dtype, pt.shape});
+      int64_t row0 = 0;
+      for (size_t s = 0; s < pt.segments.size(); ++s) {
+        const ProfileSegment& seg = pt.segments[s];
+        if (seg.canonical.empty()) {
+          Box z = Box::whole(pvt::concat_shape(pt));
+          z.offset[0] = row0;
+          z.extent[0] = seg.zero_rows;
+          pieces_.push_back({pt.name, Region{pvt::concat_to_stored(pt, z)}, pt.dtype});
+          map_.push_back({0, k, s, row0, false, true});
+        } else {
+          if (!canon_of.count(seg.canonical))
+            return Status::Error("ProfileTensorMismatch", "'" + src_->describe() + "' has no tensor '" + seg.canonical +
+                                                              "' for profile tensor '" + pt.name + "'");
+          slots[seg.canonical].push_back({k, s, row0});
+        }
+        row0 += seg.rows();
+      }
+    }
+    for (size_t i = 0; i < src_->pieces().size(); ++i) {
+      const Piece& p = src_->pieces()[i];
+      auto it = slots.find(p.tensor);
+      if (it == slots.end()) continue;  // a canonical tensor the profile does not store
+      const Shape& cshape = src_->tensors()[canon_of.at(p.tensor)].shape;
+      if (it->second.size() == 1 && pvt::is_identity(pts_[it->second[0].pt], cshape)) {
+        pieces_.push_back({pts_[it->second[0].pt].name, p.region, pts_[it->second[0].pt].dtype});
+        map_.push_back({i, it->second[0].pt, 0, 0, true, false});
+        continue;
+      }
+      for (const Box& b : p.region.boxes())
+        for (const Slot& sl : it->second) {
+          const ProfileTensor& pt = pts_[sl.pt];
+          auto x = intersect(b, pt.segments[sl.seg].box);
+          if (!x) continue;
+          const Box cb = pvt::canonical_to_concat(pt.segments[sl.seg], sl.row0, *x);
+          pieces_.push_back({pt.name, Region{pvt::concat_to_stored(pt, cb)}, pt.dtype});
+          map_.push_back({i, sl.pt, sl.seg, sl.row0, false, false});
+        }
+    }
+    return Status::Ok();
+  }
+
+  TensorSource* src_ = nullptr;
+  std::unique_ptr<TensorSource> owner_;
+  std::vector<ProfileTensor> pts_;
+  std::vector<TensorMeta> tensors_;
+  std::vector<Piece> pieces_;
+  std::vector<Map> map_;
+  nlohmann::json meta_;
+  CastOptions cast_;
+  uint64_t tile_ = kProfileTileBytes;
+  ExactnessTracker tracker_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ProfileView>> make_profile_view(TensorSource& canon, std::unique_ptr<TensorSource> owner,
+                                                       const std::vector<ProfileTensor>& pts, nlohmann::json metadata,
+                                                       const CastOptions& cast, uint64_t tile_bytes) {
+  return ProfileViewImpl::make(canon, std::move(owner), pts, std::move(metadata), cast, tile_bytes);
+}
+
+}  // namespace ckpt
