@@ -143,8 +143,9 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   out.processes = r.dist ? r.dist->size() : 1;
   // Profile conversion (issue 14): plan from the target profile's view of SRC.
   std::unique_ptr<ProfileConversion> conv;
-  if (needs_profile_views(src.metadata(), r.profile))
+  if (needs_profile_views(src.metadata(), r.profile)) {
     CKPT_ASSIGN_OR_RETURN(conv, prepare_profile_job(r, src, cfg, out.layout, eo));
+  }
   TensorSource& plan_src = conv ? conv->source() : src;
   const ShardingRules& rules = conv ? conv->rules() : static_cast<const ShardingRules&>(llama_rules);
 

@@ -78,8 +78,8 @@ def stores(run_ckpt, tmp_path_factory):
     """The GQA model imported at tp=2 pp=2 (reference, fp32) and converted to every profile."""
     d = tmp_path_factory.mktemp("profiles")
     m = _model()
-    m.save_pretrained(d / "hf")
-    run_ckpt("from-hf", d / "hf", d / "base", "--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync")
+    m.save_pretrained(d / "hf_in")
+    run_ckpt("from-hf", d / "hf_in", d / "base", "--tp", "2", "--pp", "2", "--dp", "1", "--no-fsync")
     out = {"dir": d, "model": m, "vals": _f32_state(m)}
     for p in PROFILES:
         r = run_ckpt("convert", d / "base", d / p, "--profile", p, "--json")

@@ -52,7 +52,9 @@ TEST(TrackedCast, F32ToF16MatchesFloat16Reference) {
   sat.overflow = OverflowPolicy::kSaturate;
   ASSERT_TRUE(tracked_cast(x.data(), DType::kF32, got.data(), DType::kF16, x.size(), sat, e).ok());
   for (size_t i = 0; i < x.size(); ++i)
-    if (!std::isnan(x[i])) ASSERT_EQ(got[i], want[i]) << i << " " << x[i];
+    if (!std::isnan(x[i])) {
+      ASSERT_EQ(got[i], want[i]) << i << " " << x[i];
+    }
   EXPECT_EQ(e.elements, x.size());
   EXPECT_EQ(e.changed, changed);
   EXPECT_EQ(e.clamped, clamped);
@@ -175,7 +177,7 @@ TEST(ProfileViews, PackTransposePadAndBack) {
 
   // Back: the stored profile tensors (split in other pieces) as the canonical view.
   b.pieces[1] = {"emb", Region{Box{{0, 0}, {8, 4}}, 0, 32}, DType::kF32};
-  b.data[1][4 * 7 + 2] = 0x40;  // a non-zero padding element (row 7, col 0, byte 3)
+  b.data[1][(7 * 4 + 0) * 4 + 3] = 0x40;  // a non-zero padding element (row 7, col 0, top byte)
   MemorySource stored(std::move(b));
   auto cv = make_canonical_view(stored, nullptr, f.canon, f.pts, {}, 10);
   ASSERT_TRUE(cv.ok()) << cv.status().to_string();
