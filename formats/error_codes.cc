@@ -170,6 +170,12 @@ constexpr ErrorCodeEntry kTable[] = {
     // The planner (issue 16, trainer/plan/).
     {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
     {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
+    // Megatron-LM optimizer state (issue 13, converters/megatron_torch_optim.h).
+    {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
+    {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
+    {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
+    {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
+    {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
 };
 
 }  // namespace
