@@ -78,12 +78,33 @@ torch::TensorRef dense_ref(const std::string& key, DType dtype, const Shape& sha
 bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
 // What one rank file holds: the staged tensors by name (index into the staged file), the model
-// parameters in mcore named_parameters order, and the storages.
+// parameters in mcore named_parameters order, and the storages the pickle names (a staged tensor
+// gets one on first use; each step tensor its own).
 struct RankContent {
-  std::map<std::string, size_t> staged;      // name -> staged tensor index
-  std::vector<std::string> params;           // model tensor names, mcore order
-  std::vector<torch::TorchStorage> storages;  // staged tensors ("0".."n-1"), then the step tensors
-  std::vector<float> step_values;             // one per step storage
+  const safetensors::SafetensorsFile* sf = nullptr;
+  std::map<std::string, size_t> staged;       // name -> staged tensor index
+  std::vector<std::string> params;            // model tensor names, mcore order
+  std::vector<torch::TorchStorage> storages;
+  std::map<size_t, size_t> storage_of_staged;  // staged index -> storage index
+  std::vector<std::pair<size_t, float>> steps;  // (storage index, value)
+
+  DType dtype_of(const std::string& n) const { return sf->tensors()[staged.at(n)].dtype; }
+  // The tensor object of staged tensor `name`.
+  const PyObj* tensor(PyArena& a, const std::string& name) {
+    const size_t i = staged.at(name);
+    const TensorMeta& t = sf->tensors()[i];
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    auto [it, fresh] = storage_of_staged.emplace(i, storages.size());
+    if (fresh) storages.push_back({std::to_string(it->second), t.dtype, numel});
+    return a.tensor(dense_ref(std::to_string(it->second), t.dtype, t.shape, numel));
+  }
+  const PyObj* step(PyArena& a, float value) {
+    const size_t k = storages.size();
+    storages.push_back({std::to_string(k), DType::kF32, 1});
+    steps.emplace_back(k, value);
+    return a.tensor(dense_ref(std::to_string(k), DType::kF32, {}, 1));
+  }
 };
 
 // One param group as megatron-core's _get_param_groups + torch AdamW leave it in state_dict().
@@ -103,37 +124,38 @@ const PyObj* param_group(PyArena& a, const nlohmann::json& adam, bool no_decay, 
 }
 
 // The 'optimizer' entry (converters/megatron_torch_optim.h): FP32Optimizer's AdamW state_dict, or
-// Float16OptimizerWithFloat16Params' {'optimizer', 'fp32_from_fp16_params'} when `masters`.
-// nullptr when the staged file holds no moments.
-const PyObj* optimizer_entry(PyArena& a, const safetensors::SafetensorsFile& sf, RankContent& rc,
-                             const nlohmann::json& optim, bool masters) {
+// Float16OptimizerWithFloat16Params' {'optimizer', 'fp32_from_fp16_params'} when `masters` (a
+// master per non-fp32 parameter). nullptr when the staged file does not hold both moments (and
+// the masters) of every parameter (export_megatron stages all or none).
+const PyObj* optimizer_entry(PyArena& a, RankContent& rc, const nlohmann::json& optim, bool masters) {
   const std::string avg = kMegatronOptimPrefixes[0], sq = kMegatronOptimPrefixes[1], fp32 = kMegatronOptimPrefixes[2];
-  if (rc.params.empty() || !rc.staged.count(avg + rc.params[0])) return nullptr;
-  auto tensor_of = [&](const std::string& name) {
-    const size_t i = rc.staged.at(name);
-    const TensorMeta& t = sf.tensors()[i];
-    return a.tensor(dense_ref(std::to_string(i), t.dtype, t.shape, rc.storages[i].numel));
-  };
+  if (rc.params.empty()) return nullptr;
+  for (const auto& n : rc.params)
+    if (!rc.staged.count(avg + n) || !rc.staged.count(sq + n) ||
+        (masters && rc.dtype_of(n) != DType::kF32 && !rc.staged.count(fp32 + n)))
+      return nullptr;
   std::vector<const PyObj*> ids[2], master_lists[2];
   std::vector<std::pair<const PyObj*, const PyObj*>> state;
   std::vector<std::string> order[2];
-  for (const auto& n : rc.params) order[megatron_no_weight_decay(n, sf.tensors()[rc.staged.at(n)].shape)].push_back(n);
+  for (const auto& n : rc.params)
+    order[megatron_no_weight_decay(n, rc.sf->tensors()[rc.staged.at(n)].shape)].push_back(n);
   int64_t id = 0;
+  const float step = static_cast<float>(optim.value("step", int64_t{0}));
   for (int kind = 0; kind < 2; ++kind)
     for (const auto& n : order[kind]) {
-      const std::string key = std::to_string(rc.storages.size());
-      rc.storages.push_back({key, DType::kF32, 1});
-      rc.step_values.push_back(static_cast<float>(optim.value("step", int64_t{0})));
-      state.emplace_back(a.integer(id), a.dict({{a.str("step"), a.tensor(dense_ref(key, DType::kF32, {}, 1))},
-                                                {a.str("exp_avg"), tensor_of(avg + n)},
-                                                {a.str("exp_avg_sq"), tensor_of(sq + n)}}));
+      const PyObj* st = rc.step(a, step);
+      const PyObj* m1 = rc.tensor(a, avg + n);
+      const PyObj* m2 = rc.tensor(a, sq + n);
+      state.emplace_back(a.integer(id), a.dict({{a.str("step"), st}, {a.str("exp_avg"), m1}, {a.str("exp_avg_sq"), m2}}));
       ids[kind].push_back(a.integer(id++));
-      if (masters) master_lists[kind].push_back(tensor_of(fp32 + n));
     }
   const PyObj* adam = a.dict({{a.str("state"), a.dict(std::move(state))},
                               {a.str("param_groups"), a.list({param_group(a, optim, false, std::move(ids[0])),
                                                               param_group(a, optim, true, std::move(ids[1]))})}});
   if (!masters) return adam;
+  for (int kind = 0; kind < 2; ++kind)
+    for (const auto& n : order[kind])
+      if (rc.dtype_of(n) != DType::kF32) master_lists[kind].push_back(rc.tensor(a, fp32 + n));
   return a.dict({{a.str("optimizer"), adam},
                  {a.str("fp32_from_fp16_params"), a.list({a.list(std::move(master_lists[0])), a.list(std::move(master_lists[1]))})}});
 }
@@ -144,13 +166,13 @@ Status write_rank(const std::string& staged, const std::string& out, const nlohm
   CKPT_ASSIGN_OR_RETURN(auto sf, safetensors::SafetensorsFile::open(staged));
   PyArena a;
   RankContent rc;
+  rc.sf = sf.get();
   DType dtype = DType::kF32;
   bool first = true;
   for (size_t i = 0; i < sf->tensors().size(); ++i) {
     const TensorMeta& t = sf->tensors()[i];
     if (sf->pieces()[i].tensor != t.name) return Status::Internal("staged file '" + staged + "': piece order");
-    CKPT_ASSIGN_OR_RETURN(const int64_t numel, shape_numel(t.shape));
-    rc.storages.push_back({std::to_string(i), t.dtype, numel});
+    CKPT_RETURN_IF_ERROR(shape_numel(t.shape).status());
     rc.staged[t.name] = i;
     if (has_prefix(t.name, "optimizer.")) continue;
     rc.params.push_back(t.name);
@@ -158,30 +180,28 @@ Status write_rank(const std::string& staged, const std::string& out, const nlohm
     first = false;
   }
   std::sort(rc.params.begin(), rc.params.end(), megatron_param_order_less);
-  const bool masters = dtype != DType::kF32 && !rc.params.empty() &&
-                       rc.staged.count(kMegatronOptimPrefixes[2] + rc.params[0]) > 0;
   std::vector<std::pair<const PyObj*, const PyObj*>> model;
   for (const auto& n : rc.params) {
-    const size_t i = rc.staged.at(n);
-    const TensorMeta& t = sf->tensors()[i];
-    model.emplace_back(a.str(n), a.tensor(dense_ref(std::to_string(i), t.dtype, t.shape, rc.storages[i].numel)));
+    model.emplace_back(a.str(n), rc.tensor(a, n));
     if (const std::string m = linear_module(n); !m.empty()) model.emplace_back(a.str(m + "._extra_state"), a.none());
   }
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), args_namespace(a, args, dtype)},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)},
                                                              {a.str("model"), a.ordered_dict(std::move(model))}};
-  if (const PyObj* o = optimizer_entry(a, *sf, rc, optim, masters)) root.emplace_back(a.str("optimizer"), o);
+  bool masters = false;
+  for (const auto& n : rc.params)
+    masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
+  if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) root.emplace_back(a.str("optimizer"), o);
   torch::TorchFileWriter w(out);
   CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), rc.storages));
-  for (size_t i = 0; i < sf->pieces().size(); ++i) {
+  for (const auto& [i, k] : rc.storage_of_staged) {
     const TensorMeta& t = sf->tensors()[i];
     auto ext = sf->file_extent(i, Box::whole(t.shape));
     if (!ext) return Status::Internal("staged Megatron tensor '" + t.name + "' of '" + staged + "' has no file extent");
-    CKPT_RETURN_IF_ERROR(w.write_from_file(i, ext->fd, ext->offset, ext->bytes));
+    CKPT_RETURN_IF_ERROR(w.write_from_file(k, ext->fd, ext->offset, ext->bytes));
   }
-  for (size_t k = 0; k < rc.step_values.size(); ++k)
-    CKPT_RETURN_IF_ERROR(w.write(sf->pieces().size() + k, &rc.step_values[k], sizeof(float)));
+  for (const auto& [k, v] : rc.steps) CKPT_RETURN_IF_ERROR(w.write(k, &v, sizeof(float)));
   return w.commit();
 }
 

@@ -140,7 +140,8 @@ nlohmann::json adam_hyper(const PyObj* groups) {
   return j;
 }
 
-// The fp32 masters of Float16OptimizerWithFloat16Params, aligned with the groups' ids.
+// The fp32 masters of Float16OptimizerWithFloat16Params: list g holds one per non-fp32 parameter
+// of group g, in group order; an fp32 parameter is its own master.
 Status add_masters(const std::string& file, const PyObj* masters, const PyObj* groups,
                    const std::map<int64_t, size_t>& id_to_param, const std::vector<MegatronModelParam>& params,
                    MegatronLegacyOptim& out) {
@@ -149,13 +150,20 @@ Status add_masters(const std::string& file, const PyObj* masters, const PyObj* g
   for (size_t g = 0; g < groups->items.size(); ++g) {
     const PyObj* ids = groups->items[g]->get("params");
     const PyObj* ms = masters->items[g];
-    if (!ms->is(PyType::kList) || ms->items.size() != ids->items.size())
-      return optim_error("MegatronOptimizerParams", file, "'fp32_from_fp16_params'[" + std::to_string(g) +
-                                                              "] does not hold one master per parameter of its group");
-    for (size_t k = 0; k < ids->items.size(); ++k) {
-      const MegatronModelParam& p = params[id_to_param.at(ids->items[k]->i)];
-      CKPT_ASSIGN_OR_RETURN(const torch::TensorRef* ref, param_tensor(file, ms->items[k], p, "fp32_from_fp16_params"));
-      out.tensors.push_back({std::string(kMegatronOptimPrefixes[2]) + p.name, ref});
+    std::vector<const MegatronModelParam*> half;
+    for (const PyObj* id : ids->items) {
+      const MegatronModelParam& p = params[id_to_param.at(id->i)];
+      if (p.dtype != DType::kF32) half.push_back(&p);
+      else if (p.ref != nullptr) out.tensors.push_back({std::string(kMegatronOptimPrefixes[2]) + p.name, p.ref});
+    }
+    if (!ms->is(PyType::kList) || ms->items.size() != half.size())
+      return optim_error("MegatronOptimizerParams", file, "'fp32_from_fp16_params'[" + std::to_string(g) + "] holds " +
+                                                              std::to_string(ms->is(PyType::kList) ? ms->items.size() : 0) +
+                                                              " masters, its group has " + std::to_string(half.size()) +
+                                                              " non-fp32 parameters");
+    for (size_t k = 0; k < half.size(); ++k) {
+      CKPT_ASSIGN_OR_RETURN(const torch::TensorRef* ref, param_tensor(file, ms->items[k], *half[k], "fp32_from_fp16_params"));
+      out.tensors.push_back({std::string(kMegatronOptimPrefixes[2]) + half[k]->name, ref});
     }
   }
   return Status::Ok();

@@ -40,6 +40,8 @@ inline constexpr const char* kMegatronOptimPrefixes[] = {"optimizer.exp_avg.", "
 struct MegatronModelParam {
   std::string name;  // mcore name
   Shape shape;
+  DType dtype = DType::kF32;
+  const torch::TensorRef* ref = nullptr;  // the model tensor (the master of an fp32 parameter)
 };
 
 struct MegatronOptimTensor {

@@ -173,9 +173,11 @@ class TorchRankFile final : public TensorSource {
   Status add_optimizer() {
     std::vector<MegatronModelParam> params;
     const std::string extra = "._extra_state";
-    for (const auto& t : tensors_)
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const TensorMeta& t = tensors_[i];
       if (t.name.size() < extra.size() || t.name.compare(t.name.size() - extra.size(), extra.size(), extra) != 0)
-        params.push_back({t.name, t.shape});
+        params.push_back({t.name, t.shape, t.dtype, refs_[i]});
+    }
     CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
     for (const MegatronOptimTensor& o : optim_.tensors) {
       const Shape shape(o.ref->size.begin(), o.ref->size.end());

@@ -11,15 +11,16 @@ _get_megatron_optimizer_based_on_param_groups):
     bias parameters, each in named_parameters order, with its max_lr / min_lr / wd_mult /
     lr_mult / is_expert_parallel / default_config fields);
   - torch.optim.AdamW over those groups (USING_PYTORCH_OPTIMIZER and decoupled_weight_decay=True);
-  - bf16: the groups' params replaced by fp32 master copies as Float16OptimizerWithFloat16Params
-    .__init__ does, and the model params set from the masters after each step.
+  - bf16: the groups' bf16 params replaced by fp32 master copies as Float16OptimizerWithFloat16Params
+    .__init__ does (fp32 params, here the norms, stay in the group as they are), and the model
+    params set from the masters after each step.
 
 The wrappers themselves (FP32Optimizer, Float16OptimizerWithFloat16Params, ChainedOptimizer)
 cannot be constructed on CPU (FP32Optimizer.__init__ makes torch.tensor([1.0], device='cuda'),
 both expect DDP's param.main_grad), so their state_dict() is reproduced exactly
 (megatron/core/optimizer/optimizer.py): ChainedOptimizer of one optimizer -> that optimizer's
 state_dict(); FP32Optimizer -> the AdamW state_dict; Float16OptimizerWithFloat16Params ->
-{'optimizer': AdamW state_dict, 'fp32_from_fp16_params': [[fp32 master per param] per group]}
+{'optimizer': AdamW state_dict, 'fp32_from_fp16_params': [[fp32 master per bf16 param] per group]}
 ('grad_scaler' only when a scaler exists: fp16, not bf16). save_checkpoint (Megatron-LM
 megatron/training/checkpointing.py, generate_state_dict, ckpt_format 'torch') stores it as
 state_dict['optimizer'] = optimizer.state_dict().
@@ -73,11 +74,10 @@ def optimizer_state(model, bf16, tp_rank, pp_rank):
     names = {id(p): n for n, p in model.named_parameters()}
     model_params = [list(g["params"]) for g in groups]
     fp32_from_fp16 = []
-    if bf16:  # Float16OptimizerWithFloat16Params.__init__: the group holds fp32 masters
-        for g in groups:
-            masters = [p.detach().clone().float() for p in g["params"]]
-            g["params"] = masters
-            fp32_from_fp16.append(masters)
+    if bf16:  # Float16OptimizerWithFloat16Params.__init__: bf16 params -> fp32 masters in the group
+        for g in groups:  # (fp32 params, the norms here, stay themselves and have no master listed)
+            g["params"] = [p.detach().clone().float() if p.dtype != torch.float32 else p for p in g["params"]]
+            fp32_from_fp16.append([m for m, p in zip(g["params"], model_params[len(fp32_from_fp16)]) if m is not p])
     adam = torch.optim.AdamW(groups, lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95), eps=1e-8)
     for _ in range(STEPS):
         for g, mp in zip(groups, model_params):

@@ -62,8 +62,14 @@ def fixture_by_name(f, kind):
     adam = opt["optimizer"] if "optimizer" in opt else opt
     names = [n for g in groups for n in g]
     assert [i for g in adam["param_groups"] for i in g["params"]] == list(range(len(names)))
-    if kind == "fp32":
-        return dict(zip(names, [t for g in opt["fp32_from_fp16_params"] for t in g]))
+    if kind == "fp32":  # masters of the bf16 params, in group order; an fp32 param is its own master
+        out = {}
+        for grp, masters in zip(groups, opt["fp32_from_fp16_params"]):
+            half = [n for n in grp if ck["model"][n].dtype != torch.float32]
+            assert len(half) == len(masters)
+            out.update(dict(zip(half, masters)))
+            out.update({n: ck["model"][n] for n in grp if n not in half})
+        return out
     return {names[i]: adam["state"][i][kind] for i in range(len(names))}
 
 
@@ -154,8 +160,10 @@ def test_export_equals_megatron_core_fixture(imported, run_ckpt, tmp_path):
             assert ga["state"][i]["step"].item() == mof.STEPS and ga["state"][i]["step"].dim() == 0
         if bf16:
             for gm, wm, grp in zip(go["fp32_from_fp16_params"], wo["fp32_from_fp16_params"], ga["param_groups"]):
-                for t, w, i in zip(gm, wm, grp["params"]):
-                    assert torch.equal(t, torch.where(torch.from_numpy(masks[rank][names[i]] != 0), w, 0)), names[i]
+                half = [names[i] for i in grp["params"] if want["model"][names[i]].dtype != torch.float32]
+                assert len(gm) == len(wm) == len(half)
+                for t, w, n in zip(gm, wm, half):
+                    assert torch.equal(t, torch.where(torch.from_numpy(masks[rank][n] != 0), w, 0)), n
 
 
 def test_round_trip_diff_identical(imported, run_ckpt, tmp_path):
@@ -191,3 +199,38 @@ def test_bad_optimizer_state_named_error(edit, code, word, run_ckpt, tmp_path):
     d = broken(tmp_path, edit)
     p = run_ckpt("inspect", d, check=False)
     assert p.returncode != 0 and code in p.stderr and word in p.stderr and "mp_rank_01" in p.stderr, p.stderr
+
+
+# ---- torch_dist export -----------------------------------------------------------------------
+
+def test_torch_dist_export_moments_equal_numpy_packing(imported, run_ckpt, tmp_path):
+    """export-megatron --format torch_dist --tp 2 of the imported store: torch's own DCP reader
+    (dcp_to_torch_save) assembles optimizer.state.<kind>.<key> equal to the independent numpy
+    packing of the canonical moments (layers stacked, norms under their TE names as megatron-core
+    keys them in torch_dist), and common.pt carries the step as common_step."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    name, _, native, _, got = imported
+    if name != "optim_tp2":
+        pytest.skip("one layout is enough here")
+    out = tmp_path / "dist"
+    run_ckpt("export-megatron", native, out, "--format", "torch_dist", "--tp", "2")
+    dcp_to_torch_save(str(out), str(tmp_path / "g.pt"))
+    g = torch.load(tmp_path / "g.pt", weights_only=False)
+    for kind in KINDS:
+        canonical = {n[len(f"optimizer.{kind}."):]: a for n, a in got.items() if n.startswith(f"optimizer.{kind}.")}
+        want = ref.megatron_shards(CFG, canonical, 1, 1, None, mf.DIVISOR, te_norms=True)["mp_rank_00"]
+        seen = 0
+        for key, arr in want.items():
+            st = f"optimizer.state.{kind}."
+            if key.startswith("decoder.layers."):
+                i, rest = key[len("decoder.layers."):].split(".", 1)
+                t = g[st + "decoder.layers." + rest][int(i)].numpy()
+            else:
+                t = g[st + key].numpy()
+            if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                t, arr = t[: mf.VOCAB], arr[: mf.VOCAB]
+            np.testing.assert_array_equal(t, arr, err_msg=f"{kind} {key}")
+            seen += 1
+        assert seen == 3 + 6 * mf.LAYERS
+    common = torch.load(out / "common.pt", weights_only=False)
+    assert common["optimizer"]["state"]["common_step"] == mof.STEPS
