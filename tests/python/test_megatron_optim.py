@@ -234,3 +234,18 @@ def test_torch_dist_export_moments_equal_numpy_packing(imported, run_ckpt, tmp_p
         assert seen == 3 + 6 * mf.LAYERS
     common = torch.load(out / "common.pt", weights_only=False)
     assert common["optimizer"]["state"]["common_step"] == mof.STEPS
+
+
+def test_distributed_optimizer_state_reported_not_imported(run_ckpt, tmp_path):
+    """DistributedOptimizer.state_dict() keeps no per-parameter 'state' in model_optim_rng.pt (the
+    moments are in distrib_optim.pt): the weights import, the metadata says why the state did not."""
+    from native_h5py import read_native
+    d = tmp_path / "fx"
+    shutil.copytree(mof.fixture("optim_tp2"), d)
+    for _, f in rank_files(d, 2, 1):
+        ck = torch.load(f, weights_only=False)
+        del ck["optimizer"]["state"]
+        torch.save(ck, f)
+    run_ckpt("reshard", d, tmp_path / "native", "--tp", 1, "--pp", 1, "--dp", 1)
+    man, got, _ = read_native(tmp_path / "native", skip=lambda n: not n.startswith("optimizer."))
+    assert got == {} and "distrib_optim.pt" in man["megatron"]["optimizer_not_imported"]
