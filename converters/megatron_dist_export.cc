@@ -1,6 +1,7 @@
 #include "converters/megatron_dist_export.h"
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "converters/llama_sharding.h"
@@ -29,16 +30,57 @@ const PyObj* json_to_py(PyArena& a, const nlohmann::json& j) {
   return a.none();
 }
 
-// common.pt: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N}.
-Result<std::string> common_pt(const nlohmann::json& args, int64_t iteration) {
+// common.pt: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N}, and
+// with optimizer state 'optimizer': {'state': {'common_step': step}} (what FP32Optimizer.
+// sharded_state_dict leaves outside the sharded tensors besides the param groups).
+Result<std::string> common_pt(const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step) {
   PyArena a;
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
   for (const auto& [k, v] : args.items()) attrs.emplace_back(a.str(k), json_to_py(a, v));
   const PyObj* ns = a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(attrs)), /*newobj=*/true);
-  const PyObj* root = a.dict({{a.str("args"), ns},
-                              {a.str("checkpoint_version"), a.real(3.0)},
-                              {a.str("iteration"), a.integer(iteration)}});
-  return torch::torch_save_bytes(root);
+  std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), ns},
+                                                             {a.str("checkpoint_version"), a.real(3.0)},
+                                                             {a.str("iteration"), a.integer(iteration)}};
+  if (step)
+    root.emplace_back(a.str("optimizer"),
+                      a.dict({{a.str("state"), a.dict({{a.str("common_step"), a.integer(*step)}})}}));
+  return torch::torch_save_bytes(a.dict(std::move(root)));
+}
+
+// The optimizer tensors of megatron-core's sharded optimizer state dict (FP32Optimizer /
+// Float16OptimizerWithFloat16Params.sharded_state_dict: optim_state_to_sharding_state and
+// make_sharded_optimizer_tensor give each state tensor the key optimizer.state.<kind>.<model key>
+// and its parameter's sharding): one DistTensor per model tensor and kind `src` holds, its
+// segments over the canonical optimizer.<kind>.<HF name>. Returns whether any was added.
+bool add_dist_optimizer_tensors(const SourceIndex& index, std::vector<DistTensor>& map) {
+  constexpr std::pair<const char*, const char*> kKinds[] = {{"optimizer.state.exp_avg.", "optimizer.exp_avg."},
+                                                            {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."},
+                                                            {"optimizer.state.fp32_param.", "optimizer.fp32_param."}};
+  const size_t n = map.size();
+  bool any = false;
+  for (const auto& [dist, canonical] : kKinds) {
+    if (!index.tensor_index.count(std::string(canonical) + "model.norm.weight")) continue;
+    any = true;
+    for (size_t i = 0; i < n; ++i) {
+      DistTensor t = map[i];
+      t.key = dist + t.key;
+      for (auto& c : t.chunks)
+        for (auto& sg : c.segments)
+          if (!sg.tensor.empty()) sg.tensor = canonical + sg.tensor;
+      map.push_back(std::move(t));
+    }
+  }
+  return any;
+}
+
+std::optional<int64_t> source_step(const nlohmann::json& meta) {
+  if (meta.contains("trainer") && meta["trainer"].is_object() && meta["trainer"].contains("step") &&
+      meta["trainer"]["step"].is_number_integer())
+    return meta["trainer"]["step"].get<int64_t>();
+  if (meta.contains("megatron") && meta["megatron"].is_object() && meta["megatron"].contains("optimizer_step") &&
+      meta["megatron"]["optimizer_step"].is_number_integer())
+    return meta["megatron"]["optimizer_step"].get<int64_t>();
+  return std::nullopt;
 }
 
 // The _extra_state bytes items of the local spec's linear layers: torch.save([None]) per layer,
@@ -87,16 +129,18 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(layout));
   CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, layout));
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
-  // Each mcore tensor's dtype: the requested one, else its first canonical tensor's.
+  const bool optim = add_dist_optimizer_tensors(index, map);
+  // Each mcore tensor's dtype: the requested one (weights), else its first canonical tensor's.
   std::vector<DType> dtypes;
   std::vector<TensorMeta> canonical;
   for (const auto& t : map) {
     DType dt = opts.dtype.value_or(DType::kF32);
+    const bool keep = !opts.dtype || t.key.rfind("optimizer.", 0) == 0;
     for (const auto& c : t.chunks)
       for (const auto& s : c.segments) {
         auto it = s.tensor.empty() ? index.tensor_index.end() : index.tensor_index.find(s.tensor);
         if (it == index.tensor_index.end()) continue;
-        if (!opts.dtype) dt = src.tensors()[it->second].dtype;
+        if (keep) dt = src.tensors()[it->second].dtype;
         canonical.push_back(src.tensors()[it->second]);
       }
     dtypes.push_back(dt);
@@ -114,7 +158,9 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   }
   const int64_t iteration = source_iteration(meta);
   args["iteration"] = iteration;
-  CKPT_ASSIGN_OR_RETURN(std::string common, common_pt(args, iteration));
+  std::optional<int64_t> step = optim ? source_step(meta) : std::nullopt;
+  if (optim && !step) step = iteration;
+  CKPT_ASSIGN_OR_RETURN(std::string common, common_pt(args, iteration, step));
   CKPT_ASSIGN_OR_RETURN(auto bytes, extra_states(map, cfg.num_hidden_layers));
   const std::string md_json =
       R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})";

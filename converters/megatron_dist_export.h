@@ -7,11 +7,17 @@
 //        <module>._extra_state/shard_<layer>_<layers> bytes items (torch.save([None]), what the
 //        local spec's linear layers save) for linear_qkv, linear_proj, linear_fc1, linear_fc2;
 //   <dst>/common.pt      torch.save({'args': argparse.Namespace(megatron_args), 'checkpoint_version':
-//        3.0, 'iteration': N})
+//        3.0, 'iteration': N, 'optimizer': {'state': {'common_step': step}} with optimizer state})
 //   <dst>/metadata.json  {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
 //        "common_backend": "torch", "common_backend_version": 1}
-// Written as <dst>.partial and renamed when complete; `dst` must not exist. Optimizer state is
-// not exported. Vocab padding rows are zeros.
+// Optimizer state: the source's optimizer.{exp_avg,exp_avg_sq,fp32_param}.<HF name> tensors become
+// megatron-core's sharded optimizer keys optimizer.state.<kind>.<model key>, chunked like their
+// parameter (FP32Optimizer / Float16OptimizerWithFloat16Params.sharded_state_dict,
+// megatron/core/dist_checkpointing/optimizer.py make_sharded_optimizer_tensor); the step (trainer
+// step or imported Megatron optimizer_step, else the iteration) as common_step. The param groups
+// are not written (megatron-core rebuilds them from the model when it loads).
+// Written as <dst>.partial and renamed when complete; `dst` must not exist. Vocab padding rows
+// are zeros.
 // Thread safety: reentrant.
 #pragma once
 

@@ -7,6 +7,7 @@
 #include "converters/llama_sharding.h"
 #include "converters/megatron_sink.h"
 #include "converters/megatron_torch_export.h"
+#include "converters/megatron_torch_optim.h"
 #include "reshard/executor.h"
 
 namespace ckpt {
@@ -49,7 +50,10 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
 Status check_canonical(const TensorSource& src, MegatronPlan& plan) {
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
   std::map<std::string, Shape> expect;
-  for (const auto& t : llama_model_tensors(plan.config, DType::kF32)) expect[t.name] = t.shape;
+  for (const auto& t : llama_model_tensors(plan.config, DType::kF32)) {
+    expect[t.name] = t.shape;
+    for (const char* prefix : kMegatronOptimPrefixes) expect[prefix + t.name] = t.shape;
+  }
   for (const auto& rank : plan.ranks)
     for (const auto& t : rank)
       for (const auto& sg : t.segments) {
@@ -78,7 +82,7 @@ std::vector<std::vector<DType>> output_dtypes(const MegatronPlan& plan, const st
     out.emplace_back();
     for (const auto& t : rank) {
       DType dt = DType::kF32;
-      if (want) {
+      if (want && t.name.rfind("optimizer.", 0) != 0) {
         dt = *want;
       } else {
         for (const auto& sg : t.segments)
@@ -93,10 +97,63 @@ std::vector<std::vector<DType>> output_dtypes(const MegatronPlan& plan, const st
   return out;
 }
 
+// kTorch: the optimizer kinds `src` holds (exp_avg and exp_avg_sq, fp32_param when present) become
+// extra Megatron tensors <prefix><mcore name> of every rank over the canonical <prefix><HF name>.
+Status add_optimizer_tensors(const TensorSource& src, MegatronPlan& plan) {
+  std::vector<std::string> kinds;
+  for (const char* prefix : kMegatronOptimPrefixes)
+    for (const auto& t : src.tensors())
+      if (t.name.rfind(prefix, 0) == 0) {
+        kinds.push_back(prefix);
+        break;
+      }
+  if (kinds.empty()) return Status::Ok();
+  if (kinds[0] != kMegatronOptimPrefixes[0] || kinds.size() < 2 || kinds[1] != kMegatronOptimPrefixes[1])
+    return Status::Error("MegatronOptimizerMissingMoment", "source '" + src.describe() + "' holds optimizer tensors but not both "
+                         "optimizer.exp_avg.* and optimizer.exp_avg_sq.* (Megatron's Adam state needs both)");
+  for (auto& rank : plan.ranks) {
+    const size_t n = rank.size();
+    for (const std::string& prefix : kinds)
+      for (size_t i = 0; i < n; ++i) {
+        MegatronTensor t = rank[i];
+        t.name = prefix + t.name;
+        for (auto& sg : t.segments)
+          if (!sg.tensor.empty()) sg.tensor = prefix + sg.tensor;
+        rank.push_back(std::move(t));
+      }
+  }
+  return Status::Ok();
+}
+
+// The optimizer fields of the export (megatron_torch_from_staging): step and Adam hyper-parameters
+// from the source's trainer state or Megatron import metadata.
+nlohmann::json optimizer_fields(const nlohmann::json& meta) {
+  nlohmann::json o = nlohmann::json::object();
+  if (meta.contains("megatron") && meta["megatron"].is_object()) {
+    const auto& m = meta["megatron"];
+    if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer()) o["step"] = m["optimizer_step"];
+    if (m.contains("adam") && m["adam"].is_object())
+      for (const auto& [k, v] : m["adam"].items())
+        if (v.is_number()) o[k] = v;
+  }
+  if (meta.contains("trainer") && meta["trainer"].is_object()) {
+    const auto& t = meta["trainer"];
+    if (t.contains("step") && t["step"].is_number_integer()) o["step"] = t["step"];
+    if (t.contains("adamw") && t["adamw"].is_object())
+      for (const auto& [k, v] : t["adamw"].items())
+        if (v.is_number()) o[k] = v;
+    if (t.contains("lr_schedule") && t["lr_schedule"].is_object() && t["lr_schedule"].contains("peak_lr"))
+      o["lr"] = t["lr_schedule"]["peak_lr"];
+  }
+  return o;
+}
+
 }  // namespace
 
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
   CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
+  const bool torch = opts.format == MegatronFileFormat::kTorch;
+  if (torch) CKPT_RETURN_IF_ERROR(add_optimizer_tensors(src, plan));
   CKPT_RETURN_IF_ERROR(check_canonical(src, plan));
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
@@ -104,7 +161,6 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   std::vector<TensorMeta> tensors;
   for (const auto& [name, m] : plan.canonical) tensors.push_back(m);
   auto dtypes = output_dtypes(plan, opts.dtype);
-  const bool torch = opts.format == MegatronFileFormat::kTorch;
   const std::string out = torch ? dst + ".staging" : dst;
   if (torch) std::filesystem::remove_all(out, ec);
   const nlohmann::json args = megatron_args(plan.config, plan.layout);
@@ -113,7 +169,8 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
-  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration);
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration,
+                                                       optimizer_fields(src.metadata()));
   if (torch) std::filesystem::remove_all(out, ec);
   return s;
 }

@@ -37,8 +37,10 @@ struct MegatronExportOptions {
 // (kTorch: the legacy torch layout of converters/megatron_torch_export.h, staged through those
 // files in `dst`.staging, removed afterwards),
 // from the model tensors of `src` (global view; config from metadata "model_config"). Output goes
-// to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. Optimizer state is not
-// exported. Every needed tensor is checked (present, shape) before anything is written.
+// to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. kTorch: the source's
+// optimizer.exp_avg / exp_avg_sq (/ fp32_param) tensors, when it has them, are written as the
+// rank files' 'optimizer' entry (converters/megatron_torch_export.h); kSafetensors writes weights
+// only. Every needed tensor is checked (present, shape) before anything is written.
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
 
 }  // namespace ckpt

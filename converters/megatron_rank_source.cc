@@ -5,6 +5,7 @@
 
 #include "converters/llama_sharding.h"
 #include "converters/megatron_segments.h"
+#include "converters/megatron_torch_optim.h"
 
 namespace ckpt {
 
@@ -136,12 +137,18 @@ class MegatronRankSource final : public TensorSource {
     std::map<std::string, DType> dtype_of;
     for (int p = 0; p < layout.pp; ++p)
       for (int r = 0; r < layout.tp; ++r) CKPT_RETURN_IF_ERROR(src->add_rank(c, layout, r, p, norms, dtype_of));
-    for (TensorMeta t : llama_model_tensors(c, DType::kF32)) {
-      auto it = dtype_of.find(t.name);
-      if (it == dtype_of.end()) return Status::Internal("Megatron layout never holds '" + t.name + "'");
-      t.dtype = it->second;
-      src->tensors_.push_back(std::move(t));
-    }
+    // The weights, then each optimizer kind every rank holds.
+    std::vector<std::string> prefixes = {""};
+    for (size_t k = 0; k < std::size(kMegatronOptimPrefixes); ++k)
+      if (src->kinds_ & (1u << k)) prefixes.push_back(kMegatronOptimPrefixes[k]);
+    for (const std::string& prefix : prefixes)
+      for (TensorMeta t : llama_model_tensors(c, DType::kF32)) {
+        t.name = prefix + t.name;
+        auto it = dtype_of.find(t.name);
+        if (it == dtype_of.end()) return Status::Internal("Megatron layout never holds '" + t.name + "'");
+        t.dtype = it->second;
+        src->tensors_.push_back(std::move(t));
+      }
     if (!src->tensors_.empty()) c.dtype = src->tensors_.front().dtype;
     src->meta_ = {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"megatron_args", a.json}};
     if (extra_meta.is_object())
@@ -158,45 +165,79 @@ class MegatronRankSource final : public TensorSource {
 
   MegatronRankSource() = default;
 
-  // Checks rank (r, p)'s file against the segment map and adds a piece per segment.
+  // Checks rank (r, p)'s file against the segment map and adds a piece per segment, for the
+  // weights and for each optimizer kind (converters/megatron_torch_optim.h) the file holds: a kind
+  // is held for every parameter or for none, and by every rank file or by none.
   Status add_rank(const LlamaConfig& c, const Layout& layout, int r, int p, MegatronNormNames norms,
                   std::map<std::string, DType>& dtype_of) {
     const size_t fi = static_cast<size_t>(p) * layout.tp + r;
     const TensorSource& f = *files_[fi];
     const std::string& name = names_[fi];
     std::map<std::string, size_t> in_file;
-    for (size_t k = 0; k < f.tensors().size(); ++k) in_file[f.tensors()[k].name] = k;
+    unsigned kinds = 0;
+    for (size_t k = 0; k < f.tensors().size(); ++k) {
+      in_file[f.tensors()[k].name] = k;
+      for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
+        if (f.tensors()[k].name.rfind(kMegatronOptimPrefixes[o], 0) == 0) kinds |= 1u << o;
+    }
+    if (fi == 0) kinds_ = kinds;
+    if (kinds != kinds_)
+      return Status::Error("MegatronOptimizerMissingMoment", "'" + name + "' holds optimizer state kinds " +
+                                                                  kinds_string(kinds) + ", '" + names_[0] + "' holds " +
+                                                                  kinds_string(kinds_))
+          .with_file(name);
     CKPT_ASSIGN_OR_RETURN(auto expected, megatron_rank_tensors(c, layout, r, p, norms));
     for (const MegatronTensor& t : expected) {
-      auto it = in_file.find(t.name);
-      if (it == in_file.end())
-        return Status::Error("MissingTensor", "'" + name + "' has no tensor '" + t.name + "'")
-            .with_file(name);
-      const TensorMeta& got = f.tensors()[it->second];
-      if (got.shape != t.shape)
-        return Status::Error("ShapeMismatch", "'" + name + "': tensor '" + t.name + "' has shape " +
-                                                       shape_to_string(got.shape) + ", the args imply " +
-                                                       shape_to_string(t.shape))
-            .with_file(name);
-      // The file's piece of this tensor (one whole piece per tensor).
-      size_t inner = f.pieces().size();
-      for (size_t k = 0; k < f.pieces().size(); ++k)
-        if (f.pieces()[k].tensor == t.name) inner = k;
-      if (inner == f.pieces().size()) return Status::Internal("no piece for '" + t.name + "' in " + name);
-      int64_t row = 0;
-      for (const MegatronSegment& sg : t.segments) {
-        if (!sg.tensor.empty()) {
-          auto [dt, fresh] = dtype_of.emplace(sg.tensor, got.dtype);
-          if (!fresh && dt->second != got.dtype)
-            return Status::Error("DTypeMismatch", "'" + name + "': tensor '" + t.name + "' is " +
-                                                           std::string(dtype_name(got.dtype)) + ", another rank holds '" +
-                                                           sg.tensor + "' as " + std::string(dtype_name(dt->second)))
-                .with_file(name);
-          pieces_.push_back({sg.tensor, Region{sg.box}, got.dtype});
-          map_.push_back({fi, inner, row});
-        }
-        row += sg.rows();
+      CKPT_RETURN_IF_ERROR(add_tensor(fi, t, "", in_file, dtype_of));
+      for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
+        if (kinds & (1u << o)) CKPT_RETURN_IF_ERROR(add_tensor(fi, t, kMegatronOptimPrefixes[o], in_file, dtype_of));
+    }
+    return Status::Ok();
+  }
+
+  static std::string kinds_string(unsigned kinds) {
+    std::string s;
+    for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
+      if (kinds & (1u << o)) s += std::string(s.empty() ? "" : ", ") + kMegatronOptimPrefixes[o] + "*";
+    return s.empty() ? "(none)" : "{" + s + "}";
+  }
+
+  // Megatron tensor `t` (with `prefix`: its optimizer tensor) of file `fi`: present with t's
+  // shape; a piece per segment of the canonical tensor prefix + segment tensor.
+  Status add_tensor(size_t fi, const MegatronTensor& t, const std::string& prefix,
+                    const std::map<std::string, size_t>& in_file, std::map<std::string, DType>& dtype_of) {
+    const TensorSource& f = *files_[fi];
+    const std::string& name = names_[fi];
+    const std::string tname = prefix + t.name;
+    auto it = in_file.find(tname);
+    if (it == in_file.end())
+      return Status::Error(prefix.empty() ? "MissingTensor" : "MegatronOptimizerMissingMoment",
+                           "'" + name + "' has no tensor '" + tname + "'")
+          .with_file(name).with_tensor(tname);
+    const TensorMeta& got = f.tensors()[it->second];
+    if (got.shape != t.shape)
+      return Status::Error("ShapeMismatch", "'" + name + "': tensor '" + tname + "' has shape " +
+                                                shape_to_string(got.shape) + ", the args imply " + shape_to_string(t.shape))
+          .with_file(name).with_tensor(tname);
+    // The file's piece of this tensor (one whole piece per tensor).
+    size_t inner = f.pieces().size();
+    for (size_t k = 0; k < f.pieces().size(); ++k)
+      if (f.pieces()[k].tensor == tname) inner = k;
+    if (inner == f.pieces().size()) return Status::Internal("no piece for '" + tname + "' in " + name);
+    int64_t row = 0;
+    for (const MegatronSegment& sg : t.segments) {
+      if (!sg.tensor.empty()) {
+        const std::string canon = prefix + sg.tensor;
+        auto [dt, fresh] = dtype_of.emplace(canon, got.dtype);
+        if (!fresh && dt->second != got.dtype)
+          return Status::Error("DTypeMismatch", "'" + name + "': tensor '" + tname + "' is " +
+                                                    std::string(dtype_name(got.dtype)) + ", another rank holds '" +
+                                                    canon + "' as " + std::string(dtype_name(dt->second)))
+              .with_file(name);
+        pieces_.push_back({canon, Region{sg.box}, got.dtype});
+        map_.push_back({fi, inner, row});
       }
+      row += sg.rows();
     }
     return Status::Ok();
   }
@@ -207,6 +248,7 @@ class MegatronRankSource final : public TensorSource {
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<Map> map_;
+  unsigned kinds_ = 0;  // bit k: every rank file holds kMegatronOptimPrefixes[k] tensors
   nlohmann::json meta_;
 };
 

@@ -12,6 +12,7 @@
 
 #include "converters/megatron_rank_source.h"
 #include "converters/megatron_segments.h"
+#include "converters/megatron_torch_optim.h"
 #include "formats/torch/torch_file.h"
 
 namespace ckpt {
@@ -131,10 +132,12 @@ class TorchRankFile final : public TensorSource {
       return Status::Error("MegatronNotStateDict", "'" + path + "' has no 'model' state dict").with_file(path);
     std::set<std::string> seen;
     CKPT_RETURN_IF_ERROR(f->add_tensors(model, "", 0, seen));
+    CKPT_RETURN_IF_ERROR(f->add_optimizer());
     return f;
   }
 
   const PyObj* root() const { return file_->root(); }
+  const MegatronLegacyOptim& optimizer() const { return optim_; }
 
  private:
   TorchRankFile() = default;
@@ -165,7 +168,28 @@ class TorchRankFile final : public TensorSource {
     return Status::Ok();
   }
 
+  // The optimizer tensors (converters/megatron_torch_optim.h), named <prefix><mcore name>: the
+  // model parameters are the 'model' tensors in order (TransformerEngine _extra_state excluded).
+  Status add_optimizer() {
+    std::vector<MegatronModelParam> params;
+    const std::string extra = "._extra_state";
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const TensorMeta& t = tensors_[i];
+      if (t.name.size() < extra.size() || t.name.compare(t.name.size() - extra.size(), extra.size(), extra) != 0)
+        params.push_back({t.name, t.shape, t.dtype, refs_[i]});
+    }
+    CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
+    for (const MegatronOptimTensor& o : optim_.tensors) {
+      const Shape shape(o.ref->size.begin(), o.ref->size.end());
+      tensors_.push_back({o.name, o.ref->storage.dtype, shape});
+      pieces_.push_back({o.name, Region{Box::whole(shape)}, o.ref->storage.dtype});
+      refs_.push_back(o.ref);
+    }
+    return Status::Ok();
+  }
+
   std::unique_ptr<torch::TorchFile> file_;
+  MegatronLegacyOptim optim_;
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<const torch::TensorRef*> refs_;
@@ -214,16 +238,17 @@ std::pair<int, int> args_tp_pp(const nlohmann::json& j) {
   return {get("tensor_model_parallel_size"), get("pipeline_model_parallel_size")};
 }
 
-// The megatron metadata entry: iteration, checkpoint_version, scheduler state (scalars).
-nlohmann::json megatron_meta(const PyObj* root, const std::string& iter_dir) {
+// The megatron metadata entry: iteration, checkpoint_version, scheduler state (scalars), the
+// optimizer's step and Adam hyper-parameters (or why its state was not imported).
+nlohmann::json megatron_meta(const PyObj* root, const MegatronLegacyOptim& optim, const std::string& iter_dir) {
   nlohmann::json m = {{"format", "torch"}, {"iteration_dir", iter_dir}};
   for (const char* k : {"iteration", "checkpoint_version", "num_floating_point_operations_so_far"}) {
     nlohmann::json x;
     if (const PyObj* v = root->get(k); v != nullptr && arg_to_json(v, x)) m[k] = x;
   }
-  // Optimizer state is not mapped yet (Megatron's param-group order decides which index is which
-  // parameter): say that it was there.
-  if (const PyObj* o = root->get("optimizer"); o != nullptr && !o->is(PyType::kNone)) m["optimizer_not_imported"] = true;
+  if (!optim.not_imported.empty()) m["optimizer_not_imported"] = optim.not_imported;
+  if (optim.step) m["optimizer_step"] = *optim.step;
+  if (!optim.tensors.empty() && !optim.adam.empty()) m["adam"] = optim.adam;
   if (const PyObj* s = root->get("opt_param_scheduler"); s != nullptr && s->is(PyType::kDict)) {
     nlohmann::json sj = nlohmann::json::object();
     for (const auto& [k, v] : s->entries) {
@@ -248,7 +273,7 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
   if (pp1 != (pp == 1))
     return bad_args(first, "pipeline_model_parallel_size = " + std::to_string(pp) + " but the rank directories are named " +
                                (pp1 ? "mp_rank_TT" : "mp_rank_TT_PPP"));
-  nlohmann::json meta = {{"megatron", megatron_meta(f0->root(), dir)}};
+  nlohmann::json meta = {{"megatron", megatron_meta(f0->root(), f0->optimizer(), dir)}};
   if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer()) {
     j["vocab_size"] = j.contains("padded_vocab_size") ? j["padded_vocab_size"] : nlohmann::json();
     meta["megatron"]["vocab_size_from"] = "padded_vocab_size";

@@ -182,6 +182,12 @@ constexpr ErrorCodeEntry kTable[] = {
     // Profile conversions, engine side (issue 14: converters/profile_view.h, exactness.h).
     {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
     {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
+    // Megatron-LM optimizer state (issue 13, converters/megatron_torch_optim.h).
+    {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
+    {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
+    {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
+    {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
+    {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
 };
 
 }  // namespace
