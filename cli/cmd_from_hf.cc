@@ -27,6 +27,7 @@ struct FromHfArgs {
   std::string src, out, dtype, compress = "none", digest = "xxh3-128";
   LayoutFlags layout;
   StreamFlags stream;
+  IoFlags io;
   bool no_fsync = false;
 };
 
@@ -49,6 +50,7 @@ int run_from_hf(const FromHfArgs& a) {
   if (!so.ok()) return fail(so.take_status());
   so->fsync = !a.no_fsync;
   so->hash_threads = a.stream.threads;
+  if (auto io = a.io.mode(); io.ok()) so->io = *io; else return fail(io.take_status());
   // HF names in: a HuggingFace directory or file, or a DCP directory of an HF model's state_dict.
   auto kind = detect_source(a.src);
   const bool dcp = torch::is_dcp_dir(a.src);
@@ -113,6 +115,7 @@ CommandAction setup_from_hf(CLI::App& sub) {
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   a->layout.add(sub, "ZeRO stage of the (absent) optimizer state: 0 or 1");
   a->stream.add(sub);
+  a->io.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
   sub.footer(
       "Tokenizer files (tokenizer*.json, tokenizer.model, special_tokens_map.json, generation_config.json, ...)\n"

@@ -123,6 +123,7 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   safetensors::ShardedSinkOptions so;
   so.max_shard_size = opts.max_shard_size;
   so.fsync = opts.fsync;
+  so.io = opts.io;
   so.copy_files = plan.copy_files;
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
