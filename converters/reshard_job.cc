@@ -114,6 +114,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
+  if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
   TensorSource& src = opened.get();
   LlamaConfig cfg;
   ReshardOutcome out;
