@@ -74,6 +74,17 @@ Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& p
 
 }  // namespace
 
+// Buffered writes + fsync vs O_DIRECT writes + fsync of new files, dd on this machine (issue 15,
+// docs/BENCHMARKS.md): at 4 MiB buffered is as fast or faster, from 16 MiB on direct is faster
+// and the gap grows with the size (a fsync of many dirty pages).
+const uint64_t kAutoDirectMinBytes = 16ull << 20;
+
+const char* io_flag_help() {
+  return "how data files are written: direct (O_DIRECT, around the page cache; falls back to buffered where the file "
+         "system refuses it), buffered (through the page cache) or auto (direct for files of 16 MiB or more; default). "
+         "The output bytes are the same in every mode";
+}
+
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag) {
   if (spec == "auto") return IoMode::kAuto;
   if (spec == "buffered") return IoMode::kBuffered;

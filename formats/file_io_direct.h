@@ -38,7 +38,7 @@ namespace ckpt {
 enum class IoMode { kAuto, kBuffered, kDirect };
 
 inline constexpr uint64_t kDirectAlignBytes = 4096;
-inline constexpr uint64_t kAutoDirectMinBytes = 64ull << 20;
+extern const uint64_t kAutoDirectMinBytes;  // file_io_direct.cc: the measured threshold
 
 // "auto", "buffered", "direct"; errors (kInvalidArgument) name `flag` and the accepted values.
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag);
@@ -46,10 +46,8 @@ const char* io_mode_name(IoMode m);
 // kAuto: kDirect for files of at least kAutoDirectMinBytes, else kBuffered; others unchanged.
 IoMode resolve_io_mode(IoMode m, uint64_t file_bytes);
 
-inline constexpr const char* kIoFlagHelp =
-    "how data files are written: direct (O_DIRECT, around the page cache; falls back to buffered where the file "
-    "system refuses it), buffered (through the page cache) or auto (direct for files of 64 MiB or more; default). "
-    "The output bytes are the same in every mode";
+// Help text of the `--io` flag (reshard, from-hf, to-hf).
+const char* io_flag_help();
 
 class OutputFile {
  public:
