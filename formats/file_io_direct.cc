@@ -18,7 +18,7 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kStageBytes = 4ull << 20;       // staging buffer per writing thread
-constexpr uint64_t kGatherWindowBytes = 8ull << 20;  // source bytes mapped at a time per source file
+constexpr uint64_t kGatherWindowBytes = 8ull << 20;  // source bytes mapped at a time, all source files together
 
 uint64_t dio_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t dio_round_up(uint64_t x) { return dio_round_down(x + kDirectAlignBytes - 1); }
@@ -50,13 +50,13 @@ struct DioWindow {
   }
   // The address of [off, off + n) of the file, mapping a new window when needed; nullptr when
   // the file cannot be mapped (the caller preads instead).
-  const char* at(uint64_t off, uint64_t n) {
+  const char* at(uint64_t off, uint64_t n, uint64_t window) {
     if (map && off >= base && off + n <= base + len) return static_cast<const char*>(map) + (off - base);
     drop();
     if (unmappable) return nullptr;
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     base = off / page * page;
-    len = std::min(std::max(kGatherWindowBytes, off + n - base), file_size - base);
+    len = std::min(std::max(window, off + n - base), file_size - base);
     map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(base));
     if (map == MAP_FAILED) {
       map = nullptr;
@@ -202,8 +202,10 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     }
     if (!w->unmappable && (r.offset > w->file_size || w->file_size - r.offset < r.bytes)) return dio_short_source(r, w->file_size, st_->path);
     for (uint64_t done = 0; done < r.bytes;) {
-      const uint64_t k = std::min({r.bytes - done, kStageBytes - (filled - base), kGatherWindowBytes});
-      if (const char* src = w->at(r.offset + done, k)) {
+      // Mapped pages count in RSS: the windows of all sources share kGatherWindowBytes (>= 1 MiB each).
+      const uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / wins.size());
+      const uint64_t k = std::min({r.bytes - done, kStageBytes - (filled - base), window});
+      if (const char* src = w->at(r.offset + done, k, window)) {
         if (!copy_from_mapping(stage + (filled - base), src, k))
           return Status::Error("ShortSource", "source file shrank while copying to '" + st_->path + "'");
       } else {

@@ -66,7 +66,9 @@ TEST(OutputFile, WritesMatchReferenceInEveryMode) {
     const std::string path = dio_temp(io_mode_name(mode));
     auto f = OutputFile::open(path, O_WRONLY | O_CREAT | O_TRUNC, mode, size);
     ASSERT_TRUE(f.ok()) << f.status().message();
-    if (mode == IoMode::kBuffered) EXPECT_FALSE(f->direct());
+    if (mode == IoMode::kBuffered) {
+      EXPECT_FALSE(f->direct());
+    }
     for (size_t i : order) ASSERT_TRUE(f->write(data.data() + cuts[i], cuts[i + 1] - cuts[i], cuts[i]).ok());
     ASSERT_TRUE(f->close().ok());
     EXPECT_TRUE(dio_read(path) == data) << io_mode_name(mode);

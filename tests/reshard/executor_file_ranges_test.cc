@@ -178,18 +178,18 @@ TEST(Executor, ColumnBlocksGoToAGatheringSinkAsRowRuns) {
   std::mt19937 rng(17);
   for (int tp : {2, 4}) {
     World w;
-    const Shape shape{64, 2048};  // bf16: runs of 2048 / tp elements
+    const Shape shape{64, 4096};  // bf16: runs of 4096 / tp elements (>= 2 KiB)
     w.tensors = {{"o", DType::kBF16, shape}};
     w.global = {make_global(shape, 2, static_cast<uint32_t>(rng()))};
     std::vector<Piece> src_pieces;
-    for (int k = tp - 1; k >= 0; --k) src_pieces.push_back({"o", Region{Box{{0, k * 2048 / tp}, {64, 2048 / tp}}}, DType::kBF16});
+    for (int k = tp - 1; k >= 0; --k) src_pieces.push_back({"o", Region{Box{{0, k * 4096 / tp}, {64, 4096 / tp}}}, DType::kBF16});
     std::vector<Piece> dst = {{"o", Region{Box::whole(shape)}, DType::kBF16}};
     for (int threads : {1, 2}) {
       FileBackedSource src(make_source(w, src_pieces), ::testing::TempDir() + "/exec_gather_" + std::to_string(::getpid()));
       GatherSink sink;
       ExecOptions o;
       o.threads = threads;
-      o.max_chunk_bytes = 20000 + (rng() % 5) * 7777;  // cuts rows
+      o.max_chunk_bytes = 40000 + (rng() % 5) * 7777;  // cuts rows
       ASSERT_TRUE(execute(src, sink, w.tensors, dst, {}, o).ok());
       expect_matches(w, sink.checkpoint());
       EXPECT_GT(sink.gather_writes, 0);
