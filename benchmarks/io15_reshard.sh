@@ -1,7 +1,7 @@
 #!/bin/bash
 # reshard tp=2 -> tp=1 of the 2.2 GB store with each --io (source check on), vs cp -r + sync of the source; 2 rounds
-cd "${1:-tmpbench/run}"  # the io15_bench.py --dir (holds tp2/)
 B=${CKPT:-$PWD/build/ckpt}
+cd "${1:-tmpbench/run}"  # the io15_bench.py --dir (holds tp2/)
 uptime
 for r in 1 2; do
   for c in cp buffered direct auto; do
