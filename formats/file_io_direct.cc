@@ -63,6 +63,11 @@ struct DioWindow {
       unmappable = true;
       return nullptr;
     }
+    // The next window is read ahead while this one is copied and (synchronously, in direct mode)
+    // written: a cold source's reads overlap the writes, as writeback overlaps them when buffered.
+    if (base + len < file_size)
+      (void)::posix_fadvise(fd, static_cast<off_t>(base + len), static_cast<off_t>(std::min(window, file_size - base - len)),
+                            POSIX_FADV_WILLNEED);
     return static_cast<const char*>(map) + (off - base);
   }
 };
