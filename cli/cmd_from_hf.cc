@@ -28,6 +28,7 @@ struct FromHfArgs {
   std::string src, out, dtype, compress = "none", digest = "xxh3-128";
   LayoutFlags layout;
   StreamFlags stream;
+  IoFlags io;
   bool no_fsync = false;
   ProfileRequest profile;
 };
@@ -76,6 +77,7 @@ int run_from_hf(const FromHfArgs& a) {
   if (!so.ok()) return fail(so.take_status());
   so->fsync = !a.no_fsync;
   so->hash_threads = a.stream.threads;
+  if (auto io = a.io.mode(); io.ok()) so->io = *io; else return fail(io.take_status());
   // HF names in: a HuggingFace directory or file, or a DCP directory of an HF model's state_dict.
   auto kind = detect_source(a.src);
   const bool dcp = torch::is_dcp_dir(a.src);
@@ -140,6 +142,7 @@ CommandAction setup_from_hf(CLI::App& sub) {
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   a->layout.add(sub, "ZeRO stage of the (absent) optimizer state: 0 or 1");
   a->stream.add(sub);
+  a->io.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
   sub.add_option("--profile", a->profile.profile, "store in this built-in profile (docs/PROFILES.md); tokenizer files are not carried");
   sub.add_option("--profile-file", a->profile.profile_file, "store in the profile of this JSON file");

@@ -23,6 +23,7 @@ struct ReshardArgs {
   std::string src, dst, layout_file, compress = "none", digest = "xxh3-128";
   LayoutFlags layout;
   StreamFlags stream;
+  IoFlags io;
   bool dry_run = false, json = false, no_verify = false;
   ProfileRequest profile;
   bool convert = false;  // ckpt convert: a profile is required, the layout flags optional
@@ -72,6 +73,7 @@ int run_reshard(const ReshardArgs& a) {
   req.digest = a.digest;
   req.threads = a.stream.threads;
   req.max_memory = a.stream.max_memory;
+  req.io = a.io.io;
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
   req.profile = a.profile;
@@ -102,6 +104,7 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
   a->stream.add(sub);
+  a->io.add(sub);
   sub.add_flag("--dry-run", a->dry_run, "Print the plan (pieces, files, bytes) without writing");
   sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);

@@ -19,6 +19,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
     std::string src, out, dtype, max_shard = "5GB";
     StreamFlags stream;
+    IoFlags io;
     bool no_fsync = false;
   };
   auto o = std::make_shared<Opts>();
@@ -27,6 +28,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
   o->stream.add(sub);
+  o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
@@ -36,6 +38,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     HfExportOptions opts;
     opts.threads = o->stream.threads;
     opts.fsync = !o->no_fsync;
+    if (auto io = o->io.mode(); io.ok()) opts.io = *io; else return report_error(io.take_status());
     if (!o->dtype.empty()) {
       auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
       if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));

@@ -23,4 +23,6 @@ Result<uint64_t> StreamFlags::chunk_bytes(size_t max_src_elem, size_t min_out_el
   return chunk_bytes_within(max_memory, threads, max_src_elem, min_out_elem, reserve);
 }
 
+void IoFlags::add(CLI::App& sub) { sub.add_option("--io", io, io_flag_help())->check(CLI::IsMember({"direct", "buffered", "auto"})); }
+
 }  // namespace ckpt::cli

@@ -1,7 +1,7 @@
 // Flags shared by the commands that stream tensors and write checkpoints (reshard, from-hf,
-// to-hf): the target layout (--tp --pp --pp-layers --dp --zero) and the buffer budget and threads
-// (--max-memory --threads). Each struct adds its options to a subcommand and turns them into
-// library values; errors are kInvalidArgument naming the flag.
+// to-hf): the target layout (--tp --pp --pp-layers --dp --zero), the buffer budget and threads
+// (--max-memory --threads) and how data files are written (--io). Each struct adds its options
+// to a subcommand and turns them into library values; errors are kInvalidArgument naming the flag.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "converters/reshard_job.h"
+#include "formats/file_io_direct.h"
 #include "formats/status.h"
 #include "reshard/layout.h"
 
@@ -33,6 +34,14 @@ struct StreamFlags {
   // The executor chunk size that keeps its buffers within --max-memory less `reserve` bytes (kept
   // for a writer's own buffers: HDF5, hashing), for the widest source / narrowest output element.
   Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
+};
+
+// --io direct|buffered|auto (formats/file_io_direct.h).
+struct IoFlags {
+  std::string io = "auto";
+
+  void add(CLI::App& sub);
+  Result<IoMode> mode() const { return parse_io_mode(io, "--io"); }
 };
 
 }  // namespace ckpt::cli

@@ -7,6 +7,7 @@
 
 #include "formats/checked.h"
 #include "formats/safetensors/st_dir.h"
+#include "formats/store/store_reader.h"
 #include "reshard/executor.h"
 
 namespace ckpt {
@@ -123,10 +124,12 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   safetensors::ShardedSinkOptions so;
   so.max_shard_size = opts.max_shard_size;
   so.fsync = opts.fsync;
+  so.io = opts.io;
   so.copy_files = plan.copy_files;
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);
+  if (auto* store = dynamic_cast<store::StoreReader*>(&src)) store->set_decode_threads(opts.threads);  // compressed: decode on --threads
   return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress);
 }
 

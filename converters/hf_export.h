@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "converters/llama_config.h"
+#include "formats/file_io_direct.h"
 #include "formats/tensor_io.h"
 
 namespace ckpt {
@@ -24,6 +25,7 @@ struct HfExportOptions {
   int threads = 2;
   uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see exec_chunk_bytes()
   bool fsync = true;
+  IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

@@ -126,6 +126,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
   CKPT_ASSIGN_OR_RETURN(sopts, store::parse_digest_spec(r.digest, "--digest", sopts));
   sopts.hash_threads = r.threads;
+  CKPT_ASSIGN_OR_RETURN(sopts.io, parse_io_mode(r.io, "--io"));
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
@@ -133,6 +134,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
+  if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
   TensorSource& src = opened.get();
   LlamaConfig cfg;
   ReshardOutcome out;

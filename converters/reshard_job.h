@@ -45,6 +45,7 @@ struct ReshardRequest {
   std::string digest = "xxh3-128";  // of every piece written: xxh3-128 or sha256 (errors name --digest)
   int threads = 2;
   std::string max_memory = "256M";
+  std::string io = "auto";  // direct, buffered or auto: how output shards are written (errors name --io)
   bool dry_run = false;    // plan only: nothing is written
   bool no_verify = false;  // skip re-hashing SRC before commit
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty

@@ -1,13 +1,16 @@
 #include "formats/file_io.h"
 
 #include <setjmp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -158,6 +161,27 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
 Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
                         const std::function<void(const void*, size_t)>& each_block) {
   return copy_file_bytes(fd, off, -1, 0, n, what, each_block);
+}
+
+bool copy_from_mapping(void* dst, const void* mapped_src, size_t n) {
+  install_sigbus_handler();
+  sigjmp_buf jump;
+  // No signal mask saved (no syscall per call): after a SIGBUS the handler's blocked mask stays,
+  // so unblock SIGBUS on that (rare) path.
+  if (sigsetjmp(jump, 0) != 0) {
+    t_bus_jump = nullptr;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGBUS);
+    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    return false;
+  }
+  t_bus_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, mapped_src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_bus_jump = nullptr;
+  return true;
 }
 
 }  // namespace ckpt

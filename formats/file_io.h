@@ -33,4 +33,8 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
 Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
                         const std::function<void(const void*, size_t)>& each_block);
 
+// memcpy from a mapping of a file that may shrink under it: false (instead of SIGBUS killing the
+// process) when a source page no longer exists. For gathers of mapped ranges (file_io_direct.h).
+bool copy_from_mapping(void* dst, const void* mapped_src, size_t n);
+
 }  // namespace ckpt

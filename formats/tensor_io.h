@@ -86,6 +86,20 @@ class TensorSink {
     (void)count;
     return Status::Internal("this sink does not take file extents");
   }
+  // Sinks that gather say so: the next `count` elements of a piece as several ranges written back
+  // to back (e.g. each output row from the column blocks of tp ranks) in one call. The default
+  // is one write_from_file per range (all ranges hold whole elements).
+  virtual bool gathers_file_runs() const { return false; }
+  virtual Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
+    uint64_t total = 0;
+    for (const FileExtent& r : runs) total += r.bytes;
+    for (const FileExtent& r : runs) {
+      const int64_t n = total ? static_cast<int64_t>(r.bytes * static_cast<uint64_t>(count) / total) : 0;
+      Status st = write_from_file(piece, r, n);
+      if (!st.ok()) return st;
+    }
+    return Status::Ok();
+  }
   // Makes the output visible atomically (temp name, fsync, rename). After a failed commit or an
   // abort nothing at the destination looks like a complete checkpoint.
   virtual Status commit() = 0;

@@ -41,54 +41,89 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& tar
   return Status::Ok();
 }
 
-// Fills s.extents when every read of the chunk is in the target dtype and is
-// a row-major run of its chunk box offered by the source as a file range, and the runs of
-// each chunk box tile it in order. Runs back to back in one file merge into one range; a chunk of
-// several ranges is taken only when none is small (small ones cost a syscall each: read instead).
-void plan_chunk_extents(TensorSource& src, Slot& s, DType od) {
+// One part of a chunk box offered by the source as one file range.
+struct ExtentPart {
+  size_t cbox;
+  int64_t key;  // its first element in the chunk box (row runs), or its offset in the last dimension (column blocks)
+  const Box* box;
+  FileExtent e;
+};
+
+// Appends `e` to `runs`, merged with the last run when back to back in one file.
+void add_file_run(std::vector<FileExtent>& runs, const FileExtent& e) {
+  if (!runs.empty() && runs.back().fd == e.fd && runs.back().offset + runs.back().bytes == e.offset) runs.back().bytes += e.bytes;
+  else runs.push_back(e);
+}
+
+// The parts [first, last) of chunk box `cb` (sorted by key) as file runs in cb's storage order:
+// row-major runs of cb that tile it in order, or (a gathering sink) column blocks that tile its
+// last dimension (each spanning cb in every other dimension: each row of cb is one run per block,
+// e.g. a row-parallel weight assembled from its tp ranks). False when they do neither.
+bool chunk_box_runs(const Box& cb, const ExtentPart* first, const ExtentPart* last, bool rows, size_t os,
+                    std::vector<FileExtent>& runs) {
+  int64_t next = 0;
+  if (rows) {
+    for (const ExtentPart* p = first; p != last; ++p) {
+      if (p->key != next) return false;
+      next += p->box->numel();
+      add_file_run(runs, p->e);
+    }
+    return next == cb.numel();
+  }
+  const size_t d = cb.ndim() - 1;
+  for (const ExtentPart* p = first; p != last; ++p) {
+    for (size_t i = 0; i < d; ++i)
+      if (p->box->offset[i] != cb.offset[i] || p->box->extent[i] != cb.extent[i]) return false;
+    if (p->key != cb.offset[d] + next) return false;
+    next += p->box->extent[d];
+  }
+  if (next != cb.extent[d] || next == 0) return false;
+  const int64_t nrows = cb.numel() / next;
+  for (int64_t r = 0; r < nrows; ++r)
+    for (const ExtentPart* p = first; p != last; ++p) {
+      const uint64_t w = static_cast<uint64_t>(p->box->extent[d]) * os;
+      add_file_run(runs, FileExtent{p->e.fd, p->e.offset + static_cast<uint64_t>(r) * w, w});
+    }
+  return true;
+}
+
+// Fills s.runs when every read of the chunk is in the target dtype and offered by the source as
+// one file range, and those ranges make up the chunk in storage order (chunk_box_runs). Several
+// small runs are taken only by a sink that gathers them in one call (a small run alone costs a
+// syscall: read instead); runs averaging under 1 KiB are read.
+void plan_chunk_extents(TensorSource& src, Slot& s, DType od, bool gathers) {
   const size_t os = dtype_size(od);
-  constexpr uint64_t kMinExtentBytes = 64 << 10;
-  struct Run {
-    size_t cbox;
-    int64_t start;  // element index in its chunk box
-    int64_t n;
-    FileExtent e;
-  };
-  std::vector<Run> runs;
+  constexpr uint64_t kMinExtentBytes = 64 << 10, kMinGatherRunBytes = 1 << 10;
+  std::vector<ExtentPart> parts;
+  std::vector<bool> rows(s.copies.boxes.size(), true);
   for (const CopyOps::Op& r : s.copies.ops) {
     const Box& cb = s.copies.boxes[r.box];
-    if (src.pieces()[r.part.piece].dtype != od) return;
-    std::optional<int64_t> start = row_major_run_start(cb, r.part.box);
-    if (!start) return;
+    if (src.pieces()[r.part.piece].dtype != od || cb.ndim() == 0) return;
     std::optional<FileExtent> e = src.file_extent(r.part.piece, r.part.box);
     if (!e || e->bytes != static_cast<uint64_t>(r.part.box.numel()) * os) return;
-    runs.push_back({r.box, *start, r.part.box.numel(), *e});
+    std::optional<int64_t> start = row_major_run_start(cb, r.part.box);
+    if (!start && !gathers) return;
+    rows[r.box] = rows[r.box] && start.has_value();
+    parts.push_back({r.box, start.value_or(0), &r.part.box, *e});
   }
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return std::tie(a.cbox, a.start) < std::tie(b.cbox, b.start); });
-  size_t cbox = 0;
-  int64_t next = 0;  // expected start of the next run in chunk box `cbox`
-  bool ok = !runs.empty();
-  for (const Run& r : runs) {
-    if (r.cbox != cbox) {
-      ok = ok && r.cbox == cbox + 1 && next == s.copies.boxes[cbox].numel();
-      cbox = r.cbox;
-      next = 0;
+  for (ExtentPart& p : parts)
+    if (!rows[p.cbox]) p.key = p.box->offset.back();
+  std::sort(parts.begin(), parts.end(), [](const ExtentPart& a, const ExtentPart& b) { return std::tie(a.cbox, a.key) < std::tie(b.cbox, b.key); });
+  size_t i = 0;
+  uint64_t bytes = 0;
+  for (size_t cbox = 0; cbox < s.copies.boxes.size(); ++cbox) {
+    size_t j = i;
+    while (j < parts.size() && parts[j].cbox == cbox) ++j;
+    if (!chunk_box_runs(s.copies.boxes[cbox], parts.data() + i, parts.data() + j, rows[cbox], os, s.runs)) {
+      s.runs.clear();
+      return;
     }
-    ok = ok && r.start == next;
-    if (!ok) break;
-    next += r.n;
-    FileExtent* last = s.extents.empty() ? nullptr : &s.extents.back().e;
-    if (last && last->fd == r.e.fd && last->offset + last->bytes == r.e.offset) {
-      last->bytes += r.e.bytes;  // back to back in one file: one range
-      s.extents.back().count += r.n;
-    } else {
-      s.extents.push_back({r.e, r.n});
-    }
+    bytes += static_cast<uint64_t>(s.copies.boxes[cbox].numel()) * os;
+    i = j;
   }
-  // Every chunk box tiled in order (so the ranges hold exactly the chunk); small ranges only alone.
-  ok = ok && cbox + 1 == s.copies.boxes.size() && next == s.copies.boxes[cbox].numel();
-  for (const Slot::Range& x : s.extents) ok = ok && (s.extents.size() == 1 || x.e.bytes >= kMinExtentBytes);
-  if (!ok) s.extents.clear();
+  bool ok = i == parts.size();
+  for (const FileExtent& x : s.runs) ok = ok && (s.runs.size() == 1 || gathers || x.bytes >= kMinExtentBytes);
+  if (!ok || (s.runs.size() > 1 && bytes / s.runs.size() < kMinGatherRunBytes)) s.runs.clear();
 }
 
 }  // namespace
@@ -157,9 +192,9 @@ Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end)
   // A sink that copies files, and every part a same-dtype run of its chunk box that its source
   // holds as one file range: the chunk is those ranges in storage order, not read (a chunk of
   // whole rows split by rows over pieces, e.g. column-parallel shards, is a few ranges).
-  s.extents.clear();
-  if (dst_.accepts_file_extents()) plan_chunk_extents(src_, s, tp.dtype);
-  if (!s.extents.empty()) {
+  s.runs.clear();
+  if (dst_.accepts_file_extents()) plan_chunk_extents(src_, s, tp.dtype, dst_.gathers_file_runs());
+  if (!s.runs.empty()) {
     s.raw_bytes = 0;  // nothing read, nothing to transform
   } else {
     grow(s.out, static_cast<size_t>(s.count) * dtype_size(tp.dtype));
@@ -169,7 +204,7 @@ Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end)
 }
 
 Status ChunkPipeline::read(Slot& s) {
-  if (!s.extents.empty()) return Status::Ok();
+  if (!s.runs.empty()) return Status::Ok();
   const size_t os = dtype_size(out_[s.piece].dtype);
   for (size_t k = 0; k < s.copies.ops.size(); ++k) {
     const CopyOps::Op& r = s.copies.ops[k];
@@ -204,8 +239,12 @@ Status ChunkPipeline::write_chunk(Slot& s) {
   if (st.ok() && failed_.load()) return Status::Internal("write skipped after an earlier error");
   const Piece& tp = out_[s.piece];
   if (st.ok()) {
-    if (s.extents.empty()) st = dst_.write(s.piece, s.out.data(), s.count);
-    for (size_t k = 0; k < s.extents.size() && st.ok(); ++k) st = dst_.write_from_file(s.piece, s.extents[k].e, s.extents[k].count);
+    const auto os = static_cast<uint64_t>(dtype_size(tp.dtype));
+    if (s.runs.empty()) st = dst_.write(s.piece, s.out.data(), s.count);
+    else if (s.runs.size() == 1) st = dst_.write_from_file(s.piece, s.runs[0], s.count);
+    else if (dst_.gathers_file_runs()) st = dst_.write_from_files(s.piece, s.runs, s.count);
+    for (size_t k = 0; s.runs.size() > 1 && !dst_.gathers_file_runs() && k < s.runs.size() && st.ok(); ++k)
+      st = dst_.write_from_file(s.piece, s.runs[k], static_cast<int64_t>(s.runs[k].bytes / os));
     if (!st.ok()) st = std::move(st).with_tensor(tp.tensor).with_context("writing target " + piece_desc(s.piece, tp));
   }
   if (!st.ok()) failed_.store(true);

@@ -4,7 +4,9 @@
 // on one writer thread: write-behind). At most exec_pipeline_depth(threads) chunks are in flight,
 // each in its own reused buffers; output bytes do not depend on the thread count.
 // A chunk that the source holds as raw file ranges in the target dtype goes to a sink that
-// accepts file extents as those ranges, without being read.
+// accepts file extents as those ranges, without being read: whole rows split over pieces by rows
+// (column-parallel shards) as a few ranges, and, for a sink that gathers, rows split over pieces
+// by columns (row-parallel shards) as one range per row and piece.
 // Thread safety: one pipeline per call, driven by one thread; source reads stay on it.
 #pragma once
 
@@ -41,13 +43,10 @@ class ChunkPipeline {
     std::vector<bool> direct;       // per copy: read straight into `out` (same dtype, whole box)
     std::vector<uint64_t> raw_off;  // per copy: byte offset in `raw` (when not direct)
     uint64_t raw_bytes = 0;         // bytes read into `raw` (0: nothing to cast or re-lay out)
-    // The chunk as file ranges in storage order: the sink copies them file to file instead of the
-    // chunk being read. Empty: read into `out`.
-    struct Range {
-      FileExtent e;
-      int64_t count;  // elements
-    };
-    std::vector<Range> extents;
+    // The chunk as file ranges written back to back in storage order: the sink copies them file to
+    // file (a sink that gathers: in one call, e.g. each row from the column blocks of tp ranks)
+    // instead of the chunk being read. Empty: read into `out`.
+    std::vector<FileExtent> runs;
     size_t piece = 0;
     int64_t count = 0;
     bool busy = false;         // read; its transform and write may still be pending

@@ -34,6 +34,10 @@ class ShardSink final : public TensorSink {
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override {
     return w_->write_from_file(piece, src, count);
   }
+  bool gathers_file_runs() const override { return w_->accepts_file_extents(); }
+  Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) override {
+    return w_->write_from_files(piece, runs, count);
+  }
   Status commit() override { return Status::Ok(); }
   void abort() override {}
 

@@ -103,8 +103,8 @@ Status HfDirSource::read(size_t piece, const Box& sub, void* dst) {
   return files_[where_[piece].first]->read(where_[piece].second, sub, dst);
 }
 
-SafetensorsDirWriter::SafetensorsDirWriter(std::string out_dir, bool fsync)
-    : dir_(std::move(out_dir), PartialDirPolicy{.replace_stale = false, .empty_target_ok = true}), fsync_(fsync) {}
+SafetensorsDirWriter::SafetensorsDirWriter(std::string out_dir, bool fsync, IoMode io)
+    : dir_(std::move(out_dir), PartialDirPolicy{.replace_stale = false, .empty_target_ok = true}), fsync_(fsync), io_(io) {}
 
 SafetensorsDirWriter::~SafetensorsDirWriter() {
   if (!committed_) abort();
@@ -133,6 +133,7 @@ Result<SafetensorsWriter*> SafetensorsDirWriter::add_file(const std::string& rel
   wo.metadata = header_metadata;
   wo.rename_on_commit = false;
   wo.fsync = fsync_;
+  wo.io = io_;
   writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(dir_.path()) / r).string(), wo));
   CKPT_RETURN_IF_ERROR(writers_.back()->begin(tensors, pieces, nlohmann::json::object()));
   return writers_.back().get();
@@ -165,7 +166,7 @@ void SafetensorsDirWriter::abort() {
 }
 
 ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
-    : opts_(std::move(opts)), dir_(std::move(out_dir), opts_.fsync) {}
+    : opts_(std::move(opts)), dir_(std::move(out_dir), opts_.fsync, opts_.io) {}
 
 ShardedSafetensorsSink::~ShardedSafetensorsSink() = default;  // dir_ aborts unless committed
 
@@ -226,6 +227,11 @@ std::vector<size_t> ShardedSafetensorsSink::write_order() const {
 Status ShardedSafetensorsSink::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
   if (piece >= where_.size()) return Status::Internal("ShardedSafetensorsSink::write_from_file: piece out of range");
   return writers_[where_[piece].first]->write_from_file(where_[piece].second, src, count);
+}
+
+Status ShardedSafetensorsSink::write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
+  if (piece >= where_.size()) return Status::Internal("ShardedSafetensorsSink::write_from_files: piece out of range");
+  return writers_[where_[piece].first]->write_from_files(where_[piece].second, runs, count);
 }
 
 Status ShardedSafetensorsSink::commit() {

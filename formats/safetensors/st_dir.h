@@ -51,7 +51,7 @@ class HfDirSource final : public TensorSource {
 // ShardedSafetensorsSink and MegatronSink. One thread at a time.
 class SafetensorsDirWriter {
  public:
-  SafetensorsDirWriter(std::string out_dir, bool fsync);
+  SafetensorsDirWriter(std::string out_dir, bool fsync, IoMode io = IoMode::kAuto);  // io: of each file (WriterOptions)
   ~SafetensorsDirWriter();  // abort() unless committed
   SafetensorsDirWriter(const SafetensorsDirWriter&) = delete;
   SafetensorsDirWriter& operator=(const SafetensorsDirWriter&) = delete;
@@ -73,6 +73,7 @@ class SafetensorsDirWriter {
  private:
   PartialDir dir_;
   bool fsync_;
+  IoMode io_;
   bool created_ = false, committed_ = false;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
   std::vector<std::string> subdirs_;  // relative paths of the subdirectories created
@@ -84,6 +85,7 @@ struct ShardedSinkOptions {
   std::map<std::string, std::string> extra_files;  // name -> content (e.g. config.json)
   std::map<std::string, std::string> copy_files;   // name -> source path (tokenizer files)
   bool fsync = true;
+  IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
 };
 
 class ShardedSafetensorsSink final : public TensorSink {
@@ -97,6 +99,8 @@ class ShardedSafetensorsSink final : public TensorSink {
   bool accepts_file_extents() const override { return true; }
   std::vector<size_t> write_order() const override;  // shard by shard, by file offset
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;
+  bool gathers_file_runs() const override { return true; }
+  Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) override;
   Status commit() override;
   void abort() override;
   const std::vector<std::string>& shard_names() const { return names_; }

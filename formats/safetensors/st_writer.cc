@@ -19,7 +19,7 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, const nlohmann::json&) {
-  if (fd_.valid() || committed_) return Status::Internal("SafetensorsWriter::begin called twice for '" + path_ + "'");
+  if (out_.valid() || committed_) return Status::Internal("SafetensorsWriter::begin called twice for '" + path_ + "'");
   std::map<std::string, const TensorMeta*> by_name;
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t).second) return Status::InvalidArgument("tensor '" + t.name + "' declared twice").with_file(path_);
@@ -52,17 +52,17 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
     data_size = std::max(data_size, e.end);
   }
   file_size_ = data_start_ + data_size;
-  CKPT_ASSIGN_OR_RETURN(fd_, open_fd(tmp_, O_WRONLY | O_CREAT | O_TRUNC, "cannot create"));
+  CKPT_ASSIGN_OR_RETURN(out_, OutputFile::open(tmp_, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, file_size_));
   std::string prefix(8, '\0');
   for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
   prefix += *hdr;
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), prefix.data(), prefix.size(), 0, tmp_));
-  if (::ftruncate(fd_.get(), static_cast<off_t>(file_size_)) != 0) return Status::FromErrno("cannot size", tmp_, errno);
+  CKPT_RETURN_IF_ERROR(out_.write(prefix.data(), prefix.size(), 0));
+  if (::ftruncate(out_.fd(), static_cast<off_t>(file_size_)) != 0) return Status::FromErrno("cannot size", tmp_, errno);
   return Status::Ok();
 }
 
 Result<std::pair<SafetensorsWriter::Slot*, uint64_t>> SafetensorsWriter::next_run(size_t piece, int64_t count) {
-  if (!fd_.valid()) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
+  if (!out_.valid()) return Status::Internal("SafetensorsWriter::write before begin for '" + path_ + "'");
   if (piece >= slots_.size()) return Status::Internal("SafetensorsWriter::write: piece " + std::to_string(piece) + " out of range");
   Slot& s = slots_[piece];
   auto bytes = checked_mul(static_cast<uint64_t>(count < 0 ? 0 : count), static_cast<uint64_t>(s.elem));
@@ -81,7 +81,7 @@ std::vector<size_t> SafetensorsWriter::write_order() const {
 
 Status SafetensorsWriter::write(size_t piece, const void* data, int64_t count) {
   CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), data, run.second, run.first->begin + run.first->written, tmp_));
+  CKPT_RETURN_IF_ERROR(out_.write(data, run.second, run.first->begin + run.first->written));
   run.first->written += run.second;
   return Status::Ok();
 }
@@ -93,36 +93,38 @@ Status SafetensorsWriter::write_at(size_t piece, int64_t first, const void* data
   if (first < 0 || !off || *off > s.bytes || run.second > s.bytes - *off)
     return Status::Internal("write of " + std::to_string(count) + " elements at element " + std::to_string(first) +
                             " overruns tensor '" + s.name + "'").with_file(path_);
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_.get(), data, run.second, s.begin + *off, tmp_));
+  CKPT_RETURN_IF_ERROR(out_.write(data, run.second, s.begin + *off));
   s.written += run.second;
   return Status::Ok();
 }
 
-Status SafetensorsWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+Status SafetensorsWriter::write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
   CKPT_ASSIGN_OR_RETURN(auto run, next_run(piece, count));
-  if (src.bytes != run.second)
-    return Status::Internal("file extent of " + std::to_string(src.bytes) + " bytes for a write of " + std::to_string(run.second)).with_file(path_);
-  CKPT_RETURN_IF_ERROR(copy_file_bytes(src.fd, src.offset, fd_.get(), run.first->begin + run.first->written, run.second, tmp_));
+  uint64_t bytes = 0;
+  for (const FileExtent& r : runs) bytes += r.bytes;
+  if (bytes != run.second)
+    return Status::Internal("file extents of " + std::to_string(bytes) + " bytes for a write of " + std::to_string(run.second)).with_file(path_);
+  CKPT_RETURN_IF_ERROR(out_.copy_runs(runs, run.first->begin + run.first->written));
   run.first->written += run.second;
   return Status::Ok();
 }
 
 Status SafetensorsWriter::commit() {
-  if (!fd_.valid()) return Status::Internal("SafetensorsWriter::commit without begin for '" + path_ + "'");
+  if (!out_.valid()) return Status::Internal("SafetensorsWriter::commit without begin for '" + path_ + "'");
   for (const auto& s : slots_)
     if (s.written != s.bytes)
       return Status::Internal("tensor '" + s.name + "' incomplete: " + std::to_string(s.written) + " of " + std::to_string(s.bytes) +
                               " bytes written").with_file(path_);
-  if (opts_.fsync && ::fsync(fd_.get()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
-  CKPT_RETURN_IF_ERROR(fd_.close(tmp_));
+  if (opts_.fsync && ::fsync(out_.fd()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
+  CKPT_RETURN_IF_ERROR(out_.close());
   if (opts_.rename_on_commit) CKPT_RETURN_IF_ERROR(commit_temp_file(tmp_, path_, opts_.fsync));
   committed_ = true;
   return Status::Ok();
 }
 
 void SafetensorsWriter::abort() {
-  if (fd_.valid()) {
-    fd_.reset();
+  if (out_.valid()) {
+    out_.reset();
     ::unlink(tmp_.c_str());
   }
 }

@@ -2,7 +2,7 @@
 // tensors (one per tensor, written in the piece's dtype); the layout is the reference writer's
 // (dtype rank descending then name, __metadata__ first, compact JSON, spaces to a multiple of 8)
 // and the header goes through the reader's validator first. Data arrives in order per piece and
-// is pwritten at its known offset. Output: `<path>.tmp-<pid>`, fsync, rename at commit (or, with
+// is written at its known offset (OutputFile: buffered or O_DIRECT, WriterOptions::io). Output: `<path>.tmp-<pid>`, fsync, rename at commit (or, with
 // rename_on_commit = false, the final name directly: the caller commits a whole directory).
 // Thread safety: one thread at a time.
 #pragma once
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/file_io.h"
+#include "formats/file_io_direct.h"
 #include "formats/fs_util.h"
 #include "formats/safetensors/st_header.h"
 #include "formats/tensor_io.h"
@@ -25,6 +25,7 @@ struct WriterOptions {
   bool write_metadata = true;
   bool rename_on_commit = true;
   bool fsync = true;
+  IoMode io = IoMode::kAuto;  // how tensor bytes are written (formats/file_io_direct.h)
 };
 
 class SafetensorsWriter final : public TensorSink {
@@ -44,7 +45,9 @@ class SafetensorsWriter final : public TensorSink {
   bool accepts_file_extents() const override { return true; }
   std::vector<size_t> write_order() const override;  // by file offset
   uint64_t piece_offset(size_t piece) const { return piece < slots_.size() ? slots_[piece].begin : 0; }
-  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;  // copy_file_bytes
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override { return write_from_files(piece, {src}, count); }
+  bool gathers_file_runs() const override { return true; }
+  Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) override;  // OutputFile::copy_runs
   Status commit() override;
   void abort() override;
 
@@ -53,7 +56,7 @@ class SafetensorsWriter final : public TensorSink {
  private:
   std::string path_, tmp_;
   WriterOptions opts_;
-  ScopedFd fd_;
+  OutputFile out_;
   bool committed_ = false;
   uint64_t data_start_ = 0, file_size_ = 0;
   struct Slot {

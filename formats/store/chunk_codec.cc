@@ -2,8 +2,14 @@
 
 #include <zstd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "formats/store/zstd_filter.h"
 
@@ -58,17 +64,47 @@ uint64_t ChunkGrid::chunk_of(uint64_t element) const {
 
 namespace {
 
+// H5Z_FILTER_SHUFFLE of 2-byte elements (bf16, fp16) with SSE2, 16 elements at a time: low bytes
+// are the words masked and packed, high bytes the words shifted and packed; the inverse
+// interleaves them again. (The generic byte loop runs at ~2.5 GB/s, a third of the zstd time.)
+// Returns the elements done; the caller finishes the rest.
+size_t shuffle2_sse2(const unsigned char* src, unsigned char* dst, size_t n, bool inverse) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  if (!inverse) {
+    const __m128i mask = _mm_set1_epi16(0x00FF);
+    for (; i + 16 <= n; i += 16) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(_mm_and_si128(a, mask), _mm_and_si128(b, mask)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + n + i), _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+    }
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + n + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+  }
+#else
+  (void)src, (void)dst, (void)n, (void)inverse;
+#endif
+  return i;
+}
+
 // H5Z_FILTER_SHUFFLE: n = bytes / esize elements; byte j of element i goes to j * n + i; the
 // bytes % esize left over stay at the end unchanged.
 void shuffle_bytes(const unsigned char* src, unsigned char* dst, size_t bytes, size_t esize, bool inverse) {
   const size_t n = bytes / esize;
+  const size_t first = esize == 2 ? shuffle2_sse2(src, dst, n, inverse) : 0;
   for (size_t j = 0; j < esize; ++j) {
     unsigned char* plane = inverse ? nullptr : dst + j * n;
     const unsigned char* splane = inverse ? src + j * n : nullptr;
     if (!inverse)
-      for (size_t i = 0; i < n; ++i) plane[i] = src[i * esize + j];
+      for (size_t i = first; i < n; ++i) plane[i] = src[i * esize + j];
     else
-      for (size_t i = 0; i < n; ++i) dst[i * esize + j] = splane[i];
+      for (size_t i = first; i < n; ++i) dst[i * esize + j] = splane[i];
   }
   std::memcpy(dst + n * esize, src + n * esize, bytes - n * esize);
 }
@@ -91,15 +127,15 @@ Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const voi
     shuffle_bytes(static_cast<const unsigned char*>(src), shuffled.data(), bytes, esize, false);
     in = shuffled.data();
   }
-  std::string out(ZSTD_compressBound(bytes), '\0');
+  thread_local std::vector<char> frame;  // reused: no zero fill or fresh pages per chunk
+  frame.resize(std::max(frame.size(), ZSTD_compressBound(bytes)));
   ZSTD_CCtx_reset(cctx.get(), ZSTD_reset_session_and_parameters);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_contentSizeFlag, 1);
-  const size_t got = ZSTD_compress2(cctx.get(), out.data(), out.size(), in, bytes);
+  const size_t got = ZSTD_compress2(cctx.get(), frame.data(), frame.size(), in, bytes);
   if (ZSTD_isError(got)) return Status::Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(got));
-  out.resize(got);
-  return out;
+  return std::string(frame.data(), got);
 }
 
 Status decode_chunk(Codec codec, size_t esize, const void* stored, size_t stored_bytes, void* dst, size_t bytes) {

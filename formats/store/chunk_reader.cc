@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <future>
 
 #include "formats/store/h5_handles.h"
 #include "formats/store/zstd_filter.h"
@@ -55,6 +57,35 @@ Box chunk_box(const ChunkGrid& g, uint64_t c) {
   return b;
 }
 
+// Runs place(c) for every chunk c of `chunks`: in order on the calling thread, or, with a pool and
+// several chunks, on the pool and the calling thread at once; the first error.
+Status for_each_chunk(const ChunkedDataset& d, const std::vector<uint64_t>& chunks, const std::function<Status(uint64_t)>& place) {
+  if (!d.decode_pool || chunks.size() < 2) {
+    for (uint64_t c : chunks) CKPT_RETURN_IF_ERROR(place(c));
+    return Status::Ok();
+  }
+  std::atomic<size_t> next{0};
+  auto worker = [&]() -> Status {
+    for (size_t i; (i = next.fetch_add(1)) < chunks.size();) {
+      Status st = place(chunks[i]);
+      if (!st.ok()) {
+        next.store(chunks.size());
+        return st;
+      }
+    }
+    return Status::Ok();
+  };
+  std::vector<std::future<Status>> helpers;
+  const size_t n = std::min<size_t>(static_cast<size_t>(d.decode_pool->size()), chunks.size() - 1);
+  for (size_t i = 0; i < n; ++i) helpers.push_back(d.decode_pool->submit(worker));
+  Status first = worker();
+  for (auto& h : helpers) {
+    Status st = h.get();
+    if (first.ok() && !st.ok()) first = std::move(st);
+  }
+  return first;
+}
+
 }  // namespace
 
 uint64_t next_chunked_uid() {
@@ -97,18 +128,11 @@ Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst) {
   std::vector<int64_t> idx(sub.offset.begin(), sub.offset.begin() + static_cast<long>(k));
   const uint64_t j0 = static_cast<uint64_t>(sub.offset[k]) / g.chunk[k];
   const uint64_t j1 = static_cast<uint64_t>(sub.offset[k] + sub.extent[k] - 1) / g.chunk[k];
+  std::vector<uint64_t> chunks;
   for (bool more = true; more;) {
     uint64_t outer = 0;
     for (size_t i = 0; i < k; ++i) outer = outer * g.dims[i] + static_cast<uint64_t>(idx[i]);
-    for (uint64_t j = j0; j <= j1; ++j) {
-      const uint64_t c = outer * g.per_run + j;
-      CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
-      Box cb = chunk_box(g, c);
-      Box full = cb;  // the stored chunk's own extent (edge chunks are stored full size)
-      full.extent[k] = static_cast<int64_t>(g.chunk[k]);
-      auto inter = intersect(cb, sub);
-      if (inter) copy_box(buf->data(), full, dst, sub, *inter, d.esize);
-    }
+    for (uint64_t j = j0; j <= j1; ++j) chunks.push_back(outer * g.per_run + j);
     more = false;
     for (size_t i = k; i-- > 0;) {
       if (++idx[i] < sub.offset[i] + sub.extent[i]) {
@@ -118,21 +142,29 @@ Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst) {
       idx[i] = sub.offset[i];
     }
   }
-  return Status::Ok();
+  return for_each_chunk(d, chunks, [&](uint64_t c) -> Status {
+    CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
+    Box cb = chunk_box(g, c);
+    Box full = cb;  // the stored chunk's own extent (edge chunks are stored full size)
+    full.extent[k] = static_cast<int64_t>(g.chunk[k]);
+    auto inter = intersect(cb, sub);
+    if (inter) copy_box(buf->data(), full, dst, sub, *inter, d.esize);
+    return Status::Ok();
+  });
 }
 
 Status read_chunked_range(const ChunkedDataset& d, uint64_t begin, uint64_t end, void* dst) {
+  if (begin >= end) return Status::Ok();
   char* out = static_cast<char*>(dst);
-  while (begin < end) {
-    const uint64_t c = d.grid.chunk_of(begin);
+  std::vector<uint64_t> chunks;
+  for (uint64_t c = d.grid.chunk_of(begin), last = d.grid.chunk_of(end - 1); c <= last; ++c) chunks.push_back(c);
+  return for_each_chunk(d, chunks, [&](uint64_t c) -> Status {
     const uint64_t first = d.grid.first(c);
-    const uint64_t take = std::min(end, first + d.grid.valid(c)) - begin;
+    const uint64_t a = std::max(begin, first), b = std::min(end, first + d.grid.valid(c));
     CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
-    std::memcpy(out, buf->data() + (begin - first) * d.esize, take * d.esize);
-    out += take * d.esize;
-    begin += take;
-  }
-  return Status::Ok();
+    std::memcpy(out + (a - begin) * d.esize, buf->data() + (a - first) * d.esize, (b - a) * d.esize);
+    return Status::Ok();
+  });
 }
 
 }  // namespace ckpt::store

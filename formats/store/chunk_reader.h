@@ -1,6 +1,8 @@
 // Reads compressed datasets of the store chunk by chunk: each stored chunk is fetched raw with
-// H5Dread_chunk under h5_lock() and decoded (formats/store/chunk_codec.h) on the calling thread
-// outside the lock, so the engine's reader threads decompress in parallel. Datasets whose chunking
+// H5Dread_chunk under h5_lock() and decoded (formats/store/chunk_codec.h) outside the lock: on the
+// calling thread, or, for a read spanning several chunks of a dataset with a decode pool, one
+// chunk per task on the pool and the calling thread together (each places its chunk's part of
+// the read; the parts are disjoint). Datasets whose chunking
 // is not the store writer's (files written by other tools) are left to HDF5's own path: grid_of()
 // says which. The last chunk decoded by a thread is kept (one per thread), so reads that cut a
 // chunk in two decode it once.
@@ -16,6 +18,7 @@
 #include "formats/region.h"
 #include "formats/status.h"
 #include "formats/store/chunk_codec.h"
+#include "formats/thread_pool.h"
 
 namespace ckpt::store {
 
@@ -25,6 +28,7 @@ struct ChunkedDataset {
   ChunkGrid grid;
   Codec codec = Codec::kNone;
   size_t esize = 1;
+  ThreadPool* decode_pool = nullptr;  // decodes chunks of one read in parallel; null: the calling thread
 };
 
 uint64_t next_chunked_uid();

@@ -32,7 +32,16 @@ Status ChunkWriter::write(size_t id, const void* data, uint64_t count) {
     const uint64_t c = s.grid.chunk_of(s.pos);
     const uint64_t in_chunk = s.pos - s.grid.first(c);
     const uint64_t take = std::min<uint64_t>(count, s.grid.valid(c) - in_chunk);
-    if (s.stage.empty()) s.stage.assign(s.grid.chunk_elems() * s.esize, 0);  // zeros after an edge chunk's rows
+    if (s.stage.empty()) {
+      const size_t bytes = s.grid.chunk_elems() * s.esize;
+      if (!spare_.empty()) {
+        s.stage = std::move(spare_.back());
+        spare_.pop_back();
+      }
+      s.stage.resize(bytes);
+      const size_t valid = s.grid.valid(c) * s.esize;
+      if (valid < bytes) std::memset(s.stage.data() + valid, 0, bytes - valid);  // zeros after an edge chunk's rows
+    }
     std::memcpy(s.stage.data() + in_chunk * s.esize, src, take * s.esize);
     s.pos += take;
     src += take * s.esize;
@@ -49,7 +58,7 @@ Status ChunkWriter::submit(size_t id, uint64_t chunk) {
   const Codec codec = s.codec;
   const int level = s.level;
   const size_t esize = s.esize;
-  fifo_.push_back({id, chunk, pool_->submit([buf, codec, level, esize] { return encode_chunk(codec, level, esize, buf->data(), buf->size()); })});
+  fifo_.push_back({id, chunk, buf, pool_->submit([buf, codec, level, esize] { return encode_chunk(codec, level, esize, buf->data(), buf->size()); })});
   // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
   while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
   return Status::Ok();
@@ -59,6 +68,7 @@ Status ChunkWriter::write_front() {
   Pending p = std::move(fifo_.front());
   fifo_.pop_front();
   auto stored = p.stored.get();
+  if (spare_.size() < 4) spare_.push_back(std::move(*p.raw));  // compressed: the task is done with it
   if (!stored.ok()) {
     error_ = stored.status();
     return error_;

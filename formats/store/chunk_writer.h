@@ -2,7 +2,8 @@
 // (ShardWriter::write), are staged into whole chunks (formats/store/chunk_codec.h ChunkGrid),
 // compressed on the writer's thread pool, and written in submission order with H5Dwrite_chunk
 // (already-filtered chunks), so the file's bytes do not depend on thread timing. At most
-// 2 x pool size + 1 chunks are in flight: memory stays a few chunks whatever the piece size.
+// 2 x pool size + 1 chunks are in flight: memory stays a few chunks whatever the piece size;
+// their staging buffers are reused.
 // Thread safety: one thread calls add/write/flush; compression runs on the pool.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,7 @@ class ChunkWriter {
   struct Pending {
     size_t id;
     uint64_t chunk;
+    std::shared_ptr<std::vector<char>> raw;  // the staged chunk; back to `spare_` once compressed
     std::future<Result<std::string>> stored;
   };
   Status submit(size_t id, uint64_t chunk);
@@ -55,6 +58,7 @@ class ChunkWriter {
   std::string path_;
   std::vector<Stream> streams_;
   std::deque<Pending> fifo_;
+  std::vector<std::vector<char>> spare_;  // staging buffers to reuse (fresh pages cost more than zstd)
   Status error_;
 };
 

@@ -1,4 +1,4 @@
-// Options of the native store writer (codec, chunk size, fsync, hash threads, digest algorithm)
+// Options of the native store writer (codec, chunk size, fsync, hash threads, digest algorithm, I/O mode)
 // and the parsers of the `--compress` and `--digest` specs that set them.
 // Thread safety: plain values, pure functions.
 #pragma once
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "formats/digest.h"
+#include "formats/file_io_direct.h"
 #include "formats/status.h"
 #include "formats/store/manifest.h"
 
@@ -19,6 +20,7 @@ struct StoreOptions {
   bool fsync = true;                  // fsync shards, manifest and directories on commit
   int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
   DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest.h)
+  IoMode io = IoMode::kAuto;          // how uncompressed piece bytes are written (formats/file_io_direct.h)
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into

@@ -229,6 +229,16 @@ std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub)
   return FileExtent{e->fd, e->offset + static_cast<uint64_t>(*start) * es, static_cast<uint64_t>(sub.numel()) * es};
 }
 
+void StoreReader::set_decode_threads(int threads) {
+  for (auto& c : chunked_)
+    if (c) c->decode_pool = nullptr;
+  decode_pool_.reset();
+  if (threads < 2) return;
+  decode_pool_ = std::make_unique<ThreadPool>(threads - 1);
+  for (auto& c : chunked_)
+    if (c) c->decode_pool = decode_pool_.get();
+}
+
 Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst) {
   if (piece >= pieces_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
   const auto& rec = manifest_.pieces[piece];

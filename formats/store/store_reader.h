@@ -52,6 +52,9 @@ class StoreReader final : public TensorSource {
   const std::string& dir() const { return dir_; }
   // Elements [begin, end) of piece `piece` in storage order, into `dst` (stored dtype).
   Status read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst);
+  // Compressed pieces: a read spanning several chunks decodes them on `threads` threads (the
+  // calling one and threads - 1 helpers); 1 (the default): on the calling thread only.
+  void set_decode_threads(int threads);
   // Bytes the piece's dataset takes in its file (compressed size when compressed).
   uint64_t stored_bytes(size_t piece);
   // Recomputes every checksum, `threads` pieces at a time; an uncompressed piece is hashed straight
@@ -79,6 +82,7 @@ class StoreReader final : public TensorSource {
   // Compressed datasets chunked as the store writes them: read and decoded chunk by chunk outside
   // HDF5's lock (formats/store/chunk_reader.h); nullopt: HDF5's own path.
   std::vector<std::optional<ChunkedDataset>> chunked_;
+  std::unique_ptr<ThreadPool> decode_pool_;  // set_decode_threads
   // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain
   // descriptors of the shard files, opened on first use.
   std::vector<int64_t> raw_offsets_;

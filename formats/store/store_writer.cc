@@ -13,7 +13,7 @@
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
-#include "formats/file_io.h"
+#include "formats/file_io_direct.h"
 #include "formats/fs_util.h"
 #include "formats/digest.h"
 #include "formats/store/chunk_writer.h"
@@ -57,7 +57,7 @@ struct ShardWriter::Impl {
     // Copies from file extents not done yet: run in order on the pool, hashing the bytes on their
     // way (guarded by copy_mu).
     struct Copy {
-      FileExtent src;
+      std::vector<FileExtent> runs;  // written back to back
       uint64_t dst_off;
     };
     std::deque<Copy> pending;
@@ -68,7 +68,7 @@ struct ShardWriter::Impl {
   std::string rel;   // "shards/r00003.h5"
   StoreOptions opts;
   H5Id file;
-  ScopedFd fd;       // raw data of uncompressed pieces: pwrite / copy_file_bytes at raw_offset
+  OutputFile out;    // raw data of uncompressed pieces: written / copied at raw_offset (opts.io)
   std::vector<Slot> slots;
   std::mutex copy_mu;
   std::condition_variable copy_cv;
@@ -100,8 +100,7 @@ struct ShardWriter::Impl {
         c = s.pending.front();
         s.pending.pop_front();
       }
-      Status st = copy_file_bytes(c.src.fd, c.src.offset, fd.get(), c.dst_off, c.src.bytes, path,
-                                  [&s](const void* p, size_t n) { s.hash.update(p, n); });
+      Status st = out.copy_runs(c.runs, c.dst_off, [&s](const void* p, size_t n) { s.hash.update(p, n); });
       std::lock_guard<std::mutex> l(copy_mu);
       --queued;
       copy_cv.notify_all();
@@ -226,7 +225,9 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
       s.raw_offset = static_cast<int64_t>(a);
     }
   }
-  CKPT_ASSIGN_OR_RETURN(impl->fd, open_fd(impl->path, O_WRONLY, "cannot open for writing"));
+  uint64_t raw_bytes = 0;
+  for (const auto& s : impl->slots) raw_bytes += s.raw_offset >= 0 ? s.rec.bytes : 0;
+  CKPT_ASSIGN_OR_RETURN(impl->out, OutputFile::open(impl->path, O_WRONLY, opts.io, raw_bytes));
   return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
 }
 
@@ -242,7 +243,7 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
   else s.hash.update(data, nbytes);
   Status st;
   if (s.raw_offset >= 0) {
-    st = pwrite_full(im.fd.get(), data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize, im.path);
+    st = im.out.write(data, nbytes, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize);
     if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor).with_context("writing " + Impl::rec_desc(s));
   } else {
     st = im.chunks->write(s.chunk_stream, data, static_cast<uint64_t>(count));
@@ -255,21 +256,23 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
 
 bool ShardWriter::accepts_file_extents() const { return impl_->opts.codec == Codec::kNone; }
 
-Status ShardWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+Status ShardWriter::write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
   auto& im = *impl_;
   CKPT_ASSIGN_OR_RETURN(Impl::Slot * sp, im.slot_for(piece, count));
   auto& s = *sp;
   if (count == 0) return Status::Ok();
   if (s.raw_offset < 0) return Status::Internal("file extent for compressed " + Impl::rec_desc(s));
-  if (src.bytes != static_cast<uint64_t>(count) * s.esize)
-    return Status::Internal("file extent of " + std::to_string(src.bytes) + " bytes for " + std::to_string(count) + " elements of " +
+  uint64_t bytes = 0;
+  for (const FileExtent& r : runs) bytes += r.bytes;
+  if (bytes != static_cast<uint64_t>(count) * s.esize)
+    return Status::Internal("file extents of " + std::to_string(bytes) + " bytes for " + std::to_string(count) + " elements of " +
                             Impl::rec_desc(s));
   // Copied and hashed on the pool, in order per piece; at most 2 extents per hash thread wait.
   {
     std::unique_lock<std::mutex> l(im.copy_mu);
     im.copy_cv.wait(l, [&im] { return im.queued < 2 * static_cast<size_t>(im.pool->size()); });
     if (!s.copy_status.ok()) return s.copy_status;
-    s.pending.push_back({src, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize});
+    s.pending.push_back({runs, static_cast<uint64_t>(s.raw_offset) + static_cast<uint64_t>(s.written) * s.esize});
     ++im.queued;
     if (!s.draining) {
       s.draining = true;
@@ -299,7 +302,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
       return Status::Io("flushing HDF5 shard failed").with_file(im.path);
   }
   im.closed = true;
-  CKPT_RETURN_IF_ERROR(im.fd.close(im.path));
+  CKPT_RETURN_IF_ERROR(im.out.close());
   if (im.opts.fsync) CKPT_RETURN_IF_ERROR(fsync_path(im.path));
   std::vector<PieceRecord> out;
   out.reserve(im.slots.size());
@@ -374,9 +377,9 @@ std::vector<size_t> StoreWriter::write_order() const {
   return order;
 }
 
-Status StoreWriter::write_from_file(size_t piece, const FileExtent& src, int64_t count) {
+Status StoreWriter::write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
   if (!shard_ || done_) return Status::InvalidArgument("write_from_file() outside begin()/commit()");
-  return shard_->write_from_file(piece, src, count);
+  return shard_->write_from_files(piece, runs, count);
 }
 
 Status StoreWriter::commit() {

@@ -7,7 +7,8 @@
 // finalize() validates the union with the reader's validator, writes manifest.json LAST into
 // `<dst>.partial/`, fsyncs files and directories, and renames `<dst>.partial` to `<dst>`.
 // Uncompressed pieces are contiguous datasets allocated when the shard is created; ckpt writes
-// their bytes itself (pwrite, or copy_file_bytes from a source file), HDF5 only the metadata.
+// their bytes itself (OutputFile: buffered or O_DIRECT as opts.io says, from memory or gathered
+// from source files), HDF5 only the metadata.
 // Thread safety: one thread per object; HDF5 calls take h5_lock(), digests run on helper threads.
 #pragma once
 
@@ -35,11 +36,13 @@ class ShardWriter {
   ~ShardWriter();
   // Next `count` elements (storage order) of local piece `piece` (index into the open() list).
   Status write(size_t piece, const void* data, int64_t count);
-  // Uncompressed shards: the next `count` elements of `piece` copied from a file range
-  // (copy_file_bytes) and hashed on the way, on the hash threads (pieces in parallel, each in
-  // order); returns once queued. The range must stay readable until close() or abort() returns.
+  // Uncompressed shards: the next `count` elements of `piece` copied from file ranges written
+  // back to back (OutputFile::copy_runs) and hashed on the way, on the hash threads (pieces in
+  // parallel, each in order); returns once queued. The ranges must stay readable until close()
+  // or abort() returns.
   bool accepts_file_extents() const;
-  Status write_from_file(size_t piece, const FileExtent& src, int64_t count);
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) { return write_from_files(piece, {src}, count); }
+  Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count);
   // All pieces complete? Closes and fsyncs the file; returns the manifest records of the pieces.
   Result<std::vector<PieceRecord>> close();
   void abort();  // closes handles; the caller removes the partial directory
@@ -63,7 +66,9 @@ class StoreWriter final : public TensorSink {
   // Largest pieces first: the hash threads finish together instead of one hashing the last big
   // piece alone (the file layout is fixed at begin(), so the order changes no byte).
   std::vector<size_t> write_order() const override;
-  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override;
+  Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override { return write_from_files(piece, {src}, count); }
+  bool gathers_file_runs() const override { return accepts_file_extents(); }
+  Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) override;
   Status commit() override;
   void abort() override;
 

@@ -1,0 +1,227 @@
+#include "formats/file_io_direct.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+
+#include "formats/file_io.h"
+
+namespace ckpt {
+
+namespace {
+
+constexpr uint64_t kStageBytes = 4ull << 20;       // staging buffer per writing thread
+constexpr uint64_t kGatherWindowBytes = 8ull << 20;  // source bytes mapped at a time, all source files together
+
+uint64_t dio_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
+uint64_t dio_round_up(uint64_t x) { return dio_round_down(x + kDirectAlignBytes - 1); }
+
+// The calling thread's staging buffer (aligned for O_DIRECT; allocated once, reused).
+char* dio_stage() {
+  struct Buf {
+    void* p = nullptr;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (!buf.p && ::posix_memalign(&buf.p, kDirectAlignBytes, kStageBytes) != 0) buf.p = nullptr;
+  return static_cast<char*>(buf.p);
+}
+
+// A read-only window of one source file, remapped as a gather walks through it.
+struct DioWindow {
+  int fd = -1;
+  uint64_t base = 0, len = 0, file_size = 0;
+  void* map = nullptr;
+  bool unmappable = false;
+  DioWindow() = default;
+  DioWindow(const DioWindow&) = delete;
+  DioWindow& operator=(const DioWindow&) = delete;
+  ~DioWindow() { drop(); }
+  void drop() {
+    if (map) ::munmap(map, len);
+    map = nullptr;
+  }
+  // The address of [off, off + n) of the file, mapping a new window when needed; nullptr when
+  // the file cannot be mapped (the caller preads instead).
+  const char* at(uint64_t off, uint64_t n, uint64_t window) {
+    if (map && off >= base && off + n <= base + len) return static_cast<const char*>(map) + (off - base);
+    drop();
+    if (unmappable) return nullptr;
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    base = off / page * page;
+    len = std::min(std::max(window, off + n - base), file_size - base);
+    map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(base));
+    if (map == MAP_FAILED) {
+      map = nullptr;
+      unmappable = true;
+      return nullptr;
+    }
+    // The next window is read ahead while this one is copied and (synchronously, in direct mode)
+    // written: a cold source's reads overlap the writes, as writeback overlaps them when buffered.
+    if (base + len < file_size)
+      (void)::posix_fadvise(fd, static_cast<off_t>(base + len), static_cast<off_t>(std::min(window, file_size - base - len)),
+                            POSIX_FADV_WILLNEED);
+    return static_cast<const char*>(map) + (off - base);
+  }
+};
+
+Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& path) {
+  return Status::Error("ShortSource", "source file (" + std::to_string(size) + " bytes) ended before bytes [" + std::to_string(r.offset) +
+                                          ", " + std::to_string(r.offset + r.bytes) + ") while copying to '" + path + "'");
+}
+
+}  // namespace
+
+// Buffered writes + fsync vs O_DIRECT writes + fsync of new files, dd on this machine (issue 15,
+// docs/BENCHMARKS.md): at 4 MiB buffered is as fast or faster, from 16 MiB on direct is faster
+// and the gap grows with the size (a fsync of many dirty pages).
+const uint64_t kAutoDirectMinBytes = 16ull << 20;
+
+const char* io_flag_help() {
+  return "how data files are written: direct (O_DIRECT, around the page cache; falls back to buffered where the file "
+         "system refuses it), buffered (through the page cache) or auto (direct for files of 16 MiB or more; default). "
+         "The output bytes are the same in every mode";
+}
+
+Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag) {
+  if (spec == "auto") return IoMode::kAuto;
+  if (spec == "buffered") return IoMode::kBuffered;
+  if (spec == "direct") return IoMode::kDirect;
+  return Status::InvalidArgument(flag + " '" + spec + "': expected direct, buffered or auto");
+}
+
+const char* io_mode_name(IoMode m) {
+  switch (m) {
+    case IoMode::kAuto: return "auto";
+    case IoMode::kBuffered: return "buffered";
+    case IoMode::kDirect: return "direct";
+  }
+  return "?";
+}
+
+IoMode resolve_io_mode(IoMode m, uint64_t file_bytes) {
+  if (m != IoMode::kAuto) return m;
+  return file_bytes >= kAutoDirectMinBytes ? IoMode::kDirect : IoMode::kBuffered;
+}
+
+Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode mode, uint64_t file_bytes) {
+  OutputFile f;
+  f.st_ = std::make_unique<State>();
+  f.st_->path = path;
+  CKPT_ASSIGN_OR_RETURN(f.st_->fd, open_fd(path, flags, "cannot open for writing"));
+  if (resolve_io_mode(mode, file_bytes) == IoMode::kDirect) {
+    // The same file again, around the page cache; refused (EINVAL on tmpfs of old kernels,
+    // overlayfs, FUSE): buffered writes only.
+    int d = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (d >= 0) {
+      f.st_->dfd = ScopedFd(d);
+      f.st_->direct.store(true);
+    }
+  }
+  return f;
+}
+
+Status OutputFile::close() {
+  if (!st_) return Status::Ok();
+  Status a = st_->dfd.valid() ? st_->dfd.close(st_->path) : Status::Ok();
+  Status b = st_->fd.valid() ? st_->fd.close(st_->path) : Status::Ok();
+  return a.ok() ? b : a;
+}
+
+void OutputFile::reset() { st_.reset(); }
+
+// `n` and `off` multiples of the alignment, `p` aligned: O_DIRECT; EINVAL: buffered from now on.
+Status OutputFile::write_direct(const char* p, uint64_t n, uint64_t off) const {
+  while (n > 0 && st_->direct.load()) {
+    ssize_t r = ::pwrite(st_->dfd.get(), p, static_cast<size_t>(std::min<uint64_t>(n, 1u << 30)), static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
+      st_->direct.store(false);  // refused: the rest of this file goes through the page cache
+      break;
+    }
+    if (r < 0) return Status::FromErrno("direct write failed", st_->path, errno);
+    p += r;
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+  return n > 0 ? pwrite_full(st_->fd.get(), p, n, off, st_->path) : Status::Ok();
+}
+
+// Writes bytes [a, b) of the file from `stage`, whose byte 0 is file offset `base` (aligned).
+Status OutputFile::write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const {
+  const uint64_t a_up = dio_round_up(a), b_down = dio_round_down(b);
+  if (!st_->direct.load() || a_up >= b_down) return pwrite_full(st_->fd.get(), stage + (a - base), b - a, a, st_->path);
+  if (a_up > a) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), stage + (a - base), a_up - a, a, st_->path));
+  CKPT_RETURN_IF_ERROR(write_direct(stage + (a_up - base), b_down - a_up, a_up));
+  if (b > b_down) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), stage + (b_down - base), b - b_down, b_down, st_->path));
+  return Status::Ok();
+}
+
+Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
+  if (!st_->direct.load() || n < kDirectAlignBytes) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
+  char* stage = dio_stage();
+  if (!stage) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
+  const char* p = static_cast<const char*>(src);
+  for (uint64_t cur = off, end = off + n; cur < end;) {
+    const uint64_t base = dio_round_down(cur), k = std::min(kStageBytes - (cur - base), end - cur);
+    std::memcpy(stage + (cur - base), p + (cur - off), k);
+    CKPT_RETURN_IF_ERROR(write_staged(stage, base, cur, cur + k));
+    cur += k;
+  }
+  return Status::Ok();
+}
+
+Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
+                             const std::function<void(const void*, size_t)>& each_block) const {
+  if (runs.size() == 1 && !st_->direct.load())
+    return copy_file_bytes(runs[0].fd, runs[0].offset, st_->fd.get(), off, runs[0].bytes, st_->path, each_block);
+  char* stage = dio_stage();
+  if (!stage) return Status::Io("cannot allocate a " + std::to_string(kStageBytes >> 20) + " MiB staging buffer writing '" + st_->path + "'");
+  std::deque<DioWindow> wins;  // one per source file (a deque: never moved)
+  uint64_t base = dio_round_down(off), filled = off;  // stage holds file bytes [flushed, filled)
+  uint64_t flushed = off;
+  auto flush = [&]() -> Status {
+    if (filled == flushed) return Status::Ok();
+    if (each_block) each_block(stage + (flushed - base), static_cast<size_t>(filled - flushed));
+    CKPT_RETURN_IF_ERROR(write_staged(stage, base, flushed, filled));
+    base = flushed = filled;  // aligned after a full stage; a final flush ends the call
+    return Status::Ok();
+  };
+  for (const FileExtent& r : runs) {
+    auto w = std::find_if(wins.begin(), wins.end(), [&r](const DioWindow& x) { return x.fd == r.fd; });
+    if (w == wins.end()) {
+      struct stat sb {};
+      if (::fstat(r.fd, &sb) != 0) return Status::FromErrno("cannot stat a source of", st_->path, errno);
+      wins.emplace_back();
+      w = wins.end() - 1;
+      w->fd = r.fd;
+      w->file_size = sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0;
+      w->unmappable = !S_ISREG(sb.st_mode);
+    }
+    if (!w->unmappable && (r.offset > w->file_size || w->file_size - r.offset < r.bytes)) return dio_short_source(r, w->file_size, st_->path);
+    for (uint64_t done = 0; done < r.bytes;) {
+      // Mapped pages count in RSS: the windows of all sources share kGatherWindowBytes (>= 1 MiB each).
+      const uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / wins.size());
+      const uint64_t k = std::min({r.bytes - done, kStageBytes - (filled - base), window});
+      if (const char* src = w->at(r.offset + done, k, window)) {
+        if (!copy_from_mapping(stage + (filled - base), src, k))
+          return Status::Error("ShortSource", "source file shrank while copying to '" + st_->path + "'");
+      } else {
+        CKPT_RETURN_IF_ERROR(pread_full(r.fd, stage + (filled - base), k, r.offset + done, "a source of '" + st_->path + "'"));
+      }
+      filled += k;
+      done += k;
+      if (filled - base == kStageBytes) CKPT_RETURN_IF_ERROR(flush());
+    }
+  }
+  return flush();
+}
+
+}  // namespace ckpt
