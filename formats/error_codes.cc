@@ -170,6 +170,8 @@ constexpr ErrorCodeEntry kTable[] = {
     // The planner (issue 16, trainer/plan/).
     {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
     {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
+    // The planner's calibrated cost terms (issue 16 plan16: trainer/plan/cost_model.h CostCalibration).
+    {"BadCalibration", kArg},  // a --calibration file's cost_terms: unknown key, wrong type, value out of range
 };
 
 }  // namespace
