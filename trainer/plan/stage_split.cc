@@ -103,7 +103,8 @@ SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& 
       found_sync = std::max(found_sync, r.max_sync);
       r.value = r.sum_time + k * r.max_time + r.max_sync;
       if (r.value < best.value) best = r;
-      if (k <= 0) break;  // the cap does not matter
+      // From the uncapped min-sum split's largest stage time on, every cap gives that split.
+      if (k <= 0 || *it >= ms.max_time) break;
     }
     // Next theta: the largest sync value below every split found here (above it nothing changes).
     auto it = std::lower_bound(thetas.begin(), thetas.end(), std::min(found_sync, theta));
