@@ -7,7 +7,8 @@
 //   pipeline's time under 1F1B: one micro-batch through every stage, K = m - 1 more at the slowest
 //   stage's pace, plus the largest stage's gradient sync; docs/PLAN.md "Pipeline time"). Exact:
 //   for every sync cap theta (stages with sync > theta excluded; from the largest value down) and
-//   every cap c on the stage time (the stage-time values from the min-max optimum up), the min-sum
+//   every cap c on the stage time (the stage-time values from the min-max optimum up to the uncapped
+//   min-sum split's largest), the min-sum
 //   DP under both caps; each split found is valued exactly. Admissible bounds stop both loops:
 //   under caps >= c the value is at least minsum + K c, at a lower theta at least
 //   minsum + K minmax (the uncapped min-sum and min-max at theta only grow as theta falls).
