@@ -27,8 +27,11 @@
    acceptance: within 25% of each other), the machine's load average before and after every run.
    Writes --out (JSON) and prints a markdown table. --smoke: 3 layouts, 3 steps (a quick check
    that the pipeline of commands works; its figures mean nothing).
-The script tries `nice -n -5` (os.nice) and keeps the default niceness when not allowed.
-stdlib only.
+Every `ckpt plan` call gets `--calibration DIR/calibration.json` (the measured cost terms:
+concurrency of the ranks on the node, TP all-reduce per call, per-micro-batch and pipeline-message
+costs; docs/PLAN.md "Calibrated terms"); --no-calibrated-terms leaves them out (the cluster file's
+figures alone). The script runs at the niceness it is started with (run it as `nice -n 0`), and
+records `uptime` before and after every run. stdlib only.
 """
 import argparse
 import json
@@ -114,9 +117,18 @@ def grad_accum(layout):
     return GLOBAL_BATCH // sum(p["micro_batch"] for p in layout["pipelines"])
 
 
+def uptime():
+    r = subprocess.run(["uptime"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def cal_args(a, d):
+    return [] if a.no_calibrated_terms else ["--calibration", d / "calibration.json"]
+
+
 def predict(a, d, layout_file):
     r = run([a.ckpt, "plan", "--evaluate", layout_file, "--cluster", d / "cluster.json", "--model", d / "model.json",  # placement: the planner's
-             "--global-batch", GLOBAL_BATCH, "--seq-len", SEQ, "--json"])
+             "--global-batch", GLOBAL_BATCH, "--seq-len", SEQ, "--json", *cal_args(a, d)])
     j = json.loads(r.stdout)
     t = find_key(j, STEP_KEYS)
     if t is None:
@@ -156,7 +168,7 @@ def measure(a, d, name, layout, repeats):
     for k in repeats:
         out = d / f"run_{lf.stem}_{k}"
         shutil.rmtree(out, ignore_errors=True)
-        before = load()
+        before, up_before = load(), uptime()
         run(mpirun(2, a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--cluster", cluster_for(d, lf, layout),
                    "--emulate", "--out", out, "--steps", a.steps, "--seq-len", SEQ, "--grad-accum", grad_accum(layout),
                    "--threads", 1, "--warmup", 1, "--save-every", 0))
@@ -167,6 +179,7 @@ def measure(a, d, name, layout, repeats):
         s = [r["seconds"] for r in steps]
         secs += s
         runs.append({"median_s": statistics.median(s), "load_before": before, "load_after": load(),
+                     "uptime_before": up_before, "uptime_after": uptime(), "step_s": s,
                      "compute_s": statistics.median(r["compute_s"] for r in steps),
                      "comm_s": statistics.median(r["comm_s"] for r in steps),
                      "idle_s": statistics.median(r["idle_s"] for r in steps),
@@ -198,10 +211,11 @@ def spearman(x, y):
 
 
 def calibrate(a, d):
-    if a.calibration:
-        return json.loads(pathlib.Path(a.calibration).read_text())
     f = d / "calibration.json"
-    run([a.ckpt, "plan", "--calibrate", "-o", f])
+    if a.calibration:
+        shutil.copy(a.calibration, f)
+    else:
+        run([a.ckpt, "plan", "--calibrate", "-o", f])
     return json.loads(f.read_text())
 
 
@@ -216,7 +230,7 @@ def write_inputs(a, d, cal):
 def planner_choice(a, d):
     """The planner's best layout (written to a file) and the hand-written one it compares with."""
     r = run([a.ckpt, "plan", "--cluster", d / "cluster.json", "--model", d / "model.json", "--global-batch",
-             GLOBAL_BATCH, "--seq-len", SEQ, "--json", "-o", d / "planned.json"], check=False)
+             GLOBAL_BATCH, "--seq-len", SEQ, "--json", "-o", d / "planned.json", *cal_args(a, d)], check=False)
     if r is None or not (d / "planned.json").exists():
         return None, None, None  # no search yet (milestone F1 has --evaluate only)
     j = json.loads(r.stdout)
@@ -238,6 +252,8 @@ def main():
     ap.add_argument("--slow-factor", type=float, default=2.0)
     ap.add_argument("--calibration", default=None, help="a `ckpt plan --calibrate` output to reuse")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-calibrated-terms", action="store_true",
+                    help="predict without --calibration (the cluster file's device types and links alone)")
     ap.add_argument("--measure-only", action="store_true",
                     help="no `ckpt plan` (before the planner exists): calibrate with --calibration FILE or skip "
                          "the calibrated speeds (fast = 1e11 FLOP/s), measure the fixed layouts only")
@@ -245,15 +261,11 @@ def main():
     a.ckpt = str(pathlib.Path(a.ckpt).resolve())
     if a.smoke:
         a.steps, a.warmup, a.repeat = 3, 1, 1
-    try:
-        os.nice(-5)
-        niceness = -5
-    except OSError:
-        niceness = os.nice(0)
+    niceness = os.nice(0)
     d = pathlib.Path(a.dir)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    t0, load0 = time.time(), load()
+    t0, load0, up0 = time.time(), load(), uptime()
     if a.measure_only and not a.calibration:
         cal = {"device_type": {"name": "fast", "vendor": "cpu", "memory": 24 << 30, "peak_flops": 1e11,
                                "link_bandwidth": 2000000000, "dtype": "fp32"}}
@@ -290,6 +302,9 @@ def main():
     rho = float("nan") if a.measure_only else spearman([r["predicted_s"] for r in fixed], [r["measured_s"] for r in fixed])
     res = {"spearman": rho, "rows": rows, "calibration": cal, "slow_factor": a.slow_factor, "steps": a.steps,
            "warmup": a.warmup, "repeat": a.repeat, "niceness": niceness, "load_start": load0, "load_end": load(),
+           "uptime_start": up0, "uptime_end": uptime(), "calibrated_terms": not a.no_calibrated_terms,
+           "spearman_all": None if a.measure_only else spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0)),
            "seconds": time.time() - t0, "plan": plan_json}
     by = {r["layout"]: r for r in rows}
     if "planner's choice" not in by and not a.measure_only:
@@ -317,7 +332,7 @@ def main():
     print("\n| layout | predicted s/step | measured s/step | load (1 min) after |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['layout']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['runs'][-1]['load_after'][0]} |")
-    print(f"\nSpearman (fixed layouts, {len(fixed)}): {rho:.3f}")
+    print(f"\nSpearman (fixed layouts, {len(fixed)}): {rho:.3f}; all {len(rows)} rows: {res['spearman_all']}")
     if "predicted_gain" in res:
         print(f"planner vs hand-written: predicted gain {res['predicted_gain']:.3f}x, measured "
               f"{res['measured_gain']:.3f}x (ratio {res['gain_ratio']:.3f})")

@@ -10,10 +10,12 @@ namespace {
 
 CommandAction setup_calibrate_probe(CLI::App& sub) {
   auto seconds = std::make_shared<double>(1.0);
+  auto threads = std::make_shared<int>(1);
   sub.group("");  // hidden: started by `ckpt plan --calibrate`, not by hand
   sub.add_option("--seconds", *seconds, "Time budget of the measurement");
-  return [seconds]() -> int {
-    Status st = trainer::mpi_probe(*seconds);
+  sub.add_option("--threads", *threads, "OpenBLAS threads per rank (as `ckpt train --threads`)");
+  return [seconds, threads]() -> int {
+    Status st = trainer::mpi_probe(*seconds, *threads);
     return st.ok() ? 0 : report_error(st);
   };
 }

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "converters/llama_config.h"
+#include "formats/json_read.h"
 #include "reshard/cluster.h"
 #include "reshard/layout.h"
 #include "trainer/memory_estimate.h"
@@ -20,7 +21,7 @@ namespace ckpt::cli {
 namespace {
 
 struct PlanFlags {
-  std::string cluster, model, out, evaluate, from, reshard;
+  std::string cluster, model, out, evaluate, from, reshard, calibration;
   int64_t global_batch = 0, seq_len = 0;
   int top = 3;
   bool explain = false, json = false, calibrate = false, trainer_memory = false;
@@ -41,7 +42,18 @@ int plan_calibrate(const PlanFlags& f) {
   return 0;
 }
 
+// --calibration FILE: the measured cost terms of `ckpt plan --calibrate -o FILE` (none without it).
+Result<trainer::CostCalibration> plan_calibration(const PlanFlags& f) {
+  if (f.calibration.empty()) return trainer::CostCalibration{};
+  CKPT_ASSIGN_OR_RETURN(auto j, read_json_file(f.calibration, kConfigJsonLimits, "calibration"));
+  auto c = trainer::CostCalibration::from_json(j);
+  if (!c.ok()) return c.take_status().with_file(f.calibration);
+  return c;
+}
+
 int plan_evaluate(const PlanFlags& f) {
+  auto cal = plan_calibration(f);
+  if (!cal.ok()) return report_error(cal.status());
   auto cluster = Cluster::from_file(f.cluster);
   if (!cluster.ok()) return report_error(cluster.status());
   auto cfg = LlamaConfig::from_file(f.model);
@@ -51,6 +63,7 @@ int plan_evaluate(const PlanFlags& f) {
   trainer::PlanOptions o;
   o.global_batch = f.global_batch;
   o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
+  o.calibration = *cal;
   auto cost = trainer::evaluate(trainer::ModelSpec::from_config(*cfg), *cluster, *layout, o);
   if (!cost.ok()) return report_error(cost.take_status().with_file(f.evaluate));
   if (f.json) {
@@ -89,6 +102,8 @@ nlohmann::json plan_candidate_json(const trainer::PlanCandidate& c) {
 }
 
 int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
+  auto cal = plan_calibration(f);
+  if (!cal.ok()) return report_error(cal.status());
   auto cluster = Cluster::from_file(f.cluster);
   if (!cluster.ok()) return report_error(cluster.status());
   Result<LlamaConfig> cfg = given ? Result<LlamaConfig>(*given) : LlamaConfig::from_file(f.model);
@@ -97,6 +112,7 @@ int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
   o.global_batch = f.global_batch;
   o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
   o.top = std::max(1, f.top);
+  o.calibration = *cal;
   const auto model = trainer::ModelSpec::from_config(*cfg);
   auto r = trainer::search_layouts(model, *cluster, o);
   if (!r.ok()) return report_error(r.status());
@@ -193,6 +209,11 @@ CommandAction setup_plan(CLI::App& sub) {
   sub.add_flag("--explain", f->explain, "Print every shown layout's per-stage times and per-rank memory");
   sub.add_flag("--json", f->json, "Print JSON (step_time_s, tokens_per_s, stages, pipelines, ranks, feasible, problems)");
   sub.add_flag("--trainer-memory", f->trainer_memory, "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): ranks[].trainer_memory_bytes");
+  sub.add_option("--calibration", f->calibration,
+                 "Apply the measured cost terms of `ckpt plan --calibrate -o FILE` (concurrency, TP all-reduce per call, "
+                 "per-micro-batch cost; docs/PLAN.md \"Calibrated terms\") to every device type: for clusters that run this "
+                 "machine's training stack, e.g. `ckpt train --emulate`")
+      ->type_name("FILE");
   sub.add_option("--evaluate", f->evaluate, "Predict the step time and memory of this layout file instead of searching")->type_name("LAYOUT");
   sub.add_option("--from", f->from, "Re-plan: take the model, batch and sequence length from this checkpoint (or run dir)")->type_name("CHECKPOINT");
   sub.add_option("--reshard", f->reshard, "With --from: reshard the checkpoint into the planned layout at DST (else the command is printed)")->type_name("DST");
@@ -202,6 +223,7 @@ CommandAction setup_plan(CLI::App& sub) {
       "  ckpt plan --cluster cluster.json --model config.json --global-batch 64 --seq-len 2048 -o layout.json\n"
       "  ckpt plan --cluster cluster.json --model config.json --global-batch 64 --evaluate layout.json --json\n"
       "  ckpt plan --from run/latest --cluster new_cluster.json --reshard run2/step-00000100\n"
+      "  ckpt plan --calibrate -o cal.json && ckpt plan --cluster c.json --model m.json --global-batch 8 --calibration cal.json\n"
       "The cost model and the search space are in docs/PLAN.md; predictions are of a real-precision training on\n"
       "the cluster file's devices (weights, gradients and activations in each device type's dtype, fp32 Adam state).");
   return [f] { return run_plan(*f); };

@@ -188,6 +188,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
     {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
     {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
+    // The planner's calibrated cost terms (issue 16 plan16: trainer/plan/cost_model.h CostCalibration).
+    {"BadCalibration", kArg},  // a --calibration file's cost_terms: unknown key, wrong type, value out of range
 };
 
 }  // namespace

@@ -10,6 +10,12 @@ Independent references, measured here in the same machine state:
 - trainer efficiency (trainer FLOP/s / sgemm FLOP/s) in (0.05, 1.5);
 - MPI (mpirun -np 2, ckpt's hidden calibrate-mpi-probe): bandwidth 50 MB/s .. 1 TB/s, latency
   100 ns .. 20 ms; and without MPI the link bandwidth is the memcpy bandwidth.
+- cost terms (docs/PLAN.md "Calibrated terms"): the concurrency factor (sgemm FLOP/s per process
+  with 2 processes at once / alone) against the same ratio measured here with numpy in 1 and 2
+  concurrent processes (within 0.45: noisy shared machine; catches an inverted or unscaled ratio);
+  the all-reduce fit passes through its two measured points; per-micro-batch and per-message costs
+  are the measured slopes (0 .. 50 ms) and the file's cost_terms are what `ckpt plan --calibration`
+  reads.
 """
 import json
 import os
@@ -38,7 +44,7 @@ def calibrate(*extra):
     return json.loads(r.stdout)
 
 
-def numpy_sgemm_flops(seconds=0.3):
+def numpy_sgemm_flops(seconds=0.3, procs=1):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     code = r"""
 import numpy as np, time, statistics
@@ -55,9 +61,14 @@ while len(r) < 5 or time.time() < end:
     t = time.perf_counter(); rep(); r.append(12.0 * n * D * F / (time.perf_counter() - t))
 print(statistics.median(r))
 """ % seconds
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return float(r.stdout)
+    ps = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+          for _ in range(procs)]
+    rates = []
+    for p in ps:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        rates.append(float(out))
+    return statistics.mean(rates)
 
 
 @pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
@@ -74,6 +85,20 @@ def test_calibration_against_numpy_psutil_and_bounds():
     assert 5e7 <= dev["link_bandwidth"] <= 1e12, c
     assert 1e-7 <= m["mpi_latency_s"] <= 2e-2, c
     assert 1e8 <= m["memcpy_bytes_per_s"] <= 1e12, c
+    # Cost terms: concurrency against numpy's 2-process / 1-process ratio measured now.
+    t, pr = c["cost_terms"], c["cost_terms"]["measured"]
+    numpy_ratio = numpy_sgemm_flops(procs=2) / numpy_sgemm_flops()
+    assert t["concurrency"][0] == 1 and 0 < t["concurrency"][1] <= 1, t
+    assert t["concurrency"][1] == pytest.approx(min(1.0, pr["sgemm_concurrent"] / pr["sgemm_alone"]), rel=1e-9)
+    assert abs(t["concurrency"][1] - min(1.0, numpy_ratio)) <= 0.45, (t["concurrency"], numpy_ratio)
+    sizes, calls = pr["allreduce_sizes_bytes"], pr["allreduce_call_s"]
+    assert sizes == [128 * 256 * 4, 512 * 256 * 4] and all(0 < x < 0.05 for x in calls), pr
+    if calls[1] > calls[0]:  # the fit passes through both points
+        for b, x in zip(sizes, calls):
+            assert t["allreduce_latency_s"] + b / t["allreduce_bytes_per_s"] == pytest.approx(x, rel=1e-6, abs=1e-9)
+    assert 0 <= t["micro_batch_overhead_s"] < 0.05 and 0 <= t["p2p_latency_s"] < 0.05, t
+    assert t["micro_batch_overhead_s"] == pytest.approx(pr["dp_micro_batch_s"], rel=1e-12, abs=0)
+    assert t["p2p_latency_s"] == pytest.approx(max(0, pr["pp_micro_batch_s"] - pr["dp_micro_batch_s"]), rel=1e-9, abs=1e-15)
 
 
 def test_calibration_without_mpi_uses_memcpy():

@@ -67,6 +67,46 @@ def test_plan_layout_trains_and_evaluates(tmp_path):
     assert (tmp_path / "run" / "latest").exists()
 
 
+def naive_params(cfg):
+    d, f, h, k, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], \
+        cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    layer = d * h * hd * 2 + 2 * d * k * hd + 3 * d * f + 2 * d
+    return cfg["num_hidden_layers"] * layer + cfg["vocab_size"] * d * (1 if cfg.get("tie_word_embeddings") else 2) + d
+
+
+def test_plan_calibration_terms_in_the_prediction(tmp_path):
+    """--calibration: 2 replicas on one node compute at concurrency[1] of their speed and pay the
+    per-micro-batch cost; the step time against a computation made here (FLOPs from transformers'
+    config, the gradient all-reduce of every parameter over the 2 GB/s link, 5 us per ring step)."""
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps({"device_types": [{"name": "x", "memory": "1GiB", "peak_flops": 4e10, "efficiency": 0.5,
+                                                "link_bandwidth": "2GB/s", "dtype": "fp32"}],
+                              "ranks": [{"type": "x", "count": 2}]}))
+    layout = tmp_path / "dp2.json"
+    layout.write_text(json.dumps({"pipelines": [{"micro_batch": 2, "stages": [{"layers": 4, "tp": 1}]}] * 2, "zero": 0}))
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"cost_terms": {"concurrency": [1, 0.6], "micro_batch_overhead_s": 0.004,
+                                              "allreduce_latency_s": 1e-4, "allreduce_bytes_per_s": 1e9}}))
+    cfg = json.loads(CONFIG.read_text())
+    assert cfg["num_hidden_layers"] == 4
+    base = ["plan", "--cluster", cl, "--model", CONFIG, "--global-batch", G, "--seq-len", SEQ, "--evaluate", layout, "--json"]
+    with_cal = json.loads(ckpt(*base, "--calibration", cal).stdout)
+    plain = json.loads(ckpt(*base).stdout)
+    m = G // 4
+    sync = naive_params(cfg) * 4 / 2e9 + 2 * 5e-6
+    want = m * (naive_step_flops(cfg, 2, SEQ) / (4e10 * 0.5 * 0.6) + 0.004) + sync
+    assert with_cal["step_time_s"] == pytest.approx(want, rel=1e-9)
+    assert plain["step_time_s"] == pytest.approx(m * naive_step_flops(cfg, 2, SEQ) / (4e10 * 0.5) + sync, rel=1e-9)
+    # The search takes the same terms: its best is evaluated with them.
+    p = json.loads(ckpt("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", G, "--seq-len", SEQ, "--json",
+                        "--calibration", cal).stdout)
+    assert all(st["time_s"] >= 0.004 for st in p["best"]["stages"])
+    bad = tmp_path / "bad_cal.json"
+    bad.write_text(json.dumps({"cost_terms": {"concurrency": [1, 2.0]}}))
+    r = ckpt(*base, "--calibration", bad, check=False)
+    assert r.returncode == 2 and "BadCalibration" in r.stderr and "bad_cal.json" in r.stderr and "(0, 1]" in r.stderr
+
+
 def test_plan_bad_clusters_say_what(tmp_path):
     bad = tmp_path / "empty_node.json"
     bad.write_text(json.dumps({"device_types": [{"name": "x", "memory": "1GiB", "peak_flops": 1e12}],

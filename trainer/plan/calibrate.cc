@@ -24,12 +24,27 @@ nlohmann::json calib_device_json(const DeviceType& d) {
           {"dtype", d.dtype}};
 }
 
+// docs/PLAN.md "Calibrated terms": each a measured figure of the probe, unchanged but for clamping.
+CostCalibration calib_terms_from_probe(const ProbeCostTerms& p) {
+  CostCalibration t;
+  t.concurrency.push_back(1.0);
+  if (p.sgemm_alone > 0 && p.sgemm_concurrent > 0) t.concurrency.push_back(std::clamp(p.sgemm_concurrent / p.sgemm_alone, 1e-3, 1.0));
+  t.allreduce_latency_s = p.allreduce_latency_s;
+  t.allreduce_bytes_per_s = p.allreduce_bytes_per_s;
+  t.micro_batch_overhead_s = p.dp_micro_batch_s;
+  t.p2p_latency_s = std::max(0.0, p.pp_micro_batch_s - p.dp_micro_batch_s);
+  return t;
+}
+
 }  // namespace
 
 nlohmann::json Calibration::to_json() const {
   nlohmann::json dev = calib_device_json(device);
   dev["efficiency"] = device.efficiency;
+  nlohmann::json terms_json = terms.to_json();
+  terms_json["measured"] = probe.to_json();
   return {{"device_type", dev},
+          {"cost_terms", terms_json},
           {"efficiency", efficiency},
           {"measured",
            {{"sgemm_flops", device.peak_flops},
@@ -56,9 +71,11 @@ Result<Calibration> calibrate_device(const CalibrateOptions& o) {
   c.device.efficiency = std::clamp(c.efficiency, 1e-6, 1.0);
   c.memcpy_bytes_per_s = memcpy_bandwidth(std::min(o.seconds, 1.0));
   if (o.mpi) {
-    CKPT_ASSIGN_OR_RETURN(MpiProbeResult m, spawn_mpi_probe(o.exe, std::min(o.seconds, 2.0)));
+    CKPT_ASSIGN_OR_RETURN(MpiProbeResult m, spawn_mpi_probe(o.exe, std::min(o.seconds, 2.0), o.threads));
     c.device.link_bytes_per_s = m.bytes_per_s;
     c.mpi_latency_s = m.latency_s;
+    c.probe = m.terms;
+    c.terms = calib_terms_from_probe(m.terms);
   } else {
     c.device.link_bytes_per_s = c.memcpy_bytes_per_s;  // no MPI measurement: the memory copy bounds it
   }

@@ -9,6 +9,8 @@
 
 #include "formats/status.h"
 #include "reshard/cluster.h"
+#include "trainer/plan/calibrate_probe.h"
+#include "trainer/plan/cost_model.h"
 
 namespace ckpt::trainer {
 
@@ -27,7 +29,13 @@ struct Calibration {
   double efficiency = 0;        // trainer step FLOP/s / sgemm FLOP/s on a small reference model
   double memcpy_bytes_per_s = 0;
   double mpi_latency_s = 0;
-  nlohmann::json to_json() const;  // {"device_type": {...}, "efficiency":..., "measured": {...}}
+  // The measured cost terms (with mpi; docs/PLAN.md "Calibrated terms"): concurrency [1,
+  // sgemm_concurrent / sgemm_alone]; the all-reduce fit; micro_batch_overhead_s = the replicas'
+  // slope; p2p_latency_s = the pipeline's slope - the replicas' slope.
+  CostCalibration terms;
+  ProbeCostTerms probe;
+  // {"device_type": {...}, "efficiency":..., "measured": {...}, "cost_terms": {..., "measured": {...}}}
+  nlohmann::json to_json() const;
 };
 
 Result<Calibration> calibrate_device(const CalibrateOptions& options);

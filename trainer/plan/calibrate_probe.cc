@@ -136,7 +136,31 @@ Result<double> calib_round_trip(Comm& w, std::vector<float>& buf, int64_t n, int
 
 }  // namespace
 
-Status mpi_probe(double seconds) {
+nlohmann::json ProbeCostTerms::to_json() const {
+  return {{"sgemm_alone", sgemm_alone},         {"sgemm_concurrent", sgemm_concurrent},
+          {"allreduce_sizes_bytes", allreduce_sizes_bytes}, {"allreduce_call_s", allreduce_call_s},
+          {"allreduce_latency_s", allreduce_latency_s}, {"allreduce_bytes_per_s", allreduce_bytes_per_s},
+          {"dp_micro_batch_s", dp_micro_batch_s}, {"pp_micro_batch_s", pp_micro_batch_s}};
+}
+
+ProbeCostTerms ProbeCostTerms::from_json(const nlohmann::json& j) {
+  ProbeCostTerms t;
+  auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
+  auto vec = [&](const char* k) {
+    std::vector<double> v;
+    if (j.contains(k) && j[k].is_array())
+      for (const auto& x : j[k])
+        if (x.is_number() && v.size() < 64) v.push_back(x.get<double>());
+    return v;
+  };
+  t.sgemm_alone = num("sgemm_alone"), t.sgemm_concurrent = num("sgemm_concurrent");
+  t.allreduce_sizes_bytes = vec("allreduce_sizes_bytes"), t.allreduce_call_s = vec("allreduce_call_s");
+  t.allreduce_latency_s = num("allreduce_latency_s"), t.allreduce_bytes_per_s = num("allreduce_bytes_per_s");
+  t.dp_micro_batch_s = num("dp_micro_batch_s"), t.pp_micro_batch_s = num("pp_micro_batch_s");
+  return t;
+}
+
+Status mpi_probe(double seconds, int threads) {
   Comm& w = Comm::world();
   if (w.size() != 2)
     return Status::InvalidArgument("calibrate-mpi-probe runs under mpirun -np 2, got a world of " +
@@ -149,16 +173,18 @@ Status mpi_probe(double seconds) {
   CKPT_ASSIGN_OR_RETURN(double small_rt, calib_round_trip(w, buf, 2, small_reps));
   CKPT_RETURN_IF_ERROR(calib_round_trip(w, buf, big, 2).status());
   CKPT_ASSIGN_OR_RETURN(double big_rt, calib_round_trip(w, buf, big, big_reps));
+  CKPT_ASSIGN_OR_RETURN(ProbeCostTerms terms, probe_cost_terms(threads, seconds));
   if (w.rank() == 0) {
     const nlohmann::json j = {{"latency_s", small_rt / 2},
-                              {"bytes_per_s", static_cast<double>(big * 4) / std::max(big_rt / 2 - small_rt / 2, 1e-9)}};
+                              {"bytes_per_s", static_cast<double>(big * 4) / std::max(big_rt / 2 - small_rt / 2, 1e-9)},
+                              {"terms", terms.to_json()}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
   return Status::Ok();
 }
 
-Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds) {
+Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds, int threads) {
   std::string exe = exe_in;
   if (exe.empty()) {
     char buf[4096];
@@ -170,7 +196,8 @@ Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds
     return Status::InvalidArgument("calibration: executable path with a quote: " + exe);
   const std::string cmd = std::string("mpirun ") + (::geteuid() == 0 ? "--allow-run-as-root " : "") +
                           "--oversubscribe --mca btl self,vader --mca pml ob1 -np 2 '" + exe +
-                          "' calibrate-mpi-probe --seconds " + std::to_string(seconds) + " 2>&1";
+                          "' calibrate-mpi-probe --seconds " + std::to_string(seconds) +
+                          " --threads " + std::to_string(threads) + " 2>&1";
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return Status::FromErrno("cannot start mpirun", cmd, errno);
   std::string out;
@@ -184,7 +211,10 @@ Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds
   const auto j = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at), nullptr, false);
   if (!j.is_object() || !j.contains("latency_s") || !j.contains("bytes_per_s"))
     return Status::Error("CalibrationFailed", "MPI calibration printed no result line: " + out.substr(0, 2000));
-  return MpiProbeResult{j["latency_s"].get<double>(), j["bytes_per_s"].get<double>()};
+  if (!j["latency_s"].is_number() || !j["bytes_per_s"].is_number())
+    return Status::Error("CalibrationFailed", "MPI calibration printed a result line without numbers: " + out.substr(0, 2000));
+  return MpiProbeResult{j["latency_s"].get<double>(), j["bytes_per_s"].get<double>(),
+                        ProbeCostTerms::from_json(j.value("terms", nlohmann::json::object()))};
 }
 
 }  // namespace ckpt::trainer

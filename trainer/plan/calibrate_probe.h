@@ -12,12 +12,21 @@
 //   trainer's Comm): latency = half the round trip of an 8-byte message, bandwidth = bytes / half
 //   the round trip of a 16 MiB message; rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
 //   spawn_mpi_probe runs it (mpirun -np 2 --oversubscribe --mca btl self,vader EXE
-//   calibrate-mpi-probe) and parses that line.
+//   calibrate-mpi-probe) and parses that line;
+// - probe_cost_terms (same job, trainer/plan/calibrate_terms.cc; docs/PLAN.md "Calibrated terms"):
+//   sgemm FLOP/s of rank 0 alone and of both ranks at once (concurrency); the all-reduce per call
+//   between GEMMs ([rows, 256] x [256, 256] on both ranks, then all_reduce_sum of the [rows, 256]
+//   result; per call = with - without the all-reduce) at rows 128 and 512, fitted as latency +
+//   bytes / bandwidth; the step time of a tiny model (2 layers, hidden 32, seq 16, micro-batch 1)
+//   with 2 and 16 micro-batches as 2 replicas and as a 2-stage pipeline: its slope per micro-batch.
 // Thread safety: main thread only (OpenBLAS thread count, Comm).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "converters/llama_config.h"
 #include "formats/status.h"
@@ -35,13 +44,25 @@ double sgemm_flops(int threads, double seconds);
 Result<double> trainer_flops(int threads, double seconds);
 double memcpy_bandwidth(double seconds);
 
+struct ProbeCostTerms {
+  double sgemm_alone = 0, sgemm_concurrent = 0;  // FLOP/s per process
+  std::vector<double> allreduce_sizes_bytes, allreduce_call_s;
+  double allreduce_latency_s = 0, allreduce_bytes_per_s = 0;
+  double dp_micro_batch_s = 0, pp_micro_batch_s = 0;  // step-time slope per micro-batch
+  nlohmann::json to_json() const;
+  static ProbeCostTerms from_json(const nlohmann::json& j);  // missing keys: 0
+};
+// Collective over Comm::world() (2 ranks).
+Result<ProbeCostTerms> probe_cost_terms(int threads, double seconds);
+
 struct MpiProbeResult {
   double latency_s = 0;
   double bytes_per_s = 0;
+  ProbeCostTerms terms;
 };
 // Run by every rank of the mpirun job (hidden command `ckpt calibrate-mpi-probe`).
-Status mpi_probe(double seconds);
+Status mpi_probe(double seconds, int threads = 1);
 // exe: the ckpt binary (empty: /proc/self/exe).
-Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe, double seconds);
+Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe, double seconds, int threads = 1);
 
 }  // namespace ckpt::trainer

@@ -62,12 +62,14 @@ std::vector<int> cost_replicas(const Layout& l, const std::vector<int>& place, i
 
 // Stage st of pipeline p; its problems appended to `out`.
 StageCost cost_one_stage(const ModelSpec& model, const Cluster& cluster, const Layout& layout, const std::vector<int>& place,
-                         int p, int st, int64_t m, int64_t s, int zero_ways, PlanCost& out) {
+                         int p, int st, int64_t m, const PlanOptions& opt, int zero_ways, PlanCost& out) {
   const int S = layout.num_stages(p), P = layout.num_pipelines();
+  const int64_t s = opt.seq_len;
   const std::vector<int> ranks = cost_stage_ranks(layout, place, p, st);
-  const StagePlace sp = make_stage_place(cluster, ranks, st > 0 ? cost_stage_ranks(layout, place, p, st - 1) : std::vector<int>{},
-                                         st + 1 < S ? cost_stage_ranks(layout, place, p, st + 1) : std::vector<int>{},
-                                         cost_replicas(layout, place, p, st));
+  const std::vector<int> prev = st > 0 ? cost_stage_ranks(layout, place, p, st - 1) : std::vector<int>{};
+  const std::vector<int> next = st + 1 < S ? cost_stage_ranks(layout, place, p, st + 1) : std::vector<int>{};
+  StagePlace sp = make_stage_place(cluster, ranks, prev, next, cost_replicas(layout, place, p, st));
+  apply_calibration(sp, cluster, ranks, ranks_per_node(cluster, place), opt.calibration, prev, next);
   const StageShape shape{layout.stage_layers(p, st), layout.stage_tp(p, st), st == 0, st == S - 1};
   StageCost c = stage_cost(model, sp, shape, layout.pipeline_micro_batch(p), s, m, st, S, P, zero_ways);
   c.pipeline = p;
@@ -127,7 +129,6 @@ Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const 
   int64_t sum_mb = 0;
   for (int p = 0; p < P; ++p) sum_mb += layout.pipeline_micro_batch(p);
   const int64_t m = opt.global_batch / sum_mb;
-  const int64_t s = opt.seq_len;
   const int zero_ways = layout.zero == 1 ? P : 1;
   for (int p = 0; p < P; ++p) {
     const int S = layout.num_stages(p);
@@ -136,20 +137,21 @@ Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const 
     pc.micro_batch = static_cast<int>(b);
     pc.micro_batches = m;
     pc.stages = S;
-    double tmax = 0;
+    std::vector<double> times;
     for (int st = 0; st < S; ++st) {
-      StageCost c = cost_one_stage(model, cluster, layout, place, p, st, m, s, zero_ways, out);
-      tmax = std::max(tmax, c.time_s());
+      StageCost c = cost_one_stage(model, cluster, layout, place, p, st, m, opt, zero_ways, out);
+      times.push_back(c.time_s());
       pc.dp_sync_s = std::max(pc.dp_sync_s, c.dp_sync_s);
       out.stages.push_back(std::move(c));
     }
-    pc.bubble_s = (S - 1) * tmax;
-    pc.time_s = static_cast<double>(m + S - 1) * tmax + pc.dp_sync_s;
+    const double compute = pipeline_1f1b_s(times, m);
+    pc.bubble_s = compute - static_cast<double>(m) * *std::max_element(times.begin(), times.end());
+    pc.time_s = compute + pc.dp_sync_s;
     out.step_time_s = std::max(out.step_time_s, pc.time_s);
     out.pipelines.push_back(pc);
   }
-  out.flops_per_step = model.step_flops(opt.global_batch, s);
-  out.tokens_per_s = out.step_time_s > 0 ? static_cast<double>(opt.global_batch * s) / out.step_time_s : 0;
+  out.flops_per_step = model.step_flops(opt.global_batch, opt.seq_len);
+  out.tokens_per_s = out.step_time_s > 0 ? static_cast<double>(opt.global_batch * opt.seq_len) / out.step_time_s : 0;
   const double peak = cost_ranks(cluster, layout, place, m, out);
   out.mfu = out.step_time_s > 0 ? out.flops_per_step / (peak * out.step_time_s) : 0;
   return out;

@@ -8,9 +8,13 @@
 //   backward), one for the embedding (first stage) and one for the head's input gradient (last),
 //   over the slowest link the TP group spans;
 // - pipeline: the [b*s, D] activation sent forward and its gradient backward at every boundary;
-// - a pipeline's time (m + S - 1) * max stage time (1F1B with its bubble) plus the data-parallel
-//   gradient all-reduce (or ZeRO-1 reduce-scatter + all-gather, the same bytes) of its largest stage;
-//   the step's time is the slowest pipeline's;
+// - a pipeline's time under 1F1B: the sum of its stage times (one micro-batch through every stage)
+//   + (m - 1) * the largest stage time, plus the data-parallel gradient all-reduce (or ZeRO-1
+//   reduce-scatter + all-gather, the same bytes) of its largest stage; the step's time is the
+//   slowest pipeline's;
+// - calibrated terms of the software stack (CostCalibration, measured by `ckpt plan --calibrate`):
+//   the FLOP/s a process keeps when N ranks of the layout compute on its node at once, the
+//   per-call cost of the TP all-reduce inside a node, a fixed cost per micro-batch and stage;
 // - memory per rank: weights and gradients in the device type's dtype, Adam state (fp32 master +
 //   two moments; no master copy when the dtype is fp32), divided over the replicas under ZeRO-1,
 //   activations of the micro-batches in flight under 1F1B (min(S - s, m) on stage s).
@@ -45,10 +49,36 @@ struct ModelSpec {
   double step_flops(int64_t sequences, int64_t s) const;
 };
 
+// Measured terms of one machine's training stack (`ckpt plan --calibrate` writes them under
+// "cost_terms"; `ckpt plan --calibration FILE` applies them to every device type of the cluster:
+// use it when the cluster runs this machine's software, e.g. emulation runs; docs/PLAN.md
+// "Calibrated terms"). Default: no term (the cluster file's figures alone).
+struct CostCalibration {
+  // concurrency[k - 1]: the training FLOP/s of one process while k ranks compute on its node at
+  // once, over its FLOP/s alone (entry 0 is 1). Nodes with more ranks than measured use the last.
+  std::vector<double> concurrency;
+  // The TP all-reduce inside a node as one call costs between GEMMs on 2 ranks: latency + bytes /
+  // bytes_per_s (fitted at the trainer's message sizes); priced with the ring formula for tp > 2.
+  // bytes_per_s 0: not measured (the cluster's links).
+  double allreduce_latency_s = 0, allreduce_bytes_per_s = 0;
+  // Fixed seconds per micro-batch and stage (a step of tiny compute, per micro-batch and stage).
+  double micro_batch_overhead_s = 0;
+  // Per pipeline message inside a node (activation or its gradient), on top of bytes / bandwidth:
+  // replaces the link latency of pipeline send/recv inside a node when > 0.
+  double p2p_latency_s = 0;
+  // The FLOP/s factor for `ranks_on_node` ranks computing at once (1 without measurements).
+  double speed_scale(int ranks_on_node) const;
+  // From a calibration file's "cost_terms" object (or the file's top level holding it). Errors
+  // (BadCalibration): a key of the wrong type, a factor outside (0, 1], a negative cost.
+  static Result<CostCalibration> from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+};
+
 struct PlanOptions {
   int64_t global_batch = 1;    // sequences per optimizer step
   int64_t seq_len = 1;
   std::vector<int> placement;  // layout rank -> cluster rank; empty: assign_placement()
+  CostCalibration calibration;
 };
 
 // What one stage of one pipeline costs per micro-batch (forward + backward), per rank.
@@ -56,8 +86,8 @@ struct StageCost {
   int pipeline = 0, stage = 0, first_layer = 0, layers = 0, tp = 1;
   std::string device;
   double flops = 0;        // per rank per micro-batch
-  double compute_s = 0, tp_comm_s = 0, p2p_s = 0, dp_sync_s = 0;
-  double time_s() const { return compute_s + tp_comm_s + p2p_s; }
+  double compute_s = 0, tp_comm_s = 0, p2p_s = 0, overhead_s = 0, dp_sync_s = 0;
+  double time_s() const { return compute_s + tp_comm_s + p2p_s + overhead_s; }
   uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, capacity = 0;
   uint64_t memory() const { return weights + grads + optimizer + activations; }
 };
@@ -66,8 +96,8 @@ struct PipelineCost {
   int micro_batch = 1;
   int64_t micro_batches = 1;
   int stages = 1;
-  double time_s = 0;        // (m + S - 1) * max stage time + dp_sync_s
-  double bubble_s = 0;      // (S - 1) * max stage time
+  double time_s = 0;        // sum of stage times + (m - 1) * max stage time + dp_sync_s
+  double bubble_s = 0;      // sum of stage times - max stage time (time_s - m * max - dp_sync_s)
   double dp_sync_s = 0;     // the largest stage's gradient sync
 };
 
@@ -115,17 +145,33 @@ MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t 
                               int64_t slots, int zero_ways);
 
 // Where a stage sits, what the cost terms need from the cluster: the slowest device of its ranks
-// (lowest peak_flops * efficiency), the least memory, and the links its traffic crosses.
+// (lowest peak_flops * efficiency), the least memory, and the links its traffic crosses; with a
+// calibration (apply_calibration) the speed factor of its node's concurrency, the fixed cost per
+// micro-batch, and the TP link priced as the measured all-reduce.
 struct StagePlace {
   const DeviceType* device = nullptr;
   uint64_t capacity = 0;
   LinkSpec tp_link, prev_link, next_link, dp_link;
   bool has_prev = false, has_next = false;
+  double speed_scale = 1, micro_batch_overhead_s = 0;
+  double speed() const { return device->peak_flops * Cluster::efficiency_of(*device) * speed_scale; }
 };
 // ranks: the stage's cluster ranks (tp order); prev / next: the neighbouring stages' (empty at the
 // ends); replicas: the data-parallel group of the stage's first rank (empty without replicas).
 StagePlace make_stage_place(const Cluster& c, const std::vector<int>& ranks, const std::vector<int>& prev,
                             const std::vector<int>& next, const std::vector<int>& replicas);
+// The calibration's terms for a stage on `ranks` (tp order) when ranks_on_node[node] layout ranks
+// run on each node: speed_scale = the lowest concurrency factor of its ranks' nodes; the TP link
+// {allreduce_bytes_per_s, allreduce_latency_s / 2} (the ring formula at tp 2 is then exactly the
+// measured per-call cost) when the group is inside one node; the pipeline links' latency
+// p2p_latency_s when given and the neighbour is on the same node.
+void apply_calibration(StagePlace& place, const Cluster& c, const std::vector<int>& ranks, const std::vector<int>& ranks_on_node,
+                       const CostCalibration& cal, const std::vector<int>& prev, const std::vector<int>& next);
+// Layout ranks per node of `c` for the cluster ranks `used`.
+std::vector<int> ranks_per_node(const Cluster& c, const std::vector<int>& used);
+// The 1F1B time of a pipeline from its stage times: sum + (m - 1) * max.
+double pipeline_1f1b_s(const std::vector<double>& stage_times, int64_t m);
+
 // Every term of one stage (stage `stage` of `stages`, m micro-batches of b sequences, `pipelines`
 // replicas, ZeRO-1 over `zero_ways`). pipeline / first_layer are left 0.
 StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const StageShape& shape, int64_t b, int64_t s,

@@ -139,7 +139,8 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
   c.device = place.device->name;
   const int ab = dtype_bytes_of(*place.device);
   c.flops = stage_rank_flops(model, shape, b, s);
-  c.compute_s = c.flops / (place.device->peak_flops * Cluster::efficiency_of(*place.device));
+  c.compute_s = c.flops / place.speed();
+  c.overhead_s = place.micro_batch_overhead_s;
   c.tp_comm_s = stage_tp_comm_s(model, shape, b, s, ab, place.tp_link);
   const double act = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(model.hidden) * ab;
   if (place.has_next) c.p2p_s += act / place.next_link.bytes_per_s + place.next_link.latency_s;

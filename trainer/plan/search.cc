@@ -37,7 +37,7 @@ struct Arranged {
     auto it = memo.find(key);
     if (it != memo.end()) return it->second;
     const int S = static_cast<int>(a[p].size());
-    SplitResult r = best_split(static_cast<int>(model->layers), S, static_cast<double>(m + S - 1),
+    SplitResult r = best_split(static_cast<int>(model->layers), S, static_cast<double>(m - 1),
                                [&](int st, int n) { return time_or_inf(cost(p, st, n, b)); },
                                [&](int st, int n) { return cost(p, st, n, b).dp_sync_s; });
     return memo.emplace(key, std::move(r)).first->second;
@@ -46,17 +46,21 @@ struct Arranged {
 };
 
 std::string search_place_sig(const StagePlace& p, int tp) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s/%d/%llu/%a,%a/%a,%a/%a,%a/%a,%a/%d%d|", p.device->name.c_str(), tp,
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s/%d/%a/%a/%llu/%a,%a/%a,%a/%a,%a/%a,%a/%d%d|", p.device->name.c_str(), tp, p.speed_scale,
+                p.micro_batch_overhead_s,
                 static_cast<unsigned long long>(p.capacity), p.tp_link.bytes_per_s, p.tp_link.latency_s, p.prev_link.bytes_per_s,
                 p.prev_link.latency_s, p.next_link.bytes_per_s, p.next_link.latency_s, p.dp_link.bytes_per_s, p.dp_link.latency_s,
                 p.has_prev ? 1 : 0, p.has_next ? 1 : 0);
   return buf;
 }
 
-void search_make_places(const Cluster& c, Arranged& x) {
+void search_make_places(const Cluster& c, const CostCalibration& cal, Arranged& x) {
   const auto& g = *x.groups;
   const size_t P = x.a.size();
+  std::vector<int> all(static_cast<size_t>(c.world_size()));
+  for (int r = 0; r < c.world_size(); ++r) all[static_cast<size_t>(r)] = r;
+  const std::vector<int> on_node = ranks_per_node(c, all);  // every device is used
   x.places.assign(P, {});
   x.sig.assign(P, "");
   for (size_t p = 0; p < P; ++p) {
@@ -69,8 +73,10 @@ void search_make_places(const Cluster& c, Arranged& x) {
           reps.push_back(g[static_cast<size_t>(x.a[q][k])].ranks[0]);
         }
       const auto& ranks = g[static_cast<size_t>(pl[st])].ranks;
-      x.places[p].push_back(make_stage_place(c, ranks, st > 0 ? g[static_cast<size_t>(pl[st - 1])].ranks : std::vector<int>{},
-                                             st + 1 < pl.size() ? g[static_cast<size_t>(pl[st + 1])].ranks : std::vector<int>{}, reps));
+      const std::vector<int> prev = st > 0 ? g[static_cast<size_t>(pl[st - 1])].ranks : std::vector<int>{};
+      const std::vector<int> next = st + 1 < pl.size() ? g[static_cast<size_t>(pl[st + 1])].ranks : std::vector<int>{};
+      x.places[p].push_back(make_stage_place(c, ranks, prev, next, reps));
+      apply_calibration(x.places[p].back(), c, ranks, on_node, cal, prev, next);
       x.sig[p] += search_place_sig(x.places[p].back(), g[static_cast<size_t>(pl[st])].tp);
     }
   }
@@ -165,7 +171,7 @@ Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluste
       for (int j = 0; j < grp.tp; ++j)
         c.placement[static_cast<size_t>(c.layout.rank_of(static_cast<int>(st), static_cast<int>(p), j))] = grp.ranks[static_cast<size_t>(j)];
     }
-  PlanOptions po{opt.global_batch, opt.seq_len, c.placement};
+  PlanOptions po{opt.global_batch, opt.seq_len, c.placement, opt.calibration};
   CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, po));
   return c;
 }
@@ -190,16 +196,30 @@ struct SearchState {
   }
 };
 
-// Lower bound of an arrangement's step time with m micro-batches (docs/PLAN.md "Bound").
+// Lower bound of an arrangement's step time with m micro-batches (docs/PLAN.md "Bound"): with V_p
+// the summed speed of pipeline p's devices and g the fastest TP group's, every pipeline's time is
+// at least W_p (1/g + (m-1)/V_p) (W_p: FLOPs of one of its micro-batches), and sum_p W_p = W / m.
 double search_bound(const ModelSpec& model, const Cluster& cluster, const SearchOptions& opt, const std::vector<TpGroup>& g,
                     const search_detail::Arrangement& a, int64_t m) {
-  double speed = 0;
-  for (const TpGroup& grp : g)
-    for (int r : grp.ranks) speed += cluster.device_of(r).peak_flops * Cluster::efficiency_of(cluster.device_of(r));
-  size_t smin = SIZE_MAX;
-  for (const auto& p : a) smin = std::min(smin, p.size());
-  const double w = model.step_flops(opt.global_batch, opt.seq_len);
-  return static_cast<double>(m + static_cast<int64_t>(smin) - 1) / static_cast<double>(m) * w / speed;
+  std::vector<int> all(static_cast<size_t>(cluster.world_size()));
+  for (int r = 0; r < cluster.world_size(); ++r) all[static_cast<size_t>(r)] = r;
+  const std::vector<int> on_node = ranks_per_node(cluster, all);
+  auto group_speed = [&](const TpGroup& grp) {
+    double v = 0;
+    for (int r : grp.ranks)
+      v += cluster.device_of(r).peak_flops * Cluster::efficiency_of(cluster.device_of(r)) *
+           opt.calibration.speed_scale(on_node[static_cast<size_t>(cluster.node_of(r))]);
+    return v;
+  };
+  double fastest = 0, capacity = 0;
+  for (const TpGroup& grp : g) fastest = std::max(fastest, group_speed(grp));
+  const double k = static_cast<double>(m - 1);
+  for (const auto& p : a) {
+    double v = 0;
+    for (int i : p) v += group_speed(g[static_cast<size_t>(i)]);
+    capacity += 1 / (1 / fastest + k / v);  // sequences' FLOPs per second the pipeline can take at most
+  }
+  return model.step_flops(opt.global_batch, opt.seq_len) / static_cast<double>(m) / capacity;
 }
 
 Status search_one(SearchState& st, Arranged& x, int64_t m) {
@@ -274,7 +294,7 @@ Status search_pass(SearchState& st, bool cross_node, SearchResult& res) {
     x.groups = &all_groups[it.groups];
     x.a = all_arr[it.groups][it.arr];
     x.s = st.opt->seq_len;
-    search_detail::search_make_places(cluster, x);
+    search_detail::search_make_places(cluster, st.opt->calibration, x);
     CKPT_RETURN_IF_ERROR(search_one(st, x, it.m));
   }
   return Status::Ok();

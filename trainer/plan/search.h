@@ -13,8 +13,9 @@
 // arrangement and m: splits by best_split (exact), micro-batch sizes by the min-max allocation
 // (T_p(b) is non-decreasing in b: bisection on the step time, exact), ZeRO-1's shared split over
 // every micro-batch vector (small) or the ZeRO-0 vector (large). Arrangements are visited in order
-// of a lower bound (compute at full speed with the 1F1B bubble, docs/PLAN.md) and the search stops
-// when the bound reaches the K-th best step time found (admissible: it never exceeds the true value).
+// of a lower bound (compute at full speed with the 1F1B fill, docs/PLAN.md) and the search stops
+// when the bound reaches the K-th best step time found (admissible: it never exceeds the true value;
+// the calibrated terms only add time, except the concurrency factor, which the bound applies).
 // Pure functions; thread safe.
 #pragma once
 
@@ -34,6 +35,7 @@ struct SearchOptions {
   int top = 3;                 // candidates kept
   int exhaustive_groups = 6;   // enumerate every arrangement up to this many TP groups
   bool allow_zero = true;
+  CostCalibration calibration;  // measured terms (cost_model.h); default none
 };
 
 struct PlanCandidate {

@@ -56,7 +56,7 @@ Result<PlanCandidate> hand_written_layout(const ModelSpec& model, const Cluster&
         for (int j = 0; j < c.layout.stage_tp(p, s); ++j)
           c.placement[static_cast<size_t>(c.layout.rank_of(s, p, j))] = ranks[static_cast<size_t>(p)][k++];
     }
-    CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, PlanOptions{opt.global_batch, opt.seq_len, c.placement}));
+    CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, PlanOptions{opt.global_batch, opt.seq_len, c.placement, opt.calibration}));
     if (c.cost.feasible) return c;
     if (!last.ok()) last = std::move(c);
   }

@@ -5,55 +5,109 @@
 
 namespace ckpt::trainer {
 
-SplitResult min_max_split(int num_layers, int stages, const StageCostFn& time) {
-  SplitResult r;
-  if (stages < 1 || num_layers < stages) return r;
+namespace split_detail {
+
+using Table = std::vector<std::vector<double>>;  // [stage][layers], kInfeasible outside 1..L-S+1
+
+Table split_table(int num_layers, int stages, const StageCostFn& f) {
   const size_t L = static_cast<size_t>(num_layers), S = static_cast<size_t>(stages);
-  // Costs cached: cost[k][n] for stage k holding n layers.
-  std::vector<std::vector<double>> cost(S, std::vector<double>(L + 1, kInfeasible));
+  Table t(S, std::vector<double>(L + 1, kInfeasible));
   for (size_t k = 0; k < S; ++k)
-    for (size_t n = 1; n + (S - 1) <= L; ++n) cost[k][n] = time(static_cast<int>(k), static_cast<int>(n));
+    for (size_t n = 1; n + (S - 1) <= L; ++n) t[k][n] = f(static_cast<int>(k), static_cast<int>(n));
+  return t;
+}
+
+// DP over contiguous splits: best[k][j] = min over i < j of combine(best[k-1][i], cost[k-1][j-i]),
+// stages whose cost exceeds `cap` excluded. combine = max (min-max) or + (min-sum).
+template <class Combine>
+SplitResult split_dp(const Table& cost, int num_layers, double cap, Combine combine) {
+  SplitResult r;
+  const size_t L = static_cast<size_t>(num_layers), S = cost.size();
   std::vector<std::vector<double>> best(S + 1, std::vector<double>(L + 1, kInfeasible));
   std::vector<std::vector<size_t>> from(S + 1, std::vector<size_t>(L + 1, 0));
   best[0][0] = 0;
   for (size_t k = 1; k <= S; ++k)
     for (size_t j = k; j + (S - k) <= L; ++j)
       for (size_t i = k - 1; i < j; ++i) {
-        const double v = std::max(best[k - 1][i], cost[k - 1][j - i]);
+        const double c = cost[k - 1][j - i];
+        if (!(c <= cap) || !(best[k - 1][i] < kInfeasible)) continue;
+        const double v = combine(best[k - 1][i], c);
         if (v < best[k][j]) best[k][j] = v, from[k][j] = i;  // ties: the earliest cut (fewer layers in front)
       }
   if (!(best[S][L] < kInfeasible)) return r;
   r.ok = true;
-  r.max_time = best[S][L];
   r.layers.assign(S, 0);
   for (size_t k = S, j = L; k > 0; --k) {
     r.layers[k - 1] = static_cast<int>(j - from[k][j]);
     j = from[k][j];
   }
+  r.max_time = 0;
+  r.sum_time = 0;
+  for (size_t k = 0; k < S; ++k) {
+    r.max_time = std::max(r.max_time, cost[k][static_cast<size_t>(r.layers[k])]);
+    r.sum_time += cost[k][static_cast<size_t>(r.layers[k])];
+  }
+  return r;
+}
+
+double split_max(double a, double b) { return std::max(a, b); }
+double split_sum(double a, double b) { return a + b; }
+
+}  // namespace split_detail
+
+SplitResult min_max_split(int num_layers, int stages, const StageCostFn& time) {
+  if (stages < 1 || num_layers < stages) return SplitResult{};
+  SplitResult r = split_detail::split_dp(split_detail::split_table(num_layers, stages, time), num_layers, kInfeasible,
+                                         split_detail::split_max);
   r.value = r.max_time;
   return r;
 }
 
+// See stage_split.h: for every sync cap theta (largest first) the splits that minimize the sum of
+// stage times under a cap c on every stage time, for c over the stage-time values from the min-max
+// optimum up; the value of each is evaluated exactly. Bounds (admissible): under a cap c' >= c the
+// value is at least minsum + k c (minsum: the uncapped minimum sum at this theta), and at any lower
+// theta at least minsum + k minmax (both only grow as theta falls).
 SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& time, const StageCostFn& sync) {
+  using namespace split_detail;
   SplitResult best;
   if (stages < 1 || num_layers < stages) return best;
-  std::vector<double> thetas;
-  for (int s = 0; s < stages; ++s)
-    for (int n = 1; n + stages - 1 <= num_layers; ++n) thetas.push_back(sync(s, n));
+  const Table t = split_table(num_layers, stages, time), y = split_table(num_layers, stages, sync);
+  std::vector<double> thetas, caps;
+  for (const auto& row : y)
+    for (double v : row)
+      if (v < kInfeasible) thetas.push_back(v);
   std::sort(thetas.begin(), thetas.end());
   thetas.erase(std::unique(thetas.begin(), thetas.end()), thetas.end());
   double theta = thetas.empty() ? 0 : thetas.back();
   while (true) {
-    const double limit = theta;
-    SplitResult r = min_max_split(num_layers, stages, [&](int s, int n) { return sync(s, n) <= limit ? time(s, n) : kInfeasible; });
-    if (!r.ok) break;  // a lower theta only removes stages
-    r.max_sync = 0;
-    for (int s = 0; s < stages; ++s) r.max_sync = std::max(r.max_sync, sync(s, r.layers[static_cast<size_t>(s)]));
-    r.value = k * r.max_time + r.max_sync;
-    if (r.value < best.value) best = r;
-    if (k * r.max_time >= best.value) break;  // bound: every lower theta costs at least k * r.max_time
-    // Next theta: the largest sync value below this split's largest.
-    auto it = std::lower_bound(thetas.begin(), thetas.end(), r.max_sync);
+    Table tr = t;  // stages with sync <= theta
+    caps.clear();
+    for (size_t s = 0; s < tr.size(); ++s)
+      for (size_t n = 0; n < tr[s].size(); ++n) {
+        if (!(y[s][n] <= theta)) tr[s][n] = kInfeasible;
+        if (tr[s][n] < kInfeasible) caps.push_back(tr[s][n]);
+      }
+    const SplitResult mm = split_dp(tr, num_layers, kInfeasible, split_max);
+    if (!mm.ok) break;  // a lower theta only removes stages
+    const SplitResult ms = split_dp(tr, num_layers, kInfeasible, split_sum);
+    if (ms.sum_time + k * mm.max_time >= best.value) break;
+    std::sort(caps.begin(), caps.end());
+    caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+    double found_sync = 0;
+    for (auto it = std::lower_bound(caps.begin(), caps.end(), mm.max_time); it != caps.end(); ++it) {
+      if (ms.sum_time + k * *it >= best.value) break;  // every split with max time >= *it
+      SplitResult r = k > 0 ? split_dp(tr, num_layers, *it, split_sum) : ms;
+      r.max_sync = 0;
+      for (size_t s = 0; s < y.size(); ++s) r.max_sync = std::max(r.max_sync, y[s][static_cast<size_t>(r.layers[s])]);
+      found_sync = std::max(found_sync, r.max_sync);
+      r.value = r.sum_time + k * r.max_time + r.max_sync;
+      if (r.value < best.value) best = r;
+      // From the uncapped min-sum split's largest stage time on, every cap gives that split.
+      if (k <= 0 || *it >= ms.max_time) break;
+    }
+    // Next theta: the largest sync value below every split found here (above it nothing changes).
+    auto it = std::lower_bound(thetas.begin(), thetas.end(), std::min(found_sync, theta));
     if (it == thetas.begin()) break;
     theta = *(it - 1);
   }

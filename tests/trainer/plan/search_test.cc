@@ -1,5 +1,5 @@
 // trainer/plan/search.h: the search's optimum against brute-force enumeration of every layout of
-// its space on random small clusters (zero 0); the worked examples ([1, 2, 3] pipeline split with
+// its space on random small clusters (zero 0; half of them with calibrated cost terms); the worked examples ([1, 2, 3] pipeline split with
 // the memory-rich slow type first; [3, 2, 1] micro-batches over three replicas); clusters where
 // nothing fits get a message saying what and by how much.
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@ struct Brute {
   double best = 1e300;
   std::vector<std::vector<int>> groups;  // cluster ranks
   std::vector<int> gtype, gtp;
+  CostCalibration cal;
 
   void eval_layout(const std::vector<std::vector<int>>& pipes, const std::vector<std::vector<int>>& splits, const std::vector<int>& mbs) {
     std::vector<PipelineSpec> pls;
@@ -37,7 +38,7 @@ struct Brute {
     for (size_t p = 0; p < pipes.size(); ++p)
       for (size_t k = 0; k < pipes[p].size(); ++k)
         for (int j = 0; j < gtp[pipes[p][k]]; ++j) place[l->rank_of(k, p, j)] = groups[pipes[p][k]][j];
-    auto cost = evaluate(m, c, *l, PlanOptions{G, s, place});
+    auto cost = evaluate(m, c, *l, PlanOptions{G, s, place, cal});
     if (!cost.ok()) return;  // micro-batches not dividing the batch
     if (cost->feasible) best = std::min(best, cost->step_time_s);
   }
@@ -147,10 +148,21 @@ TEST(PlanSearch, EqualsBruteForceOnRandomSmallClusters) {
     const int devices = 2 + static_cast<int>(rng() % 3), ntypes = 2 + static_cast<int>(rng() % 2);
     Cluster c = random_cluster(rng, devices, ntypes);
     const int64_t G = 2 + static_cast<int64_t>(rng() % 3), s = 32 * (1 + static_cast<int64_t>(rng() % 4));
-    Brute bf{m, c, G, s, 1e300, {}, {}, {}};
+    // Every other trial with calibrated terms (concurrency, TP all-reduce, per-micro-batch and
+    // pipeline-message costs): the search's bound and split must stay exact with them.
+    CostCalibration cal;
+    if (trial % 2) {
+      cal.concurrency = {1.0, 0.8, 0.6, 0.5};
+      cal.allreduce_latency_s = 1e-5 * static_cast<double>(rng() % 50);
+      cal.allreduce_bytes_per_s = 1e9 * static_cast<double>(1 + rng() % 5);
+      cal.micro_batch_overhead_s = 1e-4 * static_cast<double>(rng() % 50);
+      cal.p2p_latency_s = 1e-5 * static_cast<double>(rng() % 50);
+    }
+    Brute bf{m, c, G, s, 1e300, {}, {}, {}, cal};
     bf.run();
     SearchOptions o;
     o.global_batch = G, o.seq_len = s, o.top = 1, o.allow_zero = false, o.exhaustive_groups = 8;
+    o.calibration = cal;
     auto r = search_layouts(m, c, o);
     if (bf.best >= 1e300) {
       EXPECT_FALSE(r.ok()) << "trial " << trial;
