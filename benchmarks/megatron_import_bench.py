@@ -217,7 +217,7 @@ def dir_bytes(d: pathlib.Path):
 def make_sources(a, root: pathlib.Path, ckpt: str):
     from hf_bench import make_model
     mg = {"torch": root / "mg_torch", "torch_dist": root / "mg_dist"}
-    if all((d / "latest_checkpointed_iteration.txt").exists() for d in mg.values()):
+    if all((d / "latest_checkpointed_iteration.txt").exists() or (d / "metadata.json").exists() for d in mg.values()):
         return mg
     hf, native = root / "hf", root / "native"
     for d in (native, *mg.values()):
