@@ -31,16 +31,16 @@ import torch
 from safetensors.torch import save_file
 
 
-def make_model(d: pathlib.Path, layers: int, seed: int = 0):
+def make_model(d: pathlib.Path, layers: int, seed: int = 0, vocab: int = 32000):
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": 2048,
            "intermediate_size": 5632, "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4,
            "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1,
            "eos_token_id": 2}
     (d / "config.json").write_text(json.dumps(cfg, indent=2))
     g = torch.Generator().manual_seed(seed)
-    h, f, q, kv, v = 2048, 5632, 32 * 64, 4 * 64, 32000
+    h, f, q, kv, v = 2048, 5632, 32 * 64, 4 * 64, vocab
     ts = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for i in range(layers):
         p = f"model.layers.{i}."

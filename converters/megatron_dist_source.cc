@@ -23,16 +23,11 @@ class MegatronDistSource final : public TensorSource {
 
   Status read(size_t piece, const Box& sub, void* dst) override {
     if (piece >= map_.size()) return Status::Internal("MegatronDistSource::read: bad piece");
-    const Map& m = map_[piece];
-    Box mb;
-    mb.offset = Shape(m.lead, 0);
-    mb.extent = Shape(m.lead, 1);
-    for (size_t i = 0; i < m.lead; ++i) mb.offset[i] = m.lead_offset[i];
-    for (size_t d = 0; d < sub.ndim(); ++d) {
-      mb.offset.push_back(sub.offset[d] + m.delta[d]);
-      mb.extent.push_back(sub.extent[d]);
-    }
-    return dcp_->read(m.inner, mb, dst);
+    return dcp_->read(map_[piece].inner, dcp_box(piece, sub), dst);
+  }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    if (piece >= map_.size()) return std::nullopt;
+    return dcp_->file_extent(map_[piece].inner, dcp_box(piece, sub));
   }
 
  private:
@@ -45,6 +40,19 @@ class MegatronDistSource final : public TensorSource {
   };
 
   Status add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix);
+
+  // `sub` (canonical coordinates) as a box of the mcore tensor: [lead_offset..., sub + delta].
+  Box dcp_box(size_t piece, const Box& sub) const {
+    const Map& m = map_[piece];
+    Box mb;
+    mb.offset = m.lead_offset;
+    mb.extent = Shape(m.lead, 1);
+    for (size_t d = 0; d < sub.ndim(); ++d) {
+      mb.offset.push_back(sub.offset[d] + m.delta[d]);
+      mb.extent.push_back(sub.extent[d]);
+    }
+    return mb;
+  }
 
   std::string dir_;
   std::unique_ptr<TensorSource> dcp_;

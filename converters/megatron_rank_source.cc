@@ -100,10 +100,13 @@ class MegatronRankSource final : public TensorSource {
     const Box& seg = pieces_[piece].region.box;
     if (!seg.contains(sub) || sub.ndim() != seg.ndim())
       return Status::Internal("read of " + sub.to_string() + " outside Megatron segment " + seg.to_string());
-    const Map& m = map_[piece];
-    Box inner = sub;
-    for (size_t d = 0; d < sub.ndim(); ++d) inner.offset[d] = sub.offset[d] - seg.offset[d] + (d == 0 ? m.row_off : 0);
-    return files_[m.file]->read(m.inner, inner, dst);
+    return files_[map_[piece].file]->read(map_[piece].inner, rank_box(piece, sub), dst);
+  }
+  // The rank file's range when it holds the segment's bytes as they are (file-to-file copies).
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size() || sub.ndim() != pieces_[piece].region.box.ndim() || !pieces_[piece].region.box.contains(sub))
+      return std::nullopt;
+    return files_[map_[piece].file]->file_extent(map_[piece].inner, rank_box(piece, sub));
   }
 
   static Result<std::unique_ptr<TensorSource>> open(std::string describe, MegatronArgs a, MegatronRankFiles ranks,
@@ -164,6 +167,14 @@ class MegatronRankSource final : public TensorSource {
   };
 
   MegatronRankSource() = default;
+
+  // `sub` (inside piece `piece`'s segment) in the coordinates of the rank file's tensor.
+  Box rank_box(size_t piece, const Box& sub) const {
+    const Box& seg = pieces_[piece].region.box;
+    Box inner = sub;
+    for (size_t d = 0; d < sub.ndim(); ++d) inner.offset[d] = sub.offset[d] - seg.offset[d] + (d == 0 ? map_[piece].row_off : 0);
+    return inner;
+  }
 
   // Checks rank (r, p)'s file against the segment map and adds a piece per segment, for the
   // weights and for each optimizer kind (converters/megatron_torch_optim.h) the file holds: a kind

@@ -113,6 +113,9 @@ class TorchRankFile final : public TensorSource {
     if (piece >= refs_.size()) return Status::Internal("torch rank piece out of range");
     return file_->read_tensor(*refs_[piece], sub, dst);
   }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    return piece < refs_.size() ? file_->tensor_extent(*refs_[piece], sub) : std::nullopt;
+  }
 
   static Result<std::unique_ptr<TorchRankFile>> open(const std::string& path) {
     std::error_code ec;

@@ -1,6 +1,7 @@
 // A DCP directory as a TensorSource (formats/torch/dcp.h): every non-empty chunk is one piece;
 // embedded torch.save items are read through TorchFile (a few kept open, least recently used
-// closed first), raw items with pread (and offered to sinks as file extents).
+// closed first), raw items with pread; both are offered to sinks as file extents (an item's
+// stored storage entry, or the raw bytes) so the store copies them file to file.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -207,8 +208,21 @@ Status DcpSource::read(size_t piece, const Box& sub, void* dst) {
 std::optional<FileExtent> DcpSource::file_extent(size_t piece, const Box& sub) {
   if (piece >= pieces_.size()) return std::nullopt;
   const DcpChunk& c = chunk_of(piece);
-  if (!c.raw) return std::nullopt;
   const Box box{c.offsets, c.sizes};
+  if (sub.ndim() != box.ndim() || !box.contains(sub)) return std::nullopt;
+  if (!c.raw) {
+    // An embedded torch.save item: its stored storage entry, in the .distcp file. The descriptor
+    // is the source's own (raw_fd), not the item's: items are closed when evicted.
+    Box local = sub;
+    for (size_t d = 0; d < local.ndim(); ++d) local.offset[d] -= c.offsets[d];
+    auto tf = item(c);
+    std::optional<FileExtent> e = tf.ok() ? (*tf)->tensor_extent(where_[piece].ref, local) : std::nullopt;
+    if (!e) return std::nullopt;
+    auto fd = raw_fd(c.file);
+    if (!fd.ok()) return std::nullopt;
+    e->fd = *fd;
+    return e;
+  }
   auto start = row_major_run_start(box, sub);
   if (!start) return std::nullopt;
   auto fd = raw_fd(c.file);

@@ -149,4 +149,14 @@ Status TorchFile::read_storage(const std::string& key, uint64_t byte_offset, uin
   return impl_->zip->read(it->second, byte_offset, bytes, dst);
 }
 
+std::optional<FileExtent> TorchFile::storage_extent(const std::string& key, uint64_t byte_offset, uint64_t bytes) {
+  auto it = impl_->storages.find(key);
+  auto end = checked_add(byte_offset, bytes);
+  if (it == impl_->storages.end() || !end || *end > it->second.size) return std::nullopt;
+  std::optional<uint64_t> at = impl_->zip->stored_data_offset(it->second);
+  const int fd = at ? impl_->zip->data_fd() : -1;
+  if (fd < 0) return std::nullopt;
+  return FileExtent{fd, *at + byte_offset, bytes};
+}
+
 }  // namespace ckpt::torch

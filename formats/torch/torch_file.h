@@ -3,7 +3,9 @@
 // larger file (DCP .distcp items). Opened through libzip (ZIP64 included); data.pkl is read with a
 // size bound and unpickled by the restricted unpickler; storages are read in place with
 // zip_fseek/zip_fread from the stored (uncompressed) entry, never inflated whole into memory
-// (a compressed storage is inflated only as far as a read needs, with the entry's size bound).
+// (a compressed storage is inflated only as far as a read needs, with the entry's size bound);
+// a stored storage is read with pread at its offset in the file and offered as a file range
+// (storage_extent / tensor_extent) for file-to-file copies.
 // At open, every storage the pickle names is checked: present, byte size == numel * element size,
 // every tensor's (storage_offset, size, stride) inside its storage (no negative strides).
 // Thread safety: one thread at a time (libzip handles are not shared between threads).
@@ -11,10 +13,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "formats/region.h"
 #include "formats/status.h"
+#include "formats/tensor_io.h"
 #include "formats/torch/py_object.h"
 #include "formats/torch/unpickler.h"
 
@@ -41,6 +45,13 @@ class TorchFile {
   // row-major, in t.storage.dtype, honouring storage offset and strides (views of a shared
   // storage, transposed tensors). Contiguous runs are read as single ranges.
   Status read_tensor(const TensorRef& t, const Box& sub, void* dst);
+  // Where bytes [byte_offset, byte_offset + bytes) of storage `key` lie as they are in path()
+  // (a stored, uncompressed entry), so a sink can copy them file to file; nullopt otherwise
+  // (deflated entry, range outside the storage). The descriptor is owned by this TorchFile.
+  std::optional<FileExtent> storage_extent(const std::string& key, uint64_t byte_offset, uint64_t bytes);
+  // The same for the sub-box `sub` of tensor `t` when read_tensor would return one contiguous run
+  // of its storage (a row-major run of a contiguous tensor); nullopt otherwise.
+  std::optional<FileExtent> tensor_extent(const TensorRef& t, const Box& sub);
 
  private:
   TorchFile();

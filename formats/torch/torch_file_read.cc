@@ -93,4 +93,13 @@ Status TorchFile::read_tensor(const TensorRef& t, const Box& sub, void* dst) {
   });
 }
 
+std::optional<FileExtent> TorchFile::tensor_extent(const TensorRef& t, const Box& sub) {
+  if (!validate_box(sub, t.size).ok() || t.stride.size() != t.size.size() || sub.numel() == 0) return std::nullopt;
+  const TorchReadRunPlan p = torch_plan_runs(t, sub);
+  for (size_t d = 0; d < p.outer; ++d)
+    if (sub.extent[d] != 1) return std::nullopt;  // more than one run
+  const uint64_t es = dtype_size(t.storage.dtype);
+  return storage_extent(t.storage.key, static_cast<uint64_t>(p.first) * es, static_cast<uint64_t>(p.run) * es);
+}
+
 }  // namespace ckpt::torch

@@ -2,6 +2,8 @@
 
 #include <zip.h>
 
+#include "formats/file_io.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -43,6 +45,8 @@ Result<std::unique_ptr<ZipArchive>> ZipArchive::open(const std::string& path, ui
   zip_error_fini(&ze);
   std::unique_ptr<ZipArchive> a(new ZipArchive());
   a->path_ = path;
+  a->base_ = offset;
+  a->length_ = length;
   a->za_ = za;
   return a;
 }
@@ -93,6 +97,8 @@ Result<std::optional<ZipArchive::Entry>> ZipArchive::find(const std::string& nam
 
 Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* dst) {
   if (bytes == 0) return Status::Ok();
+  if (!e.deflated)
+    if (std::optional<uint64_t> at = stored_data_offset(e)) return pread_full(fd_.get(), dst, bytes, *at + offset, path_);
   bool reuse = stream_ != nullptr && stream_index_ == e.index && (!e.deflated || stream_pos_ <= offset);
   if (!reuse) {
     close_stream();

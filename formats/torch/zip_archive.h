@@ -2,6 +2,10 @@
 // larger file (DCP .distcp items). Entries are read in place: stored entries by seeking, deflated
 // ones by inflating forward only as far as a read needs (one open stream is kept for sequential
 // reads). Entries other than stored / deflated, and encrypted ones, are refused.
+// A stored entry's data is found in the file (stored_data_offset: the central directory's local
+// header offset, ZIP64 included, and the local header checked against the entry), so its bytes
+// are read with pread and can be copied file to file; whenever that lookup does not check out,
+// libzip's reads are used instead.
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -9,7 +13,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
+#include "formats/fs_util.h"
 #include "formats/status.h"
 
 struct zip;       // libzip's zip_t
@@ -43,13 +49,26 @@ class ZipArchive {
   // The whole entry, refused (`too_large_code`) when it declares more than `max_bytes`.
   Result<std::string> read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code);
   const std::string& path() const { return path_; }
+  // The byte offset in path() (the archive's own offset included) where stored entry `e`'s
+  // e.size bytes lie as they are; nullopt for a deflated entry, or when the central directory
+  // or the local header does not check out (read() still works then).
+  std::optional<uint64_t> stored_data_offset(const Entry& e);
+  // A descriptor of path() opened for reading (owned; valid while the archive lives), or -1.
+  int data_fd();
 
  private:
   ZipArchive() = default;
   Status zip_error(const std::string& what) const;
   void close_stream();
+  bool index_local_headers();  // zip_data_offset.cc: fills local_headers_ from the central directory
 
   std::string path_;
+  uint64_t base_ = 0;                // the archive's first byte in path_
+  uint64_t length_ = UINT64_MAX;     // its length (UINT64_MAX: to the end of the file)
+  ScopedFd fd_;                      // opened on first use of stored_data_offset
+  int index_state_ = 0;              // 0 not built, 1 built, -1 unusable
+  std::unordered_map<std::string, uint64_t> local_headers_;  // entry name -> local header offset
+  std::unordered_map<uint64_t, std::optional<uint64_t>> data_offsets_;  // entry index -> data offset
   ::zip* za_ = nullptr;
   // The deflated entry read last, positioned at stream_pos_ (sequential reads do not restart).
   ::zip_file* stream_ = nullptr;

@@ -238,6 +238,45 @@ def test_byte_range(saved, tmp_path):
     compare(j, ref, out)
 
 
+@pytest.mark.parametrize("kind", ["stored", "zip64", "deflated", "byte_range"])
+def test_file_extents(saved, tmp_path, kind):
+    """TorchFile::tensor_extent (the range the store copies file to file): offered for every
+    non-empty tensor that is one contiguous run of a stored entry, never for strided views or
+    deflated entries; the file's bytes at that range equal torch's tensor bytes."""
+    _, path, ref = saved
+    args = []
+    if kind == "stored":
+        src = path
+    elif kind == "byte_range":
+        src = tmp_path / "blob.bin"
+        zbytes = path.read_bytes()
+        src.write_bytes(b"\x07" * 1000 + zbytes + b"trailing junk" * 10)
+        args = ["--offset", "1000", "--length", str(len(zbytes))]
+    else:
+        src = tmp_path / f"{kind}.pt"
+        if kind == "zip64":
+            rezip(path, src, compression=zipfile.ZIP_STORED, force_zip64=True)
+        else:
+            rezip(path, src, compression=zipfile.ZIP_DEFLATED, compresslevel=6)
+    j, out = load_dump(src, tmp_path, "--extents", *args)
+    model = dict((k, v) for k, v in j["dict"])["model"]["dict"]
+    raw = src.read_bytes()
+    with_extent = 0
+    for (k, v), (_, t) in zip(model, tensors_of(ref["model"])):
+        t = t.detach()
+        tj = v["tensor"]
+        if kind == "deflated" or t.numel() == 0 or not t.is_contiguous():
+            assert "extent" not in tj, k
+            continue
+        assert "extent" in tj, k
+        off, n = tj["extent"]
+        want = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert n == len(want) and raw[off:off + n] == want, k
+        assert (out / (tj["file"] + ".extent")).read_bytes() == want, k
+        with_extent += 1
+    assert kind == "deflated" or with_extent >= 18
+
+
 def test_old_archive_prefix(tmp_path):
     """Files saved under a custom archive name (the zip's top folder is the file's stem)."""
     t = torch.arange(10, dtype=torch.float32)

@@ -5,6 +5,9 @@
 //   torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N] [--halves]
 // --halves: also writes <n>.half.bin, the sub-box [size/2 : size] of every dimension (a sub-box
 // read through read_tensor, as resharding does).
+// --extents: when TorchFile::tensor_extent offers the whole tensor as a range of the file, also
+// writes <n>.bin.extent, those bytes read straight from the file, and adds "extent": [offset,
+// bytes] to the tensor's JSON.
 // JSON: None/bool/int/str as themselves; float {"float": x} (x "nan"/"inf"/"-inf" when not finite);
 // bytes {"bytes": hex}; {"list": [...]}, {"tuple": [...]}, {"dict": [[k, v], ...]};
 // {"tensor": {dtype, size, stride, offset, key, numel, requires_grad, parameter, file}};
@@ -14,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,6 +38,7 @@ struct Dumper {
   TorchFile* file = nullptr;
   std::string out_dir;
   bool halves = false;
+  bool extents = false;
   int next = 0;
   long budget = 2000000;
   Status st;
@@ -56,6 +61,13 @@ struct Dumper {
       std::string name = std::to_string(next++) + ".bin";
       std::ofstream(out_dir + "/" + name, std::ios::binary).write(buf.data(), static_cast<std::streamsize>(buf.size()));
       j["file"] = name;
+      if (extents && st.ok())
+        if (std::optional<FileExtent> e = file->tensor_extent(t, Box::whole(t.size))) {
+          std::vector<char> eb(e->bytes);
+          st = pread_full(e->fd, eb.data(), e->bytes, e->offset, file->path());
+          std::ofstream(out_dir + "/" + name + ".extent", std::ios::binary).write(eb.data(), static_cast<std::streamsize>(eb.size()));
+          j["extent"] = {e->offset, e->bytes};
+        }
       if (halves && st.ok()) {
         Box sub = Box::whole(t.size);
         for (size_t d = 0; d < sub.ndim(); ++d) {
@@ -131,12 +143,13 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--pickle") pickle_only = true;
     else if (a == "--halves") d.halves = true;
+    else if (a == "--extents") d.extents = true;
     else if (a == "--offset" && i + 1 < argc) offset = std::stoull(argv[++i]);
     else if (a == "--length" && i + 1 < argc) length = std::stoull(argv[++i]);
     else pos.push_back(a);
   }
   if (pos.empty()) {
-    std::fprintf(stderr, "usage: torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N]\n");
+    std::fprintf(stderr, "usage: torch_dump FILE [OUT_DIR] [--pickle] [--offset N] [--length N] [--halves] [--extents]\n");
     return 2;
   }
   if (pos.size() > 1) d.out_dir = pos[1];
