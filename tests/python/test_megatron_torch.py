@@ -4,7 +4,7 @@ Import: real megatron-core 0.16.1 checkpoints (mcore_fixtures.py: GPTModel with 
 GQA 8 heads / 2 groups, SwiGLU, RMSNorm, rope, vocab 300 padded; tp=1, tp=2, pp=2 split 2+4) go
 through `ckpt to-hf`; transformers' LlamaForCausalLM on the result must give megatron-core's own
 forward logits (fixture logits.npy) within 1e-5 relative. The older-names fixtures are renames of
-real models' state dicts (mcore_fixtures.legacy_nested: the names and nesting Megatron-LM's legacy
+real models' state dicts (mcore_legacy_names.legacy_nested: the names and nesting Megatron-LM's legacy
 models saved, with both norm namings).
 
 Export: a transformers LLaMA of the same shape -> `ckpt from-hf` -> `ckpt export-megatron --format
