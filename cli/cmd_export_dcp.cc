@@ -47,19 +47,12 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     opts.fsync = !o->no_fsync;
     opts.files = o->files;
     opts.source_chunks = o->source_chunks;
-    if (!o->dtype.empty()) {
-      auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
-      if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));
-      opts.dtype = *dt;
-    }
+    if (auto dt = float_dtype_flag(o->dtype); dt.ok()) opts.dtype = *dt; else return report_error(dt.take_status());
     auto src = open_source(o->src);
     if (!src.ok()) return report_error(src.status());
     auto plan = plan_dcp_export(**src, o->src, opts);
     if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
-    size_t max_src = 1, min_out = 8;
-    for (const auto& p : (*src)->pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-    for (const auto& p : plan->pieces) min_out = std::min(min_out, dtype_size(p.dtype));
-    auto chunk = o->stream.chunk_bytes(max_src, min_out);
+    auto chunk = o->stream.chunk_bytes_for(**src, plan->pieces);
     if (!chunk.ok()) return report_error(chunk.take_status());
     opts.max_chunk_bytes = *chunk;
     ProgressBar bar("export-dcp", stderr_is_tty());

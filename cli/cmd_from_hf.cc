@@ -66,11 +66,7 @@ int run_from_hf(const FromHfArgs& a) {
 
   HfImportOptions opts;
   opts.threads = a.stream.threads;
-  if (!a.dtype.empty()) {
-    auto dt = dtype_from_name(a.dtype, /*cli_aliases=*/true);
-    if (!dt.ok() || !dtype_is_float(*dt)) return fail(Status::InvalidArgument("--dtype '" + a.dtype + "': expected bf16, fp16 or fp32"));
-    opts.dtype = *dt;
-  }
+  if (auto dt = float_dtype_flag(a.dtype); dt.ok()) opts.dtype = *dt; else return fail(dt.take_status());
   auto so = store::parse_compress_spec(a.compress, "--compress");
   if (!so.ok()) return fail(so.take_status());
   so = store::parse_digest_spec(a.digest, "--digest", *so);

@@ -39,11 +39,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     opts.threads = o->stream.threads;
     opts.fsync = !o->no_fsync;
     if (auto io = o->io.mode(); io.ok()) opts.io = *io; else return report_error(io.take_status());
-    if (!o->dtype.empty()) {
-      auto dt = dtype_from_name(o->dtype, /*cli_aliases=*/true);
-      if (!dt.ok() || !dtype_is_float(*dt)) return report_error(Status::InvalidArgument("--dtype '" + o->dtype + "': expected bf16, fp16 or fp32"));
-      opts.dtype = *dt;
-    }
+    if (auto dt = float_dtype_flag(o->dtype); dt.ok()) opts.dtype = *dt; else return report_error(dt.take_status());
     auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
     if (!ms.ok()) return report_error(ms.take_status());
     opts.max_shard_size = *ms;
@@ -51,10 +47,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     if (!src.ok()) return report_error(src.status());
     auto plan = plan_hf_export(**src, o->src, opts);
     if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
-    size_t max_src = 1, min_out = 8;
-    for (const auto& p : (*src)->pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-    for (const auto& p : plan->pieces) min_out = std::min(min_out, dtype_size(p.dtype));
-    auto chunk = o->stream.chunk_bytes(max_src, min_out);
+    auto chunk = o->stream.chunk_bytes_for(**src, plan->pieces);
     if (!chunk.ok()) return report_error(chunk.take_status());
     opts.max_chunk_bytes = *chunk;
     ProgressBar bar("to-hf", stderr_is_tty());

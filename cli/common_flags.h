@@ -6,11 +6,15 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "converters/reshard_job.h"
 #include "formats/file_io_direct.h"
+#include "formats/dtype.h"
 #include "formats/status.h"
+#include "formats/tensor_io.h"
 #include "reshard/layout.h"
 
 namespace ckpt::cli {
@@ -34,7 +38,13 @@ struct StreamFlags {
   // The executor chunk size that keeps its buffers within --max-memory less `reserve` bytes (kept
   // for a writer's own buffers: HDF5, hashing), for the widest source / narrowest output element.
   Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
+  // The same, for copying `src`'s pieces into `out` pieces (widest source, narrowest output element).
+  Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
 };
+
+// --dtype of the exports: empty = keep each tensor's dtype; else bf16, fp16 or fp32 (any float
+// dtype name); anything else is kInvalidArgument naming the flag.
+Result<std::optional<DType>> float_dtype_flag(const std::string& value);
 
 // --io direct|buffered|auto (formats/file_io_direct.h).
 struct IoFlags {
