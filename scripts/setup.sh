@@ -24,15 +24,15 @@ if ((${#missing[@]})); then
 fi
 
 VENV="$here/.venv"
-PY_PKGS=(numpy h5py hdf5plugin safetensors transformers pytest matplotlib xxhash 'megatron-core==0.16.1' psutil)
+PY_PKGS=(numpy h5py hdf5plugin safetensors transformers pytest matplotlib xxhash 'megatron-core==0.16.1' psutil nanobind ml_dtypes)
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating Python venv at $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil' >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil, nanobind, ml_dtypes' >/dev/null 2>&1; then
   echo "setup: installing Python packages into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check 'torch==2.13.0' "${PY_PKGS[@]}" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil' \
+  "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, transformers, pytest, matplotlib, xxhash, megatron.core, psutil, nanobind, ml_dtypes' \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
 fi

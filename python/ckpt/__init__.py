@@ -1,0 +1,5 @@
+"""ckpt: open any checkpoint ckpt reads (native store, HuggingFace, Megatron, DCP) and read its
+tensors, one rank's shard under any layout, or run the commands (verify, diff, reshard, to_hf,
+from_hf, convert, plan) from Python. See docs/PYTHON.md."""
+from ._ckpt import *  # noqa: F401,F403
+from ._ckpt import Error  # noqa: F401
