@@ -265,6 +265,7 @@ def main():
     ap.add_argument("--python", default=str(ROOT / ".venv/bin/python"))
     a = ap.parse_args()
     build = pathlib.Path(a.build).resolve()
+    subprocess.run(["ninja", "-C", str(build), "ckpt", "reshard_bench"], check=True)  # built on request only
     ckpt, rb = str(build / "ckpt"), str(build / "reshard_bench")
     d = pathlib.Path(a.dir)
     rm(d)

@@ -56,13 +56,15 @@ run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds
 }
 
 echo "== build (RelWithDebInfo, -Werror) =="
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_PYTHON="$PY" >/dev/null
+# -g1: line tables (backtraces, sanitizer reports) without full debug info: a fifth less compile time.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build -j"$JOBS"
 echo "== tests =="
 run_ctest build "${CKPT_MIN_TESTS:-418}"
 
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer) =="
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DCKPT_SANITIZE=ON \
   -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
@@ -81,7 +83,7 @@ fi
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="
-  if bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-15}"; then
+  if bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"; then
     total_pass=$((total_pass + 1))
   else
     total_fail=$((total_fail + 1))

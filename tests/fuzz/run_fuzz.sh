@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser,
-# the restricted unpickler of formats/torch, the DCP .metadata parser), seeded with valid files
+# the restricted unpickler of formats/torch, the DCP .metadata parser, profile and cluster files), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
-#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 15 s per target)
+#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 10 s per target)
 #   tests/fuzz/run_fuzz.sh 3600               # long run: one hour per target
 #   CKPT_FUZZ_JOBS=2 tests/fuzz/run_fuzz.sh 3600   # long run on 2 cores (libFuzzer -fork=2)
 # Builds (incrementally) into build-fuzz with clang-14 unless CKPT_FUZZ_DIR points elsewhere.
@@ -16,12 +16,18 @@ secs="${1:-20}"
 min_execs=$(( secs * ${CKPT_FUZZ_MIN_EXECS_PER_SEC:-200} ))
 bdir="${CKPT_FUZZ_DIR:-$here/build-fuzz}"
 if [ ! -f "$bdir/CMakeCache.txt" ]; then
+  # -O1 -g1: half the compile time of -O2 -g (the smoke run builds from scratch in CI), line tables kept.
   CC=clang-14 CXX=clang++-14 cmake -S "$here" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
-    -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_WERROR=OFF >/dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCKPT_BUILD_TESTS=OFF -DCKPT_BUILD_BENCHMARKS=OFF \
+    -DCKPT_BUILD_PYTHON=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
-ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz unpickler_fuzz dcp_metadata_fuzz >/dev/null
+ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz unpickler_fuzz dcp_metadata_fuzz \
+  profile_fuzz cluster_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
-mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/unpickle" "$out/dcp_metadata"
+mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/unpickle" "$out/dcp_metadata" "$out/profile" "$out/cluster"
+# Profile seeds: the shipped profiles; cluster seeds: the example cluster files.
+cp "$here/profiles/"*.json "$out/profile/"
+cp "$here/fixtures/clusters/"*.json "$here/fixtures/demo/cluster_"*.json "$out/cluster/"
 # DCP .metadata seeds: pickles written by torch.distributed.checkpoint.save (tests/fuzz/seeds/).
 cp "$here/tests/fuzz/seeds/dcp_metadata/"* "$out/dcp_metadata/"
 # Seeds: valid headers (empty, tensors with metadata, scalar, zero-size) and indexes.
@@ -103,10 +109,53 @@ cat > "$out/dict" <<'EOF'
 "MetadataIndex"
 "_StorageInfo"
 "relative_path"
+"device_types"
+"devices"
+"nodes"
+"links"
+"ranks"
+"peak_flops"
+"memory"
+"bandwidth"
+"latency"
+"efficiency"
+"intra_node"
+"inter_node"
+"link_bandwidth"
+"count"
+"qkv_packing"
+"mlp_packing"
+"orientation"
+"vocab_padding"
+"multiple"
+"scales_with_tp"
+"dtypes"
+"names"
+"config_keys"
+"megatron-groups"
+"libai-heads"
+"fused-per-tp"
+"in-out"
+"out-in"
+"separate"
+"keep"
+"embedding"
+"optimizer"
+"norm"
+"weight"
+"{layer}"
+"1GB/s"
+"5us"
+"16GiB"
 EOF
 status=0
-fuzz_bin() { case "$1" in manifest) echo store_manifest_fuzz ;; unpickle) echo unpickler_fuzz ;; dcp_metadata) echo dcp_metadata_fuzz ;; *) echo "safetensors_$1_fuzz" ;; esac; }
-for t in header index manifest unpickle dcp_metadata; do
+fuzz_bin() {
+  case "$1" in
+    manifest) echo store_manifest_fuzz ;; unpickle) echo unpickler_fuzz ;; dcp_metadata | profile | cluster) echo "$1_fuzz" ;;
+    *) echo "safetensors_$1_fuzz" ;;
+  esac
+}
+for t in header index manifest unpickle dcp_metadata profile cluster; do
   echo "== $(fuzz_bin "$t") for ${secs}s"
   extra=()
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
