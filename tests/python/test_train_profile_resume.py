@@ -182,3 +182,40 @@ def test_saving_profile_on_an_asymmetric_layout_is_refused(runs):
                        "--grad-accum", 4, "--cluster", cl, "--out", d / "asym_out", "--steps", 1]), check=False)
     assert p.returncode != 0 and "symmetric" in p.stderr and "megatron-mcore" in p.stderr, p.stderr[-2000:]
     assert not (d / "asym_out").exists()
+
+
+def test_overflow_stops_at_the_first_overflowing_chunk(tmp_path):
+    """Without --saturate a conversion stops at the first read that overflows (issue 14): one
+    tensor and its count are named, nothing is written; --saturate converts and reports both."""
+    from safetensors.numpy import save_file
+    cfg = dict(CONFIG, num_hidden_layers=2)
+    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    rng = np.random.default_rng(0)
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (h, h),
+                       p + "self_attn.v_proj.weight": (h, h), p + "self_attn.o_proj.weight": (h, h),
+                       p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                       p + "mlp.down_proj.weight": (h, f)})
+    t = {k: rng.normal(0, 0.02, s).astype(np.float32) for k, s in shapes.items()}
+    big = ["model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"]
+    t[big[0]][1, 2] = 7e4
+    t[big[1]][0, 0] = -1e5
+    (tmp_path / "hf").mkdir()
+    save_file(t, str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    ckpt("from-hf", tmp_path / "hf", tmp_path / "base", "--no-fsync")
+    spec = json.loads((ROOT / "profiles" / "hf.json").read_text())
+    spec.update(name="hf-fp16", dtypes={"weight": "F16", "norm": "F16", "embedding": "F16", "optimizer": "F32"})
+    (tmp_path / "f16.json").write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    p = ckpt("convert", tmp_path / "base", out, "--profile-file", tmp_path / "f16.json", "--threads", 1, check=False)
+    named = [b for b in big if b in p.stderr]
+    assert p.returncode != 0 and "CastOverflow" in p.stderr and len(named) == 1, p.stderr[-2000:]
+    assert "1 of " in p.stderr and "(1 so far" in p.stderr, p.stderr[-2000:]
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+    p = ckpt("convert", tmp_path / "base", out, "--profile-file", tmp_path / "f16.json", "--saturate", "--json")
+    steps = {(s["tensor"], s["step"]): s for s in json.loads(p.stdout)["exactness"]["steps"]}
+    assert [steps[(b, "cast F32->F16")]["clamped"] for b in big] == [1, 1]
