@@ -56,13 +56,14 @@ Status check_batch(const Layout& layout, const TrainOptions& o) {
 
 // Checkpoints in the cluster's profile (trainer/train_profile.h): its JSON beside the checkpoints
 // (RUN_DIR/save_profile.json, rank 0), each save converted into it.
-Status use_save_profile(Comm& world, DistSaver& saver, const Profile& profile, const TrainOptions& o) {
+Status use_save_profile(Comm& world, DistSaver& saver, const TrainProfile& tp, const TrainOptions& o) {
   const std::string file = o.out_dir + "/save_profile.json";
   Status st;
-  if (world.rank() == 0) st = write_file_atomic(file, profile.to_json().dump(2) + "\n");
+  if (world.rank() == 0) st = write_file_atomic(file, tp.profile.to_json().dump(2) + "\n");
   CKPT_RETURN_IF_ERROR(world.agree(st));
-  saver.set_convert([&world, file, threads = o.threads, digest = o.digest](const std::string& staged, const std::string& dst) {
-    return convert_saved_checkpoint(world, staged, dst, file, threads, digest);
+  saver.set_convert([&world, file, layout = tp.stored_layout, threads = o.threads, digest = o.digest](
+                        const std::string& staged, const std::string& dst) {
+    return convert_saved_checkpoint(world, staged, dst, file, layout, threads, digest);
   });
   return Status::Ok();
 }
@@ -143,7 +144,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     so.digest = o.digest;
     p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir, so);
     CKPT_RETURN_IF_ERROR(world.agree(p.saver->prepare()));
-    if (tp.active) CKPT_RETURN_IF_ERROR(use_save_profile(world, *p.saver, tp.profile, o));
+    if (tp.active) CKPT_RETURN_IF_ERROR(use_save_profile(world, *p.saver, tp, o));
   }
   return t;
 }

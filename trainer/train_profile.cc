@@ -29,8 +29,8 @@ Profile trainer_storage_profile(const Profile& p) {
 namespace {
 
 // The saving profile must place every trainer tensor under the (symmetric form of the) layout.
-Status check_train_profile_fits(const Profile& p, const LlamaConfig& cfg, const Layout& layout,
-                                const std::string& where) {
+Result<Layout> check_train_profile_fits(const Profile& p, const LlamaConfig& cfg, const Layout& layout,
+                                        const std::string& where) {
   auto sym = layout.as_symmetric("saving checkpoints in profile '" + p.name + "' (" + where +
                                  "; a profile store holds one tp and one stage split: remove 'profile' from the "
                                  "cluster file to save canonical checkpoints)");
@@ -43,7 +43,7 @@ Status check_train_profile_fits(const Profile& p, const LlamaConfig& cfg, const 
     auto placed = rules.place(TensorMeta{t.name, t.dtype, t.shape}, *sym);
     if (!placed.ok()) return placed.take_status().with_context(where + ", layout " + sym->to_string());
   }
-  return Status::Ok();
+  return sym;
 }
 
 }  // namespace
@@ -81,8 +81,9 @@ Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaC
   }
   CKPT_ASSIGN_OR_RETURN(Profile named, builtin_profile(out.named));
   out.profile = trainer_storage_profile(named);
-  CKPT_RETURN_IF_ERROR(check_train_profile_fits(out.profile, cfg, layout,
-                                                "profile '" + out.named + "' of cluster file '" + cluster_file + "'"));
+  CKPT_ASSIGN_OR_RETURN(out.stored_layout,
+                        check_train_profile_fits(out.profile, cfg, layout,
+                                                 "profile '" + out.named + "' of cluster file '" + cluster_file + "'"));
   out.active = true;
   out.note = "checkpoints: profile '" + out.profile.name + "' (the cluster's '" + out.named + "'" +
              (out.profile.name == out.named ? std::string() : std::string(", dtypes raised to F32")) + ")";
@@ -90,10 +91,18 @@ Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaC
 }
 
 Status convert_saved_checkpoint(Comm& world, const std::string& staged, const std::string& dst,
-                                const std::string& profile_file, int threads, DigestAlgo digest) {
+                                const std::string& profile_file, const Layout& layout, int threads,
+                                DigestAlgo digest) {
   ReshardRequest req;
   req.src = staged;
   req.dst = dst;
+  // The symmetric form as flags (a device-named general layout is stored as its symmetric form).
+  req.layout.tp = layout.tp;
+  req.layout.pp = layout.pp;
+  req.layout.dp = layout.dp;
+  req.layout.zero = layout.zero;
+  for (int s = 0; s < layout.pp; ++s)
+    req.layout.pp_layers += (s ? "," : "") + std::to_string(layout.layers_in_stage(s));
   req.profile.profile_file = profile_file;
   req.threads = std::max(1, threads);
   req.digest = digest_algo_name(digest);

@@ -13,7 +13,7 @@
 // the same pass as the layout change.
 // Saving: DistSaver writes the canonical checkpoint as `step-XXXXXXXX.canonical`, then
 // convert_saved_checkpoint runs the reshard job (converters/reshard_job.h) into `step-XXXXXXXX`
-// with the profile (same layout), and `latest` moves only after that; the canonical copy is
+// with the profile (same layout, in its symmetric form), and `latest` moves only after that; the canonical copy is
 // removed. Errors (before anything runs, naming the cluster file and the device type):
 // ProfileUnknown (a name that is no built-in profile, listing them), Unsupported (a saving
 // profile with a layout that is not symmetric: profile stores hold one tp), the profile's own
@@ -37,6 +37,7 @@ struct TrainProfile {
   Profile profile;      // what is stored (active): the cluster's profile with F32 dtypes
   std::string named;    // the cluster's profile name ("megatron-mcore"); "" when none
   std::string note;     // one line for the start of the run ("" without a cluster file)
+  Layout stored_layout; // active: the symmetric form of the run's layout (device names dropped)
 };
 
 // `p` with every class's stored dtype F32; renamed "<name>.fp32" when that changed anything.
@@ -47,8 +48,10 @@ Profile trainer_storage_profile(const Profile& p);
 Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaConfig& cfg, const Layout& layout);
 
 // Collective: the canonical checkpoint `staged` -> `dst` in the profile of the JSON file
-// `profile_file` (same layout). `threads`: the job's worker threads; `digest` of the pieces.
+// `profile_file`, on `layout` (TrainProfile::stored_layout, symmetric). `threads`: the job's worker
+// threads; `digest` of the pieces.
 Status convert_saved_checkpoint(Comm& world, const std::string& staged, const std::string& dst,
-                                const std::string& profile_file, int threads, DigestAlgo digest);
+                                const std::string& profile_file, const Layout& layout, int threads,
+                                DigestAlgo digest);
 
 }  // namespace ckpt::trainer
