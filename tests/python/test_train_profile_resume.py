@@ -14,9 +14,10 @@ Runs (the 6-layer model of trainer_runs.py, 12 sequences of 8 tokens per step):
   changed, so within trainer_runs.LOSS_RTOL).
 - R1: the fp32 conversion resumed the same way: losses bit-identical to R0's, and its step-6
   checkpoint bit-identical to R0's (h5py) - the profile change happened exactly on the way in.
-- R2: the bf16 conversion resumed the same way: the step-4 loss differs from R0's by at most the
-  first-order bound sum |g| |w - bf16(w)|, computed here with numpy/torch from R0's step-4
-  gradients (--dump-grads) and A's step-3 weights (h5py), x1.5 for the second-order terms.
+- R2: the bf16 conversion resumed the same way: the step-4 loss differs from R0's by at most
+  sum |g| |w - bf16(w)|, and by the first-order prediction g . (bf16(w) - w) within 5%, both
+  computed here with numpy/torch from R0's step-4 gradients (--dump-grads) and A's step-3 weights
+  (h5py); later steps within 4x that bound.
 - R3: R0's profile checkpoint resumed by one process without a cluster to step 8: A's losses.
 - Errors before anything runs: an unknown profile name (ProfileUnknown naming the device type), a
   profile that is not a name (BadCluster), a saving profile on an asymmetric layout (Unsupported).
@@ -87,7 +88,7 @@ def test_a_mix_naming_different_profiles_saves_canonical(runs):
     assert "checkpoints: canonical (profile 'reference'): the ranks' device types name different profiles " \
            "(megatron-mcore, paddlenlp)" in runs["A"].stdout
     man = json.loads((runs["dir"] / "A" / step_dir(MID) / "manifest.json").read_text())
-    assert man["metadata"]["profile"] == "reference"
+    assert man["profile"] == "reference"
     assert {t["dtype"] for t in man["tensors"]} == {"F32"}
 
 
@@ -100,7 +101,7 @@ def test_resume_saves_in_the_cluster_profile_with_f32_dtypes(runs):
     assert (d / "R0" / "latest").read_text().strip() == step_dir(END)
     assert not list((d / "R0").glob("*.canonical*")), "the staged canonical checkpoint is removed"
     man, vals, _ = read_native(ck)
-    md = man["metadata"]
+    md = man
     assert md["profile"] == "megatron-mcore.fp32" and md["profile_spec"]["dtypes"] == {
         "weight": "F32", "norm": "F32", "embedding": "F32", "optimizer": "F32"}
     assert md["trainer"]["step"] == END
@@ -134,11 +135,14 @@ def test_bf16_profile_resume_is_within_the_cast_error(runs):
     _, w, _ = read_native(d / "A" / step_dir(MID), skip=lambda n: n.startswith("optimizer."))
     _, g, _ = read_native(d / "grads_R0")
     assert sorted(g) == sorted(w)
-    bound = 1.5 * sum(float(np.abs(g[k].astype(np.float64) * (bf16(w[k]) - w[k]).astype(np.float64)).sum())
-                      for k in w)
+    dw = {k: (bf16(w[k]) - w[k]).astype(np.float64) for k in w}
+    bound = sum(float(np.abs(g[k].astype(np.float64) * dw[k]).sum()) for k in w)  # sum |g| |dw|
+    linear = sum(float((g[k].astype(np.float64) * dw[k]).sum()) for k in w)      # g . dw
     l0, l2 = log(d / "R0")[0]["loss"], log(d / "R2")[0]["loss"]
     assert l2 != l0, "the bf16 weights must change the loss"
     assert abs(l2 - l0) <= bound + 1e-6 * abs(l0), (l0, l2, bound)
+    # The first-order prediction holds to a few percent (measured: 0.05%): the change is the cast's.
+    assert abs((l2 - l0) - linear) <= 0.05 * abs(linear) + 1e-6 * abs(l0), (l2 - l0, linear)
     # Later steps stay within the same order (fp32 moments are exact; weights moved by ~2^-9 relative).
     for a, b in zip(log(d / "R0")[1:], log(d / "R2")[1:]):
         assert abs(a["loss"] - b["loss"]) <= 4 * bound + 1e-6 * abs(a["loss"]), (a, b, bound)
@@ -148,7 +152,7 @@ def test_the_run_resumes_from_its_own_profile_checkpoint(runs):
     d = runs["dir"]
     assert_losses_close(log(d / "A"), log(d / "R3"), range(END + 1, LAST + 1))
     man = json.loads((d / "R3" / step_dir(LAST) / "manifest.json").read_text())
-    assert man["metadata"]["profile"] == "reference", "no cluster: canonical checkpoints"
+    assert man["profile"] == "reference", "no cluster: canonical checkpoints"
 
 
 @pytest.mark.parametrize("bad,code,words", [
