@@ -142,7 +142,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     CKPT_RETURN_IF_ERROR(world.agree(st));
     store::StoreOptions so;
     so.digest = o.digest;
-    p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir, so);
+    // Saving in a profile: planned under the symmetric form (the same placement as a uniform
+    // general layout; a profile store's layout has one tp), so the conversion keeps it.
+    p.saver = std::make_unique<DistSaver>(world, o.config, tp.active ? tp.stored_layout : layout, o.out_dir, so);
     CKPT_RETURN_IF_ERROR(world.agree(p.saver->prepare()));
     if (tp.active) CKPT_RETURN_IF_ERROR(use_save_profile(world, *p.saver, tp, o));
   }

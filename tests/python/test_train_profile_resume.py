@@ -223,3 +223,30 @@ def test_overflow_stops_at_the_first_overflowing_chunk(tmp_path):
     p = ckpt("convert", tmp_path / "base", out, "--profile-file", tmp_path / "f16.json", "--saturate", "--json")
     steps = {(s["tensor"], s["step"]): s for s in json.loads(p.stdout)["exactness"]["steps"]}
     assert [steps[(b, "cast F32->F16")]["clamped"] for b in big] == [1, 1]
+
+
+def test_device_named_layout_saves_its_symmetric_form_in_paddlenlp(runs):
+    """Stages naming their device types (a general layout) whose types both name paddlenlp: the run
+    saves paddlenlp (F32) under the layout's symmetric form; h5py sees PaddleNLP's names and [in, out]
+    weights (the transpose of the canonical run's, within the cross-layout tolerance); one process
+    resumes it with the canonical run's losses."""
+    d = runs["dir"]
+    lay = d / "named.json"
+    lay.write_text(json.dumps({"pipelines": [{"micro_batch": 12, "stages": [
+        {"layers": 2, "tp": 1, "device": "a"}, {"layers": 4, "tp": 1, "device": "b"}]}], "zero": 0}))
+    cl = cluster(d / "paddle.json", {"a": "paddlenlp", "b": "paddlenlp"}, [("a", 1), ("b", 1)])
+    p = train(d, ["--layout", lay], "--cluster", cl, "--out", d / "P", "--steps", MID)
+    assert "checkpoints: profile 'paddlenlp.fp32'" in p.stdout
+    man, vals, _ = read_native(d / "P" / step_dir(MID))
+    assert man["profile"] == "paddlenlp.fp32"
+    assert (man["layout"]["tp"], man["layout"]["pp"], man["layout"]["layers_per_stage"]) == (1, 2, [2, 4])
+    _, ref, _ = read_native(d / "A" / step_dir(MID), skip=lambda n: n.startswith("optimizer."))
+    for i in (0, 5):
+        for m in ("self_attn.q_proj", "mlp.down_proj"):
+            got = vals[f"llama.layers.{i}.{m}.weight"]
+            np.testing.assert_allclose(got.T, ref[f"model.layers.{i}.{m}.weight"], rtol=1e-5, atol=5e-6)
+    np.testing.assert_allclose(vals["lm_head.weight"].T, ref["lm_head.weight"], rtol=1e-5, atol=5e-6)
+    r = run([ckpt_path(), "train", "--config", d / "config.json", *COMMON, "--micro-batch", 12,
+             "--out", d / "P1", "--steps", END, "--resume", d / "P"])
+    assert r.returncode == 0
+    assert_losses_close(log(d / "A"), log(d / "P1"), range(MID + 1, END + 1))
