@@ -19,6 +19,10 @@ Runs (the 6-layer model of trainer_runs.py, 12 sequences of 8 tokens per step):
   computed here with numpy/torch from R0's step-4 gradients (--dump-grads) and A's step-3 weights
   (h5py); later steps within 4x that bound.
 - R3: R0's profile checkpoint resumed by one process without a cluster to step 8: A's losses.
+- P: a layout whose stages name device types that both name paddlenlp: saved as paddlenlp (F32)
+  under the layout's symmetric form; h5py: the weights are the transpose of A's; resumes in one
+  process with A's losses.
+- Overflow: a conversion to fp16 without --saturate stops at the first chunk that overflows.
 - Errors before anything runs: an unknown profile name (ProfileUnknown naming the device type), a
   profile that is not a name (BadCluster), a saving profile on an asymmetric layout (Unsupported).
 """
