@@ -62,10 +62,12 @@ class DistSaver {
   // Bytes this rank writes per save (0 before the first save).
   uint64_t my_bytes() const;
   // Saving in a profile (trainer/train_profile.h): each checkpoint is committed canonical as
-  // `step-XXXXXXXX.canonical` first, then `convert(staged, final)` (collective, every rank) writes
-  // `step-XXXXXXXX`; `latest` moves after that and the staged copy is removed. Not set: the
-  // canonical checkpoint is the final one.
-  using Convert = std::function<Status(const std::string& staged, const std::string& dst)>;
+  // `step-XXXXXXXX.canonical` first, then `convert(staged, final, budget)` (collective, every rank)
+  // writes `step-XXXXXXXX` with at most `budget` bytes of buffers (this rank's staging bytes, whose
+  // copies are released first, so the memory estimate's staging term covers the conversion);
+  // `latest` moves after that and the staged copy is removed. Not set: the canonical checkpoint
+  // is the final one.
+  using Convert = std::function<Status(const std::string& staged, const std::string& dst, uint64_t budget)>;
   void set_convert(Convert convert) { convert_ = std::move(convert); }
 
   struct Plan;

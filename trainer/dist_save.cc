@@ -191,7 +191,8 @@ Status DistSaver::commit() {
   CKPT_RETURN_IF_ERROR(world_.agree(fin));
   if (!convert_) return Status::Ok();
   // Saving in a profile: the committed canonical checkpoint -> the final one (collective).
-  Status conv = world_.agree(convert_(dst_, final_));
+  std::vector<std::vector<float>>().swap(staging_);  // the writer has finished; the job's buffers replace them
+  Status conv = world_.agree(convert_(dst_, final_, plan_->bytes));
   Status done;
   if (world_.rank() == 0) {
     if (conv.ok()) done = store::write_latest(run_dir_, final_.substr(final_.rfind('/') + 1));

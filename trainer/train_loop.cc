@@ -62,8 +62,8 @@ Status use_save_profile(Comm& world, DistSaver& saver, const TrainProfile& tp, c
   if (world.rank() == 0) st = write_file_atomic(file, tp.profile.to_json().dump(2) + "\n");
   CKPT_RETURN_IF_ERROR(world.agree(st));
   saver.set_convert([&world, file, layout = tp.stored_layout, threads = o.threads, digest = o.digest](
-                        const std::string& staged, const std::string& dst) {
-    return convert_saved_checkpoint(world, staged, dst, file, layout, threads, digest);
+                        const std::string& staged, const std::string& dst, uint64_t budget) {
+    return convert_saved_checkpoint(world, staged, dst, file, layout, threads, digest, budget);
   });
   return Status::Ok();
 }

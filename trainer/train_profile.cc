@@ -92,7 +92,7 @@ Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaC
 
 Status convert_saved_checkpoint(Comm& world, const std::string& staged, const std::string& dst,
                                 const std::string& profile_file, const Layout& layout, int threads,
-                                DigestAlgo digest) {
+                                DigestAlgo digest, uint64_t budget) {
   ReshardRequest req;
   req.src = staged;
   req.dst = dst;
@@ -107,6 +107,7 @@ Status convert_saved_checkpoint(Comm& world, const std::string& staged, const st
   req.threads = std::max(1, threads);
   req.digest = digest_algo_name(digest);
   req.no_verify = true;  // written and hashed just now by this run
+  req.max_memory = std::to_string(std::max<uint64_t>(budget, uint64_t{4} << 20));
   req.dist = world.size() > 1 ? &world : nullptr;
   auto r = run_reshard_job(req);
   if (!r.ok()) return r.take_status().with_context("saving '" + dst + "' in the cluster's profile");

@@ -49,9 +49,9 @@ Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaC
 
 // Collective: the canonical checkpoint `staged` -> `dst` in the profile of the JSON file
 // `profile_file`, on `layout` (TrainProfile::stored_layout, symmetric). `threads`: the job's worker
-// threads; `digest` of the pieces.
+// threads; `digest` of the pieces; `budget`: the job's --max-memory in bytes (at least 4 MiB).
 Status convert_saved_checkpoint(Comm& world, const std::string& staged, const std::string& dst,
                                 const std::string& profile_file, const Layout& layout, int threads,
-                                DigestAlgo digest);
+                                DigestAlgo digest, uint64_t budget);
 
 }  // namespace ckpt::trainer
