@@ -30,7 +30,9 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--total-steps", f->o.total_steps, "LR schedule horizon (default: --steps)");
   sub.add_option("--save-every", f->o.save_every, "Checkpoint every K steps (0: only at the end)")->capture_default_str();
   sub.add_option("--out", f->o.out_dir, "Run directory: step-XXXXXXXX checkpoints, latest, train_log.jsonl");
-  sub.add_option("--resume", f->o.resume, "Resume from a checkpoint or run dir, or 'latest' (of --out)");
+  sub.add_option("--resume", f->o.resume,
+                 "Resume from a checkpoint or run dir, or 'latest' (of --out); any layout and any profile (converted "
+                 "on the way in)");
   sub.add_option("--seed", f->o.seed, "Seed of the initialization and the data stream")->capture_default_str();
   sub.add_option("--lr", f->o.lr, "Peak learning rate")->capture_default_str();
   sub.add_option("--warmup", f->o.warmup, "Linear warm-up steps")->capture_default_str();
@@ -50,7 +52,10 @@ CommandAction setup_train(CLI::App& sub) {
                  "rank order. The layout's device types must match it, and every rank's estimated memory (weights, "
                  "gradients, optimizer state, activations of the micro-batches in flight) must fit its device, else "
                  "the run stops before training naming the rank; at the end, estimate vs peak RSS per rank is printed "
-                 "(with --out, always written to RUN_DIR/memory.json)")
+                 "(with --out, always written to RUN_DIR/memory.json). A device type's \"profile\" (e.g. "
+                 "\"megatron-mcore\") names its stack's storage convention: when every rank's type names the same one, "
+                 "checkpoints are stored in it with F32 dtypes (\"<name>.fp32\"), else canonical (docs/TRAINER.md "
+                 "\"Profiles\")")
       ->type_name("FILE");
   sub.add_flag("--emulate", f->o.emulate,
                "Emulate the --cluster file's device types on this machine: after each compute section (forward or "

@@ -12,7 +12,9 @@
 //    (names, shapes, stored dtypes, packing, transpose, zero padding rows). Its pieces are the
 //    canonical pieces mapped through B's segments (and one zero piece per padding segment); reads
 //    cast to B's dtypes with the tracking cast (converters/exactness.h), saturating and counting
-//    what was clamped (the caller decides whether that is an error), and transpose in tiles.
+//    what was clamped, and transpose in tiles. With CastOptions::overflow kError (no --saturate)
+//    the first read that clamps anything fails (CastOverflow: the tensor, this read's count and
+//    the count so far), so a job stops at its first overflowing chunk; kSaturate: it goes on.
 // Where the mapping is the identity on bytes (no transpose, no cast) file_extent passes through,
 // so a file-to-file copy still happens.
 // Thread safety: read/file_extent may be called from several threads at once when the underlying

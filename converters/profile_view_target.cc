@@ -36,6 +36,7 @@ class ProfileViewImpl final : public ProfileView {
     Status st = pt.transposed ? read_transposed(m.src, sd, pt.dtype, csub, dst, e)
                               : read_straight(m.src, sd, pt.dtype, csub, dst, e);
     if (e.elements > 0) tracker_.add(e);
+    if (st.ok() && e.clamped > 0 && stop_on_overflow_) st = overflow_stop(e);
     if (!st.ok())
       return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
     return st;
@@ -59,6 +60,7 @@ class ProfileViewImpl final : public ProfileView {
     v->pts_ = pts;
     v->meta_ = std::move(metadata);
     v->cast_ = cast;
+    v->stop_on_overflow_ = cast.overflow == OverflowPolicy::kError;  // the first overflowing read fails
     v->cast_.overflow = OverflowPolicy::kSaturate;  // clamped values are counted; the caller decides
     v->tile_ = std::max<uint64_t>(tile, 1);
     CKPT_RETURN_IF_ERROR(v->build());
@@ -183,6 +185,18 @@ class ProfileViewImpl final : public ProfileView {
   CastOptions cast_;
   uint64_t tile_ = kProfileTileBytes;
   ExactnessTracker tracker_;
+  bool stop_on_overflow_ = false;
+
+  // Without --saturate the job stops at the first read that overflows (nothing is committed).
+  Status overflow_stop(const ExactnessEntry& e) const {
+    uint64_t so_far = 0;
+    for (const ExactnessEntry& x : tracker_.snapshot().entries()) so_far += x.clamped;
+    return Status::Error("CastOverflow", e.step + ": " + std::to_string(e.clamped) + " of " + std::to_string(e.elements) +
+                                             " elements of this read beyond the target's max finite (" +
+                                             std::to_string(so_far) + " so far; the conversion stops at the first "
+                                             "chunk that overflows and writes nothing; --saturate clamps them to the "
+                                             "max finite and reports the counts)");
+  }
 };
 
 }  // namespace

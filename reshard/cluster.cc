@@ -46,7 +46,7 @@ Result<uint64_t> bytes_field(const nlohmann::json& v, const std::string& ctx, bo
 Result<DeviceType> device_type_from_json(const nlohmann::json& e, size_t i) {
   const std::string ctx = "cluster device_types[" + std::to_string(i) + "]";
   if (!e.is_object()) return bad_cluster(ctx + " must be an object {\"name\", \"memory\", ...}, got " + e.dump());
-  CKPT_RETURN_IF_ERROR(cluster_keys(e, {"name", "vendor", "memory", "peak_flops", "link_bandwidth", "dtype", "efficiency"}, ctx));
+  CKPT_RETURN_IF_ERROR(cluster_keys(e, {"name", "vendor", "memory", "peak_flops", "link_bandwidth", "dtype", "efficiency", "profile"}, ctx));
   DeviceType d;
   auto name = e.find("name");
   if (name == e.end() || !name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 256)
@@ -80,6 +80,15 @@ Result<DeviceType> device_type_from_json(const nlohmann::json& e, size_t i) {
       return bad_cluster(tctx + " key 'efficiency' must be a number in (0, 1] (the fraction of peak_flops a "
                          "training step reaches), got " + v->dump());
     d.efficiency = v->get<double>();
+  }
+  if (auto v = e.find("profile"); v != e.end()) {
+    const bool ok = v->is_string() && !v->get<std::string>().empty() && v->get<std::string>().size() <= 128 &&
+                    std::all_of(v->get_ref<const std::string&>().begin(), v->get_ref<const std::string&>().end(),
+                                [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'; });
+    if (!ok)
+      return bad_cluster(tctx + " key 'profile' must be a profile name such as \"megatron-mcore\" (a-z, 0-9, '.', '_', '-'), got " +
+                         v->dump());
+    d.profile = v->get<std::string>();
   }
   return d;
 }
@@ -309,8 +318,10 @@ nlohmann::json Cluster::to_json() const {
                        {"peak_flops", d.peak_flops},
                        {"link_bandwidth", static_cast<uint64_t>(d.link_bytes_per_s)},
                        {"dtype", d.dtype}});
-  for (size_t i = 0; i < types.size(); ++i)
+  for (size_t i = 0; i < types.size(); ++i) {
     if (types[i].efficiency > 0) types_j[i]["efficiency"] = types[i].efficiency;
+    if (!types[i].profile.empty()) types_j[i]["profile"] = types[i].profile;
+  }
   nlohmann::json out = {{"device_types", types_j}};
   if (!topology || nodes.empty()) {
     out["ranks"] = cluster_runs_to_json(*this, 0, rank_type.size());

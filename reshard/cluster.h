@@ -12,7 +12,10 @@
 // step reaches (default kDefaultEfficiency), used by the planner's cost model (docs/PLAN.md).
 // memory and link_bandwidth take a byte count or a size string (formats/byte_size.h: "24GiB",
 // "500MB"; bandwidth in bytes per second, "/s" optional); peak_flops is FLOP/s; dtype is the stored
-// dtype that device type's stack prefers ("bf16", "fp16", "fp32"). Unknown keys are refused.
+// dtype that device type's stack prefers ("bf16", "fp16", "fp32"); profile names the storage
+// convention (converters/profile.h, docs/PROFILES.md) of that device type's stack, a built-in profile
+// name checked where profiles are known (trainer/train_profile.h: `ckpt train` saves in it and
+// converts a resume into it, docs/TRAINER.md "Profiles"). Unknown keys are refused.
 // check_cluster_layout ties a cluster to a Layout: the rank counts add up to the layout's world
 // size, and where a layout stage names a device type, every rank of that stage is of that type.
 // Pure functions over values; thread safe.
@@ -38,6 +41,7 @@ struct DeviceType {
   std::string dtype = "bf16";       // "bf16" | "fp16" | "fp32"
   double efficiency = 0;            // fraction of peak_flops a training step reaches; 0: not given
                                     // (the cost model then uses kDefaultEfficiency)
+  std::string profile;              // the stack's profile name ([a-z0-9._-]+); "": not given
 };
 
 inline constexpr double kDefaultEfficiency = 0.5;
@@ -83,7 +87,8 @@ struct Cluster {
 
   // Errors: BadCluster naming the key / entry and what was expected (unknown key, unknown type,
   // a count < 1, duplicate type names, memory 0, sizes that do not parse, an empty node, a node
-  // named twice, both "ranks" and "nodes" disagreeing, an efficiency outside (0, 1]).
+  // named twice, both "ranks" and "nodes" disagreeing, an efficiency outside (0, 1], a profile that
+  // is not a string of [a-z0-9._-]+).
   static Result<Cluster> from_json(const nlohmann::json& j);
   // read_json_file (bounded) then from_json; errors carry the file.
   static Result<Cluster> from_file(const std::string& path);

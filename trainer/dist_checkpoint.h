@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -60,6 +61,14 @@ class DistSaver {
   bool in_flight() const { return in_flight_; }
   // Bytes this rank writes per save (0 before the first save).
   uint64_t my_bytes() const;
+  // Saving in a profile (trainer/train_profile.h): each checkpoint is committed canonical as
+  // `step-XXXXXXXX.canonical` first, then `convert(staged, final, budget)` (collective, every rank)
+  // writes `step-XXXXXXXX` with at most `budget` bytes of buffers (this rank's staging bytes, whose
+  // copies are released first, so the memory estimate's staging term covers the conversion);
+  // `latest` moves after that and the staged copy is removed. Not set: the canonical checkpoint
+  // is the final one.
+  using Convert = std::function<Status(const std::string& staged, const std::string& dst, uint64_t budget)>;
+  void set_convert(Convert convert) { convert_ = std::move(convert); }
 
   struct Plan;
 
@@ -77,7 +86,9 @@ class DistSaver {
   std::unique_ptr<Plan> plan_;
   std::vector<std::vector<float>> staging_;  // one per piece of this rank
   nlohmann::json metadata_;
-  std::string dst_;                          // the checkpoint being saved
+  std::string dst_;                          // the checkpoint being saved (the staged one with convert_)
+  std::string final_;                        // the checkpoint the save ends as
+  Convert convert_;
   std::thread writer_;
   bool in_flight_ = false;
   // Written by the writer thread, read on the main thread after `done_` (acquire).

@@ -2,6 +2,8 @@
 // held regions through the engine.
 #include <algorithm>
 
+#include "converters/profile_view.h"
+#include "converters/profile_view_job.h"
 #include "formats/store/store_reader.h"
 #include "reshard/executor.h"
 #include "reshard/source_index.h"
@@ -21,7 +23,8 @@ std::vector<size_t> my_verify_share(const store::Manifest& m, int rank, int nran
   return balanced_share(sizes, nranks, rank);
 }
 
-Status check_config(const store::StoreReader& reader, const LlamaConfig& cfg) {
+// `reader`: the store, or its canonical view when it is stored in another profile.
+Status check_config(const TensorSource& reader, const LlamaConfig& cfg) {
   const auto& md = reader.metadata();
   const std::string where = reader.describe();
   if (!md.is_object() || !md.contains("model_config") || !md.contains("trainer"))
@@ -58,7 +61,7 @@ Status verify_share(store::StoreReader& reader, int rank, int nranks) {
 }
 
 // Reads every held region (a flat range as its boxes, in storage order) from `reader`.
-Status read_held(store::StoreReader& reader, const std::vector<HeldRegion>& held) {
+Status read_held(TensorSource& reader, const std::vector<HeldRegion>& held) {
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(reader));
   for (const HeldRegion& h : held) {
     int64_t off = 0;
@@ -70,6 +73,16 @@ Status read_held(store::StoreReader& reader, const std::vector<HeldRegion>& held
       off += b.numel();
     }
   }
+  return Status::Ok();
+}
+
+// The canonical view of a store kept in a profile other than "reference".
+Status open_resume_view(store::StoreReader& reader, std::unique_ptr<CanonicalView>& canon) {
+  auto p = profile_of_metadata(reader.metadata(), reader.describe());
+  if (!p.ok()) return p.take_status();
+  auto v = canonical_view(reader, nullptr, *p);
+  if (!v.ok()) return v.take_status().with_context("resume source " + reader.describe());
+  canon = std::move(v).value();
   return Status::Ok();
 }
 
@@ -87,11 +100,18 @@ Result<nlohmann::json> dist_load(Comm& world, const std::string& path, const Lla
     if (r.ok()) reader = std::move(r).value();
     else st = r.take_status();
   }
-  if (st.ok()) st = check_config(*reader, cfg);
+  // A store in another profile is read through its canonical view: the profile change happens in
+  // the reads of the held regions, with the layout change (trainer/train_profile.h).
+  std::unique_ptr<CanonicalView> canon;
+  if (st.ok() && needs_profile_views(reader->metadata(), ProfileRequest{})) {
+    st = open_resume_view(*reader, canon);
+  }
+  TensorSource* src = canon ? static_cast<TensorSource*>(canon.get()) : reader.get();
+  if (st.ok()) st = check_config(*src, cfg);
   CKPT_RETURN_IF_ERROR(world.agree(st));
   CKPT_RETURN_IF_ERROR(world.agree(verify_share(*reader, world.rank(), world.size())));
-  CKPT_RETURN_IF_ERROR(world.agree(read_held(*reader, held)));
-  return reader->metadata();
+  CKPT_RETURN_IF_ERROR(world.agree(read_held(*src, held)));
+  return src->metadata();
 }
 
 }  // namespace ckpt::trainer

@@ -127,7 +127,8 @@ Status DistSaver::save(const std::vector<HeldRegion>& held, const nlohmann::json
   Status st = make_plan_once();
   if (st.ok()) st = copy_out(held);
   CKPT_RETURN_IF_ERROR(world_.agree(st));
-  dst_ = run_dir_ + "/" + store::step_dir_name(step);
+  final_ = run_dir_ + "/" + store::step_dir_name(step);
+  dst_ = convert_ ? final_ + ".canonical" : final_;
   metadata_ = metadata.is_object() ? metadata : nlohmann::json::object();
   metadata_["layout"] = plan_->layout_json;
   // Rank 0 prepares `<dst>.partial/shards`; everyone learns whether that worked.
@@ -184,10 +185,21 @@ Status DistSaver::commit() {
       }
     }
     if (fin.ok()) fin = store::StoreWriter::finalize(dst_, plan_->tensors, std::move(records), metadata_, opts_);
-    if (fin.ok()) fin = store::write_latest(run_dir_, dst_.substr(dst_.rfind('/') + 1));
+    if (fin.ok() && !convert_) fin = store::write_latest(run_dir_, dst_.substr(dst_.rfind('/') + 1));
     if (!fin.ok()) (void)remove_tree(partial);
   }
-  return world_.agree(fin);
+  CKPT_RETURN_IF_ERROR(world_.agree(fin));
+  if (!convert_) return Status::Ok();
+  // Saving in a profile: the committed canonical checkpoint -> the final one (collective).
+  std::vector<std::vector<float>>().swap(staging_);  // the writer has finished; the job's buffers replace them
+  Status conv = world_.agree(convert_(dst_, final_, plan_->bytes));
+  Status done;
+  if (world_.rank() == 0) {
+    if (conv.ok()) done = store::write_latest(run_dir_, final_.substr(final_.rfind('/') + 1));
+    if (done.ok()) (void)remove_tree(dst_);
+  }
+  CKPT_RETURN_IF_ERROR(conv);
+  return world_.agree(done);
 }
 
 Status DistSaver::wait() {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "formats/checked.h"
+#include "formats/fs_util.h"
 #include "reshard/comm.h"
 #include "trainer/dist_checkpoint.h"
 #include "trainer/emulate.h"
@@ -13,6 +14,7 @@
 #include "trainer/ops.h"
 #include "trainer/parallel_step.h"
 #include "trainer/train_layout.h"
+#include "trainer/train_profile.h"
 #include "trainer/zero_optimizer.h"
 
 namespace ckpt::trainer {
@@ -52,6 +54,20 @@ Status check_batch(const Layout& layout, const TrainOptions& o) {
   return Status::Ok();
 }
 
+// Checkpoints in the cluster's profile (trainer/train_profile.h): its JSON beside the checkpoints
+// (RUN_DIR/save_profile.json, rank 0), each save converted into it.
+Status use_save_profile(Comm& world, DistSaver& saver, const TrainProfile& tp, const TrainOptions& o) {
+  const std::string file = o.out_dir + "/save_profile.json";
+  Status st;
+  if (world.rank() == 0) st = write_file_atomic(file, tp.profile.to_json().dump(2) + "\n");
+  CKPT_RETURN_IF_ERROR(world.agree(st));
+  saver.set_convert([&world, file, layout = tp.stored_layout, threads = o.threads, digest = o.digest](
+                        const std::string& staged, const std::string& dst, uint64_t budget) {
+    return convert_saved_checkpoint(world, staged, dst, file, layout, threads, digest, budget);
+  });
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct Trainer::Parts {
@@ -81,6 +97,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
       o.cluster_file, memory_inputs(o.config, layout, o.seq_len, o.grad_accum, !o.out_dir.empty(), o.data_path),
       &mem_check));
   if (!mem_check.empty() && o.print && world.rank() == 0) std::printf("%s\n", mem_check.c_str());
+  // The cluster's profile (checked before any allocation): what the checkpoints are stored in.
+  CKPT_ASSIGN_OR_RETURN(TrainProfile tp, train_profile(o.cluster_file, o.config, layout));
+  if (!tp.note.empty() && o.print && world.rank() == 0 && !o.out_dir.empty()) std::printf("%s\n", tp.note.c_str());
   Emulation emu;
   if (o.emulate) {
     CKPT_ASSIGN_OR_RETURN(emu, make_emulation(o.cluster_file, world.size()));
@@ -123,8 +142,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     CKPT_RETURN_IF_ERROR(world.agree(st));
     store::StoreOptions so;
     so.digest = o.digest;
-    p.saver = std::make_unique<DistSaver>(world, o.config, layout, o.out_dir, so);
+    // Saving in a profile: planned under the symmetric form (the same placement as a uniform
+    // general layout; a profile store's layout has one tp), so the conversion keeps it.
+    p.saver = std::make_unique<DistSaver>(world, o.config, tp.active ? tp.stored_layout : layout, o.out_dir, so);
     CKPT_RETURN_IF_ERROR(world.agree(p.saver->prepare()));
+    if (tp.active) CKPT_RETURN_IF_ERROR(use_save_profile(world, *p.saver, tp, o));
   }
   return t;
 }

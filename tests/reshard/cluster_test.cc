@@ -82,6 +82,25 @@ TEST(Cluster, BadFilesAreRefusedNamingTheProblem) {
   EXPECT_NE(m.status().to_string().find("no_such_cluster.json"), std::string::npos) << m.status().to_string();
 }
 
+TEST(Cluster, ProfilePerDeviceType) {
+  // A device type may name its stack's profile (checked against the built-in profiles by
+  // trainer/train_profile.h, not here: reshard/ does not know them); the name's syntax is checked.
+  auto c = parse(R"({"device_types":[{"name":"X","memory":"1GiB","profile":"megatron-mcore"},{"name":"Y","memory":"1GiB"}],)"
+                 R"("ranks":[{"type":"X","count":1},{"type":"Y","count":1}]})");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->types[0].profile, "megatron-mcore");
+  EXPECT_EQ(c->types[1].profile, "");
+  auto back = Cluster::from_json(c->to_json());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->types[0].profile, "megatron-mcore");
+  EXPECT_FALSE(c->to_json()["device_types"][1].contains("profile"));
+  const std::string ranks = R"("ranks":[{"type":"X","count":1}])";
+  expect_bad(R"({"device_types":[{"name":"X","memory":"1GiB","profile":5}],)" + ranks + "}", "key 'profile'");
+  expect_bad(R"({"device_types":[{"name":"X","memory":"1GiB","profile":""}],)" + ranks + "}", "key 'profile'");
+  expect_bad(R"({"device_types":[{"name":"X","memory":"1GiB","profile":"Megatron Core"}],)" + ranks + "}",
+             "key 'profile'");
+}
+
 TEST(Cluster, NodesAndLinks) {
   auto c = Cluster::from_file(fixture("two_nodes.json"));
   ASSERT_TRUE(c.ok()) << c.status().message();
