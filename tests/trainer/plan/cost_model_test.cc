@@ -128,7 +128,7 @@ TEST(PlanCost, PipelineTimeEqualsASimulationOfTheFlow) {
 // A one-node cluster of 2 ranks of one type; the calibration of a machine with 2 ranks at once.
 Cluster calib_cluster() {
   Cluster c;
-  c.types = {{"X", "", uint64_t{1} << 40, 2e11, 5e9, "fp32", 0.5}};
+  c.types = {{"X", "", uint64_t{1} << 40, 2e11, 5e9, "fp32", 0.5, ""}};
   c.rank_type = {0, 0};
   return c;
 }

@@ -179,7 +179,7 @@ ModelSpec example_model() { return ModelSpec{6, 512, 1024, 8, 4, 64, 256, false}
 
 Cluster three_types(double fa, double fb, double fc, uint64_t ma, uint64_t mb, uint64_t mc) {
   Cluster c;
-  c.types = {{"A", "", ma, fa, 1e15, "bf16", 1}, {"B", "", mb, fb, 1e15, "bf16", 1}, {"C", "", mc, fc, 1e15, "bf16", 1}};
+  c.types = {{"A", "", ma, fa, 1e15, "bf16", 1, ""}, {"B", "", mb, fb, 1e15, "bf16", 1, ""}, {"C", "", mc, fc, 1e15, "bf16", 1, ""}};
   c.rank_type = {0, 1, 2};
   c.intra_node = {1e15, 0};
   return c;
