@@ -1,5 +1,7 @@
 // The geometry of profile tensors and the canonical view (converters/profile_view.h).
 #include "converters/profile_view.h"
+#include "converters/transpose_tile.h"
+#include "reshard/staged_read.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,31 +40,11 @@ bool is_identity(const ProfileTensor& t, const Shape& canonical_shape) {
          t.segments[0].box == Box::whole(canonical_shape) && t.shape == canonical_shape;
 }
 
-namespace {
-template <typename T>
-void transpose_typed(const T* src, int64_t m, int64_t n, T* dst, int64_t ld) {
-  constexpr int64_t kB = 32;
-  for (int64_t i0 = 0; i0 < m; i0 += kB) {
-    const int64_t i1 = std::min(m, i0 + kB);
-    for (int64_t j0 = 0; j0 < n; j0 += kB) {
-      const int64_t j1 = std::min(n, j0 + kB);
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) dst[j * ld + i] = src[i * n + j];
-    }
-  }
-}
-}  // namespace
-
-void transpose_into(const uint8_t* src, int64_t m, int64_t n, uint8_t* dst, int64_t ld, size_t es) {
-  switch (es) {
-    case 1: return transpose_typed(src, m, n, dst, ld);
-    case 2: return transpose_typed(reinterpret_cast<const uint16_t*>(src), m, n, reinterpret_cast<uint16_t*>(dst), ld);
-    case 4: return transpose_typed(reinterpret_cast<const uint32_t*>(src), m, n, reinterpret_cast<uint32_t*>(dst), ld);
-    case 8: return transpose_typed(reinterpret_cast<const uint64_t*>(src), m, n, reinterpret_cast<uint64_t*>(dst), ld);
-    default:
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) std::memcpy(dst + (j * ld + i) * es, src + (i * n + j) * es, es);
-  }
+uint8_t* tile_scratch(int slot, size_t bytes) {
+  thread_local std::vector<uint8_t> bufs[4];
+  std::vector<uint8_t>& b = bufs[slot];
+  if (b.size() < bytes) b.resize(bytes);
+  return b.data();
 }
 
 }  // namespace profile_view_detail
@@ -82,7 +64,9 @@ Status profile_mismatch(const std::string& src, const std::string& msg) {
   return Status::Error("ProfileTensorMismatch", "'" + src + "': " + msg);
 }
 
-class CanonicalViewImpl final : public CanonicalView {
+// Transposed pieces are also staged reads (reshard/staged_read.h): the stored rows are read on
+// the executor's reading thread and transposed by a worker.
+class CanonicalViewImpl final : public CanonicalView, public StagedReads {
  public:
   const std::vector<TensorMeta>& tensors() const override { return tensors_; }
   const std::vector<Piece>& pieces() const override { return pieces_; }
@@ -97,6 +81,26 @@ class CanonicalViewImpl final : public CanonicalView {
     const Box cb = pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub);
     if (!pt.transposed) return src_->read(m.src, cb, dst);
     return read_transposed(m.src, pt, cb, static_cast<uint8_t*>(dst));
+  }
+
+  uint64_t staged_bytes(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size() || sub.ndim() != 2 || map_[piece].identity || !pts_[map_[piece].pt].transposed) return 0;
+    return static_cast<uint64_t>(sub.numel()) * dtype_size(src_->pieces()[map_[piece].src].dtype);
+  }
+
+  // The stage: the stored box [C, R] of canonical box `sub` [R, C], as stored.
+  Status read_stage(size_t piece, const Box& sub, void* stage) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("canonical view piece " + std::to_string(piece) + " is not staged");
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    return src_->read(m.src, pvd::concat_to_stored(pt, pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub)), stage);
+  }
+
+  Status finish_stage(size_t piece, const Box& sub, const void* stage, void* dst, int64_t ld) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("canonical view piece " + std::to_string(piece) + " is not staged");
+    transpose_tile(static_cast<const uint8_t*>(stage), sub.extent[1], sub.extent[0], static_cast<uint8_t*>(dst), ld,
+                   dtype_size(src_->pieces()[map_[piece].src].dtype));
+    return Status::Ok();
   }
 
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
@@ -178,13 +182,13 @@ class CanonicalViewImpl final : public CanonicalView {
     const int64_t C = sb.extent[0], R = sb.extent[1];
     if (C == 0 || R == 0) return Status::Ok();
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(R) * es)));
-    std::vector<uint8_t> tmp(static_cast<size_t>(std::min(step, C) * R) * es);
+    uint8_t* tmp = pvd::tile_scratch(3, static_cast<size_t>(std::min(step, C) * R) * es);
     for (int64_t c = 0; c < C; c += step) {
       Box t = sb;
       t.offset[0] += c;
       t.extent[0] = std::min(step, C - c);
-      CKPT_RETURN_IF_ERROR(src_->read(src_piece, t, tmp.data()));
-      pvd::transpose_into(tmp.data(), t.extent[0], R, dst + static_cast<size_t>(c) * es, C, es);
+      CKPT_RETURN_IF_ERROR(src_->read(src_piece, t, tmp));
+      transpose_tile(tmp, t.extent[0], R, dst + static_cast<size_t>(c) * es, C, es);
     }
     return Status::Ok();
   }

@@ -99,8 +99,11 @@ Box canonical_to_concat(const ProfileSegment& s, int64_t row0, const Box& canon)
 // True when the profile tensor is canonical tensor `shape` as it is (one whole segment, no
 // transpose), so flat pieces map as they are.
 bool is_identity(const ProfileTensor& t, const Shape& canonical_shape);
-// dst[j * ld + i] = src[i * n + j] for i < m, j < n (elements of `es` bytes), cache blocked.
-void transpose_into(const uint8_t* src, int64_t m, int64_t n, uint8_t* dst, int64_t ld, size_t es);
+
+// A buffer of at least `bytes` of the calling thread, one per `slot` (0..3), reused by every tile
+// read of the views on that thread (kept at its largest size: at most a tile or its cast). The
+// profile view uses slots 0..2, the canonical view (which a profile view reads) slot 3.
+uint8_t* tile_scratch(int slot, size_t bytes);
 
 }  // namespace profile_view_detail
 
