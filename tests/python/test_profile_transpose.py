@@ -54,14 +54,14 @@ def test_transposed_weights_equal_numpy_both_ways(run_ckpt, tmp_path, dt):
     for threads in ("1", "2"):
         t, back = tmp_path / f"paddle{threads}", tmp_path / f"back{threads}"
         run_ckpt("convert", tmp_path / "src", t, "--profile-file", paddle, "--tp", "1", "--pp", "2", "--pp-layers", "1,1",
-                 "--dp", "1", "--max-memory", "1M", "--threads", threads, "--no-fsync")
+                 "--dp", "1", "--max-memory", "1M", "--threads", threads)
         _, got, _ = read_native(t)
         for k, v in hf.items():
             if k.endswith(".weight") and (k.split(".")[-2] in TRANSPOSED or k == "lm_head.weight"):
                 pk = k.replace("model.", "llama.", 1)
                 assert got[pk].shape == v.T.shape and np.array_equal(_bits(got[pk]), _bits(np.ascontiguousarray(v.T))), (dt, k)
         run_ckpt("convert", t, back, "--profile-file", ref, "--tp", "2", "--pp", "1", "--dp", "1", "--max-memory", "1M",
-                 "--threads", threads, "--no-fsync")
+                 "--threads", threads)
         _, again, _ = read_native(back)
         assert src.keys() == again.keys()
         for k in src:

@@ -99,13 +99,27 @@ TEST_P(ProfileViewTiles, SameBytesAsANaiveTransposeBothWays) {
         MemorySource canon(split_tensor("w", from, kRows, kCols, w, dim, dim == 0 ? 11 : 29));
         auto pv = make_profile_view(canon, nullptr, {pt}, {}, {}, tile);
         ASSERT_TRUE(pv.ok()) << pv.status().to_string();
-        const std::vector<uint8_t> stored = materialize_one(**pv, chunk);
+        const std::vector<uint8_t> stored = materialize_one(**pv, chunk);  // staged reads (the pipeline)
         ASSERT_EQ(stored, want);
+        for (size_t i = 0; i < (*pv)->pieces().size(); ++i) {  // read() of every piece, tile by tile
+          const Box b = (*pv)->pieces()[i].region.box;
+          std::vector<uint8_t> got(static_cast<size_t>(b.numel()) * ts), exp(got.size());
+          ASSERT_TRUE((*pv)->read(i, b, got.data()).ok());
+          copy_box(want.data(), Box::whole({kCols, kRows}), exp.data(), b, b, ts);
+          ASSERT_EQ(got, exp) << "piece " << i;
+        }
         // Back: the stored [in, out] tensor split the other way, read as canonical [out, in].
         MemorySource st(split_tensor("w_t", to, kCols, kRows, stored, 1 - dim, dim == 0 ? 17 : 8));
         auto cv = make_canonical_view(st, nullptr, {{"w", to, {kRows, kCols}}}, {pt}, {}, tile);
         ASSERT_TRUE(cv.ok()) << cv.status().to_string();
         const std::vector<uint8_t> back = materialize_one(**cv, chunk);
+        for (size_t i = 0; i < (*cv)->pieces().size(); ++i) {  // read() of every canonical piece
+          const Box b = (*cv)->pieces()[i].region.box;
+          std::vector<uint8_t> got(static_cast<size_t>(b.numel()) * ts), exp(got.size());
+          ASSERT_TRUE((*cv)->read(i, b, got.data()).ok());
+          copy_box(back.data(), Box::whole({kRows, kCols}), exp.data(), b, b, ts);
+          ASSERT_EQ(got, exp) << "canonical piece " << i;
+        }
         ASSERT_EQ(back.size(), static_cast<size_t>(kRows * kCols) * ts);
         for (int64_t i = 0; i < kRows; ++i)
           for (int64_t j = 0; j < kCols; ++j)
