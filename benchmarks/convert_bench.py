@@ -84,7 +84,10 @@ def _status_kib(pid):
 
 
 def run_sampled(cmd):
-    """Runs cmd; (seconds, {pid: peak of each /proc status field in KiB}, pid of cmd, ru_maxrss MiB)."""
+    """Runs cmd; (seconds, {pid: peak of each /proc status field in KiB}, pid of cmd, ru_maxrss MiB,
+    CPU seconds of the command and its waited-for children). ru_maxrss is not the command's own
+    peak: Linux keeps the RSS high-water mark of the forking (Python) process across exec, so it
+    is at least this script's RSS (torch imported, the model made) at the fork."""
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peaks = {}
@@ -101,7 +104,7 @@ def run_sampled(cmd):
     err = p.stderr.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed\n{err}")
-    return dt, peaks, p.pid, ru.ru_maxrss / 1024.0
+    return dt, peaks, p.pid, ru.ru_maxrss / 1024.0, ru.ru_utime + ru.ru_stime
 
 
 def main():
@@ -139,29 +142,31 @@ def main():
                 warm(d / "src")
                 load0 = os.getloadavg()[0]
                 cmd = [ckpt, args[0], str(d / "src"), str(dst), *args[1:], *layout]
-                secs, peaks, main_pid, maxrss = run_sampled(cmd)
+                secs, peaks, main_pid, maxrss, cpu = run_sampled(cmd)
                 mib = lambda d, k: d.get(k, 0) / 1024.0  # noqa: E731
                 own = peaks.get(main_pid, {})
                 kids = [v for q, v in peaks.items() if q != main_pid]
                 kid = max(kids, key=lambda v: v.get("VmHWM", 0)) if kids else {}
-                runs[name].append({"seconds": secs, "ru_maxrss_mib": maxrss, "vmhwm_mib": mib(own, "VmHWM"),
+                runs[name].append({"seconds": secs, "cpu_seconds": cpu, "ru_maxrss_mib": maxrss, "vmhwm_mib": mib(own, "VmHWM"),
                                    "rss_anon_mib": mib(own, "RssAnon"), "rss_file_mib": mib(own, "RssFile"),
                                    "rss_shmem_mib": mib(own, "RssShmem"), "verify_child_vmhwm_mib": mib(kid, "VmHWM"),
                                    "verify_child_rss_anon_mib": mib(kid, "RssAnon"),
                                    "verify_child_rss_file_mib": mib(kid, "RssFile"),
                                    "load_before": load0, "load_after": os.getloadavg()[0]})
                 shutil.rmtree(dst)
-                print(f"rep {rep} {name:24s} {secs:7.2f} s anon {runs[name][-1]['rss_anon_mib']:6.0f} file "
+                print(f"rep {rep} {name:24s} {secs:7.2f} s cpu {cpu:6.2f} s anon {runs[name][-1]['rss_anon_mib']:6.0f} file "
                       f"{runs[name][-1]['rss_file_mib']:6.0f} MiB load {load0:.1f}", file=sys.stderr)
         best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
         per_rep = {k: [v[i]["seconds"] / runs["reshard"][i]["seconds"] for i in range(a.reps)] for k, v in runs.items()}
         out = {"source_bytes": src_bytes, "layers": a.layers, "max_memory": a.max_memory, "runs": runs,
                "ratio_to_reshard": {k: best[k]["seconds"] / best["reshard"]["seconds"] for k in best},
-               "ratio_per_rep": per_rep, "ratio_median": {k: statistics.median(v) for k, v in per_rep.items()}}
+               "ratio_per_rep": per_rep, "ratio_median": {k: statistics.median(v) for k, v in per_rep.items()},
+               "cpu_ratio_median": {k: statistics.median(v[i]["cpu_seconds"] / runs["reshard"][i]["cpu_seconds"]
+                                                         for i in range(a.reps)) for k, v in runs.items()}}
         print(json.dumps(out, indent=2))
         for k, r in best.items():
             print(f"{k:24s} best {r['seconds']:7.2f} s  x{out['ratio_to_reshard'][k]:.2f} (median of reps "
-                  f"x{out['ratio_median'][k]:.2f})  peak anon {max(x['rss_anon_mib'] for x in runs[k]):6.0f} MiB  file "
+                  f"x{out['ratio_median'][k]:.2f}, CPU x{out['cpu_ratio_median'][k]:.2f})  peak anon {max(x['rss_anon_mib'] for x in runs[k]):6.0f} MiB  file "
                   f"{max(x['rss_file_mib'] for x in runs[k]):6.0f} MiB  VmHWM {max(x['vmhwm_mib'] for x in runs[k]):6.0f} MiB"
                   f"  load {r['load_before']:.1f}->{r['load_after']:.1f}", file=sys.stderr)
     finally:

@@ -1,6 +1,7 @@
 // The geometry of profile tensors and the canonical view (converters/profile_view.h).
 #include "converters/profile_view.h"
 #include "converters/transpose_tile.h"
+#include "formats/file_io.h"
 #include "reshard/staged_read.h"
 
 #include <algorithm>
@@ -38,6 +39,31 @@ Box canonical_to_concat(const ProfileSegment& s, int64_t row0, const Box& k) {
 bool is_identity(const ProfileTensor& t, const Shape& canonical_shape) {
   return !t.transposed && t.segments.size() == 1 && !t.segments[0].canonical.empty() &&
          t.segments[0].box == Box::whole(canonical_shape) && t.shape == canonical_shape;
+}
+
+Result<bool> gather_column_band(TensorSource& src, size_t piece, const Box& sub, uint8_t* dst) {
+  const Piece& p = src.pieces()[piece];
+  if (p.region.is_flat() || p.region.box.ndim() != 2 || sub.ndim() != 2) return false;
+  const Box& pb = p.region.box;
+  const int64_t R = sub.extent[0], C = sub.extent[1], W = pb.extent[1];
+  if (C >= W || R == 0 || C == 0) return false;
+  const Box rows{{sub.offset[0], pb.offset[1]}, {R, W}};
+  const uint64_t es = dtype_size(p.dtype), row_b = static_cast<uint64_t>(W) * es, band_b = static_cast<uint64_t>(C) * es;
+  const uint64_t band_off = static_cast<uint64_t>(sub.offset[1] - pb.offset[1]) * es;
+  std::optional<FileExtent> e = src.file_extent(piece, rows);
+  if (!e || e->bytes != static_cast<uint64_t>(R) * row_b) return false;
+  uint64_t pos = 0;  // bytes of the range seen so far
+  Status st = read_file_blocks(e->fd, e->offset, e->bytes, src.describe(), [&](const void* blk, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(blk);
+    const uint64_t lo = pos, hi = pos + n;
+    for (uint64_t r = lo / row_b; r < static_cast<uint64_t>(R) && r * row_b < hi; ++r) {
+      const uint64_t s = std::max(lo, r * row_b + band_off), t = std::min(hi, r * row_b + band_off + band_b);
+      if (s < t) std::memcpy(dst + r * band_b + (s - r * row_b - band_off), b + (s - lo), t - s);
+    }
+    pos = hi;
+  });
+  if (!st.ok()) return std::move(st).with_tensor(p.tensor);
+  return true;
 }
 
 uint8_t* tile_scratch(int slot, size_t bytes) {
@@ -93,7 +119,9 @@ class CanonicalViewImpl final : public CanonicalView, public StagedReads {
     if (staged_bytes(piece, sub) == 0) return Status::Internal("canonical view piece " + std::to_string(piece) + " is not staged");
     const Map& m = map_[piece];
     const ProfileTensor& pt = pts_[m.pt];
-    return src_->read(m.src, pvd::concat_to_stored(pt, pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub)), stage);
+    const Box sb = pvd::concat_to_stored(pt, pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub));
+    CKPT_ASSIGN_OR_RETURN(bool gathered, pvd::gather_column_band(*src_, m.src, sb, static_cast<uint8_t*>(stage)));
+    return gathered ? Status::Ok() : src_->read(m.src, sb, stage);
   }
 
   Status finish_stage(size_t piece, const Box& sub, const void* stage, void* dst, int64_t ld) override {

@@ -62,8 +62,14 @@ class ProfileViewImpl final : public ProfileView, public StagedReads {
     const Map& m = map_[piece];
     const ProfileTensor& pt = pts_[m.pt];
     const ProfileSegment& seg = pt.segments[m.seg];
-    Status st = pt.transposed ? src_->read(m.src, canonical_box(m, sub), stage)
-                              : src_staged_->read_stage(m.src, canonical_box(m, sub), stage);
+    const Box csub = canonical_box(m, sub);
+    Status st;
+    if (!pt.transposed) {
+      st = src_staged_->read_stage(m.src, csub, stage);
+    } else {
+      Result<bool> gathered = pvt::gather_column_band(*src_, m.src, csub, static_cast<uint8_t*>(stage));
+      st = !gathered.ok() ? gathered.take_status() : *gathered ? Status::Ok() : src_->read(m.src, csub, stage);
+    }
     if (!st.ok()) return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
     return st;
   }
