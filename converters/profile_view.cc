@@ -1,5 +1,8 @@
 // The geometry of profile tensors and the canonical view (converters/profile_view.h).
 #include "converters/profile_view.h"
+#include "converters/transpose_tile.h"
+#include "formats/file_io.h"
+#include "reshard/staged_read.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,31 +41,36 @@ bool is_identity(const ProfileTensor& t, const Shape& canonical_shape) {
          t.segments[0].box == Box::whole(canonical_shape) && t.shape == canonical_shape;
 }
 
-namespace {
-template <typename T>
-void transpose_typed(const T* src, int64_t m, int64_t n, T* dst, int64_t ld) {
-  constexpr int64_t kB = 32;
-  for (int64_t i0 = 0; i0 < m; i0 += kB) {
-    const int64_t i1 = std::min(m, i0 + kB);
-    for (int64_t j0 = 0; j0 < n; j0 += kB) {
-      const int64_t j1 = std::min(n, j0 + kB);
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) dst[j * ld + i] = src[i * n + j];
+Result<bool> gather_column_band(TensorSource& src, size_t piece, const Box& sub, uint8_t* dst) {
+  const Piece& p = src.pieces()[piece];
+  if (p.region.is_flat() || p.region.box.ndim() != 2 || sub.ndim() != 2) return false;
+  const Box& pb = p.region.box;
+  const int64_t R = sub.extent[0], C = sub.extent[1], W = pb.extent[1];
+  if (C >= W || R == 0 || C == 0) return false;
+  const Box rows{{sub.offset[0], pb.offset[1]}, {R, W}};
+  const uint64_t es = dtype_size(p.dtype), row_b = static_cast<uint64_t>(W) * es, band_b = static_cast<uint64_t>(C) * es;
+  const uint64_t band_off = static_cast<uint64_t>(sub.offset[1] - pb.offset[1]) * es;
+  std::optional<FileExtent> e = src.file_extent(piece, rows);
+  if (!e || e->bytes != static_cast<uint64_t>(R) * row_b) return false;
+  uint64_t pos = 0;  // bytes of the range seen so far
+  Status st = read_file_blocks(e->fd, e->offset, e->bytes, src.describe(), [&](const void* blk, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(blk);
+    const uint64_t lo = pos, hi = pos + n;
+    for (uint64_t r = lo / row_b; r < static_cast<uint64_t>(R) && r * row_b < hi; ++r) {
+      const uint64_t s = std::max(lo, r * row_b + band_off), t = std::min(hi, r * row_b + band_off + band_b);
+      if (s < t) std::memcpy(dst + r * band_b + (s - r * row_b - band_off), b + (s - lo), t - s);
     }
-  }
+    pos = hi;
+  });
+  if (!st.ok()) return std::move(st).with_tensor(p.tensor);
+  return true;
 }
-}  // namespace
 
-void transpose_into(const uint8_t* src, int64_t m, int64_t n, uint8_t* dst, int64_t ld, size_t es) {
-  switch (es) {
-    case 1: return transpose_typed(src, m, n, dst, ld);
-    case 2: return transpose_typed(reinterpret_cast<const uint16_t*>(src), m, n, reinterpret_cast<uint16_t*>(dst), ld);
-    case 4: return transpose_typed(reinterpret_cast<const uint32_t*>(src), m, n, reinterpret_cast<uint32_t*>(dst), ld);
-    case 8: return transpose_typed(reinterpret_cast<const uint64_t*>(src), m, n, reinterpret_cast<uint64_t*>(dst), ld);
-    default:
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) std::memcpy(dst + (j * ld + i) * es, src + (i * n + j) * es, es);
-  }
+uint8_t* tile_scratch(int slot, size_t bytes) {
+  thread_local std::vector<uint8_t> bufs[4];
+  std::vector<uint8_t>& b = bufs[slot];
+  if (b.size() < bytes) b.resize(bytes);
+  return b.data();
 }
 
 }  // namespace profile_view_detail
@@ -82,7 +90,9 @@ Status profile_mismatch(const std::string& src, const std::string& msg) {
   return Status::Error("ProfileTensorMismatch", "'" + src + "': " + msg);
 }
 
-class CanonicalViewImpl final : public CanonicalView {
+// Transposed pieces are also staged reads (reshard/staged_read.h): the stored rows are read on
+// the executor's reading thread and transposed by a worker.
+class CanonicalViewImpl final : public CanonicalView, public StagedReads {
  public:
   const std::vector<TensorMeta>& tensors() const override { return tensors_; }
   const std::vector<Piece>& pieces() const override { return pieces_; }
@@ -97,6 +107,28 @@ class CanonicalViewImpl final : public CanonicalView {
     const Box cb = pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub);
     if (!pt.transposed) return src_->read(m.src, cb, dst);
     return read_transposed(m.src, pt, cb, static_cast<uint8_t*>(dst));
+  }
+
+  uint64_t staged_bytes(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size() || sub.ndim() != 2 || map_[piece].identity || !pts_[map_[piece].pt].transposed) return 0;
+    return static_cast<uint64_t>(sub.numel()) * dtype_size(src_->pieces()[map_[piece].src].dtype);
+  }
+
+  // The stage: the stored box [C, R] of canonical box `sub` [R, C], as stored.
+  Status read_stage(size_t piece, const Box& sub, void* stage) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("canonical view piece " + std::to_string(piece) + " is not staged");
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    const Box sb = pvd::concat_to_stored(pt, pvd::canonical_to_concat(pt.segments[m.seg], m.row0, sub));
+    CKPT_ASSIGN_OR_RETURN(bool gathered, pvd::gather_column_band(*src_, m.src, sb, static_cast<uint8_t*>(stage)));
+    return gathered ? Status::Ok() : src_->read(m.src, sb, stage);
+  }
+
+  Status finish_stage(size_t piece, const Box& sub, const void* stage, void* dst, int64_t ld) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("canonical view piece " + std::to_string(piece) + " is not staged");
+    transpose_tile(static_cast<const uint8_t*>(stage), sub.extent[1], sub.extent[0], static_cast<uint8_t*>(dst), ld,
+                   dtype_size(src_->pieces()[map_[piece].src].dtype));
+    return Status::Ok();
   }
 
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
@@ -178,13 +210,13 @@ class CanonicalViewImpl final : public CanonicalView {
     const int64_t C = sb.extent[0], R = sb.extent[1];
     if (C == 0 || R == 0) return Status::Ok();
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(R) * es)));
-    std::vector<uint8_t> tmp(static_cast<size_t>(std::min(step, C) * R) * es);
+    uint8_t* tmp = pvd::tile_scratch(3, static_cast<size_t>(std::min(step, C) * R) * es);
     for (int64_t c = 0; c < C; c += step) {
       Box t = sb;
       t.offset[0] += c;
       t.extent[0] = std::min(step, C - c);
-      CKPT_RETURN_IF_ERROR(src_->read(src_piece, t, tmp.data()));
-      pvd::transpose_into(tmp.data(), t.extent[0], R, dst + static_cast<size_t>(c) * es, C, es);
+      CKPT_RETURN_IF_ERROR(src_->read(src_piece, t, tmp));
+      transpose_tile(tmp, t.extent[0], R, dst + static_cast<size_t>(c) * es, C, es);
     }
     return Status::Ok();
   }

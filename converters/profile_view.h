@@ -101,8 +101,19 @@ Box canonical_to_concat(const ProfileSegment& s, int64_t row0, const Box& canon)
 // True when the profile tensor is canonical tensor `shape` as it is (one whole segment, no
 // transpose), so flat pieces map as they are.
 bool is_identity(const ProfileTensor& t, const Shape& canonical_shape);
-// dst[j * ld + i] = src[i * n + j] for i < m, j < n (elements of `es` bytes), cache blocked.
-void transpose_into(const uint8_t* src, int64_t m, int64_t n, uint8_t* dst, int64_t ld, size_t es);
+
+// Reads a column band `sub` (2-D, narrower than its piece) of `piece` of `src` into `dst` (dense)
+// from the file range the source stores the band's rows in (TensorSource::file_extent of the
+// rows across the piece's width), mapped and gathered row by row (formats/file_io.h
+// read_file_blocks): only the band's bytes are copied, where HDF5's strided read copies the whole
+// span through its sieve buffer. False (nothing read) when the band is the piece's width or the
+// source has no such range; the caller reads it then.
+Result<bool> gather_column_band(TensorSource& src, size_t piece, const Box& sub, uint8_t* dst);
+
+// A buffer of at least `bytes` of the calling thread, one per `slot` (0..3), reused by every tile
+// read of the views on that thread (kept at its largest size: at most a tile or its cast). The
+// profile view uses slots 0..2, the canonical view (which a profile view reads) slot 3.
+uint8_t* tile_scratch(int slot, size_t bytes);
 
 }  // namespace profile_view_detail
 

@@ -4,6 +4,8 @@
 #include <map>
 
 #include "converters/profile_view.h"
+#include "converters/transpose_tile.h"
+#include "reshard/staged_read.h"
 
 namespace ckpt {
 
@@ -11,7 +13,9 @@ namespace {
 
 namespace pvt = profile_view_detail;
 
-class ProfileViewImpl final : public ProfileView {
+// Transposed tensors are also staged reads (reshard/staged_read.h): the executor reads the
+// canonical box on its reading thread and a worker casts and transposes it into the chunk.
+class ProfileViewImpl final : public ProfileView, public StagedReads {
  public:
   const std::vector<TensorMeta>& tensors() const override { return tensors_; }
   const std::vector<Piece>& pieces() const override { return pieces_; }
@@ -30,7 +34,7 @@ class ProfileViewImpl final : public ProfileView {
       return Status::Ok();
     }
     const ProfileSegment& seg = pt.segments[m.seg];
-    const Box csub = m.identity ? sub : pvt::concat_to_canonical(seg, m.row0, pvt::stored_to_concat(pt, sub));
+    const Box csub = canonical_box(m, sub);
     const DType sd = src_->pieces()[m.src].dtype;
     ExactnessEntry e{seg.canonical, pt.name, cast_step_name(sd, pt.dtype)};
     Status st = pt.transposed ? read_transposed(m.src, sd, pt.dtype, csub, dst, e)
@@ -39,6 +43,50 @@ class ProfileViewImpl final : public ProfileView {
     if (st.ok() && e.clamped > 0 && stop_on_overflow_) st = overflow_stop(e);
     if (!st.ok())
       return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
+    return st;
+  }
+
+  // Staged: a transposed piece (the stage is the canonical box [R, C] in the canonical dtype), or
+  // a same-dtype piece of a source whose read of it is staged (the canonical view of a transposed
+  // source), passed through.
+  uint64_t staged_bytes(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size() || sub.ndim() != 2) return 0;
+    const Map& m = map_[piece];
+    if (m.zero) return 0;
+    if (pts_[m.pt].transposed) return static_cast<uint64_t>(sub.numel()) * dtype_size(src_->pieces()[m.src].dtype);
+    if (!src_staged_ || src_->pieces()[m.src].dtype != pts_[m.pt].dtype) return 0;
+    return src_staged_->staged_bytes(m.src, canonical_box(m, sub));
+  }
+
+  Status read_stage(size_t piece, const Box& sub, void* stage) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("profile view piece " + std::to_string(piece) + " is not staged");
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    const ProfileSegment& seg = pt.segments[m.seg];
+    const Box csub = canonical_box(m, sub);
+    Status st;
+    if (!pt.transposed) {
+      st = src_staged_->read_stage(m.src, csub, stage);
+    } else {
+      Result<bool> gathered = pvt::gather_column_band(*src_, m.src, csub, static_cast<uint8_t*>(stage));
+      st = !gathered.ok() ? gathered.take_status() : *gathered ? Status::Ok() : src_->read(m.src, csub, stage);
+    }
+    if (!st.ok()) return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
+    return st;
+  }
+
+  Status finish_stage(size_t piece, const Box& sub, const void* stage, void* dst, int64_t ld) override {
+    if (staged_bytes(piece, sub) == 0) return Status::Internal("profile view piece " + std::to_string(piece) + " is not staged");
+    const Map& m = map_[piece];
+    const ProfileTensor& pt = pts_[m.pt];
+    const ProfileSegment& seg = pt.segments[m.seg];
+    if (!pt.transposed) return src_staged_->finish_stage(m.src, canonical_box(m, sub), stage, dst, ld);
+    const DType sd = src_->pieces()[m.src].dtype;
+    ExactnessEntry e{seg.canonical, pt.name, cast_step_name(sd, pt.dtype)};
+    Status st = cast_transpose(static_cast<const uint8_t*>(stage), sd, pt.dtype, sub.extent[1], sub.extent[0],
+                               static_cast<uint8_t*>(dst), ld, e);
+    if (e.elements > 0) tracker_.add(e);
+    if (!st.ok()) return std::move(st).with_context("tensor '" + seg.canonical + "' (stored as '" + pt.name + "')");
     return st;
   }
 
@@ -63,6 +111,7 @@ class ProfileViewImpl final : public ProfileView {
     v->stop_on_overflow_ = cast.overflow == OverflowPolicy::kError;  // the first overflowing read fails
     v->cast_.overflow = OverflowPolicy::kSaturate;  // clamped values are counted; the caller decides
     v->tile_ = std::max<uint64_t>(tile, 1);
+    v->src_staged_ = dynamic_cast<StagedReads*>(&src);
     CKPT_RETURN_IF_ERROR(v->build());
     return std::unique_ptr<ProfileView>(std::move(v));
   }
@@ -77,47 +126,65 @@ class ProfileViewImpl final : public ProfileView {
 
   ProfileViewImpl() = default;
 
+  // The canonical box a box of a (non-zero) piece reads.
+  Box canonical_box(const Map& m, const Box& sub) const {
+    const ProfileTensor& pt = pts_[m.pt];
+    return m.identity ? sub : pvt::concat_to_canonical(pt.segments[m.seg], m.row0, pvt::stored_to_concat(pt, sub));
+  }
+
   // Canonical box `csub` in storage order: flat runs of at most a tile, each read and cast.
   Status read_straight(size_t sp, DType sd, DType dd, const Box& csub, uint8_t* dst, ExactnessEntry& e) {
     if (sd == dd) return src_->read(sp, csub, dst);
     const size_t ss = dtype_size(sd), ds = dtype_size(dd);
     const int64_t n = csub.numel();
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / ss));
-    std::vector<uint8_t> tmp(static_cast<size_t>(std::min(step, n)) * ss);
+    uint8_t* tmp = pvt::tile_scratch(0, static_cast<size_t>(std::min(step, n)) * ss);
     for (int64_t b = 0; b < n; b += step) {
       const int64_t end = std::min(n, b + step);
       size_t at = 0;
       for (const Box& x : flat_range_to_boxes(csub, b, end)) {
-        CKPT_RETURN_IF_ERROR(src_->read(sp, x, tmp.data() + at));
+        CKPT_RETURN_IF_ERROR(src_->read(sp, x, tmp + at));
         at += static_cast<size_t>(x.numel()) * ss;
       }
-      CKPT_RETURN_IF_ERROR(tracked_cast(tmp.data(), sd, dst + static_cast<size_t>(b) * ds, dd,
+      CKPT_RETURN_IF_ERROR(tracked_cast(tmp, sd, dst + static_cast<size_t>(b) * ds, dd,
                                         static_cast<size_t>(end - b), cast_, e));
     }
     return Status::Ok();
   }
 
-  // Canonical box `csub` [R, C] into dst [C, R]: canonical row tiles, cast, transposed into their
-  // columns of dst.
-  Status read_transposed(size_t sp, DType sd, DType dd, const Box& csub, uint8_t* dst, ExactnessEntry& e) {
+  // Rows x C elements (dtype sd, dense) into dst [C, rows] (rows `ld` apart), cast to dd in row
+  // tiles of at most a tile (thread-local scratch, slot 2) when the dtypes differ.
+  Status cast_transpose(const uint8_t* src, DType sd, DType dd, int64_t rows, int64_t C, uint8_t* dst, int64_t ld,
+                        ExactnessEntry& e) {
     const size_t ss = dtype_size(sd), ds = dtype_size(dd);
+    if (sd == dd) {
+      transpose_tile(src, rows, C, dst, ld, ds);
+      return Status::Ok();
+    }
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(C) * ds)));
+    uint8_t* cast = pvt::tile_scratch(2, static_cast<size_t>(std::min(step, rows) * C) * ds);
+    for (int64_t r = 0; r < rows; r += step) {
+      const int64_t k = std::min(step, rows - r);
+      CKPT_RETURN_IF_ERROR(tracked_cast(src + static_cast<size_t>(r * C) * ss, sd, cast, dd, static_cast<size_t>(k * C), cast_, e));
+      transpose_tile(cast, k, C, dst + static_cast<size_t>(r) * ds, ld, ds);
+    }
+    return Status::Ok();
+  }
+
+  // Canonical box `csub` [R, C] into dst [C, R]: canonical row tiles (contiguous reads when the
+  // box spans its piece's columns), cast, transposed into their columns of dst.
+  Status read_transposed(size_t sp, DType sd, DType dd, const Box& csub, uint8_t* dst, ExactnessEntry& e) {
+    const size_t ss = dtype_size(sd);
     const int64_t R = csub.extent[0], C = csub.extent[1];
     if (R == 0 || C == 0) return Status::Ok();
-    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(C) * std::max(ss, ds))));
-    const size_t tile_n = static_cast<size_t>(std::min(step, R) * C);
-    std::vector<uint8_t> raw(tile_n * ss), cast(sd == dd ? 0 : tile_n * ds);
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(tile_ / (static_cast<uint64_t>(C) * ss)));
+    uint8_t* raw = pvt::tile_scratch(1, static_cast<size_t>(std::min(step, R) * C) * ss);
     for (int64_t r = 0; r < R; r += step) {
       Box t = csub;
       t.offset[0] += r;
       t.extent[0] = std::min(step, R - r);
-      const size_t n = static_cast<size_t>(t.extent[0] * C);
-      CKPT_RETURN_IF_ERROR(src_->read(sp, t, raw.data()));
-      const uint8_t* out = raw.data();
-      if (sd != dd) {
-        CKPT_RETURN_IF_ERROR(tracked_cast(raw.data(), sd, cast.data(), dd, n, cast_, e));
-        out = cast.data();
-      }
-      pvt::transpose_into(out, t.extent[0], C, dst + static_cast<size_t>(r) * ds, R, ds);
+      CKPT_RETURN_IF_ERROR(src_->read(sp, t, raw));
+      CKPT_RETURN_IF_ERROR(cast_transpose(raw, sd, dd, t.extent[0], C, dst + static_cast<size_t>(r) * dtype_size(dd), R, e));
     }
     return Status::Ok();
   }
@@ -176,6 +243,7 @@ class ProfileViewImpl final : public ProfileView {
   }
 
   TensorSource* src_ = nullptr;
+  StagedReads* src_staged_ = nullptr;  // src_'s staged reads, when it has them
   std::unique_ptr<TensorSource> owner_;
   std::vector<ProfileTensor> pts_;
   std::vector<TensorMeta> tensors_;

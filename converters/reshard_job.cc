@@ -110,6 +110,8 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
     max_src = std::max(max_src, dtype_size(p.dtype));
     min_out = std::min(min_out, dtype_size(p.dtype));
   }
+  // Staged transposes (reshard/staged_read.h) hold the chunk's canonical bytes in SRC's dtypes.
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
   const uint64_t tiles = uint64_t{3} * (static_cast<uint64_t>(r.threads) + 1) * kProfileTileBytes;
   CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, min_out,
                                                                kStoreWriterReserveBytes + tiles));

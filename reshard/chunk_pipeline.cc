@@ -16,8 +16,10 @@ void grow(std::vector<uint8_t>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Casts and copies the raw reads of a chunk into its output buffer (worker-safe: no I/O).
-Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& target, const CastOptions& cast) {
+// Casts and copies the raw reads of a chunk into its output buffer, and finishes its staged reads
+// straight into their rows of it (worker-safe: no I/O).
+Status transform(Slot& s, const std::vector<Piece>& src_pieces, StagedReads* staged, const Piece& target,
+                 const CastOptions& cast) {
   const DType od = target.dtype;
   const size_t os = dtype_size(od);
   for (size_t k = 0; k < s.copies.ops.size(); ++k) {
@@ -28,7 +30,11 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, const Piece& tar
     uint8_t* dst = s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os;
     const uint8_t* raw = s.raw.data() + s.raw_off[k];
     const size_t n = static_cast<size_t>(r.part.box.numel());
-    if (r.part.box == cb) {
+    if (s.staged[k]) {  // 2-D, same dtype: the part's first element in cb, rows cb.extent[1] apart
+      const int64_t at = (r.part.box.offset[0] - cb.offset[0]) * cb.extent[1] + (r.part.box.offset[1] - cb.offset[1]);
+      Status st = staged->finish_stage(r.part.piece, r.part.box, raw, dst + static_cast<size_t>(at) * os, cb.extent[1]);
+      if (!st.ok()) return std::move(st).with_tensor(target.tensor);
+    } else if (r.part.box == cb) {
       CKPT_RETURN_IF_ERROR(cast_with_context(raw, sd, dst, od, n, cast, target.tensor, r.part.box));
     } else if (sd == od) {
       copy_box(raw, r.part.box, dst, cb, r.part.box, os);
@@ -138,6 +144,7 @@ ChunkPipeline::ChunkPipeline(TensorSource& src, const SourceIndex& index, Tensor
     pool_ = std::make_unique<ThreadPool>(opts.threads - 1);
     writer_ = std::make_unique<ThreadPool>(1);
   }
+  staged_ = dynamic_cast<StagedReads*>(&src);
 }
 
 ChunkPipeline::~ChunkPipeline() { abandon(); }
@@ -179,11 +186,20 @@ Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end)
   if (!copies.ok()) return copies.take_status().with_context("target " + piece_desc(piece, tp));
   s.copies = std::move(copies).value();
   s.direct.assign(s.copies.ops.size(), false);
+  s.staged.assign(s.copies.ops.size(), false);
   s.raw_off.assign(s.copies.ops.size(), 0);
   s.raw_bytes = 0;
   for (size_t k = 0; k < s.copies.ops.size(); ++k) {
     const CopyOps::Op& r = s.copies.ops[k];
-    s.direct[k] = r.part.box == s.copies.boxes[r.box] && sp[r.part.piece].dtype == tp.dtype;
+    const bool same = sp[r.part.piece].dtype == tp.dtype;
+    const uint64_t stage = staged_ && same && r.part.box.ndim() == 2 ? staged_->staged_bytes(r.part.piece, r.part.box) : 0;
+    if (stage > 0) {
+      s.staged[k] = true;
+      s.raw_off[k] = s.raw_bytes;
+      s.raw_bytes += stage;
+      continue;
+    }
+    s.direct[k] = r.part.box == s.copies.boxes[r.box] && same;
     if (!s.direct[k]) {
       s.raw_off[k] = s.raw_bytes;
       s.raw_bytes += static_cast<uint64_t>(r.part.box.numel()) * dtype_size(sp[r.part.piece].dtype);
@@ -210,6 +226,15 @@ Status ChunkPipeline::read(Slot& s) {
     const CopyOps::Op& r = s.copies.ops[k];
     uint8_t* to = s.direct[k] ? s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os
                               : s.raw.data() + s.raw_off[k];
+    if (s.staged[k]) {
+      Status st = staged_->read_stage(r.part.piece, r.part.box, to);
+      if (!st.ok()) {
+        const Piece& p = src_.pieces()[r.part.piece];
+        return std::move(st).with_tensor(p.tensor).with_context("reading " + r.part.box.to_string() + " of source " +
+                                                                 piece_desc(r.part.piece, p) + " from " + src_.describe());
+      }
+      continue;
+    }
     CKPT_RETURN_IF_ERROR(read_part(src_, r.part, to));
   }
   return Status::Ok();
@@ -223,9 +248,10 @@ Status ChunkPipeline::transform_and_write(Slot& s) {
     Slot* sl = &s;
     const std::vector<Piece>* sp = &src_.pieces();
     const CastOptions cast = opts_.cast;
-    s.fut = pool_->submit([sl, sp, &tp, cast] { return transform(*sl, *sp, tp, cast); });
+    StagedReads* staged = staged_;
+    s.fut = pool_->submit([sl, sp, staged, &tp, cast] { return transform(*sl, *sp, staged, tp, cast); });
   } else if (s.raw_bytes > 0) {
-    CKPT_RETURN_IF_ERROR(transform(s, src_.pieces(), tp, opts_.cast));
+    CKPT_RETURN_IF_ERROR(transform(s, src_.pieces(), staged_, tp, opts_.cast));
   }
   s.busy = true;
   if (!writer_) return finish(s);  // inline: write now

@@ -22,6 +22,7 @@
 #include "formats/thread_pool.h"
 #include "reshard/executor.h"
 #include "reshard/source_index.h"
+#include "reshard/staged_read.h"
 
 namespace ckpt {
 
@@ -41,6 +42,7 @@ class ChunkPipeline {
     std::vector<uint8_t> out, raw, tmp;
     CopyOps copies;                 // the chunk's boxes and source parts
     std::vector<bool> direct;       // per copy: read straight into `out` (same dtype, whole box)
+    std::vector<bool> staged;       // per copy: a staged read (StagedReads): stage into `raw`, finish into `out`
     std::vector<uint64_t> raw_off;  // per copy: byte offset in `raw` (when not direct)
     uint64_t raw_bytes = 0;         // bytes read into `raw` (0: nothing to cast or re-lay out)
     // The chunk as file ranges written back to back in storage order: the sink copies them file to
@@ -71,6 +73,7 @@ class ChunkPipeline {
   TensorSink& dst_;
   const std::vector<Piece>& out_;
   const ExecOptions& opts_;
+  StagedReads* staged_ = nullptr;  // the source's staged reads, when it has them
   std::vector<Slot> slots_;     // declared before the threads: outlives them
   std::unique_ptr<ThreadPool> pool_, writer_;
   uint64_t seq_ = 0;            // chunk sequence number

@@ -14,6 +14,7 @@
 #include "formats/json_read.h"
 #include "formats/store/manifest.h"
 #include "reshard/comm.h"
+#include "reshard/staged_read.h"
 
 namespace ckpt {
 
@@ -89,9 +90,11 @@ Status finalize_on_root(const std::vector<std::string>& gathered, const Plan& pl
 // finish() writes DIR/rank<R>.json: pid, the shard files this process wrote, the source pieces
 // and bytes it asked for (read(), or file ranges offered to the sink, which may still read them
 // instead) and its /proc/self/io counters, so a test can check that every process did its share.
-class TracedSource final : public TensorSource {
+// The source's staged reads (reshard/staged_read.h) pass through.
+class TracedSource final : public TensorSource, public StagedReads {
  public:
-  TracedSource(TensorSource& s, int rank, int nprocs) : s_(s), rank_(rank), nprocs_(nprocs) {}
+  TracedSource(TensorSource& s, int rank, int nprocs)
+      : s_(s), staged_(dynamic_cast<StagedReads*>(&s)), rank_(rank), nprocs_(nprocs) {}
   const std::vector<TensorMeta>& tensors() const override { return s_.tensors(); }
   const std::vector<Piece>& pieces() const override { return s_.pieces(); }
   const nlohmann::json& metadata() const override { return s_.metadata(); }
@@ -104,6 +107,16 @@ class TracedSource final : public TensorSource {
     auto e = s_.file_extent(piece, sub);
     if (e) note(piece, e->bytes);
     return e;
+  }
+  uint64_t staged_bytes(size_t piece, const Box& sub) override { return staged_ ? staged_->staged_bytes(piece, sub) : 0; }
+  Status read_stage(size_t piece, const Box& sub, void* stage) override {
+    if (!staged_) return Status::Internal("source has no staged reads");
+    note(piece, static_cast<uint64_t>(sub.numel()) * dtype_size(s_.pieces()[piece].dtype));
+    return staged_->read_stage(piece, sub, stage);
+  }
+  Status finish_stage(size_t piece, const Box& sub, const void* stage, void* dst, int64_t ld) override {
+    if (!staged_) return Status::Internal("source has no staged reads");
+    return staged_->finish_stage(piece, sub, stage, dst, ld);
   }
   void wrote(const std::string& file) { files_.push_back(file); }
   void finish(const Status& st) const {
@@ -125,6 +138,7 @@ class TracedSource final : public TensorSource {
     bytes_ += bytes;
   }
   TensorSource& s_;
+  StagedReads* staged_;
   int rank_, nprocs_;
   std::mutex mu_;
   std::set<size_t> pieces_;
