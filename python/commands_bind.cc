@@ -18,6 +18,8 @@
 #include "python/py_json.h"
 #include "python/py_progress.h"
 #include "reshard/diff.h"
+#include "trainer/plan/plan_job.h"
+#include "trainer/plan/replan.h"
 
 namespace ckpt::py {
 namespace {
@@ -166,6 +168,44 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   return json_to_py(r.to_json());
 }
 
+// plan: the search (or one layout's evaluation) of trainer/plan/plan_job.h, as cli/cmd_plan.cc;
+// `from_checkpoint`: the model, batch and sequence length of a trainer checkpoint (ckpt plan --from).
+nb::object py_plan(const std::string& cluster, nb::dict opts) {
+  CommandOptions o("plan", std::move(opts));
+  trainer::PlanRequest req;
+  req.cluster = cluster;
+  req.model = o.str("model");
+  req.evaluate = o.str("evaluate");
+  req.calibration = o.str("calibration");
+  req.global_batch = o.get<int64_t>("global_batch");
+  req.seq_len = o.get<int64_t>("seq_len");
+  req.top = o.get<int>("top");
+  req.trainer_memory = o.get<bool>("trainer_memory");
+  const std::string from = o.str("from_checkpoint");
+  o.done();
+  PyProgress none{nb::none()};
+  nlohmann::json j = run_released(none, [&]() -> Result<nlohmann::json> {
+    if (!req.evaluate.empty()) {
+      CKPT_ASSIGN_OR_RETURN(auto ev, trainer::evaluate_plan(req));
+      return ev.to_json();
+    }
+    if (from.empty()) {
+      if (req.model.empty()) return Status::InvalidArgument("plan: give model=CONFIG (or from_checkpoint=PATH)");
+      CKPT_ASSIGN_OR_RETURN(auto out, trainer::search_plan(req));
+      return out.to_json();
+    }
+    CKPT_ASSIGN_OR_RETURN(auto src, trainer::replan_source(from));
+    if (req.global_batch < 1) req.global_batch = src.global_batch;
+    if (req.seq_len < 1) req.seq_len = src.seq_len;
+    CKPT_ASSIGN_OR_RETURN(auto out, trainer::search_plan(req, &src.config));
+    nlohmann::json r = out.to_json();
+    r["from"] = {{"checkpoint", src.checkpoint}, {"step", src.step}, {"layout", src.layout.to_json()},
+                 {"global_batch", req.global_batch}, {"seq_len", req.seq_len}};
+    return r;
+  });
+  return json_to_py(j);
+}
+
 }  // namespace
 
 void bind_commands(nb::module_& m) {
@@ -174,6 +214,7 @@ void bind_commands(nb::module_& m) {
   m.def("_reshard", &py_reshard, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_to_hf", &py_to_hf, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_from_hf", &py_from_hf, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_plan", &py_plan, nb::arg("cluster"), nb::arg("opts"));
 }
 
 }  // namespace ckpt::py

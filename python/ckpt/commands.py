@@ -28,7 +28,7 @@ Path = Union[str, "os.PathLike[str]"]
 Size = Union[int, str]
 Progress = Optional[Callable[[int, int], Any]]
 
-__all__ = ["verify", "diff", "reshard", "convert", "to_hf", "from_hf"]
+__all__ = ["verify", "diff", "reshard", "convert", "to_hf", "from_hf", "plan"]
 
 
 def _path(p: Path) -> str:
@@ -144,3 +144,23 @@ def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, p
             "compress": compress, "digest": digest, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
     return _ckpt._from_hf(_path(src), _path(dst), opts, progress)
+
+
+def plan(cluster: Path, *, model: Optional[Path] = None, global_batch: int = 0, seq_len: int = 0, top: int = 3,
+         evaluate: Optional[Path] = None, calibration: Optional[Path] = None, trainer_memory: bool = False,
+         from_checkpoint: Optional[Path] = None) -> Dict[str, Any]:
+    """The cost-model planner (``ckpt plan``, docs/PLAN.md) for the cluster file ``cluster``.
+
+    Search (``model`` = a LlamaForCausalLM config.json, ``global_batch`` >= 1): returns ``{best,
+    next, seconds, arrangements, evaluated, exhaustive, cross_node_tp, hand_written?,
+    predicted_gain?}``; each candidate holds the cost fields (``step_time_s``, ``tokens_per_s``,
+    ``stages``, ``pipelines``, ``ranks``, ``feasible``, ``problems``) with ``layout`` (a layout
+    JSON object: write it to a file for :func:`reshard`), ``layout_text`` and ``placement``;
+    ``next`` ones also ``why_slower``. ``from_checkpoint``: the model, batch and sequence length
+    of a trainer checkpoint (result also has ``from``). ``evaluate``: a layout file's predicted
+    cost instead (``trainer_memory=True`` adds ``ranks[].trainer_memory_bytes``).
+    ``calibration``: the file of ``ckpt plan --calibrate -o FILE``."""
+    opts = {"model": _opt_path(model), "global_batch": int(global_batch), "seq_len": int(seq_len), "top": int(top),
+            "evaluate": _opt_path(evaluate), "calibration": _opt_path(calibration),
+            "trainer_memory": trainer_memory, "from_checkpoint": _opt_path(from_checkpoint)}
+    return _ckpt._plan(_path(cluster), opts)
