@@ -338,3 +338,28 @@ def test_gil_released_while_running(tmp_path, big_hf):
         th.join(0.0005)
     assert not errors, errors
     assert ticks > 50, ticks
+
+
+# ---- plan ------------------------------------------------------------------------------------
+
+def test_plan_equals_cli_and_naive_flops(tmp_path):
+    from test_plan_cli import CLUSTER, CONFIG, naive_step_flops  # the CLI test's cluster and FLOP count
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps(CLUSTER))
+    res = ckpt.plan(cl, model=CONFIG, global_batch=8, seq_len=32, top=2)
+    cli = json.loads(run_cli("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", 8, "--seq-len", 32,
+                             "--top", 2, "--json").stdout)
+    assert {k: v for k, v in res.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
+    best = res["best"]
+    assert best["feasible"] and best["flops_per_step"] == pytest.approx(
+        naive_step_flops(json.loads(pathlib.Path(CONFIG).read_text()), 8, 32), rel=1e-12)
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps(best["layout"]))
+    ev = ckpt.plan(cl, model=CONFIG, global_batch=8, seq_len=32, evaluate=lay, trainer_memory=True)
+    assert ev["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-12)
+    assert all(r["trainer_memory_bytes"] > 0 for r in ev["ranks"])
+    with pytest.raises(ckpt.InvalidArgumentError, match="global-batch"):
+        ckpt.plan(cl, model=CONFIG)
+    with pytest.raises(ckpt.Error) as ei:
+        ckpt.plan(tmp_path / "no_cluster.json", model=CONFIG, global_batch=8)
+    assert "no_cluster.json" in str(ei.value)
