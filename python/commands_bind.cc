@@ -22,7 +22,8 @@
 #include "trainer/plan/replan.h"
 
 namespace ckpt::py {
-namespace {
+// A named namespace (not an anonymous one): unity builds put this file beside checkpoint_bind.cc.
+namespace commands_bind_detail {
 
 // The options dict of one command: every key is read once; a missing key or one left unread is
 // an error (the wrappers always pass all of them).
@@ -206,9 +207,10 @@ nb::object py_plan(const std::string& cluster, nb::dict opts) {
   return json_to_py(j);
 }
 
-}  // namespace
+}  // namespace commands_bind_detail
 
 void bind_commands(nb::module_& m) {
+  using namespace commands_bind_detail;
   m.def("_verify", &py_verify, nb::arg("path"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_diff", &py_diff, nb::arg("a"), nb::arg("b"), nb::arg("opts"));
   m.def("_reshard", &py_reshard, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());

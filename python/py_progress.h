@@ -1,10 +1,10 @@
 // The optional `progress=callable(done_bytes, total_bytes)` of the commands (commands_bind.cc):
 // the library calls fn() from its own threads with the GIL released; each call that passes the
 // throttle (the first, then at most every `interval_s`, and the last, done >= total) takes the
-// GIL and calls the Python callable with non-decreasing `done`. Ctrl-C (a pending signal) is
-// handled the same way as an exception raised by the callable: the callable is not called again,
-// the command runs to its end (the library has no cancellation point: what it writes is complete
-// or, when the command fails, nothing), and rethrow_if_failed() re-raises the exception after it.
+// GIL and calls the Python callable with non-decreasing `done`. An exception raised by the
+// callable (or KeyboardInterrupt, when a call made on the main thread finds Ctrl-C pending) stops
+// the calls; the command runs to its end (the library has no cancellation point: what it writes
+// is complete or, when the command fails, nothing), and rethrow_if_failed() re-raises it after.
 // Thread safety: fn() may be called from any thread; the rest needs the GIL.
 #pragma once
 

@@ -8,10 +8,11 @@ nothing that looks like a checkpoint.
 
 ``progress``: an optional ``callable(done_bytes, total_bytes)``, called from the command's worker
 threads with the GIL held, at most every 0.1 s plus once at the end, with non-decreasing
-``done_bytes``. If it raises (or Ctrl-C arrives while the command runs), it is not called again,
-the command runs to its end (there is no cancellation point inside the engine: the output is
-complete, or absent if the command failed) and the exception is re-raised when the command
-returns. An error of the command itself takes precedence over the callback's exception.
+``done_bytes``. If it raises, it is not called again, the command runs to its end (there is no
+cancellation point inside the engine: the output is complete, or absent if the command failed)
+and the exception is re-raised when the command returns. An error of the command itself takes
+precedence over the callback's exception. Ctrl-C during a command: KeyboardInterrupt when it
+returns.
 
 Sizes (``max_memory``, ``max_shard_size``) take an int (bytes) or a string such as ``"256M"``,
 ``"5GB"``, ``"2GiB"``. Paths take ``str`` or ``os.PathLike``. Error messages name the CLI flag of
