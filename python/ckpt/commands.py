@@ -20,7 +20,10 @@ an option (``--max-memory`` for ``max_memory``).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import tempfile
 from typing import Any, Callable, Dict, Optional, Union
 
 from . import _ckpt
@@ -71,6 +74,23 @@ def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype
     return _ckpt._diff(_path(a), _path(b), opts)
 
 
+@contextlib.contextmanager
+def _layout_file(layout):
+    """The path of a layout file for the engine: a path as is; a dict (e.g. ckpt.plan()'s
+    ["best"]["layout"]), JSON text or flag string (ckpt.parse_layout) through a temporary file."""
+    if layout is None or (not isinstance(layout, dict) and os.path.isfile(os.fspath(layout))):
+        yield layout
+        return
+    from .checkpoint import parse_layout
+    lay = parse_layout(layout)
+    with tempfile.NamedTemporaryFile("w", suffix=".layout.json", delete=False) as f:
+        json.dump(lay, f)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
+
+
 def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
                   threads, max_memory, io, dry_run, verify_source, convert):
     return {"layout": _opt_path(layout), "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
@@ -80,7 +100,7 @@ def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, sa
             "verify_source": verify_source, "convert": convert}
 
 
-def reshard(src: Path, dst: Path, *, layout: Optional[Path] = None, tp: int = 0, pp: int = 0, dp: int = 0,
+def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
             zero: int = -1, pp_layers: Optional[str] = None, profile: Optional[str] = None,
             profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
             digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
@@ -89,20 +109,22 @@ def reshard(src: Path, dst: Path, *, layout: Optional[Path] = None, tp: int = 0,
     config) for another TP/PP/DP(ZeRO) layout into a new native store ``dst``; with ``profile``
     it also converts to that profile in the same pass (see :func:`convert`).
 
-    The layout is a layout JSON file (``layout=``) or ``tp``/``pp``/``dp``/``zero``/``pp_layers``
-    (values left at 0 / -1 / None keep the source's). ``verify_source=False`` skips re-hashing the
+    The layout is ``layout=`` (a layout JSON file, a dict such as ``ckpt.plan(...)["best"]["layout"]``,
+    JSON text, or a flag string like ``"tp=2 pp=2 dp=1 pp_layers=1,3"``: see ``ckpt.parse_layout``)
+    or ``tp``/``pp``/``dp``/``zero``/``pp_layers`` (values left at 0 / -1 / None keep the source's). ``verify_source=False`` skips re-hashing the
     source before committing. ``dry_run=True`` only plans.
 
     Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
     peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds}`` plus, when written, ``{dst, seconds,
     processes}`` and for a profile conversion ``{profile, from_profile, exactness}``."""
-    opts = _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
-                         threads, max_memory, io, dry_run, verify_source, False)
-    return _ckpt._reshard(_path(src), _path(dst), opts, progress)
+    with _layout_file(layout) as lay:
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+                             threads, max_memory, io, dry_run, verify_source, False)
+        return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
 
 def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file: Optional[Path] = None,
-            saturate: bool = False, layout: Optional[Path] = None, tp: int = 0, pp: int = 0, dp: int = 0,
+            saturate: bool = False, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
             zero: int = -1, pp_layers: Optional[str] = None, compress: str = "none", digest: str = "xxh3-128",
             threads: int = 2, max_memory: Size = "256M", io: str = "auto", dry_run: bool = False,
             verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
@@ -111,9 +133,10 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
     same pass: :func:`reshard` with the profile required. A narrowing cast that overflows raises
     ``ckpt.CastOverflowError`` naming the tensors (nothing written) unless ``saturate=True``.
     Returns :func:`reshard`'s fields with ``exactness`` (the report also stored in the manifest)."""
-    opts = _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
-                         threads, max_memory, io, dry_run, verify_source, True)
-    return _ckpt._reshard(_path(src), _path(dst), opts, progress)
+    with _layout_file(layout) as lay:
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+                             threads, max_memory, io, dry_run, verify_source, True)
+        return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
 
 def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: Size = "5GB", threads: int = 2,

@@ -165,6 +165,11 @@ def test_reshard_layout_file(tmp_path, native, model):
     lay.write_text(json.dumps({"tp": 2, "pp": 2, "dp": 1, "zero": 0, "layers_per_stage": [1, 3]}))
     ckpt.reshard(src, tmp_path / "dst", layout=lay)
     check_layout(tmp_path / "dst", model, tp=2, per_stage=[1, 3], dp=1, zero=0)
+    # The same layout as a dict and as a flag string (through a temporary file, removed after).
+    ckpt.reshard(src, tmp_path / "dict", layout=json.loads(lay.read_text()))
+    same_store(tmp_path / "dst", tmp_path / "dict")
+    ckpt.reshard(src, tmp_path / "flags", layout="tp=2 pp=2 dp=1 zero=0 pp_layers=1,3")
+    same_store(tmp_path / "dst", tmp_path / "flags")
 
 
 def test_convert_equals_cli(tmp_path, native):
