@@ -151,6 +151,12 @@ def read_all(reader: str, hf: pathlib.Path, native: pathlib.Path) -> tuple:
 
 
 def rss_mb() -> float:
+    """Peak RSS of this process so far (VmHWM: unlike getrusage's ru_maxrss it is not inherited
+    across exec from the forking parent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
