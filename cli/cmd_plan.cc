@@ -1,17 +1,14 @@
 // ckpt plan: the cost-model planner (trainer/plan/; docs/PLAN.md). Parses flags and prints; the
 // cost model, the search and the re-plan live in trainer/plan/.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
 #include "converters/llama_config.h"
-#include "formats/json_read.h"
-#include "reshard/cluster.h"
 #include "reshard/layout.h"
-#include "trainer/memory_estimate.h"
 #include "trainer/plan/calibrate.h"
+#include "trainer/plan/plan_job.h"
 #include "trainer/plan/cost_model.h"
 #include "trainer/plan/replan.h"
 #include "trainer/plan/search.h"
@@ -42,45 +39,20 @@ int plan_calibrate(const PlanFlags& f) {
   return 0;
 }
 
-// --calibration FILE: the measured cost terms of `ckpt plan --calibrate -o FILE` (none without it).
-Result<trainer::CostCalibration> plan_calibration(const PlanFlags& f) {
-  if (f.calibration.empty()) return trainer::CostCalibration{};
-  CKPT_ASSIGN_OR_RETURN(auto j, read_json_file(f.calibration, kConfigJsonLimits, "calibration"));
-  auto c = trainer::CostCalibration::from_json(j);
-  if (!c.ok()) return c.take_status().with_file(f.calibration);
-  return c;
+trainer::PlanRequest plan_request(const PlanFlags& f) {
+  trainer::PlanRequest r;
+  r.cluster = f.cluster, r.model = f.model, r.evaluate = f.evaluate, r.calibration = f.calibration;
+  r.global_batch = f.global_batch, r.seq_len = f.seq_len, r.top = f.top, r.trainer_memory = f.trainer_memory;
+  return r;
 }
 
 int plan_evaluate(const PlanFlags& f) {
-  auto cal = plan_calibration(f);
-  if (!cal.ok()) return report_error(cal.status());
-  auto cluster = Cluster::from_file(f.cluster);
-  if (!cluster.ok()) return report_error(cluster.status());
-  auto cfg = LlamaConfig::from_file(f.model);
-  if (!cfg.ok()) return report_error(cfg.status());
-  auto layout = Layout::from_file(f.evaluate);
-  if (!layout.ok()) return report_error(layout.status());
-  trainer::PlanOptions o;
-  o.global_batch = f.global_batch;
-  o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
-  o.calibration = *cal;
-  auto cost = trainer::evaluate(trainer::ModelSpec::from_config(*cfg), *cluster, *layout, o);
-  if (!cost.ok()) return report_error(cost.take_status().with_file(f.evaluate));
-  if (f.json) {
-    nlohmann::json j = cost->to_json();
-    j["layout"] = layout->to_json();
-    if (f.trainer_memory) {  // the reference trainer's own allocation (trainer/memory_estimate.h), fp32
-      trainer::MemoryInputs mi;
-      mi.config = *cfg, mi.layout = *layout, mi.seq_len = o.seq_len, mi.mpi = layout->world_size() > 1;
-      mi.grad_accum = cost->pipelines.empty() ? 1 : cost->pipelines[0].micro_batches;
-      auto est = trainer::estimate_memory(mi);
-      if (!est.ok()) return report_error(est.status());
-      for (size_t r = 0; r < est->size() && r < j["ranks"].size(); ++r) j["ranks"][r]["trainer_memory_bytes"] = (*est)[r].total();
-    }
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("layout %s\n%s", layout->to_string().c_str(), cost->to_text().c_str());
-  }
+  auto ev = trainer::evaluate_plan(plan_request(f));
+  if (!ev.ok()) return report_error(ev.status());
+  if (f.json)
+    std::printf("%s\n", ev->to_json().dump(2).c_str());
+  else
+    std::printf("layout %s\n%s", ev->layout.to_string().c_str(), ev->cost.to_text().c_str());
   return 0;
 }
 
@@ -93,47 +65,17 @@ Status plan_write_file(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
-nlohmann::json plan_candidate_json(const trainer::PlanCandidate& c) {
-  nlohmann::json j = c.cost.to_json();
-  j["layout"] = c.layout.to_json();
-  j["layout_text"] = c.layout.to_string();
-  j["placement"] = c.placement;
-  return j;
-}
-
 int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
-  auto cal = plan_calibration(f);
-  if (!cal.ok()) return report_error(cal.status());
-  auto cluster = Cluster::from_file(f.cluster);
-  if (!cluster.ok()) return report_error(cluster.status());
-  Result<LlamaConfig> cfg = given ? Result<LlamaConfig>(*given) : LlamaConfig::from_file(f.model);
-  if (!cfg.ok()) return report_error(cfg.status());
-  trainer::SearchOptions o;
-  o.global_batch = f.global_batch;
-  o.seq_len = f.seq_len > 0 ? f.seq_len : cfg->max_position_embeddings;
-  o.top = std::max(1, f.top);
-  o.calibration = *cal;
-  const auto model = trainer::ModelSpec::from_config(*cfg);
-  auto r = trainer::search_layouts(model, *cluster, o);
-  if (!r.ok()) return report_error(r.status());
-  auto hand = trainer::hand_written_layout(model, *cluster, o);
-  const auto& best = r->best[0];
+  auto out = trainer::search_plan(plan_request(f), given);
+  if (!out.ok()) return report_error(out.status());
+  const auto& r = out->result;
+  const auto& best = r.best[0];
   if (!f.out.empty()) {
     Status st = plan_write_file(f.out, best.layout.to_json().dump(2) + "\n");
     if (!st.ok()) return report_error(st);
   }
-  const double gain = hand.ok() && hand->cost.feasible ? hand->cost.step_time_s / best.cost.step_time_s : 0;
   if (f.json) {
-    nlohmann::json j = {{"best", plan_candidate_json(best)}, {"seconds", r->seconds}, {"arrangements", r->arrangements},
-                        {"evaluated", r->evaluated}, {"exhaustive", r->exhaustive}, {"cross_node_tp", r->cross_node_tp}};
-    j["next"] = nlohmann::json::array();
-    for (size_t i = 1; i < r->best.size(); ++i) {
-      nlohmann::json c = plan_candidate_json(r->best[i]);
-      c["why_slower"] = trainer::why_slower(r->best[i], best);
-      j["next"].push_back(std::move(c));
-    }
-    if (hand.ok()) j["hand_written"] = plan_candidate_json(*hand), j["predicted_gain"] = gain;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", out->to_json().dump(2).c_str());
     return 0;
   }
   std::printf("best layout: %s\n%s", best.layout.to_string().c_str(), best.cost.to_text().c_str());
@@ -142,17 +84,18 @@ int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
       std::printf("  rank %d -> cluster rank %d (%s, %s): memory %.3f / %.3f GiB, compute %.1f%% of peak\n", rc.rank, rc.cluster_rank,
                   rc.node.c_str(), rc.device.c_str(), static_cast<double>(rc.memory) / 1073741824.0,
                   static_cast<double>(rc.capacity) / 1073741824.0, 100 * rc.compute_fraction);
-  for (size_t i = 1; i < r->best.size(); ++i) {
-    std::printf("next %zu: %s: %.6g s, %s\n", i, r->best[i].layout.to_string().c_str(), r->best[i].cost.step_time_s,
-                trainer::why_slower(r->best[i], best).c_str());
-    if (f.explain) std::printf("%s", r->best[i].cost.to_text().c_str());
+  for (size_t i = 1; i < r.best.size(); ++i) {
+    std::printf("next %zu: %s: %.6g s, %s\n", i, r.best[i].layout.to_string().c_str(), r.best[i].cost.step_time_s,
+                trainer::why_slower(r.best[i], best).c_str());
+    if (f.explain) std::printf("%s", r.best[i].cost.to_text().c_str());
   }
-  if (hand.ok())
+  if (out->hand)
     std::printf("hand-written layout (tp = devices per node, even split, equal micro-batches): %s: %.6g s%s; predicted gain %.2fx\n",
-                hand->layout.to_string().c_str(), hand->cost.step_time_s, hand->cost.feasible ? "" : " (does not fit)", gain);
+                out->hand->layout.to_string().c_str(), out->hand->cost.step_time_s, out->hand->cost.feasible ? "" : " (does not fit)",
+                out->predicted_gain);
   std::printf("searched %lld arrangements x micro-batch counts (%lld layouts evaluated, %s) in %.3f s\n",
-              static_cast<long long>(r->arrangements), static_cast<long long>(r->evaluated),
-              r->exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r->seconds);
+              static_cast<long long>(r.arrangements), static_cast<long long>(r.evaluated),
+              r.exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r.seconds);
   if (!f.out.empty()) std::printf("wrote %s (ckpt train --layout / ckpt reshard --layout)\n", f.out.c_str());
   return 0;
 }

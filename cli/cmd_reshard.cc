@@ -32,9 +32,7 @@ struct ReshardArgs {
 // The plan of a --dry-run on stdout: JSON (--json) or its text summary.
 void print_dry_run(const ReshardArgs& a, const ReshardOutcome& r) {
   if (a.json) {
-    nlohmann::json j = r.plan.to_json();
-    j["plan_seconds"] = r.plan_seconds;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", r.to_json(a.dst, true).dump(2).c_str());
   } else {
     std::printf("%s", r.plan.to_string().c_str());
   }
@@ -43,17 +41,7 @@ void print_dry_run(const ReshardArgs& a, const ReshardOutcome& r) {
 // The summary of a finished reshard on stdout: JSON (--json) or one line.
 void print_result(const ReshardArgs& a, const ReshardOutcome& r) {
   if (a.json) {
-    nlohmann::json j = r.plan.to_json();
-    j["dst"] = a.dst;
-    j["seconds"] = r.seconds;
-    j["plan_seconds"] = r.plan_seconds;
-    j["processes"] = r.processes;
-    if (!r.profile.empty()) {
-      j["profile"] = r.profile;
-      j["from_profile"] = r.from_profile;
-      j["exactness"] = r.exactness.to_json();
-    }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", r.to_json(a.dst, false).dump(2).c_str());
   } else {
     if (!r.profile.empty())
       std::printf("profile %s -> %s\n%s", r.from_profile.c_str(), r.profile.c_str(), r.exactness.to_string().c_str());

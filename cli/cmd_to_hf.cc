@@ -1,5 +1,6 @@
-// ckpt to-hf SRC OUT: exports a checkpoint's model weights as a HuggingFace directory.
-#include <algorithm>
+// ckpt to-hf SRC OUT: exports a checkpoint's model weights as a HuggingFace directory. The work is
+// converters/hf_jobs.h (run_to_hf_job; also python's ckpt.to_hf); this file parses the flags,
+// draws the progress bar and prints the summary.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,10 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/hf_export.h"
-#include "formats/byte_size.h"
-#include "converters/open_checkpoint.h"
-#include "formats/safetensors/st_index.h"
+#include "converters/hf_jobs.h"
 
 namespace ckpt::cli {
 namespace {
@@ -20,7 +18,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     std::string src, out, dtype, max_shard = "5GB";
     StreamFlags stream;
     IoFlags io;
-    bool no_fsync = false;
+    bool no_fsync = false, json = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir or DCP dir (ckpt inspect --help lists the kinds)")->required();
@@ -30,34 +28,33 @@ CommandAction setup_to_hf(CLI::App& sub) {
   o->stream.add(sub);
   o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
+  sub.add_flag("--json", o->json, "Print the result as JSON: out, tensors, bytes, config, files, skipped, seconds");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
       "from the pieces that cover it, within --max-memory, and the output does not depend on the layout.\n"
       "Tokenizer files carried in the checkpoint (from-hf) are written next to config.json.");
   return [o]() -> int {
-    HfExportOptions opts;
-    opts.threads = o->stream.threads;
-    opts.fsync = !o->no_fsync;
-    if (auto io = o->io.mode(); io.ok()) opts.io = *io; else return report_error(io.take_status());
-    if (auto dt = float_dtype_flag(o->dtype); dt.ok()) opts.dtype = *dt; else return report_error(dt.take_status());
-    auto ms = parse_byte_size(o->max_shard, "--max-shard-size");
-    if (!ms.ok()) return report_error(ms.take_status());
-    opts.max_shard_size = *ms;
-    auto src = open_checkpoint(o->src);
-    if (!src.ok()) return report_error(src.status());
-    auto plan = plan_hf_export(**src, o->src, opts);
-    if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
-    auto chunk = o->stream.chunk_bytes_for(**src, plan->pieces);
-    if (!chunk.ok()) return report_error(chunk.take_status());
-    opts.max_chunk_bytes = *chunk;
-    ProgressBar bar("to-hf", stderr_is_tty());
-    opts.progress = bar.callback();
-    Status st = run_hf_export(**src, *plan, o->out, opts);
+    ToHfRequest req;
+    req.src = o->src;
+    req.out = o->out;
+    req.dtype = o->dtype;
+    req.max_shard_size = o->max_shard;
+    req.threads = o->stream.threads;
+    req.max_memory = o->stream.max_memory;
+    req.io = o->io.io;
+    req.fsync = !o->no_fsync;
+    ProgressBar bar("to-hf", stderr_is_tty() && !o->json);
+    req.progress = bar.callback();
+    auto r = run_to_hf_job(req);
     bar.finish();
-    if (!st.ok()) return report_error(st);
-    std::printf("wrote %zu tensors (%llu bytes)%s to %s", plan->tensors.size(), static_cast<unsigned long long>(plan->total_bytes),
-                plan->config ? " + config.json" : "", o->out.c_str());
-    if (!plan->skipped.empty()) std::printf("; left out %zu non-model tensors", plan->skipped.size());
+    if (!r.ok()) return report_error(r.status());
+    if (o->json) {
+      std::printf("%s\n", r->to_json().dump(2).c_str());
+      return 0;
+    }
+    std::printf("wrote %zu tensors (%llu bytes)%s to %s", r->tensors, static_cast<unsigned long long>(r->bytes),
+                r->config ? " + config.json" : "", o->out.c_str());
+    if (!r->skipped.empty()) std::printf("; left out %zu non-model tensors", r->skipped.size());
     std::printf("\n");
     return 0;
   };

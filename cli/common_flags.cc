@@ -1,7 +1,5 @@
 #include "cli/common_flags.h"
 
-#include <algorithm>
-
 namespace ckpt::cli {
 
 void LayoutFlags::add(CLI::App& sub, const std::string& zero_help) {
@@ -26,18 +24,7 @@ Result<uint64_t> StreamFlags::chunk_bytes(size_t max_src_elem, size_t min_out_el
 }
 
 Result<uint64_t> StreamFlags::chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const {
-  size_t max_src = 1, min_out = 8;
-  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
-  return chunk_bytes(max_src, min_out);
-}
-
-Result<std::optional<DType>> float_dtype_flag(const std::string& value) {
-  if (value.empty()) return std::optional<DType>{};
-  auto dt = dtype_from_name(value, /*cli_aliases=*/true);
-  if (!dt.ok() || !dtype_is_float(*dt))
-    return Status::InvalidArgument("--dtype '" + value + "': expected bf16, fp16 or fp32");
-  return std::optional<DType>{*dt};
+  return chunk_bytes_for_copy(max_memory, threads, src, out);
 }
 
 void IoFlags::add(CLI::App& sub) { sub.add_option("--io", io, io_flag_help())->check(CLI::IsMember({"direct", "buffered", "auto"})); }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "converters/hf_jobs.h"  // float_dtype_flag, chunk_bytes_for_copy
 #include "converters/reshard_job.h"
 #include "formats/file_io_direct.h"
 #include "formats/dtype.h"
@@ -41,10 +42,6 @@ struct StreamFlags {
   // The same, for copying `src`'s pieces into `out` pieces (widest source, narrowest output element).
   Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
 };
-
-// --dtype of the exports: empty = keep each tensor's dtype; else bf16, fp16 or fp32 (any float
-// dtype name); anything else is kInvalidArgument naming the flag.
-Result<std::optional<DType>> float_dtype_flag(const std::string& value);
 
 // --io direct|buffered|auto (formats/file_io_direct.h).
 struct IoFlags {

@@ -63,6 +63,9 @@ struct ReshardOutcome {
   std::string profile;          // the profile of DST when the job went through the profile views
   std::string from_profile;     // ... and the one of SRC
   ExactnessReport exactness;    // merged over processes on rank 0
+  // The JSON of `ckpt reshard --json` (converters/reshard_job_json.cc): the plan's summary with
+  // plan_seconds, and unless `dry_run` dst, seconds, processes (+ profile, from_profile, exactness).
+  nlohmann::json to_json(const std::string& dst, bool dry_run) const;
 };
 
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& req);

@@ -1,8 +1,222 @@
-// The commands as Python functions with structured results (to be written: issue 17).
+// The commands as functions of ckpt._ckpt, each taking its request as a dict of every option (the
+// keyword arguments of the public wrappers in python/ckpt/commands.py, which give the signatures,
+// defaults and docs) and returning the result as a dict with the fields of the CLI's --json.
+// Each calls the library function its cli/cmd_*.cc calls, with the GIL released; errors raise the
+// ckpt exceptions (py_errors.h); progress callbacks go through PyProgress (py_progress.h).
+#include <nanobind/stl/string.h>
+
+#include <string>
+#include <utility>
+
+#include "converters/hf_jobs.h"
+#include "converters/open_checkpoint.h"
+#include "converters/reshard_job.h"
+#include "converters/verify_job.h"
+#include "formats/byte_size.h"
 #include "python/bindings.h"
+#include "python/py_errors.h"
+#include "python/py_json.h"
+#include "python/py_progress.h"
+#include "reshard/diff.h"
+#include "trainer/plan/plan_job.h"
+#include "trainer/plan/replan.h"
 
 namespace ckpt::py {
+// A named namespace (not an anonymous one): unity builds put this file beside checkpoint_bind.cc.
+namespace commands_bind_detail {
 
-void bind_commands(nanobind::module_&) {}
+// The options dict of one command: every key is read once; a missing key or one left unread is
+// an error (the wrappers always pass all of them).
+class CommandOptions {
+ public:
+  CommandOptions(const char* command, nb::dict d) : command_(command), d_(std::move(d)) {}
+  template <class T>
+  T get(const char* key) {
+    nb::str k(key);
+    if (!d_.contains(k)) throw nb::key_error((std::string(command_) + ": option '" + key + "' missing").c_str());
+    nb::object v = d_[k];
+    PyDict_DelItem(d_.ptr(), k.ptr());
+    T out;
+    if (!nb::try_cast(v, out))
+      throw nb::type_error((std::string(command_) + ": option '" + key + "' has the wrong type").c_str());
+    return out;
+  }
+  std::string str(const char* key) { return get<std::string>(key); }
+  LayoutValues layout() {
+    return {get<int>("tp"), get<int>("pp"), get<int>("dp"), get<int>("zero"), str("pp_layers")};
+  }
+  ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate")}; }
+  void done() {
+    if (nb::len(d_) != 0)
+      throw nb::type_error((std::string(command_) + ": unknown option(s) " + nb::repr(d_.attr("keys")()).c_str()).c_str());
+  }
+
+ private:
+  const char* command_;
+  nb::dict d_;
+};
+
+// Runs `work` with the GIL released, then re-raises the progress callback's exception (after an
+// error of the command itself, which wins) and returns the unwrapped value.
+template <class Work>
+auto run_released(PyProgress& progress, Work&& work) {
+  auto r = [&] {
+    nb::gil_scoped_release release;
+    return work();
+  }();
+  if (!r.ok()) raise_status(r.status());
+  progress.rethrow_if_failed();
+  return std::move(r).value();
+}
+
+nb::object py_verify(const std::string& path, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("verify", std::move(opts));
+  const int threads = o.get<int>("threads");
+  const bool strict = o.get<bool>("strict");
+  o.done();
+  PyProgress progress(std::move(progress_cb));
+  auto fn = progress.fn();
+  VerifyOutcome r = run_released(progress, [&] { return verify_checkpoint(path, threads, fn); });
+  if (strict && !r.ok()) raise_status(r.failures.front().status);
+  return json_to_py(r.to_json());
+}
+
+nb::object py_diff(const std::string& a, const std::string& b, nb::dict opts) {
+  CommandOptions o("diff", std::move(opts));
+  DiffOptions d;
+  d.atol = o.get<double>("atol");
+  d.rtol = o.get<double>("rtol");
+  d.ignore_dtype = o.get<bool>("ignore_dtype");
+  const std::string max_memory = o.str("max_memory");
+  o.done();
+  PyProgress none{nb::none()};
+  DiffReport rep = run_released(none, [&]() -> Result<DiffReport> {
+    CKPT_ASSIGN_OR_RETURN(d.max_memory, parse_byte_size(max_memory, "--max-memory"));
+    auto sa = open_checkpoint(a);
+    if (!sa.ok()) return sa.take_status().with_context("opening A");
+    auto sb = open_checkpoint(b);
+    if (!sb.ok()) return sb.take_status().with_context("opening B");
+    return diff_sources(**sa, **sb, d);
+  });
+  nlohmann::json j = rep.to_json();
+  j["a"] = a;
+  j["b"] = b;
+  return json_to_py(j);
+}
+
+// reshard and convert: one ReshardRequest (converters/reshard_job.h), as cli/cmd_reshard.cc.
+nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("reshard", std::move(opts));
+  ReshardRequest req;
+  req.src = src;
+  req.dst = dst;
+  req.layout_file = o.str("layout");
+  req.layout = o.layout();
+  req.profile = o.profile();
+  req.compress = o.str("compress");
+  req.digest = o.str("digest");
+  req.threads = o.get<int>("threads");
+  req.max_memory = o.str("max_memory");
+  req.io = o.str("io");
+  req.dry_run = o.get<bool>("dry_run");
+  req.no_verify = !o.get<bool>("verify_source");
+  const bool convert = o.get<bool>("convert");
+  o.done();
+  if (convert && !req.profile.given())
+    raise_status(Status::InvalidArgument("convert: give profile=NAME or profile_file=FILE"));
+  PyProgress progress(std::move(progress_cb));
+  req.progress = progress.fn();
+  ReshardOutcome r = run_released(progress, [&] { return run_reshard_job(req); });
+  return json_to_py(r.to_json(dst, req.dry_run));
+}
+
+nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("to_hf", std::move(opts));
+  ToHfRequest req;
+  req.src = src;
+  req.out = out;
+  req.dtype = o.str("dtype");
+  req.max_shard_size = o.str("max_shard_size");
+  req.threads = o.get<int>("threads");
+  req.max_memory = o.str("max_memory");
+  req.io = o.str("io");
+  req.fsync = o.get<bool>("fsync");
+  o.done();
+  PyProgress progress(std::move(progress_cb));
+  req.progress = progress.fn();
+  ToHfOutcome r = run_released(progress, [&] { return run_to_hf_job(req); });
+  return json_to_py(r.to_json());
+}
+
+nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("from_hf", std::move(opts));
+  FromHfRequest req;
+  req.src = src;
+  req.out = dst;
+  req.dtype = o.str("dtype");
+  req.layout = o.layout();
+  req.profile = o.profile();
+  req.compress = o.str("compress");
+  req.digest = o.str("digest");
+  req.threads = o.get<int>("threads");
+  req.max_memory = o.str("max_memory");
+  req.io = o.str("io");
+  req.fsync = o.get<bool>("fsync");
+  o.done();
+  PyProgress progress(std::move(progress_cb));
+  req.progress = progress.fn();
+  FromHfOutcome r = run_released(progress, [&] { return run_from_hf_job(req); });
+  return json_to_py(r.to_json());
+}
+
+// plan: the search (or one layout's evaluation) of trainer/plan/plan_job.h, as cli/cmd_plan.cc;
+// `from_checkpoint`: the model, batch and sequence length of a trainer checkpoint (ckpt plan --from).
+nb::object py_plan(const std::string& cluster, nb::dict opts) {
+  CommandOptions o("plan", std::move(opts));
+  trainer::PlanRequest req;
+  req.cluster = cluster;
+  req.model = o.str("model");
+  req.evaluate = o.str("evaluate");
+  req.calibration = o.str("calibration");
+  req.global_batch = o.get<int64_t>("global_batch");
+  req.seq_len = o.get<int64_t>("seq_len");
+  req.top = o.get<int>("top");
+  req.trainer_memory = o.get<bool>("trainer_memory");
+  const std::string from = o.str("from_checkpoint");
+  o.done();
+  PyProgress none{nb::none()};
+  nlohmann::json j = run_released(none, [&]() -> Result<nlohmann::json> {
+    if (!req.evaluate.empty()) {
+      CKPT_ASSIGN_OR_RETURN(auto ev, trainer::evaluate_plan(req));
+      return ev.to_json();
+    }
+    if (from.empty()) {
+      if (req.model.empty()) return Status::InvalidArgument("plan: give model=CONFIG (or from_checkpoint=PATH)");
+      CKPT_ASSIGN_OR_RETURN(auto out, trainer::search_plan(req));
+      return out.to_json();
+    }
+    CKPT_ASSIGN_OR_RETURN(auto src, trainer::replan_source(from));
+    if (req.global_batch < 1) req.global_batch = src.global_batch;
+    if (req.seq_len < 1) req.seq_len = src.seq_len;
+    CKPT_ASSIGN_OR_RETURN(auto out, trainer::search_plan(req, &src.config));
+    nlohmann::json r = out.to_json();
+    r["from"] = {{"checkpoint", src.checkpoint}, {"step", src.step}, {"layout", src.layout.to_json()},
+                 {"global_batch", req.global_batch}, {"seq_len", req.seq_len}};
+    return r;
+  });
+  return json_to_py(j);
+}
+
+}  // namespace commands_bind_detail
+
+void bind_commands(nb::module_& m) {
+  using namespace commands_bind_detail;
+  m.def("_verify", &py_verify, nb::arg("path"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_diff", &py_diff, nb::arg("a"), nb::arg("b"), nb::arg("opts"));
+  m.def("_reshard", &py_reshard, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_to_hf", &py_to_hf, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_from_hf", &py_from_hf, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_plan", &py_plan, nb::arg("cluster"), nb::arg("opts"));
+}
 
 }  // namespace ckpt::py

@@ -3,3 +3,5 @@ tensors, one rank's shard under any layout, or run the commands (verify, diff, r
 from_hf, convert, plan) from Python. See docs/PYTHON.md."""
 from ._ckpt import *  # noqa: F401,F403
 from ._ckpt import Error  # noqa: F401
+from .checkpoint import Checkpoint, ShardRegion, TensorInfo, numpy_dtype, open, parse_layout, to_torch  # noqa: F401,A004
+from .commands import convert, diff, from_hf, plan, reshard, to_hf, verify  # noqa: F401  (the commands: commands.py)

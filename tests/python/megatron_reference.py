@@ -216,10 +216,9 @@ def native_tp_boxes(cfg, name, shape, tp, divisor):
     raise ValueError(f"no rule for {name}")
 
 
-def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128, elem_bytes=None):
-    """tensors: list of (name, shape) in the checkpoint's tensor order. Returns the set of stored
-    pieces as tuples (rank, name, offset, extent, flat) with flat = (begin, end) or None.
-    elem_bytes: bytes per element of each tensor (default 4), for the balance."""
+def native_rank_holdings(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128):
+    """What every rank holds in memory (replicas included): list of (rank, tensor index, box, a, b),
+    elements [a, b) of the box in row-major order (ZeRO-1 optimizer shards are partial ranges)."""
     pp = len(layers_per_stage)
     stage_of = layout_stage_of_layer(layers_per_stage)
     tied = cfg.get("tie_word_embeddings", False)
@@ -275,6 +274,18 @@ def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor
                             a, b = max(lo, off) - off, min(hi, off + n) - off
                             if a < b:
                                 holdings.append(((s * dp + d) * tp + t, ti, info[ti][2][t], a, b))
+    return holdings
+
+
+def native_rank_pieces(cfg, tensors, tp, layers_per_stage, dp=1, zero=0, divisor=128, elem_bytes=None):
+    """tensors: list of (name, shape) in the checkpoint's tensor order. Returns the set of stored
+    pieces as tuples (rank, name, offset, extent, flat) with flat = (begin, end) or None.
+    elem_bytes: bytes per element of each tensor (default 4), for the balance."""
+    holdings = native_rank_holdings(cfg, tensors, tp, layers_per_stage, dp, zero, divisor)
+
+    def numel(box):
+        return int(np.prod(box[1], dtype=np.int64)) if len(box[1]) else 1
+
     # De-duplicate with balance (bytes per rank).
     itemsize = [np.dtype(np.float32).itemsize if elem_bytes is None else elem_bytes[i] for i in range(len(tensors))]
     segs = []  # [ti, box, a, b, bytes, holders, rank]

@@ -1,0 +1,180 @@
+#include "converters/hf_jobs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "converters/hf_export.h"
+#include "converters/hf_files.h"
+#include "converters/hf_import.h"
+#include "converters/open_checkpoint.h"
+#include "formats/byte_size.h"
+#include "formats/file_io_direct.h"
+#include "formats/open_source.h"
+#include "formats/store/store_options.h"
+#include "formats/store/store_writer.h"
+#include "formats/torch/dcp.h"
+
+namespace ckpt {
+
+Result<std::optional<DType>> float_dtype_flag(const std::string& value) {
+  if (value.empty()) return std::optional<DType>{};
+  auto dt = dtype_from_name(value, /*cli_aliases=*/true);
+  if (!dt.ok() || !dtype_is_float(*dt))
+    return Status::InvalidArgument("--dtype '" + value + "': expected bf16, fp16 or fp32");
+  return std::optional<DType>{*dt};
+}
+
+Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
+                                      const std::vector<Piece>& out, uint64_t reserve) {
+  size_t max_src = 1, min_out = 8;
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+  for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
+  return chunk_bytes_within(max_memory, threads, max_src, min_out, reserve);
+}
+
+namespace {
+
+double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status hf_job_check_threads(int threads) {
+  if (threads < 1 || threads > 64) return Status::InvalidArgument("--threads " + std::to_string(threads) + ": expected 1..64");
+  return Status::Ok();
+}
+
+}  // namespace
+
+nlohmann::json ToHfOutcome::to_json() const {
+  return {{"out", out}, {"tensors", tensors}, {"bytes", bytes}, {"config", config},
+          {"files", files}, {"skipped", skipped}, {"seconds", seconds}};
+}
+
+Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CKPT_RETURN_IF_ERROR(hf_job_check_threads(req.threads));
+  HfExportOptions opts;
+  opts.threads = req.threads;
+  opts.fsync = req.fsync;
+  opts.progress = req.progress;
+  CKPT_ASSIGN_OR_RETURN(opts.io, parse_io_mode(req.io, "--io"));
+  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
+  CKPT_ASSIGN_OR_RETURN(opts.max_shard_size, parse_byte_size(req.max_shard_size, "--max-shard-size"));
+  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  auto plan = plan_hf_export(*src, req.src, opts);
+  if (!plan.ok()) return plan.take_status().with_file(req.src);
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces));
+  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  ToHfOutcome out;
+  out.out = req.out;
+  out.tensors = plan->tensors.size();
+  out.bytes = plan->total_bytes;
+  out.config = plan->config.has_value();
+  for (const auto& [name, path] : plan->copy_files) out.files.push_back(name);
+  for (const auto& [name, content] : plan->side_files)
+    if (!plan->copy_files.count(name)) out.files.push_back(name);
+  out.skipped = plan->skipped;
+  out.seconds = hf_job_seconds_since(t0);
+  return out;
+}
+
+nlohmann::json FromHfOutcome::to_json() const {
+  nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
+                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}};
+  if (!profile.empty()) {
+    j["profile"] = profile;
+    j["exactness"] = exactness.to_json();
+  }
+  return j;
+}
+
+namespace {
+
+// from-hf with a profile: the reshard job from the HF directory (canonical names) into the
+// profile's view, in one pass (converters/profile_view_job.h); the layout defaults to tp=pp=dp=1.
+Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chrono::steady_clock::time_point t0) {
+  if (!req.dtype.empty())
+    return Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)");
+  ReshardRequest rr;
+  rr.src = req.src;
+  rr.dst = req.out;
+  rr.layout = req.layout.given() ? req.layout : LayoutValues{1, 1, 1, -1, ""};
+  rr.compress = req.compress;
+  rr.digest = req.digest;
+  rr.threads = req.threads;
+  rr.max_memory = req.max_memory;
+  rr.io = req.io;
+  rr.profile = req.profile;
+  rr.progress = req.progress;
+  rr.dist = req.dist;
+  CKPT_ASSIGN_OR_RETURN(auto r, run_reshard_job(rr));
+  FromHfOutcome out;
+  out.out = req.out;
+  out.layout = r.layout.to_string();
+  out.bytes = r.plan.bytes_written;
+  out.tensors = r.plan.tensors.size();
+  out.profile = r.profile;
+  out.exactness = r.exactness;
+  out.seconds = hf_job_seconds_since(t0);
+  return out;
+}
+
+// The HF names come in from a HuggingFace directory or file, or a DCP directory of an HF
+// model's state_dict; tokenizer files beside it are carried.
+Result<std::string> hf_side_files_dir(const std::string& src) {
+  const SourceKind kind = detect_source(src);
+  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile && !torch::is_dcp_dir(src))
+    return Status::InvalidArgument("'" + src + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
+                                   "nor a DCP directory (.metadata)");
+  auto dir = kind == SourceKind::kSafetensorsFile ? std::filesystem::path(src).parent_path() : std::filesystem::path(src);
+  return dir.empty() ? std::string(".") : dir.string();
+}
+
+}  // namespace
+
+Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CKPT_RETURN_IF_ERROR(hf_job_check_threads(req.threads));
+  if (req.profile.given()) return run_from_hf_profile_job(req, t0);
+  HfImportOptions opts;
+  opts.threads = req.threads;
+  opts.progress = req.progress;
+  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
+  CKPT_ASSIGN_OR_RETURN(auto so, store::parse_compress_spec(req.compress, "--compress"));
+  CKPT_ASSIGN_OR_RETURN(so, store::parse_digest_spec(req.digest, "--digest", so));
+  so.fsync = req.fsync;
+  so.hash_threads = req.threads;
+  CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
+  CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
+  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  auto plan = plan_hf_import(*src, opts);
+  if (!plan.ok()) return plan.take_status().with_file(req.src);
+  // Keep 48 MiB of the budget for the store writer (HDF5, hashing), as `ckpt reshard` does.
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, 48ull << 20));
+  FromHfOutcome out;
+  out.layout = "tp=1 pp=1 dp=1";
+  if (req.layout.given()) {
+    CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));
+    out.layout = layout.to_string();
+    StoreExecOptions eo;
+    eo.exec.threads = req.threads;
+    eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
+    eo.store = so;
+    eo.exec.progress = opts.progress;
+    CKPT_RETURN_IF_ERROR(run_hf_import_to_layout(*src, *plan, layout, req.out, eo, req.dist));
+  } else {
+    store::StoreWriter sink(req.out, so);
+    CKPT_RETURN_IF_ERROR(run_hf_import(*src, sink, *plan, opts));
+  }
+  out.out = req.out;
+  out.tensors = plan->tensors.size();
+  out.bytes = plan->total_bytes;
+  if (plan->metadata.contains(kHfFilesKey))
+    for (const auto& [name, v] : plan->metadata[kHfFilesKey].items()) out.side_files.push_back(name);
+  out.skipped = plan->skipped;
+  out.seconds = hf_job_seconds_since(t0);
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,190 @@
+"""The ckpt commands as functions (the same library calls as the CLI, in this process).
+
+Every function returns a dict with the fields the CLI's ``--json`` prints, raises the ckpt
+exceptions (``ckpt.Error`` subclasses carrying ``kind``, ``code``, ``file``, ``tensor``,
+``message``) on failure, and runs with the GIL released, so other Python threads keep running.
+Outputs are written under a temporary name and renamed when complete: a failed command leaves
+nothing that looks like a checkpoint.
+
+``progress``: an optional ``callable(done_bytes, total_bytes)``, called from the command's worker
+threads with the GIL held, at most every 0.1 s plus once at the end, with non-decreasing
+``done_bytes``. If it raises, it is not called again, the command runs to its end (there is no
+cancellation point inside the engine: the output is complete, or absent if the command failed)
+and the exception is re-raised when the command returns. An error of the command itself takes
+precedence over the callback's exception. Ctrl-C during a command: KeyboardInterrupt when it
+returns.
+
+Sizes (``max_memory``, ``max_shard_size``) take an int (bytes) or a string such as ``"256M"``,
+``"5GB"``, ``"2GiB"``. Paths take ``str`` or ``os.PathLike``. Error messages name the CLI flag of
+an option (``--max-memory`` for ``max_memory``).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any, Callable, Dict, Optional, Union
+
+from . import _ckpt
+
+Path = Union[str, "os.PathLike[str]"]
+Size = Union[int, str]
+Progress = Optional[Callable[[int, int], Any]]
+
+__all__ = ["verify", "diff", "reshard", "convert", "to_hf", "from_hf", "plan"]
+
+
+def _path(p: Path) -> str:
+    return os.fspath(p)
+
+
+def _size(v: Size, name: str) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise TypeError(f"{name}: expected an int (bytes) or a size string like '256M', got {type(v).__name__}")
+    return str(v)
+
+
+def _opt_path(p: Optional[Path]) -> str:
+    return "" if p is None else os.fspath(p)
+
+
+def verify(path: Path, *, threads: int = 2, strict: bool = False, progress: Progress = None) -> Dict[str, Any]:
+    """Checks a checkpoint: a native store's structure and every piece's digest; any other kind
+    (safetensors, HF directory, Megatron, DCP) structurally, reading every byte.
+
+    Returns ``{path, format, ok, structure_ok, checksums, pieces, bytes, seconds, failures,
+    digests | note}``; each failure is ``{code, piece, tensor, file, dataset?, message}``.
+    A path that cannot be opened raises. ``strict=True`` raises the first failure instead of
+    returning it (a ``ckpt.ChecksumError`` for a flipped bit)."""
+    return _ckpt._verify(_path(path), {"threads": threads, "strict": strict}, progress)
+
+
+def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype: bool = False,
+         max_memory: Size = "256M") -> Dict[str, Any]:
+    """Compares two checkpoints tensor by tensor in global view (any layouts, any formats).
+
+    Returns ``{a, b, equal, atol, rtol, counts, tensors}``; ``tensors`` lists every tensor as
+    ``{name, status, dtype_a, shape_a, dtype_b, shape_b, numel, bitwise_differ, not_close,
+    nonfinite_differ, max_abs, max_rel, max_abs_index}`` (fields by status: identical, close,
+    different, only_in_a, only_in_b, shape_mismatch, dtype_mismatch). Elements are close when
+    ``|a - b| <= atol + rtol * |b|``."""
+    opts = {"atol": float(atol), "rtol": float(rtol), "ignore_dtype": ignore_dtype,
+            "max_memory": _size(max_memory, "max_memory")}
+    return _ckpt._diff(_path(a), _path(b), opts)
+
+
+@contextlib.contextmanager
+def _layout_file(layout):
+    """The path of a layout file for the engine: a path as is; a dict (e.g. ckpt.plan()'s
+    ["best"]["layout"]), JSON text or flag string (ckpt.parse_layout) through a temporary file."""
+    if layout is None or (not isinstance(layout, dict) and os.path.isfile(os.fspath(layout))):
+        yield layout
+        return
+    from .checkpoint import parse_layout
+    lay = parse_layout(layout)
+    with tempfile.NamedTemporaryFile("w", suffix=".layout.json", delete=False) as f:
+        json.dump(lay, f)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
+
+
+def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+                  threads, max_memory, io, dry_run, verify_source, convert):
+    return {"layout": _opt_path(layout), "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
+            "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
+            "compress": compress, "digest": digest, "threads": threads,
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "dry_run": dry_run,
+            "verify_source": verify_source, "convert": convert}
+
+
+def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
+            zero: int = -1, pp_layers: Optional[str] = None, profile: Optional[str] = None,
+            profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
+            digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
+            dry_run: bool = False, verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
+    """Re-splits a checkpoint (native store, Megatron-layout, HF or DCP directory with a model
+    config) for another TP/PP/DP(ZeRO) layout into a new native store ``dst``; with ``profile``
+    it also converts to that profile in the same pass (see :func:`convert`).
+
+    The layout is ``layout=`` (a layout JSON file, a dict such as ``ckpt.plan(...)["best"]["layout"]``,
+    JSON text, or a flag string like ``"tp=2 pp=2 dp=1 pp_layers=1,3"``: see ``ckpt.parse_layout``)
+    or ``tp``/``pp``/``dp``/``zero``/``pp_layers`` (values left at 0 / -1 / None keep the source's). ``verify_source=False`` skips re-hashing the
+    source before committing. ``dry_run=True`` only plans.
+
+    Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
+    peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds}`` plus, when written, ``{dst, seconds,
+    processes}`` and for a profile conversion ``{profile, from_profile, exactness}``."""
+    with _layout_file(layout) as lay:
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+                             threads, max_memory, io, dry_run, verify_source, False)
+        return _ckpt._reshard(_path(src), _path(dst), opts, progress)
+
+
+def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file: Optional[Path] = None,
+            saturate: bool = False, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
+            zero: int = -1, pp_layers: Optional[str] = None, compress: str = "none", digest: str = "xxh3-128",
+            threads: int = 2, max_memory: Size = "256M", io: str = "auto", dry_run: bool = False,
+            verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
+    """Converts a checkpoint to another vendor/framework profile (``profile="megatron-mcore"``,
+    ``"paddlenlp"``, ``"hf"``, ... or ``profile_file=``), optionally changing its layout in the
+    same pass: :func:`reshard` with the profile required. A narrowing cast that overflows raises
+    ``ckpt.CastOverflowError`` naming the tensors (nothing written) unless ``saturate=True``.
+    Returns :func:`reshard`'s fields with ``exactness`` (the report also stored in the manifest)."""
+    with _layout_file(layout) as lay:
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+                             threads, max_memory, io, dry_run, verify_source, True)
+        return _ckpt._reshard(_path(src), _path(dst), opts, progress)
+
+
+def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: Size = "5GB", threads: int = 2,
+          max_memory: Size = "256M", io: str = "auto", fsync: bool = True, progress: Progress = None) -> Dict[str, Any]:
+    """Exports a checkpoint's model weights (any kind, any layout) as a HuggingFace directory
+    ``out``: safetensors shards of at most ``max_shard_size``, the index when sharded,
+    config.json and tokenizer files carried in the checkpoint. ``dtype``: cast float weights to
+    ``"bf16"``, ``"fp16"`` or ``"fp32"`` (None keeps them).
+
+    Returns ``{out, tensors, bytes, config, files, skipped, seconds}``."""
+    opts = {"dtype": dtype or "", "max_shard_size": _size(max_shard_size, "max_shard_size"), "threads": threads,
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
+    return _ckpt._to_hf(_path(src), _path(out), opts, progress)
+
+
+def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, pp: int = 0, dp: int = 0,
+            zero: int = -1, pp_layers: Optional[str] = None, profile: Optional[str] = None,
+            profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
+            digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
+            fsync: bool = True, progress: Progress = None) -> Dict[str, Any]:
+    """Imports a HuggingFace LLaMA directory (or .safetensors file with config.json beside it, or a
+    DCP directory of an HF state_dict) into a new native store ``dst``, laid out for
+    ``tp``/``pp``/``dp`` when given (else tp=pp=dp=1), in ``profile`` when given.
+
+    Returns ``{out, layout, tensors, bytes, side_files, skipped, seconds}`` (+ ``profile``,
+    ``exactness`` with a profile)."""
+    opts = {"dtype": dtype or "", "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
+            "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
+            "compress": compress, "digest": digest, "threads": threads,
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
+    return _ckpt._from_hf(_path(src), _path(dst), opts, progress)
+
+
+def plan(cluster: Path, *, model: Optional[Path] = None, global_batch: int = 0, seq_len: int = 0, top: int = 3,
+         evaluate: Optional[Path] = None, calibration: Optional[Path] = None, trainer_memory: bool = False,
+         from_checkpoint: Optional[Path] = None) -> Dict[str, Any]:
+    """The cost-model planner (``ckpt plan``, docs/PLAN.md) for the cluster file ``cluster``.
+
+    Search (``model`` = a LlamaForCausalLM config.json, ``global_batch`` >= 1): returns ``{best,
+    next, seconds, arrangements, evaluated, exhaustive, cross_node_tp, hand_written?,
+    predicted_gain?}``; each candidate holds the cost fields (``step_time_s``, ``tokens_per_s``,
+    ``stages``, ``pipelines``, ``ranks``, ``feasible``, ``problems``) with ``layout`` (a layout
+    JSON object: write it to a file for :func:`reshard`), ``layout_text`` and ``placement``;
+    ``next`` ones also ``why_slower``. ``from_checkpoint``: the model, batch and sequence length
+    of a trainer checkpoint (result also has ``from``). ``evaluate``: a layout file's predicted
+    cost instead (``trainer_memory=True`` adds ``ranks[].trainer_memory_bytes``).
+    ``calibration``: the file of ``ckpt plan --calibrate -o FILE``."""
+    opts = {"model": _opt_path(model), "global_batch": int(global_batch), "seq_len": int(seq_len), "top": int(top),
+            "evaluate": _opt_path(evaluate), "calibration": _opt_path(calibration),
+            "trainer_memory": trainer_memory, "from_checkpoint": _opt_path(from_checkpoint)}
+    return _ckpt._plan(_path(cluster), opts)
