@@ -50,7 +50,7 @@ def test_missing_tensor_and_path(store, tmp_path):
             ck.read("no_such_tensor")
         assert isinstance(ei.value, LookupError)
         kind, _, _, tensor, _ = _attrs(ei.value)
-        assert kind == "NotFound" and tensor == "no_such_tensor"
+        assert kind == "not found" and tensor == "no_such_tensor"
         with pytest.raises(ckpt.NotFoundError):
             ck.read_torch("also.missing")
     with pytest.raises(ckpt.NotFoundError, match="nowhere"):

@@ -15,6 +15,7 @@ import json
 import pathlib
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -152,3 +153,35 @@ def test_transformers_logits_equal_to_hf_export(run_ckpt, tmp_path):
     assert torch.equal(a, b)
     with torch.no_grad():
         assert torch.equal(a, m(ids).logits)
+
+
+def test_profile_views(tool, run_ckpt, tmp_path):
+    """A store converted to PaddleNLP's convention (llama.* names, [in, out] linear weights, bf16)
+    opens in the canonical view (HF names and orientation) equal to the HF arrays rounded to bf16,
+    and state_dict(layout, rank) of it equals the numpy reference for every rank of tp2 pp2;
+    state_dict(profile="paddlenlp") goes through the engine's profile views back to PaddleNLP's
+    names and orientation, equal to profile_refs.to_paddlenlp of the same arrays."""
+    import profile_refs
+    cfg, divisor = dict(CFG_GQA, torch_dtype="float32"), 8
+    hf = model(cfg, seed=11, optimizer=False)
+    hf_bf16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in hf.items()}
+    base = tmp_path / "base"
+    ref.write_native_store(tool("store_write_tool"), tmp_path / "spec", base, cfg, hf,
+                           {"tp": 1, "pp": 1, "dp": 1, "layers_per_stage": [4], "vocab_divisor": divisor})
+    run_ckpt("convert", base, tmp_path / "pd", "--profile", "paddlenlp")
+    with ckpt.open(tmp_path / "pd") as ck:
+        assert ck.source_profile == "paddlenlp" and ck.profile == "reference"
+        assert set(ck.tensors) == set(hf)
+        for name, want in hf_bf16.items():
+            assert np.array_equal(ck.read(name, dtype="float32"), want), name
+        for rank in range(4):
+            got = ck.state_dict(layout={"tp": 2, "pp": 2, "vocab_divisor": divisor}, rank=rank, dtype="float32")
+            want = reference_state_dict(cfg, hf_bf16, 2, [2, 2], 1, 0, divisor, rank)
+            assert set(got) == set(want), rank
+            for name, (arr, _) in want.items():
+                assert np.array_equal(got[name], arr), f"{name} on rank {rank}"
+        pd = ck.state_dict(profile="paddlenlp", dtype="float32")
+        want_pd = profile_refs.to_paddlenlp(hf_bf16, cfg)
+        assert set(pd) == set(want_pd)
+        for name, want in want_pd.items():
+            assert np.array_equal(pd[name], want), name
