@@ -1,8 +1,8 @@
 """Peak memory of Checkpoint.state_dict(layout, rank): reading one rank's shard of a native store
-several times larger than the shard (~150 MB of float32 with optimizer-free weights; the shard of
-rank 0 under tp2 pp4 is ~20 MB) grows the process's peak resident set by at most the shard's
-bytes plus a small constant. Measured in a fresh interpreter (psutil RSS after open() as the
-base, ru_maxrss after the read as the peak), so this test's own arrays do not count. The same
+several times larger than the shard (136 MiB of float32 weights; the shard of rank 0 under
+tp2 pp4 is 19 MiB) grows the process's peak resident set by at most the shard's bytes plus a
+small constant. Measured in a fresh interpreter (VmRSS after open() as the base, the VmHWM
+high-water mark after the read as the peak), so this test's own arrays do not count. The same
 script reading every tensor whole shows the measure can fail (its growth is the whole store).
 """
 import json
@@ -25,19 +25,25 @@ CONSTANT_MIB = 16  # HDF5's caches, the plan, the dict, allocator slack
 CFG = dict(BASE, vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=12,
            num_attention_heads=8, num_key_value_heads=8, head_dim=64, torch_dtype="float32")
 
-_SCRIPT = """import json, os, resource, sys
-import psutil
+# The child's peak is its mm's high-water mark (VmHWM, reset to the current RSS through clear_refs
+# after open()): ru_maxrss would start at this test process's own peak (kept across fork + exec).
+_SCRIPT = """import json, sys
 sys.path.insert(0, sys.argv[1])
 import ckpt
+
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+
 ck = ckpt.open(sys.argv[2])
 layout = json.loads(sys.argv[3])
-base = psutil.Process().memory_info().rss
-if layout:
-    sd = ck.state_dict(layout=layout, rank=0)
-else:
-    sd = ck.state_dict()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"base": base, "peak": peak, "bytes": sum(v.nbytes for v in sd.values()), "n": len(sd)}))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS")
+sd = ck.state_dict(layout=layout, rank=0) if layout else ck.state_dict()
+print(json.dumps({"base": base, "peak": status("VmHWM"), "bytes": sum(v.nbytes for v in sd.values()), "n": len(sd)}))
 """
 
 
