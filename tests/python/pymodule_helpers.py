@@ -13,11 +13,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def import_ckpt():
-    """The built module (PYTHONPATH=<build>/python under ctest; else ./build/python)."""
+    """The built module: as PYTHONPATH finds it (ctest sets <build>/python), else ./build/python."""
     import sys
+    try:
+        import ckpt
+        return ckpt
+    except ImportError:
+        pass
     build_py = pathlib.Path(os.environ.get("CKPT_BINARY_DIR", ROOT / "build")) / "python"
-    if str(build_py) not in sys.path:
-        sys.path.insert(0, str(build_py))
+    sys.path.insert(0, str(build_py))
     try:
         import ckpt
     except ImportError as e:
