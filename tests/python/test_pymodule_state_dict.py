@@ -9,7 +9,9 @@ from the sharding rules of docs/RESHARD.md in numpy, independent of the engine):
  * the layout as a dict, a flag string, a JSON string or a file gives the same; optimizer=False
    drops optimizer.*; dtype casts; shard_regions names the reference's boxes;
  * a transformers LlamaForCausalLM filled from ckpt.open(native).state_dict() (global view; the
-   canonical names are HF's) gives the same logits as one loaded from the `ckpt to-hf` export.
+   canonical names are HF's) gives the same logits as one loaded from the `ckpt to-hf` export;
+ * a store converted to PaddleNLP's profile: its canonical view and rank shards equal the numpy
+   reference, and state_dict(profile="paddlenlp") equals profile_refs.to_paddlenlp.
 """
 import json
 import pathlib
