@@ -129,6 +129,7 @@ Status CheckpointCore::read(const std::string& name, const Region& region, DType
   const TensorMeta* t = find(name);
   if (!t) return Status::NotFound("checkpoint '" + path_ + "' has no tensor '" + name + "'").with_tensor(name);
   CKPT_RETURN_IF_ERROR(check_region(*t, region, out, dst_bytes));
+  if (region.numel() == 0) return Status::Ok();
   return read_region_boxes(*src_, index_, name, region, out, dst, cast);
 }
 

@@ -13,6 +13,7 @@ Every read goes through the C++ engine (box intersection with the stored pieces,
 the store's rounding and overflow rules) with the GIL released; nothing is read that the request
 does not need. Errors raise ckpt.Error subclasses carrying kind, code, file, tensor and message.
 """
+import builtins
 import json
 import os
 from typing import NamedTuple, Optional, Tuple
@@ -28,7 +29,7 @@ _OPTIMIZER_PREFIX = "optimizer."
 def _invalid(message: str, tensor: str = ""):
     """An InvalidArgumentError raised on the Python side, with the attributes the C++ ones carry."""
     e = _ckpt.InvalidArgumentError(message)
-    e.kind, e.code, e.file, e.tensor, e.message = "InvalidArgument", "InvalidArgument", "", tensor, message
+    e.kind, e.code, e.file, e.tensor, e.message = "invalid argument", "InvalidArgument", "", tensor, message
     return e
 
 
@@ -154,7 +155,7 @@ def parse_layout(layout) -> dict:
     if text.startswith("{"):
         return json.loads(text)
     if os.path.isfile(text):
-        with open(text) as f:
+        with builtins.open(text) as f:
             return json.load(f)
     words = text.replace("=", " ").split()
     if len(words) % 2:
@@ -196,6 +197,13 @@ class Checkpoint:
         if p is None and isinstance(md.get("layout"), dict):
             p = md["layout"].get("profile")
         return p
+
+    @property
+    def source_profile(self) -> Optional[str]:
+        """The profile the files are stored in: a store in another vendor's profile opens in the
+        canonical (reference) view, and says which one it came from here."""
+        md = self.metadata if isinstance(self.metadata, dict) else {}
+        return md.get("source_profile") or self.profile
 
     @property
     def model_config(self) -> Optional[dict]:
