@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -324,26 +325,36 @@ def test_progress_exception_reraised_after_command(tmp_path, big_hf):
 
 
 def test_gil_released_while_running(tmp_path, big_hf):
-    """While a command runs in another thread, this thread keeps running Python (a command
-    holding the GIL would leave it a handful of turns at most)."""
+    """While a command runs in another thread, this thread keeps running Python: it records
+    timestamps strictly inside the commands' own [start, end] intervals (a command holding the
+    GIL would leave none there, whatever the build's speed)."""
     hf, _ = big_hf
-    errors = []
+    errors, spans = [], []
 
     def work():
         try:
-            for i in range(3):
+            t_end = time.monotonic() + 0.5
+            i = 0
+            while i < 3 or time.monotonic() < t_end:
+                t0 = time.monotonic()
                 ckpt.from_hf(hf, tmp_path / f"n{i}", fsync=False, threads=1)
+                spans.append((t0, time.monotonic()))
+                shutil.rmtree(tmp_path / f"n{i}")
+                i += 1
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
     th = threading.Thread(target=work)
     th.start()
-    ticks = 0
+    stamps = []
     while th.is_alive():
-        ticks += 1
+        stamps.append(time.monotonic())
         th.join(0.0005)
     assert not errors, errors
-    assert ticks > 50, ticks
+    inside = sum(1 for t in stamps if any(a < t < b for a, b in spans))
+    busy = sum(b - a for a, b in spans)
+    # One stamp per ~0.5 ms of waiting; ask for a tenth of that.
+    assert inside > busy / 0.0005 / 10, (inside, busy, len(spans))
 
 
 # ---- plan ------------------------------------------------------------------------------------
