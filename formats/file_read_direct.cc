@@ -19,7 +19,7 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxSourceWindowBytes = 64ull << 20;
-constexpr size_t kSrcBufCacheMax = 8;  // free direct-read buffers kept per thread
+constexpr uint64_t kSrcBufCacheBytes = 16ull << 20;  // free direct-read buffers kept per thread (bytes)
 
 uint64_t srcwin_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t srcwin_round_up(uint64_t x) { return srcwin_round_down(x + kDirectAlignBytes - 1); }
@@ -49,11 +49,14 @@ char* srcwin_buf_get(uint64_t bytes) {
 void srcwin_buf_put(uint64_t bytes, char* p) {
   if (!p) return;
   auto& f = t_src_bufs.free;
-  if (f.size() >= kSrcBufCacheMax) {
+  f.emplace_back(bytes, p);
+  uint64_t kept = 0;
+  for (const auto& b : f) kept += b.first;
+  while (kept > kSrcBufCacheBytes) {  // the oldest go first
+    kept -= f.front().first;
     std::free(f.front().second);
     f.erase(f.begin());
   }
-  f.emplace_back(bytes, p);
 }
 
 // The read-ahead threads: only preads run there (never waiting on other jobs), so a job queued

@@ -219,8 +219,7 @@ def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tm
     for mode in ("buffered", "direct", "auto"):
         _drop_cache(imported["buffered"])
         outs[mode] = tmp_path / f"tp1_{mode}"
-        n = direct_reads(f"rs_{mode}", mode, "reshard", imported["buffered"], outs[mode], "--tp", "1", "--pp", "1", "--dp", "1",
-                         "--no-fsync")
+        n = direct_reads(f"rs_{mode}", mode, "reshard", imported["buffered"], outs[mode], "--tp", "1", "--pp", "1", "--dp", "1")
         assert (n == 0) if mode == "buffered" else (n > 0), (mode, n)
     _assert_same_files(outs["buffered"], outs["direct"])
     _assert_same_files(outs["buffered"], outs["auto"])
