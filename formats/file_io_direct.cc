@@ -157,6 +157,11 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
   uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
   if (st_->read_io != IoMode::kBuffered) window /= 2;
   std::deque<SourceWindow> wins;  // one per source file (a deque: never moved)
+  auto end_of = [&runs](int fd) {  // the last byte needed from `fd`: no read-ahead past it
+    uint64_t e = 0;
+    for (const FileExtent& x : runs) e = x.fd == fd ? std::max(e, x.offset + x.bytes) : e;
+    return e;
+  };
   uint64_t base = dio_round_down(off), filled = off;  // stage holds file bytes [flushed, filled)
   uint64_t flushed = off;
   auto flush = [&]() -> Status {
@@ -169,7 +174,7 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
   for (const FileExtent& r : runs) {
     auto w = std::find_if(wins.begin(), wins.end(), [&r](const SourceWindow& x) { return x.fd() == r.fd; });
     if (w == wins.end()) {
-      wins.emplace_back(r.fd, st_->read_io, window);
+      wins.emplace_back(r.fd, st_->read_io, window, end_of(r.fd));
       w = wins.end() - 1;
       CKPT_RETURN_IF_ERROR(w->init(st_->path));
     }

@@ -85,7 +85,7 @@ Status srcwin_pread_direct(int dfd, char* p, uint64_t base, uint64_t len, uint64
 }  // namespace
 
 // The window: a multiple of the O_DIRECT alignment and of the page size (mapped windows start on a page).
-SourceWindow::SourceWindow(int fd, IoMode mode, uint64_t window) : fd_(fd), mode_(mode) {
+SourceWindow::SourceWindow(int fd, IoMode mode, uint64_t window, uint64_t end) : fd_(fd), mode_(mode), end_(end) {
   const uint64_t unit = std::max<uint64_t>(kDirectAlignBytes, static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
   window_ = std::clamp<uint64_t>(window, unit, kMaxSourceWindowBytes) / unit * unit;
 }
@@ -155,12 +155,12 @@ SourceWindow::Span SourceWindow::map_window(uint64_t base, uint64_t off, uint64_
 Status SourceWindow::read_direct(Buf& b, uint64_t base) {
   b.base = base;
   b.got = 0;
-  const uint64_t len = std::min(buf_bytes_, srcwin_round_up(size_) - base);
+  const uint64_t len = std::min(buf_bytes_, srcwin_round_up(std::min(size_, end_)) - base);
   return srcwin_pread_direct(dfd_.get(), b.p, base, len, &b.got, what_);
 }
 
 void SourceWindow::start_read_ahead(uint64_t base) {
-  if (base >= size_ || !dfd_.valid()) return;
+  if (base >= std::min(size_, end_) || !dfd_.valid()) return;
   next_.base = base;
   next_.got = 0;
   ahead_ = srcwin_pool().submit([this, base] { return read_direct(next_, base); });
@@ -172,6 +172,7 @@ Status SourceWindow::finish_read_ahead() {
 }
 
 Result<SourceWindow::Span> SourceWindow::at(uint64_t off, uint64_t n, const std::string& what) {
+  if (off + n > end_ || off + n < off) return Status::Internal("SourceWindow: bytes asked for past the declared end, copying to '" + what + "'");
   if (off > size_ || size_ - off < n)
     return Status::Error("ShortSource", "source file (" + std::to_string(size_) + " bytes) ended before bytes [" + std::to_string(off) +
                                             ", " + std::to_string(off + n) + ") while copying to '" + what + "'");
@@ -207,7 +208,7 @@ Status read_file_blocks_io(int fd, uint64_t off, uint64_t n, IoMode mode, const 
                            const std::function<void(const void*, size_t)>& each_block) {
   if (mode == IoMode::kBuffered) return read_file_blocks(fd, off, n, what, each_block);
   constexpr uint64_t kWindow = 4ull << 20;
-  SourceWindow w(fd, mode, kWindow);
+  SourceWindow w(fd, mode, kWindow, off + n);
   CKPT_RETURN_IF_ERROR(w.init(what));
   for (uint64_t done = 0; done < n;) {
     CKPT_ASSIGN_OR_RETURN(const SourceWindow::Span sp, w.at(off + done, n - done, what));

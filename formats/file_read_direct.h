@@ -34,8 +34,10 @@ namespace ckpt {
 
 class SourceWindow {
  public:
-  // `fd`: the source (not owned, open for reading); `window`: bytes per window (<= 64 MiB).
-  SourceWindow(int fd, IoMode mode, uint64_t window);
+  // `fd`: the source (not owned, open for reading); `window`: bytes per window (<= 64 MiB);
+  // `end`: no byte at or past it will be asked for (direct reads stop there: no read-ahead past
+  // the caller's last range).
+  SourceWindow(int fd, IoMode mode, uint64_t window, uint64_t end = UINT64_MAX);
   ~SourceWindow();
   SourceWindow(const SourceWindow&) = delete;
   SourceWindow& operator=(const SourceWindow&) = delete;
@@ -71,7 +73,7 @@ class SourceWindow {
   int fd_;
   IoMode mode_;
   std::string what_;
-  uint64_t window_, buf_bytes_ = 0, size_ = 0;
+  uint64_t window_, end_, buf_bytes_ = 0, size_ = 0;
   bool regular_ = false, unmappable_ = false, cur_direct_ = false;
   ScopedFd dfd_;             // O_DIRECT; invalid in buffered mode and after a refusal
   void* map_ = nullptr;      // mapped window

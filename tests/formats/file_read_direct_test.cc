@@ -90,8 +90,12 @@ TEST(SourceWindow, MatchesPreadAtAnyOffsetAndLengthInEveryMode) {
       auto tail = srcwin_get(w, size - 1, 1, &direct_seen);
       ASSERT_EQ(tail.size(), 1u);
       EXPECT_EQ(tail[0], f.bytes.back());
-      if (mode == IoMode::kBuffered) EXPECT_FALSE(direct_seen);
-      if (mode == IoMode::kDirect && f.direct_ok()) EXPECT_TRUE(direct_seen) << "window " << window;
+      if (mode == IoMode::kBuffered) {
+        EXPECT_FALSE(direct_seen);
+      }
+      if (mode == IoMode::kDirect && f.direct_ok()) {
+        EXPECT_TRUE(direct_seen) << "window " << window;
+      }
     }
   }
 }
