@@ -291,7 +291,8 @@ def summarize(times, rss, states):
             if n.startswith("reshard") and "python reshard" in med:
                 extra = (f"python/ckpt {med['python reshard'] / v:.2f}x, RSS ckpt/python "
                          f"{rss[(s, n)] / max(1, rss[(s, 'python reshard')]):.3f}")
-            vs = lambda b: f"{med[b] / v:.2f}" if b in med and b != n else "-"  # noqa: E731
+            baseline = n.split()[0] in ("cp", "dd")
+            vs = lambda b: f"{med[b] / v:.2f}" if b in med and not baseline else "-"  # noqa: E731
             print(f"{n} | {v:.2f} | {vs(cp)} | {vs(dd)} | {rss[(s, n)]:.0f} | {extra}")
         sys.stdout.flush()
 

@@ -49,8 +49,8 @@ const uint64_t kAutoDirectMinBytes = 16ull << 20;
 const char* io_flag_help() {
   return "how data files are written, and the source ranges copied into them read: direct (O_DIRECT, around the page "
          "cache; falls back to buffered where the file system refuses it), buffered (through the page cache) or auto "
-         "(direct writes for files of 16 MiB or more, and for those, source windows read direct unless already in the page "
-         "cache; default). The output bytes are the same in every mode";
+         "(direct writes for files of 16 MiB or more, sources read through the page cache; default). The output bytes are "
+         "the same in every mode";
 }
 
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag) {
@@ -79,9 +79,10 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
   f.st_ = std::make_unique<State>();
   f.st_->path = path;
   CKPT_ASSIGN_OR_RETURN(f.st_->fd, open_fd(path, flags, "cannot open for writing"));
-  // Sources of copy_runs are read as the file is written: buffered, direct, or (auto, when the
-  // file is written direct) direct where the source is not in the page cache already.
-  f.st_->read_io = resolve_io_mode(mode, file_bytes) == IoMode::kBuffered ? IoMode::kBuffered : mode;
+  // Sources of copy_runs are read direct with --io direct only: with a cold cache, direct reads
+  // (4 MiB, one window read ahead) measured 1.6-2.3x slower than mapped reads with the kernel's
+  // read-ahead on this VM (docs/BENCHMARKS.md, issue 15), so auto reads through the page cache.
+  f.st_->read_io = mode == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered;
   if (resolve_io_mode(mode, file_bytes) == IoMode::kDirect) {
     // The same file again, around the page cache; refused (EINVAL on tmpfs of old kernels,
     // overlayfs, FUSE): buffered writes only.
@@ -153,9 +154,8 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
   size_t nsrc = 0;  // distinct source files: their windows share kGatherWindowBytes
   for (size_t i = 0; i < runs.size() && nsrc < 64; ++i)
     if (std::none_of(runs.begin(), runs.begin() + static_cast<long>(i), [&](const FileExtent& x) { return x.fd == runs[i].fd; })) ++nsrc;
-  // Mapped windows count in RSS, as do direct ones (two per source: one read ahead): the same total.
-  uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
-  if (st_->read_io != IoMode::kBuffered) window /= 2;
+  // Mapped windows count in RSS, as do direct ones (two per source: one read ahead).
+  const uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
   std::deque<SourceWindow> wins;  // one per source file (a deque: never moved)
   auto end_of = [&runs](int fd) {  // the last byte needed from `fd`: no read-ahead past it
     uint64_t e = 0;

@@ -15,9 +15,8 @@
 // docs/BENCHMARKS.md, issue 15).
 //
 // copy_runs gathers file ranges (FileExtent, e.g. the rows of tp column blocks) back to back into
-// the file: sources are read a window at a time (SourceWindow, formats/file_read_direct.h: mapped
-// in buffered mode; O_DIRECT with the next window read ahead in direct mode; in auto mode, for a
-// file written direct, mapped when the window is in the page cache already, else O_DIRECT) and
+// the file: sources are read a window at a time (SourceWindow, formats/file_read_direct.h: O_DIRECT
+// with the next window read ahead when the file was opened with IoMode kDirect; else mapped) and
 // copied into the staging buffer (a source that shrinks is a "ShortSource" error, never SIGBUS);
 // a single range in buffered mode is copy_file_bytes (formats/file_io.h).
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
