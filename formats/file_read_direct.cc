@@ -66,6 +66,14 @@ ThreadPool& srcwin_pool() {
   return pool;
 }
 
+// The parts of one window read at once (SourceWindow::read_direct); jobs never wait, so the
+// read-ahead jobs waiting on them always finish.
+constexpr uint64_t kSrcwinParts = 4, kSrcwinMinPartBytes = 512 << 10;
+ThreadPool& srcwin_part_pool() {
+  static ThreadPool pool(8);
+  return pool;
+}
+
 // O_DIRECT reads of [base, base + len) into `p` (all aligned) until the end of the file;
 // `*got`: the bytes read. EINVAL / EOPNOTSUPP: refused ("Unsupported", the caller falls back).
 Status srcwin_pread_direct(int dfd, char* p, uint64_t base, uint64_t len, uint64_t* got, const std::string& what) {
@@ -152,11 +160,34 @@ SourceWindow::Span SourceWindow::map_window(uint64_t base, uint64_t off, uint64_
   return {static_cast<const char*>(map_) + (off - base), std::min(n, map_base_ + map_len_ - off)};
 }
 
+// Queue depth matters: one 4 MiB O_DIRECT read at a time read a cold file at 0.37 GB/s here, four
+// at once at 0.76 GB/s (the kernel's buffered read-ahead: 1.1 GB/s). So a window is read in up to
+// kSrcwinParts aligned parts at once: the first on this thread, the others on srcwin_part_pool.
 Status SourceWindow::read_direct(Buf& b, uint64_t base) {
   b.base = base;
   b.got = 0;
   const uint64_t len = std::min(buf_bytes_, srcwin_round_up(std::min(size_, end_)) - base);
-  return srcwin_pread_direct(dfd_.get(), b.p, base, len, &b.got, what_);
+  const uint64_t part = std::max<uint64_t>(kSrcwinMinPartBytes, srcwin_round_up((len + kSrcwinParts - 1) / kSrcwinParts));
+  const size_t nparts = static_cast<size_t>((len + part - 1) / part);
+  std::vector<uint64_t> got(nparts, 0);
+  std::vector<std::future<Status>> rest;
+  const int dfd = dfd_.get();
+  for (size_t i = 1; i < nparts; ++i) {
+    const uint64_t o = i * part, n = std::min(part, len - o);
+    rest.push_back(srcwin_part_pool().submit([this, dfd, &b, &got, base, i, o, n] {
+      return srcwin_pread_direct(dfd, b.p + o, base + o, n, &got[i], what_);
+    }));
+  }
+  Status st = nparts > 0 ? srcwin_pread_direct(dfd, b.p, base, std::min(part, len), &got[0], what_) : Status::Ok();
+  for (auto& f : rest) {
+    Status s = f.get();
+    if (st.ok() && !s.ok()) st = std::move(s);
+  }
+  for (size_t i = 0; i < nparts; ++i) {  // the bytes held: whole parts, then the first short one
+    b.got += got[i];
+    if (got[i] < std::min(part, len - i * part)) break;
+  }
+  return st;
 }
 
 void SourceWindow::start_read_ahead(uint64_t base) {
