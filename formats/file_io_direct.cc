@@ -154,8 +154,9 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
   size_t nsrc = 0;  // distinct source files: their windows share kGatherWindowBytes
   for (size_t i = 0; i < runs.size() && nsrc < 64; ++i)
     if (std::none_of(runs.begin(), runs.begin() + static_cast<long>(i), [&](const FileExtent& x) { return x.fd == runs[i].fd; })) ++nsrc;
-  // Mapped windows count in RSS, as do direct ones (two per source: one read ahead).
-  const uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
+  // Mapped windows count in RSS, as do direct ones (two per source: one read ahead): the same total.
+  uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
+  if (st_->read_io != IoMode::kBuffered) window /= 2;
   std::deque<SourceWindow> wins;  // one per source file (a deque: never moved)
   auto end_of = [&runs](int fd) {  // the last byte needed from `fd`: no read-ahead past it
     uint64_t e = 0;

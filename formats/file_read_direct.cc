@@ -19,7 +19,7 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxSourceWindowBytes = 64ull << 20;
-constexpr uint64_t kSrcBufCacheBytes = 16ull << 20;  // free direct-read buffers kept per thread (bytes)
+constexpr uint64_t kSrcBufCacheBytes = 8ull << 20;  // free direct-read buffers kept per thread (bytes)
 
 uint64_t srcwin_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t srcwin_round_up(uint64_t x) { return srcwin_round_down(x + kDirectAlignBytes - 1); }
