@@ -133,7 +133,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
   BackgroundVerify bg;
-  if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src);
+  if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
@@ -169,7 +169,10 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   if (bg.started())
     so.before_commit = [&bg]() -> Status { return bg.wait(); };
   else if (!r.no_verify && opened.store)
-    so.before_commit = [&opened]() -> Status { return verify_source_inline(*opened.store); };
+    so.before_commit = [&opened, io = sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered]() -> Status {
+      opened.store->set_read_io(io);
+      return verify_source_inline(*opened.store);
+    };
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(plan_src, out.plan, r.dst, so, r.dist));
   out.seconds = seconds_since(t0);
   if (conv) {

@@ -1,7 +1,6 @@
 #include "formats/file_io_direct.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <deque>
 
 #include "formats/file_io.h"
+#include "formats/file_read_direct.h"
 
 namespace ckpt {
 
@@ -34,44 +34,6 @@ char* dio_stage() {
   return static_cast<char*>(buf.p);
 }
 
-// A read-only window of one source file, remapped as a gather walks through it.
-struct DioWindow {
-  int fd = -1;
-  uint64_t base = 0, len = 0, file_size = 0;
-  void* map = nullptr;
-  bool unmappable = false;
-  DioWindow() = default;
-  DioWindow(const DioWindow&) = delete;
-  DioWindow& operator=(const DioWindow&) = delete;
-  ~DioWindow() { drop(); }
-  void drop() {
-    if (map) ::munmap(map, len);
-    map = nullptr;
-  }
-  // The address of [off, off + n) of the file, mapping a new window when needed; nullptr when
-  // the file cannot be mapped (the caller preads instead).
-  const char* at(uint64_t off, uint64_t n, uint64_t window) {
-    if (map && off >= base && off + n <= base + len) return static_cast<const char*>(map) + (off - base);
-    drop();
-    if (unmappable) return nullptr;
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    base = off / page * page;
-    len = std::min(std::max(window, off + n - base), file_size - base);
-    map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(base));
-    if (map == MAP_FAILED) {
-      map = nullptr;
-      unmappable = true;
-      return nullptr;
-    }
-    // The next window is read ahead while this one is copied and (synchronously, in direct mode)
-    // written: a cold source's reads overlap the writes, as writeback overlaps them when buffered.
-    if (base + len < file_size)
-      (void)::posix_fadvise(fd, static_cast<off_t>(base + len), static_cast<off_t>(std::min(window, file_size - base - len)),
-                            POSIX_FADV_WILLNEED);
-    return static_cast<const char*>(map) + (off - base);
-  }
-};
-
 Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& path) {
   return Status::Error("ShortSource", "source file (" + std::to_string(size) + " bytes) ended before bytes [" + std::to_string(r.offset) +
                                           ", " + std::to_string(r.offset + r.bytes) + ") while copying to '" + path + "'");
@@ -85,9 +47,10 @@ Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& p
 const uint64_t kAutoDirectMinBytes = 16ull << 20;
 
 const char* io_flag_help() {
-  return "how data files are written: direct (O_DIRECT, around the page cache; falls back to buffered where the file "
-         "system refuses it), buffered (through the page cache) or auto (direct for files of 16 MiB or more; default). "
-         "The output bytes are the same in every mode";
+  return "how data files are written, and the source ranges copied into them read: direct (O_DIRECT, around the page "
+         "cache; falls back to buffered where the file system refuses it), buffered (through the page cache) or auto "
+         "(direct writes for files of 16 MiB or more, sources read through the page cache; default). The output bytes are "
+         "the same in every mode";
 }
 
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag) {
@@ -116,6 +79,10 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
   f.st_ = std::make_unique<State>();
   f.st_->path = path;
   CKPT_ASSIGN_OR_RETURN(f.st_->fd, open_fd(path, flags, "cannot open for writing"));
+  // Sources of copy_runs are read direct with --io direct only: with a cold cache, direct reads
+  // (4 MiB, one window read ahead) measured 1.6-2.3x slower than mapped reads with the kernel's
+  // read-ahead on this VM (docs/BENCHMARKS.md, issue 15), so auto reads through the page cache.
+  f.st_->read_io = mode == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered;
   if (resolve_io_mode(mode, file_bytes) == IoMode::kDirect) {
     // The same file again, around the page cache; refused (EINVAL on tmpfs of old kernels,
     // overlayfs, FUSE): buffered writes only.
@@ -180,11 +147,22 @@ Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
 
 Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                              const std::function<void(const void*, size_t)>& each_block) const {
-  if (runs.size() == 1 && !st_->direct.load())
+  if (runs.size() == 1 && !st_->direct.load() && st_->read_io == IoMode::kBuffered)
     return copy_file_bytes(runs[0].fd, runs[0].offset, st_->fd.get(), off, runs[0].bytes, st_->path, each_block);
   char* stage = dio_stage();
   if (!stage) return Status::Io("cannot allocate a " + std::to_string(kStageBytes >> 20) + " MiB staging buffer writing '" + st_->path + "'");
-  std::deque<DioWindow> wins;  // one per source file (a deque: never moved)
+  size_t nsrc = 0;  // distinct source files: their windows share kGatherWindowBytes
+  for (size_t i = 0; i < runs.size() && nsrc < 64; ++i)
+    if (std::none_of(runs.begin(), runs.begin() + static_cast<long>(i), [&](const FileExtent& x) { return x.fd == runs[i].fd; })) ++nsrc;
+  // Mapped windows count in RSS, as do direct ones (two per source: one read ahead): the same total.
+  uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
+  if (st_->read_io != IoMode::kBuffered) window /= 2;
+  std::deque<SourceWindow> wins;  // one per source file (a deque: never moved)
+  auto end_of = [&runs](int fd) {  // the last byte needed from `fd`: no read-ahead past it
+    uint64_t e = 0;
+    for (const FileExtent& x : runs) e = x.fd == fd ? std::max(e, x.offset + x.bytes) : e;
+    return e;
+  };
   uint64_t base = dio_round_down(off), filled = off;  // stage holds file bytes [flushed, filled)
   uint64_t flushed = off;
   auto flush = [&]() -> Status {
@@ -195,26 +173,22 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     return Status::Ok();
   };
   for (const FileExtent& r : runs) {
-    auto w = std::find_if(wins.begin(), wins.end(), [&r](const DioWindow& x) { return x.fd == r.fd; });
+    auto w = std::find_if(wins.begin(), wins.end(), [&r](const SourceWindow& x) { return x.fd() == r.fd; });
     if (w == wins.end()) {
-      struct stat sb {};
-      if (::fstat(r.fd, &sb) != 0) return Status::FromErrno("cannot stat a source of", st_->path, errno);
-      wins.emplace_back();
+      wins.emplace_back(r.fd, st_->read_io, window, end_of(r.fd));
       w = wins.end() - 1;
-      w->fd = r.fd;
-      w->file_size = sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0;
-      w->unmappable = !S_ISREG(sb.st_mode);
+      CKPT_RETURN_IF_ERROR(w->init(st_->path));
     }
-    if (!w->unmappable && (r.offset > w->file_size || w->file_size - r.offset < r.bytes)) return dio_short_source(r, w->file_size, st_->path);
+    if (r.offset > w->file_size() || w->file_size() - r.offset < r.bytes) return dio_short_source(r, w->file_size(), st_->path);
     for (uint64_t done = 0; done < r.bytes;) {
-      // Mapped pages count in RSS: the windows of all sources share kGatherWindowBytes (>= 1 MiB each).
-      const uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / wins.size());
-      const uint64_t k = std::min({r.bytes - done, kStageBytes - (filled - base), window});
-      if (const char* src = w->at(r.offset + done, k, window)) {
-        if (!copy_from_mapping(stage + (filled - base), src, k))
-          return Status::Error("ShortSource", "source file shrank while copying to '" + st_->path + "'");
-      } else {
+      uint64_t k = std::min(r.bytes - done, kStageBytes - (filled - base));
+      CKPT_ASSIGN_OR_RETURN(const SourceWindow::Span sp, w->at(r.offset + done, k, st_->path));
+      if (!sp.p) {
         CKPT_RETURN_IF_ERROR(pread_full(r.fd, stage + (filled - base), k, r.offset + done, "a source of '" + st_->path + "'"));
+      } else if (w->last_was_direct()) {
+        std::memcpy(stage + (filled - base), sp.p, k = sp.n);
+      } else if (!copy_from_mapping(stage + (filled - base), sp.p, k = sp.n)) {
+        return Status::Error("ShortSource", "source file shrank while copying to '" + st_->path + "'");
       }
       filled += k;
       done += k;

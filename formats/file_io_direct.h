@@ -15,9 +15,10 @@
 // docs/BENCHMARKS.md, issue 15).
 //
 // copy_runs gathers file ranges (FileExtent, e.g. the rows of tp column blocks) back to back into
-// the file: sources are mapped a window at a time and copied into the staging buffer (a source
-// that shrinks is a "ShortSource" error, never SIGBUS); a single range in buffered mode is
-// copy_file_bytes (formats/file_io.h).
+// the file: sources are read a window at a time (SourceWindow, formats/file_read_direct.h: O_DIRECT
+// with the next window read ahead when the file was opened with IoMode kDirect; else mapped) and
+// copied into the staging buffer (a source that shrinks is a "ShortSource" error, never SIGBUS);
+// a single range in buffered mode is copy_file_bytes (formats/file_io.h).
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
 // close and moves one thread at a time.
 #pragma once
@@ -75,6 +76,7 @@ class OutputFile {
   struct State {
     ScopedFd fd, dfd;  // buffered; O_DIRECT (invalid when not direct)
     std::atomic<bool> direct{false};
+    IoMode read_io = IoMode::kBuffered;  // how copy_runs reads its sources (SourceWindow)
     std::string path;
   };
   Status write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const;

@@ -27,13 +27,17 @@ void write_all(int fd, const std::string& text) {
 }
 
 // Runs in the child: never returns.
-[[noreturn]] void child_main(int fd, pid_t parent, const std::string& src_dir) {
+[[noreturn]] void child_main(int fd, pid_t parent, const std::string& src_dir, IoMode io) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(0);  // the parent died before prctl took effect
   Status st;
   auto r = store::StoreReader::open(src_dir);
-  if (!r.ok()) st = r.take_status();
-  else st = verify_source_inline(**r);
+  if (!r.ok()) {
+    st = r.take_status();
+  } else {
+    (*r)->set_read_io(io);
+    st = verify_source_inline(**r);
+  }
   write_all(fd, st.to_json());
   _exit(0);
 }
@@ -56,7 +60,7 @@ BackgroundVerify::~BackgroundVerify() {
   if (fd_ >= 0) close(fd_);
 }
 
-bool BackgroundVerify::start(const std::string& src_dir) {
+bool BackgroundVerify::start(const std::string& src_dir, IoMode io) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return false;
   std::fflush(nullptr);
@@ -69,7 +73,7 @@ bool BackgroundVerify::start(const std::string& src_dir) {
   }
   if (pid_ == 0) {
     close(p[0]);
-    child_main(p[1], parent, src_dir);
+    child_main(p[1], parent, src_dir, io);
   }
   close(p[1]);
   fd_ = p[0];

@@ -29,9 +29,9 @@ class BackgroundVerify {
   BackgroundVerify& operator=(const BackgroundVerify&) = delete;
   ~BackgroundVerify();
 
-  // Forks the child that opens and verifies the store at `src_dir`. False when pipe or fork fails
-  // (the caller then verifies inline).
-  bool start(const std::string& src_dir);
+  // Forks the child that opens and verifies the store at `src_dir`, reading its pieces as `io`
+  // says (StoreReader::set_read_io). False when pipe or fork fails (the caller then verifies inline).
+  bool start(const std::string& src_dir, IoMode io = IoMode::kBuffered);
   bool started() const { return pid_ > 0; }
   pid_t child_pid() const { return pid_; }
   // Waits for the child and returns its verdict (kInternal if it died without one).

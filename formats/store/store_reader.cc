@@ -10,6 +10,7 @@
 #include "formats/checked.h"
 #include "formats/dtype.h"
 #include "formats/file_io.h"
+#include "formats/file_read_direct.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
 #include "formats/digest.h"
@@ -282,8 +283,8 @@ Status StoreReader::hash_piece(size_t i, const std::optional<FileExtent>& raw, s
   const auto& rec = manifest_.pieces[i];
   Digest h(rec.digest.algo);
   if (raw) {
-    CKPT_RETURN_IF_ERROR(read_file_blocks(raw->fd, raw->offset, raw->bytes, dir_ + "/" + rec.file,
-                                          [&h](const void* p, size_t n) { h.update(p, n); }));
+    CKPT_RETURN_IF_ERROR(read_file_blocks_io(raw->fd, raw->offset, raw->bytes, read_io_, dir_ + "/" + rec.file,
+                                             [&h](const void* p, size_t n) { h.update(p, n); }));
   } else {
     const size_t esize = dtype_size(rec.piece.dtype);
     const int64_t step = static_cast<int64_t>(std::max<uint64_t>(1, kVerifyChunkBytes / esize));

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/file_io_direct.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/chunk_reader.h"
 #include "formats/store/manifest.h"
@@ -55,6 +56,9 @@ class StoreReader final : public TensorSource {
   // Compressed pieces: a read spanning several chunks decodes them on `threads` threads (the
   // calling one and threads - 1 helpers); 1 (the default): on the calling thread only.
   void set_decode_threads(int threads);
+  // How verify() reads uncompressed pieces' file ranges (SourceWindow, formats/file_read_direct.h):
+  // kBuffered (the default) mapped; kDirect with O_DIRECT; kAuto direct where not in the page cache.
+  void set_read_io(IoMode m) { read_io_ = m; }
   // Bytes the piece's dataset takes in its file (compressed size when compressed).
   uint64_t stored_bytes(size_t piece);
   // Recomputes every checksum, `threads` pieces at a time; an uncompressed piece is hashed straight
@@ -83,6 +87,7 @@ class StoreReader final : public TensorSource {
   // HDF5's lock (formats/store/chunk_reader.h); nullopt: HDF5's own path.
   std::vector<std::optional<ChunkedDataset>> chunked_;
   std::unique_ptr<ThreadPool> decode_pool_;  // set_decode_threads
+  IoMode read_io_ = IoMode::kBuffered;       // set_read_io
   // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain
   // descriptors of the shard files, opened on first use.
   std::vector<int64_t> raw_offsets_;

@@ -6,10 +6,14 @@ independent readers:
 - to-hf from the tp=2 checkpoint (row-parallel o_proj / down_proj gathered from the column blocks
   of both ranks as file runs) with each mode: model.safetensors equals byte for byte what the
   safetensors library writes for the same state dict (save_file), and loads with it;
-- where the file system refuses O_DIRECT -- at open (EINVAL) or at the first direct write (EINVAL),
-  as tmpfs on old kernels, overlayfs and FUSE do -- `--io direct` falls back to buffered writes
-  and the output bytes are the same. The refusal is made by an LD_PRELOAD shim (compiled here
-  with cc) that fails open(O_DIRECT) or pwrite on an O_DIRECT descriptor and logs each refusal.
+- where the file system refuses O_DIRECT -- at open (EINVAL, for reading and writing) or at the
+  first direct write or read (EINVAL), as tmpfs on old kernels, overlayfs and FUSE do -- `--io
+  direct` falls back to buffered writes and mapped reads, and the output bytes are the same. The
+  refusal is made by an LD_PRELOAD shim (compiled here with cc) that fails open(O_DIRECT), pwrite
+  or pread on an O_DIRECT descriptor and logs each refusal;
+- the shim also only logs preads on O_DIRECT descriptors: `--io direct` reads the source ranges
+  it copies (native store datasets, safetensors data) with O_DIRECT, `--io buffered` and `--io auto`
+  never do, even for a source not in the page cache (dropped with posix_fadvise DONTNEED).
 """
 import os
 import pathlib
@@ -65,6 +69,20 @@ OPEN_LIKE(open64)
   }
 PWRITE_LIKE(pwrite)
 PWRITE_LIKE(pwrite64)
+
+/* Reads on an O_DIRECT descriptor: refused ("read") or only logged ("log-reads"). */
+#define PREAD_LIKE(name)                                                       \
+  ssize_t name(int fd, void* b, size_t n, off_t o) {                           \
+    static ssize_t (*real)(int, void*, size_t, off_t);                         \
+    if (!real) real = dlsym(RTLD_NEXT, #name);                                 \
+    if ((refuse("read") || refuse("log-reads")) && (fcntl(fd, F_GETFL) & O_DIRECT)) { \
+      note(refuse("read") ? "read" : "direct-read");                           \
+      if (refuse("read")) { errno = EINVAL; return -1; }                       \
+    }                                                                          \
+    return real(fd, b, n, o);                                                  \
+  }
+PREAD_LIKE(pread)
+PREAD_LIKE(pread64)
 """
 
 
@@ -161,7 +179,7 @@ def shim(tmp_path_factory):
     return d / "shim.so"
 
 
-@pytest.mark.parametrize("refuse", ["open", "write"])
+@pytest.mark.parametrize("refuse", ["open", "write", "read"])
 def test_direct_falls_back_where_o_direct_is_refused(refuse, shim, hf_dir, imported, run_ckpt, tmp_path):
     log = tmp_path / "refusals.log"
     env = dict(os.environ, LD_PRELOAD=str(shim), DIO_SHIM_REFUSE=refuse, DIO_SHIM_LOG=str(log),
@@ -174,3 +192,41 @@ def test_direct_falls_back_where_o_direct_is_refused(refuse, shim, hf_dir, impor
     _assert_same_files(ref, tmp_path / "hf")
     refusals = log.read_text().split()
     assert refusals and set(refusals) == {refuse}, refusals  # the shim did refuse, and only that
+
+
+def _drop_cache(d: pathlib.Path):
+    for p in d.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tmp_path):
+    """Direct reads happen (logged by the shim, not refused) in direct mode only, never in buffered
+    or auto mode (auto reads through the page cache, measured faster); the outputs are the same bytes."""
+    def direct_reads(tag, mode, *cmd):
+        log = tmp_path / f"{tag}.log"
+        env = dict(os.environ, LD_PRELOAD=str(shim), DIO_SHIM_REFUSE="log-reads", DIO_SHIM_LOG=str(log),
+                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+        run_ckpt(*cmd, "--io", mode, env=env)
+        return log.read_text().split().count("direct-read") if log.exists() else 0
+
+    outs = {}
+    for mode in ("buffered", "direct", "auto"):
+        _drop_cache(imported["buffered"])
+        outs[mode] = tmp_path / f"tp1_{mode}"
+        n = direct_reads(f"rs_{mode}", mode, "reshard", imported["buffered"], outs[mode], "--tp", "1", "--pp", "1", "--dp", "1")
+        assert (n > 0) if mode == "direct" else (n == 0), (mode, n)
+    _assert_same_files(outs["buffered"], outs["direct"])
+    _assert_same_files(outs["buffered"], outs["auto"])
+    _drop_cache(hf_dir)
+    assert direct_reads("imp", "direct", "from-hf", hf_dir, tmp_path / "imp", "--tp", "2", "--pp", "1", "--dp", "1") > 0
+    _assert_same_files(imported["buffered"], tmp_path / "imp")
+    assert direct_reads("exp", "direct", "to-hf", imported["buffered"], tmp_path / "hf") > 0
+    ref = tmp_path / "hf_ref"
+    run_ckpt("to-hf", imported["buffered"], ref, "--io", "buffered")
+    _assert_same_files(ref, tmp_path / "hf")
