@@ -46,6 +46,21 @@ class CommandOptions {
     return {get<int>("tp"), get<int>("pp"), get<int>("dp"), get<int>("zero"), str("pp_layers")};
   }
   ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate")}; }
+  // The streaming options of reshard/convert, to_hf and from_hf (their requests name them alike).
+  template <class Req>
+  void stream_options(Req& req) {
+    req.threads = get<int>("threads");
+    req.max_memory = str("max_memory");
+    req.io = str("io");
+  }
+  // ... and the output store's options of reshard/convert and from_hf.
+  template <class Req>
+  void store_options(Req& req) {
+    req.profile = profile();
+    req.compress = str("compress");
+    req.digest = str("digest");
+    stream_options(req);
+  }
   void done() {
     if (nb::len(d_) != 0)
       throw nb::type_error((std::string(command_) + ": unknown option(s) " + nb::repr(d_.attr("keys")()).c_str()).c_str());
@@ -112,12 +127,7 @@ nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict o
   req.dst = dst;
   req.layout_file = o.str("layout");
   req.layout = o.layout();
-  req.profile = o.profile();
-  req.compress = o.str("compress");
-  req.digest = o.str("digest");
-  req.threads = o.get<int>("threads");
-  req.max_memory = o.str("max_memory");
-  req.io = o.str("io");
+  o.store_options(req);
   req.dry_run = o.get<bool>("dry_run");
   req.no_verify = !o.get<bool>("verify_source");
   const bool convert = o.get<bool>("convert");
@@ -137,9 +147,7 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   req.out = out;
   req.dtype = o.str("dtype");
   req.max_shard_size = o.str("max_shard_size");
-  req.threads = o.get<int>("threads");
-  req.max_memory = o.str("max_memory");
-  req.io = o.str("io");
+  o.stream_options(req);
   req.fsync = o.get<bool>("fsync");
   o.done();
   PyProgress progress(std::move(progress_cb));
@@ -155,12 +163,7 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   req.out = dst;
   req.dtype = o.str("dtype");
   req.layout = o.layout();
-  req.profile = o.profile();
-  req.compress = o.str("compress");
-  req.digest = o.str("digest");
-  req.threads = o.get<int>("threads");
-  req.max_memory = o.str("max_memory");
-  req.io = o.str("io");
+  o.store_options(req);
   req.fsync = o.get<bool>("fsync");
   o.done();
   PyProgress progress(std::move(progress_cb));
