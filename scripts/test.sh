@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, runs every test, then builds again with
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs the C++ tests and the hostile-input /
+# AddressSanitizer + UndefinedBehaviorSanitizer (clang-14, with the libFuzzer targets) and runs the C++ tests and the hostile-input /
 # bit-flip Python CLI tests (ctest label asan_py, the sanitized ckpt as their subprocess) under
-# it, then a short fuzz smoke run. Exit code 0 only when everything passed.
+# it, then a short fuzz smoke run of that build's fuzz targets. Exit code 0 only when everything passed.
 #   scripts/test.sh            the default suite (CI runs exactly this)
 #   CKPT_LONG=1 scripts/test.sh   longer property/crash/fuzz runs
 # Each ctest run must find at least a minimum number of tests (a glob or discovery that finds
@@ -63,9 +63,14 @@ ninja -C build -j"$JOBS"
 echo "== tests =="
 run_ctest build "${CKPT_MIN_TESTS:-445}"
 
-echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer) =="
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DCKPT_SANITIZE=ON \
-  -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
+echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer, clang-14, with the libFuzzer targets) =="
+# One sanitized build serves the tests and the fuzz smoke run: clang-14 (which libFuzzer needs) with
+# coverage instrumentation, at -O1 (the tests run faster than at -O0 and the fuzzers need it).
+if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14' build-asan/CMakeCache.txt; then
+  rm -rf build-asan  # configured by an older test.sh with g++: a cache keeps its compiler
+fi
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+  -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
 # The C++ tests (they include the CLI bad-file matrix and the store corruption matrix, which run
@@ -83,7 +88,7 @@ fi
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="
-  if bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"; then
+  if CKPT_FUZZ_DIR="$here/build-asan" bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"; then
     total_pass=$((total_pass + 1))
   else
     total_fail=$((total_fail + 1))

@@ -209,10 +209,10 @@ std::vector<GradRegion<T>> ParallelOptimizer<T>::grad_regions() const {
   return out;
 }
 
-template <class T>
-std::vector<HeldRegion> ParallelOptimizer<T>::held_regions()
-  requires std::is_same_v<T, float>
-{
+// An explicit specialization, not a constrained member: clang 14 instantiates a constrained member in
+// `template class ParallelOptimizer<double>` below whatever its constraint says.
+template <>
+std::vector<HeldRegion> ParallelOptimizer<float>::held_regions() {
   std::vector<HeldRegion> out;
   for (const Whole& p : params_) out.push_back({p.name, p.region, p.w});
   for (auto& s : adam_.slots()) out.push_back({kExpAvgPrefix + s.name, s.region, s.exp_avg.data()});

@@ -86,8 +86,8 @@ class ParallelOptimizer {
   std::vector<GradRegion<T>> grad_regions() const;
   // What this rank holds for a checkpoint: the weights (each Param's box) and the Adam moments
   // (optimizer.exp_avg.<p>, optimizer.exp_avg_sq.<p>: the slots' regions).
-  std::vector<HeldRegion> held_regions()
-    requires std::is_same_v<T, float>;
+  // Float only: ParallelOptimizer<float>'s is defined (zero_optimizer.cc), <double>'s is not.
+  std::vector<HeldRegion> held_regions();
 
  private:
   struct Part {       // zero 1: one segment of the flat buffer (a whole Param box)
@@ -121,5 +121,8 @@ class ParallelOptimizer {
   std::vector<T> flat_;                // zero 1: [padded] flat buffer
   std::vector<T> shard_w_, shard_g_;   // zero 1: [shard] master values and reduced gradients
 };
+
+template <>
+std::vector<HeldRegion> ParallelOptimizer<float>::held_regions();
 
 }  // namespace ckpt::trainer

@@ -1,5 +1,6 @@
-// The tracking cast against the compiler's _Float16 (hardware/libgcc rounding, independent of
-// formats/), the exactness report's merge and JSON, and the profile views against a naive
+// The tracking cast against the compiler's _Float16 (libgcc rounding; under clang 14, which has no
+// _Float16 on x86, the CPU's F16C conversion: both independent of formats/), the exactness
+// report's merge and JSON, and the profile views against a naive
 // element-by-element construction of packed, padded, transposed tensors.
 #include "converters/profile_view.h"
 
@@ -9,12 +10,35 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#if defined(__clang__) && __clang_major__ < 15
+#include <immintrin.h>
+#endif
 
 #include "reshard/executor.h"
 #include "reshard/memory_io.h"
 
 namespace ckpt {
 namespace {
+
+// float -> IEEE half bits, round to nearest even, and back: the reference conversion.
+#if defined(__clang__) && __clang_major__ < 15
+__attribute__((target("f16c"))) uint16_t ref_f16_bits(float x) {
+  return static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("f16c"))) float ref_f16_value(uint16_t h) { return _cvtsh_ss(h); }
+#else
+uint16_t ref_f16_bits(float x) {
+  const _Float16 h = static_cast<_Float16>(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float ref_f16_value(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+#endif
 
 TEST(TrackedCast, F32ToF16MatchesFloat16Reference) {
   std::mt19937 rng(7);
@@ -33,13 +57,13 @@ TEST(TrackedCast, F32ToF16MatchesFloat16Reference) {
   double max_abs = 0, max_rel = 0;
   std::vector<uint16_t> want(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    _Float16 h = static_cast<_Float16>(x[i]);
-    if (std::isfinite(x[i]) && std::isinf(static_cast<float>(h))) {
+    uint16_t h = ref_f16_bits(x[i]);
+    if (std::isfinite(x[i]) && std::isinf(ref_f16_value(h))) {
       ++clamped;
-      h = static_cast<_Float16>(x[i] > 0 ? 65504.0f : -65504.0f);
+      h = ref_f16_bits(x[i] > 0 ? 65504.0f : -65504.0f);
     }
-    std::memcpy(&want[i], &h, 2);
-    const double a = x[i], b = static_cast<float>(h);
+    want[i] = h;
+    const double a = x[i], b = ref_f16_value(h);
     if (a == b || std::isnan(a)) continue;
     ++changed;
     max_abs = std::max(max_abs, std::fabs(b - a));
@@ -159,10 +183,7 @@ TEST(ProfileViews, PackTransposePadAndBack) {
   for (int64_t i = 0; i < 4; ++i)
     for (int64_t j = 0; j < 9; ++j) {
       const float v = j < 6 ? ViewFixture::value(0, j, i) : ViewFixture::value(1, j - 6, i);
-      const _Float16 h = static_cast<_Float16>(v);
-      uint16_t hb;
-      std::memcpy(&hb, &h, 2);
-      ASSERT_EQ(qk[i * 9 + j], hb) << i << "," << j;
+      ASSERT_EQ(qk[i * 9 + j], ref_f16_bits(v)) << i << "," << j;
     }
   const auto* emb = reinterpret_cast<const float*>(b.data[1].data());
   for (int64_t r = 0; r < 8; ++r)
