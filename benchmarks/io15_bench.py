@@ -201,6 +201,8 @@ def main():
     ap.add_argument("--hot-gib", type=float, default=4.0)
     ap.add_argument("--idle-sleep", type=float, default=30.0)
     ap.add_argument("--max-memory", default="256M")
+    ap.add_argument("--only", default="", help="comma list of command names to time (e.g. 'cp src,reshard auto,python "
+                    "reshard'); default every command of --parts. --reps 0 only prepares the sources")
     a = ap.parse_args()
     root = pathlib.Path(a.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,12 @@ def main():
                                                            "--threads", str(t)], [hf], False))
             cases.append((f"zstd read t{t}", lambda t=t: [ck, "to-hf", zst, fresh("o_zr"), "--threads", str(t), "--io", "buffered"],
                           [zst], False))
+    if a.only:
+        keep = set(x.strip() for x in a.only.split(","))
+        cases = [c for c in cases if c[0] in keep]
+        missing = keep - {c[0] for c in cases}
+        if missing:
+            sys.exit(f"--only: no command named {sorted(missing)} in --parts {a.parts}")
     st = State(a)
     print(json.dumps({"uptime_before": uptime(), "hf_bytes": dir_bytes(hf), "layers": a.layers, "states": states}), flush=True)
     times = {(s, n): [] for s in states for n, _, _, _ in cases}
