@@ -139,14 +139,23 @@ class ProfileViewImpl final : public ProfileView, public StagedReads {
   ProfileViewImpl() = default;
 
   // Canonical box `csub` [R, C] of piece m.src into dst [C, R] (rows `ld` apart), transposed from
-  // a mapping of the stored rows [R, piece width] (a column band: a strided transpose).
+  // mappings of the stored rows (whole piece width; a column band is a strided transpose), at
+  // most kMappedRowBytes of them at a time (bounds the mapped pages, RssFile).
   Status transpose_mapped(const Map& m, const Box& csub, uint8_t* dst, int64_t ld) const {
+    constexpr uint64_t kMappedRowBytes = 8ull << 20;
     const Box& pb = src_->pieces()[m.src].region.box;
     const uint64_t es = dtype_size(pts_[m.pt].dtype), W = static_cast<uint64_t>(pb.extent[1]);
     const int64_t R = csub.extent[0], C = csub.extent[1];
     const uint64_t r0 = static_cast<uint64_t>(csub.offset[0] - pb.offset[0]), c0 = static_cast<uint64_t>(csub.offset[1] - pb.offset[1]);
-    Status st = with_mapped_range(m.rows->fd, m.rows->offset + r0 * W * es, static_cast<uint64_t>(R) * W * es, src_->describe(),
-                                  [&](const uint8_t* rows) { transpose_tile_strided(rows + c0 * es, static_cast<int64_t>(W), R, C, dst, ld, es); });
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kMappedRowBytes / std::max<uint64_t>(1, W * es)));
+    Status st;
+    for (int64_t r = 0; r < R && st.ok(); r += step) {
+      const int64_t k = std::min(step, R - r);
+      st = with_mapped_range(m.rows->fd, m.rows->offset + (r0 + static_cast<uint64_t>(r)) * W * es, static_cast<uint64_t>(k) * W * es,
+                             src_->describe(), [&](const uint8_t* rows) {
+                               transpose_tile_strided(rows + c0 * es, static_cast<int64_t>(W), k, C, dst + static_cast<uint64_t>(r) * es, ld, es);
+                             });
+    }
     if (!st.ok()) return std::move(st).with_context("tensor '" + pts_[m.pt].segments[m.seg].canonical + "' (stored as '" + pts_[m.pt].name + "')");
     return st;
   }
