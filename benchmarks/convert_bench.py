@@ -19,9 +19,13 @@
     sum's high-water mark as the kernel counts it, also what ru_maxrss reports); the figures of
     the process with the largest VmHWM (the reshard itself; the SRC re-hash child is reported
     apart as `verify_child_*`).
+  * --baseline-build DIR adds "convert paddlenlp (baseline)": the same conversion by another
+    build's ckpt (e.g. the code before a change), interleaved with the others, so a before/after
+    comparison shares the machine's state; --cases picks a subset of the cases by name prefix.
 Prints one JSON object (and a table on stderr). The data directory is removed at the end unless
 --keep; --reuse takes SRC from an earlier --keep run (same --layers). Usage: convert_bench.py
 [--build DIR] [--dir DIR] [--layers 20] [--reps 1] [--max-memory 512M] [--keep] [--reuse]
+[--baseline-build DIR] [--cases reshard,paddlenlp,...]
 """
 import argparse
 import json
@@ -116,6 +120,8 @@ def main():
     ap.add_argument("--max-memory", default="512M")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--baseline-build", default="")
+    ap.add_argument("--cases", default="", help="comma-separated prefixes of case names (default: all)")
     a = ap.parse_args()
     ckpt = str(pathlib.Path(a.build) / "ckpt")
     d = pathlib.Path(a.dir)
@@ -135,13 +141,20 @@ def main():
                   "--threads", "2", "--max-memory", a.max_memory]
         cases = {"reshard": ["reshard"], "convert megatron-mcore": ["convert", "--profile", "megatron-mcore"],
                  "convert paddlenlp": ["convert", "--profile", "paddlenlp"]}
+        if a.baseline_build:
+            cases["convert paddlenlp (baseline)"] = ["convert", "--profile", "paddlenlp"]
+        if a.cases:
+            keep = [c.strip() for c in a.cases.split(",") if c.strip()]
+            cases = {k: v for k, v in cases.items() if k == "reshard" or any(k.startswith(c) or k.endswith(c) for c in keep)}
+        base_ckpt = str(pathlib.Path(a.baseline_build) / "ckpt") if a.baseline_build else ckpt
         runs = {k: [] for k in cases}
         for rep in range(a.reps):
             for name, args in cases.items():
                 dst = d / "dst"
                 warm(d / "src")
                 load0 = os.getloadavg()[0]
-                cmd = [ckpt, args[0], str(d / "src"), str(dst), *args[1:], *layout]
+                exe = base_ckpt if name.endswith("(baseline)") else ckpt
+                cmd = [exe, args[0], str(d / "src"), str(dst), *args[1:], *layout]
                 secs, peaks, main_pid, maxrss, cpu = run_sampled(cmd)
                 mib = lambda d, k: d.get(k, 0) / 1024.0  # noqa: E731
                 own = peaks.get(main_pid, {})
@@ -154,7 +167,7 @@ def main():
                                    "verify_child_rss_file_mib": mib(kid, "RssFile"),
                                    "load_before": load0, "load_after": os.getloadavg()[0]})
                 shutil.rmtree(dst)
-                print(f"rep {rep} {name:24s} {secs:7.2f} s cpu {cpu:6.2f} s anon {runs[name][-1]['rss_anon_mib']:6.0f} file "
+                print(f"rep {rep} {name:30s} {secs:7.2f} s cpu {cpu:6.2f} s anon {runs[name][-1]['rss_anon_mib']:6.0f} file "
                       f"{runs[name][-1]['rss_file_mib']:6.0f} MiB load {load0:.1f}", file=sys.stderr)
         best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
         per_rep = {k: [v[i]["seconds"] / runs["reshard"][i]["seconds"] for i in range(a.reps)] for k, v in runs.items()}
@@ -162,11 +175,14 @@ def main():
                "ratio_to_reshard": {k: best[k]["seconds"] / best["reshard"]["seconds"] for k in best},
                "ratio_per_rep": per_rep, "ratio_median": {k: statistics.median(v) for k, v in per_rep.items()},
                "cpu_ratio_median": {k: statistics.median(v[i]["cpu_seconds"] / runs["reshard"][i]["cpu_seconds"]
-                                                         for i in range(a.reps)) for k, v in runs.items()}}
+                                                         for i in range(a.reps)) for k, v in runs.items()},
+               "cpu_seconds_median": {k: statistics.median(r["cpu_seconds"] for r in v) for k, v in runs.items()},
+               "seconds_median": {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}}
         print(json.dumps(out, indent=2))
         for k, r in best.items():
-            print(f"{k:24s} best {r['seconds']:7.2f} s  x{out['ratio_to_reshard'][k]:.2f} (median of reps "
-                  f"x{out['ratio_median'][k]:.2f}, CPU x{out['cpu_ratio_median'][k]:.2f})  peak anon {max(x['rss_anon_mib'] for x in runs[k]):6.0f} MiB  file "
+            print(f"{k:30s} best {r['seconds']:7.2f} s  x{out['ratio_to_reshard'][k]:.2f} (median of reps "
+                  f"x{out['ratio_median'][k]:.2f}, CPU x{out['cpu_ratio_median'][k]:.2f}; medians {out['seconds_median'][k]:.2f} s, "
+                  f"CPU {out['cpu_seconds_median'][k]:.2f} s)  peak anon {max(x['rss_anon_mib'] for x in runs[k]):6.0f} MiB  file "
                   f"{max(x['rss_file_mib'] for x in runs[k]):6.0f} MiB  VmHWM {max(x['vmhwm_mib'] for x in runs[k]):6.0f} MiB"
                   f"  load {r['load_before']:.1f}->{r['load_after']:.1f}", file=sys.stderr)
     finally:

@@ -158,6 +158,27 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
   return Status::Ok();
 }
 
+Status with_mapped_range(int fd, uint64_t off, uint64_t n, const std::string& what,
+                         const std::function<void(const uint8_t*)>& fn) {
+  if (n == 0) return Status::Ok();
+  install_sigbus_handler();
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t base = off / page * page, len = off - base + n;
+  void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(base));
+  if (m == MAP_FAILED) return Status::FromErrno("cannot map " + std::to_string(n) + " bytes of", what, errno);
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {  // the file shrank under the mapping
+    t_bus_jump = nullptr;
+    ::munmap(m, len);
+    return shrank(what, false);
+  }
+  t_bus_jump = &jump;
+  fn(static_cast<const uint8_t*>(m) + (off - base));
+  t_bus_jump = nullptr;
+  ::munmap(m, len);
+  return Status::Ok();
+}
+
 Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
                         const std::function<void(const void*, size_t)>& each_block) {
   return copy_file_bytes(fd, off, -1, 0, n, what, each_block);

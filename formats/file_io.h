@@ -33,6 +33,14 @@ Status copy_file_bytes(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off,
 Status read_file_blocks(int fd, uint64_t off, uint64_t n, const std::string& what,
                         const std::function<void(const void*, size_t)>& each_block);
 
+// Runs `fn` on bytes [off, off + n) of `fd` mapped read-only (populated from the page cache in one
+// call), then unmaps them: a reader that needs no copy (a transpose straight from the source
+// rows, converters/profile_view_target.cc). A file that shrinks under the mapping is a
+// "ShortSource" error naming `what` (the SIGBUS is caught on this thread; `fn` must hold nothing
+// that needs unwinding); a range that cannot be mapped is an I/O error. n == 0: fn is not called.
+Status with_mapped_range(int fd, uint64_t off, uint64_t n, const std::string& what,
+                         const std::function<void(const uint8_t*)>& fn);
+
 // memcpy from a mapping of a file that may shrink under it: false (instead of SIGBUS killing the
 // process) when a source page no longer exists. For gathers of mapped ranges (file_io_direct.h).
 bool copy_from_mapping(void* dst, const void* mapped_src, size_t n);

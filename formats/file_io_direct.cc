@@ -133,9 +133,17 @@ Status OutputFile::write_staged(const char* stage, uint64_t base, uint64_t a, ui
 
 Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
   if (!st_->direct.load() || n < kDirectAlignBytes) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
+  const char* p = static_cast<const char*>(src);
+  const uint64_t a_up = dio_round_up(off), b_down = dio_round_down(off + n);
+  if (reinterpret_cast<uintptr_t>(p) % kDirectAlignBytes == off % kDirectAlignBytes && a_up < b_down) {
+    // `src` sits at the file offset's phase: its aligned middle goes out as it is, no staging copy.
+    if (a_up > off) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), p, a_up - off, off, st_->path));
+    CKPT_RETURN_IF_ERROR(write_direct(p + (a_up - off), b_down - a_up, a_up));
+    const uint64_t end = off + n;
+    return end > b_down ? pwrite_full(st_->fd.get(), p + (b_down - off), end - b_down, b_down, st_->path) : Status::Ok();
+  }
   char* stage = dio_stage();
   if (!stage) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
-  const char* p = static_cast<const char*>(src);
   for (uint64_t cur = off, end = off + n; cur < end;) {
     const uint64_t base = dio_round_down(cur), k = std::min(kStageBytes - (cur - base), end - cur);
     std::memcpy(stage + (cur - base), p + (cur - off), k);

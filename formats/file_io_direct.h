@@ -1,7 +1,9 @@
 // OutputFile: the one place where ckpt's data writers (native store shards, safetensors files)
 // choose how bytes reach the disk: through the page cache (buffered) or around it (O_DIRECT).
 //
-// Direct mode writes every whole 4 KiB-aligned block of a write with O_DIRECT from an aligned
+// Direct mode writes every whole 4 KiB-aligned block of a write with O_DIRECT: straight from the
+// caller's memory when it lies at the same address modulo 4 KiB as its file offset
+// (formats/write_placement.h lets the executor place chunks so), else from an aligned
 // staging buffer (4 MiB per writing thread, reused); the unaligned head and tail of a write (and
 // writes smaller than a block) go through the page cache on a second, buffered descriptor of the
 // same file. Two descriptors never write the same page: a page written directly lies wholly inside

@@ -4,6 +4,7 @@
 #include <optional>
 #include <tuple>
 
+#include "formats/file_io_direct.h"
 #include "reshard/part_io.h"
 
 namespace ckpt {
@@ -16,6 +17,8 @@ void grow(std::vector<uint8_t>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+uint8_t* out_data(Slot& s) { return s.out.data() + s.out_at; }
+
 // Casts and copies the raw reads of a chunk into its output buffer, and finishes its staged reads
 // straight into their rows of it (worker-safe: no I/O).
 Status transform(Slot& s, const std::vector<Piece>& src_pieces, StagedReads* staged, const Piece& target,
@@ -27,7 +30,7 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, StagedReads* sta
     const CopyOps::Op& r = s.copies.ops[k];
     const DType sd = src_pieces[r.part.piece].dtype;
     const Box& cb = s.copies.boxes[r.box];
-    uint8_t* dst = s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os;
+    uint8_t* dst = out_data(s) + static_cast<size_t>(s.copies.box_off[r.box]) * os;
     const uint8_t* raw = s.raw.data() + s.raw_off[k];
     const size_t n = static_cast<size_t>(r.part.box.numel());
     if (s.staged[k]) {  // 2-D, same dtype: the part's first element in cb, rows cb.extent[1] apart
@@ -145,6 +148,7 @@ ChunkPipeline::ChunkPipeline(TensorSource& src, const SourceIndex& index, Tensor
     writer_ = std::make_unique<ThreadPool>(1);
   }
   staged_ = dynamic_cast<StagedReads*>(&src);
+  placement_ = dynamic_cast<const WritePlacement*>(&dst);
 }
 
 ChunkPipeline::~ChunkPipeline() { abandon(); }
@@ -213,7 +217,14 @@ Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end)
   if (!s.runs.empty()) {
     s.raw_bytes = 0;  // nothing read, nothing to transform
   } else {
-    grow(s.out, static_cast<size_t>(s.count) * dtype_size(tp.dtype));
+    // The chunk at its file offset's 4 KiB phase when the sink says where it lands (a direct-I/O
+    // sink then writes it without a staging copy).
+    const uint64_t os = dtype_size(tp.dtype);
+    const std::optional<uint64_t> at = placement_ ? placement_->piece_file_offset(piece) : std::nullopt;
+    grow(s.out, static_cast<size_t>(s.count) * os + (at ? kDirectAlignBytes : 0));
+    s.out_at = at ? static_cast<size_t>((*at + static_cast<uint64_t>(begin) * os - reinterpret_cast<uintptr_t>(s.out.data())) %
+                                        kDirectAlignBytes)
+                  : 0;
     grow(s.raw, s.raw_bytes);
   }
   return Status::Ok();
@@ -224,7 +235,7 @@ Status ChunkPipeline::read(Slot& s) {
   const size_t os = dtype_size(out_[s.piece].dtype);
   for (size_t k = 0; k < s.copies.ops.size(); ++k) {
     const CopyOps::Op& r = s.copies.ops[k];
-    uint8_t* to = s.direct[k] ? s.out.data() + static_cast<size_t>(s.copies.box_off[r.box]) * os
+    uint8_t* to = s.direct[k] ? out_data(s) + static_cast<size_t>(s.copies.box_off[r.box]) * os
                               : s.raw.data() + s.raw_off[k];
     if (s.staged[k]) {
       Status st = staged_->read_stage(r.part.piece, r.part.box, to);
@@ -266,7 +277,7 @@ Status ChunkPipeline::write_chunk(Slot& s) {
   const Piece& tp = out_[s.piece];
   if (st.ok()) {
     const auto os = static_cast<uint64_t>(dtype_size(tp.dtype));
-    if (s.runs.empty()) st = dst_.write(s.piece, s.out.data(), s.count);
+    if (s.runs.empty()) st = dst_.write(s.piece, out_data(s), s.count);
     else if (s.runs.size() == 1) st = dst_.write_from_file(s.piece, s.runs[0], s.count);
     else if (dst_.gathers_file_runs()) st = dst_.write_from_files(s.piece, s.runs, s.count);
     for (size_t k = 0; s.runs.size() > 1 && !dst_.gathers_file_runs() && k < s.runs.size() && st.ok(); ++k)

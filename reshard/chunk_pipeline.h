@@ -19,6 +19,7 @@
 
 #include "formats/status.h"
 #include "formats/tensor_io.h"
+#include "formats/write_placement.h"
 #include "formats/thread_pool.h"
 #include "reshard/executor.h"
 #include "reshard/source_index.h"
@@ -40,6 +41,7 @@ class ChunkPipeline {
   // Buffers and work of one chunk in flight. Buffers are reused (never shrunk).
   struct Slot {
     std::vector<uint8_t> out, raw, tmp;
+    size_t out_at = 0;              // the chunk's first byte in `out` (its file offset's 4 KiB phase, when known)
     CopyOps copies;                 // the chunk's boxes and source parts
     std::vector<bool> direct;       // per copy: read straight into `out` (same dtype, whole box)
     std::vector<bool> staged;       // per copy: a staged read (StagedReads): stage into `raw`, finish into `out`
@@ -74,6 +76,7 @@ class ChunkPipeline {
   const std::vector<Piece>& out_;
   const ExecOptions& opts_;
   StagedReads* staged_ = nullptr;  // the source's staged reads, when it has them
+  const WritePlacement* placement_ = nullptr;  // where the sink's pieces land, when it says
   std::vector<Slot> slots_;     // declared before the threads: outlives them
   std::unique_ptr<ThreadPool> pool_, writer_;
   uint64_t seq_ = 0;            // chunk sequence number

@@ -14,6 +14,7 @@
 #include "formats/json_read.h"
 #include "formats/store/manifest.h"
 #include "reshard/comm.h"
+#include "formats/write_placement.h"
 #include "reshard/staged_read.h"
 
 namespace ckpt {
@@ -24,7 +25,7 @@ constexpr double kReshardWaitS = 7 * 24 * 3600.0;  // the longest wait for anoth
 
 // Adapts one rank's ShardWriter to the TensorSink the executor fills (begin/commit are the
 // caller's business).
-class ShardSink final : public TensorSink {
+class ShardSink final : public TensorSink, public WritePlacement {
  public:
   explicit ShardSink(store::ShardWriter* w) : w_(w) {}
   Status begin(const std::vector<TensorMeta>&, const std::vector<Piece>&, const nlohmann::json&) override {
@@ -32,6 +33,7 @@ class ShardSink final : public TensorSink {
   }
   Status write(size_t piece, const void* data, int64_t count) override { return w_->write(piece, data, count); }
   bool accepts_file_extents() const override { return w_->accepts_file_extents(); }
+  std::optional<uint64_t> piece_file_offset(size_t piece) const override { return w_->piece_file_offset(piece); }
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override {
     return w_->write_from_file(piece, src, count);
   }

@@ -48,10 +48,7 @@ Result<Layout> check_train_profile_fits(const Profile& p, const LlamaConfig& cfg
 
 }  // namespace
 
-Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaConfig& cfg, const Layout& layout) {
-  TrainProfile out;
-  if (cluster_file.empty()) return out;
-  CKPT_ASSIGN_OR_RETURN(Cluster c, Cluster::from_file(cluster_file));
+Status check_cluster_profiles(const Cluster& c, const std::string& cluster_file) {
   // Every named profile must exist, whether or not its type holds a rank of this run.
   for (const DeviceType& d : c.types) {
     if (d.profile.empty()) continue;
@@ -61,6 +58,14 @@ Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaC
           .with_context("cluster file '" + cluster_file + "', device type '" + d.name + "', key 'profile'")
           .with_file(cluster_file);
   }
+  return Status::Ok();
+}
+
+Result<TrainProfile> train_profile(const std::string& cluster_file, const LlamaConfig& cfg, const Layout& layout) {
+  TrainProfile out;
+  if (cluster_file.empty()) return out;
+  CKPT_ASSIGN_OR_RETURN(Cluster c, Cluster::from_file(cluster_file));
+  CKPT_RETURN_IF_ERROR(check_cluster_profiles(c, cluster_file));
   std::set<std::string> used;
   const int n = std::min(c.world_size(), layout.world_size());
   for (int r = 0; r < n; ++r) {

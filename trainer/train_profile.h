@@ -27,6 +27,7 @@
 #include "converters/profile.h"
 #include "formats/digest.h"
 #include "formats/status.h"
+#include "reshard/cluster.h"
 #include "reshard/comm.h"
 #include "reshard/layout.h"
 
@@ -42,6 +43,10 @@ struct TrainProfile {
 
 // `p` with every class's stored dtype F32; renamed "<name>.fp32" when that changed anything.
 Profile trainer_storage_profile(const Profile& p);
+
+// Every device type's `profile` of cluster `c` (read from `cluster_file`) is a built-in profile:
+// else ProfileUnknown naming the file and the device type (train and plan both check).
+Status check_cluster_profiles(const Cluster& c, const std::string& cluster_file);
 
 // The profile of a run on `layout` from the cluster file (empty: none). Validates every device
 // type's profile name, then the saving profile against the model and the layout.

@@ -256,6 +256,11 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
 
 bool ShardWriter::accepts_file_extents() const { return impl_->opts.codec == Codec::kNone; }
 
+std::optional<uint64_t> ShardWriter::piece_file_offset(size_t piece) const {
+  if (piece >= impl_->slots.size() || impl_->slots[piece].raw_offset < 0) return std::nullopt;
+  return static_cast<uint64_t>(impl_->slots[piece].raw_offset);
+}
+
 Status ShardWriter::write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) {
   auto& im = *impl_;
   CKPT_ASSIGN_OR_RETURN(Impl::Slot * sp, im.slot_for(piece, count));

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "formats/store/manifest.h"
 #include "formats/store/store_options.h"
 #include "formats/tensor_io.h"
+#include "formats/write_placement.h"
 
 namespace ckpt::store {
 
@@ -41,6 +43,8 @@ class ShardWriter {
   // parallel, each in order); returns once queued. The ranges must stay readable until close()
   // or abort() returns.
   bool accepts_file_extents() const;
+  // Uncompressed pieces: the file offset of the first element (WritePlacement).
+  std::optional<uint64_t> piece_file_offset(size_t piece) const;
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) { return write_from_files(piece, {src}, count); }
   Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count);
   // All pieces complete? Closes and fsyncs the file; returns the manifest records of the pieces.
@@ -54,7 +58,7 @@ class ShardWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-class StoreWriter final : public TensorSink {
+class StoreWriter final : public TensorSink, public WritePlacement {
  public:
   explicit StoreWriter(std::string dst, StoreOptions opts = {});
   ~StoreWriter() override;
@@ -66,6 +70,9 @@ class StoreWriter final : public TensorSink {
   // Largest pieces first: the hash threads finish together instead of one hashing the last big
   // piece alone (the file layout is fixed at begin(), so the order changes no byte).
   std::vector<size_t> write_order() const override;
+  std::optional<uint64_t> piece_file_offset(size_t piece) const override {  // WritePlacement
+    return shard_ ? shard_->piece_file_offset(piece) : std::nullopt;
+  }
   Status write_from_file(size_t piece, const FileExtent& src, int64_t count) override { return write_from_files(piece, {src}, count); }
   bool gathers_file_runs() const override { return accepts_file_extents(); }
   Status write_from_files(size_t piece, const std::vector<FileExtent>& runs, int64_t count) override;

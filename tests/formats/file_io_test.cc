@@ -1,6 +1,6 @@
 // copy_file_bytes against a naive reference (the bytes written at the target offset, nothing
 // else touched), the block callback, and every error path: short source, a source that shrinks
-// while mapped (SIGBUS caught), a source that cannot be mapped (pipe).
+// while mapped (SIGBUS caught), a source that cannot be mapped (pipe); with_mapped_range likewise.
 #include "formats/file_io.h"
 
 #include <fcntl.h>
@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -112,6 +113,34 @@ TEST(CopyFileBytes, UnmappableSourceFallsBackToReads) {
   Status st = copy_file_bytes(p[0], 0, dst.fd, 0, msg.size(), dst.path);
   EXPECT_FALSE(st.ok());
   ::close(p[0]);
+}
+
+// with_mapped_range: fn sees exactly the bytes of the range (any alignment); a file cut short
+// under the mapping is ShortSource (SIGBUS caught), not a crash; a pipe cannot be mapped: an error.
+TEST(WithMappedRange, SeesTheRangeAndReportsShrinkingAndUnmappableFiles) {
+  std::mt19937_64 rng(9);
+  const auto data = random_bytes((3u << 20) + 123, rng);
+  TempFile src("mapped_src");
+  ASSERT_TRUE(pwrite_full(src.fd, data.data(), data.size(), 0, src.path).ok());
+  for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{(1u << 20) + 7}}) {
+    const uint64_t n = data.size() - off - 5;
+    std::vector<uint8_t> seen;
+    ASSERT_TRUE(with_mapped_range(src.fd, off, n, src.path, [&](const uint8_t* p) { seen.assign(p, p + n); }).ok());
+    EXPECT_TRUE(std::equal(seen.begin(), seen.end(), data.begin() + static_cast<long>(off))) << "offset " << off;
+  }
+  volatile uint8_t sink = 0;
+  Status st = with_mapped_range(src.fd, 0, data.size(), src.path, [&](const uint8_t* p) {
+    EXPECT_EQ(::ftruncate(src.fd, 4096), 0);
+    sink = sink + p[data.size() - 1];  // beyond the new end: SIGBUS
+  });
+  EXPECT_EQ(st.code(), "ShortSource") << st.to_string();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  bool called = false;
+  EXPECT_FALSE(with_mapped_range(fds[0], 0, 10, "a pipe", [&](const uint8_t*) { called = true; }).ok());
+  EXPECT_FALSE(called);
+  ::close(fds[0]);
+  ::close(fds[1]);
 }
 
 }  // namespace

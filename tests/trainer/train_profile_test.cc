@@ -1,6 +1,8 @@
 // trainer/train_profile.h: the F32 dtype rule and which profile a run saves in, from hand-written
-// cluster files (one test per rule; the end-to-end runs are tests/python/test_train_profile_resume.py).
+// cluster files (one test per rule; the end-to-end runs are tests/python/test_train_profile_resume.py),
+// and `ckpt plan` refusing an unknown profile name with the same error.
 #include "trainer/train_profile.h"
+#include "trainer/plan/plan_job.h"
 
 #include <gtest/gtest.h>
 
@@ -95,6 +97,29 @@ TEST(TrainProfile, UnknownProfileNameIsRefusedNamingTheDeviceType) {
   EXPECT_EQ(r.status().code(), "ProfileUnknown") << r.status().to_string();
   EXPECT_NE(r.status().to_string().find("device type 'b'"), std::string::npos) << r.status().to_string();
   EXPECT_NE(r.status().to_string().find("megatron-mcore"), std::string::npos) << r.status().to_string();
+}
+
+TEST(TrainProfile, PlanRefusesAnUnknownProfileNameAsTrainDoes) {
+  // `ckpt plan --cluster` (search and --evaluate) reads the same cluster files: the same named error.
+  PlanRequest req;
+  req.cluster = write_cluster("plan_unknown", {{"a", "paddlenlp"}, {"b", "no-such-stack"}});
+  req.model = std::string(CKPT_SOURCE_DIR) + "/fixtures/tiny_llama.json";
+  req.global_batch = 8;
+  auto s = search_plan(req);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), "ProfileUnknown") << s.status().to_string();
+  EXPECT_NE(s.status().to_string().find("device type 'b'"), std::string::npos) << s.status().to_string();
+  req.evaluate = "unused.json";  // refused before the layout file is read
+  auto e = evaluate_plan(req);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), "ProfileUnknown") << e.status().to_string();
+  // A known profile passes the check (the search then runs on the tiny model).
+  req.cluster = write_cluster("plan_known", {{"a", "paddlenlp"}, {"b", "megatron-mcore"}});
+  req.evaluate.clear();
+  auto ok = search_plan(req);
+  if (!ok.ok()) {
+    EXPECT_NE(ok.status().code(), "ProfileUnknown") << ok.status().to_string();
+  }
 }
 
 TEST(TrainProfile, AsymmetricLayoutIsRefused) {

@@ -5,6 +5,7 @@
 #include "formats/json_read.h"
 #include "reshard/cluster.h"
 #include "trainer/memory_estimate.h"
+#include "trainer/train_profile.h"
 
 namespace ckpt::trainer {
 
@@ -28,6 +29,7 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   if (req.global_batch < 1) return Status::InvalidArgument("plan: --global-batch must be >= 1");
   CKPT_ASSIGN_OR_RETURN(auto cal, load_cost_calibration(req.calibration));
   CKPT_ASSIGN_OR_RETURN(auto cluster, Cluster::from_file(req.cluster));
+  CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   CKPT_ASSIGN_OR_RETURN(auto cfg, LlamaConfig::from_file(req.model));
   PlanEvaluation out;
   CKPT_ASSIGN_OR_RETURN(out.layout, Layout::from_file(req.evaluate));
@@ -79,6 +81,7 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   if (req.global_batch < 1) return Status::InvalidArgument("plan: --global-batch must be >= 1");
   CKPT_ASSIGN_OR_RETURN(auto cal, load_cost_calibration(req.calibration));
   CKPT_ASSIGN_OR_RETURN(auto cluster, Cluster::from_file(req.cluster));
+  CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   Result<LlamaConfig> cfg = config ? Result<LlamaConfig>(*config) : LlamaConfig::from_file(req.model);
   if (!cfg.ok()) return cfg.take_status();
   SearchOptions o;
