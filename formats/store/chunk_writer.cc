@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "formats/store/h5_handles.h"
+#include "formats/store/thread_name.h"
 
 namespace ckpt::store {
 
@@ -58,7 +59,10 @@ Status ChunkWriter::submit(size_t id, uint64_t chunk) {
   const Codec codec = s.codec;
   const int level = s.level;
   const size_t esize = s.esize;
-  fifo_.push_back({id, chunk, buf, pool_->submit([buf, codec, level, esize] { return encode_chunk(codec, level, esize, buf->data(), buf->size()); })});
+  fifo_.push_back({id, chunk, buf, pool_->submit([buf, codec, level, esize] {
+                     name_store_thread("ckpt-encode");
+                     return encode_chunk(codec, level, esize, buf->data(), buf->size());
+                   })});
   // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
   while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
   return Status::Ok();
