@@ -8,7 +8,9 @@
 // Per case: wall s, process CPU s (getrusage), cores used (CPU / wall), and CPU s per thread
 // (a sampler reads /proc/self/task/*/stat every 10 ms; threads by name: ckpt-encode, ckpt-hash,
 // ckpt-decode, formats/store/thread_name.h; "caller" = the thread calling the store), the
-// stored bytes (compression ratio) and a checksum of the bytes read back against those written.
+// stored bytes (compression ratio) and a checksum of the bytes read back against those written
+// (the caller's checksum time is measured and taken off the wall, CPU and "caller" figures).
+// Warm-up: one untimed write + read of 1/8 of the data before the first round.
 // Prints one JSON object per case, then a table of medians and the T / first-T ratios.
 //   ninja -C build store_threads_bench && build/store_threads_bench --gib 2 --threads 1,2 --reps 3
 #include <sys/resource.h>
@@ -70,7 +72,8 @@ class ThreadSampler {
     return seen_;
   }
   // CPU seconds per thread name between two snapshots (tids seen only in `b` count from 0).
-  nlohmann::json delta(const std::map<long, Seen>& a, const std::map<long, Seen>& b) const {
+  // `caller_excluded`: CPU seconds of the caller's that are not store work.
+  nlohmann::json delta(const std::map<long, Seen>& a, const std::map<long, Seen>& b, double caller_excluded) const {
     std::map<std::string, double> by;
     const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
     for (const auto& [tid, s] : b) {
@@ -78,6 +81,7 @@ class ThreadSampler {
       const long d = s.ticks - (it == a.end() ? 0 : it->second.ticks);
       if (d > 0 && tid != sampler_tid_) by[tid == main_tid_ ? "caller" : s.name] += d / hz;
     }
+    by["caller"] -= caller_excluded;
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [n, v] : by) j[n] = std::round(v * 100) / 100;
     return j;
@@ -155,8 +159,27 @@ Spec make_spec(double gib) {  // tensors [8192, 8192] bf16 (128 MiB), two row pi
   return s;
 }
 
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+// Wall and CPU seconds the caller spends checksumming (not store work): taken off every figure.
+struct Excluded {
+  double wall = 0, cpu = 0;
+};
+Excluded g_excluded;
+
 // Sum of every 8-byte word (order-independent enough to catch a wrong or missing chunk).
 uint64_t word_sum(const char* p, size_t n) {
+  const double w0 = now_s(), c0 = thread_cpu_s();
+  struct Account {
+    double w0, c0;
+    ~Account() {
+      g_excluded.wall += now_s() - w0;
+      g_excluded.cpu += thread_cpu_s() - c0;
+    }
+  } account{w0, c0};
   uint64_t s = 0, w;
   for (size_t i = 0; i + 8 <= n; i += 8) {
     std::memcpy(&w, p + i, 8);
@@ -234,6 +257,17 @@ int main(int argc, char** argv) {
   const auto pool = make_pool();
   const Spec spec = make_spec(gib);
   std::vector<char> buf(kSlab);
+  {  // warm-up, untimed: page-cache and heap pages touched once, pool threads started once
+    StoreOptions o;
+    o.codec = Codec::kShuffleZstd;
+    o.fsync = false;
+    o.hash_threads = ts.back();
+    uint64_t a = 0, b = 0, c = 0;
+    Status st = write_store(dir + "/warm", make_spec(gib / 8), pool, o, &a);
+    if (st.ok()) st = read_store(dir + "/warm", ts.back(), buf, &b, &c);
+    if (!st.ok()) std::fprintf(stderr, "warm-up: %s\n", st.to_string().c_str());
+    std::filesystem::remove_all(dir + "/warm");
+  }
   ThreadSampler sampler;
   std::map<std::string, std::vector<double>> wall, cpu;
   for (int rep = 0; rep < reps; ++rep) {
@@ -249,15 +283,16 @@ int main(int argc, char** argv) {
       for (const char* phase : {"write", "read"}) {
         const std::string load = uptime();
         auto s0 = sampler.snapshot();
+        g_excluded = {};
         const double w0 = now_s(), c0 = cpu_s();
         Status st = std::strcmp(phase, "write") == 0 ? write_store(dst, spec, pool, o, &wsum) : read_store(dst, t, buf, &rsum, &stored);
-        const double dw = now_s() - w0, dc = cpu_s() - c0;
+        const double dw = now_s() - w0 - g_excluded.wall, dc = cpu_s() - c0 - g_excluded.cpu;
         auto s1 = sampler.snapshot();
         const std::string key = std::string(phase) + " t" + std::to_string(t);
         wall[key].push_back(dw);
         cpu[key].push_back(dc);
         nlohmann::json j = {{"round", rep}, {"case", key}, {"wall_s", std::round(dw * 1000) / 1000}, {"cpu_s", std::round(dc * 100) / 100},
-                            {"cores", std::round(dc / dw * 100) / 100}, {"threads_cpu_s", sampler.delta(s0, s1)}, {"loadavg", load}};
+                            {"cores", std::round(dc / dw * 100) / 100}, {"threads_cpu_s", sampler.delta(s0, s1, g_excluded.cpu)}, {"loadavg", load}};
         if (!st.ok()) j["error"] = st.to_string();
         if (std::strcmp(phase, "read") == 0) {
           j["stored_bytes"] = stored;
