@@ -118,14 +118,24 @@ struct DctxFree {
 
 }  // namespace
 
-Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes) {
+Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes,
+                                 const std::function<void()>& src_done) {
   thread_local std::unique_ptr<ZSTD_CCtx, CctxFree> cctx(ZSTD_createCCtx());
   thread_local std::vector<unsigned char> shuffled;
+  struct SrcDone {  // src_done on every path, once
+    const std::function<void()>* f;
+    void operator()() {
+      if (f && *f) (*f)();
+      f = nullptr;
+    }
+    ~SrcDone() { (*this)(); }
+  } done{&src_done};
   const void* in = src;
-  if (codec == Codec::kShuffleZstd && esize > 1) {
+  if (encode_copies_input(codec, esize)) {
     shuffled.resize(bytes);
     shuffle_bytes(static_cast<const unsigned char*>(src), shuffled.data(), bytes, esize, false);
     in = shuffled.data();
+    done();
   }
   thread_local std::vector<char> frame;  // reused: no zero fill or fresh pages per chunk
   frame.resize(std::max(frame.size(), ZSTD_compressBound(bytes)));

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,8 +41,13 @@ struct ChunkGrid {
 };
 
 // Filters `bytes` bytes (a whole chunk) of elements of `esize` bytes as the dataset's filter
-// pipeline would; returns the stored chunk.
-Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes);
+// pipeline would; returns the stored chunk. `src_done`, when given, is called once `src` is no
+// longer read (after the shuffle when shuffled, else at the end), on every path.
+Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes,
+                                 const std::function<void()>& src_done = nullptr);
+// True when encode_chunk copies the input (shuffles it) before compressing: `src_done` comes
+// early and the caller's buffer can be released while the chunk is still compressing.
+inline bool encode_copies_input(Codec codec, size_t esize) { return codec == Codec::kShuffleZstd && esize > 1; }
 
 // The inverse: `stored` (as read with H5Dread_chunk) into exactly `bytes` bytes at dst.
 // Errors: ChunkCorrupt (not a zstd frame, checksum, size other than `bytes`).

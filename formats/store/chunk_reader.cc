@@ -9,6 +9,7 @@
 #include <future>
 
 #include "formats/store/h5_handles.h"
+#include "formats/store/thread_name.h"
 #include "formats/store/zstd_filter.h"
 
 namespace ckpt::store {
@@ -22,26 +23,41 @@ struct DecodedChunk {
   std::vector<char> bytes;
 };
 
+// The stored (filtered) bytes of chunk c, read raw under h5_lock().
+Status read_stored_chunk(const ChunkedDataset& d, uint64_t c, std::vector<char>& stored) {
+  const size_t bytes = d.grid.chunk_elems() * d.esize;
+  const std::vector<hsize_t> off = d.grid.offset(c);
+  auto lock = h5_lock();
+  hsize_t n = 0;
+  if (H5Dget_chunk_storage_size(d.ds, off.data(), &n) < 0 || n == 0 || n > ZSTD_compressBound(bytes))
+    return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " is missing or " + std::to_string(n) + " bytes stored for " +
+                                             std::to_string(bytes) + " bytes of data");
+  stored.resize(n);
+  uint32_t mask = 0;
+  if (H5Dread_chunk(d.ds, H5P_DEFAULT, off.data(), &mask, stored.data()) < 0 || mask != 0)
+    return Status::Error("ChunkCorrupt", "raw read of chunk " + std::to_string(c) + " failed");
+  return Status::Ok();
+}
+
+thread_local std::vector<char> tl_stored_chunk;  // this thread's raw read buffer (reused)
+
+// Chunk c decoded straight into dst (chunk_elems * esize bytes): a read that covers the whole
+// chunk needs no copy through the per-thread cache.
+Status decode_chunk_into(const ChunkedDataset& d, uint64_t c, void* dst) {
+  CKPT_RETURN_IF_ERROR(read_stored_chunk(d, c, tl_stored_chunk));
+  const Status st = decode_chunk(d.codec, d.esize, tl_stored_chunk.data(), tl_stored_chunk.size(), dst, d.grid.chunk_elems() * d.esize);
+  return st.ok() ? st : Status::Error(st.code(), "chunk " + std::to_string(c) + ": " + st.message());
+}
+
 Result<const std::vector<char>*> fetch_chunk(const ChunkedDataset& d, uint64_t c) {
   thread_local DecodedChunk cache;
-  thread_local std::vector<char> stored;
   if (cache.uid == d.uid && cache.chunk == c) return &cache.bytes;
   cache.uid = 0;
   const size_t bytes = d.grid.chunk_elems() * d.esize;
-  const std::vector<hsize_t> off = d.grid.offset(c);
-  {
-    auto lock = h5_lock();
-    hsize_t n = 0;
-    if (H5Dget_chunk_storage_size(d.ds, off.data(), &n) < 0 || n == 0 || n > ZSTD_compressBound(bytes))
-      return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " is missing or " + std::to_string(n) + " bytes stored for " +
-                                               std::to_string(bytes) + " bytes of data");
-    stored.resize(n);
-    uint32_t mask = 0;
-    if (H5Dread_chunk(d.ds, H5P_DEFAULT, off.data(), &mask, stored.data()) < 0 || mask != 0)
-      return Status::Error("ChunkCorrupt", "raw read of chunk " + std::to_string(c) + " failed");
-  }
+  CKPT_RETURN_IF_ERROR(read_stored_chunk(d, c, tl_stored_chunk));
   cache.bytes.resize(bytes);
-  CKPT_RETURN_IF_ERROR(decode_chunk(d.codec, d.esize, stored.data(), stored.size(), cache.bytes.data(), bytes));
+  const Status st = decode_chunk(d.codec, d.esize, tl_stored_chunk.data(), tl_stored_chunk.size(), cache.bytes.data(), bytes);
+  if (!st.ok()) return Status::Error(st.code(), "chunk " + std::to_string(c) + ": " + st.message());
   cache.uid = d.uid;
   cache.chunk = c;
   return &cache.bytes;
@@ -77,7 +93,11 @@ Status for_each_chunk(const ChunkedDataset& d, const std::vector<uint64_t>& chun
   };
   std::vector<std::future<Status>> helpers;
   const size_t n = std::min<size_t>(static_cast<size_t>(d.decode_pool->size()), chunks.size() - 1);
-  for (size_t i = 0; i < n; ++i) helpers.push_back(d.decode_pool->submit(worker));
+  for (size_t i = 0; i < n; ++i)
+    helpers.push_back(d.decode_pool->submit([&worker] {
+      name_store_thread("ckpt-decode");
+      return worker();
+    }));
   Status first = worker();
   for (auto& h : helpers) {
     Status st = h.get();
@@ -142,9 +162,17 @@ Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst) {
       idx[i] = sub.offset[i];
     }
   }
+  // A whole chunk inside `sub` is one run of dst when `sub` takes the dims after k whole.
+  bool trailing_whole = true;
+  for (size_t i = k + 1; i < g.dims.size(); ++i) trailing_whole = trailing_whole && static_cast<hsize_t>(sub.extent[i]) == g.dims[i];
   return for_each_chunk(d, chunks, [&](uint64_t c) -> Status {
-    CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
     Box cb = chunk_box(g, c);
+    if (trailing_whole && static_cast<hsize_t>(cb.extent[k]) == g.chunk[k] && sub.contains(cb)) {
+      uint64_t at = 0;  // cb's first element in dst (row-major over sub)
+      for (size_t i = 0; i < g.dims.size(); ++i) at = at * static_cast<uint64_t>(sub.extent[i]) + static_cast<uint64_t>(cb.offset[i] - sub.offset[i]);
+      return decode_chunk_into(d, c, static_cast<char*>(dst) + at * d.esize);
+    }
+    CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
     Box full = cb;  // the stored chunk's own extent (edge chunks are stored full size)
     full.extent[k] = static_cast<int64_t>(g.chunk[k]);
     auto inter = intersect(cb, sub);
@@ -161,6 +189,7 @@ Status read_chunked_range(const ChunkedDataset& d, uint64_t begin, uint64_t end,
   return for_each_chunk(d, chunks, [&](uint64_t c) -> Status {
     const uint64_t first = d.grid.first(c);
     const uint64_t a = std::max(begin, first), b = std::min(end, first + d.grid.valid(c));
+    if (a == first && b - a == d.grid.chunk_elems()) return decode_chunk_into(d, c, out + (a - begin) * d.esize);
     CKPT_ASSIGN_OR_RETURN(const std::vector<char>* buf, fetch_chunk(d, c));
     std::memcpy(out + (a - begin) * d.esize, buf->data() + (a - first) * d.esize, (b - a) * d.esize);
     return Status::Ok();

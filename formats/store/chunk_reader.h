@@ -4,8 +4,10 @@
 // chunk per task on the pool and the calling thread together (each places its chunk's part of
 // the read; the parts are disjoint). Datasets whose chunking
 // is not the store writer's (files written by other tools) are left to HDF5's own path: grid_of()
-// says which. The last chunk decoded by a thread is kept (one per thread), so reads that cut a
-// chunk in two decode it once.
+// says which. A chunk the read covers whole (and that is one run of the destination) is decoded
+// straight into the destination; otherwise the last chunk decoded by a thread is kept (one per
+// thread), so reads that cut a chunk in two decode it once. Errors are ChunkCorrupt naming the
+// chunk (the caller adds file and dataset).
 // Thread safety: any thread; HDF5 calls take h5_lock().
 #pragma once
 

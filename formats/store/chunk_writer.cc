@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "formats/store/h5_handles.h"
+#include "formats/store/thread_name.h"
 
 namespace ckpt::store {
 
@@ -28,10 +29,25 @@ Status ChunkWriter::write(size_t id, const void* data, uint64_t count) {
   CKPT_RETURN_IF_ERROR(error_);
   Stream& s = streams_.at(id);
   const char* src = static_cast<const char*>(data);
+  std::vector<std::future<void>> read_done;  // tasks reading `data`: waited for on every return
+  struct WaitReads {
+    std::vector<std::future<void>>& f;
+    ~WaitReads() {
+      for (auto& x : f) x.wait();
+    }
+  } wait_reads{read_done};
+  const bool direct_ok = encode_copies_input(s.codec, s.esize);
   while (count > 0) {
     const uint64_t c = s.grid.chunk_of(s.pos);
     const uint64_t in_chunk = s.pos - s.grid.first(c);
     const uint64_t take = std::min<uint64_t>(count, s.grid.valid(c) - in_chunk);
+    if (direct_ok && in_chunk == 0 && take == s.grid.chunk_elems()) {  // a whole chunk here: no staging
+      s.pos += take;
+      CKPT_RETURN_IF_ERROR(submit(id, c, src, &read_done));
+      src += take * s.esize;
+      count -= take;
+      continue;
+    }
     if (s.stage.empty()) {
       const size_t bytes = s.grid.chunk_elems() * s.esize;
       if (!spare_.empty()) {
@@ -51,14 +67,27 @@ Status ChunkWriter::write(size_t id, const void* data, uint64_t count) {
   return Status::Ok();
 }
 
-Status ChunkWriter::submit(size_t id, uint64_t chunk) {
+Status ChunkWriter::submit(size_t id, uint64_t chunk, const char* src, std::vector<std::future<void>>* read_done) {
   Stream& s = streams_[id];
-  auto buf = std::make_shared<std::vector<char>>(std::move(s.stage));
-  s.stage.clear();
   const Codec codec = s.codec;
   const int level = s.level;
   const size_t esize = s.esize;
-  fifo_.push_back({id, chunk, buf, pool_->submit([buf, codec, level, esize] { return encode_chunk(codec, level, esize, buf->data(), buf->size()); })});
+  const size_t bytes = s.grid.chunk_elems() * esize;
+  std::shared_ptr<std::vector<char>> buf;
+  std::shared_ptr<std::promise<void>> done;
+  if (src) {
+    done = std::make_shared<std::promise<void>>();
+    read_done->push_back(done->get_future());
+  } else {
+    buf = std::make_shared<std::vector<char>>(std::move(s.stage));
+    s.stage.clear();
+    src = buf->data();
+  }
+  fifo_.push_back({id, chunk, buf, pool_->submit([buf, done, src, bytes, codec, level, esize] {
+                     name_store_thread("ckpt-encode");
+                     if (!done) return encode_chunk(codec, level, esize, src, bytes);
+                     return encode_chunk(codec, level, esize, src, bytes, [&done] { done->set_value(); });
+                   })});
   // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
   while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
   return Status::Ok();
@@ -68,7 +97,7 @@ Status ChunkWriter::write_front() {
   Pending p = std::move(fifo_.front());
   fifo_.pop_front();
   auto stored = p.stored.get();
-  if (spare_.size() < 4) spare_.push_back(std::move(*p.raw));  // compressed: the task is done with it
+  if (p.raw && spare_.size() < 4) spare_.push_back(std::move(*p.raw));  // compressed: the task is done with it
   if (!stored.ok()) {
     error_ = stored.status();
     return error_;

@@ -3,7 +3,11 @@
 // compressed on the writer's thread pool, and written in submission order with H5Dwrite_chunk
 // (already-filtered chunks), so the file's bytes do not depend on thread timing. At most
 // 2 x pool size + 1 chunks are in flight: memory stays a few chunks whatever the piece size;
-// their staging buffers are reused.
+// their staging buffers are reused. A whole chunk inside one write() call whose codec shuffles
+// (encode_copies_input) is not staged: the pool task shuffles it straight from the caller's
+// buffer, and write() returns once every such task has shuffled its chunk (the caller's buffer
+// is then free again; the chunks may still be compressing). The writing thread then only stages
+// partial chunks and calls H5Dwrite_chunk.
 // Thread safety: one thread calls add/write/flush; compression runs on the pool.
 #pragma once
 
@@ -48,10 +52,12 @@ class ChunkWriter {
   struct Pending {
     size_t id;
     uint64_t chunk;
-    std::shared_ptr<std::vector<char>> raw;  // the staged chunk; back to `spare_` once compressed
+    std::shared_ptr<std::vector<char>> raw;  // the staged chunk (null: taken from the caller); back to `spare_` once compressed
     std::future<Result<std::string>> stored;
   };
-  Status submit(size_t id, uint64_t chunk);
+  // Queues chunk `chunk` of stream `id`: its staged buffer, or, with `src`, the caller's bytes
+  // (then `read_done` is set once the task no longer reads them).
+  Status submit(size_t id, uint64_t chunk, const char* src = nullptr, std::vector<std::future<void>>* read_done = nullptr);
   Status write_front();
 
   ThreadPool* pool_;

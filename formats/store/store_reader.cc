@@ -116,7 +116,7 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
     for (size_t d = 0; d < sub.ndim(); ++d) local.offset[d] -= reg.box.offset[d];
     if (sub.ndim() == 0) local = Box{{0}, {1}};
     Status st = read_chunked_box(*chunked_[piece], local, dst);
-    return st.ok() ? st : error_context(std::move(st).with_file(dir_ + "/" + rec.file), piece);
+    return st.ok() ? st : error_context(std::move(st).with_context("reading dataset " + rec.dataset), piece);
   }
   auto lock = h5_lock();
   H5Id fspace = h5_space(H5Dget_space(datasets_[piece].get()));
@@ -251,7 +251,7 @@ Status StoreReader::read_storage_range(size_t piece, int64_t begin, int64_t end,
   if (begin == end) return Status::Ok();
   if (chunked_[piece]) {
     Status st = read_chunked_range(*chunked_[piece], static_cast<uint64_t>(begin), static_cast<uint64_t>(end), dst);
-    return st.ok() ? st : error_context(std::move(st).with_file(dir_ + "/" + rec.file), piece);
+    return st.ok() ? st : error_context(std::move(st).with_context("reading dataset " + rec.dataset), piece);
   }
   const auto dims = piece_dataset_dims(rec.piece.region);
   const size_t esize = dtype_size(rec.piece.dtype);

@@ -20,6 +20,7 @@
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
+#include "formats/store/thread_name.h"
 #include "formats/store/zstd_filter.h"
 #include "formats/thread_pool.h"
 
@@ -239,7 +240,10 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
   CKPT_RETURN_IF_ERROR(im.wait_copied(&s));  // earlier extents of this piece first: the hash is in order
   const size_t nbytes = static_cast<size_t>(count) * s.esize;
   std::future<void> hashed;
-  if (nbytes >= kInlineHashBytes) hashed = im.buffer_hasher->submit([&s, data, nbytes] { s.hash.update(data, nbytes); });
+  if (nbytes >= kInlineHashBytes) hashed = im.buffer_hasher->submit([&s, data, nbytes] {
+      name_store_thread("ckpt-hash");
+      s.hash.update(data, nbytes);
+    });
   else s.hash.update(data, nbytes);
   Status st;
   if (s.raw_offset >= 0) {

@@ -7,6 +7,7 @@
 //    "tensors": [{"name", "dtype", "shape", "data": raw file, "split": "whole"|"rows"|"cols"|"flat",
 //                 "parts": k}]}
 // Pieces are dealt to ranks round-robin. Exit 0 on success, 1 with a message otherwise.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -37,6 +38,8 @@ int main(int argc, char** argv) {
   opts.codec = *codec;
   opts.zstd_level = spec.value("level", 1);
   opts.chunk_bytes = spec.value("chunk_bytes", uint64_t{4} << 20);
+  opts.hash_threads = spec.value("threads", 1);        // the pool that compresses chunks
+  const int64_t slab = spec.value("slab", int64_t{0});  // elements per write() call; 0: a piece at once
   auto digest = parse_digest_spec(spec.value("digest", std::string("xxh3-128")), "digest", opts);
   if (!digest.ok()) return fail(digest.status().to_string());
   opts = *digest;
@@ -95,7 +98,9 @@ int main(int argc, char** argv) {
         copy_box(data[ti].data(), Box::whole(metas[ti].shape), buf.data() + at, b, b, es);
         at += static_cast<size_t>(b.numel()) * es;
       }
-      st = (*sw)->write(k, buf.data(), mine[k].region.numel());
+      const int64_t numel = mine[k].region.numel();
+      for (int64_t a = 0; st.ok() && a < numel; a += slab > 0 ? slab : numel)
+        st = (*sw)->write(k, buf.data() + static_cast<size_t>(a) * es, std::min(numel - a, slab > 0 ? slab : numel));
       if (!st.ok()) return fail(st.to_string());
     }
     auto recs = (*sw)->close();
