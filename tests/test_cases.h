@@ -7,11 +7,21 @@
 #include <algorithm>
 #include <cstdlib>
 
+// CKPT_TEST_SANITIZED: built with AddressSanitizer, by g++ (__SANITIZE_ADDRESS__) or clang
+// (__has_feature; scripts/test.sh's sanitized build is clang's).
+#if defined(__SANITIZE_ADDRESS__)
+#define CKPT_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKPT_TEST_SANITIZED 1
+#endif
+#endif
+
 namespace ckpt::testing {
 
 inline int property_cases(int normal, int long_run, int min_sanitized = 4) {
   if (std::getenv("CKPT_LONG")) return long_run;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CKPT_TEST_SANITIZED)
   return std::max(min_sanitized, normal / 4);
 #else
   (void)min_sanitized;

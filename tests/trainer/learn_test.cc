@@ -11,6 +11,7 @@
 
 #include "trainer/data.h"
 #include "trainer/train_loop.h"
+#include "tests/test_cases.h"
 
 namespace ckpt::trainer {
 namespace {
@@ -67,7 +68,7 @@ TEST(Learn, LossFallsBelowBigramEntropy) {
   const Entropies h = corpus_entropies();
   EXPECT_LT(h.bigram, h.unigram);
   EXPECT_LT(h.unigram, std::log(256.0));
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CKPT_TEST_SANITIZED)
   // Under AddressSanitizer (Debug) 200 steps take minutes: run a few steps for memory errors;
   // the threshold is checked by the optimized build.
   const int64_t steps = 20;
@@ -85,7 +86,7 @@ TEST(Learn, LossFallsBelowBigramEntropy) {
   std::printf("unigram entropy %.3f, bigram conditional entropy %.3f nats; first loss %.3f, "
               "mean of the last 20 of %lld steps %.3f\n",
               h.unigram, h.bigram, losses[0], static_cast<long long>(steps), last);
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CKPT_TEST_SANITIZED)
   EXPECT_LT(last, losses[0]);
 #else
   EXPECT_LT(last, h.bigram);

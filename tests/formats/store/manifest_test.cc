@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "formats/store/manifest.h"
+#include "tests/test_cases.h"
 
 namespace ckpt::store {
 namespace {
@@ -270,7 +271,7 @@ TEST(Manifest, ManyColumnPiecesAreFast) {
   EXPECT_TRUE(check(j).ok());
   // O(n^2) would be 2e8 box intersections: ~8 s optimized, minutes under ASan + UBSan (Debug), whose
   // O(n log n) run alone takes ~10 s on a loaded 2-core machine.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CKPT_TEST_SANITIZED)
   constexpr double kMaxSeconds = 60.0;
 #else
   constexpr double kMaxSeconds = 5.0;
