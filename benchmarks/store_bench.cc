@@ -26,6 +26,7 @@
 #include "formats/fs_util.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
+#include "benchmarks/store_bench_spec.h"
 
 using namespace ckpt;
 using namespace ckpt::store;
@@ -80,25 +81,8 @@ std::vector<uint16_t> make_pool() {  // (kPool / 2,)
   return v;
 }
 
-struct Spec {
-  std::vector<TensorMeta> tensors;
-  std::vector<Piece> pieces;
-  uint64_t bytes = 0;
-};
-
-// n tensors [8192, 8192] bf16 (128 MiB), each in 2 row pieces (like 2 ranks of a row split).
-Spec make_spec(double gib) {
-  Spec s;
-  const int n = std::max(1, static_cast<int>(std::lround(gib * 8)));
-  for (int i = 0; i < n; ++i) {
-    std::string name = "model.layers." + std::to_string(i) + ".mlp.up_proj.weight";
-    s.tensors.push_back({name, DType::kBF16, {8192, 8192}});
-    s.pieces.push_back({name, Region{Box{{0, 0}, {4096, 8192}}, 0, -1}, DType::kBF16});
-    s.pieces.push_back({name, Region{Box{{4096, 0}, {4096, 8192}}, 0, -1}, DType::kBF16});
-    s.bytes += 8192ull * 8192 * 2;
-  }
-  return s;
-}
+using bench::Spec;
+using bench::make_spec;
 
 // Source bytes of [at, at + n) of the concatenated stream, tiled from the pool.
 const char* pool_at(const std::vector<uint16_t>& pool, uint64_t at) {

@@ -37,6 +37,7 @@
 #include "formats/dtype.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
+#include "benchmarks/store_bench_spec.h"
 
 using namespace ckpt;
 using namespace ckpt::store;
@@ -141,23 +142,8 @@ const char* pool_at(const std::vector<uint16_t>& pool, uint64_t at) {
   return reinterpret_cast<const char*>(pool.data()) + (at % (kPool - kSlab + 1) & ~uint64_t{1});
 }
 
-struct Spec {
-  std::vector<TensorMeta> tensors;
-  std::vector<Piece> pieces;
-  uint64_t bytes = 0;
-};
-Spec make_spec(double gib) {  // tensors [8192, 8192] bf16 (128 MiB), two row pieces each
-  Spec s;
-  const int n = std::max(1, static_cast<int>(std::lround(gib * 8)));
-  for (int i = 0; i < n; ++i) {
-    std::string name = "model.layers." + std::to_string(i) + ".mlp.up_proj.weight";
-    s.tensors.push_back({name, DType::kBF16, {8192, 8192}});
-    s.pieces.push_back({name, Region{Box{{0, 0}, {4096, 8192}}, 0, -1}, DType::kBF16});
-    s.pieces.push_back({name, Region{Box{{4096, 0}, {4096, 8192}}, 0, -1}, DType::kBF16});
-    s.bytes += 8192ull * 8192 * 2;
-  }
-  return s;
-}
+using bench::Spec;
+using bench::make_spec;
 
 double thread_cpu_s() {
   timespec ts{};
