@@ -34,8 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kSlab = 16u << 20;  // bytes per write()/read() call
-constexpr size_t kPool = 64u << 20;  // distinct random bytes, tiled over the tensors
+using bench::kPool;
+using bench::kSlab;
 
 double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 

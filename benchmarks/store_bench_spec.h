@@ -2,7 +2,9 @@
 // [8192, 8192] bf16 (128 MiB), each in 2 row pieces (like 2 ranks of a row split).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +13,9 @@
 #include "formats/store/store_writer.h"
 
 namespace ckpt::store::bench {
+
+constexpr size_t kSlab = 16u << 20;  // bytes per write()/read() call
+constexpr size_t kPool = 64u << 20;  // distinct random bytes, tiled over the tensors
 
 struct Spec {
   std::vector<TensorMeta> tensors;

@@ -45,8 +45,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kSlab = 16u << 20;  // bytes per write()/read() call
-constexpr size_t kPool = 64u << 20;  // distinct random bytes, tiled over the tensors
+using bench::kPool;
+using bench::kSlab;
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 double cpu_s() {
