@@ -10,6 +10,8 @@
 // ckpt-decode, formats/store/thread_name.h; "caller" = the thread calling the store), the
 // stored bytes (compression ratio) and a checksum of the bytes read back against those written
 // (the caller's checksum time is measured and taken off the wall, CPU and "caller" figures).
+// Then the codec alone ("encode", "decode": codec_alone below), the same bytes on T threads without
+// HDF5 or a file: the ceiling of the store's ratios on this machine.
 // Warm-up: one untimed write + read of 1/8 of the data before the first round.
 // Prints one JSON object per case, then a table of medians and the T / first-T ratios.
 //   ninja -C build store_threads_bench && build/store_threads_bench --gib 2 --threads 1,2 --reps 3
@@ -35,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/dtype.h"
+#include "formats/store/chunk_codec.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
 #include "benchmarks/store_bench_spec.h"
@@ -205,6 +208,42 @@ Status read_store(const std::string& dst, int threads, std::vector<char>& buf, u
   return Status::Ok();
 }
 
+// The codec alone on T threads: no HDF5, no file, no store. The same bytes as the store phases,
+// cut into the store's 4 MiB chunks; T threads take chunks from a shared counter and run
+// encode_chunk (shuffle + zstd, the store's pool task), or decode_chunk into a per-thread buffer
+// (the store decodes into the destination). Its T / first-T ratio is this machine's ceiling for
+// the store's: two cores running this code at once are slower each than one alone.
+constexpr size_t kCodecChunk = 4u << 20;
+Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::vector<uint16_t>& pool, int level,
+                   const std::vector<std::string>& frames, uint64_t* sum) {
+  const uint64_t chunks = bytes / kCodecChunk;
+  std::atomic<uint64_t> next{0}, total{0};
+  std::atomic<bool> failed{false};
+  const bool encode = std::strcmp(phase, "encode") == 0;
+  auto work = [&] {
+    std::vector<char> dst(encode ? 0 : kCodecChunk);
+    for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
+      if (encode) {
+        auto r = encode_chunk(Codec::kShuffleZstd, level, 2, pool_at(pool, c * kCodecChunk), kCodecChunk);
+        if (!r.ok()) failed = true;
+        else total += r->size();
+      } else {
+        const std::string& f = frames[c % frames.size()];
+        if (!decode_chunk(Codec::kShuffleZstd, 2, f.data(), f.size(), dst.data(), kCodecChunk).ok()) failed = true;
+        else total += static_cast<unsigned char>(dst[c % kCodecChunk]);
+      }
+    }
+  };
+  std::vector<std::thread> th;
+  for (int i = 1; i < threads; ++i) th.emplace_back(work);
+  work();  // the calling thread is one of the T
+  for (auto& t : th) t.join();
+  *sum = total;
+  return failed ? Status::Internal(std::string("codec-alone ") + phase + " failed") : Status::Ok();
+}
+
+bool has_phase(const std::string& list, const char* phase) { return ("," + list + ",").find(std::string(",") + phase + ",") != std::string::npos; }
+
 std::string uptime() {
   std::ifstream f("/proc/loadavg");
   std::string s;
@@ -215,7 +254,7 @@ std::string uptime() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "/tmp/ckpt_store_threads_bench", tlist = "1,2";
+  std::string dir = "/tmp/ckpt_store_threads_bench", tlist = "1,2", plist = "write,read,encode,decode";
   double gib = 2.0;
   int reps = 3, level = 1;
   bool fsync = true;
@@ -227,8 +266,9 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--level" && i + 1 < argc) level = std::atoi(argv[++i]);
     else if (a == "--no-fsync") fsync = false;
+    else if (a == "--phases" && i + 1 < argc) plist = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode]\n", argv[0]);
       return 2;
     }
   }
@@ -254,6 +294,12 @@ int main(int argc, char** argv) {
     if (!st.ok()) std::fprintf(stderr, "warm-up: %s\n", st.to_string().c_str());
     std::filesystem::remove_all(dir + "/warm");
   }
+  std::vector<std::string> frames;  // distinct stored chunks for the codec-alone decode phase
+  for (uint64_t c = 0; c < 16; ++c) {
+    auto r = encode_chunk(Codec::kShuffleZstd, level, 2, pool_at(pool, c * kCodecChunk), kCodecChunk);
+    if (!r.ok()) return std::fprintf(stderr, "%s\n", r.status().to_string().c_str()), 1;
+    frames.push_back(std::move(*r));
+  }
   ThreadSampler sampler;
   std::map<std::string, std::vector<double>> wall, cpu;
   for (int rep = 0; rep < reps; ++rep) {
@@ -265,13 +311,16 @@ int main(int argc, char** argv) {
       o.hash_threads = t;
       const std::string dst = dir + "/s";
       std::filesystem::remove_all(dst);
-      uint64_t wsum = 0, rsum = 0, stored = 0;
-      for (const char* phase : {"write", "read"}) {
+      uint64_t wsum = 0, rsum = 0, stored = 0, csum = 0;
+      for (const char* phase : {"write", "read", "encode", "decode"}) {
+        if (!has_phase(plist, phase) || (std::strcmp(phase, "read") == 0 && !has_phase(plist, "write"))) continue;  // read needs the written store
         const std::string load = uptime();
         auto s0 = sampler.snapshot();
         g_excluded = {};
         const double w0 = now_s(), c0 = cpu_s();
-        Status st = std::strcmp(phase, "write") == 0 ? write_store(dst, spec, pool, o, &wsum) : read_store(dst, t, buf, &rsum, &stored);
+        Status st = std::strcmp(phase, "write") == 0 ? write_store(dst, spec, pool, o, &wsum)
+                    : std::strcmp(phase, "read") == 0 ? read_store(dst, t, buf, &rsum, &stored)
+                                                       : codec_alone(phase, t, spec.bytes, pool, level, frames, &csum);
         const double dw = now_s() - w0 - g_excluded.wall, dc = cpu_s() - c0 - g_excluded.cpu;
         auto s1 = sampler.snapshot();
         const std::string key = std::string(phase) + " t" + std::to_string(t);
@@ -296,8 +345,9 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   std::printf("\ncase | median wall s | median CPU s | cores | vs t%d (wall ratio)\n", ts[0]);
-  for (const char* phase : {"write", "read"})
+  for (const char* phase : {"write", "read", "encode", "decode"})
     for (int t : ts) {
+      if (!has_phase(plist, phase) || (std::strcmp(phase, "read") == 0 && !has_phase(plist, "write"))) continue;
       const std::string key = std::string(phase) + " t" + std::to_string(t), base = std::string(phase) + " t" + std::to_string(ts[0]);
       const double mw = med(wall[key]), mc = med(cpu[key]);
       std::printf("%s | %.3f | %.2f | %.2f | %.2fx\n", key.c_str(), mw, mc, mc / mw, med(wall[base]) / mw);
