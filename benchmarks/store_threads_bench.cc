@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
   double gib = 2.0;
   int reps = 3, level = 1;
   bool fsync = true;
+  IoMode io = IoMode::kAuto;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--dir" && i + 1 < argc) dir = argv[++i];
@@ -267,8 +268,13 @@ int main(int argc, char** argv) {
     else if (a == "--level" && i + 1 < argc) level = std::atoi(argv[++i]);
     else if (a == "--no-fsync") fsync = false;
     else if (a == "--phases" && i + 1 < argc) plist = argv[++i];
+    else if (a == "--io" && i + 1 < argc) {
+      auto m = parse_io_mode(argv[++i], "--io");
+      if (!m.ok()) return std::fprintf(stderr, "%s\n", m.status().message().c_str()), 2;
+      io = *m;
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode] [--io auto|direct|buffered]\n", argv[0]);
       return 2;
     }
   }
@@ -308,6 +314,7 @@ int main(int argc, char** argv) {
       o.codec = Codec::kShuffleZstd;
       o.zstd_level = level;
       o.fsync = fsync;
+      o.io = io;
       o.hash_threads = t;
       const std::string dst = dir + "/s";
       std::filesystem::remove_all(dst);

@@ -20,7 +20,7 @@ struct StoreOptions {
   bool fsync = true;                  // fsync shards, manifest and directories on commit
   int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
   DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest.h)
-  IoMode io = IoMode::kAuto;          // how uncompressed piece bytes are written (formats/file_io_direct.h)
+  IoMode io = IoMode::kAuto;          // how piece bytes are written (formats/file_io_direct.h; compressed: direct_vfd.h)
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into

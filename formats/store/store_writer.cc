@@ -17,6 +17,7 @@
 #include "formats/fs_util.h"
 #include "formats/digest.h"
 #include "formats/store/chunk_writer.h"
+#include "formats/store/direct_vfd.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/h5_types.h"
 #include "formats/store/run_dir.h"
@@ -172,7 +173,14 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   impl->buffer_hasher = std::make_unique<ThreadPool>(1);
   impl->chunks = std::make_unique<ChunkWriter>(impl->pool.get(), impl->path);
   auto lock = h5_lock();
-  impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
+  // A compressed shard's chunks are written by HDF5: through ckpt's file driver (O_DIRECT for
+  // whole blocks of the stored chunks, formats/store/direct_vfd.h) when opts.io resolves to direct
+  // for the shard's uncompressed size (an upper bound of its stored size).
+  uint64_t shard_bytes = 0;
+  for (const auto& p : pieces) shard_bytes += static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
+  CKPT_ASSIGN_OR_RETURN(hid_t fapl_id, shard_file_access(opts.codec != Codec::kNone ? opts.io : IoMode::kBuffered, shard_bytes));
+  H5Id fapl(fapl_id, fapl_id == H5P_DEFAULT ? nullptr : H5Pclose);
+  impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()));
   if (!impl->file.valid()) return Status::Io("cannot create HDF5 shard '" + impl->path + "' (exists, or directory missing)").with_file(impl->path);
   impl->slots.resize(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +20,12 @@ namespace ckpt::store::testing {
 
 inline std::string temp_dir(const std::string& tag) {
   return ckpt::testing::fresh_temp_dir("store_" + tag).string();
+}
+
+// A whole file's bytes ("" when it cannot be read).
+inline std::string read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 // A dense global tensor in memory: bytes row-major.
