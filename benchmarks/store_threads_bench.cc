@@ -4,7 +4,9 @@
 // set_decode_threads(T); read_storage_range in 16 MiB slabs, as the executor reads a source), for
 // every T of --threads, --reps rounds, the thread counts interleaved within each round. No
 // safetensors source, no output file: only store work is timed. The write includes commit (fsync
-// unless --no-fsync); reads are from the page cache (the store was just written; "warm").
+// unless --no-fsync; --io as the commands take it, auto: direct for these sizes). Reads are from the
+// page cache ("warm": the shard read through once, untimed, before; with --cold-reads dropped from
+// it instead: "cold").
 // Per case: wall s, process CPU s (getrusage), cores used (CPU / wall), and CPU s per thread
 // (a sampler reads /proc/self/task/*/stat every 10 ms; threads by name: ckpt-encode, ckpt-hash,
 // ckpt-decode, formats/store/thread_name.h; "caller" = the thread calling the store), the
@@ -15,6 +17,7 @@
 // Warm-up: one untimed write + read of 1/8 of the data before the first round.
 // Prints one JSON object per case, then a table of medians and the T / first-T ratios.
 //   ninja -C build store_threads_bench && build/store_threads_bench --gib 2 --threads 1,2 --reps 3
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -242,6 +245,24 @@ Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::ve
   return failed ? Status::Internal(std::string("codec-alone ") + phase + " failed") : Status::Ok();
 }
 
+// Untimed, before a read: every shard file of `dst` into the page cache ("warm": read through
+// once) or out of it ("cold": fsync, then POSIX_FADV_DONTNEED). Direct writes leave a store cold.
+void set_read_cache(const std::string& dst, bool warm, std::vector<char>& buf) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dst)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (warm) {
+      while (::read(fd, buf.data(), buf.size()) > 0) {
+      }
+    } else {
+      ::fsync(fd);
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    ::close(fd);
+  }
+}
+
 bool has_phase(const std::string& list, const char* phase) { return ("," + list + ",").find(std::string(",") + phase + ",") != std::string::npos; }
 
 std::string uptime() {
@@ -259,6 +280,7 @@ int main(int argc, char** argv) {
   int reps = 3, level = 1;
   bool fsync = true;
   IoMode io = IoMode::kAuto;
+  bool warm_reads = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--dir" && i + 1 < argc) dir = argv[++i];
@@ -268,13 +290,14 @@ int main(int argc, char** argv) {
     else if (a == "--level" && i + 1 < argc) level = std::atoi(argv[++i]);
     else if (a == "--no-fsync") fsync = false;
     else if (a == "--phases" && i + 1 < argc) plist = argv[++i];
+    else if (a == "--cold-reads") warm_reads = false;
     else if (a == "--io" && i + 1 < argc) {
       auto m = parse_io_mode(argv[++i], "--io");
       if (!m.ok()) return std::fprintf(stderr, "%s\n", m.status().message().c_str()), 2;
       io = *m;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode] [--io auto|direct|buffered]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode] [--io auto|direct|buffered] [--cold-reads]\n", argv[0]);
       return 2;
     }
   }
@@ -321,6 +344,7 @@ int main(int argc, char** argv) {
       uint64_t wsum = 0, rsum = 0, stored = 0, csum = 0;
       for (const char* phase : {"write", "read", "encode", "decode"}) {
         if (!has_phase(plist, phase) || (std::strcmp(phase, "read") == 0 && !has_phase(plist, "write"))) continue;  // read needs the written store
+        if (std::strcmp(phase, "read") == 0) set_read_cache(dst, warm_reads, buf);
         const std::string load = uptime();
         auto s0 = sampler.snapshot();
         g_excluded = {};
