@@ -213,8 +213,8 @@ Status read_store(const std::string& dst, int threads, std::vector<char>& buf, u
 
 // The codec alone on T threads: no HDF5, no file, no store. The same bytes as the store phases,
 // cut into the store's 4 MiB chunks; T threads take chunks from a shared counter and run
-// encode_chunk (shuffle + zstd, the store's pool task), or decode_chunk into a per-thread buffer
-// (the store decodes into the destination). Its T / first-T ratio is this machine's ceiling for
+// encode_chunk (shuffle + zstd, the store's pool task), or decode_chunk into a per-thread 16 MiB
+// slab (the store decodes into the reader's destination). Its T / first-T ratio is this machine's ceiling for
 // the store's: two cores running this code at once are slower each than one alone.
 constexpr size_t kCodecChunk = 4u << 20;
 Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::vector<uint16_t>& pool, int level,
@@ -224,7 +224,7 @@ Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::ve
   std::atomic<bool> failed{false};
   const bool encode = std::strcmp(phase, "encode") == 0;
   auto work = [&] {
-    std::vector<char> dst(encode ? 0 : kCodecChunk);
+    std::vector<char> dst(encode ? 0 : kSlab);  // decoded into a 16 MiB slab, as the store's reads
     for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
       if (encode) {
         auto r = encode_chunk(Codec::kShuffleZstd, level, 2, pool_at(pool, c * kCodecChunk), kCodecChunk);
@@ -232,8 +232,9 @@ Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::ve
         else total += r->size();
       } else {
         const std::string& f = frames[c % frames.size()];
-        if (!decode_chunk(Codec::kShuffleZstd, 2, f.data(), f.size(), dst.data(), kCodecChunk).ok()) failed = true;
-        else total += static_cast<unsigned char>(dst[c % kCodecChunk]);
+        char* at = dst.data() + (c % (kSlab / kCodecChunk)) * kCodecChunk;
+        if (!decode_chunk(Codec::kShuffleZstd, 2, f.data(), f.size(), at, kCodecChunk).ok()) failed = true;
+        else total += static_cast<unsigned char>(at[c % kCodecChunk]);
       }
     }
   };
