@@ -225,11 +225,11 @@ Status codec_alone(const char* phase, int threads, uint64_t bytes, const std::ve
   const bool encode = std::strcmp(phase, "encode") == 0;
   auto work = [&] {
     std::vector<char> dst(encode ? 0 : kSlab);  // decoded into a 16 MiB slab, as the store's reads
+    ChunkBuffer out;                            // compressed into a reused buffer, as the store's writes
     for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
       if (encode) {
-        auto r = encode_chunk(Codec::kShuffleZstd, level, 2, pool_at(pool, c * kCodecChunk), kCodecChunk);
-        if (!r.ok()) failed = true;
-        else total += r->size();
+        if (!encode_chunk_into(Codec::kShuffleZstd, level, 2, pool_at(pool, c * kCodecChunk), kCodecChunk, out).ok()) failed = true;
+        else total += out.size;
       } else {
         const std::string& f = frames[c % frames.size()];
         char* at = dst.data() + (c % (kSlab / kCodecChunk)) * kCodecChunk;

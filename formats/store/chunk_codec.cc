@@ -118,8 +118,14 @@ struct DctxFree {
 
 }  // namespace
 
-Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes,
-                                 const std::function<void()>& src_done) {
+void ChunkBuffer::reserve(size_t n) {
+  if (n <= capacity) return;
+  data = std::make_unique_for_overwrite<char[]>(n);
+  capacity = n;
+}
+
+Status encode_chunk_into(Codec codec, int level, size_t esize, const void* src, size_t bytes, ChunkBuffer& out,
+                         const std::function<void()>& src_done) {
   thread_local std::unique_ptr<ZSTD_CCtx, CctxFree> cctx(ZSTD_createCCtx());
   thread_local std::vector<unsigned char> shuffled;
   struct SrcDone {  // src_done on every path, once
@@ -137,15 +143,21 @@ Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const voi
     in = shuffled.data();
     done();
   }
-  thread_local std::vector<char> frame;  // reused: no zero fill or fresh pages per chunk
-  frame.resize(std::max(frame.size(), ZSTD_compressBound(bytes)));
+  out.reserve(ZSTD_compressBound(bytes));
   ZSTD_CCtx_reset(cctx.get(), ZSTD_reset_session_and_parameters);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_contentSizeFlag, 1);
-  const size_t got = ZSTD_compress2(cctx.get(), frame.data(), frame.size(), in, bytes);
+  const size_t got = ZSTD_compress2(cctx.get(), out.data.get(), out.capacity, in, bytes);
   if (ZSTD_isError(got)) return Status::Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(got));
-  return std::string(frame.data(), got);
+  out.size = got;
+  return Status::Ok();
+}
+
+Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes) {
+  thread_local ChunkBuffer buf;
+  CKPT_RETURN_IF_ERROR(encode_chunk_into(codec, level, esize, src, bytes, buf));
+  return std::string(buf.data.get(), buf.size);
 }
 
 Status decode_chunk(Codec codec, size_t esize, const void* stored, size_t stored_bytes, void* dst, size_t bytes) {

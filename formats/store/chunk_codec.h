@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,22 @@ struct ChunkGrid {
   uint64_t chunk_of(uint64_t element) const;                  // the chunk holding an element
 };
 
+// A stored chunk's bytes in a buffer that is reused: growing it allocates without zero fill, and a
+// chunk that fits its capacity takes no allocation (fresh pages cost more than zstd here).
+struct ChunkBuffer {
+  std::unique_ptr<char[]> data;
+  size_t capacity = 0;
+  size_t size = 0;  // bytes of the stored chunk
+  void reserve(size_t n);
+};
+
 // Filters `bytes` bytes (a whole chunk) of elements of `esize` bytes as the dataset's filter
-// pipeline would; returns the stored chunk. `src_done`, when given, is called once `src` is no
-// longer read (after the shuffle when shuffled, else at the end), on every path.
-Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes,
-                                 const std::function<void()>& src_done = nullptr);
+// pipeline would, into `out` (compressed straight into it). `src_done`, when given, is called once
+// `src` is no longer read (after the shuffle when shuffled, else at the end), on every path.
+Status encode_chunk_into(Codec codec, int level, size_t esize, const void* src, size_t bytes, ChunkBuffer& out,
+                         const std::function<void()>& src_done = nullptr);
+// The same, returning the stored chunk as a string (tests).
+Result<std::string> encode_chunk(Codec codec, int level, size_t esize, const void* src, size_t bytes);
 // True when encode_chunk copies the input (shuffles it) before compressing: `src_done` comes
 // early and the caller's buffer can be released while the chunk is still compressing.
 inline bool encode_copies_input(Codec codec, size_t esize) { return codec == Codec::kShuffleZstd && esize > 1; }

@@ -83,10 +83,17 @@ Status ChunkWriter::submit(size_t id, uint64_t chunk, const char* src, std::vect
     s.stage.clear();
     src = buf->data();
   }
-  fifo_.push_back({id, chunk, buf, pool_->submit([buf, done, src, bytes, codec, level, esize] {
+  std::shared_ptr<ChunkBuffer> out;
+  if (!spare_out_.empty()) {
+    out = std::move(spare_out_.back());
+    spare_out_.pop_back();
+  } else {
+    out = std::make_shared<ChunkBuffer>();
+  }
+  fifo_.push_back({id, chunk, buf, out, pool_->submit([buf, out, done, src, bytes, codec, level, esize] {
                      name_store_thread("ckpt-encode");
-                     if (!done) return encode_chunk(codec, level, esize, src, bytes);
-                     return encode_chunk(codec, level, esize, src, bytes, [&done] { done->set_value(); });
+                     if (!done) return encode_chunk_into(codec, level, esize, src, bytes, *out);
+                     return encode_chunk_into(codec, level, esize, src, bytes, *out, [&done] { done->set_value(); });
                    })});
   // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
   while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
@@ -96,19 +103,22 @@ Status ChunkWriter::submit(size_t id, uint64_t chunk, const char* src, std::vect
 Status ChunkWriter::write_front() {
   Pending p = std::move(fifo_.front());
   fifo_.pop_front();
-  auto stored = p.stored.get();
+  Status stored = p.stored.get();
   if (p.raw && spare_.size() < 4) spare_.push_back(std::move(*p.raw));  // compressed: the task is done with it
   if (!stored.ok()) {
-    error_ = stored.status();
+    error_ = stored;
     return error_;
   }
   const Stream& s = streams_[p.id];
   const std::vector<hsize_t> off = s.grid.offset(p.chunk);
-  auto lock = h5_lock();
-  if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), stored->size(), stored->data()) < 0) {
-    error_ = Status::Io("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc + " failed (disk full?)").with_file(path_);
-    return error_;
+  {
+    auto lock = h5_lock();
+    if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), p.out->size, p.out->data.get()) < 0) {
+      error_ = Status::Io("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc + " failed (disk full?)").with_file(path_);
+      return error_;
+    }
   }
+  spare_out_.push_back(std::move(p.out));  // at most the chunks in flight: 2 x pool size + 1
   return Status::Ok();
 }
 

@@ -6,8 +6,9 @@
 // their staging buffers are reused. A whole chunk inside one write() call whose codec shuffles
 // (encode_copies_input) is not staged: the pool task shuffles it straight from the caller's
 // buffer, and write() returns once every such task has shuffled its chunk (the caller's buffer
-// is then free again; the chunks may still be compressing). The writing thread then only stages
-// partial chunks and calls H5Dwrite_chunk.
+// is then free again; the chunks may still be compressing). Chunks are compressed straight into
+// reused buffers (ChunkBuffer). The writing thread then only stages partial chunks and calls
+// H5Dwrite_chunk.
 // Thread safety: one thread calls add/write/flush; compression runs on the pool.
 #pragma once
 
@@ -53,7 +54,8 @@ class ChunkWriter {
     size_t id;
     uint64_t chunk;
     std::shared_ptr<std::vector<char>> raw;  // the staged chunk (null: taken from the caller); back to `spare_` once compressed
-    std::future<Result<std::string>> stored;
+    std::shared_ptr<ChunkBuffer> out;        // the stored chunk; back to `spare_out_` once written
+    std::future<Status> stored;
   };
   // Queues chunk `chunk` of stream `id`: its staged buffer, or, with `src`, the caller's bytes
   // (then `read_done` is set once the task no longer reads them).
@@ -65,6 +67,7 @@ class ChunkWriter {
   std::vector<Stream> streams_;
   std::deque<Pending> fifo_;
   std::vector<std::vector<char>> spare_;  // staging buffers to reuse (fresh pages cost more than zstd)
+  std::vector<std::shared_ptr<ChunkBuffer>> spare_out_;  // stored-chunk buffers to reuse
   Status error_;
 };
 
