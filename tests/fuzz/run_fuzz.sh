@@ -10,6 +10,7 @@
 # Prints executions per target; exits non-zero if a target finds a crash, leak, OOM or timeout
 # (reproducer in the printed artifacts directory), if a fuzzer exits non-zero for any reason, or
 # if it executed fewer than CKPT_FUZZ_MIN_EXECS_PER_SEC (default 200) inputs per second of the run.
+# Two targets run at a time (CKPT_FUZZ_PARALLEL, default 2), each for the full time; reports print in order.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 secs="${1:-20}"
@@ -155,23 +156,43 @@ fuzz_bin() {
     *) echo "safetensors_$1_fuzz" ;;
   esac
 }
-for t in header index manifest unpickle dcp_metadata profile cluster; do
-  echo "== $(fuzz_bin "$t") for ${secs}s"
-  extra=()
+# fuzz_one TARGET: runs one fuzzer, writes its report to $out/TARGET.report and its verdict (0/1) to
+# $out/TARGET.status (the targets run side by side, their reports are printed in order afterwards).
+fuzz_one() {
+  local t=$1 extra=() rc=0 st=0 execs
   if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then extra=(-fork="$CKPT_FUZZ_JOBS" -ignore_crashes=0); fi
-  log="$out/${t}.log"
-  rc=0
-  ( cd "$out" && "$bdir/$(fuzz_bin "$t")" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
-      -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || rc=$?
-  grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
-  if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; status=1; fi
-  if [ "$rc" -ne 0 ]; then echo "FAIL: $(fuzz_bin "$t") exited $rc (log: $log)"; status=1; fi
-  # Executed inputs: the final stats line, or (with -fork, no final stats) the last "#N: cov:" line.
-  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p; s/^#([0-9]+): cov:.*/\1/p' "$log" | tail -1)
-  if [ "${execs:-0}" -lt "$min_execs" ]; then
-    echo "FAIL: $(fuzz_bin "$t") executed ${execs:-no} inputs in ${secs}s, expected at least $min_execs (log: $log)"
-    status=1
-  fi
+  local log="$out/${t}.log"
+  {
+    echo "== $(fuzz_bin "$t") for ${secs}s"
+    ( cd "$out" && "$bdir/$(fuzz_bin "$t")" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+        -dict="$out/dict" -print_final_stats=1 "${extra[@]}" -artifact_prefix="$out/${t}-" "$out/$t" >"$log" 2>&1 ) || rc=$?
+    grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+ +DONE|ERROR|SUMMARY' "$log" | tail -5 || true
+    if ls "$out/${t}-"* >/dev/null 2>&1; then echo "FINDING in $t: $(ls "$out/${t}-"*)"; st=1; fi
+    if [ "$rc" -ne 0 ]; then echo "FAIL: $(fuzz_bin "$t") exited $rc (log: $log)"; st=1; fi
+    # Executed inputs: the final stats line, or (with -fork, no final stats) the last "#N: cov:" line.
+    execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p; s/^#([0-9]+): cov:.*/\1/p' "$log" | tail -1)
+    if [ "${execs:-0}" -lt "$min_execs" ]; then
+      echo "FAIL: $(fuzz_bin "$t") executed ${execs:-no} inputs in ${secs}s, expected at least $min_execs (log: $log)"
+      st=1
+    fi
+  } >"$out/${t}.report"
+  echo "$st" >"$out/${t}.status"
+}
+# CKPT_FUZZ_PARALLEL targets at a time (default: 2, one per core of a 2-core CI machine; 1 with
+# CKPT_FUZZ_JOBS, whose -fork already uses that many cores per target).
+par=${CKPT_FUZZ_PARALLEL:-2}
+if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then par=${CKPT_FUZZ_PARALLEL:-1}; fi
+targets=(header index manifest unpickle dcp_metadata profile cluster)
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$par" ]; then wait -n || true; running=$((running - 1)); fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait || true
+for t in "${targets[@]}"; do
+  cat "$out/${t}.report" 2>/dev/null || echo "FAIL: no report from $(fuzz_bin "$t")"
+  if [ "$(cat "$out/${t}.status" 2>/dev/null)" != "0" ]; then status=1; fi
 done
 echo "corpus, logs and artifacts: $out"
 exit $status
