@@ -1,7 +1,9 @@
 #include "formats/store/chunk_reader.h"
 
+#include <unistd.h>
 #include <zstd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -23,19 +25,36 @@ struct DecodedChunk {
   std::vector<char> bytes;
 };
 
-// The stored (filtered) bytes of chunk c, read raw under h5_lock().
+// The stored (filtered) bytes of chunk c: located under h5_lock(), read outside it when the file
+// has a descriptor (reads of several threads overlap), else with H5Dread_chunk under the lock.
 Status read_stored_chunk(const ChunkedDataset& d, uint64_t c, std::vector<char>& stored) {
   const size_t bytes = d.grid.chunk_elems() * d.esize;
   const std::vector<hsize_t> off = d.grid.offset(c);
-  auto lock = h5_lock();
   hsize_t n = 0;
-  if (H5Dget_chunk_storage_size(d.ds, off.data(), &n) < 0 || n == 0 || n > ZSTD_compressBound(bytes))
-    return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " is missing or " + std::to_string(n) + " bytes stored for " +
-                                             std::to_string(bytes) + " bytes of data");
-  stored.resize(n);
-  uint32_t mask = 0;
-  if (H5Dread_chunk(d.ds, H5P_DEFAULT, off.data(), &mask, stored.data()) < 0 || mask != 0)
-    return Status::Error("ChunkCorrupt", "raw read of chunk " + std::to_string(c) + " failed");
+  haddr_t addr = HADDR_UNDEF;
+  unsigned mask = 0;
+  {
+    auto lock = h5_lock();
+    if (H5Dget_chunk_info_by_coord(d.ds, off.data(), &mask, &addr, &n) < 0 || n == 0 || n > ZSTD_compressBound(bytes) || addr == HADDR_UNDEF)
+      return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " is missing or " + std::to_string(n) + " bytes stored for " +
+                                               std::to_string(bytes) + " bytes of data");
+    if (mask != 0) return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + " skips filters (mask " + std::to_string(mask) + ")");
+    stored.resize(n);
+    if (d.fd < 0) {
+      uint32_t m = 0;
+      if (H5Dread_chunk(d.ds, H5P_DEFAULT, off.data(), &m, stored.data()) < 0 || m != 0)
+        return Status::Error("ChunkCorrupt", "raw read of chunk " + std::to_string(c) + " failed");
+      return Status::Ok();
+    }
+  }
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = ::pread(d.fd, stored.data() + got, n - got, static_cast<off_t>(addr + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + ": " + std::to_string(n) + " bytes stored at offset " + std::to_string(addr) +
+                                               ", the file ends or fails (" + (r < 0 ? std::string(std::strerror(errno)) : "end of file") + ")");
+    got += static_cast<size_t>(r);
+  }
   return Status::Ok();
 }
 

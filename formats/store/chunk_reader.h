@@ -1,5 +1,7 @@
-// Reads compressed datasets of the store chunk by chunk: each stored chunk is fetched raw with
-// H5Dread_chunk under h5_lock() and decoded (formats/store/chunk_codec.h) outside the lock: on the
+// Reads compressed datasets of the store chunk by chunk: each stored chunk is found under h5_lock()
+// (H5Dget_chunk_info_by_coord: file address and size), read raw outside the lock (pread on the
+// file's descriptor; H5Dread_chunk under the lock when HDF5 gives none) and decoded
+// (formats/store/chunk_codec.h) outside the lock: on the
 // calling thread, or, for a read spanning several chunks of a dataset with a decode pool, one
 // chunk per task on the pool and the calling thread together (each places its chunk's part of
 // the read; the parts are disjoint). Datasets whose chunking
@@ -31,6 +33,7 @@ struct ChunkedDataset {
   Codec codec = Codec::kNone;
   size_t esize = 1;
   ThreadPool* decode_pool = nullptr;  // decodes chunks of one read in parallel; null: the calling thread
+  int fd = -1;  // the file's descriptor (h5_posix_fd): stored chunks are read with pread outside h5_lock(); -1: H5Dread_chunk
 };
 
 uint64_t next_chunked_uid();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "formats/store/direct_vfd.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/thread_name.h"
 
@@ -114,7 +115,9 @@ Status ChunkWriter::write_front() {
   {
     auto lock = h5_lock();
     if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), p.out->size, p.out->data.get()) < 0) {
-      error_ = Status::Io("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc + " failed (disk full?)").with_file(path_);
+      const std::string what = "HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc;
+      Status why = take_shard_io_error();  // the system's error, when ckpt's file driver wrote it
+      error_ = why.ok() ? Status::Io(what + " failed (disk full?)").with_file(path_) : std::move(why).with_context(what);
       return error_;
     }
   }

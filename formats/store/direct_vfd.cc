@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <iterator>
 #include <new>
+#include <utility>
 
 namespace ckpt::store {
 
@@ -26,6 +27,13 @@ struct DirectVfdFile {
   dev_t dev;
   ino_t ino;
 };
+
+thread_local Status tl_vfd_error;  // take_shard_io_error()
+
+herr_t vfd_fail(Status st) {
+  tl_vfd_error = std::move(st);
+  return -1;
+}
 
 DirectVfdFile* vfd_of(const H5FD_t* f) { return reinterpret_cast<DirectVfdFile*>(const_cast<H5FD_t*>(f)); }
 
@@ -113,13 +121,14 @@ herr_t vfd_write(H5FD_t* h, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, c
   DirectVfdFile* f = vfd_of(h);
   if (addr == HADDR_UNDEF || addr + size > f->eoa || addr + size < addr) return -1;
   if (type == H5FD_MEM_DRAW && size >= kDirectVfdMinWrite) {
-    if (!f->out->write(buf, size, addr).ok()) return -1;
+    Status st = f->out->write(buf, size, addr);
+    if (!st.ok()) return vfd_fail(std::move(st));
   } else {
     const char* p = static_cast<const char*>(buf);
     for (size_t left = size; left > 0;) {
       ssize_t r = ::pwrite(f->out->fd(), p, left, static_cast<off_t>(addr + (size - left)));
       if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return -1;
+      if (r <= 0) return vfd_fail(Status::FromErrno("write failed", f->out->path(), r < 0 ? errno : ENOSPC));
       p += r;
       left -= static_cast<size_t>(r);
     }
@@ -131,7 +140,7 @@ herr_t vfd_write(H5FD_t* h, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, c
 herr_t vfd_truncate(H5FD_t* h, hid_t, hbool_t) {  // the file ends at the end of allocated space, as sec2
   DirectVfdFile* f = vfd_of(h);
   if (f->eoa == f->eof) return 0;
-  if (::ftruncate(f->out->fd(), static_cast<off_t>(f->eoa)) != 0) return -1;
+  if (::ftruncate(f->out->fd(), static_cast<off_t>(f->eoa)) != 0) return vfd_fail(Status::FromErrno("truncate failed", f->out->path(), errno));
   f->eof = f->eoa;
   return 0;
 }
@@ -159,6 +168,8 @@ H5FD_class_t direct_vfd_class() {
 }
 
 }  // namespace
+
+Status take_shard_io_error() { return std::exchange(tl_vfd_error, Status::Ok()); }
 
 Result<hid_t> shard_file_access(IoMode mode, uint64_t file_bytes) {
   if (resolve_io_mode(mode, file_bytes) != IoMode::kDirect) return H5P_DEFAULT;

@@ -29,4 +29,9 @@ inline constexpr uint64_t kDirectVfdMinWrite = 64u << 10;
 // caller closes it (H5Pclose) when it is not H5P_DEFAULT. Call under h5_lock().
 Result<hid_t> shard_file_access(IoMode mode, uint64_t file_bytes);
 
+// Why this driver's last write or truncation on this thread failed (the system's error, naming
+// the file: "File too large", "No space left on device"), then forgotten; Ok when none did. HDF5
+// reports a failed driver call only as "write failed": callers add this to their error.
+Status take_shard_io_error();
+
 }  // namespace ckpt::store

@@ -18,4 +18,14 @@ std::unique_lock<std::recursive_mutex> h5_lock() {
   return l;
 }
 
+int h5_posix_fd(hid_t file) {
+  const hid_t fapl = H5Fget_access_plist(file);
+  if (fapl < 0) return -1;
+  const bool sec2 = H5Pget_driver(fapl) == H5FD_SEC2;
+  H5Pclose(fapl);
+  void* handle = nullptr;
+  if (!sec2 || H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle) return -1;
+  return *static_cast<int*>(handle);
+}
+
 }  // namespace ckpt::store

@@ -48,6 +48,11 @@ class H5Id {
   Closer closer_ = nullptr;
 };
 
+// The POSIX descriptor of an open file when HDF5 reads it with its default (sec2) driver, else -1.
+// Valid while the file is open; HDF5 reads it with pread too, so positional reads on it are safe
+// from any thread without h5_lock(). Call under h5_lock().
+int h5_posix_fd(hid_t file);
+
 inline H5Id h5_file(hid_t id) { return H5Id(id, H5Fclose); }
 inline H5Id h5_dataset(hid_t id) { return H5Id(id, H5Dclose); }
 inline H5Id h5_space(hid_t id) { return H5Id(id, H5Sclose); }

@@ -97,7 +97,11 @@ Status StoreReader::open_files() {
           .with_file(path).with_tensor(rec.piece.tensor);
     if (rec.codec != Codec::kNone) {
       const size_t es = dtype_size(rec.piece.dtype);
-      if (auto g = chunk_grid_of(ds.get(), want, rec.codec, es)) chunked_[i] = ChunkedDataset{next_chunked_uid(), ds.get(), *g, rec.codec, es};
+      if (auto g = chunk_grid_of(ds.get(), want, rec.codec, es)) {
+        chunked_[i] = ChunkedDataset{next_chunked_uid(), ds.get(), *g, rec.codec, es};
+        auto lock = h5_lock();
+        chunked_[i]->fd = h5_posix_fd(fit->second.get());
+      }
     }
     datasets_[i] = std::move(ds);
   }

@@ -315,8 +315,10 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
-    if (H5Fflush(im.file.get(), H5F_SCOPE_LOCAL) < 0 || !im.file.reset())
-      return Status::Io("flushing HDF5 shard failed").with_file(im.path);
+    if (H5Fflush(im.file.get(), H5F_SCOPE_LOCAL) < 0 || !im.file.reset()) {
+      Status why = take_shard_io_error();  // the system's error, when ckpt's file driver wrote it
+      return why.ok() ? Status::Io("flushing HDF5 shard failed").with_file(im.path) : std::move(why).with_context("flushing HDF5 shard");
+    }
   }
   im.closed = true;
   CKPT_RETURN_IF_ERROR(im.out.close());
