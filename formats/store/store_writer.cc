@@ -136,7 +136,9 @@ struct ShardWriter::Impl {
   Status advance(Slot& s, int64_t count) {
     s.written += count;
     if (s.written == s.numel) {
-      if (s.chunk_stream != SIZE_MAX) CKPT_RETURN_IF_ERROR(chunks->flush());  // before its dataset closes
+      // A compressed piece's last chunks may still be compressing: its dataset stays open until
+      // close() has flushed them (a flush here would idle the pool at every piece's end).
+      if (s.chunk_stream != SIZE_MAX) return Status::Ok();
       auto lock = h5_lock();
       if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(path).with_tensor(s.rec.piece.tensor);
     }
@@ -312,6 +314,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
           .with_tensor(s.rec.piece.tensor);
   }
   CKPT_RETURN_IF_ERROR(im.wait_copied(nullptr));
+  CKPT_RETURN_IF_ERROR(im.chunks->flush());  // every compressed chunk written, before the datasets close
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
