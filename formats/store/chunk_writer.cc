@@ -115,9 +115,7 @@ Status ChunkWriter::write_front() {
   {
     auto lock = h5_lock();
     if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), p.out->size, p.out->data.get()) < 0) {
-      const std::string what = "HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc;
-      Status why = take_shard_io_error();  // the system's error, when ckpt's file driver wrote it
-      error_ = why.ok() ? Status::Io(what + " failed (disk full?)").with_file(path_) : std::move(why).with_context(what);
+      error_ = shard_io_failure("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc, path_);
       return error_;
     }
   }

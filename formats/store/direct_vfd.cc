@@ -11,6 +11,8 @@
 #include <new>
 #include <utility>
 
+#include "formats/dtype.h"
+
 namespace ckpt::store {
 
 namespace {
@@ -169,10 +171,15 @@ H5FD_class_t direct_vfd_class() {
 
 }  // namespace
 
-Status take_shard_io_error() { return std::exchange(tl_vfd_error, Status::Ok()); }
+Status shard_io_failure(const std::string& what, const std::string& path) {
+  Status why = std::exchange(tl_vfd_error, Status::Ok());
+  return why.ok() ? Status::Io(what + " failed (disk full?)").with_file(path) : std::move(why).with_context(what);
+}
 
-Result<hid_t> shard_file_access(IoMode mode, uint64_t file_bytes) {
-  if (resolve_io_mode(mode, file_bytes) != IoMode::kDirect) return H5P_DEFAULT;
+Result<H5Id> shard_file_access(const StoreOptions& opts, const std::vector<Piece>& pieces) {
+  uint64_t file_bytes = 0;
+  for (const auto& p : pieces) file_bytes += static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
+  if (opts.codec == Codec::kNone || resolve_io_mode(opts.io, file_bytes) != IoMode::kDirect) return H5Id(H5P_DEFAULT, nullptr);
   static const H5FD_class_t cls = direct_vfd_class();
   static const hid_t driver = H5FDregister(&cls);
   if (driver < 0) return Status::Internal("registering ckpt's HDF5 file driver failed");
@@ -182,7 +189,7 @@ Result<hid_t> shard_file_access(IoMode mode, uint64_t file_bytes) {
     if (fapl >= 0) H5Pclose(fapl);
     return Status::Internal("HDF5 file access properties for ckpt's file driver failed");
   }
-  return fapl;
+  return H5Id(fapl, H5Pclose);
 }
 
 }  // namespace ckpt::store

@@ -16,22 +16,30 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "formats/file_io_direct.h"
 #include "formats/status.h"
+#include "formats/store/h5_handles.h"
+#include "formats/store/store_options.h"
+#include "formats/tensor_io.h"
 
 namespace ckpt::store {
 
 inline constexpr uint64_t kDirectVfdMinWrite = 64u << 10;
 
-// A file access property list for H5Fcreate of a shard of about `file_bytes` bytes: this driver
-// when `mode` resolves to direct for that size (resolve_io_mode), else the default one. The
-// caller closes it (H5Pclose) when it is not H5P_DEFAULT. Call under h5_lock().
-Result<hid_t> shard_file_access(IoMode mode, uint64_t file_bytes);
+// The file access property list for H5Fcreate of a shard holding `pieces` written with `opts`:
+// this driver when the shard is compressed and opts.io resolves to direct for the pieces'
+// uncompressed size (an upper bound of the file's), else HDF5's default (H5P_DEFAULT, not closed).
+// Uncompressed pieces are written by OutputFile itself; HDF5 writes only their metadata. Call under
+// h5_lock().
+Result<H5Id> shard_file_access(const StoreOptions& opts, const std::vector<Piece>& pieces);
 
-// Why this driver's last write or truncation on this thread failed (the system's error, naming
-// the file: "File too large", "No space left on device"), then forgotten; Ok when none did. HDF5
-// reports a failed driver call only as "write failed": callers add this to their error.
-Status take_shard_io_error();
+// The error of an HDF5 call `what` on shard `path` that failed: why this driver's last write or
+// truncation on this thread failed (the system's error naming the file: "File too large", "No space
+// left on device"; then forgotten), prefixed by `what`; else "<what> failed (disk full?)". HDF5
+// itself reports a failed driver call only as "write failed".
+Status shard_io_failure(const std::string& what, const std::string& path);
 
 }  // namespace ckpt::store

@@ -136,9 +136,7 @@ struct ShardWriter::Impl {
   Status advance(Slot& s, int64_t count) {
     s.written += count;
     if (s.written == s.numel) {
-      // A compressed piece's last chunks may still be compressing: its dataset stays open until
-      // close() has flushed them (a flush here would idle the pool at every piece's end).
-      if (s.chunk_stream != SIZE_MAX) return Status::Ok();
+      if (s.chunk_stream != SIZE_MAX) return Status::Ok();  // chunks may be in flight: closed in close(), after a flush
       auto lock = h5_lock();
       if (!s.ds.reset()) return Status::Io("closing dataset " + s.rec.dataset + " failed").with_file(path).with_tensor(s.rec.piece.tensor);
     }
@@ -175,13 +173,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   impl->buffer_hasher = std::make_unique<ThreadPool>(1);
   impl->chunks = std::make_unique<ChunkWriter>(impl->pool.get(), impl->path);
   auto lock = h5_lock();
-  // A compressed shard's chunks are written by HDF5: through ckpt's file driver (O_DIRECT for
-  // whole blocks of the stored chunks, formats/store/direct_vfd.h) when opts.io resolves to direct
-  // for the shard's uncompressed size (an upper bound of its stored size).
-  uint64_t shard_bytes = 0;
-  for (const auto& p : pieces) shard_bytes += static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
-  CKPT_ASSIGN_OR_RETURN(hid_t fapl_id, shard_file_access(opts.codec != Codec::kNone ? opts.io : IoMode::kBuffered, shard_bytes));
-  H5Id fapl(fapl_id, fapl_id == H5P_DEFAULT ? nullptr : H5Pclose);
+  CKPT_ASSIGN_OR_RETURN(H5Id fapl, shard_file_access(opts, pieces));  // compressed: ckpt's file driver (direct_vfd.h)
   impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()));
   if (!impl->file.valid()) return Status::Io("cannot create HDF5 shard '" + impl->path + "' (exists, or directory missing)").with_file(impl->path);
   impl->slots.resize(pieces.size());
@@ -318,10 +310,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
-    if (H5Fflush(im.file.get(), H5F_SCOPE_LOCAL) < 0 || !im.file.reset()) {
-      Status why = take_shard_io_error();  // the system's error, when ckpt's file driver wrote it
-      return why.ok() ? Status::Io("flushing HDF5 shard failed").with_file(im.path) : std::move(why).with_context("flushing HDF5 shard");
-    }
+    if (H5Fflush(im.file.get(), H5F_SCOPE_LOCAL) < 0 || !im.file.reset()) return shard_io_failure("flushing HDF5 shard", im.path);
   }
   im.closed = true;
   CKPT_RETURN_IF_ERROR(im.out.close());
