@@ -14,7 +14,7 @@ ChunkWriter::~ChunkWriter() {
 }
 
 size_t ChunkWriter::add(hid_t ds, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& chunk, size_t esize, Codec codec, int level,
-                        std::string desc) {
+                        std::string desc, std::string tensor) {
   Stream s;
   s.ds = ds;
   s.grid = ChunkGrid::of(dims, chunk);
@@ -22,6 +22,7 @@ size_t ChunkWriter::add(hid_t ds, const std::vector<hsize_t>& dims, const std::v
   s.codec = codec;
   s.level = level;
   s.desc = std::move(desc);
+  s.tensor = std::move(tensor);
   streams_.push_back(std::move(s));
   return streams_.size() - 1;
 }
@@ -106,16 +107,16 @@ Status ChunkWriter::write_front() {
   fifo_.pop_front();
   Status stored = p.stored.get();
   if (p.raw && spare_.size() < 4) spare_.push_back(std::move(*p.raw));  // compressed: the task is done with it
+  const Stream& s = streams_[p.id];
   if (!stored.ok()) {
-    error_ = stored;
+    error_ = std::move(stored).with_tensor(s.tensor);
     return error_;
   }
-  const Stream& s = streams_[p.id];
   const std::vector<hsize_t> off = s.grid.offset(p.chunk);
   {
     auto lock = h5_lock();
     if (H5Dwrite_chunk(s.ds, H5P_DEFAULT, 0, off.data(), p.out->size, p.out->data.get()) < 0) {
-      error_ = shard_io_failure("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc, path_);
+      error_ = shard_io_failure("HDF5 write of chunk " + std::to_string(p.chunk) + " of " + s.desc, path_).with_tensor(s.tensor);
       return error_;
     }
   }

@@ -32,8 +32,9 @@ class ChunkWriter {
   ChunkWriter(ThreadPool* pool, std::string path) : pool_(pool), path_(std::move(path)) {}
   ~ChunkWriter();
   // A chunked dataset to fill (kept open by the caller until flush() after its last write).
+  // `desc` and `tensor` name it in errors (an error may surface during a later stream's write).
   size_t add(hid_t ds, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& chunk, size_t esize, Codec codec, int level,
-             std::string desc);
+             std::string desc, std::string tensor);
   // The next `count` elements of stream `id`.
   Status write(size_t id, const void* data, uint64_t count);
   // Every chunk staged so far compressed and written; the first error.
@@ -46,7 +47,7 @@ class ChunkWriter {
     size_t esize = 1;
     Codec codec = Codec::kNone;
     int level = 1;
-    std::string desc;
+    std::string desc, tensor;
     uint64_t pos = 0;              // elements received
     std::vector<char> stage;       // the chunk being filled (chunk_elems * esize bytes)
   };

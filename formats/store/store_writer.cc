@@ -218,7 +218,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
     if (!s.ds.valid()) return Status::Io("cannot create dataset " + s.rec.dataset + " for tensor '" + p.tensor + "'").with_file(impl->path);
     if (s.rec.codec != Codec::kNone)
       s.chunk_stream = impl->chunks->add(s.ds.get(), s.dims, piece_chunk_dims(s.dims, s.esize, opts.chunk_bytes), s.esize, s.rec.codec,
-                                         opts.zstd_level, Impl::rec_desc(s));
+                                         opts.zstd_level, Impl::rec_desc(s), p.tensor);
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "tensor", p.tensor));
     CKPT_RETURN_IF_ERROR(write_string_attr(s.ds.get(), "dtype", std::string(dtype_name(p.dtype))));
     if (s.rec.codec == Codec::kNone && s.numel > 0) {
@@ -253,7 +253,7 @@ Status ShardWriter::write(size_t piece, const void* data, int64_t count) {
     if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor).with_context("writing " + Impl::rec_desc(s));
   } else {
     st = im.chunks->write(s.chunk_stream, data, static_cast<uint64_t>(count));
-    if (!st.ok()) st = std::move(st).with_tensor(s.rec.piece.tensor);
+    if (!st.ok() && st.tensor().empty()) st = std::move(st).with_tensor(s.rec.piece.tensor);  // a chunk error names its own
   }
   if (hashed.valid()) hashed.get();
   CKPT_RETURN_IF_ERROR(st);
