@@ -1,15 +1,14 @@
 #include "formats/store/chunk_reader.h"
 
-#include <unistd.h>
 #include <zstd.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
 
+#include "formats/file_io.h"
 #include "formats/store/h5_handles.h"
 #include "formats/store/thread_name.h"
 #include "formats/store/zstd_filter.h"
@@ -47,14 +46,10 @@ Status read_stored_chunk(const ChunkedDataset& d, uint64_t c, std::vector<char>&
       return Status::Ok();
     }
   }
-  for (size_t got = 0; got < n;) {
-    const ssize_t r = ::pread(d.fd, stored.data() + got, n - got, static_cast<off_t>(addr + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + ": " + std::to_string(n) + " bytes stored at offset " + std::to_string(addr) +
-                                               ", the file ends or fails (" + (r < 0 ? std::string(std::strerror(errno)) : "end of file") + ")");
-    got += static_cast<size_t>(r);
-  }
+  Status st = pread_full(d.fd, stored.data(), n, addr, "shard");
+  if (!st.ok())
+    return Status::Error("ChunkCorrupt", "chunk " + std::to_string(c) + ": " + std::to_string(n) + " bytes stored at offset " + std::to_string(addr) +
+                                             ": " + st.message());
   return Status::Ok();
 }
 

@@ -12,13 +12,13 @@
 #include <utility>
 
 #include "formats/dtype.h"
+#include "formats/file_io.h"
 
 namespace ckpt::store {
 
 namespace {
 
 struct DirectVfdInfo {  // the driver's file access properties (copied by HDF5 as bytes)
-  IoMode mode;
   uint64_t file_bytes;
 };
 
@@ -30,7 +30,7 @@ struct DirectVfdFile {
   ino_t ino;
 };
 
-thread_local Status tl_vfd_error;  // take_shard_io_error()
+thread_local Status tl_vfd_error;  // for shard_io_failure()
 
 herr_t vfd_fail(Status st) {
   tl_vfd_error = std::move(st);
@@ -47,7 +47,7 @@ H5FD_t* vfd_open(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr) 
   if (flags & H5F_ACC_TRUNC) o |= O_TRUNC;
   if (flags & H5F_ACC_CREAT) o |= O_CREAT;
   if (flags & H5F_ACC_EXCL) o |= O_EXCL;
-  auto out = OutputFile::open(name, o, (flags & H5F_ACC_RDWR) ? info->mode : IoMode::kBuffered, info->file_bytes);
+  auto out = OutputFile::open(name, o, (flags & H5F_ACC_RDWR) ? IoMode::kDirect : IoMode::kBuffered, info->file_bytes);
   if (!out.ok()) return nullptr;
   struct stat sb{};
   if (::fstat(out->fd(), &sb) != 0) return nullptr;
@@ -126,14 +126,8 @@ herr_t vfd_write(H5FD_t* h, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, c
     Status st = f->out->write(buf, size, addr);
     if (!st.ok()) return vfd_fail(std::move(st));
   } else {
-    const char* p = static_cast<const char*>(buf);
-    for (size_t left = size; left > 0;) {
-      ssize_t r = ::pwrite(f->out->fd(), p, left, static_cast<off_t>(addr + (size - left)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return vfd_fail(Status::FromErrno("write failed", f->out->path(), r < 0 ? errno : ENOSPC));
-      p += r;
-      left -= static_cast<size_t>(r);
-    }
+    Status st = pwrite_full(f->out->fd(), buf, size, addr, f->out->path());
+    if (!st.ok()) return vfd_fail(std::move(st));
   }
   f->eof = std::max<haddr_t>(f->eof, addr + size);
   return 0;
@@ -184,7 +178,7 @@ Result<H5Id> shard_file_access(const StoreOptions& opts, const std::vector<Piece
   static const hid_t driver = H5FDregister(&cls);
   if (driver < 0) return Status::Internal("registering ckpt's HDF5 file driver failed");
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  const DirectVfdInfo info{IoMode::kDirect, file_bytes};
+  const DirectVfdInfo info{file_bytes};
   if (fapl < 0 || H5Pset_driver(fapl, driver, &info) < 0) {
     if (fapl >= 0) H5Pclose(fapl);
     return Status::Internal("HDF5 file access properties for ckpt's file driver failed");
