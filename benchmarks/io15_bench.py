@@ -24,7 +24,9 @@ Parts (--parts, comma list):
             to-hf 2x3x2  `ckpt to-hf` from tp=2 pp=3 dp=2;
             baselines `cp -r` + sync and `dd bs=4M oflag=direct conv=fsync` (file by file) of the
                      same bytes: the tp=4 pp=2 store (for reshard) and the HF directory (for
-                     from-hf / to-hf, same size within 0.1%).
+                     from-hf / to-hf, same size within 0.1%); `dd16 src`: the disk's write floor,
+                     as many bytes as the store written by 16 dd oflag=direct writers at once
+                     (zeros, no read): no reshard can write its output faster.
   io      to-hf from tp=2 and from-hf with --io buffered / direct / auto, vs cp -r + sync.
   zstd    compressed store (shuffle+zstd-1) write and read with --threads 1 and 2.
 ckpt fsyncs its outputs (the default). Wall seconds include the final sync; peak RSS and CPU
@@ -186,6 +188,14 @@ def dd_copy(src: pathlib.Path, dst: pathlib.Path):
     return ["bash", "-c", "\n".join(lines)]
 
 
+def dd_floor(nbytes: int, dst: pathlib.Path, streams: int = 16):
+    """The disk's write floor for nbytes: `streams` dd oflag=direct writers of zeros at once (no read)."""
+    dst.mkdir(parents=True)
+    count = -(-nbytes // (streams * (4 << 20)))
+    return ["bash", "-c", f"for i in $(seq {streams}); do dd if=/dev/zero of='{dst}'/$i bs=4M count={count} oflag=direct "
+            "conv=fsync status=none & done; wait"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", default="build/ckpt")
@@ -239,7 +249,8 @@ def main():
         (root / "py_stack.py").write_text(PY_STACK)
         mm = ["--max-memory", a.max_memory]
         cases += [("cp src", lambda: ["cp", "-r", src, fresh("o_cp")], [src], True),
-                  ("dd src", lambda: dd_copy(src, fresh("o_dd")), [src], True)]
+                  ("dd src", lambda: dd_copy(src, fresh("o_dd")), [src], True),
+                  ("dd16 src", lambda: dd_floor(dir_bytes(src), fresh("o_dd")), [], True)]
         for io in a.io_modes.split(","):
             cases.append((f"reshard {io}", lambda io=io: [ck, "reshard", src, fresh("o_rs"), "--tp", "2", "--pp", "3", "--pp-layers",
                                                           ",".join(map(str, per_dst)), "--dp", "1", "--io", io, *mm], [src], False))
@@ -298,8 +309,12 @@ def summarize(times, rss, states):
             extra = ""
             if n.startswith("reshard") and "python reshard" in med:
                 extra = (f"python/ckpt {med['python reshard'] / v:.2f}x, RSS ckpt/python "
-                         f"{rss[(s, n)] / max(1, rss[(s, 'python reshard')]):.3f}")
-            baseline = n.split()[0] in ("cp", "dd")
+                         f"{rss[(s, n)] / max(1, rss[(s, 'python reshard')]):.3f}; 5x python needs <= "
+                         f"{med['python reshard'] / 5:.2f} s")
+                floor = min((med[b] for b in ("dd src", "dd16 src") if b in med), default=None)
+                if floor is not None:
+                    extra += f", write floor (best of dd src, dd16 src) {floor:.2f} s"
+            baseline = n.split()[0] in ("cp", "dd", "dd16")
             vs = lambda b: f"{med[b] / v:.2f}" if b in med and not baseline else "-"  # noqa: E731
             print(f"{n} | {v:.2f} | {vs(cp)} | {vs(dd)} | {rss[(s, n)]:.0f} | {extra}")
         sys.stdout.flush()

@@ -82,7 +82,7 @@ Result<Layout> target_layout(const ReshardRequest& r, const LlamaConfig& cfg, co
 }
 
 // The model config, target layout and executor options of a reshard of `src`.
-Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Layout& layout, ExecOptions& eo) {
+Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Layout& layout, ExecOptions& eo, uint64_t reserve) {
   const nlohmann::json& meta = src.metadata();
   if (!meta.contains("model_config"))
     return Status::Error("NoModelConfig",
@@ -95,14 +95,15 @@ Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Lay
   eo.threads = r.threads;
   size_t max_src = 1;
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, 1, kStoreWriterReserveBytes));
+  CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, 1, reserve));
   return Status::Ok();
 }
 
 // The profile views of a conversion job, and the chunk size re-sized for the view's dtypes and
 // its transpose / cast tiles (three per executor thread).
 Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequest& r, TensorSource& src,
-                                                               const LlamaConfig& cfg, Layout& layout, ExecOptions& eo) {
+                                                               const LlamaConfig& cfg, Layout& layout, ExecOptions& eo,
+                                                               uint64_t reserve) {
   const bool root = !r.dist || r.dist->rank() == 0;
   CKPT_ASSIGN_OR_RETURN(auto conv, ProfileConversion::prepare(src, r.profile, cfg, layout, root, kProfileTileBytes));
   size_t max_src = 1, min_out = 8;
@@ -114,8 +115,23 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
   const uint64_t tiles = uint64_t{3} * (static_cast<uint64_t>(r.threads) + 1) * kProfileTileBytes;
   CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, min_out,
-                                                               kStoreWriterReserveBytes + tiles));
+                                                               reserve + tiles));
   return conv;
+}
+
+// Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
+// copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
+// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: 4.0-4.9 s against
+// 5.0-6.7 s; hot: the same; docs/BENCHMARKS.md, issue 15). Only when --max-memory holds the extra
+// threads' buffers beside a 64 MiB chunk budget; compressed outputs keep --threads (CPU-bound).
+int store_pool_threads(const ReshardRequest& r, const store::StoreOptions& so, uint64_t* reserve) {
+  *reserve = kStoreWriterReserveBytes;
+  auto mem = parse_byte_size(r.max_memory, "--max-memory");
+  if (so.codec != store::Codec::kNone || !mem.ok()) return r.threads;
+  const uint64_t extra = static_cast<uint64_t>(r.threads) * kCopyThreadBytes;
+  if (*mem < *reserve + extra + (uint64_t{64} << 20)) return r.threads;
+  *reserve += extra;
+  return 2 * r.threads;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -127,7 +143,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
   CKPT_ASSIGN_OR_RETURN(sopts, store::parse_digest_spec(r.digest, "--digest", sopts));
-  sopts.hash_threads = r.threads;
+  uint64_t reserve = 0;
+  sopts.hash_threads = store_pool_threads(r, sopts, &reserve);
   CKPT_ASSIGN_OR_RETURN(sopts.io, parse_io_mode(r.io, "--io"));
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
@@ -141,14 +158,14 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   LlamaConfig cfg;
   ReshardOutcome out;
   ExecOptions eo;
-  CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo));
+  CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo, reserve));
   LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();
   out.processes = r.dist ? r.dist->size() : 1;
   // Profile conversion (issue 14): plan from the target profile's view of SRC.
   std::unique_ptr<ProfileConversion> conv;
   if (needs_profile_views(src.metadata(), r.profile)) {
-    CKPT_ASSIGN_OR_RETURN(conv, prepare_profile_job(r, src, cfg, out.layout, eo));
+    CKPT_ASSIGN_OR_RETURN(conv, prepare_profile_job(r, src, cfg, out.layout, eo, reserve));
   }
   TensorSource& plan_src = conv ? conv->source() : src;
   const ShardingRules& rules = conv ? conv->rules() : static_cast<const ShardingRules&>(llama_rules);

@@ -41,6 +41,9 @@ namespace ckpt {
 enum class IoMode { kAuto, kBuffered, kDirect };
 
 inline constexpr uint64_t kDirectAlignBytes = 4096;
+// Memory a thread copying with OutputFile::copy_runs holds at most: its 4 MiB staging buffer, its
+// source windows (8 MiB mapped, or two direct halves) and up to 8 MiB of free direct read buffers.
+inline constexpr uint64_t kCopyThreadBytes = uint64_t{20} << 20;
 extern const uint64_t kAutoDirectMinBytes;  // file_io_direct.cc: the measured threshold
 
 // "auto", "buffered", "direct"; errors (kInvalidArgument) name `flag` and the accepted values.
