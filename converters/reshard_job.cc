@@ -121,8 +121,8 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
 
 // Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
 // copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
-// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: 4.0-4.9 s against
-// 5.0-6.7 s; hot: the same; docs/BENCHMARKS.md, issue 15). Only when --max-memory holds the extra
+// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
+// hot: no slower; docs/BENCHMARKS.md, issue 15 session 13). Only when --max-memory holds the extra
 // threads' buffers beside a 64 MiB chunk budget; compressed outputs keep --threads (CPU-bound).
 int store_pool_threads(const ReshardRequest& r, const store::StoreOptions& so, uint64_t* reserve) {
   *reserve = kStoreWriterReserveBytes;

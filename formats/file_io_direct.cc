@@ -19,6 +19,7 @@ namespace {
 
 constexpr uint64_t kStageBytes = 4ull << 20;       // staging buffer per writing thread
 constexpr uint64_t kGatherWindowBytes = 8ull << 20;  // source bytes mapped at a time, all source files together
+static_assert(kCopyThreadBytes >= kStageBytes + kGatherWindowBytes + kSourceBufferCacheBytes, "kCopyThreadBytes: a copying thread's buffers");
 
 uint64_t dio_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t dio_round_up(uint64_t x) { return dio_round_down(x + kDirectAlignBytes - 1); }

@@ -19,7 +19,6 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxSourceWindowBytes = 64ull << 20;
-constexpr uint64_t kSrcBufCacheBytes = 8ull << 20;  // free direct-read buffers kept per thread (bytes)
 
 uint64_t srcwin_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t srcwin_round_up(uint64_t x) { return srcwin_round_down(x + kDirectAlignBytes - 1); }
@@ -52,7 +51,7 @@ void srcwin_buf_put(uint64_t bytes, char* p) {
   f.emplace_back(bytes, p);
   uint64_t kept = 0;
   for (const auto& b : f) kept += b.first;
-  while (kept > kSrcBufCacheBytes) {  // the oldest go first
+  while (kept > kSourceBufferCacheBytes) {  // the oldest go first
     kept -= f.front().first;
     std::free(f.front().second);
     f.erase(f.begin());

@@ -33,6 +33,9 @@
 
 namespace ckpt {
 
+// Free direct-read buffers each thread keeps for reuse (bytes).
+inline constexpr uint64_t kSourceBufferCacheBytes = 8ull << 20;
+
 class SourceWindow {
  public:
   // `fd`: the source (not owned, open for reading); `window`: bytes per window (<= 64 MiB);
