@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 
 #include "formats/file_io.h"
 #include "formats/file_read_direct.h"
+#include "formats/thread_pool.h"
 
 namespace ckpt {
 
@@ -34,6 +36,25 @@ char* dio_stage() {
   if (!buf.p && ::posix_memalign(&buf.p, kDirectAlignBytes, kStageBytes) != 0) buf.p = nullptr;
   return static_cast<char*>(buf.p);
 }
+
+// copy_runs' writes run here while the copying thread fills its other half stage; the jobs only
+// write (never wait on other jobs), so every queued job finishes.
+ThreadPool& dio_write_pool() {
+  static ThreadPool pool(8);
+  return pool;
+}
+
+// The write of one half stage in flight; waited for before the half is filled again, and on
+// every way out of copy_runs (the stage is the thread's: never left in use).
+class PendingWrite {
+ public:
+  ~PendingWrite() { (void)wait(); }
+  void start(std::future<Status> f) { f_ = std::move(f); }
+  Status wait() { return f_.valid() ? f_.get() : Status::Ok(); }
+
+ private:
+  std::future<Status> f_;
+};
 
 Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& path) {
   return Status::Error("ShortSource", "source file (" + std::to_string(size) + " bytes) ended before bytes [" + std::to_string(r.offset) +
@@ -154,12 +175,17 @@ Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
   return Status::Ok();
 }
 
+// The stage is two halves: one is filled from the sources (and hashed, `each_block`) while the
+// other is written on dio_write_pool, so a copy takes max(copy, write), not their sum (to-hf of a
+// 3.08 GB rank, hot page cache: the copies added ~0.5 s to the ~3.1 s of the direct writes).
 Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                              const std::function<void(const void*, size_t)>& each_block) const {
   if (runs.size() == 1 && !st_->direct.load() && st_->read_io == IoMode::kBuffered)
     return copy_file_bytes(runs[0].fd, runs[0].offset, st_->fd.get(), off, runs[0].bytes, st_->path, each_block);
-  char* stage = dio_stage();
-  if (!stage) return Status::Io("cannot allocate a " + std::to_string(kStageBytes >> 20) + " MiB staging buffer writing '" + st_->path + "'");
+  char* stages[2] = {dio_stage(), nullptr};
+  if (!stages[0]) return Status::Io("cannot allocate a " + std::to_string(kStageBytes >> 20) + " MiB staging buffer writing '" + st_->path + "'");
+  constexpr uint64_t kHalf = kStageBytes / 2;
+  stages[1] = stages[0] + kHalf;
   size_t nsrc = 0;  // distinct source files: their windows share kGatherWindowBytes
   for (size_t i = 0; i < runs.size() && nsrc < 64; ++i)
     if (std::none_of(runs.begin(), runs.begin() + static_cast<long>(i), [&](const FileExtent& x) { return x.fd == runs[i].fd; })) ++nsrc;
@@ -172,13 +198,18 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     for (const FileExtent& x : runs) e = x.fd == fd ? std::max(e, x.offset + x.bytes) : e;
     return e;
   };
+  PendingWrite pending;  // declared after `wins`: gone first, so it is waited for first
+  int half = 0;
+  char* stage = stages[0];
   uint64_t base = dio_round_down(off), filled = off;  // stage holds file bytes [flushed, filled)
   uint64_t flushed = off;
   auto flush = [&]() -> Status {
     if (filled == flushed) return Status::Ok();
     if (each_block) each_block(stage + (flushed - base), static_cast<size_t>(filled - flushed));
-    CKPT_RETURN_IF_ERROR(write_staged(stage, base, flushed, filled));
-    base = flushed = filled;  // aligned after a full stage; a final flush ends the call
+    CKPT_RETURN_IF_ERROR(pending.wait());  // the other half's write
+    pending.start(dio_write_pool().submit([this, stage, base, a = flushed, b = filled] { return write_staged(stage, base, a, b); }));
+    base = flushed = filled;  // aligned after a full half; a final flush ends the call
+    stage = stages[half ^= 1];
     return Status::Ok();
   };
   for (const FileExtent& r : runs) {
@@ -190,7 +221,7 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     }
     if (r.offset > w->file_size() || w->file_size() - r.offset < r.bytes) return dio_short_source(r, w->file_size(), st_->path);
     for (uint64_t done = 0; done < r.bytes;) {
-      uint64_t k = std::min(r.bytes - done, kStageBytes - (filled - base));
+      uint64_t k = std::min(r.bytes - done, kHalf - (filled - base));
       CKPT_ASSIGN_OR_RETURN(const SourceWindow::Span sp, w->at(r.offset + done, k, st_->path));
       if (!sp.p) {
         CKPT_RETURN_IF_ERROR(pread_full(r.fd, stage + (filled - base), k, r.offset + done, "a source of '" + st_->path + "'"));
@@ -201,10 +232,11 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
       }
       filled += k;
       done += k;
-      if (filled - base == kStageBytes) CKPT_RETURN_IF_ERROR(flush());
+      if (filled - base == kHalf) CKPT_RETURN_IF_ERROR(flush());
     }
   }
-  return flush();
+  CKPT_RETURN_IF_ERROR(flush());
+  return pending.wait();
 }
 
 }  // namespace ckpt

@@ -1,7 +1,7 @@
 // OutputFile in each I/O mode against a naive reference (a byte vector the same writes land in):
 // writes at any alignment and size (unaligned heads and tails, writes under one block, writes
 // larger than the staging buffer), gathers of file ranges from several sources (runs smaller
-// than a block, runs crossing the mapping window), the block callback, short sources, and the
+// than a block, runs crossing the mapping window), the block callback, short sources, a write failing behind the copy, and the
 // mode parser and auto rule. (The fallback where O_DIRECT is refused: tests/python/test_direct_io.py.)
 #include "formats/file_io_direct.h"
 
@@ -160,6 +160,23 @@ TEST(OutputFile, CopyRunsPastTheEndOfASourceIsShortSource) {
     EXPECT_EQ(st.code(), "ShortSource") << st.message();
     EXPECT_NE(st.message().find(path), std::string::npos);
     std::filesystem::remove(path);
+  }
+  std::filesystem::remove(src);
+}
+
+// copy_runs writes one half stage while it fills the other: a write that fails there is still the
+// call's error (naming the file), and the call returns only after its last write.
+TEST(OutputFile, CopyRunsReturnsAFailedWriteBehindTheCopy) {
+  const std::string src = dio_temp("wfail");
+  ScopedFd fd = std::move(open_fd(src, O_RDWR | O_CREAT | O_TRUNC, "create").value());
+  std::vector<uint8_t> bytes(9u << 20, 5);
+  ASSERT_TRUE(pwrite_full(fd.get(), bytes.data(), bytes.size(), 0, src).ok());
+  for (IoMode mode : {IoMode::kBuffered, IoMode::kDirect}) {
+    auto f = OutputFile::open("/dev/full", O_WRONLY, mode, bytes.size());  // every write: ENOSPC
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    Status st = f->copy_runs({{fd.get(), 0, 4u << 20}, {fd.get(), 4u << 20, 5u << 20}}, 0);
+    EXPECT_FALSE(st.ok()) << io_mode_name(mode);
+    EXPECT_NE(st.message().find("/dev/full"), std::string::npos) << st.message();
   }
   std::filesystem::remove(src);
 }
