@@ -13,6 +13,7 @@
 
 #include "formats/file_io.h"
 #include "formats/file_read_direct.h"
+#include "formats/io_buffer.h"
 #include "formats/thread_pool.h"
 
 namespace ckpt {
@@ -27,14 +28,11 @@ uint64_t dio_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlig
 uint64_t dio_round_up(uint64_t x) { return dio_round_down(x + kDirectAlignBytes - 1); }
 
 // The calling thread's staging buffer (aligned for O_DIRECT; allocated once, reused).
+// A mapped buffer (formats/io_buffer.h): freed with the thread, it leaves no malloc arena behind.
 char* dio_stage() {
-  struct Buf {
-    void* p = nullptr;
-    ~Buf() { std::free(p); }
-  };
-  thread_local Buf buf;
-  if (!buf.p && ::posix_memalign(&buf.p, kDirectAlignBytes, kStageBytes) != 0) buf.p = nullptr;
-  return static_cast<char*>(buf.p);
+  thread_local IoBuffer buf;
+  if (!buf.data()) buf = IoBuffer(kStageBytes);
+  return buf.data();
 }
 
 // copy_runs' writes run here while the copying thread fills its other half stage; the jobs only

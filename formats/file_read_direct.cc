@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/file_io.h"
+#include "formats/io_buffer.h"
 #include "formats/thread_pool.h"
 
 namespace ckpt {
@@ -24,36 +25,31 @@ uint64_t srcwin_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectA
 uint64_t srcwin_round_up(uint64_t x) { return srcwin_round_down(x + kDirectAlignBytes - 1); }
 
 // Direct-read buffers are reused (fresh pages cost 0.5-0.7 GB/s in an idle VM, LIMITS.md): a
-// per-thread free list, by size.
+// per-thread free list, by size. Mapped buffers (IoBuffer), not malloc's: formats/io_buffer.h.
 struct SrcBufCache {
-  std::vector<std::pair<uint64_t, char*>> free;
-  ~SrcBufCache() {
-    for (auto& b : free) std::free(b.second);
-  }
+  std::vector<IoBuffer> free;
 };
 thread_local SrcBufCache t_src_bufs;
 
-char* srcwin_buf_get(uint64_t bytes) {
+IoBuffer srcwin_buf_get(uint64_t bytes) {
   auto& f = t_src_bufs.free;
   for (size_t i = 0; i < f.size(); ++i)
-    if (f[i].first == bytes) {
-      char* p = f[i].second;
+    if (f[i].size() == bytes) {
+      IoBuffer b = std::move(f[i]);
       f.erase(f.begin() + static_cast<long>(i));
-      return p;
+      return b;
     }
-  void* p = nullptr;
-  return ::posix_memalign(&p, kDirectAlignBytes, bytes) == 0 ? static_cast<char*>(p) : nullptr;
+  return IoBuffer(bytes);
 }
 
-void srcwin_buf_put(uint64_t bytes, char* p) {
-  if (!p) return;
+void srcwin_buf_put(IoBuffer b) {
+  if (!b.data()) return;
   auto& f = t_src_bufs.free;
-  f.emplace_back(bytes, p);
+  f.push_back(std::move(b));
   uint64_t kept = 0;
-  for (const auto& b : f) kept += b.first;
+  for (const auto& x : f) kept += x.size();
   while (kept > kSourceBufferCacheBytes) {  // the oldest go first
-    kept -= f.front().first;
-    std::free(f.front().second);
+    kept -= f.front().size();
     f.erase(f.begin());
   }
 }
@@ -100,8 +96,8 @@ SourceWindow::SourceWindow(int fd, IoMode mode, uint64_t window, uint64_t end) :
 SourceWindow::~SourceWindow() {
   (void)finish_read_ahead();
   drop_map();
-  srcwin_buf_put(buf_bytes_, cur_.p);
-  srcwin_buf_put(buf_bytes_, next_.p);
+  srcwin_buf_put(std::move(cur_.mem));
+  srcwin_buf_put(std::move(next_.mem));
 }
 
 Status SourceWindow::init(const std::string& what) {
@@ -117,8 +113,10 @@ Status SourceWindow::init(const std::string& what) {
   if (d < 0) return Status::Ok();  // refused: mapped windows
   dfd_ = ScopedFd(d);
   buf_bytes_ = window_;
-  cur_.p = srcwin_buf_get(buf_bytes_);
-  next_.p = srcwin_buf_get(buf_bytes_);
+  cur_.mem = srcwin_buf_get(buf_bytes_);
+  next_.mem = srcwin_buf_get(buf_bytes_);
+  cur_.p = cur_.mem.data();
+  next_.p = next_.mem.data();
   if (!cur_.p || !next_.p) dfd_.reset();
   return Status::Ok();
 }

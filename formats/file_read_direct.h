@@ -29,6 +29,7 @@
 
 #include "formats/file_io_direct.h"
 #include "formats/fs_util.h"
+#include "formats/io_buffer.h"
 #include "formats/status.h"
 
 namespace ckpt {
@@ -64,7 +65,8 @@ class SourceWindow {
 
  private:
   struct Buf {
-    char* p = nullptr;
+    IoBuffer mem;
+    char* p = nullptr;        // mem.data()
     uint64_t base = 0, got = 0;  // file bytes [base, base + got) held
   };
   bool resident(uint64_t base, uint64_t len) const;
