@@ -35,6 +35,9 @@ Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads
 
 namespace {
 
+// to-hf's share of --max-memory beside its chunks: the process, HDF5, the copies' buffers.
+constexpr uint64_t kToHfReserveBytes = uint64_t{24} << 20;
+
 double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -64,7 +67,9 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
-  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces));
+  // The process itself and a compressed source's decoding threads come out of the budget.
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces,
+                                                                    kToHfReserveBytes + source_decode_reserve(*src, req.threads)));
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
   ToHfOutcome out;
   out.out = req.out;
@@ -144,14 +149,14 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto so, store::parse_compress_spec(req.compress, "--compress"));
   CKPT_ASSIGN_OR_RETURN(so, store::parse_digest_spec(req.digest, "--digest", so));
   so.fsync = req.fsync;
-  so.hash_threads = req.threads;
   CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
-  // Keep 48 MiB of the budget for the store writer (HDF5, hashing), as `ckpt reshard` does.
-  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, 48ull << 20));
+  // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
+  CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so));
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   FromHfOutcome out;
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {

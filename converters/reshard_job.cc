@@ -40,6 +40,38 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
   return exec_chunk_bytes(budget, threads, max_src_elem, min_out_elem);
 }
 
+// Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
+// copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
+// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
+// hot: no slower; docs/BENCHMARKS.md, issue 15 session 13). Only when --max-memory holds the extra
+// threads' buffers beside a 64 MiB chunk budget. Compressed pieces keep --threads (CPU-bound), and
+// the chunks they hold in flight (raw + compressed, 2 x 4 MiB each; 2 x threads + 2 of them keep
+// the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
+// else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15).
+Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so) {
+  CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
+  constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20;
+  uint64_t reserve = kStoreWriterReserveBytes;
+  so.hash_threads = threads;
+  if (so.codec != store::Codec::kNone) {
+    const uint64_t per_chunk = 2 * so.chunk_bytes, want = (2 * static_cast<uint64_t>(threads) + 2) * per_chunk;
+    so.chunk_memory = mem >= reserve + want + kChunkBudgetBytes ? want : 3 * per_chunk;
+    return reserve + so.chunk_memory;
+  }
+  const uint64_t extra = static_cast<uint64_t>(threads) * kCopyThreadBytes;
+  if (mem < reserve + extra + kChunkBudgetBytes) return reserve;
+  so.hash_threads = 2 * threads;
+  return reserve + extra;
+}
+
+uint64_t source_decode_reserve(const TensorSource& src, int threads) {
+  const auto* store = dynamic_cast<const store::StoreReader*>(&src);
+  if (!store) return 0;
+  for (const auto& rec : store->manifest().pieces)
+    if (rec.codec != store::Codec::kNone) return static_cast<uint64_t>(std::max(1, threads)) * kDecodeThreadBytes;
+  return 0;
+}
+
 namespace {
 
 // SRC as opened: a native store (checksummed, re-verifiable) or another TensorSource.
@@ -119,21 +151,6 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
   return conv;
 }
 
-// Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
-// copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
-// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
-// hot: no slower; docs/BENCHMARKS.md, issue 15 session 13). Only when --max-memory holds the extra
-// threads' buffers beside a 64 MiB chunk budget; compressed outputs keep --threads (CPU-bound).
-int store_pool_threads(const ReshardRequest& r, const store::StoreOptions& so, uint64_t* reserve) {
-  *reserve = kStoreWriterReserveBytes;
-  auto mem = parse_byte_size(r.max_memory, "--max-memory");
-  if (so.codec != store::Codec::kNone || !mem.ok()) return r.threads;
-  const uint64_t extra = static_cast<uint64_t>(r.threads) * kCopyThreadBytes;
-  if (*mem < *reserve + extra + (uint64_t{64} << 20)) return r.threads;
-  *reserve += extra;
-  return 2 * r.threads;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -143,8 +160,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
   CKPT_ASSIGN_OR_RETURN(sopts, store::parse_digest_spec(r.digest, "--digest", sopts));
-  uint64_t reserve = 0;
-  sopts.hash_threads = store_pool_threads(r, sopts, &reserve);
+  CKPT_ASSIGN_OR_RETURN(uint64_t reserve, fit_store_writer(r.max_memory, r.threads, sopts));
   CKPT_ASSIGN_OR_RETURN(sopts.io, parse_io_mode(r.io, "--io"));
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
@@ -158,6 +174,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   LlamaConfig cfg;
   ReshardOutcome out;
   ExecOptions eo;
+  reserve += source_decode_reserve(src, r.threads);
   CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo, reserve));
   LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();

@@ -14,6 +14,7 @@
 #include "converters/exactness.h"
 #include "converters/profile_view_job.h"
 #include "formats/status.h"
+#include "formats/store/store_options.h"
 #include "reshard/layout.h"
 #include "reshard/planner.h"
 
@@ -36,6 +37,17 @@ struct LayoutValues {
 // narrowest output element.
 Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
                                     size_t min_out_elem, uint64_t reserve = 0);
+
+// How a job's native store writer fits --max-memory beside the executor's chunk buffers: sets
+// so.hash_threads (the writer's pool) and so.chunk_memory (compressed chunks in flight) for
+// `threads`; returns the bytes of --max-memory to reserve for the writer, HDF5 and the process.
+Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so);
+
+// What a compressed native SRC costs beside the executor's chunks: each decoding thread keeps its
+// last decoded chunk and its raw read buffer (4 MiB chunks: formats/store/chunk_reader.h) and a
+// zstd context. 0 for other sources.
+inline constexpr uint64_t kDecodeThreadBytes = uint64_t{10} << 20;
+uint64_t source_decode_reserve(const TensorSource& src, int threads);
 
 struct ReshardRequest {
   std::string src, dst;

@@ -98,7 +98,7 @@ Status ChunkWriter::submit(size_t id, uint64_t chunk, const char* src, std::vect
                      return encode_chunk_into(codec, level, esize, src, bytes, *out, [&done] { done->set_value(); });
                    })});
   // Bounded: the oldest chunk is written once the pipeline holds enough to keep the pool busy.
-  while (fifo_.size() > 2 * static_cast<size_t>(pool_->size()) + 1) CKPT_RETURN_IF_ERROR(write_front());
+  while (fifo_.size() > std::min(2 * static_cast<size_t>(pool_->size()) + 1, max_inflight_)) CKPT_RETURN_IF_ERROR(write_front());
   return Status::Ok();
 }
 

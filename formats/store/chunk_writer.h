@@ -29,7 +29,10 @@ namespace ckpt::store {
 
 class ChunkWriter {
  public:
-  ChunkWriter(ThreadPool* pool, std::string path) : pool_(pool), path_(std::move(path)) {}
+  // `max_inflight`: at most this many chunks in flight (>= 1), below the 2 x pool size + 1 that
+  // keep the pool busy (a memory budget: StoreOptions::chunk_memory).
+  ChunkWriter(ThreadPool* pool, std::string path, size_t max_inflight = SIZE_MAX)
+      : pool_(pool), path_(std::move(path)), max_inflight_(max_inflight < 1 ? 1 : max_inflight) {}
   ~ChunkWriter();
   // A chunked dataset to fill (kept open by the caller until flush() after its last write).
   // `desc` and `tensor` name it in errors (an error may surface during a later stream's write).
@@ -65,6 +68,7 @@ class ChunkWriter {
 
   ThreadPool* pool_;
   std::string path_;
+  size_t max_inflight_;
   std::vector<Stream> streams_;
   std::deque<Pending> fifo_;
   std::vector<std::vector<char>> spare_;  // staging buffers to reuse (fresh pages cost more than zstd)

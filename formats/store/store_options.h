@@ -21,6 +21,9 @@ struct StoreOptions {
   int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
   DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest.h)
   IoMode io = IoMode::kAuto;          // how piece bytes are written (formats/file_io_direct.h; compressed: direct_vfd.h)
+  // Compressed: the memory the chunks in flight may hold (each its raw and its compressed bytes,
+  // ~2 x chunk_bytes); 0: as many as keep the pool busy (2 x hash_threads + 1 chunks).
+  uint64_t chunk_memory = 0;
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into

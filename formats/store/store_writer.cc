@@ -171,7 +171,9 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   impl->opts = opts;
   impl->pool = std::make_unique<ThreadPool>(std::max(1, opts.hash_threads));
   impl->buffer_hasher = std::make_unique<ThreadPool>(1);
-  impl->chunks = std::make_unique<ChunkWriter>(impl->pool.get(), impl->path);
+  const uint64_t per_chunk = 2 * std::max<uint64_t>(1, opts.chunk_bytes);
+  impl->chunks = std::make_unique<ChunkWriter>(impl->pool.get(), impl->path,
+                                               opts.chunk_memory ? static_cast<size_t>(opts.chunk_memory / per_chunk) : SIZE_MAX);
   auto lock = h5_lock();
   CKPT_ASSIGN_OR_RETURN(H5Id fapl, shard_file_access(opts, pieces));  // compressed: ckpt's file driver (direct_vfd.h)
   impl->file = h5_file(H5Fcreate(impl->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()));
