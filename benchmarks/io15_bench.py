@@ -26,7 +26,10 @@ Parts (--parts, comma list):
                      same bytes: the tp=4 pp=2 store (for reshard) and the HF directory (for
                      from-hf / to-hf, same size within 0.1%); `dd16 src`: the disk's write floor,
                      as many bytes as the store written by 16 dd oflag=direct writers at once
-                     (zeros, no read): no reshard can write its output faster.
+                     (zeros, no read): no reshard can write its output faster; `rw16 src`: the
+                     disk's read + write floor, every source shard read with `dd iflag=direct`
+                     (all at once) while dd16 writes: a reshard reads all and writes all, so no
+                     reshard can be faster than this (no page cache, no CPU work).
   io      to-hf from tp=2 and from-hf with --io buffered / direct / auto, vs cp -r + sync.
   zstd    compressed store (shuffle+zstd-1) write and read with --threads 1 and 2.
 ckpt fsyncs its outputs (the default). Wall seconds include the final sync; peak RSS and CPU
@@ -196,6 +199,14 @@ def dd_floor(nbytes: int, dst: pathlib.Path, streams: int = 16):
             "conv=fsync status=none & done; wait"]
 
 
+def rw_floor(src: pathlib.Path, dst: pathlib.Path, streams: int = 16):
+    """The disk's read + write floor: every file of src read with iflag=direct, all at once, while
+    dd_floor writes as many bytes."""
+    reads = " ".join(f"dd if='{p}' of=/dev/null bs=4M iflag=direct status=none &" for p in sorted(src.rglob("*")) if p.is_file())
+    write = dd_floor(dir_bytes(src), dst, streams)[2]
+    return ["bash", "-c", f"{reads} {write}"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", default="build/ckpt")
@@ -250,7 +261,8 @@ def main():
         mm = ["--max-memory", a.max_memory]
         cases += [("cp src", lambda: ["cp", "-r", src, fresh("o_cp")], [src], True),
                   ("dd src", lambda: dd_copy(src, fresh("o_dd")), [src], True),
-                  ("dd16 src", lambda: dd_floor(dir_bytes(src), fresh("o_dd")), [], True)]
+                  ("dd16 src", lambda: dd_floor(dir_bytes(src), fresh("o_dd")), [], True),
+                  ("rw16 src", lambda: rw_floor(src, fresh("o_dd")), [src], True)]
         for io in a.io_modes.split(","):
             cases.append((f"reshard {io}", lambda io=io: [ck, "reshard", src, fresh("o_rs"), "--tp", "2", "--pp", "3", "--pp-layers",
                                                           ",".join(map(str, per_dst)), "--dp", "1", "--io", io, *mm], [src], False))
@@ -314,7 +326,9 @@ def summarize(times, rss, states):
                 floor = min((med[b] for b in ("dd src", "dd16 src") if b in med), default=None)
                 if floor is not None:
                     extra += f", write floor (best of dd src, dd16 src) {floor:.2f} s"
-            baseline = n.split()[0] in ("cp", "dd", "dd16")
+                if "rw16 src" in med:
+                    extra += f", read + write floor (rw16 src) {med['rw16 src']:.2f} s = {med['rw16 src'] / v:.2f}x of ckpt"
+            baseline = n.split()[0] in ("cp", "dd", "dd16", "rw16")
             vs = lambda b: f"{med[b] / v:.2f}" if b in med and not baseline else "-"  # noqa: E731
             print(f"{n} | {v:.2f} | {vs(cp)} | {vs(dd)} | {rss[(s, n)]:.0f} | {extra}")
         sys.stdout.flush()
