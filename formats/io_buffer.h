@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 namespace ckpt {
 
@@ -19,7 +20,7 @@ class IoBuffer {
   IoBuffer() = default;
   explicit IoBuffer(uint64_t bytes);  // bytes rounded up to pages; data() nullptr when refused
   ~IoBuffer();
-  IoBuffer(IoBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  IoBuffer(IoBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   IoBuffer& operator=(IoBuffer&& o) noexcept;
   IoBuffer(const IoBuffer&) = delete;
   IoBuffer& operator=(const IoBuffer&) = delete;
