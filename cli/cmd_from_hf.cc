@@ -49,6 +49,7 @@ int run_from_hf(const FromHfArgs& a) {
   bar.finish();
   if (!r.ok()) return error_exit(r.status(), root);
   if (!root) return 0;
+  a.stream.print_memory_note(r->memory);
   if (a.json) {
     std::printf("%s\n", r->to_json().dump(2).c_str());
   } else if (!r->profile.empty()) {

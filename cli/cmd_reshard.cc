@@ -75,6 +75,7 @@ int run_reshard(const ReshardArgs& a) {
   bar.finish();
   if (!r.ok()) return error_exit(r.status(), root);
   if (!root) return 0;
+  a.stream.print_memory_note(r->memory);
   if (a.dry_run)
     print_dry_run(a, *r);
   else

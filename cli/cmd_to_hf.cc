@@ -48,6 +48,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto r = run_to_hf_job(req);
     bar.finish();
     if (!r.ok()) return report_error(r.status());
+    o->stream.print_memory_note(r->memory);
     if (o->json) {
       std::printf("%s\n", r->to_json().dump(2).c_str());
       return 0;

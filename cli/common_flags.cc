@@ -1,5 +1,7 @@
 #include "cli/common_flags.h"
 
+#include <cstdio>
+
 namespace ckpt::cli {
 
 void LayoutFlags::add(CLI::App& sub, const std::string& zero_help) {
@@ -16,7 +18,14 @@ void StreamFlags::add(CLI::App& sub) {
                  "checkpoint being written copies and hashes pieces taken from source files on N (default " +
                      std::to_string(threads) + ")")
       ->check(CLI::Range(1, 64));
-  sub.add_option("--max-memory", max_memory, "buffer budget, e.g. 256M, 1G (default " + max_memory + ")");
+  sub.add_option("--max-memory", max_memory,
+                 "memory budget of the whole process, e.g. 256M, 1G (default " + max_memory +
+                     "); a job's fixed buffers are its floor (--json reports it; below it the job runs at the floor and says so)");
+}
+
+void StreamFlags::print_memory_note(const MemoryFit& fit) const {
+  const std::string note = fit.note(threads);
+  if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
 }
 
 Result<uint64_t> StreamFlags::chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve) const {

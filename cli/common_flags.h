@@ -41,6 +41,8 @@ struct StreamFlags {
   Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
   // The same, for copying `src`'s pieces into `out` pieces (widest source, narrowest output element).
   Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
+  // On stderr: the note of a job that ran below its memory floor (converters/memory_fit.h).
+  void print_memory_note(const MemoryFit& fit) const;
 };
 
 // --io direct|buffered|auto (formats/file_io_direct.h).

@@ -50,8 +50,8 @@ Status hf_job_check_threads(int threads) {
 }  // namespace
 
 nlohmann::json ToHfOutcome::to_json() const {
-  return {{"out", out}, {"tensors", tensors}, {"bytes", bytes}, {"config", config},
-          {"files", files}, {"skipped", skipped}, {"seconds", seconds}};
+  return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
+          {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()}};
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -67,11 +67,12 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
-  // The process itself and a compressed source's decoding threads come out of the budget.
-  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces,
-                                                                    kToHfReserveBytes + source_decode_reserve(*src, req.threads)));
-  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
+  const uint64_t reserve = kToHfReserveBytes + source_decode_reserve(*src, req.threads);
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   ToHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve));
+  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
   out.out = req.out;
   out.tensors = plan->tensors.size();
   out.bytes = plan->total_bytes;
@@ -86,7 +87,7 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
 
 nlohmann::json FromHfOutcome::to_json() const {
   nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
-                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}};
+                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()}};
   if (!profile.empty()) {
     j["profile"] = profile;
     j["exactness"] = exactness.to_json();
@@ -121,6 +122,7 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
   out.tensors = r.plan.tensors.size();
   out.profile = r.profile;
   out.exactness = r.exactness;
+  out.memory = r.memory;
   out.seconds = hf_job_seconds_since(t0);
   return out;
 }
@@ -158,6 +160,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so));
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   FromHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve));
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
     CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));

@@ -53,7 +53,8 @@ struct ToHfOutcome {
   std::vector<std::string> files;     // tokenizer/side files written beside the weights
   std::vector<std::string> skipped;   // non-model tensors left out
   double seconds = 0;
-  nlohmann::json to_json() const;     // {out, tensors, bytes, config, files, skipped, seconds}
+  MemoryFit memory;                   // --max-memory against the job's floor (converters/memory_fit.h)
+  nlohmann::json to_json() const;     // {out, tensors, bytes, config, files, skipped, seconds, memory}
 };
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req);
@@ -82,7 +83,8 @@ struct FromHfOutcome {
   std::string profile;               // set when stored through a profile ...
   ExactnessReport exactness;         // ... with its exactness report
   double seconds = 0;
-  // {out, layout, tensors, bytes, side_files, skipped, seconds, profile?, exactness?}
+  MemoryFit memory;                  // --max-memory against the job's floor (converters/memory_fit.h)
+  // {out, layout, tensors, bytes, side_files, skipped, seconds, memory, profile?, exactness?}
   nlohmann::json to_json() const;
 };
 

@@ -8,6 +8,7 @@
 
 #include "converters/llama_config.h"
 #include "converters/llama_sharding.h"
+#include "converters/memory_fit.h"
 #include "converters/open_checkpoint.h"
 #include "converters/profile_view.h"
 #include "formats/byte_size.h"
@@ -35,8 +36,7 @@ Result<Layout> LayoutValues::make(int64_t num_layers) const {
 Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
                                     size_t min_out_elem, uint64_t reserve) {
   CKPT_ASSIGN_OR_RETURN(uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
-  const uint64_t floor = 4u << 20;  // the smallest budget handed to the executor
-  const uint64_t budget = mem > reserve + floor ? mem - reserve : floor;
+  const uint64_t budget = mem > reserve + kMinChunkBudgetBytes ? mem - reserve : kMinChunkBudgetBytes;  // below: MemoryFit
   return exec_chunk_bytes(budget, threads, max_src_elem, min_out_elem);
 }
 
@@ -47,7 +47,8 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
 // threads' buffers beside a 64 MiB chunk budget. Compressed pieces keep --threads (CPU-bound), and
 // the chunks they hold in flight (raw + compressed, 2 x 4 MiB each; 2 x threads + 2 of them keep
 // the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
-// else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15).
+// else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15); and the partial chunk
+// each writing thread stages.
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
   constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20;
@@ -56,7 +57,7 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
   if (so.codec != store::Codec::kNone) {
     const uint64_t per_chunk = 2 * so.chunk_bytes, want = (2 * static_cast<uint64_t>(threads) + 2) * per_chunk;
     so.chunk_memory = mem >= reserve + want + kChunkBudgetBytes ? want : 3 * per_chunk;
-    return reserve + so.chunk_memory;
+    return reserve + so.chunk_memory + static_cast<uint64_t>(threads) * so.chunk_bytes;  // + a partial chunk per writing thread
   }
   const uint64_t extra = static_cast<uint64_t>(threads) * kCopyThreadBytes;
   if (mem < reserve + extra + kChunkBudgetBytes) return reserve;
@@ -67,8 +68,9 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
 uint64_t source_decode_reserve(const TensorSource& src, int threads) {
   const auto* store = dynamic_cast<const store::StoreReader*>(&src);
   if (!store) return 0;
+  const uint64_t shares = threads > 1 ? 2 * static_cast<uint64_t>(threads) - 1 : 1;
   for (const auto& rec : store->manifest().pieces)
-    if (rec.codec != store::Codec::kNone) return static_cast<uint64_t>(std::max(1, threads)) * kDecodeThreadBytes;
+    if (rec.codec != store::Codec::kNone) return shares * kDecodeThreadBytes;
   return 0;
 }
 
@@ -175,6 +177,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   ReshardOutcome out;
   ExecOptions eo;
   reserve += source_decode_reserve(src, r.threads);
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(r.max_memory, reserve));
   CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo, reserve));
   LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "converters/exactness.h"
+#include "converters/memory_fit.h"
 #include "converters/profile_view_job.h"
 #include "formats/status.h"
 #include "formats/store/store_options.h"
@@ -43,9 +44,12 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
 // `threads`; returns the bytes of --max-memory to reserve for the writer, HDF5 and the process.
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so);
 
-// What a compressed native SRC costs beside the executor's chunks: each decoding thread keeps its
-// last decoded chunk and its raw read buffer (4 MiB chunks: formats/store/chunk_reader.h) and a
-// zstd context. 0 for other sources.
+// What a compressed native SRC costs beside the executor's chunks on `threads`: chunks are decoded
+// on the executor's reading thread and a pool of threads - 1, each keeping its last decoded chunk,
+// its raw read buffer (4 MiB chunks: formats/store/chunk_reader.h) and a zstd context, and the
+// threads' own memory (malloc arenas, stacks) grows with them: 2 x threads - 1 shares of 10 MiB
+// (measured on a 3.08 GB store at --threads 1, 2, 4: reshard 49-83 MiB, to-hf 51-88 MiB, each
+// under its floor or budget; converters/memory_fit.h). 0 for other sources.
 inline constexpr uint64_t kDecodeThreadBytes = uint64_t{10} << 20;
 uint64_t source_decode_reserve(const TensorSource& src, int threads);
 
@@ -75,8 +79,10 @@ struct ReshardOutcome {
   std::string profile;          // the profile of DST when the job went through the profile views
   std::string from_profile;     // ... and the one of SRC
   ExactnessReport exactness;    // merged over processes on rank 0
+  MemoryFit memory;             // --max-memory against the job's floor (converters/memory_fit.h)
   // The JSON of `ckpt reshard --json` (converters/reshard_job_json.cc): the plan's summary with
-  // plan_seconds, and unless `dry_run` dst, seconds, processes (+ profile, from_profile, exactness).
+  // plan_seconds and memory, and unless `dry_run` dst, seconds, processes (+ profile, from_profile,
+  // exactness).
   nlohmann::json to_json(const std::string& dst, bool dry_run) const;
 };
 

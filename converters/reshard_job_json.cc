@@ -7,6 +7,7 @@ namespace ckpt {
 nlohmann::json ReshardOutcome::to_json(const std::string& dst, bool dry_run) const {
   nlohmann::json j = plan.to_json();
   j["plan_seconds"] = plan_seconds;
+  j["memory"] = memory.to_json();
   if (dry_run) return j;
   j["dst"] = dst;
   j["seconds"] = seconds;

@@ -78,7 +78,7 @@ def _hf_dir(path, layers, rng):
 _LAUNCHER = """import os, sys
 pid = os.fork()
 if pid == 0:
-    fd = os.open(os.devnull, os.O_WRONLY)
+    fd = os.open(os.environ.get("CKPT_MEMORY_STDOUT", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.execv(sys.argv[1], sys.argv[1:])
 _, status, ru = os.wait4(pid, 0)
@@ -87,12 +87,17 @@ sys.exit(os.waitstatus_to_exitcode(status) & 255)
 """
 
 
+def _run_measured(ckpt_bin, args, stdout_path=None):
+    env = dict(os.environ, **({"CKPT_MEMORY_STDOUT": str(stdout_path)} if stdout_path else {}))
+    p = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, ckpt_bin, *map(str, args)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, f"ckpt {args} exited {p.returncode}: {p.stderr}"
+    return int(p.stdout.split()[-1]) / 1024.0, p.stderr  # KiB on Linux
+
+
 def _peak_mib(ckpt_bin, *args):
     """Runs ckpt ARGS; returns its peak RSS in MiB (ru_maxrss of ckpt and its children)."""
-    p = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, ckpt_bin, *map(str, args)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"ckpt {args} exited {p.returncode}: {p.stderr}"
-    return int(p.stdout.split()[-1]) / 1024.0  # KiB on Linux
+    return _run_measured(ckpt_bin, args)[0]
 
 
 def test_peak_rss_within_budget_and_constant(ckpt_bin, tmp_path):
@@ -127,3 +132,36 @@ def test_peak_rss_within_budget_and_constant(ckpt_bin, tmp_path):
         budget = COMPRESSED_BUDGET_MIB if "compress" in cmd else BUDGET_MIB
         assert max(one, two) <= budget, f"{cmd}: peak RSS {max(one, two):.1f} MiB > {budget} MiB"
         assert two <= one + MARGIN_MIB, f"{cmd}: peak RSS grows with the input: {one:.1f} -> {two:.1f} MiB"
+
+
+# Below a job's floor (its fixed buffers + 4 MiB of chunks, converters/memory_fit.h) --max-memory
+# cannot be kept: the job runs at its floor, says so on stderr and reports the floor in --json.
+# Compressed outputs and sources at 64M are below theirs on --threads 2 (84-114 MiB).
+FLOOR_MARGIN_MIB = 8
+
+
+def test_below_the_floor_runs_at_the_floor_and_says_so(ckpt_bin, tmp_path):
+    if os.environ.get("CKPT_SANITIZE") == "ON":
+        pytest.skip("ASan's shadow memory and quarantine are not ckpt's")
+    _hf_dir(tmp_path / "hf", 3, np.random.default_rng(1))
+    zc = ["--threads", CODEC_THREADS, "--compress", "shuffle+zstd:1", "--json"]
+    mm = ["--max-memory", MAX_MEMORY]
+    jobs = [("from-hf --compress", ["from-hf", tmp_path / "hf", tmp_path / "zstd", *mm, *zc, "--no-fsync"]),
+            ("reshard --compress", ["reshard", tmp_path / "zstd", tmp_path / "zstd_tp2", "--tp", 2, "--pp", 1, "--dp", 1, *mm, *zc]),
+            ("to-hf (compressed)", ["to-hf", tmp_path / "zstd_tp2", tmp_path / "out", *mm, *zc[:2], "--json", "--no-fsync"]),
+            ("to-hf (compressed, threads 4)", ["to-hf", tmp_path / "zstd_tp2", tmp_path / "out4", *mm, "--threads", 4, "--json",
+                                               "--no-fsync"])]
+    floors = []
+    for name, args in jobs:
+        peak, err = _run_measured(ckpt_bin, args, tmp_path / "out.json")
+        mem = json.loads((tmp_path / "out.json").read_text())["memory"]
+        floor_mib = mem["floor"] / 2**20
+        floors.append(floor_mib)
+        assert mem["max_memory"] == 64 << 20, (name, mem)
+        if floor_mib > 64:
+            assert f"--max-memory 64 MiB is below the {int(-(-mem['floor'] // 2**20))} MiB" in err, (name, err)
+        else:
+            assert "note:" not in err, (name, err)
+        print(f"{name}: peak {peak:.1f} MiB, floor {floor_mib:.0f} MiB")
+        assert peak <= max(64, floor_mib) + FLOOR_MARGIN_MIB, f"{name}: peak RSS {peak:.1f} MiB > max(64, floor {floor_mib:.0f}) MiB"
+    assert max(floors) > 64, f"no job below its floor at 64M: {floors}"  # else the notes and bounds go untested
