@@ -115,8 +115,9 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
     source before committing. ``dry_run=True`` only plans.
 
     Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
-    peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds}`` plus, when written, ``{dst, seconds,
-    processes}`` and for a profile conversion ``{profile, from_profile, exactness}``."""
+    peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds, memory}``
+    (``memory``: ``{max_memory, floor}`` in bytes, docs/RESHARD.md) plus, when written, ``{dst,
+    seconds, processes}`` and for a profile conversion ``{profile, from_profile, exactness}``."""
     with _layout_file(layout) as lay:
         opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
                              threads, max_memory, io, dry_run, verify_source, False)
@@ -146,7 +147,7 @@ def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: 
     config.json and tokenizer files carried in the checkpoint. ``dtype``: cast float weights to
     ``"bf16"``, ``"fp16"`` or ``"fp32"`` (None keeps them).
 
-    Returns ``{out, tensors, bytes, config, files, skipped, seconds}``."""
+    Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory}``."""
     opts = {"dtype": dtype or "", "max_shard_size": _size(max_shard_size, "max_shard_size"), "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
     return _ckpt._to_hf(_path(src), _path(out), opts, progress)
@@ -161,7 +162,7 @@ def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, p
     DCP directory of an HF state_dict) into a new native store ``dst``, laid out for
     ``tp``/``pp``/``dp`` when given (else tp=pp=dp=1), in ``profile`` when given.
 
-    Returns ``{out, layout, tensors, bytes, side_files, skipped, seconds}`` (+ ``profile``,
+    Returns ``{out, layout, tensors, bytes, side_files, skipped, seconds, memory}`` (+ ``profile``,
     ``exactness`` with a profile)."""
     opts = {"dtype": dtype or "", "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
             "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
