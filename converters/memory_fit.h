@@ -8,7 +8,8 @@
 //    (tests/python/test_memory.py);
 //  - below it the job runs at its floor, the least it can do (it is never refused: tiny budgets
 //    are how tests force tiny chunks), and the CLI says so on stderr (note()); --json reports both.
-// A compressed -> compressed reshard on --threads 2 has a floor of ~106 MiB; an uncompressed one 52.
+// A compressed -> compressed reshard on --threads 2 has a floor of 114 MiB; an uncompressed one 52
+// (docs/RESHARD.md lists the others).
 #pragma once
 
 #include <cstdint>

@@ -133,8 +133,13 @@ Status prepare(const ReshardRequest& r, TensorSource& src, LlamaConfig& cfg, Lay
   return Status::Ok();
 }
 
+// A conversion's transpose / cast tiles: three per executor thread.
+uint64_t profile_tiles_reserve(int threads) {
+  return uint64_t{3} * (static_cast<uint64_t>(threads) + 1) * kProfileTileBytes;
+}
+
 // The profile views of a conversion job, and the chunk size re-sized for the view's dtypes and
-// its transpose / cast tiles (three per executor thread).
+// its transpose / cast tiles.
 Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequest& r, TensorSource& src,
                                                                const LlamaConfig& cfg, Layout& layout, ExecOptions& eo,
                                                                uint64_t reserve) {
@@ -147,9 +152,8 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
   }
   // Staged transposes (reshard/staged_read.h) hold the chunk's canonical bytes in SRC's dtypes.
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  const uint64_t tiles = uint64_t{3} * (static_cast<uint64_t>(r.threads) + 1) * kProfileTileBytes;
   CKPT_ASSIGN_OR_RETURN(eo.max_chunk_bytes, chunk_bytes_within(r.max_memory, r.threads, max_src, min_out,
-                                                               reserve + tiles));
+                                                               reserve + profile_tiles_reserve(r.threads)));
   return conv;
 }
 
@@ -186,6 +190,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   std::unique_ptr<ProfileConversion> conv;
   if (needs_profile_views(src.metadata(), r.profile)) {
     CKPT_ASSIGN_OR_RETURN(conv, prepare_profile_job(r, src, cfg, out.layout, eo, reserve));
+    out.memory.floor += profile_tiles_reserve(r.threads);
   }
   TensorSource& plan_src = conv ? conv->source() : src;
   const ShardingRules& rules = conv ? conv->rules() : static_cast<const ShardingRules&>(llama_rules);
