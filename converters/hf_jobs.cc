@@ -160,7 +160,10 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so));
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   FromHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve));
+  // The read-ahead is what the budget leaves over (fit_store_writer): not part of the floor.
+  const uint64_t ahead = so.read_ahead ? so.read_ahead->capacity() : 0;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve - ahead));
+  out.memory.read_ahead = ahead;
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
     CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));

@@ -10,7 +10,7 @@ std::string mib(uint64_t bytes) { return std::to_string((bytes + (uint64_t{1} <<
 
 }  // namespace
 
-nlohmann::json MemoryFit::to_json() const { return {{"max_memory", max_memory}, {"floor", floor}}; }
+nlohmann::json MemoryFit::to_json() const { return {{"max_memory", max_memory}, {"floor", floor}, {"read_ahead", read_ahead}}; }
 
 std::string MemoryFit::note(int threads) const {
   if (!below_floor()) return "";

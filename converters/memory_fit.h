@@ -27,9 +27,10 @@ inline constexpr uint64_t kMinChunkBudgetBytes = uint64_t{4} << 20;
 struct MemoryFit {
   uint64_t max_memory = 0;  // bytes of --max-memory
   uint64_t floor = 0;       // the job's fixed buffers + kMinChunkBudgetBytes
+  uint64_t read_ahead = 0;  // of max_memory: direct copies' source read-ahead (formats/source_blocks.h), 0: none
 
   bool below_floor() const { return max_memory < floor; }
-  nlohmann::json to_json() const;  // {"max_memory": bytes, "floor": bytes}
+  nlohmann::json to_json() const;  // {"max_memory": bytes, "floor": bytes, "read_ahead": bytes}
   // Below the floor: one line for stderr saying what was asked, what the job needs at the least
   // with `threads`, and what to change; "" otherwise.
   std::string note(int threads) const;

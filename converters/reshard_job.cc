@@ -51,7 +51,9 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
 // each writing thread stages.
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
-  constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20;
+  constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20, kReadAheadChunkBudgetBytes = uint64_t{32} << 20;
+  constexpr uint64_t kMinReadAheadBytes = uint64_t{64} << 20, kMaxReadAheadBytes = uint64_t{512} << 20;
+  constexpr int kReadAheadDepth = 8;  // blocks of 8 MiB ahead per source file
   uint64_t reserve = kStoreWriterReserveBytes;
   so.hash_threads = threads;
   if (so.codec != store::Codec::kNone) {
@@ -62,6 +64,17 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
   const uint64_t extra = static_cast<uint64_t>(threads) * kCopyThreadBytes;
   if (mem < reserve + extra + kChunkBudgetBytes) return reserve;
   so.hash_threads = 2 * threads;
+  if (so.io == IoMode::kDirect) {
+    // Direct copies read their sources through one SourceBlocks: what is left beside the copying
+    // threads' stages and a smaller chunk budget (extent copies need few chunks) is read ahead.
+    const uint64_t stages = static_cast<uint64_t>(so.hash_threads) * kCopyThreadReadAheadBytes;
+    const uint64_t room = mem - reserve - stages - kReadAheadChunkBudgetBytes;  // mem >= reserve + extra + 64 MiB: no underflow
+    const uint64_t ahead = std::min(kMaxReadAheadBytes, room / kSourceBlockBytes * kSourceBlockBytes);
+    if (ahead >= kMinReadAheadBytes) {
+      so.read_ahead = std::make_shared<SourceBlocks>(ahead, kReadAheadDepth);
+      return reserve + stages + ahead;
+    }
+  }
   return reserve + extra;
 }
 
@@ -166,8 +179,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(store::StoreOptions sopts, store::parse_compress_spec(r.compress, "--compress"));
   CKPT_ASSIGN_OR_RETURN(sopts, store::parse_digest_spec(r.digest, "--digest", sopts));
-  CKPT_ASSIGN_OR_RETURN(uint64_t reserve, fit_store_writer(r.max_memory, r.threads, sopts));
   CKPT_ASSIGN_OR_RETURN(sopts.io, parse_io_mode(r.io, "--io"));
+  CKPT_ASSIGN_OR_RETURN(uint64_t reserve, fit_store_writer(r.max_memory, r.threads, sopts));
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
@@ -181,7 +194,10 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   ReshardOutcome out;
   ExecOptions eo;
   reserve += source_decode_reserve(src, r.threads);
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(r.max_memory, reserve));
+  // The read-ahead is what the budget leaves over (fit_store_writer): not part of the floor.
+  const uint64_t ahead = sopts.read_ahead ? sopts.read_ahead->capacity() : 0;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(r.max_memory, reserve - ahead));
+  out.memory.read_ahead = ahead;
   CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo, reserve));
   LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();

@@ -14,6 +14,7 @@
 #include "formats/file_io.h"
 #include "formats/file_read_direct.h"
 #include "formats/io_buffer.h"
+#include "formats/source_blocks.h"
 #include "formats/thread_pool.h"
 
 namespace ckpt {
@@ -23,6 +24,7 @@ namespace {
 constexpr uint64_t kStageBytes = 4ull << 20;       // staging buffer per writing thread
 constexpr uint64_t kGatherWindowBytes = 8ull << 20;  // source bytes mapped at a time, all source files together
 static_assert(kCopyThreadBytes >= kStageBytes + kGatherWindowBytes + kSourceBufferCacheBytes, "kCopyThreadBytes: a copying thread's buffers");
+static_assert(kCopyThreadReadAheadBytes >= kStageBytes, "kCopyThreadReadAheadBytes: a copying thread's stage");
 
 uint64_t dio_round_down(uint64_t x) { return x / kDirectAlignBytes * kDirectAlignBytes; }
 uint64_t dio_round_up(uint64_t x) { return dio_round_down(x + kDirectAlignBytes - 1); }
@@ -210,7 +212,20 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     stage = stages[half ^= 1];
     return Status::Ok();
   };
+  SourceBlocks* blocks = st_->read_io == IoMode::kDirect ? st_->read_ahead : nullptr;
   for (const FileExtent& r : runs) {
+    uint64_t done = 0;
+    while (blocks && done < r.bytes) {  // direct reads with the read-ahead of SourceBlocks
+      CKPT_ASSIGN_OR_RETURN(const SourceBlocks::Lease ls, blocks->get(r.fd, r.offset + done, r.bytes - done, UINT64_MAX, st_->path));
+      if (!ls.p) break;  // not direct-readable: the windows below
+      const uint64_t k = std::min({r.bytes - done, kHalf - (filled - base), ls.n});
+      std::memcpy(stage + (filled - base), ls.p, k);
+      blocks->release(ls, k);
+      filled += k;
+      done += k;
+      if (filled - base == kHalf) CKPT_RETURN_IF_ERROR(flush());
+    }
+    if (done == r.bytes) continue;
     auto w = std::find_if(wins.begin(), wins.end(), [&r](const SourceWindow& x) { return x.fd() == r.fd; });
     if (w == wins.end()) {
       wins.emplace_back(r.fd, st_->read_io, window, end_of(r.fd));
@@ -218,7 +233,7 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
       CKPT_RETURN_IF_ERROR(w->init(st_->path));
     }
     if (r.offset > w->file_size() || w->file_size() - r.offset < r.bytes) return dio_short_source(r, w->file_size(), st_->path);
-    for (uint64_t done = 0; done < r.bytes;) {
+    while (done < r.bytes) {
       uint64_t k = std::min(r.bytes - done, kHalf - (filled - base));
       CKPT_ASSIGN_OR_RETURN(const SourceWindow::Span sp, w->at(r.offset + done, k, st_->path));
       if (!sp.p) {

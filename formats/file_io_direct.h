@@ -20,7 +20,9 @@
 // the file: sources are read a window at a time (SourceWindow, formats/file_read_direct.h: O_DIRECT
 // with the next window read ahead when the file was opened with IoMode kDirect; else mapped) and
 // copied into the staging buffer (a source that shrinks is a "ShortSource" error, never SIGBUS);
-// a single range in buffered mode is copy_file_bytes (formats/file_io.h).
+// a single range in buffered mode is copy_file_bytes (formats/file_io.h). With IoMode kDirect and
+// a SourceBlocks given (set_read_ahead), sources are read through it instead: direct reads kept
+// ahead across calls (formats/source_blocks.h), windows only where it gives no block.
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
 // close and moves one thread at a time.
 #pragma once
@@ -44,6 +46,8 @@ inline constexpr uint64_t kDirectAlignBytes = 4096;
 // Memory a thread copying with OutputFile::copy_runs holds at most: its 4 MiB staging buffer, its
 // source windows (8 MiB mapped, or two direct halves) and up to 8 MiB of free direct read buffers.
 inline constexpr uint64_t kCopyThreadBytes = uint64_t{20} << 20;
+// ... and when its sources are read through a SourceBlocks (set_read_ahead): its staging buffer.
+inline constexpr uint64_t kCopyThreadReadAheadBytes = uint64_t{4} << 20;
 extern const uint64_t kAutoDirectMinBytes;  // file_io_direct.cc: the measured threshold
 
 // "auto", "buffered", "direct"; errors (kInvalidArgument) name `flag` and the accepted values.
@@ -54,6 +58,8 @@ IoMode resolve_io_mode(IoMode m, uint64_t file_bytes);
 
 // Help text of the `--io` flag (reshard, from-hf, to-hf).
 const char* io_flag_help();
+
+class SourceBlocks;
 
 class OutputFile {
  public:
@@ -74,6 +80,9 @@ class OutputFile {
   // ended early).
   Status copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                    const std::function<void(const void*, size_t)>& each_block = {}) const;
+  // copy_runs reads its sources through `blocks` (direct reads with read-ahead across calls,
+  // formats/source_blocks.h) when the file was opened with IoMode kDirect; not owned, null: off.
+  void set_read_ahead(SourceBlocks* blocks) { st_->read_ahead = blocks; }
   Status close();  // closes both descriptors; "close failed" naming the path
   void reset();    // closes, ignoring errors
 
@@ -82,6 +91,7 @@ class OutputFile {
     ScopedFd fd, dfd;  // buffered; O_DIRECT (invalid when not direct)
     std::atomic<bool> direct{false};
     IoMode read_io = IoMode::kBuffered;  // how copy_runs reads its sources (SourceWindow)
+    SourceBlocks* read_ahead = nullptr;  // kDirect: copy_runs' sources read through it
     std::string path;
   };
   Status write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const;

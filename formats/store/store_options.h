@@ -1,13 +1,16 @@
-// Options of the native store writer (codec, chunk size, fsync, hash threads, digest algorithm, I/O mode)
+// Options of the native store writer (codec, chunk size, fsync, hash threads, digest algorithm, I/O mode,
+// source read-ahead)
 // and the parsers of the `--compress` and `--digest` specs that set them.
-// Thread safety: plain values, pure functions.
+// Thread safety: plain values (read_ahead: shared, thread-safe), pure functions.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "formats/digest.h"
 #include "formats/file_io_direct.h"
+#include "formats/source_blocks.h"
 #include "formats/status.h"
 #include "formats/store/manifest.h"
 
@@ -24,6 +27,10 @@ struct StoreOptions {
   // Compressed: the memory the chunks in flight may hold (each its raw and its compressed bytes,
   // ~2 x chunk_bytes); 0: as many as keep the pool busy (2 x hash_threads + 1 chunks).
   uint64_t chunk_memory = 0;
+  // Uncompressed, io kDirect: the source ranges copied into pieces (write_from_files) are read
+  // through this (direct reads, read ahead across pieces; formats/source_blocks.h), shared by
+  // every shard of the store; null: a window at a time (formats/file_read_direct.h).
+  std::shared_ptr<SourceBlocks> read_ahead;
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into

@@ -15,7 +15,7 @@ TEST(MemoryFit, FloorIsTheReservePlusTheSmallestChunkBudget) {
   EXPECT_EQ(f->max_memory, 64 * kMiB);
   EXPECT_EQ(f->floor, 100 * kMiB + kMinChunkBudgetBytes);
   EXPECT_TRUE(f->below_floor());
-  EXPECT_EQ(f->to_json(), (nlohmann::json{{"max_memory", 64 * kMiB}, {"floor", 104 * kMiB}}));
+  EXPECT_EQ(f->to_json(), (nlohmann::json{{"max_memory", 64 * kMiB}, {"floor", 104 * kMiB}, {"read_ahead", 0}}));
 }
 
 TEST(MemoryFit, NoteBelowTheFloorNamesBudgetFloorThreadsAndTheFix) {

@@ -165,3 +165,27 @@ def test_below_the_floor_runs_at_the_floor_and_says_so(ckpt_bin, tmp_path):
         print(f"{name}: peak {peak:.1f} MiB, floor {floor_mib:.0f} MiB")
         assert peak <= max(64, floor_mib) + FLOOR_MARGIN_MIB, f"{name}: peak RSS {peak:.1f} MiB > max(64, floor {floor_mib:.0f}) MiB"
     assert max(floors) > 64, f"no job below its floor at 64M: {floors}"  # else the notes and bounds go untested
+
+
+# --io direct reads the sources of its copies ahead across pieces (formats/source_blocks.h) in what
+# --max-memory leaves beside the writer, the copying threads' stages and 32 MiB of chunks: at 256M
+# that is 160 MiB of 8 MiB blocks, which a 2x source (~310 MiB) fills. The peak stays in the budget.
+READ_AHEAD_MAX_MEMORY, READ_AHEAD_BUDGET_MIB = "256M", 256
+
+
+def test_direct_read_ahead_stays_in_the_budget(ckpt_bin, tmp_path):
+    if os.environ.get("CKPT_SANITIZE") == "ON":
+        pytest.skip("ASan's shadow memory and quarantine are not ckpt's")
+    size = _hf_dir(tmp_path / "hf", 7, np.random.default_rng(2))
+    mm = ["--max-memory", READ_AHEAD_MAX_MEMORY, "--io", "direct", "--json"]
+    jobs = [("from-hf --io direct", ["from-hf", tmp_path / "hf", tmp_path / "native", *mm, "--no-fsync"]),
+            ("reshard --io direct", ["reshard", tmp_path / "native", tmp_path / "tp2", "--tp", 2, "--pp", 1, "--dp", 1, *mm])]
+    for name, args in jobs:
+        peak, err = _run_measured(ckpt_bin, args, tmp_path / "out.json")
+        mem = json.loads((tmp_path / "out.json").read_text())["memory"]
+        print(f"{name}: peak {peak:.1f} MiB, read-ahead {mem['read_ahead'] / 2**20:.0f} MiB of {size / 2**20:.0f} MiB read")
+        assert mem["read_ahead"] >= 128 << 20, (name, mem)  # the read-ahead is on, and larger than ...
+        assert size > mem["read_ahead"], (name, size, mem)  # ... what it can hold at once
+        assert mem["floor"] < 128 << 20, (name, mem)  # the read-ahead is not part of the floor
+        assert peak <= READ_AHEAD_BUDGET_MIB + MARGIN_MIB, f"{name}: peak RSS {peak:.1f} MiB > {READ_AHEAD_BUDGET_MIB} MiB"
+        assert "note:" not in err, (name, err)

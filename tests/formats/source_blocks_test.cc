@@ -1,0 +1,174 @@
+// SourceBlocks (formats/source_blocks.h) against a naive reference (the bytes written to the
+// files): reads in any order of sizes across block boundaries and files, several threads at once,
+// a capacity far smaller than the files and the read-ahead (never more blocks held; no block read
+// twice when each byte is taken once), reading back over freed blocks, files that end early
+// ("ShortSource") and descriptors that cannot be read direct (no block: the caller reads its way).
+#include "formats/source_blocks.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "formats/file_io.h"
+
+namespace ckpt {
+namespace {
+
+struct BlocksFile {
+  std::string path;
+  ScopedFd fd;
+  std::vector<uint8_t> bytes;
+  BlocksFile(const std::string& tag, size_t n, uint64_t seed)
+      : path((std::filesystem::temp_directory_path() / ("ckpt_blocks_" + tag + "_" + std::to_string(::getpid()))).string()) {
+    std::mt19937_64 rng(seed);
+    bytes.resize(n);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    fd = std::move(open_fd(path, O_RDWR | O_CREAT | O_TRUNC, "create").value());
+    EXPECT_TRUE(pwrite_full(fd.get(), bytes.data(), bytes.size(), 0, path).ok());
+    EXPECT_EQ(::fsync(fd.get()), 0);
+  }
+  ~BlocksFile() { std::filesystem::remove(path); }
+};
+
+bool direct_reads_ok(const BlocksFile& f) {
+  const int d = ::open(f.path.c_str(), O_RDONLY | O_DIRECT);
+  if (d < 0) return false;
+  void* p = nullptr;
+  EXPECT_EQ(::posix_memalign(&p, 4096, 4096), 0);
+  const bool ok = ::pread(d, p, 4096, 0) >= 0;
+  std::free(p);
+  ::close(d);
+  return ok;
+}
+
+// Bytes [off, off + n) of `f` through `sb`, lease by lease, each lease taken in steps of `step`.
+std::vector<uint8_t> take(SourceBlocks& sb, const BlocksFile& f, uint64_t off, uint64_t n, uint64_t step = UINT64_MAX) {
+  std::vector<uint8_t> out;
+  while (out.size() < n) {
+    const uint64_t at = off + out.size();
+    auto l = sb.get(f.fd.get(), at, n - out.size(), UINT64_MAX, "test");
+    EXPECT_TRUE(l.ok()) << l.status().message();
+    if (!l.ok() || !l->p) return out;
+    const uint64_t k = std::min({l->n, n - out.size(), step});
+    out.insert(out.end(), l->p, l->p + k);
+    sb.release(*l, k);
+  }
+  return out;
+}
+
+std::vector<uint8_t> slice(const BlocksFile& f, uint64_t off, uint64_t n) {
+  return {f.bytes.begin() + static_cast<long>(off), f.bytes.begin() + static_cast<long>(off + n)};
+}
+
+TEST(SourceBlocks, FilesReadInterleavedMatchTheirBytesAndEachBlockIsReadOnce) {
+  BlocksFile a("a", (20u << 20) + 123, 1), b("b", (9u << 20) + 7, 2), c("c", 17u << 20, 3);
+  ASSERT_TRUE(direct_reads_ok(a));
+  SourceBlocks sb(32u << 20, 2);
+  std::mt19937_64 rng(7);
+  std::vector<const BlocksFile*> files{&a, &b, &c};
+  std::vector<uint64_t> at(3, 0);
+  std::vector<std::vector<uint8_t>> got(3);
+  for (bool more = true; more;) {  // round robin, random run lengths, as a gather of tp ranks reads
+    more = false;
+    for (size_t i = 0; i < files.size(); ++i) {
+      const uint64_t left = files[i]->bytes.size() - at[i];
+      if (left == 0) continue;
+      const uint64_t n = std::min<uint64_t>(left, 1 + rng() % (3u << 20));
+      auto part = take(sb, *files[i], at[i], n, 1 + rng() % (1u << 20));
+      got[i].insert(got[i].end(), part.begin(), part.end());
+      at[i] += n;
+      more = true;
+    }
+  }
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_TRUE(got[i] == files[i]->bytes) << "file " << i;
+  const SourceBlocks::Stats st = sb.stats();
+  // ceil(size / 8 MiB) blocks each, every byte taken once: a block is read again only when it
+  // was read ahead and freed for a demand before anyone asked for it (never one being read through).
+  EXPECT_EQ(st.blocks_read, 3u + 2u + 3u + st.evicted_unused);
+  EXPECT_LE(st.peak_blocks, 4u);
+}
+
+TEST(SourceBlocks, CapacityBelowTheReadAheadOfManyFilesHoldsAndReadsRight) {
+  std::vector<std::unique_ptr<BlocksFile>> files;
+  for (int i = 0; i < 6; ++i) files.push_back(std::make_unique<BlocksFile>("m" + std::to_string(i), (11u << 20) + 4096u * i + 5, 10 + i));
+  ASSERT_TRUE(direct_reads_ok(*files[0]));
+  SourceBlocks sb(4 * kSourceBlockBytes, 8);  // 4 blocks; 6 files x 8 blocks of read-ahead asked for
+  std::vector<uint64_t> at(files.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t i = 0; i < files.size(); ++i) {
+      const uint64_t left = files[i]->bytes.size() - at[i];
+      if (left == 0) continue;
+      const uint64_t n = std::min<uint64_t>(left, 700u << 10);
+      EXPECT_TRUE(take(sb, *files[i], at[i], n) == slice(*files[i], at[i], n)) << "file " << i << " at " << at[i];
+      at[i] += n;
+      more = true;
+    }
+  }
+  EXPECT_LE(sb.stats().peak_blocks, 4u);
+}
+
+TEST(SourceBlocks, ThreadsReadingTheSameAndOtherFilesAtOnce) {
+  BlocksFile a("ta", (30u << 20) + 999, 21), b("tb", (25u << 20) + 1, 22);
+  ASSERT_TRUE(direct_reads_ok(a));
+  SourceBlocks sb(48u << 20, 4);
+  const uint64_t half = a.bytes.size() / 2;
+  bool ok[4] = {false, false, false, false};
+  std::vector<std::thread> th;
+  th.emplace_back([&] { ok[0] = take(sb, a, 0, half, 65536) == slice(a, 0, half); });
+  th.emplace_back([&] { ok[1] = take(sb, a, half, a.bytes.size() - half, 100000) == slice(a, half, a.bytes.size() - half); });
+  th.emplace_back([&] { ok[2] = take(sb, b, 0, b.bytes.size()) == b.bytes; });
+  th.emplace_back([&] { ok[3] = take(sb, b, 4097, 5u << 20, 4096) == slice(b, 4097, 5u << 20); });  // bytes taken twice: read again if freed
+  for (auto& t : th) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(ok[i]) << "thread " << i;
+  EXPECT_LE(sb.stats().peak_blocks, 6u);
+}
+
+TEST(SourceBlocks, BytesAskedForAgainAfterTheirBlockWasFreedAreReadAgain) {
+  BlocksFile a("back", (12u << 20) + 3, 31);
+  ASSERT_TRUE(direct_reads_ok(a));
+  SourceBlocks sb(4 * kSourceBlockBytes, 1);
+  EXPECT_TRUE(take(sb, a, 0, a.bytes.size()) == a.bytes);
+  EXPECT_TRUE(take(sb, a, 100, 9u << 20) == slice(a, 100, 9u << 20));  // back to the start
+  EXPECT_GE(sb.stats().blocks_read, 4u);
+}
+
+TEST(SourceBlocks, AskingPastTheEndIsShortSource) {
+  BlocksFile a("short", (8u << 20) + 10, 41);
+  ASSERT_TRUE(direct_reads_ok(a));
+  SourceBlocks sb(32u << 20, 2);
+  auto l = sb.get(a.fd.get(), (8u << 20) + 5, 6, UINT64_MAX, "out.h5");
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), "ShortSource");
+  EXPECT_NE(l.status().message().find("out.h5"), std::string::npos);
+  EXPECT_NE(l.status().message().find(std::to_string((8u << 20) + 10)), std::string::npos);  // the file's size
+  auto last = sb.get(a.fd.get(), (8u << 20) + 5, 5, UINT64_MAX, "out.h5");  // the last bytes are there
+  ASSERT_TRUE(last.ok());
+  ASSERT_NE(last->p, nullptr);
+  EXPECT_EQ(last->n, 5u);
+  const auto* q = reinterpret_cast<const uint8_t*>(last->p);
+  EXPECT_TRUE(std::equal(q, q + 5, a.bytes.end() - 5));
+  sb.release(*last, 5);
+}
+
+TEST(SourceBlocks, ADescriptorThatCannotBeReadDirectGivesNoBlock) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  SourceBlocks sb(32u << 20, 2);
+  auto l = sb.get(p[0], 0, 0, UINT64_MAX, "pipe");
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  EXPECT_EQ(l->p, nullptr);
+  ::close(p[0]);
+  ::close(p[1]);
+}
+
+}  // namespace
+}  // namespace ckpt
