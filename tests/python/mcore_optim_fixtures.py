@@ -32,6 +32,7 @@ Two AdamW steps with per-parameter seeded gradients (equal over TP ranks for the
 norms, as an all-reduced gradient is) make the moments non-trivial.
 
 CLI: torchrun --nproc-per-node N mcore_optim_fixtures.py --out DIR --tp T --pp P [--bf16]
+     torchrun --nproc-per-node N mcore_optim_fixtures.py --job DIR:TP:PP:BF16 ... (layouts of one world size)
 """
 import argparse
 import fcntl
@@ -96,14 +97,25 @@ def optimizer_state(model, bf16, tp_rank, pp_rank):
             group_names)
 
 
+def generate_all(jobs):
+    """Inside torchrun: generate() of each (out, tp, pp, bf16) of `jobs` (all of one world size tp * pp)
+    in this one process group: importing torch and megatron-core is most of a fixture's cost."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    mf._cpu_shims()
+    for out, tp, pp, bf16 in jobs:
+        generate(out, tp, pp, bf16)
+    dist.destroy_process_group()
+
+
 def generate(out, tp, pp, bf16):
-    """Inside torchrun: each rank's model_optim_rng.pt with its optimizer state."""
+    """Inside torchrun (process group initialised): each rank's model_optim_rng.pt with its optimizer
+    state. mf._build seeds torch anew for each layout, so a layout's files do not depend on the
+    layouts generated before it in the same process."""
     import numpy as np
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
-    dist.init_process_group("gloo")
-    mf._cpu_shims()
     model = mf._build(tp, pp, bf16)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -128,12 +140,12 @@ def generate(out, tp, pp, bf16):
     dist.barrier()
     if dist.get_rank() == 0:
         (out / "latest_checkpointed_iteration.txt").write_text(str(mf.ITERATION))
-    dist.destroy_process_group()
+    dist.barrier()
 
 
 def fixture(name, binary_dir=None):
-    """The fixture directory `name` (a LAYOUTS key), generated once under
-    $CKPT_BINARY_DIR/fixtures/mcore_optim with a file lock."""
+    """The fixture directory `name` (a LAYOUTS key), generated under $CKPT_BINARY_DIR/fixtures/mcore_optim
+    with a file lock, together with every other missing layout of its world size (one torchrun)."""
     base = pathlib.Path(binary_dir or os.environ.get("CKPT_BINARY_DIR", "build")) / "fixtures" / "mcore_optim"
     base.mkdir(parents=True, exist_ok=True)
     out = base / name
@@ -141,32 +153,44 @@ def fixture(name, binary_dir=None):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "DONE").exists():
             return out
-        tmp = base / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        tp, pp, bf16 = LAYOUTS[name]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp), "--master-port",
-               str(29500 + random.randint(1, 2000)), __file__, "--out", str(tmp), "--tp", str(tp), "--pp", str(pp)]
-        if bf16:
-            cmd.append("--bf16")
+        nproc = LAYOUTS[name][0] * LAYOUTS[name][1]
+        names = [n for n, (tp, pp, _) in LAYOUTS.items() if tp * pp == nproc and not (base / n / "DONE").exists()]
+        specs = []
+        for n in names:
+            tmp = base / (n + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            tp, pp, bf16 = LAYOUTS[n]
+            specs.append(f"{tmp}:{tp}:{pp}:{int(bf16)}")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(29500 + random.randint(1, 2000)), __file__, *[a for sp in specs for a in ("--job", sp)]]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         if p.returncode != 0:
             raise RuntimeError(f"optimizer fixture generation failed ({' '.join(cmd)}):\n{p.stderr[-6000:]}")
-        (tmp / "DONE").write_text("")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        for n in names:
+            tmp = base / (n + ".tmp")
+            (tmp / "DONE").write_text("")
+            shutil.rmtree(base / n, ignore_errors=True)
+            tmp.rename(base / n)
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--job", action="append", default=[], help="OUT:TP:PP:BF16 (0/1), repeated: several fixtures")
     a = ap.parse_args()
-    generate(pathlib.Path(a.out), a.tp, a.pp, a.bf16)
+    jobs = [(pathlib.Path(a.out), a.tp, a.pp, a.bf16)] if a.out else []
+    for spec in a.job:
+        d, tp, pp, bf16 = spec.rsplit(":", 3)
+        jobs.append((pathlib.Path(d), int(tp), int(pp), bf16 == "1"))
+    if not jobs:
+        ap.error("--out or --job is required")
+    generate_all(jobs)
 
 
 if __name__ == "__main__":
