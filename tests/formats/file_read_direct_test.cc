@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "formats/file_io.h"
+#include "tests/direct_reads_probe.h"
 
 namespace ckpt {
 namespace {
@@ -37,17 +38,7 @@ struct SrcWinFile {
     EXPECT_TRUE(pwrite_full(fd.get(), bytes.data(), bytes.size(), 0, path).ok());  // not synced: dirty pages
   }
   ~SrcWinFile() { std::filesystem::remove(path); }
-  // Does this file system take O_DIRECT reads at all? (tmpfs of old kernels does not.)
-  bool direct_ok() const {
-    int d = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-    if (d < 0) return false;
-    void* p = nullptr;
-    EXPECT_EQ(::posix_memalign(&p, 4096, 4096), 0);
-    const bool ok = ::pread(d, p, 4096, 0) >= 0;
-    std::free(p);
-    ::close(d);
-    return ok;
-  }
+  bool direct_ok() const { return testing::direct_reads_ok(path); }  // tests/direct_reads_probe.h
   void drop_cache() const {
     ASSERT_EQ(::fsync(fd.get()), 0);
     (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "formats/file_io.h"
+#include "tests/direct_reads_probe.h"
 
 namespace ckpt {
 namespace {
@@ -38,16 +38,7 @@ struct BlocksFile {
   ~BlocksFile() { std::filesystem::remove(path); }
 };
 
-bool direct_reads_ok(const BlocksFile& f) {
-  const int d = ::open(f.path.c_str(), O_RDONLY | O_DIRECT);
-  if (d < 0) return false;
-  void* p = nullptr;
-  EXPECT_EQ(::posix_memalign(&p, 4096, 4096), 0);
-  const bool ok = ::pread(d, p, 4096, 0) >= 0;
-  std::free(p);
-  ::close(d);
-  return ok;
-}
+bool direct_reads_ok(const BlocksFile& f) { return testing::direct_reads_ok(f.path); }
 
 // Bytes [off, off + n) of `f` through `sb`, lease by lease, each lease taken in steps of `step`.
 std::vector<uint8_t> take(SourceBlocks& sb, const BlocksFile& f, uint64_t off, uint64_t n, uint64_t step = UINT64_MAX) {
