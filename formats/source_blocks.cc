@@ -23,7 +23,8 @@ Status short_source(uint64_t size, uint64_t off, uint64_t want, const std::strin
 }  // namespace
 
 struct SourceBlocks::File {
-  ScopedFd dfd;  // O_DIRECT; invalid: refused
+  ScopedFd dfd;          // O_DIRECT; invalid: could not be opened so
+  bool refused = false;  // a direct read failed with EINVAL: read another way (dfd stays open: reads may be in flight)
   uint64_t size = 0;
   std::string what;
 };
@@ -141,7 +142,7 @@ void SourceBlocks::read_block(Block* b) {
 Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t want, uint64_t end, const std::string& what) {
   std::unique_lock<std::mutex> l(mu_);
   CKPT_ASSIGN_OR_RETURN(File * f, file_of(fd, what));
-  if (!f->dfd.valid()) return Lease{};
+  if (!f->dfd.valid() || f->refused) return Lease{};
   if (off > f->size || f->size - off < want) return short_source(f->size, off, want, what);
   const uint64_t idx = off / kSourceBlockBytes;
   Block* b = nullptr;
@@ -169,7 +170,7 @@ Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t wan
     Status st = b->st;
     --b->refs;
     if (st.code() == "Unsupported") {
-      f->dfd.reset();  // refused: this file is read another way from now on
+      f->refused = true;  // this file is read another way from now on
       return Lease{};
     }
     return st;
