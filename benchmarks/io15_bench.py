@@ -5,10 +5,13 @@ timed in the same run.
 Memory states (--states, applied before EVERY timed command):
   hot   --hot-gib GiB touched and freed (the VM's free memory backed by the host), and the
         command's source read once (page cache warm);
-  idle  sync, --idle-sleep s of sleep (30: the host takes back free memory), then the page cache
-        dropped: `echo 3 > /proc/sys/vm/drop_caches` (needs root); where that write is refused,
-        every source file is fsync'd and posix_fadvise(DONTNEED)'d instead (only those files
-        leave the cache). The method used is printed ("drop" in the JSON).
+  idle  sync, the page cache dropped: `echo 3 > /proc/sys/vm/drop_caches` (needs root); where
+        that write is refused, every source file is fsync'd and posix_fadvise(DONTNEED)'d instead
+        (only those files leave the cache); then --idle-sleep s of sleep (30), in which the host
+        takes back the memory the drop freed (free page reporting). The method used is printed
+        ("drop" in the JSON). The drop comes first: memory freed just before a command is still
+        backed, so dropping after the sleep timed a cold cache in hot memory (cp -r + sync of the
+        3.08 GB source 3.5-4.8 s after a command that had cached it, 8-12 s otherwise).
 
 Parts (--parts, comma list):
   accept  the issue's acceptance set on a LLaMA-shaped bf16 model (default 20 layers, hidden
@@ -163,7 +166,6 @@ class State:
                                 pass
             return
         os.sync()
-        time.sleep(self.a.idle_sleep)
         try:
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
@@ -177,6 +179,7 @@ class State:
                         os.fsync(fd)
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                         os.close(fd)
+        time.sleep(self.a.idle_sleep)
 
 
 def dd_copy(src: pathlib.Path, dst: pathlib.Path):
@@ -299,8 +302,9 @@ def main():
         for s in states:
             print(json.dumps({"round": rep, "state": s, "uptime": uptime()}), flush=True)
             for name, cmd, sources, sync in cases:
+                argv = cmd()  # removes the last run's output first: freeing its page cache is part of the state
                 st.enter(s, sources)
-                dt, r, cpu = timed(cmd(), sync=True)  # ckpt and python fsync their files; cp and dd need the sync
+                dt, r, cpu = timed(argv, sync=True)  # ckpt and python fsync their files; cp and dd need the sync
                 times[(s, name)].append(dt)
                 rss[(s, name)] = max(rss.get((s, name), 0), r)
                 print(json.dumps({"state": s, "cmd": name, "s": round(dt, 2), "rss_MiB": round(r), "cpu_s": round(cpu, 2),

@@ -7,7 +7,8 @@
 // unless --no-fsync; --io as the commands take it, auto: direct for these sizes). Reads are from the
 // page cache ("warm": the shard read through once, untimed, before; with --cold-reads dropped from
 // it instead: "cold").
-// Per case: wall s, process CPU s (getrusage), cores used (CPU / wall), and CPU s per thread
+// Per case: wall s, process CPU s (getrusage), cores used (CPU / wall), the vCPUs' steal time
+// (/proc/stat: CPU the host gave to others meanwhile), and CPU s per thread
 // (a sampler reads /proc/self/task/*/stat every 10 ms; threads by name: ckpt-encode, ckpt-hash,
 // ckpt-decode, formats/store/thread_name.h; "caller" = the thread calling the store), the
 // stored bytes (compression ratio) and a checksum of the bytes read back against those written
@@ -59,6 +60,17 @@ double cpu_s() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU seconds the hypervisor gave to others while this VM's vCPUs wanted to run (/proc/stat "cpu"
+// steal, all vCPUs summed): a case whose steal is not ~0 ran on a machine that was not all ours.
+double steal_s() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  unsigned long long v[8] = {};
+  f >> cpu;
+  for (auto& x : v) f >> x;
+  return static_cast<double>(v[7]) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // Per-thread CPU ticks of this process, sampled every 10 ms: the last value seen per tid.
@@ -349,7 +361,7 @@ int main(int argc, char** argv) {
         const std::string load = uptime();
         auto s0 = sampler.snapshot();
         g_excluded = {};
-        const double w0 = now_s(), c0 = cpu_s();
+        const double w0 = now_s(), c0 = cpu_s(), st0 = steal_s();
         Status st = std::strcmp(phase, "write") == 0 ? write_store(dst, spec, pool, o, &wsum)
                     : std::strcmp(phase, "read") == 0 ? read_store(dst, t, buf, &rsum, &stored)
                                                        : codec_alone(phase, t, spec.bytes, pool, level, frames, &csum);
@@ -359,7 +371,8 @@ int main(int argc, char** argv) {
         wall[key].push_back(dw);
         cpu[key].push_back(dc);
         nlohmann::json j = {{"round", rep}, {"case", key}, {"wall_s", std::round(dw * 1000) / 1000}, {"cpu_s", std::round(dc * 100) / 100},
-                            {"cores", std::round(dc / dw * 100) / 100}, {"threads_cpu_s", sampler.delta(s0, s1, g_excluded.cpu)}, {"loadavg", load}};
+                            {"cores", std::round(dc / dw * 100) / 100}, {"threads_cpu_s", sampler.delta(s0, s1, g_excluded.cpu)}, {"loadavg", load},
+                            {"steal_s", std::round((steal_s() - st0) * 100) / 100}};
         if (!st.ok()) j["error"] = st.to_string();
         if (std::strcmp(phase, "read") == 0) {
           j["stored_bytes"] = stored;

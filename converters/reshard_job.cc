@@ -184,8 +184,12 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
+  // With --io direct an uncompressed SRC is checked from the copy's own reads instead (CopyVerify:
+  // SRC read once).
   BackgroundVerify bg;
-  if (!r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
+  const bool check = !r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore;
+  const bool from_copy = check && sopts.io == IoMode::kDirect && sopts.read_ahead && copy_verifiable(r.src);
+  if (check && !from_copy) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
@@ -224,15 +228,25 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   so.exec = eo;
   so.store = sopts;
   so.exec.progress = r.progress;
-  if (bg.started())
+  std::shared_ptr<CopyVerify> tapped;
+  if (from_copy && opened.store) {
+    tapped = std::make_shared<CopyVerify>(*opened.store);
+    sopts.read_ahead->set_tap(tapped);
+    so.before_commit = [&tapped, threads = r.threads]() -> Status { return tapped->finish(IoMode::kDirect, threads); };
+  } else if (bg.started())
     so.before_commit = [&bg]() -> Status { return bg.wait(); };
   else if (!r.no_verify && opened.store)
     so.before_commit = [&opened, io = sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered]() -> Status {
       opened.store->set_read_io(io);
       return verify_source_inline(*opened.store);
     };
+  out.source_check = {{"how", tapped ? "copy" : bg.started() ? "process" : so.before_commit ? "inline" : "none"}};
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(plan_src, out.plan, r.dst, so, r.dist));
   out.seconds = seconds_since(t0);
+  if (tapped) {
+    out.source_check["bytes_from_copy"] = tapped->bytes_from_copy();
+    out.source_check["bytes_reread"] = tapped->bytes_reread();
+  }
   if (conv) {
     out.profile = conv->target().name;
     out.from_profile = conv->from().name;

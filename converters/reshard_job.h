@@ -80,9 +80,12 @@ struct ReshardOutcome {
   std::string from_profile;     // ... and the one of SRC
   ExactnessReport exactness;    // merged over processes on rank 0
   MemoryFit memory;             // --max-memory against the job's floor (converters/memory_fit.h)
+  // How SRC's digests were checked: "copy" (from the copy's direct reads, CopyVerify: with
+  // bytes_from_copy and bytes_reread), "process" (a child process), "inline", or "none".
+  nlohmann::json source_check = nlohmann::json::object();
   // The JSON of `ckpt reshard --json` (converters/reshard_job_json.cc): the plan's summary with
-  // plan_seconds and memory, and unless `dry_run` dst, seconds, processes (+ profile, from_profile,
-  // exactness).
+  // plan_seconds and memory, and unless `dry_run` dst, seconds, processes, source_check (+ profile,
+  // from_profile, exactness).
   nlohmann::json to_json(const std::string& dst, bool dry_run) const;
 };
 

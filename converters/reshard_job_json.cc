@@ -12,6 +12,7 @@ nlohmann::json ReshardOutcome::to_json(const std::string& dst, bool dry_run) con
   j["dst"] = dst;
   j["seconds"] = seconds;
   j["processes"] = processes;
+  j["source_check"] = source_check;
   if (!profile.empty()) {
     j["profile"] = profile;
     j["from_profile"] = from_profile;

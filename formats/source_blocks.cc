@@ -23,6 +23,12 @@ Status short_source(uint64_t size, uint64_t off, uint64_t want, const std::strin
 }  // namespace
 
 struct SourceBlocks::File {
+  struct Tapped {
+    BlockTap::Range r;
+    uint64_t next = 0;  // the tap has seen [r.off, next)
+    bool busy = false;  // a thread is feeding it
+  };
+  std::vector<Tapped> taps;  // sorted by offset, disjoint
   ScopedFd dfd;          // O_DIRECT; invalid: could not be opened so
   bool refused = false;  // a direct read failed with EINVAL: read another way (dfd stays open: reads may be in flight)
   uint64_t size = 0;
@@ -56,6 +62,10 @@ Result<SourceBlocks::File*> SourceBlocks::file_of(int fd, const std::string& wha
   if (!slot) {
     slot = std::make_unique<File>();
     slot->what = what;
+    if (tap_)
+      for (const BlockTap::Range& r : tap_->ranges(static_cast<uint64_t>(sb.st_dev), static_cast<uint64_t>(sb.st_ino)))
+        slot->taps.push_back({r, r.off, false});
+    std::sort(slot->taps.begin(), slot->taps.end(), [](const auto& a, const auto& b) { return a.r.off < b.r.off; });
     if (S_ISREG(sb.st_mode)) {
       // A new open file description: O_DIRECT on it leaves `fd` and its position as they are.
       const int d = ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -130,13 +140,69 @@ void SourceBlocks::read_block(Block* b) {
     got += static_cast<uint64_t>(r);
     if (got % kAlign != 0) break;  // the end of the file
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   b->got = got;
   b->st = std::move(st);
   b->ready = true;
   ++stats_.blocks_read;
   stats_.bytes_read += got;
   cv_.notify_all();
+  tap_block(l, b);
+}
+
+// For each tapped range whose next bytes are in `b`: feeds them, then the same range's bytes in the
+// blocks after `b` that are already read, each block held (refs) while the tap reads it unlocked.
+void SourceBlocks::tap_block(std::unique_lock<std::mutex>& l, Block* b) {
+  const std::shared_ptr<BlockTap> tap = tap_;  // set_tap may change tap_ while this feeds
+  if (!tap || !b->st.ok()) return;
+  File& f = *b->file;
+  const uint64_t base = b->idx * kSourceBlockBytes, end = base + b->got;
+  auto it = std::upper_bound(f.taps.begin(), f.taps.end(), base, [](uint64_t v, const File::Tapped& t) { return v < t.r.off + t.r.bytes; });
+  for (; it != f.taps.end() && it->r.off < end; ++it) {
+    File::Tapped& t = *it;
+    const uint64_t r_end = t.r.off + t.r.bytes;
+    if (t.busy || t.next < base || t.next >= std::min(end, r_end)) continue;  // not this block's turn
+    t.busy = true;
+    for (Block* cur = b; cur;) {
+      ++cur->refs;
+      const uint64_t cb = cur->idx * kSourceBlockBytes, ce = std::min(cb + cur->got, r_end), from = t.next;
+      l.unlock();
+      tap->feed(t.r.id, from, cur->mem.data() + (from - cb), ce - from);
+      l.lock();
+      t.next = ce;
+      --cur->refs;
+      Block* fed = cur;
+      cur = nullptr;
+      if (t.next < r_end && fed->got == kSourceBlockBytes) {
+        Block* nx = find(f, fed->idx + 1);
+        if (nx && nx->ready && nx->st.ok()) cur = nx;
+      }
+      drop_if_done(fed);
+    }
+    t.busy = false;
+  }
+  cv_.notify_all();
+}
+
+// A block a tap is being fed towards (a range whose feeding is under way, at an earlier block) stays
+// till the feeding reaches it: a copy may take a block whole faster than the tap digests the last.
+bool SourceBlocks::awaited(const Block& b) const {
+  const uint64_t base = b.idx * kSourceBlockBytes;
+  for (const File::Tapped& t : b.file->taps)
+    if (t.busy && t.next < base && t.r.off + t.r.bytes > base) return true;
+  return false;
+}
+
+void SourceBlocks::drop_if_done(Block* b) {
+  if (b->refs != 0 || b->taken < b->got || awaited(*b)) return;  // held, bytes not yet taken, or a tap's turn to come
+  auto it = std::find_if(blocks_.begin(), blocks_.end(), [b](const auto& x) { return x.get() == b; });
+  free_.push_back(std::move(b->mem));
+  blocks_.erase(it);
+}
+
+void SourceBlocks::set_tap(std::shared_ptr<BlockTap> tap) {
+  std::lock_guard<std::mutex> l(mu_);
+  tap_ = std::move(tap);
 }
 
 Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t want, uint64_t end, const std::string& what) {
@@ -189,11 +255,7 @@ void SourceBlocks::release(const Lease& lease, uint64_t used) {
   Block* b = lease.block;
   --b->refs;
   b->taken += used;
-  if (b->refs == 0 && b->taken >= b->got) {  // every byte taken: nobody asks for this block again
-    auto it = std::find_if(blocks_.begin(), blocks_.end(), [b](const auto& x) { return x.get() == b; });
-    free_.push_back(std::move(b->mem));
-    blocks_.erase(it);
-  }
+  drop_if_done(b);  // every byte taken: nobody asks for this block again
   cv_.notify_all();
 }
 

@@ -12,6 +12,11 @@
 // A block is the same bytes whoever asks: copies of distinct threads share the blocks of a file.
 // Where the file system refuses O_DIRECT the caller gets no block (`Lease::p` null) and reads its
 // own way. A source that ends before the bytes asked for is a "ShortSource" error.
+// A BlockTap (set_tap) sees the bytes of chosen ranges of the files, each range in order, as the
+// blocks holding them are read: a checksum of source ranges computed from the reads the copies do
+// anyway (reshard's source check with --io direct reads SRC once). A block is held while the tap
+// reads it; a range one of whose blocks went before its turn (taken whole, or evicted for room,
+// before the range's earlier bytes were read) is fed no further: the tap checks it its own way.
 // Thread safety: every method from any thread.
 #pragma once
 
@@ -33,6 +38,19 @@ namespace ckpt {
 class ThreadPool;
 
 inline constexpr uint64_t kSourceBlockBytes = 8ull << 20;
+
+class BlockTap {
+ public:
+  struct Range {
+    uint64_t id = 0, off = 0, bytes = 0;
+  };
+  virtual ~BlockTap() = default;
+  // The ranges of the file (st_dev, st_ino) the tap wants to see; asked once per file.
+  virtual std::vector<Range> ranges(uint64_t dev, uint64_t ino) = 0;
+  // Bytes [off, off + n) of range `id`: every range's bytes in order, on one thread at a time per
+  // range (any thread; no lock of the SourceBlocks held).
+  virtual void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) = 0;
+};
 
 class SourceBlocks {
  public:
@@ -62,6 +80,8 @@ class SourceBlocks {
     uint64_t peak_blocks = 0;                   // blocks held at once, at most (<= the capacity)
   };
   Stats stats() const;
+  // The tap that sees the blocks read from now on (files first asked for afterwards); null: none.
+  void set_tap(std::shared_ptr<BlockTap> tap);
   uint64_t capacity() const { return cap_blocks_ * kSourceBlockBytes; }
 
  private:
@@ -71,6 +91,9 @@ class SourceBlocks {
   Block* start_read(File& f, uint64_t idx, bool demand);         // mu_ held; null: no room
   bool make_room(bool demand);                                   // mu_ held
   void read_block(Block* b);
+  void tap_block(std::unique_lock<std::mutex>& l, Block* b);  // feeds the ranges whose turn b is
+  void drop_if_done(Block* b);                                 // mu_ held; frees b once all taken
+  bool awaited(const Block& b) const;                          // mu_ held
 
   const uint64_t cap_blocks_;
   const int depth_;
@@ -81,6 +104,7 @@ class SourceBlocks {
   std::vector<IoBuffer> free_;
   uint64_t stamp_ = 0;
   Stats stats_;
+  std::shared_ptr<BlockTap> tap_;
   std::unique_ptr<ThreadPool> readers_;
 };
 

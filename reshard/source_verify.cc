@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+
+#include "formats/store/run_dir.h"
 
 namespace ckpt {
 
@@ -42,14 +46,85 @@ void write_all(int fd, const std::string& text) {
   _exit(0);
 }
 
-}  // namespace
-
-Status verify_source_inline(store::StoreReader& src) {
-  store::VerifyReport rep = src.verify();
+Status verdict(store::VerifyReport rep) {
   if (rep.ok()) return Status::Ok();
   return std::move(rep.failures.front().status)
       .with_context("SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
                     std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
+}
+
+}  // namespace
+
+Status verify_source_inline(store::StoreReader& src) { return verdict(src.verify()); }
+
+bool copy_verifiable(const std::string& path) {
+  auto dir = store::resolve_checkpoint(path);
+  if (!dir.ok()) return false;
+  auto m = store::load_manifest(*dir);
+  if (!m.ok()) return false;
+  for (const auto& rec : m->pieces)
+    if (rec.codec != store::Codec::kNone) return false;
+  return true;
+}
+
+CopyVerify::CopyVerify(store::StoreReader& src) : src_(src) {
+  for (size_t i = 0; i < src.pieces().size(); ++i) {
+    const std::optional<FileExtent> e = src.stored_extent(i);
+    struct stat sb {};
+    if (!e || e->bytes == 0 || ::fstat(e->fd, &sb) != 0) continue;  // checked by finish() alone
+    auto h = std::make_unique<Hashed>();
+    h->piece = i;
+    h->dev = static_cast<uint64_t>(sb.st_dev);
+    h->ino = static_cast<uint64_t>(sb.st_ino);
+    h->off = e->offset;
+    h->bytes = e->bytes;
+    h->digest = Digest(src.manifest().pieces[i].digest.algo);
+    hashed_.push_back(std::move(h));
+  }
+}
+
+std::vector<BlockTap::Range> CopyVerify::ranges(uint64_t dev, uint64_t ino) {
+  std::vector<Range> out;
+  uint64_t last_end = 0;
+  std::vector<size_t> mine;
+  for (size_t k = 0; k < hashed_.size(); ++k)
+    if (hashed_[k]->dev == dev && hashed_[k]->ino == ino) mine.push_back(k);
+  std::sort(mine.begin(), mine.end(), [this](size_t a, size_t b) { return hashed_[a]->off < hashed_[b]->off; });
+  for (size_t k : mine) {  // ranges must not overlap: one that would (a crafted file) is left to finish()
+    if (!out.empty() && hashed_[k]->off < last_end) continue;
+    out.push_back({k, hashed_[k]->off, hashed_[k]->bytes});
+    last_end = hashed_[k]->off + hashed_[k]->bytes;
+  }
+  return out;
+}
+
+void CopyVerify::feed(uint64_t id, uint64_t off, const char* p, uint64_t n) {
+  Hashed& h = *hashed_.at(id);
+  std::lock_guard<std::mutex> l(h.mu);
+  if (off != h.off + h.fed || n > h.bytes - h.fed) return;  // not the next bytes: never whole, re-read
+  h.digest.update(p, n);
+  h.fed += n;
+  if (h.fed == h.bytes) h.hex = h.digest.hex_digest();
+}
+
+Status CopyVerify::finish(IoMode io, int threads) {
+  std::vector<bool> done(src_.pieces().size(), false);
+  from_copy_ = reread_ = 0;
+  for (auto& h : hashed_) {
+    std::lock_guard<std::mutex> l(h->mu);
+    if (h->fed == h->bytes && h->hex == src_.manifest().pieces[h->piece].digest.hex) {
+      done[h->piece] = true;
+      from_copy_ += h->bytes;
+    }
+  }
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < done.size(); ++i)
+    if (!done[i]) {
+      rest.push_back(i);
+      reread_ += src_.manifest().pieces[i].bytes;
+    }
+  src_.set_read_io(io);
+  return verdict(src_.verify_pieces(rest, nullptr, threads));
 }
 
 BackgroundVerify::~BackgroundVerify() {

@@ -6,13 +6,22 @@
 // not a thread). The child's verdict comes back over a pipe as a Status (Status::to_json).
 // The child never outlives its parent: it dies with it (PR_SET_PDEATHSIG) and the destructor
 // kills and reaps a child still running.
+// CopyVerify does it from the reads of the copy itself where the copy reads SRC with O_DIRECT
+// through SourceBlocks (--io direct): SRC is read once, not twice (the child's reads and the
+// copy's both from disk).
 // Thread safety: one object per thread; start() before this process starts other threads.
+// CopyVerify::feed from any thread (SourceBlocks); finish() once, after the copies.
 #pragma once
 
 #include <sys/types.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "formats/digest.h"
+#include "formats/source_blocks.h"
 #include "formats/status.h"
 #include "formats/store/store_reader.h"
 
@@ -21,6 +30,38 @@ namespace ckpt {
 // OK when every piece of `src` matches its digest; else the first failure, saying how many pieces
 // fail and that nothing was committed.
 Status verify_source_inline(store::StoreReader& src);
+
+// True when the store at `path` (a checkpoint or run dir) can be checked by CopyVerify: its
+// manifest reads and every piece is stored uncompressed. Reads only the manifest (no HDF5).
+bool copy_verifiable(const std::string& path);
+
+// The source check as a BlockTap: every uncompressed piece's digest computed from the bytes the
+// copy's direct reads bring in (SourceBlocks::set_tap). finish() takes the pieces whose digest
+// came out whole and equal, and re-reads the others (not read whole in order by the copy, stored
+// compressed, or not matching: for the error that names them) with StoreReader::verify_pieces.
+class CopyVerify final : public BlockTap {
+ public:
+  explicit CopyVerify(store::StoreReader& src);  // on the thread that owns `src`, before the copies
+  std::vector<Range> ranges(uint64_t dev, uint64_t ino) override;
+  void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) override;
+  // After the copies, on the thread that owns `src`: OK, or the failure as verify_source_inline.
+  Status finish(IoMode io, int threads);
+  uint64_t bytes_from_copy() const { return from_copy_; }  // set by finish()
+  uint64_t bytes_reread() const { return reread_; }        // set by finish()
+
+ private:
+  struct Hashed {
+    size_t piece = 0;
+    uint64_t dev = 0, ino = 0, off = 0, bytes = 0;
+    std::mutex mu;
+    uint64_t fed = 0;
+    Digest digest;
+    std::string hex;  // when fed == bytes
+  };
+  store::StoreReader& src_;
+  std::vector<std::unique_ptr<Hashed>> hashed_;  // Range::id = index
+  uint64_t from_copy_ = 0, reread_ = 0;
+};
 
 class BackgroundVerify {
  public:

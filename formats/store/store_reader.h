@@ -50,6 +50,9 @@ class StoreReader final : public TensorSource {
   std::string describe() const override { return dir_; }
 
   const Manifest& manifest() const { return manifest_; }
+  // Where an uncompressed, contiguous piece's bytes lie in its shard file (checked inside the
+  // file); nullopt for other pieces. Not thread-safe (looked up once per piece).
+  std::optional<FileExtent> stored_extent(size_t piece) { return dataset_extent(piece); }
   const std::string& dir() const { return dir_; }
   // Elements [begin, end) of piece `piece` in storage order, into `dst` (stored dtype).
   Status read_storage_range(size_t piece, int64_t begin, int64_t end, void* dst);

@@ -2,7 +2,9 @@
 // files): reads in any order of sizes across block boundaries and files, several threads at once,
 // a capacity far smaller than the files and the read-ahead (never more blocks held; no block read
 // twice when each byte is taken once), reading back over freed blocks, files that end early
-// ("ShortSource") and descriptors that cannot be read direct (no block: the caller reads its way).
+// ("ShortSource") and descriptors that cannot be read direct (no block: the caller reads its way);
+// a BlockTap sees its ranges' bytes in order and equal to the file's, and a range one of whose
+// blocks went before its turn is fed a true prefix only, going on when the block is read again.
 #include "formats/source_blocks.h"
 
 #include <fcntl.h>
@@ -11,6 +13,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -159,6 +163,57 @@ TEST(SourceBlocks, ADescriptorThatCannotBeReadDirectGivesNoBlock) {
   EXPECT_EQ(l->p, nullptr);
   ::close(p[0]);
   ::close(p[1]);
+}
+
+// Records what it is fed per range, failing on bytes out of order.
+struct RecordingTap : BlockTap {
+  std::vector<Range> want;
+  std::mutex mu;
+  std::map<uint64_t, std::vector<uint8_t>> seen;
+  std::vector<Range> ranges(uint64_t, uint64_t) override { return want; }
+  void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) override {
+    std::lock_guard<std::mutex> l(mu);
+    auto& v = seen[id];
+    EXPECT_EQ(off, want[id].off + v.size()) << "range " << id << " fed out of order";
+    v.insert(v.end(), p, p + n);
+  }
+};
+
+TEST(SourceBlocks, TapSeesEveryRangeInOrderFromReadsDoneOnce) {
+  BlocksFile a("tap", (40u << 20) + 4321, 11);
+  ASSERT_TRUE(direct_reads_ok(a));
+  auto tap = std::make_shared<RecordingTap>();  // ranges across block edges, one inside a block, one to the end
+  tap->want = {{0, 100, (5u << 20)}, {1, (5u << 20) + 200, (25u << 20)}, {2, (31u << 20), 1000}, {3, (33u << 20), a.bytes.size() - (33u << 20)}};
+  SourceBlocks sb(24u << 20, 3);  // 3 blocks of room for a 6-block file
+  sb.set_tap(tap);
+  std::thread t([&] { EXPECT_EQ(take(sb, a, 20u << 20, a.bytes.size() - (20u << 20), 777777), slice(a, 20u << 20, a.bytes.size() - (20u << 20))); });
+  EXPECT_EQ(take(sb, a, 0, 20u << 20, 999999), slice(a, 0, 20u << 20));  // two copies at two places of the file
+  t.join();
+  for (const auto& r : tap->want) {
+    const auto& v = tap->seen[r.id];
+    ASSERT_LE(v.size(), r.bytes) << "range " << r.id;
+    EXPECT_EQ(v, slice(a, r.off, v.size())) << "range " << r.id;
+    if (r.id != 1) {
+      EXPECT_EQ(v.size(), r.bytes) << "range " << r.id << " lies in one copy's bytes: fed whole";
+    }
+  }
+}
+
+TEST(SourceBlocks, TapRangeWhoseBlockWentEarlyGoesOnWhenItIsReadAgain) {
+  BlocksFile a("tap2", 32u << 20, 12);
+  ASSERT_TRUE(direct_reads_ok(a));
+  auto tap = std::make_shared<RecordingTap>();
+  tap->want = {{0, 1000, (30u << 20)}};
+  SourceBlocks sb(32u << 20, 0);  // no read-ahead: blocks are read as asked
+  sb.set_tap(tap);
+  constexpr uint64_t B = kSourceBlockBytes;
+  EXPECT_EQ(take(sb, a, 2 * B, B), slice(a, 2 * B, B));  // block 2 taken whole and freed before the range's turn
+  EXPECT_EQ(take(sb, a, 3 * B, 100), slice(a, 3 * B, 100));  // block 3 held (not all taken)
+  EXPECT_EQ(take(sb, a, 0, 2 * B), slice(a, 0, 2 * B));       // blocks 0, 1: fed; block 2 is gone
+  EXPECT_EQ(tap->seen[0], slice(a, 1000, 2 * B - 1000));
+  EXPECT_EQ(take(sb, a, 2 * B, B), slice(a, 2 * B, B));  // read again: fed, and block 3 (still held) after it
+  EXPECT_EQ(tap->seen[0], slice(a, 1000, 30u << 20));
+  EXPECT_EQ(sb.stats().blocks_read, 5u);
 }
 
 }  // namespace

@@ -244,7 +244,8 @@ def _dataset_offset(path, dataset):
         return f[dataset].id.get_offset()
 
 
-def test_corrupt_source_piece_named_nothing_committed(make_store, run_ckpt, tmp_path):
+@pytest.mark.parametrize("io", ["auto", "direct"])  # direct: checked from the copy's own reads (CopyVerify)
+def test_corrupt_source_piece_named_nothing_committed(io, make_store, run_ckpt, tmp_path):
     tensors = model(CFG_GQA)
     src = make_store(CFG_GQA, tensors)
     mid = tmp_path / "mid"
@@ -258,7 +259,7 @@ def test_corrupt_source_piece_named_nothing_committed(make_store, run_ckpt, tmp_
     path.write_bytes(bytes(raw))
     before = tree_digest(mid)
     dst = tmp_path / "dst"
-    p = run_ckpt("reshard", mid, dst, "--tp", 1, "--pp", 1, "--dp", 1, check=False)
+    p = run_ckpt("reshard", mid, dst, "--tp", 1, "--pp", 1, "--dp", 1, "--io", io, check=False)
     assert p.returncode != 0
     assert "optimizer.exp_avg.model.layers.3.mlp.up_proj.weight" in p.stderr, p.stderr
     assert "nothing was committed" in p.stderr, p.stderr
@@ -269,6 +270,21 @@ def test_corrupt_source_piece_named_nothing_committed(make_store, run_ckpt, tmp_
     p = run_ckpt("reshard", mid, dst, "--tp", 1, "--pp", 1, "--dp", 1, check=False)
     assert p.returncode != 0 and victim["file"].split("/")[-1] in p.stderr, p.stderr
     assert not dst.exists() and not (tmp_path / "dst.partial").exists()
+
+
+def test_direct_reshard_checks_src_from_the_copys_reads(make_store, run_ckpt, tmp_path):
+    """--io direct: SRC's digests come from the copy's reads (how "copy"), every piece's bytes counted
+    once, either from the copy or re-read; the default --io (auto) keeps the child process."""
+    src = make_store(CFG_GQA, model(CFG_GQA))
+    total = sum(p["bytes"] for p in json.loads((src / "manifest.json").read_text())["pieces"])
+    j = json.loads(run_ckpt("reshard", src, tmp_path / "d", "--tp", 1, "--pp", 2, "--dp", 1, "--io", "direct", "--json").stdout)
+    sc = j["source_check"]
+    assert sc["how"] == "copy" and sc["bytes_from_copy"] + sc["bytes_reread"] == total, sc
+    assert sc["bytes_from_copy"] > total // 2, sc
+    j = json.loads(run_ckpt("reshard", src, tmp_path / "a", "--tp", 1, "--pp", 2, "--dp", 1, "--json").stdout)
+    assert j["source_check"] == {"how": "process"}, j["source_check"]
+    j = json.loads(run_ckpt("reshard", src, tmp_path / "n", "--tp", 1, "--pp", 2, "--dp", 1, "--no-verify", "--json").stdout)
+    assert j["source_check"] == {"how": "none"}, j["source_check"]
 
 
 def stderr_on_a_terminal(ckpt_bin, *args):
