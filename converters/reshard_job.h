@@ -42,7 +42,14 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
 // How a job's native store writer fits --max-memory beside the executor's chunk buffers: sets
 // so.hash_threads (the writer's pool) and so.chunk_memory (compressed chunks in flight) for
 // `threads`; returns the bytes of --max-memory to reserve for the writer, HDF5 and the process.
-Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so);
+// Uncompressed stores copy their sources with direct reads through so.read_ahead (SourceBlocks)
+// when so.io is kDirect, or kAuto and `cold_source` (the source mostly out of the page cache:
+// page_cache_share), and the budget leaves room for it.
+Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so, bool cold_source = false);
+
+// --io auto: whether the source at `path` (a file or directory; a native store's run dir resolved
+// to its checkpoint) is mostly out of the page cache, so that direct reads beat mapped ones.
+bool cold_source(const std::string& path, IoMode io);
 
 // What a compressed native SRC costs beside the executor's chunks on `threads`: chunks are decoded
 // on the executor's reading thread and a pool of threads - 1, each keeping its last decoded chunk,

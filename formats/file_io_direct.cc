@@ -71,8 +71,8 @@ const uint64_t kAutoDirectMinBytes = 16ull << 20;
 const char* io_flag_help() {
   return "how data files are written, and the source ranges copied into them read: direct (O_DIRECT, around the page "
          "cache; falls back to buffered where the file system refuses it), buffered (through the page cache) or auto "
-         "(direct writes for files of 16 MiB or more, sources read through the page cache; default). The output bytes are "
-         "the same in every mode";
+         "(direct writes for files of 16 MiB or more; sources mostly in the page cache read through it, others direct "
+         "with read-ahead; default). The output bytes are the same in every mode";
 }
 
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag) {
@@ -101,9 +101,10 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
   f.st_ = std::make_unique<State>();
   f.st_->path = path;
   CKPT_ASSIGN_OR_RETURN(f.st_->fd, open_fd(path, flags, "cannot open for writing"));
-  // Sources of copy_runs are read direct with --io direct only: with a cold cache, direct reads
-  // (4 MiB, one window read ahead) measured 1.6-2.3x slower than mapped reads with the kernel's
-  // read-ahead on this VM (docs/BENCHMARKS.md, issue 15), so auto reads through the page cache.
+  // Sources of copy_runs are read direct with --io direct, or where a SourceBlocks is given
+  // (set_read_ahead: --io auto from a cold source too); direct windows alone (4 MiB, one read
+  // ahead) measured 1.6-2.3x slower than mapped reads with the kernel's read-ahead on this VM
+  // (docs/BENCHMARKS.md, issue 15), so auto without a SourceBlocks reads through the page cache.
   f.st_->read_io = mode == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered;
   if (resolve_io_mode(mode, file_bytes) == IoMode::kDirect) {
     // The same file again, around the page cache; refused (EINVAL on tmpfs of old kernels,

@@ -20,9 +20,9 @@
 // the file: sources are read a window at a time (SourceWindow, formats/file_read_direct.h: O_DIRECT
 // with the next window read ahead when the file was opened with IoMode kDirect; else mapped) and
 // copied into the staging buffer (a source that shrinks is a "ShortSource" error, never SIGBUS);
-// a single range in buffered mode is copy_file_bytes (formats/file_io.h). With IoMode kDirect and
-// a SourceBlocks given (set_read_ahead), sources are read through it instead: direct reads kept
-// ahead across calls (formats/source_blocks.h), windows only where it gives no block.
+// a single range in buffered mode is copy_file_bytes (formats/file_io.h). With a SourceBlocks
+// given (set_read_ahead), sources are read through it instead, whatever the IoMode: direct reads
+// kept ahead across calls (formats/source_blocks.h), direct windows only where it gives no block.
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
 // close and moves one thread at a time.
 #pragma once
@@ -80,9 +80,12 @@ class OutputFile {
   // ended early).
   Status copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                    const std::function<void(const void*, size_t)>& each_block = {}) const;
-  // copy_runs reads its sources through `blocks` (direct reads with read-ahead across calls,
-  // formats/source_blocks.h) when the file was opened with IoMode kDirect; not owned, null: off.
-  void set_read_ahead(SourceBlocks* blocks) { st_->read_ahead = blocks; }
+  // copy_runs reads its sources direct, through `blocks` (read-ahead across calls,
+  // formats/source_blocks.h); not owned; null: as the IoMode the file was opened with says.
+  void set_read_ahead(SourceBlocks* blocks) {
+    st_->read_ahead = blocks;
+    if (blocks) st_->read_io = IoMode::kDirect;
+  }
   Status close();  // closes both descriptors; "close failed" naming the path
   void reset();    // closes, ignoring errors
 
@@ -91,7 +94,7 @@ class OutputFile {
     ScopedFd fd, dfd;  // buffered; O_DIRECT (invalid when not direct)
     std::atomic<bool> direct{false};
     IoMode read_io = IoMode::kBuffered;  // how copy_runs reads its sources (SourceWindow)
-    SourceBlocks* read_ahead = nullptr;  // kDirect: copy_runs' sources read through it
+    SourceBlocks* read_ahead = nullptr;  // copy_runs' sources read through it (read_io kDirect)
     std::string path;
   };
   Status write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const;

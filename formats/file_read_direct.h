@@ -12,8 +12,9 @@
 //    range around the bytes asked for (a read past the end of the file stops at the end).
 //  - kAuto: per window, mapped when every page of it is already in the page cache (mincore:
 //    a warm source is read at memory speed), else direct (a cold source bypasses the page cache,
-//    whose new pages are slow in an idle VM). No command uses it today: `--io auto` reads mapped,
-//    since cold direct reads measured slower than mapped ones here (docs/BENCHMARKS.md, issue 15).
+//    whose new pages are slow in an idle VM). Commands decide per source instead: `--io auto`
+//    reads a source mostly in the page cache mapped and a cold one direct through SourceBlocks
+//    (page_cache_share, converters/reshard_job.h: fit_store_writer).
 // Where the file system refuses O_DIRECT (open or read fails with EINVAL: tmpfs on old kernels,
 // overlayfs, FUSE) the window falls back to mapping, then to pread, for good: never an error.
 // A source that ends before the bytes asked for is a "ShortSource" error (never SIGBUS).

@@ -1,12 +1,14 @@
 #include "formats/fs_util.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "formats/file_io.h"
 
@@ -187,5 +189,36 @@ void PartialDir::remove() {
 }
 
 void PartialDir::release() { owned_ = false; }
+
+double page_cache_share(const std::string& path) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t pages = 0, cached = 0;
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (std::filesystem::is_regular_file(path, ec)) files.push_back(path);
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec); !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) files.push_back(it->path().string());
+  std::vector<unsigned char> in;
+  for (const std::string& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat sb {};
+    if (::fstat(fd, &sb) == 0 && sb.st_size > 0) {
+      const uint64_t size = static_cast<uint64_t>(sb.st_size), n = (size + page - 1) / page;
+      void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) {
+        in.assign(n, 0);
+        if (::mincore(m, size, in.data()) == 0) {
+          pages += n;
+          for (unsigned char c : in) cached += c & 1;
+        }
+        ::munmap(m, size);
+      }
+    }
+    ::close(fd);
+  }
+  return pages == 0 ? 1.0 : static_cast<double>(cached) / static_cast<double>(pages);
+}
 
 }  // namespace ckpt

@@ -43,6 +43,11 @@ Status make_dir(const std::string& path);    // mkdir, fails if it exists
 Status remove_tree(const std::string& path);  // rm -rf; OK if missing
 bool path_exists(const std::string& path);   // lstat: a dangling symlink exists
 bool is_directory(const std::string& path);
+// The share (0..1) of the bytes of `path` (a regular file, or the regular files under a directory,
+// recursively, symlinks not followed) that are in the page cache (mincore of a mapping that
+// touches no page); 1 when there are none or `path` cannot be read. How `--io auto` tells a warm
+// source from a cold one.
+double page_cache_share(const std::string& path);
 std::string parent_dir(const std::string& path);  // "." for a bare name
 
 // "<path>.tmp-<pid>": where a file is written before it is renamed to `path`.
