@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from native_h5py import read_native  # scripts/: h5py only, no ckpt code
+import page_cache
 from transformers import LlamaConfig, LlamaForCausalLM
 
 MODES = ("buffered", "direct", "auto")
@@ -195,17 +196,6 @@ def test_direct_falls_back_where_o_direct_is_refused(refuse, shim, hf_dir, impor
     assert refusals and set(refusals) == {refuse}, refusals  # the shim did refuse, and only that
 
 
-def _drop_cache(d: pathlib.Path):
-    for p in d.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tmp_path):
     """Direct reads happen (logged by the shim, not refused) in direct mode, and in auto mode where the
     source is out of the page cache (mapped reads of a cold source are slower in an idle VM), never in
@@ -219,9 +209,9 @@ def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tm
 
     outs = {}
     for mode in ("buffered", "direct", "auto", "auto-warm"):
-        _drop_cache(imported["buffered"])
+        page_cache.evict(imported["buffered"])
         if mode == "auto-warm":
-            _files(imported["buffered"])  # read through: in the page cache
+            page_cache.read_through(imported["buffered"])
         outs[mode] = tmp_path / f"tp1_{mode}"
         n = direct_reads(f"rs_{mode}", mode.split("-")[0], "reshard", imported["buffered"], outs[mode], "--tp", "1", "--pp", "1",
                          "--dp", "1")
@@ -229,13 +219,13 @@ def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tm
     for mode in ("direct", "auto", "auto-warm"):
         _assert_same_files(outs["buffered"], outs[mode])
     for mode in ("auto", "auto-warm"):
-        _drop_cache(hf_dir)
+        page_cache.evict(hf_dir)
         if mode == "auto-warm":
-            _files(hf_dir)
+            page_cache.read_through(hf_dir)
         n = direct_reads(f"imp_{mode}", "auto", "from-hf", hf_dir, tmp_path / f"imp_{mode}", "--tp", "2", "--pp", "1", "--dp", "1")
         assert (n > 0) == (mode == "auto"), (mode, n)
         _assert_same_files(imported["buffered"], tmp_path / f"imp_{mode}")
-    _drop_cache(hf_dir)
+    page_cache.evict(hf_dir)
     assert direct_reads("imp", "direct", "from-hf", hf_dir, tmp_path / "imp", "--tp", "2", "--pp", "1", "--dp", "1") > 0
     _assert_same_files(imported["buffered"], tmp_path / "imp")
     assert direct_reads("exp", "direct", "to-hf", imported["buffered"], tmp_path / "hf") > 0

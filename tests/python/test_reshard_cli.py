@@ -272,45 +272,6 @@ def test_corrupt_source_piece_named_nothing_committed(io, make_store, run_ckpt, 
     assert not dst.exists() and not (tmp_path / "dst.partial").exists()
 
 
-def test_direct_reshard_checks_src_from_the_copys_reads(make_store, run_ckpt, tmp_path):
-    """--io direct: SRC's digests come from the copy's reads (how "copy"), every piece's bytes counted
-    once, either from the copy or re-read; the default --io (auto) keeps the child process."""
-    src = make_store(CFG_GQA, model(CFG_GQA))
-    total = sum(p["bytes"] for p in json.loads((src / "manifest.json").read_text())["pieces"])
-    j = json.loads(run_ckpt("reshard", src, tmp_path / "d", "--tp", 1, "--pp", 2, "--dp", 1, "--io", "direct", "--json").stdout)
-    sc = j["source_check"]
-    assert sc["how"] == "copy" and sc["bytes_from_copy"] + sc["bytes_reread"] == total, sc
-    assert sc["bytes_from_copy"] > total // 2, sc
-    j = json.loads(run_ckpt("reshard", src, tmp_path / "n", "--tp", 1, "--pp", 2, "--dp", 1, "--no-verify", "--json").stdout)
-    assert j["source_check"] == {"how": "none"}, j["source_check"]
-
-
-def _evict(d):
-    for f in pathlib.Path(d).rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-
-
-def test_auto_reads_a_cold_source_direct_and_a_warm_one_mapped(make_store, run_ckpt, tmp_path):
-    """--io auto: a source out of the page cache is copied with direct reads and checked from them
-    (how "copy"); one in the page cache is mapped and checked by the child process. Same bytes."""
-    src = make_store(CFG_GQA, model(CFG_GQA))
-    outs = {}
-    for state in ("cold", "warm"):
-        _evict(src)
-        if state == "warm":
-            tree_digest(src)  # reads every file: in the page cache again
-        outs[state] = tmp_path / state
-        j = json.loads(run_ckpt("reshard", src, outs[state], "--tp", 1, "--pp", 2, "--dp", 1, "--json").stdout)
-        assert j["source_check"]["how"] == ("copy" if state == "cold" else "process"), (state, j["source_check"])
-        assert (j["memory"]["read_ahead"] > 0) == (state == "cold"), (state, j["memory"])
-    pieces = {k: json.loads((v / "manifest.json").read_text())["pieces"] for k, v in outs.items()}
-    assert pieces["cold"] == pieces["warm"]
-
-
 def stderr_on_a_terminal(ckpt_bin, *args):
     """Runs ckpt with stderr on a pseudo-terminal; returns (exit code, what it wrote there)."""
     master, slave = pty.openpty()
