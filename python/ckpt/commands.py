@@ -117,7 +117,9 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
     Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
     peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds, memory}``
     (``memory``: ``{max_memory, floor, read_ahead}`` in bytes, docs/RESHARD.md) plus, when written, ``{dst,
-    seconds, processes}`` and for a profile conversion ``{profile, from_profile, exactness}``."""
+    seconds, processes, source_check}`` (how the source's digests were checked: ``how`` "copy", with
+    ``bytes_from_copy`` and ``bytes_reread``, or "process", "inline", "none") and for a profile
+    conversion ``{profile, from_profile, exactness}``."""
     with _layout_file(layout) as lay:
         opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
                              threads, max_memory, io, dry_run, verify_source, False)
