@@ -42,6 +42,12 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
   return exec_chunk_bytes(budget, threads, max_src_elem, min_out_elem);
 }
 
+bool cold_source(const std::string& path, IoMode io) {
+  if (io != IoMode::kAuto) return false;
+  auto dir = store::resolve_checkpoint(path);  // a native store's run dir: its current checkpoint
+  return page_cache_share(dir.ok() ? *dir : path) < 0.5;
+}
+
 // Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
 // copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
 // --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
@@ -51,12 +57,6 @@ Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, 
 // the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
 // else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15); and the partial chunk
 // each writing thread stages.
-bool cold_source(const std::string& path, IoMode io) {
-  if (io != IoMode::kAuto) return false;
-  auto dir = store::resolve_checkpoint(path);  // a native store's run dir: its current checkpoint
-  return page_cache_share(dir.ok() ? *dir : path) < 0.5;
-}
-
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so, bool cold_source) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
   constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20, kReadAheadChunkBudgetBytes = uint64_t{32} << 20;
@@ -180,6 +180,16 @@ Result<std::unique_ptr<ProfileConversion>> prepare_profile_job(const ReshardRequ
   return conv;
 }
 
+// Whether CopyVerify can check SRC from the copies' reads: every piece stored uncompressed, and
+// copied as stored (no profile views, whose pieces are computed, not copied from file ranges: the
+// check would re-read all of SRC after the copy, where the child process overlaps it).
+bool check_from_copy(const ReshardRequest& r) {
+  auto dir = store::resolve_checkpoint(r.src);
+  if (!dir.ok()) return false;
+  auto m = store::load_manifest(*dir);
+  return m.ok() && copy_verifiable(*m) && !needs_profile_views(m->metadata, r.profile);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -194,11 +204,11 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
 
   // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
-  // With --io direct an uncompressed SRC is checked from the copy's own reads instead (CopyVerify:
-  // SRC read once).
+  // Where the copies read SRC direct (--io direct, or a cold SRC under --io auto), an uncompressed
+  // SRC is checked from the copy's own reads instead (CopyVerify: SRC read once).
   BackgroundVerify bg;
   const bool check = !r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore;
-  const bool from_copy = check && sopts.read_ahead && copy_verifiable(r.src);
+  const bool from_copy = check && sopts.read_ahead && check_from_copy(r);
   if (check && !from_copy) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));

@@ -11,8 +11,6 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "formats/store/run_dir.h"
-
 namespace ckpt {
 
 namespace {
@@ -57,14 +55,8 @@ Status verdict(store::VerifyReport rep) {
 
 Status verify_source_inline(store::StoreReader& src) { return verdict(src.verify()); }
 
-bool copy_verifiable(const std::string& path) {
-  auto dir = store::resolve_checkpoint(path);
-  if (!dir.ok()) return false;
-  auto m = store::load_manifest(*dir);
-  if (!m.ok()) return false;
-  for (const auto& rec : m->pieces)
-    if (rec.codec != store::Codec::kNone) return false;
-  return true;
+bool copy_verifiable(const store::Manifest& m) {
+  return std::all_of(m.pieces.begin(), m.pieces.end(), [](const store::PieceRecord& rec) { return rec.codec == store::Codec::kNone; });
 }
 
 CopyVerify::CopyVerify(store::StoreReader& src) : src_(src) {

@@ -31,9 +31,9 @@ namespace ckpt {
 // fail and that nothing was committed.
 Status verify_source_inline(store::StoreReader& src);
 
-// True when the store at `path` (a checkpoint or run dir) can be checked by CopyVerify: its
-// manifest reads and every piece is stored uncompressed. Reads only the manifest (no HDF5).
-bool copy_verifiable(const std::string& path);
+// True when a store with manifest `m` can be checked by CopyVerify: every piece is stored
+// uncompressed (compressed pieces are decoded, not copied from file ranges).
+bool copy_verifiable(const store::Manifest& m);
 
 // The source check as a BlockTap: every uncompressed piece's digest computed from the bytes the
 // copy's direct reads bring in (SourceBlocks::set_tap). finish() takes the pieces whose digest

@@ -39,3 +39,13 @@ def test_auto_reads_a_cold_source_direct_and_a_warm_one_mapped(make_store, run_c
         assert (j["memory"]["read_ahead"] > 0) == (state == "cold"), (state, j["memory"])
     pieces = {k: json.loads((v / "manifest.json").read_text())["pieces"] for k, v in outs.items()}
     assert pieces["cold"] == pieces["warm"]
+
+
+def test_profile_conversion_keeps_the_child_check(make_store, run_ckpt, tmp_path):
+    """A reshard through the profile views computes its pieces rather than copying file ranges: the
+    check stays in the child process (overlapping the copy), even with direct reads, and still holds."""
+    src = make_store(CFG_GQA, model(CFG_GQA))
+    j = json.loads(run_ckpt("reshard", src, tmp_path / "p", "--tp", 1, "--pp", 2, "--dp", 1, "--profile", "megatron-mcore", "--io", "direct",
+                            "--json").stdout)
+    assert j["source_check"] == {"how": "process"}, j["source_check"]
+
