@@ -27,11 +27,13 @@ import subprocess
 import sys
 import time
 
-import torch
-from safetensors.torch import save_file
+# torch is imported where a model is generated, not here: io15_bench imports timed() from this
+# module, and a harness holding torch measured its idle-state children slower (docs/BENCHMARKS.md).
 
 
 def make_model(d: pathlib.Path, layers: int, seed: int = 0, vocab: int = 32000):
+    import torch
+    from safetensors.torch import save_file
     d.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": 2048,
            "intermediate_size": 5632, "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4,
