@@ -36,8 +36,8 @@ Parts (--parts, comma list):
                      kept in flight, has run up to 10% under it: the disk's floor, not dd's).
   io      to-hf from tp=2 and from-hf with --io buffered / direct / auto, vs cp -r + sync.
   zstd    compressed store (shuffle+zstd-1) write and read with --threads 1 and 2.
-This process imports neither torch nor numpy while it times: a parent holding torch timed its
-idle-state children slower (docs/BENCHMARKS.md, session 18).
+This process imports neither torch nor numpy while it times (hot: numpy, to touch memory): a
+parent holding torch timed its idle-state children slower (docs/BENCHMARKS.md, session 18).
 ckpt fsyncs its outputs (the default). Wall seconds include the final sync; peak RSS and CPU
 seconds are the command's (/usr/bin/time). Prints one JSON object per command, then per state a
 table of medians and ratios (baseline s / command s: > 1 is faster than the baseline; python /
