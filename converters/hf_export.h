@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ struct HfExportOptions {
   uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see exec_chunk_bytes()
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
+  std::shared_ptr<SourceBlocks> read_ahead;  // copies read their sources direct through it (null: as io says)
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

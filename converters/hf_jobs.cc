@@ -68,10 +68,20 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
-  const uint64_t reserve = kToHfReserveBytes + source_decode_reserve(*src, req.threads);
+  const uint64_t decode = source_decode_reserve(*src, req.threads);
+  uint64_t reserve = kToHfReserveBytes + decode;
+  // Copied file ranges read direct and ahead through one SourceBlocks, as reshard's: with --io direct,
+  // and with auto when the source is cold (mapped reads of it fill new page-cache pages, slow in an
+  // idle VM). Not for a compressed store, whose chunks are decoded, not copied.
+  if (decode == 0 && (opts.io == IoMode::kDirect || cold_source(req.src, opts.io))) {
+    CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(req.max_memory, "--max-memory"));
+    ReadAheadFit fit = fit_read_ahead(mem, reserve, req.threads);
+    opts.read_ahead = std::move(fit.blocks);
+    reserve += fit.bytes;
+  }
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   ToHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve));
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, opts.read_ahead.get()));
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
   out.out = req.out;
   out.tensors = plan->tensors.size();
@@ -160,10 +170,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so, cold_source(req.src, so.io)));
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   FromHfOutcome out;
-  // The read-ahead is what the budget leaves over (fit_store_writer): not part of the floor.
-  const uint64_t ahead = so.read_ahead ? so.read_ahead->capacity() : 0;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve - ahead));
-  out.memory.read_ahead = ahead;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, so.read_ahead.get()));
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
     CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));

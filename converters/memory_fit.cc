@@ -1,6 +1,9 @@
 #include "converters/memory_fit.h"
 
+#include <algorithm>
+
 #include "formats/byte_size.h"
+#include "formats/source_blocks.h"
 
 namespace ckpt {
 
@@ -20,10 +23,11 @@ std::string MemoryFit::note(int threads) const {
          "docs/RESHARD.md); it runs in those. Give --max-memory " + mib(floor) + "M or more for a budget it keeps, or fewer --threads.";
 }
 
-Result<MemoryFit> memory_fit(const std::string& max_memory, uint64_t reserve) {
+Result<MemoryFit> memory_fit(const std::string& max_memory, uint64_t reserve, const SourceBlocks* read_ahead) {
   MemoryFit f;
   CKPT_ASSIGN_OR_RETURN(f.max_memory, parse_byte_size(max_memory, "--max-memory"));
-  f.floor = reserve + kMinChunkBudgetBytes;
+  f.read_ahead = read_ahead ? read_ahead->capacity() : 0;
+  f.floor = reserve - std::min(reserve, f.read_ahead) + kMinChunkBudgetBytes;
   return f;
 }
 

@@ -21,6 +21,8 @@
 
 namespace ckpt {
 
+class SourceBlocks;
+
 // The smallest chunk budget handed to the executor, whatever --max-memory says.
 inline constexpr uint64_t kMinChunkBudgetBytes = uint64_t{4} << 20;
 
@@ -36,7 +38,9 @@ struct MemoryFit {
   std::string note(int threads) const;
 };
 
-// `max_memory` as given ("256M"; errors name --max-memory) against `reserve`, the job's fixed bytes.
-Result<MemoryFit> memory_fit(const std::string& max_memory, uint64_t reserve);
+// `max_memory` as given ("256M"; errors name --max-memory) against `reserve`, the job's fixed bytes;
+// `read_ahead`'s capacity, part of them (fit_read_ahead: what the budget left over), is reported, not
+// part of the floor.
+Result<MemoryFit> memory_fit(const std::string& max_memory, uint64_t reserve, const SourceBlocks* read_ahead = nullptr);
 
 }  // namespace ckpt

@@ -57,11 +57,21 @@ bool cold_source(const std::string& path, IoMode io) {
 // the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
 // else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15); and the partial chunk
 // each writing thread stages.
+ReadAheadFit fit_read_ahead(uint64_t mem, uint64_t reserve, int copy_threads) {
+  constexpr uint64_t kChunkBudgetBytes = uint64_t{32} << 20;  // extent copies need few chunks
+  constexpr uint64_t kMinBytes = uint64_t{64} << 20, kMaxBytes = uint64_t{512} << 20;
+  constexpr int kDepth = 8;  // blocks of 8 MiB ahead per source file
+  const uint64_t stages = static_cast<uint64_t>(copy_threads) * kCopyThreadReadAheadBytes;
+  if (mem < reserve + stages + kChunkBudgetBytes + kMinBytes) return {};
+  const uint64_t room = mem - reserve - stages - kChunkBudgetBytes;
+  const uint64_t ahead = std::min(kMaxBytes, room / kSourceBlockBytes * kSourceBlockBytes);
+  if (ahead < kMinBytes) return {};
+  return {std::make_shared<SourceBlocks>(ahead, kDepth), stages + ahead};
+}
+
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so, bool cold_source) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
-  constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20, kReadAheadChunkBudgetBytes = uint64_t{32} << 20;
-  constexpr uint64_t kMinReadAheadBytes = uint64_t{64} << 20, kMaxReadAheadBytes = uint64_t{512} << 20;
-  constexpr int kReadAheadDepth = 8;  // blocks of 8 MiB ahead per source file
+  constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20;
   uint64_t reserve = kStoreWriterReserveBytes;
   so.hash_threads = threads;
   if (so.codec != store::Codec::kNone) {
@@ -73,16 +83,12 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
   if (mem < reserve + extra + kChunkBudgetBytes) return reserve;
   so.hash_threads = 2 * threads;
   if (so.io == IoMode::kDirect || (so.io == IoMode::kAuto && cold_source)) {
-    // Direct copies read their sources through one SourceBlocks: what is left beside the copying
-    // threads' stages and a smaller chunk budget (extent copies need few chunks) is read ahead.
     // A cold source under --io auto too: mapped reads of it fill new page-cache pages, slow in an
     // idle VM (3.08 GB reshard, idle: 4.5 s mapped, 3.6-3.7 s direct; issue 15 session 17).
-    const uint64_t stages = static_cast<uint64_t>(so.hash_threads) * kCopyThreadReadAheadBytes;
-    const uint64_t room = mem - reserve - stages - kReadAheadChunkBudgetBytes;  // mem >= reserve + extra + 64 MiB: no underflow
-    const uint64_t ahead = std::min(kMaxReadAheadBytes, room / kSourceBlockBytes * kSourceBlockBytes);
-    if (ahead >= kMinReadAheadBytes) {
-      so.read_ahead = std::make_shared<SourceBlocks>(ahead, kReadAheadDepth);
-      return reserve + stages + ahead;
+    ReadAheadFit fit = fit_read_ahead(mem, reserve, so.hash_threads);
+    if (fit.blocks) {
+      so.read_ahead = std::move(fit.blocks);
+      return reserve + fit.bytes;
     }
   }
   return reserve + extra;
@@ -218,10 +224,7 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   ReshardOutcome out;
   ExecOptions eo;
   reserve += source_decode_reserve(src, r.threads);
-  // The read-ahead is what the budget leaves over (fit_store_writer): not part of the floor.
-  const uint64_t ahead = sopts.read_ahead ? sopts.read_ahead->capacity() : 0;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(r.max_memory, reserve - ahead));
-  out.memory.read_ahead = ahead;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(r.max_memory, reserve, sopts.read_ahead.get()));
   CKPT_RETURN_IF_ERROR(prepare(r, src, cfg, out.layout, eo, reserve));
   LlamaShardingRules llama_rules(cfg);
   out.src_description = src.describe();

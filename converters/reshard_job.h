@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "converters/exactness.h"
@@ -38,6 +39,16 @@ struct LayoutValues {
 // narrowest output element.
 Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
                                     size_t min_out_elem, uint64_t reserve = 0);
+
+// Direct copies by `copy_threads` threads reading their sources through one SourceBlocks
+// (formats/source_blocks.h): what `mem` (--max-memory) leaves beside `reserve`, the threads'
+// stages and a 32 MiB chunk budget is read ahead, 64-512 MiB; `bytes` = stages + read-ahead, to
+// add to the job's reserve. No blocks when less than 64 MiB is left.
+struct ReadAheadFit {
+  std::shared_ptr<SourceBlocks> blocks;
+  uint64_t bytes = 0;
+};
+ReadAheadFit fit_read_ahead(uint64_t mem, uint64_t reserve, int copy_threads);
 
 // How a job's native store writer fits --max-memory beside the executor's chunk buffers: sets
 // so.hash_threads (the writer's pool) and so.chunk_memory (compressed chunks in flight) for

@@ -69,11 +69,14 @@ class SafetensorsDirWriter {
   Status commit(const std::map<std::string, std::string>& text_files,
                 const std::map<std::string, std::string>& copy_files);
   void abort();
+  // Files added after this read their copies' sources through `blocks` (WriterOptions::read_ahead).
+  void set_read_ahead(SourceBlocks* blocks) { read_ahead_ = blocks; }
 
  private:
   PartialDir dir_;
   bool fsync_;
   IoMode io_;
+  SourceBlocks* read_ahead_ = nullptr;
   bool created_ = false, committed_ = false;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
   std::vector<std::string> subdirs_;  // relative paths of the subdirectories created
@@ -86,6 +89,7 @@ struct ShardedSinkOptions {
   std::map<std::string, std::string> copy_files;   // name -> source path (tokenizer files)
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
+  SourceBlocks* read_ahead = nullptr;  // WriterOptions::read_ahead of every shard; not owned
 };
 
 class ShardedSafetensorsSink final : public TensorSink {

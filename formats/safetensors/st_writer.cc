@@ -53,6 +53,7 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
   }
   file_size_ = data_start_ + data_size;
   CKPT_ASSIGN_OR_RETURN(out_, OutputFile::open(tmp_, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, file_size_));
+  out_.set_read_ahead(opts_.read_ahead);
   std::string prefix(8, '\0');
   for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
   prefix += *hdr;

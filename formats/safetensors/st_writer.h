@@ -26,6 +26,7 @@ struct WriterOptions {
   bool rename_on_commit = true;
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how tensor bytes are written (formats/file_io_direct.h)
+  SourceBlocks* read_ahead = nullptr;  // copies (write_from_files) read their sources direct through it; not owned
 };
 
 class SafetensorsWriter final : public TensorSink {

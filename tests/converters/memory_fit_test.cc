@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "formats/source_blocks.h"
+
 namespace ckpt {
 namespace {
 
@@ -16,6 +18,15 @@ TEST(MemoryFit, FloorIsTheReservePlusTheSmallestChunkBudget) {
   EXPECT_EQ(f->floor, 100 * kMiB + kMinChunkBudgetBytes);
   EXPECT_TRUE(f->below_floor());
   EXPECT_EQ(f->to_json(), (nlohmann::json{{"max_memory", 64 * kMiB}, {"floor", 104 * kMiB}, {"read_ahead", 0}}));
+}
+
+TEST(MemoryFit, ReadAheadIsReportedAndLeftOutOfTheFloor) {
+  SourceBlocks blocks(64 * kMiB, 8);
+  auto f = memory_fit("256M", 24 * kMiB + 8 * kMiB + blocks.capacity(), &blocks);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->read_ahead, 64 * kMiB);
+  EXPECT_EQ(f->floor, 32 * kMiB + kMinChunkBudgetBytes);  // the reserve without the read-ahead
+  EXPECT_FALSE(f->below_floor());
 }
 
 TEST(MemoryFit, NoteBelowTheFloorNamesBudgetFloorThreadsAndTheFix) {

@@ -232,6 +232,13 @@ def test_sources_are_read_direct_as_io_says(shim, hf_dir, imported, run_ckpt, tm
     ref = tmp_path / "hf_ref"
     run_ckpt("to-hf", imported["buffered"], ref, "--io", "buffered")
     _assert_same_files(ref, tmp_path / "hf")
+    for mode in ("auto", "auto-warm"):  # to-hf too: a cold source read direct, a warm one mapped
+        page_cache.evict(imported["buffered"])
+        if mode == "auto-warm":
+            page_cache.read_through(imported["buffered"])
+        n = direct_reads(f"exp_{mode}", "auto", "to-hf", imported["buffered"], tmp_path / f"exp_{mode}")
+        assert (n > 0) == (mode == "auto"), (mode, n)
+        _assert_same_files(ref, tmp_path / f"exp_{mode}")
 
 
 def test_compressed_shards_written_direct_same_bytes(shim, hf_dir, run_ckpt, tmp_path):
