@@ -48,15 +48,6 @@ bool cold_source(const std::string& path, IoMode io) {
   return page_cache_share(dir.ok() ? *dir : path) < 0.5;
 }
 
-// Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
-// copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
-// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
-// hot: no slower; docs/BENCHMARKS.md, issue 15 session 13). Only when --max-memory holds the extra
-// threads' buffers beside a 64 MiB chunk budget. Compressed pieces keep --threads (CPU-bound), and
-// the chunks they hold in flight (raw + compressed, 2 x 4 MiB each; 2 x threads + 2 of them keep
-// the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
-// else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15); and the partial chunk
-// each writing thread stages.
 ReadAheadFit fit_read_ahead(uint64_t mem, uint64_t reserve, int copy_threads) {
   constexpr uint64_t kChunkBudgetBytes = uint64_t{32} << 20;  // extent copies need few chunks
   constexpr uint64_t kMinBytes = uint64_t{64} << 20, kMaxBytes = uint64_t{512} << 20;
@@ -69,6 +60,15 @@ ReadAheadFit fit_read_ahead(uint64_t mem, uint64_t reserve, int copy_threads) {
   return {std::make_shared<SourceBlocks>(ahead, kDepth), stages + ahead};
 }
 
+// Threads of the store writer's pool. Uncompressed pieces are copied file to file there: those
+// copies wait on the disk and, in an idle VM, on the host for every new page-cache page, so twice
+// --threads keeps more reads and writes in flight (3.08 GB reshard, idle VM: medians 5.63 -> 5.10 s;
+// hot: no slower; docs/BENCHMARKS.md, issue 15 session 13). Only when --max-memory holds the extra
+// threads' buffers beside a 64 MiB chunk budget. Compressed pieces keep --threads (CPU-bound), and
+// the chunks they hold in flight (raw + compressed, 2 x 4 MiB each; 2 x threads + 2 of them keep
+// the pool busy) are counted: reserved when --max-memory holds them beside a 64 MiB chunk budget,
+// else 3 of them (--threads 4 at 64M peaked at 123 MiB before, issue 15); and the partial chunk
+// each writing thread stages.
 Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so, bool cold_source) {
   CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(max_memory, "--max-memory"));
   constexpr uint64_t kChunkBudgetBytes = uint64_t{64} << 20;
