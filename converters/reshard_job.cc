@@ -94,14 +94,7 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
   return reserve + extra;
 }
 
-uint64_t source_decode_reserve(const TensorSource& src, int threads) {
-  const auto* store = dynamic_cast<const store::StoreReader*>(&src);
-  if (!store) return 0;
-  const uint64_t shares = threads > 1 ? 2 * static_cast<uint64_t>(threads) - 1 : 1;
-  for (const auto& rec : store->manifest().pieces)
-    if (rec.codec != store::Codec::kNone) return shares * kDecodeThreadBytes;
-  return 0;
-}
+uint64_t source_decode_reserve(const TensorSource& src, int threads) { return src.read_memory(threads); }
 
 namespace {
 

@@ -62,13 +62,8 @@ Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, st
 // to its checkpoint) is mostly out of the page cache, so that direct reads beat mapped ones.
 bool cold_source(const std::string& path, IoMode io);
 
-// What a compressed native SRC costs beside the executor's chunks on `threads`: chunks are decoded
-// on the executor's reading thread and a pool of threads - 1, each keeping its last decoded chunk,
-// its raw read buffer (4 MiB chunks: formats/store/chunk_reader.h) and a zstd context, and the
-// threads' own memory (malloc arenas, stacks) grows with them: 2 x threads - 1 shares of 10 MiB
-// (measured on a 3.08 GB store at --threads 1, 2, 4: reshard 49-83 MiB, to-hf 51-88 MiB, each
-// under its floor or budget; converters/memory_fit.h). 0 for other sources.
-inline constexpr uint64_t kDecodeThreadBytes = uint64_t{10} << 20;
+// What SRC's reads cost beside the executor's chunks on `threads` (TensorSource::read_memory: a
+// compressed native store's decode buffers, formats/store/chunk_reader.h kDecodeThreadBytes).
 uint64_t source_decode_reserve(const TensorSource& src, int threads);
 
 struct ReshardRequest {

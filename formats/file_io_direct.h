@@ -35,12 +35,11 @@
 #include <vector>
 
 #include "formats/fs_util.h"
+#include "formats/io_mode.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
 
 namespace ckpt {
-
-enum class IoMode { kAuto, kBuffered, kDirect };
 
 inline constexpr uint64_t kDirectAlignBytes = 4096;
 // Memory a thread copying with OutputFile::copy_runs holds at most: its 4 MiB staging buffer, its

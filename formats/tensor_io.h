@@ -2,7 +2,10 @@
 //  - TensorMeta: a global tensor (canonical name, dtype, full shape).
 //  - Piece: one stored region of one global tensor, held in one dtype (the dtype a piece is
 //    stored in may differ from the tensor's; readers return the stored dtype).
-//  - TensorSource: lists tensors and pieces; reads any sub-box of a piece.
+//  - TensorSource: lists tensors and pieces; reads any sub-box of a piece; says what its format
+//    can check of the stored bytes and checks it (integrity / check / check_piece). Wrappers
+//    (profile views, canonical views) forward these: a capability is asked for through this
+//    interface, never found by a dynamic_cast to a concrete reader.
 //  - TensorSink: declares its pieces up front, takes each piece's bytes as row slabs in order,
 //    commits atomically (or aborts leaving nothing that looks complete).
 // Thread safety: an implementation states it; the default is one thread at a time.
@@ -17,6 +20,7 @@
 
 #include "formats/dtype.h"
 #include "formats/region.h"
+#include "formats/source_check.h"
 #include "formats/status.h"
 
 namespace ckpt {
@@ -61,7 +65,32 @@ class TensorSource {
   // Free-form metadata (model config, layout, trainer state) carried by the checkpoint.
   virtual const nlohmann::json& metadata() const = 0;
   virtual std::string describe() const = 0;  // path, for messages
+
+  // Integrity (ARCHITECTURE.md "Integrity and I/O"): what the format can check of the bytes.
+  // Default: nothing ("<describe()> has no checksums").
+  virtual IntegrityInfo integrity() const;
+  // The format's own checks over every stored unit of share o.share of o.shares: digests or
+  // checksums recomputed from the stored bytes. A format without any has every byte of every
+  // piece read (structure only; integrity() says what cannot be checked). Default: that read.
+  virtual CheckReport check(const CheckOptions& o);
+  // Checks the stored units that hold piece `piece` (whole units; each unit once per source, later
+  // calls are free) before its bytes are used: the check for readers that do not read everything
+  // (ckpt.open(...).read, a trainer rank's resume). OK when the format has nothing to check.
+  // Thread-safe where read() is. Default: OK.
+  virtual Status check_piece(size_t piece);
+  // Hints for the reads that follow: decode compressed data on `threads` threads (default: none).
+  virtual void set_read_threads(int threads) { (void)threads; }
+  // Memory the source's reads take beside the caller's buffers with `threads` reading threads
+  // (decode buffers of compressed data); counted in a job's --max-memory. Default: 0.
+  virtual uint64_t read_memory(int threads) const {
+    (void)threads;
+    return 0;
+  }
 };
+
+// The default check(): every piece of `src` (of the share) read in chunks of at most
+// `chunk_bytes`; a failing read is recorded (piece, tensor) and the scan goes on.
+CheckReport read_all_pieces(TensorSource& src, const CheckOptions& o, uint64_t chunk_bytes = 16ull << 20);
 
 class TensorSink {
  public:

@@ -26,6 +26,14 @@
 
 namespace ckpt::store {
 
+// What a compressed native SRC costs beside a job's chunks on `threads`: chunks are decoded on
+// the reading thread and a pool of threads - 1, each keeping its last decoded chunk, its raw read
+// buffer (4 MiB chunks) and a zstd context, and the threads' own memory (malloc arenas, stacks)
+// grows with them: 2 x threads - 1 shares of 10 MiB (measured on a 3.08 GB store at --threads 1,
+// 2, 4: reshard 49-83 MiB, to-hf 51-88 MiB, each under its floor or budget;
+// converters/memory_fit.h). StoreReader::read_memory.
+inline constexpr uint64_t kDecodeThreadBytes = uint64_t{10} << 20;
+
 struct ChunkedDataset {
   uint64_t uid = 0;  // unique per process (next_chunked_uid): keys the per-thread decoded chunk
   hid_t ds = -1;

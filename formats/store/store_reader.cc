@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "formats/checked.h"
 #include "formats/dtype.h"
@@ -308,6 +309,48 @@ Status StoreReader::hash_piece(size_t i, const std::optional<FileExtent>& raw, s
   return Status::Ok();
 }
 
+IntegrityInfo StoreReader::integrity() const {
+  std::set<std::string> algos;
+  for (const auto& rec : manifest_.pieces) algos.insert(digest_algo_name(rec.digest.algo));
+  std::string scheme;
+  for (const auto& a : algos) scheme += (scheme.empty() ? "" : " + ") + a;
+  return {std::string(kFormatName) + " v" + std::to_string(manifest_.version), (scheme.empty() ? "no" : scheme) + " piece digests", ""};
+}
+
+CheckReport StoreReader::check(const CheckOptions& o) {
+  std::vector<size_t> which;
+  const size_t shares = static_cast<size_t>(std::max(1, o.shares));
+  for (size_t i = 0; i < manifest_.pieces.size(); ++i)
+    if (i % shares == static_cast<size_t>(o.share)) which.push_back(i);
+  const IoMode before = read_io_;
+  read_io_ = o.io;
+  CheckReport rep = verify_pieces(which, o.progress, o.threads);
+  read_io_ = before;
+  return rep;
+}
+
+Status StoreReader::check_piece(size_t piece) {
+  if (piece >= manifest_.pieces.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+  std::lock_guard<std::mutex> g(checked_mu_);
+  if (checked_.empty()) checked_.assign(manifest_.pieces.size(), 0);
+  if (checked_[piece] == 1) return Status::Ok();
+  if (checked_[piece] == 2) return check_failed_[piece];
+  CheckReport rep = verify_pieces({piece}, nullptr, 1);
+  if (rep.ok()) {
+    checked_[piece] = 1;
+    return Status::Ok();
+  }
+  checked_[piece] = 2;
+  return check_failed_[piece] = rep.failures.front().status;
+}
+
+uint64_t StoreReader::read_memory(int threads) const {
+  const uint64_t shares = threads > 1 ? 2 * static_cast<uint64_t>(threads) - 1 : 1;
+  for (const auto& rec : manifest_.pieces)
+    if (rec.codec != Codec::kNone) return shares * kDecodeThreadBytes;
+  return 0;
+}
+
 VerifyReport StoreReader::verify(const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
   std::vector<size_t> all(manifest_.pieces.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -342,7 +385,7 @@ VerifyReport StoreReader::verify_pieces(const std::vector<size_t>& which,
     ++rep.pieces;
     rep.bytes += rec.bytes;
     if (!status[k].ok()) {
-      rep.failures.push_back({i, error_context(std::move(status[k]), i)});
+      rep.failures.push_back({i, error_context(std::move(status[k]), i), rec.piece.tensor, rec.file, rec.dataset});
       continue;
     }
     if (got[k] != rec.digest.hex)
@@ -350,7 +393,8 @@ VerifyReport StoreReader::verify_pieces(const std::vector<size_t>& which,
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
                                                                  "'): " + digest_algo_name(rec.digest.algo) + " expected " + rec.digest.hex + ", got " + got[k]),
-                                             i)});
+                                             i),
+                              rec.piece.tensor, rec.file, rec.dataset});
   }
   return rep;
 }

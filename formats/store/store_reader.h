@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -23,16 +24,9 @@
 
 namespace ckpt::store {
 
-struct VerifyFailure {
-  size_t piece;
-  Status status;  // names file, dataset, tensor, expected vs got
-};
-
-struct VerifyReport {
-  uint64_t pieces = 0, bytes = 0;
-  std::vector<VerifyFailure> failures;
-  bool ok() const { return failures.empty(); }
-};
+// A store's check outcome is the general one (formats/source_check.h); a unit is a piece.
+using VerifyFailure = CheckFailure;
+using VerifyReport = CheckReport;
 
 class StoreReader final : public TensorSource {
  public:
@@ -48,6 +42,15 @@ class StoreReader final : public TensorSource {
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
   const nlohmann::json& metadata() const override { return manifest_.metadata; }
   std::string describe() const override { return dir_; }
+  // "ckpt-native vN", "<algorithm> piece digests" (each piece's record names its algorithm).
+  IntegrityInfo integrity() const override;
+  // verify_pieces() over the share's pieces, read as o.io says.
+  CheckReport check(const CheckOptions& o) override;
+  // The piece's digest recomputed once (whole piece); thread-safe.
+  Status check_piece(size_t piece) override;
+  void set_read_threads(int threads) override { set_decode_threads(threads); }
+  // Compressed pieces: a decode buffer per decoding thread.
+  uint64_t read_memory(int threads) const override;
 
   const Manifest& manifest() const { return manifest_; }
   // Where an uncompressed, contiguous piece's bytes lie in its shard file (checked inside the
@@ -95,6 +98,10 @@ class StoreReader final : public TensorSource {
   // descriptors of the shard files, opened on first use.
   std::vector<int64_t> raw_offsets_;
   std::unordered_map<std::string, int> fds_;
+  // check_piece(): per piece 0 not checked, 1 matched, 2 failed (its status kept).
+  std::mutex checked_mu_;
+  std::vector<uint8_t> checked_;
+  std::unordered_map<size_t, Status> check_failed_;
 };
 
 }  // namespace ckpt::store
