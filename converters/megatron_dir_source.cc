@@ -30,6 +30,9 @@ Result<std::unique_ptr<TensorSource>> open_megatron_dir(const std::string& dir_i
       ranks.files.push_back(std::move(sf).value());
       ranks.paths.push_back(f);
     }
+  ranks.integrity = {"Megatron-layout safetensors", "",
+                     "Megatron-layout safetensors: safetensors and megatron_args.json have no checksums: structure validated and "
+                     "every byte read, content not checkable"};
   return open_megatron_ranks(dir, std::move(a), std::move(ranks));
 }
 

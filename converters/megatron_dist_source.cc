@@ -1,12 +1,14 @@
 #include "converters/megatron_dist_source.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <unordered_map>
 
 #include "converters/megatron_dist_common.h"
 #include "converters/megatron_dist_map.h"
 #include "formats/torch/dcp.h"
+#include "formats/torch/torch_file.h"
 
 namespace ckpt {
 
@@ -30,6 +32,55 @@ class MegatronDistSource final : public TensorSource {
     return dcp_->file_extent(map_[piece].inner, dcp_box(piece, sub));
   }
 
+  // Integrity: the DCP's (zip CRC-32 of every torch.save item's entries) and common.pt's entries.
+  IntegrityInfo integrity() const override {
+    IntegrityInfo d = dcp_->integrity();
+    return {"Megatron-Core torch_dist", d.scheme,
+            "Megatron-Core torch_dist: .metadata (a pickle), metadata.json and the bytes items (common state, _extra_state) have "
+            "no checksums: read, not checkable; megatron-core 0.16 writes no integrity.json"};
+  }
+  // The DCP's units, then common.pt's zip entries (unit numbers continue after the DCP's).
+  CheckReport check(const CheckOptions& o) override {
+    uint64_t common_total = 0, common_done = 0, dcp_done = 0, dcp_total = 0;
+    const std::string common = dir_ + "/common.pt";
+    std::error_code ec;
+    const bool has_common = std::filesystem::is_regular_file(common, ec);
+    if (has_common) common_total = std::filesystem::file_size(common, ec) * !ec;
+    CheckOptions dco = o;
+    if (o.progress)
+      dco.progress = [&](uint64_t d, uint64_t t) {
+        dcp_done = d;
+        dcp_total = t;
+        o.progress(d, t + common_total);
+      };
+    CheckReport rep = dcp_->check(dco);
+    for (CheckFailure& f : rep.failures)
+      if (f.piece != CheckFailure::kNoPiece) f.piece = outer_piece(f.piece);
+    if (!has_common) return rep;
+    auto tf = torch::TorchFile::open(common, 0, UINT64_MAX, torch::TorchFileLimits{uint64_t{64} << 20, {}});
+    if (!tf.ok()) {
+      rep.failures.push_back({CheckFailure::kNoPiece, tf.take_status().with_file(common), "", common, ""});
+      return rep;
+    }
+    const nlohmann::json& dm = dcp_->metadata();
+    uint64_t unit = dcp_->pieces().size() + (dm.contains("dcp") && dm["dcp"].contains("bytes") ? dm["dcp"]["bytes"].size() : 0);
+    auto on_bytes = [&](uint64_t n) {
+      common_done += n;
+      if (o.progress) o.progress(dcp_done + common_done, std::max(dcp_total + common_total, dcp_done + common_done));
+    };
+    const uint64_t units = rep.pieces;
+    CheckReport c;
+    torch::check_zip_entries(**tf, o, &unit, common, "common.pt", [](const std::string&) { return torch::ZipEntryOwner{}; }, on_bytes, c);
+    rep.pieces = units + c.pieces;
+    rep.bytes += c.bytes;
+    for (CheckFailure& f : c.failures) rep.failures.push_back(std::move(f));
+    return rep;
+  }
+  Status check_piece(size_t piece) override {
+    if (piece >= map_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    return dcp_->check_piece(map_[piece].inner);
+  }
+
  private:
   // Piece -> DCP piece `inner`; mcore coords = [lead_offset..., canonical + delta].
   struct Map {
@@ -40,6 +91,14 @@ class MegatronDistSource final : public TensorSource {
   };
 
   Status add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix);
+
+  // The first piece of this view read from DCP piece `inner`; kNoPiece when none (padding rows,
+  // tensors the view does not map).
+  size_t outer_piece(size_t inner) const {
+    for (size_t i = 0; i < map_.size(); ++i)
+      if (map_[i].inner == inner) return i;
+    return CheckFailure::kNoPiece;
+  }
 
   // `sub` (canonical coordinates) as a box of the mcore tensor: [lead_offset..., sub + delta].
   Box dcp_box(size_t piece, const Box& sub) const {

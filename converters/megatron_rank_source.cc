@@ -1,5 +1,7 @@
 #include "converters/megatron_rank_source.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -109,6 +111,40 @@ class MegatronRankSource final : public TensorSource {
     return files_[map_[piece].file]->file_extent(map_[piece].inner, rank_box(piece, sub));
   }
 
+  IntegrityInfo integrity() const override { return integrity_; }
+
+  // Every rank file's own check (its units numbered per file), failures mapped to the first piece
+  // of this view over the file's piece; progress over the files' sizes on disk.
+  CheckReport check(const CheckOptions& o) override {
+    CheckReport rep;
+    uint64_t total = 0, before = 0;
+    std::error_code ec;
+    for (const std::string& n : names_) total += std::filesystem::file_size(n, ec) * !ec;
+    for (size_t f = 0; f < files_.size(); ++f) {
+      CheckOptions fo = o;
+      uint64_t last = 0;
+      if (o.progress)
+        fo.progress = [&](uint64_t done, uint64_t) {
+          last = done;
+          o.progress(std::min(total, before + done), std::max(total, before + done));
+        };
+      CheckReport r = files_[f]->check(fo);
+      before += last;
+      rep.pieces += r.pieces;
+      rep.bytes += r.bytes;
+      for (CheckFailure& x : r.failures) {
+        if (x.piece != CheckFailure::kNoPiece) x.piece = outer_piece(f, x.piece);
+        if (x.file.empty()) x.file = names_[f];
+        rep.failures.push_back(std::move(x));
+      }
+    }
+    return rep;
+  }
+  Status check_piece(size_t piece) override {
+    if (piece >= pieces_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    return files_[map_[piece].file]->check_piece(map_[piece].inner);
+  }
+
   static Result<std::unique_ptr<TensorSource>> open(std::string describe, MegatronArgs a, MegatronRankFiles ranks,
                                                    nlohmann::json extra_meta) {
     auto src = std::unique_ptr<MegatronRankSource>(new MegatronRankSource());
@@ -121,6 +157,7 @@ class MegatronRankSource final : public TensorSource {
                               " rank files for tp*pp = " + std::to_string(nfiles));
     src->files_ = std::move(ranks.files);
     src->names_ = std::move(ranks.paths);
+    src->integrity_ = ranks.integrity.format.empty() && !src->files_.empty() ? src->files_[0]->integrity() : ranks.integrity;
     // Biases and norm naming are read off rank (0, 0)'s tensor names.
     auto has = [&](const std::string& n) {
       for (const auto& t : src->files_[0]->tensors())
@@ -167,6 +204,14 @@ class MegatronRankSource final : public TensorSource {
   };
 
   MegatronRankSource() = default;
+
+  // The first piece of this view read from piece `inner` of file `file`; kNoPiece when none (a
+  // padding-only or unmapped tensor).
+  size_t outer_piece(size_t file, size_t inner) const {
+    for (size_t i = 0; i < map_.size(); ++i)
+      if (map_[i].file == file && map_[i].inner == inner) return i;
+    return CheckFailure::kNoPiece;
+  }
 
   // `sub` (inside piece `piece`'s segment) in the coordinates of the rank file's tensor.
   Box rank_box(size_t piece, const Box& sub) const {
@@ -259,6 +304,7 @@ class MegatronRankSource final : public TensorSource {
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<Map> map_;
+  IntegrityInfo integrity_;
   unsigned kinds_ = 0;  // bit k: every rank file holds kMegatronOptimPrefixes[k] tensors
   nlohmann::json meta_;
 };

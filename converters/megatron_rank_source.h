@@ -37,9 +37,12 @@ Result<MegatronArgs> megatron_args_from_json(nlohmann::json j, const std::string
 
 // The rank files, index pp_rank * tp + tp_rank: a TensorSource per rank holding its tensors in
 // mcore naming, one whole piece each; `paths` names each file in errors.
+// `integrity`: what the set can check, by format name (the source's integrity()); check() and
+// check_piece() forward to the files (each file's own units: zip entries, or every byte read).
 struct MegatronRankFiles {
   std::vector<std::unique_ptr<TensorSource>> files;
   std::vector<std::string> paths;
+  IntegrityInfo integrity;
 };
 
 // The canonical view: every rank file checked against the segment map (every expected tensor

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -117,6 +118,39 @@ class TorchRankFile final : public TensorSource {
     return piece < refs_.size() ? file_->tensor_extent(*refs_[piece], sub) : std::nullopt;
   }
 
+  // Integrity: every zip entry's CRC-32 (storages, data.pkl, version, ...).
+  IntegrityInfo integrity() const override {
+    return {"Megatron-LM torch files", "zip CRC-32",
+            "Megatron-LM torch files: latest_checkpointed_iteration.txt has no checksum; CRC-32 finds damaged bytes, not deliberate edits"};
+  }
+  CheckReport check(const CheckOptions& o) override {
+    CheckReport rep;
+    uint64_t total = 0, done = 0, unit = 0;
+    if (auto es = file_->zip_entries(); es.ok()) {
+      const uint64_t shares = static_cast<uint64_t>(std::max(1, o.shares));
+      for (size_t i = 0; i < es->size(); ++i)
+        if (i % shares == static_cast<uint64_t>(o.share)) total += (*es)[i].size;
+    }
+    auto on_bytes = [&](uint64_t n) {
+      done += n;
+      if (o.progress) o.progress(done, total);
+    };
+    torch::check_zip_entries(*file_, o, &unit, file_->path(), "", [&](const std::string& key) { return owner(key); }, on_bytes, rep);
+    return rep;
+  }
+  // The entry holding piece `piece`'s storage, CRC-checked once (the outcome is kept).
+  Status check_piece(size_t piece) override {
+    if (piece >= refs_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    std::optional<size_t> entry = file_->storage_entry(refs_[piece]->storage.key);
+    if (!entry) return Status::Internal("no zip entry for storage '" + refs_[piece]->storage.key + "'");
+    std::lock_guard<std::mutex> g(checked_mu_);
+    auto it = checked_.find(*entry);
+    if (it != checked_.end()) return it->second;
+    Status st = file_->check_entry(*entry);
+    if (!st.ok()) (void)std::move(st).with_tensor(pieces_[piece].tensor);
+    return checked_[*entry] = st;
+  }
+
   static Result<std::unique_ptr<TorchRankFile>> open(const std::string& path) {
     std::error_code ec;
     if (!fs::is_regular_file(path, ec))
@@ -191,7 +225,16 @@ class TorchRankFile final : public TensorSource {
     return Status::Ok();
   }
 
+  // The first piece over storage `key`, and its tensor (check failures name them).
+  torch::ZipEntryOwner owner(const std::string& key) const {
+    for (size_t i = 0; i < refs_.size(); ++i)
+      if (refs_[i]->storage.key == key) return {i, pieces_[i].tensor};
+    return {};
+  }
+
   std::unique_ptr<torch::TorchFile> file_;
+  std::mutex checked_mu_;
+  std::map<size_t, Status> checked_;  // zip entry index -> outcome of its CRC check
   MegatronLegacyOptim optim_;
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
@@ -300,6 +343,7 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
       ranks.paths.push_back(f);
     }
   if (pp > 1) j["layers_per_stage"] = per_stage;
+  ranks.integrity = ranks.files.front()->integrity();
   CKPT_ASSIGN_OR_RETURN(MegatronArgs a, megatron_args_from_json(std::move(j), first));
   return open_megatron_ranks(path, std::move(a), std::move(ranks), std::move(meta));
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -60,6 +61,13 @@ class DcpSource final : public TensorSource {
   Status read(size_t piece, const Box& sub, void* dst) override;
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
 
+  // Integrity (docs/DCP.md "Integrity"): tensor items written by torch.save are zips, every entry
+  // with its CRC-32; raw items, bytes items and .metadata carry no checksum (read, not checked).
+  IntegrityInfo integrity() const override;
+  // Units: the items, pieces first (unit i = piece i), then the bytes items.
+  CheckReport check(const CheckOptions& o) override;
+  Status check_piece(size_t piece) override;
+
  private:
   struct Where {
     size_t tensor = 0, chunk = 0;
@@ -88,6 +96,13 @@ class DcpSource final : public TensorSource {
   std::vector<OpenItem> open_;
   uint64_t clock_ = 0;
   std::map<std::string, ScopedFd> raw_fds_;
+  std::mutex checked_mu_;
+  std::map<size_t, Status> checked_;  // piece -> outcome of its item's CRC check
+
+  // Every zip entry of piece `piece`'s item (a torch.save zip) CRC-checked; raw items are read.
+  void check_item(size_t piece, const CheckOptions& o, const std::function<void(uint64_t)>& on_bytes, CheckReport& rep);
+  // Reads [offset, offset + length) of `rel` in bounded chunks (items without a checksum).
+  Status read_through(const std::string& rel, uint64_t offset, uint64_t length, const std::function<void(uint64_t)>& on_bytes);
 };
 
 Result<TorchFile*> DcpSource::item(const DcpChunk& c) {
@@ -229,6 +244,101 @@ std::optional<FileExtent> DcpSource::file_extent(size_t piece, const Box& sub) {
   if (!fd.ok()) return std::nullopt;
   const uint64_t esz = dtype_size(pieces_[piece].dtype);
   return FileExtent{*fd, c.offset + static_cast<uint64_t>(*start) * esz, static_cast<uint64_t>(sub.numel()) * esz};
+}
+
+IntegrityInfo DcpSource::integrity() const {
+  bool zips = false, raw = false;
+  for (const auto& t : md_.tensors)
+    for (const auto& c : t.chunks) (c.raw ? raw : zips) = true;
+  std::string cannot = "PyTorch DCP: .metadata (a pickle)";
+  if (!md_.bytes.empty()) cannot += " and bytes items";
+  if (raw) cannot += " and raw (not torch.save) tensor items";
+  cannot += " have no checksums: read, not checkable";
+  return {"PyTorch DCP", zips ? "zip CRC-32" : "", cannot};
+}
+
+Status DcpSource::read_through(const std::string& rel, uint64_t offset, uint64_t length, const std::function<void(uint64_t)>& on_bytes) {
+  CKPT_ASSIGN_OR_RETURN(int fd, raw_fd(rel));
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(length, 1), 4ull << 20)));
+  for (uint64_t done = 0; done < length;) {
+    const uint64_t n = std::min<uint64_t>(length - done, buf.size());
+    CKPT_RETURN_IF_ERROR(pread_full(fd, buf.data(), n, offset + done, path_of(rel)));
+    done += n;
+    if (on_bytes) on_bytes(n);
+  }
+  return Status::Ok();
+}
+
+void DcpSource::check_item(size_t piece, const CheckOptions& o, const std::function<void(uint64_t)>& on_bytes, CheckReport& rep) {
+  const DcpChunk& c = chunk_of(piece);
+  const std::string& fqn = pieces_[piece].tensor;
+  const std::string file = path_of(c.file);
+  const std::string where = "DCP item '" + fqn + "' chunk at " + shape_to_string(c.offsets) + " (bytes [" + std::to_string(c.offset) + ", " +
+                            std::to_string(c.offset + c.length) + ") of '" + c.file + "')";
+  if (c.raw) {
+    ++rep.pieces;
+    rep.bytes += c.length;
+    Status st = read_through(c.file, c.offset, c.length, on_bytes);
+    if (!st.ok()) rep.failures.push_back({piece, std::move(st).with_context(where).with_tensor(fqn), fqn, file, ""});
+    return;
+  }
+  auto tf = item(c);
+  if (!tf.ok()) {
+    ++rep.pieces;
+    rep.failures.push_back({piece, tf.take_status().with_context(where).with_tensor(fqn), fqn, file, ""});
+    return;
+  }
+  // Units inside the item are its entries; the share was decided per item by the caller.
+  CheckOptions all = o;
+  all.share = 0;
+  all.shares = 1;
+  uint64_t unit = 0;
+  torch::check_zip_entries(**tf, all, &unit, file, where, [&](const std::string&) { return ZipEntryOwner{piece, fqn}; }, on_bytes, rep);
+}
+
+CheckReport DcpSource::check(const CheckOptions& o) {
+  CheckReport rep;
+  const uint64_t shares = static_cast<uint64_t>(std::max(1, o.shares));
+  auto mine = [&](uint64_t u) { return u % shares == static_cast<uint64_t>(o.share); };
+  uint64_t total = 0, done = 0;
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    if (mine(i)) total += chunk_of(i).length;
+  for (size_t b = 0; b < md_.bytes.size(); ++b)
+    if (mine(pieces_.size() + b)) total += md_.bytes[b].length;
+  auto on_bytes = [&](uint64_t n) {
+    done += n;
+    if (o.progress) o.progress(std::min(done, total), total);
+  };
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (!mine(i)) continue;
+    const size_t before = rep.failures.size();
+    const uint64_t units = rep.pieces;
+    check_item(i, o, on_bytes, rep);
+    rep.pieces = units + 1;  // the item is the unit (its entries are checked inside it)
+    if (!chunk_of(i).raw) {
+      std::lock_guard<std::mutex> g(checked_mu_);
+      checked_[i] = rep.failures.size() == before ? Status::Ok() : rep.failures[before].status;
+    }
+  }
+  for (size_t b = 0; b < md_.bytes.size(); ++b) {
+    if (!mine(pieces_.size() + b)) continue;
+    const DcpBytesItem& it = md_.bytes[b];
+    ++rep.pieces;
+    rep.bytes += it.length;
+    Status st = read_through(it.file, it.offset, it.length, on_bytes);
+    if (!st.ok()) rep.failures.push_back({CheckFailure::kNoPiece, std::move(st).with_context("DCP bytes item '" + it.fqn + "'"), it.fqn, path_of(it.file), it.fqn});
+  }
+  return rep;
+}
+
+Status DcpSource::check_piece(size_t piece) {
+  if (piece >= pieces_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+  if (chunk_of(piece).raw) return Status::Ok();  // nothing to check: integrity() says so
+  std::lock_guard<std::mutex> g(checked_mu_);
+  if (auto it = checked_.find(piece); it != checked_.end()) return it->second;
+  CheckReport rep;
+  check_item(piece, CheckOptions{}, nullptr, rep);
+  return checked_[piece] = rep.ok() ? Status::Ok() : rep.failures.front().status;
 }
 
 }  // namespace dcp_src_detail

@@ -159,4 +159,53 @@ std::optional<FileExtent> TorchFile::storage_extent(const std::string& key, uint
   return FileExtent{fd, *at + byte_offset, bytes};
 }
 
+Result<std::vector<TorchFile::ZipEntryInfo>> TorchFile::zip_entries() const {
+  std::map<uint64_t, std::string> key_of;
+  for (const auto& [k, e] : impl_->storages) key_of[e.index] = k;
+  std::vector<ZipEntryInfo> out;
+  const uint64_t n = impl_->zip->num_entries();
+  for (uint64_t i = 0; i < n; ++i) {
+    CKPT_ASSIGN_OR_RETURN(ZipArchive::Entry e, impl_->zip->entry(i));
+    auto k = key_of.find(i);
+    out.push_back({e.name, e.size, k == key_of.end() ? std::string() : k->second});
+  }
+  return out;
+}
+
+Status TorchFile::check_entry(size_t i, const std::function<void(uint64_t)>& on_bytes) {
+  CKPT_ASSIGN_OR_RETURN(ZipArchive::Entry e, impl_->zip->entry(i));
+  return impl_->zip->check_crc(e, on_bytes);
+}
+
+void check_zip_entries(TorchFile& f, const CheckOptions& o, uint64_t* unit, const std::string& file, const std::string& context,
+                       const std::function<ZipEntryOwner(const std::string&)>& owner,
+                       const std::function<void(uint64_t)>& on_bytes, CheckReport& rep) {
+  const uint64_t shares = static_cast<uint64_t>(std::max(1, o.shares));
+  auto entries = f.zip_entries();
+  if (!entries.ok()) {
+    Status st = entries.take_status();
+    if (!context.empty()) (void)std::move(st).with_context(context);
+    rep.failures.push_back({CheckFailure::kNoPiece, std::move(st), "", file, ""});
+    return;
+  }
+  for (size_t i = 0; i < entries->size(); ++i) {
+    if ((*unit)++ % shares != static_cast<uint64_t>(o.share)) continue;
+    const TorchFile::ZipEntryInfo& e = (*entries)[i];
+    ++rep.pieces;
+    rep.bytes += e.size;
+    Status st = f.check_entry(i, on_bytes);
+    if (st.ok()) continue;
+    ZipEntryOwner who = e.storage.empty() ? ZipEntryOwner{} : owner(e.storage);
+    if (!context.empty()) (void)std::move(st).with_context(context);
+    if (!who.tensor.empty()) (void)std::move(st).with_tensor(who.tensor);
+    rep.failures.push_back({who.piece, std::move(st), who.tensor, file, e.name});
+  }
+}
+
+std::optional<size_t> TorchFile::storage_entry(const std::string& key) const {
+  auto it = impl_->storages.find(key);
+  if (it == impl_->storages.end()) return std::nullopt;
+  return static_cast<size_t>(it->second.index);
+}
+
 }  // namespace ckpt::torch

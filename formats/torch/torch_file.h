@@ -8,10 +8,13 @@
 // (storage_extent / tensor_extent) for file-to-file copies.
 // At open, every storage the pickle names is checked: present, byte size == numel * element size,
 // every tensor's (storage_offset, size, stride) inside its storage (no negative strides).
+// Integrity: every zip entry carries a CRC-32 (zip_entries / check_entry recompute it from the
+// bytes, streamed; ZipCrcMismatch names the entry and both values).
 // Thread safety: one thread at a time (libzip handles are not shared between threads).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,10 +56,39 @@ class TorchFile {
   // of its storage (a row-major run of a contiguous tensor); nullopt otherwise.
   std::optional<FileExtent> tensor_extent(const TensorRef& t, const Box& sub);
 
+  // The zip's entries, by index (every entry, not only storages): name, uncompressed size, and
+  // the storage key when the entry is <archive>/data/<key> of a storage the pickle names.
+  struct ZipEntryInfo {
+    std::string name;
+    uint64_t size = 0;
+    std::string storage;  // "" when no storage
+  };
+  Result<std::vector<ZipEntryInfo>> zip_entries() const;
+  // Recomputes entry `i`'s CRC-32 and compares it with the zip's (ZipArchive::check_crc);
+  // `on_bytes(n)` after each chunk hashed.
+  Status check_entry(size_t i, const std::function<void(uint64_t)>& on_bytes = nullptr);
+  // The zip_entries() index of storage `key`'s entry; nullopt when the pickle names no such storage.
+  std::optional<size_t> storage_entry(const std::string& key) const;
+
  private:
   TorchFile();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// What a source over torch.save zips reports for one entry: the piece it holds and its tensor
+// ({CheckFailure::kNoPiece, ""} for entries holding no piece: data.pkl, version, ...).
+struct ZipEntryOwner {
+  size_t piece = CheckFailure::kNoPiece;
+  std::string tensor;
+};
+
+// The CRC-32 check of every entry of `f` whose unit number (*unit, counted on per entry across
+// calls) is in share o.share of o.shares, added to `rep` (units, bytes, failures: piece and tensor
+// from `owner(storage key)`, file `file`, unit the entry name, `context` prepended to the error);
+// `on_bytes(n)` after each chunk hashed.
+void check_zip_entries(TorchFile& f, const CheckOptions& o, uint64_t* unit, const std::string& file, const std::string& context,
+                       const std::function<ZipEntryOwner(const std::string&)>& owner,
+                       const std::function<void(uint64_t)>& on_bytes, CheckReport& rep);
 
 }  // namespace ckpt::torch

@@ -1,10 +1,12 @@
 #include "formats/torch/zip_archive.h"
 
 #include <zip.h>
+#include <zlib.h>
 
 #include "formats/file_io.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 namespace ckpt::torch {
@@ -85,6 +87,7 @@ Result<ZipArchive::Entry> ZipArchive::entry(uint64_t i) const {
     return ziparchive_err("TorchZipMethod", path_, "entry '" + e.name + "' uses compression method " + std::to_string(st.comp_method) +
                                                 "; only stored (0) and deflated (8) are read");
   e.deflated = st.comp_method == ZIP_CM_DEFLATE;
+  e.crc = (st.valid & ZIP_STAT_CRC) ? st.crc : 0;
   return e;
 }
 
@@ -147,6 +150,72 @@ Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, con
   std::string s(static_cast<size_t>(e.size), '\0');
   CKPT_RETURN_IF_ERROR(read(e, 0, e.size, s.data()));
   return s;
+}
+
+namespace {
+
+constexpr uint64_t kCrcChunk = 4ull << 20;  // bytes hashed per read
+
+std::string crc_hex(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", v);
+  return b;
+}
+
+uint32_t crc_update(uint32_t crc, const char* p, uint64_t n) {
+  return static_cast<uint32_t>(::crc32_z(crc, reinterpret_cast<const Bytef*>(p), static_cast<z_size_t>(n)));
+}
+
+}  // namespace
+
+Status ZipArchive::check_crc(const Entry& e, const std::function<void(uint64_t)>& on_bytes) {
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(e.size, 1), kCrcChunk)));
+  uint32_t crc = static_cast<uint32_t>(::crc32_z(0, nullptr, 0));
+  bool libzip_crc_error = false;
+  std::optional<uint64_t> at = e.deflated ? std::nullopt : stored_data_offset(e);
+  if (at) {  // a stored entry, read in place
+    for (uint64_t done = 0; done < e.size;) {
+      const uint64_t n = std::min<uint64_t>(e.size - done, buf.size());
+      CKPT_RETURN_IF_ERROR(pread_full(fd_.get(), buf.data(), n, *at + done, path_));
+      crc = crc_update(crc, buf.data(), n);
+      done += n;
+      if (on_bytes) on_bytes(n);
+    }
+  } else {  // through libzip (inflating a deflated entry), forward only, own handle
+    zip_file_t* f = zip_fopen_index(za_, e.index, 0);
+    if (f == nullptr) return zip_error("cannot open entry '" + e.name + "'");
+    uint64_t done = 0;
+    while (true) {
+      zip_int64_t r = zip_fread(f, buf.data(), buf.size());
+      if (r < 0) {
+        // libzip checks the CRC itself once the whole entry is read: take that as a mismatch
+        // (the bytes it returned are all hashed by then).
+        libzip_crc_error = zip_error_code_zip(zip_file_get_error(f)) == ZIP_ER_CRC && done == e.size;
+        if (!libzip_crc_error) {
+          std::string why = zip_file_strerror(f);
+          zip_fclose(f);
+          return ziparchive_err("TorchZipCorrupt", path_, "entry '" + e.name + "' cannot be read for its CRC-32 check at byte " +
+                                                              std::to_string(done) + ": " + why);
+        }
+        break;
+      }
+      if (r == 0) break;
+      crc = crc_update(crc, buf.data(), static_cast<uint64_t>(r));
+      done += static_cast<uint64_t>(r);
+      if (on_bytes) on_bytes(static_cast<uint64_t>(r));
+    }
+    zip_fclose(f);
+    if (done != e.size)
+      return ziparchive_err("TorchZipCorrupt", path_, "entry '" + e.name + "' holds " + std::to_string(done) + " bytes, the central directory declares " +
+                                                          std::to_string(e.size));
+  }
+  if (crc != e.crc || libzip_crc_error)
+    return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': CRC-32 of its " + std::to_string(e.size) + " bytes is " + crc_hex(crc) +
+                                                       ", the central directory says " + crc_hex(e.crc) + " (the entry's bytes changed since it was written)");
+  if (std::optional<uint32_t> local = local_crc(e); local && *local != e.crc)
+    return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': its local record says CRC-32 " + crc_hex(*local) +
+                                                       ", the central directory " + crc_hex(e.crc));
+  return Status::Ok();
 }
 
 }  // namespace ckpt::torch

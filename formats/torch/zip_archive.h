@@ -6,10 +6,14 @@
 // header offset, ZIP64 included, and the local header checked against the entry), so its bytes
 // are read with pread and can be copied file to file; whenever that lookup does not check out,
 // libzip's reads are used instead.
+// check_crc recomputes an entry's CRC-32 (zlib) over its uncompressed bytes, streamed in bounded
+// chunks, and compares it with the central directory's and the local record's (the local header,
+// or the data descriptor when general purpose bit 3 is set, as torch.save writes).
 // Thread safety: one thread at a time.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +35,7 @@ class ZipArchive {
     uint64_t size = 0;       // uncompressed bytes (as the central directory declares)
     uint64_t comp_size = 0;
     bool deflated = false;
+    uint32_t crc = 0;        // CRC-32 of the uncompressed bytes, as the central directory declares
   };
 
   // `length` UINT64_MAX: to the end of the file. Errors: TorchNotZip, TorchZipCorrupt, Io.
@@ -48,7 +53,12 @@ class ZipArchive {
   Status read(const Entry& e, uint64_t offset, uint64_t bytes, void* dst);
   // The whole entry, refused (`too_large_code`) when it declares more than `max_bytes`.
   Result<std::string> read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code);
+  // Recomputes `e`'s CRC-32 (chunks of at most 4 MiB; `on_bytes(n)` after each) and compares it
+  // with the central directory's and the local record's. ZipCrcMismatch names the file, the entry
+  // and both values; TorchZipCorrupt when the entry cannot be read or inflated.
+  Status check_crc(const Entry& e, const std::function<void(uint64_t)>& on_bytes = nullptr);
   const std::string& path() const { return path_; }
+  uint64_t base() const { return base_; }
   // The byte offset in path() (the archive's own offset included) where stored entry `e`'s
   // e.size bytes lie as they are; nullopt for a deflated entry, or when the central directory
   // or the local header does not check out (read() still works then).
@@ -61,6 +71,9 @@ class ZipArchive {
   Status zip_error(const std::string& what) const;
   void close_stream();
   bool index_local_headers();  // zip_data_offset.cc: fills local_headers_ from the central directory
+  // zip_data_offset.cc: the CRC-32 the local record of `e` declares (local header, or the data
+  // descriptor when bit 3 is set); nullopt when it cannot be located.
+  std::optional<uint32_t> local_crc(const Entry& e);
 
   std::string path_;
   uint64_t base_ = 0;                // the archive's first byte in path_

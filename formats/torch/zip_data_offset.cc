@@ -119,6 +119,22 @@ bool ZipArchive::index_local_headers() {
   return true;
 }
 
+std::optional<uint32_t> ZipArchive::local_crc(const Entry& e) {
+  constexpr uint32_t kDescriptorSig = 0x08074b50;
+  auto lh = index_local_headers() ? local_headers_.find(e.name) : local_headers_.end();
+  std::vector<unsigned char> h;
+  if (lh == local_headers_.end() || !zipoff_read(fd_.get(), base_, length_, lh->second, kLocalSize, h) || zipoff_le(h.data(), 4) != kLocalSig)
+    return std::nullopt;
+  const uint64_t flags = zipoff_le(h.data() + 6, 2);
+  if ((flags & 0x8) == 0) return static_cast<uint32_t>(zipoff_le(h.data() + 14, 4));
+  // Bit 3: the CRC follows the data in a data descriptor (its signature optional).
+  const uint64_t data = lh->second + kLocalSize + zipoff_le(h.data() + 26, 2) + zipoff_le(h.data() + 28, 2);
+  if (data > length_ || e.comp_size > length_ - data) return std::nullopt;
+  std::vector<unsigned char> d;
+  if (!zipoff_read(fd_.get(), base_, length_, data + e.comp_size, 8, d)) return std::nullopt;
+  return static_cast<uint32_t>(zipoff_le(d.data(), 4) == kDescriptorSig ? zipoff_le(d.data() + 4, 4) : zipoff_le(d.data(), 4));
+}
+
 std::optional<uint64_t> ZipArchive::stored_data_offset(const Entry& e) {
   if (e.deflated) return std::nullopt;
   if (auto it = data_offsets_.find(e.index); it != data_offsets_.end()) return it->second;
