@@ -4,7 +4,8 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "converters/open_checkpoint.h"
+#include "cli/common_flags.h"
+#include "converters/diff_job.h"
 #include "formats/byte_size.h"
 #include "reshard/diff.h"
 
@@ -17,31 +18,27 @@ struct DiffArgs {
   bool json = false;
   bool ignore_dtype = false;
   std::string max_memory = "256M";
+  bool no_verify = false;
 };
 
 int run_diff(const DiffArgs& args) {
   auto mem = parse_byte_size(args.max_memory, "--max-memory");
   if (!mem.ok()) return report_error(mem.status());
-  DiffOptions o;
-  o.atol = args.atol;
-  o.rtol = args.rtol;
-  o.max_memory = static_cast<int64_t>(*mem);
-  o.ignore_dtype = args.ignore_dtype;
-  auto a = open_checkpoint(args.a);
-  if (!a.ok()) return report_error(a.take_status().with_context("opening A"));
-  auto b = open_checkpoint(args.b);
-  if (!b.ok()) return report_error(b.take_status().with_context("opening B"));
-  auto rep = diff_sources(**a, **b, o);
-  if (!rep.ok()) return report_error(rep.status());
-  if (args.json) {
-    nlohmann::json j = rep->to_json();
-    j["a"] = args.a;
-    j["b"] = args.b;
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("%s", rep->to_text().c_str());
-  }
-  return rep->equal() ? 0 : 1;
+  DiffRequest req;
+  req.a = args.a;
+  req.b = args.b;
+  req.options.atol = args.atol;
+  req.options.rtol = args.rtol;
+  req.options.max_memory = static_cast<int64_t>(*mem);
+  req.options.ignore_dtype = args.ignore_dtype;
+  req.no_verify = args.no_verify;
+  auto out = run_diff_job(req);
+  if (!out.ok()) return report_error(out.status());
+  if (args.json)
+    std::printf("%s\n", out->to_json().dump(2).c_str());
+  else
+    std::printf("%s", out->report.to_text().c_str());
+  return out->report.equal() ? 0 : 1;
 }
 
 CommandAction setup_diff(CLI::App& sub) {
@@ -54,7 +51,11 @@ CommandAction setup_diff(CLI::App& sub) {
   sub.add_flag("--json", args->json, "Print the report as JSON");
   sub.add_flag("--ignore-dtype", args->ignore_dtype, "Compare values only: a dtype difference alone is not a difference");
   sub.add_option("--max-memory", args->max_memory, "Chunk buffer budget, e.g. 64M, 1G (default 256M)");
-  sub.footer("Exit code 0 when every tensor is identical or within tolerance, 1 when they differ.");
+  add_no_verify_flag(sub, args->no_verify);
+  sub.footer(
+      "Both checkpoints are checked by their formats' own checks (native piece digests, torch zip CRC-32) while they are\n"
+      "compared; a corrupt side is an error (exit 3), not a verdict. Exit code 0 when every tensor is identical or\n"
+      "within tolerance, 1 when they differ.");
   return [args] { return run_diff(*args); };
 }
 

@@ -11,7 +11,8 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/dcp_export.h"
-#include "formats/open_source.h"
+#include "converters/open_checkpoint.h"
+#include "converters/source_check_job.h"
 
 namespace ckpt::cli {
 namespace {
@@ -21,7 +22,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     std::string src, out, dtype;
     int files = 1;
     StreamFlags stream;
-    bool no_fsync = false, json = false, source_chunks = false;
+    bool no_fsync = false, json = false, source_chunks = false, no_verify = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "any checkpoint ckpt opens: native store, HuggingFace dir or .safetensors file, ...")->required();
@@ -33,6 +34,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
                "one DCP chunk per distinct box of the source's pieces (e.g. the tp shards of a native checkpoint) instead of one per tensor");
   o->stream.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
+  add_no_verify_flag(sub, o->no_verify);
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
   sub.footer(
       "Writes what torch.distributed.checkpoint.save (FileSystemWriter, torch_save items) writes for a model's\n"
@@ -48,8 +50,11 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     opts.files = o->files;
     opts.source_chunks = o->source_chunks;
     if (auto dt = float_dtype_flag(o->dtype); dt.ok()) opts.dtype = *dt; else return report_error(dt.take_status());
-    auto src = open_source(o->src);
+    JobSourceCheck check;  // forked before this process opens SRC
+    check.start(o->src, IoMode::kBuffered, opts.threads, o->no_verify);
+    auto src = open_checkpoint(o->src);
     if (!src.ok()) return report_error(src.status());
+    opts.before_commit = check.before_commit(**src);
     auto plan = plan_dcp_export(**src, o->src, opts);
     if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
     auto chunk = o->stream.chunk_bytes_for(**src, plan->pieces);
@@ -62,7 +67,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     if (!st.ok()) return report_error(st);
     if (o->json) {
       nlohmann::json j{{"out", o->out}, {"tensors", plan->tensors.size()}, {"chunks", plan->pieces.size()}, {"bytes", plan->total_bytes},
-                       {"files", o->files}, {"skipped", plan->skipped}};
+                       {"files", o->files}, {"skipped", plan->skipped}, {"source_check", check.to_json()}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("wrote %zu tensors (%llu bytes) as a DCP in %d file(s) to %s", plan->tensors.size(),

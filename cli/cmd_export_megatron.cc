@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/megatron_dist_export.h"
 #include "converters/megatron_export.h"
 #include "converters/open_checkpoint.h"
+#include "converters/source_check_job.h"
 
 namespace ckpt::cli {
 namespace {
@@ -24,6 +26,7 @@ struct ExportArgs {
   bool local_norms = false;
   std::string format = "safetensors";
   int64_t iteration = 0;
+  bool no_verify = false;
 };
 
 int run_export(const ExportArgs& a) {
@@ -40,8 +43,11 @@ int run_export(const ExportArgs& a) {
     if (!dt.ok()) return report_error(Status::InvalidArgument("--dtype '" + a.dtype + "': expected bf16, fp16 or fp32"));
     o.dtype = *dt;
   }
+  JobSourceCheck check;  // forked before this process opens SRC
+  check.start(a.src, IoMode::kBuffered, 2, a.no_verify);
   auto src = open_checkpoint(a.src);
   if (!src.ok()) return report_error(src.status());
+  o.before_commit = check.before_commit(**src);
   ProgressBar bar("export-megatron", stderr_is_tty());
   o.progress = bar.callback();
   Status s = a.format == "torch_dist" ? export_megatron_dist(**src, a.dst, o) : export_megatron(**src, a.dst, o);
@@ -75,6 +81,7 @@ CommandAction setup_export_megatron(CLI::App& sub) {
       ->check(CLI::IsMember({"safetensors", "torch", "torch_dist"}));
   sub.add_option("--iteration", a->iteration, "--format torch: the iteration the checkpoint is saved as (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{9999999}));
+  add_no_verify_flag(sub, a->no_verify);
   return [a] { return run_export(*a); };
 }
 

@@ -102,6 +102,8 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
     else if (const CheckpointKind* k = detect_checkpoint(*path)) ex.format = k->name;
     auto s = store::summarize_source(**src, &ex);
     s["layout_detail"] = layout_detail(s["layout"]);
+    const IntegrityInfo integrity = (*src)->integrity();  // what `ckpt verify` can check of it
+    s["integrity"] = {{"scheme", integrity.scheme}, {"note", integrity.cannot_check}};
     if (*json_out) std::printf("%s\n", s.dump(2).c_str());
     else std::fputs(store::text_summary(s).c_str(), stdout);
     return 0;

@@ -18,7 +18,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     std::string src, out, dtype, max_shard = "5GB";
     StreamFlags stream;
     IoFlags io;
-    bool no_fsync = false, json = false;
+    bool no_fsync = false, json = false, no_verify = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir or DCP dir (ckpt inspect --help lists the kinds)")->required();
@@ -28,7 +28,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
   o->stream.add(sub);
   o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
-  sub.add_flag("--json", o->json, "Print the result as JSON: out, tensors, bytes, config, files, skipped, seconds");
+  add_no_verify_flag(sub, o->no_verify);
+  sub.add_flag("--json", o->json, "Print the result as JSON: out, tensors, bytes, config, files, skipped, seconds, memory, source_check");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
       "from the pieces that cover it, within --max-memory, and the output does not depend on the layout.\n"
@@ -43,6 +44,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     req.max_memory = o->stream.max_memory;
     req.io = o->io.io;
     req.fsync = !o->no_fsync;
+    req.no_verify = o->no_verify;
     ProgressBar bar("to-hf", stderr_is_tty() && !o->json);
     req.progress = bar.callback();
     auto r = run_to_hf_job(req);

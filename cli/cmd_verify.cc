@@ -1,8 +1,8 @@
-// `ckpt verify PATH [--json]`: a native store: checks its structure (manifest rules, shard files
-// and datasets) and recomputes every piece's digest (xxh3-128 or sha256, as each piece records).
-// A .safetensors file or a HuggingFace directory: full structural validation (header, offsets,
-// index against shards) and every byte of every tensor read back; safetensors has no checksums,
-// which the output says. Exit 0 only if everything holds; each failure names file, dataset or
+// `ckpt verify PATH [--json]`: any checkpoint ckpt reads, checked by what its format offers
+// (converters/verify_job.h): a native store's structure and every piece digest (xxh3-128 or
+// sha256, as each piece records) and its manifest checksum; torch zip entries' CRC-32; a format
+// without checksums (safetensors) validated structurally and every byte read back, which the
+// output says by format name. Exit 0 only if everything holds; each failure names file, dataset or
 // tensor and what differs. Draws a progress line on a terminal. The work is
 // converters/verify_job.h (also python's ckpt.verify).
 #include <cstdio>
@@ -53,8 +53,9 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
       for (const auto& f : r->failures) std::fprintf(stderr, "ckpt: %s\n", f.status.to_string().c_str());
       std::printf("%s: %s (%s): %llu pieces, %s %s in %.2f s, %zu failures\n", r->ok() ? "OK" : "FAILED", r->path.c_str(),
                   r->format.c_str(), static_cast<unsigned long long>(r->pieces), human_bytes(r->bytes).c_str(),
-                  r->checksums ? ("checked (" + joined(r->digests) + ")").c_str() : "read", r->seconds, r->failures.size());
-      if (!r->checksums) std::printf("note: %s\n", kVerifyNoChecksumNote);
+                  r->checksums ? ("checked (" + (r->digests.empty() ? r->scheme : joined(r->digests)) + ")").c_str() : "read",
+                  r->seconds, r->failures.size());
+      if (!r->cannot_check.empty()) std::printf("note: %s\n", r->cannot_check.c_str());
     }
     if (r->ok()) return 0;
     return exit_code_for(r->failures.front().status) == 3 ? 3 : 1;

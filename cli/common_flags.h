@@ -31,6 +31,13 @@ struct LayoutFlags {
   Result<Layout> make(int64_t num_layers) const { return values().make(num_layers); }
 };
 
+// --no-verify: skip the check of SRC by its format's own checks before the output is committed.
+inline void add_no_verify_flag(CLI::App& sub, bool& no_verify) {
+  sub.add_flag("--no-verify", no_verify,
+               "Skip checking SRC before committing the output (piece digests of a native store, zip CRC-32 of torch files; "
+               "formats without checksums, such as safetensors, are read but cannot be checked)");
+}
+
 struct StreamFlags {
   int threads = 2;
   std::string max_memory = "256M";

@@ -66,7 +66,7 @@ Status run_dcp_export(TensorSource& src, const HfExportPlan& plan, const std::st
     load[f] += bytes(i);
   }
   torch::DcpWriter sink(out, wo);
-  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress);
+  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress, opts.before_commit);
 }
 
 }  // namespace ckpt

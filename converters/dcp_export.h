@@ -27,6 +27,9 @@ struct DcpExportOptions {
   uint64_t max_chunk_bytes = 64ull << 20;
   bool fsync = true;
   std::function<void(uint64_t, uint64_t)> progress;
+  // Called after every byte is written, before the commit (the job's check of its SRC,
+  // converters/source_check_job.h): an error leaves nothing at the destination.
+  std::function<Status()> before_commit;
 };
 
 // The tensors to write (plan_hf_export's, without tokenizer / config files) and their chunks.

@@ -130,13 +130,14 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);
-  if (auto* store = dynamic_cast<store::StoreReader*>(&src)) store->set_decode_threads(opts.threads);  // compressed: decode on --threads
-  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress);
+  src.set_read_threads(opts.threads);  // a compressed store: decode on --threads
+  return execute_export_plan(src, sink, plan, opts.threads, opts.max_chunk_bytes, opts.progress, opts.before_commit);
 }
 
 Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPlan& plan, int threads, uint64_t max_chunk_bytes,
-                           const std::function<void(uint64_t, uint64_t)>& progress) {
+                           const std::function<void(uint64_t, uint64_t)>& progress, const std::function<Status()>& before_commit) {
   ExecOptions eo;
+  eo.before_commit = before_commit;
   eo.threads = threads;
   eo.max_chunk_bytes = max_chunk_bytes;
   eo.progress = progress;

@@ -29,6 +29,9 @@ struct HfExportOptions {
   IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
   std::shared_ptr<SourceBlocks> read_ahead;  // copies read their sources direct through it (null: as io says)
   std::function<void(uint64_t, uint64_t)> progress;
+  // Called after every byte is written, before the commit (the job's check of its SRC,
+  // converters/source_check_job.h): an error leaves nothing at the destination.
+  std::function<Status()> before_commit;
 };
 
 struct HfExportPlan {
@@ -55,9 +58,10 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
 Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
 
 // Runs an export plan's region copies from `src` into `sink` (the engine's execute with the
-// plan's tensors and pieces); shared by the HF and DCP exports.
+// plan's tensors and pieces); shared by the HF and DCP exports. `before_commit` as ExecOptions'.
 Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPlan& plan, int threads, uint64_t max_chunk_bytes,
-                           const std::function<void(uint64_t, uint64_t)>& progress);
+                           const std::function<void(uint64_t, uint64_t)>& progress,
+                           const std::function<Status()>& before_commit = nullptr);
 
 // Validates a config object as LLaMA and returns it with its dtype keys set to `dt`.
 Result<nlohmann::json> hf_config_with_dtype(const nlohmann::json& config, std::optional<DType> dt);

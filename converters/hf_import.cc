@@ -98,6 +98,14 @@ class ImportView final : public TensorSource {
   }
   const nlohmann::json& metadata() const override { return src_.metadata(); }
   std::string describe() const override { return src_.describe(); }
+  IntegrityInfo integrity() const override { return src_.integrity(); }
+  CheckReport check(const CheckOptions& o) override { return check_of_inner(src_, o, false); }
+  Status check_piece(size_t piece) override {
+    if (piece >= map_.size()) return Status::Internal("import view piece " + std::to_string(piece) + " out of range");
+    return src_.check_piece(map_[piece]);
+  }
+  void set_read_threads(int threads) override { src_.set_read_threads(threads); }
+  uint64_t read_memory(int threads) const override { return src_.read_memory(threads); }
 
  private:
   TensorSource& src_;

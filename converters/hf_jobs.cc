@@ -8,6 +8,7 @@
 #include "converters/hf_files.h"
 #include "converters/hf_import.h"
 #include "converters/open_checkpoint.h"
+#include "converters/source_check_job.h"
 #include "formats/byte_size.h"
 #include "formats/file_io_direct.h"
 #include "formats/open_source.h"
@@ -51,7 +52,8 @@ Status hf_job_check_threads(int threads) {
 
 nlohmann::json ToHfOutcome::to_json() const {
   return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
-          {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()}};
+          {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
+          {"source_check", source_check}};
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -64,7 +66,10 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(opts.io, parse_io_mode(req.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
   CKPT_ASSIGN_OR_RETURN(opts.max_shard_size, parse_byte_size(req.max_shard_size, "--max-shard-size"));
+  JobSourceCheck check;  // forked before this process opens SRC
+  check.start(req.src, opts.io, req.threads, req.no_verify);
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
@@ -92,6 +97,7 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
     if (!plan->copy_files.count(name)) out.files.push_back(name);
   out.skipped = plan->skipped;
   out.seconds = hf_job_seconds_since(t0);
+  out.source_check = check.to_json();
   return out;
 }
 

@@ -42,6 +42,7 @@ struct ToHfRequest {
   std::string max_memory = "256M";
   std::string io = "auto";
   bool fsync = true;
+  bool no_verify = false;            // skip the check of SRC before the commit (converters/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
@@ -54,7 +55,9 @@ struct ToHfOutcome {
   std::vector<std::string> skipped;   // non-model tensors left out
   double seconds = 0;
   MemoryFit memory;                   // --max-memory against the job's floor (converters/memory_fit.h)
-  nlohmann::json to_json() const;     // {out, tensors, bytes, config, files, skipped, seconds, memory}
+  nlohmann::json source_check;        // how SRC was checked (JobSourceCheck::to_json)
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check}
+  nlohmann::json to_json() const;
 };
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req);

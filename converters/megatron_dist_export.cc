@@ -169,6 +169,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
+  eo.before_commit = opts.before_commit;
   return execute(src, sink, canonical, sink.pieces(), nlohmann::json::object(), eo);
 }
 

@@ -8,6 +8,7 @@
 #include "converters/megatron_sink.h"
 #include "converters/megatron_torch_export.h"
 #include "converters/megatron_torch_optim.h"
+#include "formats/fs_util.h"
 #include "reshard/executor.h"
 
 namespace ckpt {
@@ -157,17 +158,21 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   CKPT_RETURN_IF_ERROR(check_canonical(src, plan));
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
-  std::filesystem::remove_all(dst + ".partial", ec);  // a stale partial output of ours
+  CKPT_RETURN_IF_ERROR(remove_stale_partial(dst));  // a crashed export's leftover; a live one's is refused
   std::vector<TensorMeta> tensors;
   for (const auto& [name, m] : plan.canonical) tensors.push_back(m);
   auto dtypes = output_dtypes(plan, opts.dtype);
   const std::string out = torch ? dst + ".staging" : dst;
-  if (torch) std::filesystem::remove_all(out, ec);
+  if (torch) {
+    CKPT_RETURN_IF_ERROR(remove_stale_partial(out));
+    std::filesystem::remove_all(out, ec);
+  }
   const nlohmann::json args = megatron_args(plan.config, plan.layout);
   MegatronSink sink(out, plan.layout, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
+  eo.before_commit = opts.before_commit;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
   if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration,
                                                        optimizer_fields(src.metadata()));

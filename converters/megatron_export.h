@@ -31,6 +31,9 @@ struct MegatronExportOptions {
   uint64_t chunk_bytes = 16ull << 20;  // engine chunk (output bytes per sink write)
   // Called after each chunk is written: (output bytes done, total), padding rows not counted.
   std::function<void(uint64_t, uint64_t)> progress;
+  // Called after every byte is written, before the commit (the job's check of its SRC,
+  // converters/source_check_job.h): an error leaves nothing at the destination.
+  std::function<Status()> before_commit;
 };
 
 // Writes `dst`/mp_rank_XX[_YYY]/model.safetensors for every rank plus `dst`/megatron_args.json

@@ -98,6 +98,14 @@ class CanonicalViewImpl final : public CanonicalView, public StagedReads {
   const std::vector<Piece>& pieces() const override { return pieces_; }
   const nlohmann::json& metadata() const override { return meta_; }
   std::string describe() const override { return src_->describe(); }
+  IntegrityInfo integrity() const override { return src_->integrity(); }
+  CheckReport check(const CheckOptions& o) override { return check_of_inner(*src_, o, false); }
+  Status check_piece(size_t piece) override {
+    if (piece >= map_.size()) return Status::Internal("canonical view piece " + std::to_string(piece) + " out of range");
+    return src_->check_piece(map_[piece].src);
+  }
+  void set_read_threads(int threads) override { src_->set_read_threads(threads); }
+  uint64_t read_memory(int threads) const override { return src_->read_memory(threads); }
 
   Status read(size_t piece, const Box& sub, void* dst) override {
     if (piece >= pieces_.size()) return Status::Internal("canonical view piece " + std::to_string(piece) + " out of range");

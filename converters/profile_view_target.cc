@@ -28,6 +28,14 @@ class ProfileViewImpl final : public ProfileView, public StagedReads {
   std::string describe() const override { return src_->describe(); }
   ExactnessReport report() const override { return tracker_.snapshot(); }
   const std::vector<ProfileTensor>& stored_tensors() const override { return pts_; }
+  IntegrityInfo integrity() const override { return src_->integrity(); }
+  CheckReport check(const CheckOptions& o) override { return check_of_inner(*src_, o, false); }
+  Status check_piece(size_t piece) override {
+    if (piece >= map_.size()) return Status::Internal("profile view piece " + std::to_string(piece) + " out of range");
+    return map_[piece].zero ? Status::Ok() : src_->check_piece(map_[piece].src);
+  }
+  void set_read_threads(int threads) override { src_->set_read_threads(threads); }
+  uint64_t read_memory(int threads) const override { return src_->read_memory(threads); }
 
   Status read(size_t piece, const Box& sub, void* dst_v) override {
     if (piece >= pieces_.size()) return Status::Internal("profile view piece " + std::to_string(piece) + " out of range");

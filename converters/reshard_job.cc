@@ -11,6 +11,7 @@
 #include "converters/memory_fit.h"
 #include "converters/open_checkpoint.h"
 #include "converters/profile_view.h"
+#include "converters/source_check_job.h"
 #include "formats/byte_size.h"
 #include "formats/fs_util.h"
 #include "formats/open_source.h"
@@ -205,10 +206,15 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
   // Where the copies read SRC direct (--io direct, or a cold SRC under --io auto), an uncompressed
   // SRC is checked from the copy's own reads instead (CopyVerify: SRC read once).
+  // Any other kind of SRC (Megatron torch files, DCP, ...) is checked by its format's own checks
+  // (converters/source_check_job.h): in a child process too, inline under mpirun on rank 0.
   BackgroundVerify bg;
-  const bool check = !r.no_verify && !r.dry_run && !r.dist && detect_source(r.src) == SourceKind::kNativeStore;
+  const bool native = detect_source(r.src) == SourceKind::kNativeStore;
+  const bool check = !r.no_verify && !r.dry_run && !r.dist && native;
   const bool from_copy = check && sopts.read_ahead && check_from_copy(r);
   if (check && !from_copy) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
+  JobSourceCheck other_check;
+  other_check.start(r.src, sopts.io, r.threads, native || r.no_verify || r.dry_run || (r.dist && r.dist->rank() != 0), !r.dist);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
@@ -256,9 +262,12 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
       opened.store->set_read_io(io);
       return verify_source_inline(*opened.store);
     };
+  else if (!native)
+    so.before_commit = other_check.before_commit(src);
   out.source_check = {{"how", tapped ? "copy" : bg.started() ? "process" : so.before_commit ? "inline" : "none"}};
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(plan_src, out.plan, r.dst, so, r.dist));
   out.seconds = seconds_since(t0);
+  if (!native) out.source_check = other_check.to_json();
   if (tapped) {
     out.source_check["bytes_from_copy"] = tapped->bytes_from_copy();
     out.source_check["bytes_reread"] = tapped->bytes_reread();

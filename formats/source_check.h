@@ -21,9 +21,10 @@
 namespace ckpt {
 
 struct IntegrityInfo {
-  std::string format;        // "ckpt-native v3", "safetensors", "Megatron-LM torch files", ...
-  std::string scheme;        // what guards the bytes; empty: nothing (bytes read, not checkable)
-  std::string cannot_check;  // what the format cannot check, by format name; empty when nothing
+  std::string format = {};        // "ckpt-native v3", "safetensors", "Megatron-LM torch files", ...
+  std::string scheme = {};        // what guards the bytes; empty: nothing (bytes read, not checkable)
+  std::string cannot_check = {};  // what the format cannot check, by format name; empty when nothing
+  std::vector<std::string> digests = {};  // algorithms of the digests ("xxh3-128"), where the scheme has them
   bool checks() const { return !scheme.empty(); }
 };
 

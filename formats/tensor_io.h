@@ -88,6 +88,10 @@ class TensorSource {
   }
 };
 
+// A wrapper's check(): `inner`'s, with the failures' piece indices cleared where the wrapper
+// numbers its pieces differently (`same_pieces` false): they index inner's pieces.
+CheckReport check_of_inner(TensorSource& inner, const CheckOptions& o, bool same_pieces);
+
 // The default check(): every piece of `src` (of the share) read in chunks of at most
 // `chunk_bytes`; a failing read is recorded (piece, tensor) and the scan goes on.
 CheckReport read_all_pieces(TensorSource& src, const CheckOptions& o, uint64_t chunk_bytes = 16ull << 20);

@@ -1,4 +1,5 @@
 // CheckpointCore and RankView (checkpoint_core.h).
+#include "formats/checked_reads.h"
 #include "python/checkpoint_core.h"
 
 #include <utility>
@@ -103,7 +104,9 @@ Result<std::shared_ptr<CheckpointCore>> CheckpointCore::open(const std::string& 
   c->path_ = path;
   const CheckpointKind* k = detect_checkpoint(path);
   c->kind_ = k ? k->name : "unknown";
-  CKPT_ASSIGN_OR_RETURN(c->src_, open_checkpoint(path));
+  // Every piece checked by its format's own checks before its first read (formats/checked_reads.h).
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> opened, open_checkpoint(path));
+  c->src_ = std::make_unique<CheckedReads>(std::move(opened));
   CKPT_ASSIGN_OR_RETURN(c->index_, SourceIndex::build(*c->src_));
   c->tensors_ = c->src_->tensors();
   c->metadata_ = c->src_->metadata();

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "converters/hf_jobs.h"
+#include "converters/diff_job.h"
 #include "converters/open_checkpoint.h"
 #include "converters/reshard_job.h"
 #include "converters/verify_job.h"
@@ -102,21 +103,16 @@ nb::object py_diff(const std::string& a, const std::string& b, nb::dict opts) {
   d.atol = o.get<double>("atol");
   d.rtol = o.get<double>("rtol");
   d.ignore_dtype = o.get<bool>("ignore_dtype");
+  const bool no_verify = !o.get<bool>("verify_source");
   const std::string max_memory = o.str("max_memory");
   o.done();
   PyProgress none{nb::none()};
-  DiffReport rep = run_released(none, [&]() -> Result<DiffReport> {
-    CKPT_ASSIGN_OR_RETURN(d.max_memory, parse_byte_size(max_memory, "--max-memory"));
-    auto sa = open_checkpoint(a);
-    if (!sa.ok()) return sa.take_status().with_context("opening A");
-    auto sb = open_checkpoint(b);
-    if (!sb.ok()) return sb.take_status().with_context("opening B");
-    return diff_sources(**sa, **sb, d);
+  DiffOutcome rep = run_released(none, [&]() -> Result<DiffOutcome> {
+    DiffRequest req{a, b, d, no_verify};
+    CKPT_ASSIGN_OR_RETURN(req.options.max_memory, parse_byte_size(max_memory, "--max-memory"));
+    return run_diff_job(req);
   });
-  nlohmann::json j = rep.to_json();
-  j["a"] = a;
-  j["b"] = b;
-  return json_to_py(j);
+  return json_to_py(rep.to_json());
 }
 
 // reshard and convert: one ReshardRequest (converters/reshard_job.h), as cli/cmd_reshard.cc.
@@ -149,6 +145,7 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   req.max_shard_size = o.str("max_shard_size");
   o.stream_options(req);
   req.fsync = o.get<bool>("fsync");
+  req.no_verify = !o.get<bool>("verify_source");
   o.done();
   PyProgress progress(std::move(progress_cb));
   req.progress = progress.fn();

@@ -118,6 +118,7 @@ Status execute(TensorSource& src, TensorSink& dst, const std::vector<TensorMeta>
   CKPT_RETURN_IF_ERROR(check_plan_coverage(index, out_tensors, out_pieces, opts.only_pieces));
   CKPT_RETURN_IF_ERROR(dst.begin(out_tensors, out_pieces, metadata));
   Status st = execute_into(src, index, dst, out_pieces, opts);
+  if (st.ok() && opts.before_commit) st = opts.before_commit();
   if (!st.ok()) {
     dst.abort();
     return st;

@@ -42,6 +42,9 @@ struct ExecOptions {
   // When non-empty, only these target pieces are filled and written (multi-process execution:
   // every piece is still declared to dst.begin()). Indices into out_pieces, ascending.
   std::vector<size_t> only_pieces;
+  // Called by execute() after every piece is written, before dst.commit(): an error aborts the
+  // sink (a job's check of its SRC: nothing is committed from a corrupt source).
+  std::function<Status()> before_commit;
 };
 
 // Number of chunks in flight for a thread count (2 or more when threads > 1).

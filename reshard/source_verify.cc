@@ -29,29 +29,24 @@ void write_all(int fd, const std::string& text) {
 }
 
 // Runs in the child: never returns.
-[[noreturn]] void child_main(int fd, pid_t parent, const std::string& src_dir, IoMode io) {
+[[noreturn]] void child_main(int fd, pid_t parent, const std::function<Status()>& check) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(0);  // the parent died before prctl took effect
-  Status st;
-  auto r = store::StoreReader::open(src_dir);
-  if (!r.ok()) {
-    st = r.take_status();
-  } else {
-    (*r)->set_read_io(io);
-    st = verify_source_inline(**r);
-  }
+  const Status st = check();
   write_all(fd, st.to_json());
   _exit(0);
 }
 
-Status verdict(store::VerifyReport rep) {
-  if (rep.ok()) return Status::Ok();
-  return std::move(rep.failures.front().status)
-      .with_context("SRC piece " + std::to_string(rep.failures.front().piece) + " is corrupt (" +
-                    std::to_string(rep.failures.size()) + " failing pieces); nothing was committed");
-}
-
 }  // namespace
+
+Status verdict(const CheckReport& rep) {
+  if (rep.ok()) return Status::Ok();
+  const CheckFailure& f = rep.failures.front();
+  Status st = f.status;
+  const std::string which = f.piece != CheckFailure::kNoPiece ? "SRC piece " + std::to_string(f.piece) : "SRC";
+  return std::move(st).with_context(which + " is corrupt (" + std::to_string(rep.failures.size()) +
+                                    " failing units); nothing was committed");
+}
 
 Status verify_source_inline(store::StoreReader& src) { return verdict(src.verify()); }
 
@@ -128,6 +123,15 @@ BackgroundVerify::~BackgroundVerify() {
 }
 
 bool BackgroundVerify::start(const std::string& src_dir, IoMode io) {
+  return start([src_dir, io]() -> Status {
+    auto r = store::StoreReader::open(src_dir);
+    if (!r.ok()) return r.take_status();
+    (*r)->set_read_io(io);
+    return verify_source_inline(**r);
+  });
+}
+
+bool BackgroundVerify::start(const std::function<Status()>& check) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return false;
   std::fflush(nullptr);
@@ -140,7 +144,7 @@ bool BackgroundVerify::start(const std::string& src_dir, IoMode io) {
   }
   if (pid_ == 0) {
     close(p[0]);
-    child_main(p[1], parent, src_dir, io);
+    child_main(p[1], parent, check);
   }
   close(p[1]);
   fd_ = p[0];

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,9 @@ namespace ckpt {
 // OK when every piece of `src` matches its digest; else the first failure, saying how many pieces
 // fail and that nothing was committed.
 Status verify_source_inline(store::StoreReader& src);
+// A check's outcome as a job's verdict on its SRC: OK, or the first failure saying how many units
+// fail and that nothing was committed.
+Status verdict(const CheckReport& rep);
 
 // True when a store with manifest `m` can be checked by CopyVerify: every piece is stored
 // uncompressed (compressed pieces are decoded, not copied from file ranges).
@@ -73,6 +77,8 @@ class BackgroundVerify {
   // Forks the child that opens and verifies the store at `src_dir`, reading its pieces as `io`
   // says (StoreReader::set_read_io). False when pipe or fork fails (the caller then verifies inline).
   bool start(const std::string& src_dir, IoMode io = IoMode::kBuffered);
+  // Forks the child that runs `check` (which opens SRC itself, checks it and returns the verdict).
+  bool start(const std::function<Status()>& check);
   bool started() const { return pid_ > 0; }
   pid_t child_pid() const { return pid_; }
   // Waits for the child and returns its verdict (kInternal if it died without one).

@@ -101,6 +101,14 @@ class TracedSource final : public TensorSource, public StagedReads {
   const std::vector<Piece>& pieces() const override { return s_.pieces(); }
   const nlohmann::json& metadata() const override { return s_.metadata(); }
   std::string describe() const override { return s_.describe(); }
+  IntegrityInfo integrity() const override { return s_.integrity(); }
+  CheckReport check(const CheckOptions& o) override { return check_of_inner(s_, o, true); }
+  Status check_piece(size_t piece) override {
+    if (piece >= s_.pieces().size()) return Status::Internal("traced source piece " + std::to_string(piece) + " out of range");
+    return s_.check_piece(piece);
+  }
+  void set_read_threads(int threads) override { s_.set_read_threads(threads); }
+  uint64_t read_memory(int threads) const override { return s_.read_memory(threads); }
   Status read(size_t piece, const Box& sub, void* dst) override {
     note(piece, static_cast<uint64_t>(sub.numel()) * dtype_size(s_.pieces()[piece].dtype));
     return s_.read(piece, sub, dst);

@@ -32,6 +32,10 @@ class HfDirSource final : public TensorSource {
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
   const nlohmann::json& metadata() const override { return meta_; }
   std::string describe() const override { return path_; }
+  // safetensors has no checksums: check() reads every byte (structure only).
+  IntegrityInfo integrity() const override {
+    return {"huggingface safetensors directory", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
+  }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
 
  private:

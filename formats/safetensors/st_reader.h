@@ -35,6 +35,10 @@ class SafetensorsFile final : public TensorSource {
   // {"safetensors_metadata": {...__metadata__...}} (null when absent).
   const nlohmann::json& metadata() const override { return meta_json_; }
   std::string describe() const override { return path_; }
+  // safetensors has no checksums: check() reads every byte (structure only).
+  IntegrityInfo integrity() const override {
+    return {"safetensors", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
+  }
 
   // Raw bytes [begin, begin + n) of the data buffer (offsets as in data_offsets); checked.
   Status read_data(uint64_t begin, void* dst, uint64_t n) const;

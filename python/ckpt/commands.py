@@ -61,16 +61,18 @@ def verify(path: Path, *, threads: int = 2, strict: bool = False, progress: Prog
 
 
 def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype: bool = False,
-         max_memory: Size = "256M") -> Dict[str, Any]:
+         max_memory: Size = "256M", verify_source: bool = True) -> Dict[str, Any]:
     """Compares two checkpoints tensor by tensor in global view (any layouts, any formats).
 
     Returns ``{a, b, equal, atol, rtol, counts, tensors}``; ``tensors`` lists every tensor as
     ``{name, status, dtype_a, shape_a, dtype_b, shape_b, numel, bitwise_differ, not_close,
     nonfinite_differ, max_abs, max_rel, max_abs_index}`` (fields by status: identical, close,
     different, only_in_a, only_in_b, shape_mismatch, dtype_mismatch). Elements are close when
-    ``|a - b| <= atol + rtol * |b|``."""
+    ``|a - b| <= atol + rtol * |b|``. Both are checked by their formats' own checks (piece digests,
+    zip CRC-32) unless ``verify_source`` is False: a corrupt side raises, with ``source_check``
+    saying how each was checked."""
     opts = {"atol": float(atol), "rtol": float(rtol), "ignore_dtype": ignore_dtype,
-            "max_memory": _size(max_memory, "max_memory")}
+            "max_memory": _size(max_memory, "max_memory"), "verify_source": verify_source}
     return _ckpt._diff(_path(a), _path(b), opts)
 
 
@@ -143,15 +145,19 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
 
 
 def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: Size = "5GB", threads: int = 2,
-          max_memory: Size = "256M", io: str = "auto", fsync: bool = True, progress: Progress = None) -> Dict[str, Any]:
+          max_memory: Size = "256M", io: str = "auto", fsync: bool = True, verify_source: bool = True,
+          progress: Progress = None) -> Dict[str, Any]:
     """Exports a checkpoint's model weights (any kind, any layout) as a HuggingFace directory
     ``out``: safetensors shards of at most ``max_shard_size``, the index when sharded,
     config.json and tokenizer files carried in the checkpoint. ``dtype``: cast float weights to
     ``"bf16"``, ``"fp16"`` or ``"fp32"`` (None keeps them).
 
-    Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory}``."""
+    SRC is checked by its format's own checks before anything is committed, unless
+    ``verify_source`` is False.
+
+    Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory, source_check}``."""
     opts = {"dtype": dtype or "", "max_shard_size": _size(max_shard_size, "max_shard_size"), "threads": threads,
-            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync, "verify_source": verify_source}
     return _ckpt._to_hf(_path(src), _path(out), opts, progress)
 
 

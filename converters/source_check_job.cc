@@ -1,0 +1,43 @@
+#include "converters/source_check_job.h"
+
+#include "converters/open_checkpoint.h"
+
+namespace ckpt {
+
+void JobSourceCheck::start(const std::string& src_path, IoMode io, int threads, bool skip, bool in_child) {
+  skip_ = skip;
+  io_ = io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered;
+  threads_ = threads;
+  if (skip || !in_child) return;
+  const IoMode cio = io_;
+  if (bg_.start([src_path, cio, threads]() -> Status {
+        auto src = open_checkpoint(src_path);
+        if (!src.ok()) return src.take_status().with_context("checking SRC");
+        if (!(*src)->integrity().checks()) return Status::Ok();  // nothing to check: the job reads every byte anyway
+        CheckOptions o;
+        o.threads = threads;
+        o.io = cio;
+        return verdict((*src)->check(o));
+      }))
+    how_ = "process";
+}
+
+Status JobSourceCheck::finish(TensorSource& src) {
+  info_ = src.integrity();
+  if (skip_) return Status::Ok();
+  if (bg_.started()) return bg_.wait();
+  if (!info_.checks()) return Status::Ok();
+  how_ = "inline";
+  CheckOptions o;
+  o.threads = threads_;
+  o.io = io_;
+  return verdict(src.check(o));
+}
+
+nlohmann::json JobSourceCheck::to_json() const {
+  nlohmann::json j = {{"how", how_}, {"scheme", info_.scheme}};
+  if (!info_.cannot_check.empty()) j["note"] = info_.cannot_check;
+  return j;
+}
+
+}  // namespace ckpt
