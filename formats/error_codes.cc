@@ -87,6 +87,15 @@ constexpr ErrorCodeEntry kTable[] = {
     {"FileTooLarge", kCorrupt},
     {"ShardMissing", kNotFound},
     {"ChecksumMismatch", kSum},
+    // A dataset's HDF5 storage against its piece record (StoreReader::check_storage, issue 32).
+    {"LayoutMismatch", kCorrupt},       // contiguous for codec none, chunked for a compressed codec
+    {"FilterMismatch", kCorrupt},       // the filter pipeline is not exactly the codec's
+    {"StorageSizeMismatch", kCorrupt},  // a contiguous dataset's storage size != the record's bytes
+    {"StorageOutOfFile", kCorrupt},     // a contiguous dataset's data range is not inside its file
+    {"ChunkShapeMismatch", kCorrupt},   // v3: chunk dims that are not the store writer's
+    // The manifest checksum (manifest v3 "manifest_digest", formats/store/manifest.h).
+    {"ManifestChecksumMissing", kCorrupt},  // a v3 manifest without it
+    {"ManifestChecksumMismatch", kSum},     // the manifest was changed after it was written
     // Reshard engine (reshard/).
     {"BadLayout", kArg},
     // Cluster files and the trainer's memory check (reshard/cluster.h, trainer/memory_estimate.h).

@@ -1,9 +1,10 @@
 """Reads a ckpt native checkpoint with h5py + numpy only (no ckpt code).
 
 The independent reader of the interop tests and of scripts/check_hf_export.py: it follows
-manifest.json (format versions 1 and 2), reads every piece's dataset with h5py (hdf5plugin decodes
+manifest.json (format versions 1 to 3; version 3's "manifest_digest" is checked here against the
+canonical text of the rest of the manifest: manifest_digest()), reads every piece's dataset with h5py (hdf5plugin decodes
 zstd, filter 32015), checks it against the manifest's digest (version 2: "digest":
-"xxh3-128:<hex>" with the xxhash package or "sha256:<hex>" with hashlib; version 1: "sha256":
+"xxh3-128:<hex>" with the xxhash package or "sha256:<hex>" with hashlib, as in version 3; version 1: "sha256":
 "<hex>") and places it in its global tensor (box regions and flat ranges of a box).
 Half-precision and 8-bit floats come back as their raw bits (uint16 / uint8), as the store holds
 them.
@@ -25,6 +26,26 @@ RAW = {"F64": np.float64, "F32": np.float32, "F16": np.uint16, "BF16": np.uint16
 HASHERS = {"sha256": lambda b: hashlib.sha256(b).hexdigest(), "xxh3-128": xxhash.xxh3_128_hexdigest}
 
 
+def canonical_text(man):
+    """The canonical text a version 3 manifest's "manifest_digest" is the digest of: the manifest
+    without that key, keys sorted, no whitespace, UTF-8 (docs/STORE_FORMAT.md)."""
+    rest = {k: v for k, v in man.items() if k != "manifest_digest"}
+    return json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def manifest_digest(man, algo="xxh3-128"):
+    """-> "<algo>:<hex>" of the canonical text of `man` (to check a manifest, or reseal an edited one)."""
+    return f"{algo}:{HASHERS[algo](canonical_text(man))}"
+
+
+def reseal(man):
+    """`man` (a version 3 manifest dict) with its manifest_digest recomputed, in place; returns it."""
+    algo = man.get("manifest_digest", "xxh3-128:").partition(":")[0]
+    man.pop("manifest_digest", None)
+    man["manifest_digest"] = manifest_digest(man, algo)
+    return man
+
+
 def piece_digest(man, p):
     """-> (algorithm, hex) that the manifest records for piece `p`."""
     if man["version"] == 1:
@@ -42,8 +63,13 @@ def read_native(ckpt, skip=lambda name: False):
     tensor when a piece does not match the manifest (dtype, shape, digest, dataset attribute)."""
     ckpt = pathlib.Path(ckpt)
     man = json.loads((ckpt / "manifest.json").read_text())
-    if man.get("format") != "ckpt-native" or man.get("version") not in (1, 2):
-        raise ValueError(f"{ckpt}: not a ckpt-native v1 or v2 manifest")
+    if man.get("format") != "ckpt-native" or man.get("version") not in (1, 2, 3):
+        raise ValueError(f"{ckpt}: not a ckpt-native v1, v2 or v3 manifest")
+    if man["version"] >= 3:
+        algo = man.get("manifest_digest", "").partition(":")[0]
+        if algo not in HASHERS or manifest_digest(man, algo) != man["manifest_digest"]:
+            raise ValueError(f"{ckpt}: manifest_digest {man.get('manifest_digest')!r} differs from "
+                             f"{manifest_digest(man, algo if algo in HASHERS else 'xxh3-128')!r} of its canonical text")
     metas = {t["name"]: t for t in man["tensors"]}
     out, filters, files = {}, set(), {}
     try:

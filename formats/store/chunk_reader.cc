@@ -131,9 +131,6 @@ std::optional<ChunkGrid> chunk_grid_of(hid_t ds, const std::vector<hsize_t>& dim
   auto lock = h5_lock();
   H5Id dcpl(H5Dget_create_plist(ds), H5Pclose);
   if (!dcpl.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return std::nullopt;
-  std::vector<hsize_t> chunk(dims.size());
-  if (dims.empty() || H5Pget_chunk(dcpl.get(), static_cast<int>(dims.size()), chunk.data()) != static_cast<int>(dims.size()))
-    return std::nullopt;
   // Filters: [shuffle,] zstd, nothing else.
   const bool want_shuffle = codec == Codec::kShuffleZstd && esize > 1;
   const int nf = H5Pget_nfilters(dcpl.get());
@@ -144,6 +141,16 @@ std::optional<ChunkGrid> chunk_grid_of(hid_t ds, const std::vector<hsize_t>& dim
     const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &ncd, cd, 0, nullptr, nullptr);
     if (f != (want_shuffle && i == 0 ? H5Z_FILTER_SHUFFLE : static_cast<H5Z_filter_t>(kZstdFilterId))) return std::nullopt;
   }
+  return chunk_grid_of_plist(dcpl.get(), dims, esize);
+}
+
+std::optional<ChunkGrid> chunk_grid_of_plist(hid_t dcpl, const std::vector<hsize_t>& dims, size_t esize) {
+  auto lock = h5_lock();
+  std::vector<hsize_t> chunk(dims.size());
+  if (dims.empty() || H5Pget_chunk(dcpl, static_cast<int>(dims.size()), chunk.data()) != static_cast<int>(dims.size()))
+    return std::nullopt;
+  for (hsize_t c : chunk)
+    if (c == 0) return std::nullopt;  // before ChunkGrid::of divides by it
   ChunkGrid g = ChunkGrid::of(dims, chunk);
   uint64_t bytes = esize;
   for (size_t d = 0; d < dims.size(); ++d) {

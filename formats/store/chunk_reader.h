@@ -49,6 +49,9 @@ uint64_t next_chunked_uid();
 // The dataset's grid when it is chunked as piece_chunk_dims would chunk `dims` for some target
 // (ones before the cut dim, whole after it) and filtered by exactly the codec's filters.
 std::optional<ChunkGrid> chunk_grid_of(hid_t ds, const std::vector<hsize_t>& dims, Codec codec, size_t esize);
+// The chunk-shape part of that, for a chunked dataset's creation property list `dcpl` whose
+// filters the caller has checked (StoreReader's open-time storage check).
+std::optional<ChunkGrid> chunk_grid_of_plist(hid_t dcpl, const std::vector<hsize_t>& dims, size_t esize);
 
 // Box `sub` (dataset coordinates, inside the dataset) into dst, dense row-major.
 Status read_chunked_box(const ChunkedDataset& d, const Box& sub, void* dst);

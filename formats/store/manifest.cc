@@ -32,7 +32,7 @@ Result<Codec> codec_from_name(const std::string& s) {
 }
 
 bool is_reserved_key(const std::string& key) {
-  return key == "format" || key == "version" || key == "tensors" || key == "pieces";
+  return key == "format" || key == "version" || key == "tensors" || key == "pieces" || key == kManifestDigestKey;
 }
 
 namespace {
@@ -141,6 +141,13 @@ Result<PieceRecord> piece_record_from_json(const json& j, int version) {
   return r;
 }
 
+std::string canonical_manifest_text(const json& j) {
+  if (!j.is_object() || !j.contains(kManifestDigestKey)) return j.dump();
+  json rest = j;
+  rest.erase(kManifestDigestKey);
+  return rest.dump();
+}
+
 json manifest_to_json(const Manifest& m) {
   json j = json::object();
   j["format"] = kFormatName;
@@ -155,11 +162,40 @@ json manifest_to_json(const Manifest& m) {
   json ps = json::array();
   for (const auto& p : m.pieces) ps.push_back(piece_record_to_json(p));
   j["pieces"] = std::move(ps);
+  const std::string text = j.dump();  // canonical_manifest_text(j): j has no manifest_digest yet
+  j[kManifestDigestKey] = digest_of(m.manifest_digest.algo, text.data(), text.size()).to_string();
   return j;
 }
 
 namespace {
-Result<Manifest> manifest_from_json(const json& j) {
+// Version 3: "manifest_digest" present, well-formed, and the digest of the rest of `j` (the key is
+// taken out of `j`: no copy of a large manifest).
+Result<DigestValue> check_manifest_digest(json& j, int version) {
+  auto it = j.find(kManifestDigestKey);
+  if (version < kFirstChecksummedVersion) {
+    if (it != j.end())
+      return bad(std::string("manifest field '") + kManifestDigestKey + "' belongs to version " + std::to_string(kFirstChecksummedVersion) +
+                 " and later; this manifest is version " + std::to_string(version));
+    return DigestValue{kDefaultDigest, ""};
+  }
+  if (it == j.end())
+    return Status::Error("ManifestChecksumMissing", "manifest version " + std::to_string(version) + " has no '" + kManifestDigestKey +
+                                                        "' (every version " + std::to_string(kFirstChecksummedVersion) +
+                                                        "+ writer seals its manifest; the field was removed)");
+  if (!it->is_string()) return bad(std::string("manifest field '") + kManifestDigestKey + "' is not a string");
+  CKPT_ASSIGN_OR_RETURN(DigestValue want, parse_digest(it->get<std::string>(), std::string("manifest field '") + kManifestDigestKey + "'"));
+  j.erase(it);
+  const std::string text = j.dump();  // canonical_manifest_text
+  const DigestValue got = digest_of(want.algo, text.data(), text.size());
+  if (got.hex != want.hex)
+    return Status::Error("ManifestChecksumMismatch", std::string("manifest does not match its '") + kManifestDigestKey + "': " +
+                                                         digest_algo_name(want.algo) + " of its canonical text expected " + want.hex +
+                                                         ", got " + got.hex + " (a field was changed after it was written: dtype, shape, "
+                                                         "region, codec, file, dataset or metadata)");
+  return want;
+}
+
+Result<Manifest> manifest_from_json(json& j) {
   if (!j.is_object()) return Status::Error("InvalidJson", "manifest is not a JSON object");
   auto fit = j.find("format");
   if (fit == j.end() || !fit->is_string() || fit->get<std::string>() != kFormatName)
@@ -172,6 +208,7 @@ Result<Manifest> manifest_from_json(const json& j) {
                                                    std::to_string(kOldestReadableVersion) + " to " + std::to_string(kFormatVersion) + ")");
   Manifest m;
   m.version = static_cast<int>(version);
+  CKPT_ASSIGN_OR_RETURN(m.manifest_digest, check_manifest_digest(j, m.version));
   auto tit = j.find("tensors");
   auto pit = j.find("pieces");
   if (tit == j.end() || !tit->is_array()) return bad("manifest field 'tensors' missing or not an array");

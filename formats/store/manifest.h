@@ -1,6 +1,11 @@
 // manifest.json of the native store, format "ckpt-native" (spec: docs/STORE_FORMAT.md). Writers
-// write version 2 (each piece's "digest": "<algorithm>:<hex>", xxh3-128 or sha256); readers also
-// accept version 1 (each piece's "sha256": "<hex>", read as a sha256 digest).
+// write version 3: each piece's "digest": "<algorithm>:<hex>" (xxh3-128 or sha256) guards its
+// bytes, and "manifest_digest": "<algorithm>:<hex>" guards the manifest itself: the digest of its
+// canonical text (the whole JSON object minus that key, keys sorted, no whitespace:
+// canonical_manifest_text), so a relabelled dtype, shape, region, codec, file or dataset name or
+// model config is ManifestChecksumMismatch. Readers also accept version 2 (piece digests, no
+// manifest checksum) and version 1 (each piece's "sha256": "<hex>", read as a sha256 digest);
+// for those, what the manifest says is not checkable (StoreReader::integrity says so).
 // Parsing is bounded and type-checked; validate_manifest() is the one structural validator that
 // both the writer (before committing) and the reader (before any use) run: versions, names,
 // dtypes, every region inside its tensor (checked arithmetic), pieces of a tensor never overlap
@@ -22,11 +27,13 @@
 namespace ckpt::store {
 
 inline constexpr const char* kFormatName = "ckpt-native";
-inline constexpr int kFormatVersion = 2;          // the version every writer writes
+inline constexpr int kFormatVersion = 3;          // the version every writer writes
 inline constexpr int kOldestReadableVersion = 1;  // readers accept kOldestReadableVersion..kFormatVersion
 inline constexpr uint64_t kMaxManifestBytes = kManifestJsonLimits.max_bytes;  // larger manifests are refused
 inline constexpr size_t kMaxRank = 32;                      // dimensions of a tensor
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr int kFirstChecksummedVersion = 3;       // versions from this one carry "manifest_digest"
+inline constexpr const char* kManifestDigestKey = "manifest_digest";
 
 enum class Codec : uint8_t { kNone, kZstd, kShuffleZstd };
 const char* codec_name(Codec c);  // "none", "zstd", "shuffle+zstd"
@@ -45,25 +52,38 @@ struct PieceRecord {
 };
 
 struct Manifest {
-  int version = kFormatVersion;  // as read (1 or 2); manifest_to_json always writes kFormatVersion
+  int version = kFormatVersion;  // as read (1, 2 or 3); manifest_to_json always writes kFormatVersion
+  // The manifest checksum: as read and checked (version 3; empty hex for 1 and 2); its algorithm
+  // is the one manifest_to_json writes with (StoreWriter::finalize: the pieces' algorithm).
+  DigestValue manifest_digest;
   nlohmann::json metadata = nlohmann::json::object();  // model_config, layout, trainer, profile...
   std::vector<TensorMeta> tensors;
   std::vector<PieceRecord> pieces;
 };
 
-// Top-level keys owned by the format; metadata may not use them.
+// Top-level keys owned by the format (format, version, manifest_digest, tensors, pieces);
+// metadata may not use them.
 bool is_reserved_key(const std::string& key);
 
 // A piece record in the current version's form ("digest": "<algorithm>:<hex>").
 nlohmann::json piece_record_to_json(const PieceRecord& r);
 // Type-checks one piece record (as gathered from other ranks or read from a manifest of
-// `version`): version 2 has "digest" (BadField if it has "sha256"; UnknownDigest for an unknown
-// algorithm), version 1 has "sha256" (BadField if it has "digest").
+// `version`): versions 2 and 3 have "digest" (BadField if it has "sha256"; UnknownDigest for an
+// unknown algorithm), version 1 has "sha256" (BadField if it has "digest").
 Result<PieceRecord> piece_record_from_json(const nlohmann::json& j, int version = kFormatVersion);
+// The manifest in version kFormatVersion's form, sealed: "manifest_digest" is the digest (algorithm
+// m.manifest_digest.algo) of canonical_manifest_text of the rest.
 nlohmann::json manifest_to_json(const Manifest& m);
-// Parses (parse_json with kManifestJsonLimits) and type-checks (no geometry); errors: those of
-// parse_json (InvalidJson, JsonTooLarge, JsonTooDeep, DuplicateKey), UnknownFormat,
-// UnsupportedVersion, BadField, UnknownDigest.
+// What "manifest_digest" is the digest of: `j` without that key, serialized compactly with keys
+// sorted (nlohmann's dump(): byte-wise key order, no whitespace, numbers in shortest round-trip
+// form, non-ASCII as UTF-8) -- what Python's json.dumps(j, sort_keys=True, separators=(",", ":"),
+// ensure_ascii=False) prints for the same document.
+std::string canonical_manifest_text(const nlohmann::json& j);
+// Parses (parse_json with kManifestJsonLimits), checks the manifest checksum (version 3), then
+// type-checks (no geometry). Errors: those of parse_json (InvalidJson, JsonTooLarge, JsonTooDeep,
+// DuplicateKey), UnknownFormat, UnsupportedVersion, ManifestChecksumMissing (version 3 without
+// "manifest_digest"), ManifestChecksumMismatch (kind checksum), BadField ("manifest_digest"
+// malformed, or present before version 3), UnknownDigest.
 Result<Manifest> parse_manifest(const std::string& text);
 
 // Checks tensors and pieces: unique tensor names, known dtypes, regions inside tensors, no

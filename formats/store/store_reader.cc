@@ -32,6 +32,28 @@ std::string dims_string(const std::vector<hsize_t>& d) {
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";
 }
+
+std::string layout_name(H5D_layout_t l) {
+  switch (l) {
+    case H5D_COMPACT: return "compact";
+    case H5D_CONTIGUOUS: return "contiguous";
+    case H5D_CHUNKED: return "chunked";
+    case H5D_VIRTUAL: return "virtual";
+    default: return "unknown (" + std::to_string(static_cast<int>(l)) + ")";
+  }
+}
+
+std::string filter_name(H5Z_filter_t f) {
+  if (f == H5Z_FILTER_SHUFFLE) return "shuffle (2)";
+  if (f == static_cast<H5Z_filter_t>(kZstdFilterId)) return "zstd (" + std::to_string(kZstdFilterId) + ")";
+  return "filter " + std::to_string(f);
+}
+
+std::string filters_string(const std::vector<H5Z_filter_t>& fs) {
+  std::string s = "[";
+  for (size_t i = 0; i < fs.size(); ++i) s += (i ? ", " : "") + filter_name(fs[i]);
+  return s + "]";
+}
 }  // namespace
 
 StoreReader::~StoreReader() {
@@ -59,10 +81,75 @@ Status StoreReader::error_context(Status st, size_t piece) const {
   return std::move(st).with_file(dir_ + "/" + rec.file).with_tensor(rec.piece.tensor);
 }
 
+Status StoreReader::check_storage(size_t i, hid_t ds, uint64_t file_size, const std::string& path, const std::string& where) {
+  const auto& rec = manifest_.pieces[i];
+  auto fail = [&](const char* code, const std::string& what) {
+    return Status::Error(code, where + ": " + what).with_file(path).with_tensor(rec.piece.tensor);
+  };
+  H5Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  const H5D_layout_t layout = dcpl.valid() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
+  const int nf = dcpl.valid() ? H5Pget_nfilters(dcpl.get()) : -1;
+  const std::string codec = codec_name(rec.codec);
+  if (rec.codec == Codec::kNone) {
+    // As the writer stores it: contiguous, unfiltered, exactly rec.bytes at an address inside the
+    // file. A layout message whose size disagrees would make HDF5's hyperslab reads misplace rows.
+    if (layout != H5D_CONTIGUOUS)
+      return fail("LayoutMismatch", "dataset layout is " + layout_name(layout) + ", expected contiguous (manifest codec none)");
+    if (nf != 0)
+      return fail("FilterMismatch", "dataset has " + std::to_string(nf) + " filters, expected none (manifest codec none)");
+    const hsize_t stored = H5Dget_storage_size(ds);
+    if (stored != rec.bytes)
+      return fail("StorageSizeMismatch", "dataset storage size (HDF5 layout message) is " + std::to_string(stored) + " bytes, expected " +
+                                             std::to_string(rec.bytes) + " (manifest bytes: " + std::to_string(rec.piece.region.numel()) +
+                                             " x " + std::string(dtype_name(rec.piece.dtype)) + ")");
+    if (rec.bytes > 0) {
+      const haddr_t a = H5Dget_offset(ds);
+      if (a == HADDR_UNDEF || a > file_size || file_size - a < rec.bytes || a > static_cast<haddr_t>(INT64_MAX))
+        return fail("StorageOutOfFile", "dataset data at " + (a == HADDR_UNDEF ? std::string("no file address") : "offset " + std::to_string(a)) +
+                                            " (+" + std::to_string(rec.bytes) + " bytes) is not inside the file (" + std::to_string(file_size) +
+                                            " bytes)");
+      raw_offsets_[i] = static_cast<int64_t>(a);
+    }
+    return Status::Ok();
+  }
+  // Compressed: chunked, with exactly the codec's filters ([shuffle,] zstd; no shuffle for 1-byte
+  // elements, as the writer omits it).
+  if (layout != H5D_CHUNKED)
+    return fail("LayoutMismatch", "dataset layout is " + layout_name(layout) + ", expected chunked (manifest codec " + codec + ")");
+  const size_t es = dtype_size(rec.piece.dtype);
+  std::vector<H5Z_filter_t> want = {static_cast<H5Z_filter_t>(kZstdFilterId)};
+  if (rec.codec == Codec::kShuffleZstd && es > 1) want.insert(want.begin(), H5Z_FILTER_SHUFFLE);
+  std::vector<H5Z_filter_t> got;
+  for (int f = 0; f < std::min(nf, 16); ++f) {
+    unsigned flags = 0, cd[8];
+    size_t ncd = 8;
+    got.push_back(H5Pget_filter2(dcpl.get(), static_cast<unsigned>(f), &flags, &ncd, cd, 0, nullptr, nullptr));
+  }
+  if (nf < 0 || got != want)
+    return fail("FilterMismatch", "dataset filters are " + filters_string(got) + (nf > 16 ? " ..." : "") + ", expected " + filters_string(want) +
+                                      " (manifest codec " + codec + ")");
+  const auto dims = piece_dataset_dims(rec.piece.region);
+  if (auto g = chunk_grid_of_plist(dcpl.get(), dims, es)) {
+    chunked_[i] = ChunkedDataset{next_chunked_uid(), ds, *g, rec.codec, es};
+  } else if (manifest_.version >= kFirstChecksummedVersion) {
+    // Version 3 stores are ckpt's writer's: other chunk shapes (h5py's, in hand-made v1/v2 stores)
+    // are read through HDF5's own path there only.
+    std::vector<hsize_t> chunk(dims.size());
+    const int nd = H5Pget_chunk(dcpl.get(), static_cast<int>(dims.size()), chunk.data());
+    return fail("ChunkShapeMismatch", "dataset chunk dims " + (nd == static_cast<int>(dims.size()) ? dims_string(chunk) : std::string("unreadable")) +
+                                          " for dims " + dims_string(dims) +
+                                          " are not the store writer's (1 before one cut dim, whole after it, at most " +
+                                          std::to_string(kZstdMaxChunkBytes) + " bytes a chunk)");
+  }
+  return Status::Ok();
+}
+
 Status StoreReader::open_files() {
   auto lock = h5_lock();
   datasets_.resize(manifest_.pieces.size());
   chunked_.resize(manifest_.pieces.size());
+  raw_offsets_.assign(manifest_.pieces.size(), -1);
+  std::unordered_map<std::string, uint64_t> file_sizes;
   for (size_t i = 0; i < manifest_.pieces.size(); ++i) {
     const auto& rec = manifest_.pieces[i];
     const std::string path = dir_ + "/" + rec.file;
@@ -82,6 +169,7 @@ Status StoreReader::open_files() {
                                                   " bytes) is not a readable HDF5 file (truncated or damaged)")
             .with_file(path);
       fit = files_.emplace(rec.file, std::move(f)).first;
+      file_sizes[rec.file] = static_cast<uint64_t>(st.st_size);
     }
     H5Id ds = h5_dataset(H5Dopen2(fit->second.get(), rec.dataset.c_str(), H5P_DEFAULT));
     if (!ds.valid())
@@ -100,14 +188,8 @@ Status StoreReader::open_files() {
     if (nd < 0 || nd > 64 || got != want)
       return Status::Error("ShapeMismatch", where + ": dataset shape " + dims_string(got) + ", expected " + dims_string(want))
           .with_file(path).with_tensor(rec.piece.tensor);
-    if (rec.codec != Codec::kNone) {
-      const size_t es = dtype_size(rec.piece.dtype);
-      if (auto g = chunk_grid_of(ds.get(), want, rec.codec, es)) {
-        chunked_[i] = ChunkedDataset{next_chunked_uid(), ds.get(), *g, rec.codec, es};
-        auto lock = h5_lock();
-        chunked_[i]->fd = h5_posix_fd(fit->second.get());
-      }
-    }
+    CKPT_RETURN_IF_ERROR(check_storage(i, ds.get(), file_sizes[rec.file], path, where));
+    if (chunked_[i]) chunked_[i]->fd = h5_posix_fd(fit->second.get());
     datasets_[i] = std::move(ds);
   }
   return Status::Ok();
@@ -205,26 +287,13 @@ Status StoreReader::read(size_t piece, const Box& sub, void* dst) {
 }
 
 std::optional<FileExtent> StoreReader::dataset_extent(size_t piece) {
-  if (piece >= pieces_.size()) return std::nullopt;
+  // The range was checked at open (check_storage): an uncompressed, non-empty piece always has one.
+  if (piece >= pieces_.size() || raw_offsets_[piece] < 0) return std::nullopt;
   const auto& rec = manifest_.pieces[piece];
-  if (raw_offsets_.empty()) raw_offsets_.assign(pieces_.size(), -2);
-  if (raw_offsets_[piece] == -2) {
-    raw_offsets_[piece] = -1;
-    auto lock = h5_lock();
-    const haddr_t a = H5Dget_offset(datasets_[piece].get());
-    const hsize_t stored = H5Dget_storage_size(datasets_[piece].get());
-    auto it = files_.find(rec.file);
-    if (a != HADDR_UNDEF && it != files_.end() && stored == rec.bytes && a <= static_cast<haddr_t>(INT64_MAX)) {
-      auto [fit, opened] = fds_.try_emplace(rec.file, -1);
-      if (opened) fit->second = ::open((dir_ + "/" + rec.file).c_str(), O_RDONLY | O_CLOEXEC);
-      const int fd = fit->second;
-      struct stat st {};
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) >= a && static_cast<uint64_t>(st.st_size) - a >= stored)
-        raw_offsets_[piece] = static_cast<int64_t>(a);
-    }
-  }
-  if (raw_offsets_[piece] < 0) return std::nullopt;
-  return FileExtent{fds_[rec.file], static_cast<uint64_t>(raw_offsets_[piece]), rec.bytes};
+  auto [fit, opened] = fds_.try_emplace(rec.file, -1);
+  if (opened) fit->second = ::open((dir_ + "/" + rec.file).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fit->second < 0) return std::nullopt;  // cannot open the file a second time: the same bytes through HDF5
+  return FileExtent{fit->second, static_cast<uint64_t>(raw_offsets_[piece]), rec.bytes};
 }
 
 std::optional<FileExtent> StoreReader::file_extent(size_t piece, const Box& sub) {
@@ -314,7 +383,14 @@ IntegrityInfo StoreReader::integrity() const {
   for (const auto& rec : manifest_.pieces) algos.insert(digest_algo_name(rec.digest.algo));
   std::string scheme;
   for (const auto& a : algos) scheme += (scheme.empty() ? "" : " + ") + a;
-  return {std::string(kFormatName) + " v" + std::to_string(manifest_.version), (scheme.empty() ? "no" : scheme) + " piece digests", ""};
+  // Versions before 3 carry no manifest checksum: the piece digests cover the bytes, not what the
+  // manifest says they are.
+  std::string cannot_check;
+  if (manifest_.version < kFirstChecksummedVersion)
+    cannot_check = "manifest v" + std::to_string(manifest_.version) +
+                   " has no manifest checksum: a relabelled dtype, shape, region or codec is not detectable";
+  return {std::string(kFormatName) + " v" + std::to_string(manifest_.version), (scheme.empty() ? "no" : scheme) + " piece digests",
+          std::move(cannot_check), std::vector<std::string>(algos.begin(), algos.end())};
 }
 
 CheckReport StoreReader::check(const CheckOptions& o) {

@@ -1,6 +1,9 @@
-// Reader of the native store, manifest versions 1 and 2 (a TensorSource). open() validates the manifest (see
-// manifest.h) and every shard file and dataset (present, declared shape and dtype) before any
-// use; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece; a box
+// Reader of the native store, manifest versions 1 to 3 (a TensorSource). open() validates the
+// manifest (see manifest.h; version 3: its checksum) and every shard file and dataset before any
+// use: present, declared shape and dtype, and stored as the writer stores the piece's codec
+// (check_storage: contiguous, unfiltered and exactly the manifest's bytes inside the file, or
+// chunked with the codec's filters), so no read path meets HDF5 metadata that disagrees with the
+// manifest; read() fetches any sub-box of a piece with an HDF5 hyperslab (never the whole piece; a box
 // of a tensor across pieces, with casts, is the engine's read_global_box in reshard/executor.h);
 // verify() recomputes every piece's digest with the algorithm its record names (xxh3-128 or
 // sha256) from the stored bytes, streamed in bounded chunks.
@@ -53,8 +56,8 @@ class StoreReader final : public TensorSource {
   uint64_t read_memory(int threads) const override;
 
   const Manifest& manifest() const { return manifest_; }
-  // Where an uncompressed, contiguous piece's bytes lie in its shard file (checked inside the
-  // file); nullopt for other pieces. Not thread-safe (looked up once per piece).
+  // Where an uncompressed piece's bytes lie in its shard file (checked at open); nullopt for
+  // compressed or empty pieces. Not thread-safe (opens the file's descriptor on first use).
   std::optional<FileExtent> stored_extent(size_t piece) { return dataset_extent(piece); }
   const std::string& dir() const { return dir_; }
   // Elements [begin, end) of piece `piece` in storage order, into `dst` (stored dtype).
@@ -78,9 +81,13 @@ class StoreReader final : public TensorSource {
  private:
   StoreReader() = default;
   Status open_files();
+  // The dataset's storage against piece i's record (docs/STORE_FORMAT.md, "Shards"); sets
+  // raw_offsets_[i] and chunked_[i]. Rule codes: LayoutMismatch, FilterMismatch,
+  // StorageSizeMismatch, StorageOutOfFile, ChunkShapeMismatch (version 3). Under h5_lock().
+  Status check_storage(size_t i, hid_t ds, uint64_t file_size, const std::string& path, const std::string& where);
   Status error_context(Status st, size_t piece) const;
-  // The raw byte range of piece `piece`'s dataset when it is stored contiguous and uncompressed,
-  // checked to lie inside its file (looked up once; not thread-safe).
+  // The raw byte range of piece `piece`'s dataset when it is uncompressed and not empty (checked
+  // at open; not thread-safe: opens the file's descriptor on first use).
   std::optional<FileExtent> dataset_extent(size_t piece);
   Status hash_piece(size_t piece, const std::optional<FileExtent>& raw, std::string* hex);  // rec's algorithm
 
@@ -94,8 +101,8 @@ class StoreReader final : public TensorSource {
   std::vector<std::optional<ChunkedDataset>> chunked_;
   std::unique_ptr<ThreadPool> decode_pool_;  // set_decode_threads
   IoMode read_io_ = IoMode::kBuffered;       // set_read_io
-  // file_extent(): raw file offset of each piece's data (-2 not looked up, -1 none) and plain
-  // descriptors of the shard files, opened on first use.
+  // file_extent(): raw file offset of each piece's data (set at open; -1: compressed or empty) and
+  // plain descriptors of the shard files, opened on first use.
   std::vector<int64_t> raw_offsets_;
   std::unordered_map<std::string, int> fds_;
   // check_piece(): per piece 0 not checked, 1 matched, 2 failed (its status kept).

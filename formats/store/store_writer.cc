@@ -432,6 +432,7 @@ Status StoreWriter::finalize(const std::string& dst, const std::vector<TensorMet
   Manifest m;
   m.tensors = tensors;
   m.pieces = std::move(records);
+  m.manifest_digest.algo = opts.digest;  // the manifest is sealed with the pieces' algorithm
   if (metadata.is_object())
     for (auto it = metadata.begin(); it != metadata.end(); ++it)
       if (!is_reserved_key(it.key())) m.metadata[it.key()] = it.value();
@@ -441,6 +442,9 @@ Status StoreWriter::finalize(const std::string& dst, const std::vector<TensorMet
     if (!path_exists(partial + "/" + r.file)) return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
   CKPT_RETURN_IF_ERROR(dir.check_target());
   const std::string text = manifest_to_json(m).dump(1);
+  // What is committed reads back through the reader's own parser (its checksum included).
+  if (auto back = parse_manifest(text); !back.ok())
+    return Status::Internal("the manifest about to be committed does not read back: " + back.status().to_string());
   if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial + "/shards"));
   CKPT_RETURN_IF_ERROR(write_file_atomic(partial + "/" + kManifestFile, text));
   return dir.commit(opts.fsync);

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "formats/digest.h"
+#include "formats/store/manifest.h"
 #include "tests/temp_dir.h"
 
 namespace {
@@ -27,7 +29,8 @@ class ExitCodes : public ckpt::testing::TempDirTest {
     ASSERT_FALSE(src_.empty()) << err;
   }
 
-  // A copy of the trained checkpoint whose manifest.json `edit` changed.
+  // A copy of the trained checkpoint whose manifest.json `edit` changed, resealed with its manifest
+  // checksum (version 3) so that the rule under test, not the checksum, meets the edit.
   template <typename F>
   fs::path edited(const std::string& name, F edit) {
     const fs::path d = root_ / name;
@@ -35,6 +38,11 @@ class ExitCodes : public ckpt::testing::TempDirTest {
     nlohmann::json m;
     std::ifstream(d / "manifest.json") >> m;
     edit(m);
+    if (m.contains("manifest_digest")) {
+      m.erase("manifest_digest");
+      const std::string text = ckpt::store::canonical_manifest_text(m);
+      m["manifest_digest"] = ckpt::digest_of(ckpt::DigestAlgo::kXxh3_128, text.data(), text.size()).to_string();
+    }
     std::ofstream(d / "manifest.json", std::ios::trunc) << m.dump();
     return d;
   }

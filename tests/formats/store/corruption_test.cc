@@ -4,7 +4,10 @@
 // overlapping pieces, a gap, an out-of-bounds region, a wrong dtype or shape, an unknown version,
 // invalid JSON, an unknown digest algorithm. Every case runs with both piece digests (xxh3-128,
 // sha256); a version 1 manifest (the sha256 store rewritten to v1 form) still loads and verifies,
-// and its flipped bits are still found. A ckpt killed by a signal, or a sanitizer report (exit code 86, set here for the
+// and its flipped bits are still found. Structural rules are checked on manifests resealed with
+// their manifest checksum (version 3); an edit not resealed is ManifestChecksumMismatch. HDF5
+// storage that disagrees with the manifest (layout, filters, storage size, chunk shape) is a
+// named corruption at open. A ckpt killed by a signal, or a sanitizer report (exit code 86, set here for the
 // child, or its stderr marker), fails the test whatever the exit code.
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -15,11 +18,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string_view>
 
+#include "formats/digest.h"
 #include "formats/fs_util.h"
 #include "formats/store/h5_handles.h"
+#include "formats/store/h5_types.h"
+#include "formats/store/zstd_filter.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
 #include "tests/formats/store/store_test_util.h"
@@ -77,6 +84,31 @@ class Corruption : public ::testing::TestWithParam<DigestAlgo> {
   void put_manifest(const std::string& dst, const std::string& text) {
     std::ofstream f(dst + "/manifest.json", std::ios::trunc);
     f << text;
+  }
+  // `j` with its manifest checksum recomputed, as a writer would seal it.
+  static json resealed(json j) {
+    j.erase("manifest_digest");
+    j["manifest_digest"] = digest_of(DigestAlgo::kXxh3_128, canonical_manifest_text(j).data(), canonical_manifest_text(j).size()).to_string();
+    return j;
+  }
+  // Replaces `dataset` of `file` by a copy of its elements (same type and dims) created with `dcpl`.
+  void rewrite_dataset(const std::string& file, const std::string& dataset, const std::function<void(hid_t)>& set_dcpl) {
+    ASSERT_TRUE(register_zstd_filter().ok());
+    auto lock = h5_lock();
+    H5Id f = h5_file(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_TRUE(f.valid());
+    H5Id d = h5_dataset(H5Dopen2(f.get(), dataset.c_str(), H5P_DEFAULT));
+    H5Id type = h5_type(H5Dget_type(d.get()));
+    H5Id space = h5_space(H5Dget_space(d.get()));
+    std::vector<char> data(H5Sget_simple_extent_npoints(space.get()) * H5Tget_size(type.get()));
+    ASSERT_GE(H5Dread(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0);
+    d.reset();
+    ASSERT_GE(H5Ldelete(f.get(), dataset.c_str(), H5P_DEFAULT), 0);
+    H5Id dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE));
+    set_dcpl(dcpl.get());
+    H5Id nd = h5_dataset(H5Dcreate2(f.get(), dataset.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    ASSERT_TRUE(nd.valid());
+    ASSERT_GE(H5Dwrite(nd.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0);
   }
   Status open_status(const std::string& dst) {
     auto r = StoreReader::open(dst);
@@ -164,7 +196,8 @@ class Corruption : public ::testing::TestWithParam<DigestAlgo> {
 TEST_P(Corruption, CleanStoreVerifies) {
   auto dst = write("clean");
   const json m = manifest(dst);
-  EXPECT_EQ(m["version"], 2);
+  EXPECT_EQ(m["version"], 3);
+  EXPECT_EQ(m["manifest_digest"].get<std::string>().rfind(std::string(digest_algo_name(GetParam())) + ":", 0), 0u) << m.dump();
   const std::string prefix = std::string(digest_algo_name(GetParam())) + ":";
   for (const auto& p : m["pieces"]) EXPECT_EQ(p["digest"].get<std::string>().rfind(prefix, 0), 0u) << p.dump();
   auto r = StoreReader::open(dst);
@@ -172,7 +205,7 @@ TEST_P(Corruption, CleanStoreVerifies) {
   EXPECT_TRUE((*r)->verify().ok());
   std::string out;
   EXPECT_EQ(ckpt_verify(dst, &out), 0);
-  EXPECT_NE(out.find("ckpt-native v2"), std::string::npos) << out;
+  EXPECT_NE(out.find("ckpt-native v3"), std::string::npos) << out;
   EXPECT_NE(out.find(std::string("checked (") + digest_algo_name(GetParam()) + ")"), std::string::npos) << out;
 }
 
@@ -215,6 +248,7 @@ TEST_P(Corruption, Version1ManifestStillReads) {
   const std::string dst = write("v1");
   json m = manifest(dst);
   m["version"] = 1;
+  m.erase("manifest_digest");  // version 3's field
   for (auto& p : m["pieces"]) {
     const std::string d = p["digest"];
     p.erase("digest");
@@ -309,21 +343,125 @@ TEST_P(Corruption, ManifestRules) {
       {"BadFileName", [](json& j) { j["pieces"][0]["file"] = "../escape.h5"; }},
       {"MissingDataset", [](json& j) { j["pieces"][0]["dataset"] = "/nope"; }},
       {"UnknownDigest", [](json& j) { j["pieces"][1]["digest"] = "md5:0123456789abcdef0123456789abcdef"; }, 5},
-      {"BadField", [](json& j) { j["pieces"][1]["sha256"] = std::string(64, '0'); }},  // v1's field in v2
+      {"BadField", [](json& j) { j["pieces"][1]["sha256"] = std::string(64, '0'); }},  // v1's field in v3
+      {"ManifestChecksumMissing", [](json& j) { j.erase("manifest_digest"); }},
   };
   for (const auto& e : edits) {
     json j = good;
     e.apply(j);
-    put_manifest(clean, j.dump());
+    // Resealed: the rule itself must catch it (a writer's bug seals a bad manifest too).
+    put_manifest(clean, (std::string(e.code) == "ManifestChecksumMissing" || std::string(e.code) == "UnsupportedVersion" ? j : resealed(j)).dump());
     Status st = open_status(clean);
     EXPECT_EQ(st.code(), e.code) << st.to_string();
     EXPECT_EQ(ckpt_verify(clean), e.exit) << e.code;
+    if (std::string(e.code) == "ManifestChecksumMissing" || std::string(e.code) == "UnsupportedVersion") continue;
+    // Not resealed: the manifest checksum finds the edit first (kind checksum, exit 1).
+    put_manifest(clean, j.dump());
+    st = open_status(clean);
+    EXPECT_EQ(st.code(), "ManifestChecksumMismatch") << e.code << ": " << st.to_string();
+    EXPECT_NE(st.file().find("manifest.json"), std::string::npos);
+    EXPECT_EQ(ckpt_verify(clean), 1) << e.code;
   }
   put_manifest(clean, good.dump().substr(0, 100));
   EXPECT_EQ(open_status(clean).code(), "InvalidJson");
   EXPECT_EQ(ckpt_verify(clean), 3);
   put_manifest(clean, good.dump());
   EXPECT_TRUE(open_status(clean).ok());
+}
+
+// A relabelled dtype of the same size (BF16 -> F16, both stored as 16-bit words) passes every
+// structural rule; only the manifest checksum finds it.
+TEST_P(Corruption, RelabelledDtypeIsChecksumMismatch) {
+  auto dst = write("relabel");
+  json j = manifest(dst);
+  for (auto& p : j["pieces"])
+    if (p["dtype"] == "BF16") p["dtype"] = "F16";
+  for (auto& t : j["tensors"])
+    if (t["dtype"] == "BF16") t["dtype"] = "F16";
+  put_manifest(dst, j.dump(1));
+  Status st = open_status(dst);
+  EXPECT_EQ(st.code(), "ManifestChecksumMismatch") << st.to_string();
+  EXPECT_EQ(st.kind(), ErrorKind::kChecksum);
+  EXPECT_EQ(ckpt_verify(dst), 1);
+  put_manifest(dst, resealed(j).dump(1));  // the same edit, resealed: opens (the bytes are 16-bit words either way)
+  EXPECT_TRUE(open_status(dst).ok());
+}
+
+// HDF5 metadata that disagrees with the manifest: named at open, never a slower read path.
+TEST_P(Corruption, StorageSizeInLayoutMessageIsNamed) {
+  auto dst = write("size");
+  const json m = manifest(dst);
+  const auto& p = m["pieces"][0];  // up_proj rows 0..31, 2048 bytes, contiguous
+  const std::string file = dst + "/" + p["file"].get<std::string>();
+  auto [addr, size] = data_extent(file, p["dataset"]);
+  ASSERT_EQ(size, p["bytes"].get<uint64_t>());
+  // The layout message holds the data address then its size, 8 bytes each, little-endian.
+  std::string bytes = testing::read_file_bytes(file);
+  std::string needle(16, '\0');
+  for (int b = 0; b < 8; ++b) needle[b] = static_cast<char>(addr >> (8 * b)), needle[8 + b] = static_cast<char>(size >> (8 * b));
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(bytes.find(needle, at + 1), std::string::npos);
+  const uint64_t lower = size - 768;
+  for (int b = 0; b < 8; ++b) bytes[at + 8 + b] = static_cast<char>(lower >> (8 * b));
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  Status st = open_status(dst);
+  EXPECT_EQ(st.code(), "StorageSizeMismatch") << st.to_string();
+  EXPECT_EQ(st.tensor(), p["tensor"].get<std::string>());
+  EXPECT_NE(st.message().find(std::to_string(lower) + " bytes, expected " + std::to_string(size)), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(p["dataset"].get<std::string>()), std::string::npos) << st.message();
+  EXPECT_EQ(ckpt_verify(dst), 3);
+}
+
+TEST_P(Corruption, ChunkedDatasetForCodecNoneIsLayoutMismatch) {
+  auto dst = write("layout");
+  const json m = manifest(dst);
+  const auto& p = m["pieces"][0];
+  rewrite_dataset(dst + "/" + p["file"].get<std::string>(), p["dataset"], [](hid_t dcpl) {
+    const hsize_t chunk[2] = {8, 32};
+    H5Pset_chunk(dcpl, 2, chunk);
+  });
+  Status st = open_status(dst);
+  EXPECT_EQ(st.code(), "LayoutMismatch") << st.to_string();
+  EXPECT_NE(st.message().find("chunked, expected contiguous"), std::string::npos) << st.message();
+  EXPECT_EQ(ckpt_verify(dst), 3);
+}
+
+TEST_P(Corruption, CompressedDatasetRules) {
+  struct Case {
+    const char* code;
+    const char* words;
+    std::function<void(hid_t)> dcpl;
+  };
+  const unsigned level[1] = {1};
+  const std::vector<Case> cases = {
+      {"LayoutMismatch", "contiguous, expected chunked", [](hid_t dcpl) { H5Pset_layout(dcpl, H5D_CONTIGUOUS); }},
+      {"FilterMismatch", "expected [shuffle (2), zstd (32015)]",  // zstd without the shuffle the codec names
+       [&](hid_t dcpl) {
+         const hsize_t chunk[2] = {16, 32};
+         H5Pset_chunk(dcpl, 2, chunk);
+         H5Pset_filter(dcpl, kZstdFilterId, H5Z_FLAG_MANDATORY, 1, level);
+       }},
+      {"ChunkShapeMismatch", "chunk dims [32, 16]",  // not whole rows: not the writer's chunking
+       [&](hid_t dcpl) {
+         const hsize_t chunk[2] = {32, 16};
+         H5Pset_chunk(dcpl, 2, chunk);
+         H5Pset_shuffle(dcpl);
+         H5Pset_filter(dcpl, kZstdFilterId, H5Z_FLAG_MANDATORY, 1, level);
+       }},
+  };
+  for (const auto& c : cases) {
+    auto dst = write(std::string("z_") + c.code, Codec::kShuffleZstd);
+    const json m = manifest(dst);
+    const auto& p = m["pieces"][0];  // BF16 up_proj rows, shuffle+zstd
+    ASSERT_EQ(p["codec"], "shuffle+zstd");
+    rewrite_dataset(dst + "/" + p["file"].get<std::string>(), p["dataset"], c.dcpl);
+    Status st = open_status(dst);
+    EXPECT_EQ(st.code(), c.code) << st.to_string();
+    EXPECT_NE(st.message().find(c.words), std::string::npos) << st.message();
+    EXPECT_EQ(st.tensor(), p["tensor"].get<std::string>());
+    EXPECT_EQ(ckpt_verify(dst), 3) << c.code;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Digests, Corruption, ::testing::Values(DigestAlgo::kXxh3_128, DigestAlgo::kSha256),

@@ -1,6 +1,11 @@
-// Manifest parsing and the structural validator: one test per rule code, and per rule of the
-// version 2 digest field (and of version 1's sha256 field, still read).
+// Manifest parsing and the structural validator: one test per rule code, per rule of the version
+// 2 digest field (and of version 1's sha256 field, still read), and per rule of version 3's
+// manifest checksum ("manifest_digest").
 #include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <functional>
 
 #include "formats/store/manifest.h"
 #include "tests/test_cases.h"
@@ -55,7 +60,7 @@ TEST(Manifest, InvalidJson) {
 }
 
 TEST(Manifest, UnknownVersion) {
-  for (int v : {0, 3, -1}) {
+  for (int v : {0, 4, -1}) {
     json j = good();
     j["version"] = v;
     EXPECT_EQ(check(j).code(), "UnsupportedVersion") << v;
@@ -84,9 +89,9 @@ TEST(Manifest, Version1Sha256IsReadAsSha256Digest) {
   EXPECT_EQ(m->version, 1);
   EXPECT_EQ(m->pieces[0].digest.algo, DigestAlgo::kSha256);
   EXPECT_EQ(m->pieces[0].digest.hex, std::string(64, 'b'));
-  // Written back, it is a version 2 manifest with "digest": "sha256:<hex>".
+  // Written back, it is a version 3 manifest with "digest": "sha256:<hex>".
   json out = manifest_to_json(*m);
-  EXPECT_EQ(out["version"], 2);
+  EXPECT_EQ(out["version"], 3);
   EXPECT_EQ(out["pieces"][0]["digest"], "sha256:" + std::string(64, 'b'));
   EXPECT_FALSE(out["pieces"][0].contains("sha256"));
   auto again = parse_manifest(out.dump());
@@ -284,6 +289,127 @@ TEST(Manifest, SafeRelativePath) {
   EXPECT_FALSE(is_safe_relative_path("shards/.."));
   EXPECT_FALSE(is_safe_relative_path("shards/"));
 }
+
+// --- Version 3: the manifest checksum -------------------------------------------------------
+
+// XXH3-128 of `text` in canonical (big-endian) hex, straight from libxxhash: the reference the
+// tests hold the store's digest code to.
+std::string xxh3_hex(const std::string& text) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(text.data(), text.size()));
+  std::string hex;
+  char b[3];
+  for (unsigned char x : c.digest) std::snprintf(b, sizeof b, "%02x", x), hex += b;
+  return hex;
+}
+
+// good() as the version 3 writer writes it: through manifest_to_json.
+json sealed(DigestAlgo algo = DigestAlgo::kXxh3_128) {
+  auto m = parse_manifest(good().dump());
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  m->manifest_digest.algo = algo;
+  return manifest_to_json(*m);
+}
+
+TEST(ManifestChecksum, CanonicalTextIsSortedCompactAndOmitsTheChecksum) {
+  const json j = json::parse(R"({"version": 3, "b": [1, 2.5, 1e-05, "x\u00e9"], "a": {"z": null, "y": true},
+                                 "manifest_digest": "xxh3-128:00000000000000000000000000000000"})");
+  EXPECT_EQ(canonical_manifest_text(j), "{\"a\":{\"y\":true,\"z\":null},\"b\":[1,2.5,1e-05,\"x\xc3\xa9\"],\"version\":3}");
+}
+
+TEST(ManifestChecksum, WriterSealsVersion3WithTheDigestOfTheCanonicalText) {
+  const json out = sealed();
+  EXPECT_EQ(out["version"], 3);
+  ASSERT_TRUE(out.contains("manifest_digest"));
+  json rest = out;
+  rest.erase("manifest_digest");
+  EXPECT_EQ(out["manifest_digest"], "xxh3-128:" + xxh3_hex(rest.dump()));
+  auto back = parse_manifest(out.dump(1));  // whitespace is not part of the canonical text
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->version, 3);
+  EXPECT_EQ(back->manifest_digest.to_string(), out["manifest_digest"]);
+  EXPECT_TRUE(validate_manifest(*back).ok());
+  EXPECT_FALSE(back->metadata.contains("manifest_digest"));  // a format key, not metadata
+  // sha256 when the writer asks for it (the pieces' algorithm)
+  const json s = sealed(DigestAlgo::kSha256);
+  EXPECT_EQ(s["manifest_digest"].get<std::string>().rfind("sha256:", 0), 0u);
+  EXPECT_TRUE(parse_manifest(s.dump()).ok());
+}
+
+TEST(ManifestChecksum, EveryFieldIsCovered) {
+  const std::vector<std::pair<const char*, std::function<void(json&)>>> edits = {
+      {"piece dtype", [](json& j) { j["pieces"][0]["dtype"] = "I32"; }},  // same size: only the checksum sees it
+      {"tensor dtype", [](json& j) { j["tensors"][0]["dtype"] = "I32"; }},
+      {"tensor shape", [](json& j) { j["tensors"][0]["shape"] = {6, 4}; }},
+      {"region", [](json& j) { j["pieces"][0]["region"]["offset"] = {0, 1}; }},
+      {"codec", [](json& j) { j["pieces"][0]["codec"] = "zstd", j["pieces"][0]["codec_level"] = 1; }},
+      {"file", [](json& j) { j["pieces"][0]["file"] = "shards/r00001.h5"; }},
+      {"dataset", [](json& j) { j["pieces"][0]["dataset"] = "/p9"; }},
+      {"bytes", [](json& j) { j["pieces"][0]["bytes"] = 40; }},
+      {"piece digest", [](json& j) { j["pieces"][0]["digest"] = "xxh3-128:" + std::string(32, 'b'); }},
+      {"metadata", [](json& j) { j["layout"]["tp"] = 4; }},
+      {"new key", [](json& j) { j["model_config"] = {{"num_hidden_layers", 1000000000}}; }},
+      {"piece order", [](json& j) { std::swap(j["pieces"][0], j["pieces"][1]); }},
+  };
+  for (const auto& [what, edit] : edits) {
+    json j = sealed();
+    edit(j);
+    auto m = parse_manifest(j.dump());
+    ASSERT_FALSE(m.ok()) << what;
+    EXPECT_EQ(m.status().code(), "ManifestChecksumMismatch") << what << ": " << m.status().to_string();
+    EXPECT_EQ(m.status().kind(), ErrorKind::kChecksum) << what;
+    EXPECT_NE(m.status().message().find("expected"), std::string::npos) << m.status().message();
+  }
+}
+
+TEST(ManifestChecksum, MissingIsNamed) {
+  json j = sealed();
+  j.erase("manifest_digest");
+  auto m = parse_manifest(j.dump());
+  EXPECT_EQ(m.status().code(), "ManifestChecksumMissing");
+  EXPECT_EQ(m.status().kind(), ErrorKind::kCorruption);
+}
+
+TEST(ManifestChecksum, MalformedOrUnknownAlgorithm) {
+  for (const json& bad : {json(5), json("xxh3-128"), json("xxh3-128:ABC"), json("xxh3-128:" + std::string(31, 'a'))}) {
+    json j = sealed();
+    j["manifest_digest"] = bad;
+    EXPECT_EQ(parse_manifest(j.dump()).status().code(), "BadField") << bad.dump();
+  }
+  json j = sealed();
+  j["manifest_digest"] = "md5:" + std::string(32, 'a');
+  EXPECT_EQ(parse_manifest(j.dump()).status().code(), "UnknownDigest");
+}
+
+TEST(ManifestChecksum, NotAllowedBeforeVersion3) {
+  // A v2 or v1 manifest never had the field: one that has it was made by something else.
+  json j = good();
+  j["manifest_digest"] = "xxh3-128:" + std::string(32, 'a');
+  EXPECT_EQ(check(j).code(), "BadField");
+  j = good_v1();
+  j["manifest_digest"] = "xxh3-128:" + std::string(32, 'a');
+  EXPECT_EQ(check(j).code(), "BadField");
+  // without it, versions 1 and 2 read as before: nothing to check
+  auto m = parse_manifest(good().dump());
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->version, 2);
+  EXPECT_TRUE(m->manifest_digest.hex.empty());
+}
+
+TEST(ManifestChecksum, VersionIsCheckedFirstAndRulesStillApplyToSealedManifests) {
+  json j = sealed();
+  j["version"] = 4;  // an unknown version is not judged by this version's checksum
+  EXPECT_EQ(parse_manifest(j.dump()).status().code(), "UnsupportedVersion");
+  // A sealed manifest that breaks a structural rule (a writer's bug) is still refused by the rule.
+  auto m = parse_manifest(good().dump());
+  ASSERT_TRUE(m.ok());
+  m->pieces[1].piece.region.box.offset = {0, 2};
+  auto back = parse_manifest(manifest_to_json(*m).dump());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(validate_manifest(*back).code(), "PieceOverlap");
+}
+
+TEST(ManifestChecksum, MetadataKeyIsReserved) { EXPECT_TRUE(is_reserved_key("manifest_digest")); }
 
 }  // namespace
 }  // namespace ckpt::store
