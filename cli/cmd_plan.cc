@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "converters/llama_config.h"
 #include "reshard/layout.h"
+#include "formats/fs_util.h"
 #include "trainer/plan/calibrate.h"
 #include "trainer/plan/plan_job.h"
 #include "trainer/plan/cost_model.h"
@@ -56,14 +57,8 @@ int plan_evaluate(const PlanFlags& f) {
   return 0;
 }
 
-Status plan_write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".partial";
-  FILE* fp = std::fopen(tmp.c_str(), "w");
-  if (!fp || std::fwrite(text.data(), 1, text.size(), fp) != text.size() || std::fclose(fp) != 0 ||
-      std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::Error("Io", "cannot write '" + path + "'");
-  return Status::Ok();
-}
+// The layout file, replaced atomically (a temp name of this process, fsync, rename).
+Status plan_write_file(const std::string& path, const std::string& text) { return write_file_atomic(path, text); }
 
 int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
   auto out = trainer::search_plan(plan_request(f), given);

@@ -2,10 +2,12 @@
 
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "formats/checked.h"
 #include "formats/json_read.h"
 
 namespace ckpt {
@@ -24,11 +26,90 @@ Result<int64_t> get_pos_int(const nlohmann::json& j, const char* key, bool requi
   const auto& v = j[key];
   if (!v.is_number_integer()) return bad(key, "expected an integer, got " + std::string(v.type_name()));
   int64_t x = v.get<int64_t>();
-  if (x <= 0 || x > (int64_t{1} << 40)) return bad(key, "expected a positive integer below 2^40, got " + std::to_string(x));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    return bad(key, "expected a positive integer, got " + v.dump());
+  if (x <= 0) return bad(key, "expected a positive integer, got " + std::to_string(x));
   return x;
 }
 
+Status too_large(const std::string& key, int64_t v, int64_t max, const char* what) {
+  return Status::Error("ConfigTooLarge", "config key '" + key + "': " + std::to_string(v) + " is above ckpt's limit of " +
+                                             std::to_string(max) + (*what ? " " : "") + what +
+                                             " (far above any real model: the config is corrupt or hostile)");
+}
+
+// a * b for the product named `key`, within `max`.
+Result<int64_t> bounded_product(const std::string& key, int64_t a, int64_t b, int64_t max, const char* what) {
+  auto p = checked_mul(a, b);
+  if (!p) return Status::Error("ConfigTooLarge", "config: " + key + " = " + std::to_string(a) + " x " + std::to_string(b) +
+                                                     " overflows int64 (limit " + std::to_string(max) + " " + what + ")");
+  if (*p > max) return too_large(key, *p, max, what);
+  return *p;
+}
+
 }  // namespace
+
+Status LlamaConfig::validate() const {
+  struct Field {
+    const char* key;
+    int64_t value, max;
+    const char* what;
+  };
+  const Field fields[] = {
+      {"num_hidden_layers", num_hidden_layers, kMaxLayers, "layers"},
+      {"num_attention_heads", num_attention_heads, kMaxHeads, "heads"},
+      {"num_key_value_heads", num_key_value_heads, kMaxHeads, "heads"},
+      {"hidden_size", hidden_size, kMaxHiddenSize, ""},
+      {"intermediate_size", intermediate_size, kMaxIntermediateSize, ""},
+      {"vocab_size", vocab_size, kMaxVocabSize, "tokens"},
+      {"head_dim", head_dim, kMaxHeadDim, ""},
+      {"max_position_embeddings", max_position_embeddings, kMaxPositionEmbeddings, "positions"},
+  };
+  for (const Field& f : fields) {
+    if (f.value <= 0) return bad(f.key, "expected a positive integer, got " + std::to_string(f.value));
+    if (f.value > f.max) return too_large(f.key, f.value, f.max, f.what);
+  }
+  if (num_attention_heads % num_key_value_heads != 0)
+    return bad("num_key_value_heads", std::to_string(num_key_value_heads) + " does not divide num_attention_heads " +
+                                          std::to_string(num_attention_heads));
+  CKPT_ASSIGN_OR_RETURN(const int64_t q, bounded_product("num_attention_heads x head_dim", num_attention_heads, head_dim,
+                                                         kMaxTensorElements, "elements"));
+  CKPT_ASSIGN_OR_RETURN(const int64_t qh, bounded_product("q_proj elements (num_attention_heads x head_dim x hidden_size)", q,
+                                                          hidden_size, kMaxTensorElements, "elements per tensor"));
+  (void)qh;
+  CKPT_RETURN_IF_ERROR(bounded_product("embed_tokens elements (vocab_size x hidden_size)", vocab_size, hidden_size,
+                                       kMaxTensorElements, "elements per tensor").status());
+  CKPT_RETURN_IF_ERROR(bounded_product("mlp elements (intermediate_size x hidden_size)", intermediate_size, hidden_size,
+                                       kMaxTensorElements, "elements per tensor").status());
+  const int64_t n = parameter_count();
+  if (n < 0 || n > kMaxModelParameters)
+    return Status::Error("ConfigTooLarge", "config: the model has " + (n < 0 ? std::string("more than 2^63") : std::to_string(n)) +
+                                               " parameters, above ckpt's limit of " + std::to_string(kMaxModelParameters) +
+                                               " (num_hidden_layers " + std::to_string(num_hidden_layers) + ", hidden_size " +
+                                               std::to_string(hidden_size) + ")");
+  return Status::Ok();
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  // Within the per-field bounds every term below fits in int64 except the sums; checked anyway.
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim,
+                f = intermediate_size;
+  std::optional<int64_t> layer = int64_t{2} * h;  // two norms
+  auto add = [&](std::optional<int64_t> a, std::optional<int64_t> b) -> std::optional<int64_t> {
+    return a && b ? checked_add(*a, *b) : std::nullopt;
+  };
+  layer = add(layer, checked_mul(q, h));              // q_proj
+  layer = add(layer, checked_mul(2 * kv, h));         // k_proj, v_proj
+  layer = add(layer, checked_mul(h, q));              // o_proj
+  layer = add(layer, checked_mul(3 * f, h));          // gate, up, down
+  if (attention_bias) layer = add(layer, q + 2 * kv + h);
+  if (mlp_bias) layer = add(layer, 2 * f + h);
+  std::optional<int64_t> all = layer ? checked_mul(*layer, num_hidden_layers) : std::nullopt;
+  all = add(all, checked_mul(vocab_size, h));  // embed_tokens
+  if (!tie_word_embeddings) all = add(all, checked_mul(vocab_size, h));
+  all = add(all, h);  // model.norm
+  return all ? *all : -1;
+}
 
 Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::Error("InvalidConfig", "config is not a JSON object");
@@ -102,6 +183,7 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
       "bos_token_id", "eos_token_id", "architectures", "model_type"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) c.extra[it.key()] = it.value();
+  CKPT_RETURN_IF_ERROR(c.validate());
   return c;
 }
 

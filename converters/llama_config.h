@@ -15,6 +15,24 @@
 
 namespace ckpt {
 
+// Bounds on every config number that sizes memory or work (tensor lists, layouts, buffers),
+// checked by LlamaConfig::validate() before anything is built from a config. Each is far above
+// any real LLaMA-family model (Llama 3.1 405B: 126 layers, 128 heads, 8 KV heads, hidden 16384,
+// intermediate 53248, vocab 128256, head_dim 128) yet keeps what a config can make ckpt build
+// small: kMaxLayers layers are ~kMaxLayers * 13 tensor records (a few MB), not the 1e9 layers of
+// a hostile manifest. A value above its bound is a kCorruption "ConfigTooLarge" naming the key.
+inline constexpr int64_t kMaxLayers = int64_t{1} << 12;             // 4096 decoder layers
+inline constexpr int64_t kMaxHeads = int64_t{1} << 12;              // attention (and KV) heads
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 18;         // 262144
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;   // 1048576
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;          // 16.7M tokens
+inline constexpr int64_t kMaxHeadDim = int64_t{1} << 12;            // 4096
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 32; // sizes nothing but seq-len checks
+// Products, overflow-checked: the elements of one tensor (vocab x hidden is the largest) and the
+// parameters of the whole model (405B is ~2^38.6).
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 42;
+
 struct LlamaConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -37,10 +55,18 @@ struct LlamaConfig {
 
   // Parses and validates an HF config.json object (positive sizes, H divisible by K,
   // architectures/model_type llama, hidden_act silu). Errors name the key and what was expected.
+  // Also runs validate().
   static Result<LlamaConfig> from_json(const nlohmann::json& j);
   static Result<LlamaConfig> from_file(const std::string& path);
   // The HF config.json object transformers loads (architectures, model_type, all keys above).
   nlohmann::json to_json() const;
+  // The bounds above (and positivity, H divisible by K): "ConfigTooLarge" naming the key, its
+  // value and the bound, or "InvalidConfig". Every path that builds a config outside from_json
+  // (Megatron args, a trainer's checkpoint) calls it before using the config.
+  Status validate() const;
+  // Parameters of the whole model (llama_model_tensors' element count), checked against
+  // kMaxModelParameters; validate() has passed.
+  int64_t parameter_count() const;
 };
 
 // The canonical model tensors in a fixed order: embed_tokens, then per layer input_layernorm,

@@ -138,6 +138,7 @@ Result<LlamaConfig> llama_config_from_megatron_args(const nlohmann::json& j, int
   if (j.contains("rotary_base") && j["rotary_base"].is_number()) c.rope_theta = j["rotary_base"].get<double>();
   if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
     c.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
+  if (Status v = c.validate(); !v.ok()) return std::move(v).with_context("model of '" + file + "' (Megatron args)");
   return c;
 }
 

@@ -10,6 +10,7 @@
 
 #include "converters/megatron_segments.h"
 #include "converters/megatron_torch_optim.h"
+#include "formats/fs_util.h"
 #include "formats/safetensors/st_reader.h"
 #include "formats/torch/torch_file_writer.h"
 
@@ -207,8 +208,10 @@ Status megatron_torch_from_staging(const std::string& staging, const std::string
   if (iteration < 0 || iteration > 9999999) return Status::InvalidArgument("iteration " + std::to_string(iteration) +
                                                                            " outside 0..9999999");
   std::error_code ec;
-  const std::string partial = dst + ".partial";
-  fs::remove_all(partial, ec);
+  // Built under the one commit mechanism (locked against a second writer, a stale leftover replaced).
+  PartialDir dir(dst, PartialDirPolicy{.replace_stale = true, .empty_target_ok = false});
+  CKPT_RETURN_IF_ERROR(dir.create());
+  const std::string partial = dir.path();
   char iter[32];
   std::snprintf(iter, sizeof iter, "iter_%07lld", static_cast<long long>(iteration));
   for (int p = 0; p < layout.pp; ++p)
@@ -219,19 +222,14 @@ Status megatron_torch_from_staging(const std::string& staging, const std::string
       if (ec) return Status::Io("cannot create '" + out_dir + "': " + ec.message());
       Status s = megatron_torch_export_detail::write_rank(staging + "/" + rank + "/model.safetensors",
                                                           out_dir + "/model_optim_rng.pt", args, iteration, optim);
-      if (!s.ok()) {
-        fs::remove_all(partial, ec);
-        return s;
-      }
+      if (!s.ok()) return s;  // ~PartialDir removes the partial output
     }
   {
     std::ofstream f(partial + "/latest_checkpointed_iteration.txt");
     f << iteration;
     if (!f.good()) return Status::Io("cannot write '" + partial + "/latest_checkpointed_iteration.txt'");
   }
-  fs::rename(partial, dst, ec);
-  if (ec) return Status::Io("cannot rename '" + partial + "' to '" + dst + "': " + ec.message());
-  return Status::Ok();
+  return dir.commit(/*fsync=*/true);
 }
 
 }  // namespace ckpt

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "converters/llama_config.h"
 #include "converters/megatron_dir_source.h"
 #include "converters/megatron_dist_source.h"
 #include "converters/megatron_torch_source.h"
@@ -66,7 +67,19 @@ const CheckpointKind* detect_checkpoint(const std::string& path) {
 Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
-  if (const CheckpointKind* k = detect_checkpoint(path)) return k->open(path);
+  if (const CheckpointKind* k = detect_checkpoint(path)) {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, k->open(path));
+    // A model config beyond ckpt's bounds (converters/llama_config.h) is refused by every command,
+    // verify and inspect included, before anything is sized by it; other config errors are left
+    // to the commands that need a valid config (reshard, to-hf, train).
+    const nlohmann::json& md = src->metadata();
+    if (md.is_object() && md.contains("model_config") && md["model_config"].is_object()) {
+      auto c = LlamaConfig::from_json(md["model_config"]);
+      if (!c.ok() && c.status().code() == "ConfigTooLarge")
+        return c.take_status().with_context("model_config of '" + src->describe() + "'");
+    }
+    return src;
+  }
   std::string kinds;
   for (const auto& k : kCheckpointKinds) kinds += std::string("\n  ") + k.name + ": " + k.looks_like;
   return Status::Unsupported("'" + path + "' is no checkpoint kind ckpt reads; it accepts:" + kinds);

@@ -25,6 +25,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"InvalidJson", kCorrupt},
     {"JsonTooLarge", kCorrupt},
     {"JsonTooDeep", kCorrupt},
+    {"JsonTooManyValues", kCorrupt},  // more values than the file's kind allows (JsonLimits::max_values)
     {"DuplicateKey", kCorrupt},  // also a safetensors header rule
     // dtypes and casts (formats/dtype.h).
     {"UnknownDType", kCorrupt},
@@ -57,6 +58,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"IndexMismatch", kCorrupt},
     {"IndexMissingFile", kNotFound},
     {"InvalidConfig", kCorrupt},
+    {"ConfigTooLarge", kCorrupt},  // a model config number above its bound (converters/llama_config.h)
     {"SliceOutOfRange", kArg},
     {"TooManySlices", kArg},
     // Native store (formats/store/, docs/STORE_FORMAT.md).
@@ -98,6 +100,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ManifestChecksumMismatch", kSum},     // the manifest was changed after it was written
     // Reshard engine (reshard/).
     {"BadLayout", kArg},
+    // Writers (formats/fs_util.h PartialDir, DirLock).
+    {"DestinationBusy", kArg},  // another process holds the lock of the output (its .partial, a run dir)
     // Cluster files and the trainer's memory check (reshard/cluster.h, trainer/memory_estimate.h).
     {"BadCluster", kArg},
     {"ClusterMismatch", kArg},
@@ -123,6 +127,7 @@ constexpr ErrorCodeEntry kTable[] = {
     // Trainer checkpoints (trainer/trainer_state.h).
     {"BadTrainerState", kCorrupt},
     {"NotTrainerCheckpoint", kCorrupt},
+    {"TrainerStateOutOfRange", kCorrupt},  // a resumed field (LR, betas, eps, step...) outside its range
     // Trainer gradient sums over replicas (trainer/replica_sum.h).
     {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
     // PyTorch files written by ckpt (issue 13, write side: formats/torch/pickler, torch_file_writer,

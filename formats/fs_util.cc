@@ -1,13 +1,24 @@
 #include "formats/fs_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
 #include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "formats/file_io.h"
@@ -134,6 +145,144 @@ Status read_small_file(const std::string& path, size_t max_bytes, std::string* o
   }
 }
 
+// ---- DirLock ----
+
+namespace {
+
+// The directories this process holds a DirLock on: (dev, ino) -> locks granted (1 + nested).
+struct HeldDirs {
+  std::mutex mu;
+  std::map<std::pair<uint64_t, uint64_t>, int> count;
+};
+HeldDirs& held_dirs() {
+  static HeldDirs* h = new HeldDirs;  // never destroyed: DirLocks may outlive static destruction
+  return *h;
+}
+
+// The locks PartialDir::release() handed over, by NAME.partial path (until commit() / remove()).
+struct KeptLocks {
+  std::mutex mu;
+  std::map<std::string, DirLock> by_path;
+};
+KeptLocks& kept_locks() {
+  static KeptLocks* k = new KeptLocks;
+  return *k;
+}
+
+void keep_lock(const std::string& path, DirLock lock) {
+  DirLock old;
+  {
+    std::lock_guard<std::mutex> g(kept_locks().mu);
+    DirLock& slot = kept_locks().by_path[path];
+    old = std::move(slot);
+    slot = std::move(lock);
+  }
+}  // `old` (a lock of a previous NAME.partial of the same path) is dropped outside the mutex
+
+void drop_kept_lock(const std::string& path) {
+  DirLock old;
+  {
+    std::lock_guard<std::mutex> g(kept_locks().mu);
+    auto it = kept_locks().by_path.find(path);
+    if (it == kept_locks().by_path.end()) return;
+    old = std::move(it->second);
+    kept_locks().by_path.erase(it);
+  }
+}
+
+Status busy(const std::string& dir, const std::string& what) {
+  const int64_t pid = lock_holder_pid(dir);
+  return Status::Error("DestinationBusy", what + ": '" + dir + "' is locked by another process (" +
+                                              (pid > 0 ? "pid " + std::to_string(pid) : std::string("pid unknown")) +
+                                              "), which is writing it now; wait for it to finish or stop it")
+      .with_file(dir);
+}
+
+}  // namespace
+
+DirLock::DirLock(DirLock&& o) noexcept
+    : fd_(std::move(o.fd_)), dev_(o.dev_), ino_(o.ino_), held_(std::exchange(o.held_, false)) {}
+
+DirLock& DirLock::operator=(DirLock&& o) noexcept {
+  if (this != &o) {
+    unlock();
+    fd_ = std::move(o.fd_);
+    dev_ = o.dev_;
+    ino_ = o.ino_;
+    held_ = std::exchange(o.held_, false);
+  }
+  return *this;
+}
+
+void DirLock::unlock() {
+  if (!held_) return;
+  held_ = false;
+  std::lock_guard<std::mutex> g(held_dirs().mu);
+  auto it = held_dirs().count.find({dev_, ino_});
+  if (it != held_dirs().count.end() && --it->second <= 0) held_dirs().count.erase(it);
+  fd_.reset();  // closing the last fd of the open file description drops the flock
+}
+
+Result<DirLock> DirLock::try_lock(const std::string& dir, const std::string& what) { return lock(dir, what, 0); }
+
+Result<DirLock> DirLock::lock(const std::string& dir, const std::string& what, double wait_s) {
+  DirLock l;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("cannot open directory to lock it", dir, errno);
+  l.fd_ = ScopedFd(fd);
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) return Status::FromErrno("cannot stat", dir, errno);
+  l.dev_ = static_cast<uint64_t>(sb.st_dev);
+  l.ino_ = static_cast<uint64_t>(sb.st_ino);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(held_dirs().mu);
+      auto it = held_dirs().count.find({l.dev_, l.ino_});
+      if (it != held_dirs().count.end()) {  // this process holds it: a nested lock
+        ++it->second;
+        l.fd_.reset();
+        l.held_ = true;
+        return l;
+      }
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        held_dirs().count[{l.dev_, l.ino_}] = 1;
+        l.held_ = true;
+        return l;
+      }
+      if (errno != EWOULDBLOCK && errno != EINTR) return Status::FromErrno("cannot lock directory", dir, errno);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return busy(dir, what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+int64_t lock_holder_pid(const std::string& path) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0) return -1;
+  std::ifstream in("/proc/locks");
+  std::string line;
+  int64_t by_inode = -1;
+  while (std::getline(in, line)) {
+    // "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146658 0 EOF"; a waiter's line has "->" after the id.
+    std::istringstream ls(line);
+    std::string id, type, mode, rw, dev_ino;
+    int64_t pid = -1;
+    if (!(ls >> id >> type)) continue;
+    if (type == "->") continue;
+    if (!(ls >> mode >> rw >> pid >> dev_ino)) continue;
+    unsigned maj = 0, mnr = 0;
+    unsigned long long ino = 0;
+    if (std::sscanf(dev_ino.c_str(), "%x:%x:%llu", &maj, &mnr, &ino) != 3) continue;
+    if (ino != static_cast<unsigned long long>(sb.st_ino)) continue;
+    if (maj == major(sb.st_dev) && mnr == minor(sb.st_dev)) return pid;
+    if (by_inode < 0) by_inode = pid;  // overlay file systems may report another device
+  }
+  return by_inode;
+}
+
+// ---- PartialDir ----
+
 PartialDir::PartialDir(std::string target, PartialDirPolicy policy) : policy_(policy) {
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   target_ = std::move(target);
@@ -163,32 +312,86 @@ Status PartialDir::check_target() const {
 }
 
 Status PartialDir::create() {
+  // The parent's lock is held only while this runs: waiting a little for another creator is fine.
+  constexpr double kParentWaitS = 10;
+  const std::string what = "destination '" + target_ + "'";
+  DirLock parent;
+  if (is_directory(parent_dir(target_))) {
+    auto p = DirLock::lock(parent_dir(target_), what + " (its parent directory)", kParentWaitS);
+    if (p.ok()) parent = std::move(p).value();
+    else if (p.status().code() == "DestinationBusy") return p.take_status();
+    // else a parent this process cannot open (no read permission): created unlocked, as before
+  }
   CKPT_RETURN_IF_ERROR(check_target());
   if (path_exists(path_)) {
+    if (is_directory(path_)) {  // another live writer's output in progress, or a crashed one's leftover
+      CKPT_ASSIGN_OR_RETURN(DirLock stale, DirLock::try_lock(path_, what + " is being written by another ckpt process"));
+    }
     if (!policy_.replace_stale)
       return Status::InvalidArgument("'" + path_ + "' exists (left by an interrupted run?): remove it first");
     CKPT_RETURN_IF_ERROR(remove_tree(path_));
   }
   CKPT_RETURN_IF_ERROR(make_dir(path_));
+  auto l = DirLock::try_lock(path_, what + " is being written by another ckpt process");
+  if (!l.ok()) {
+    (void)remove_tree(path_);
+    return l.take_status();
+  }
+  lock_ = std::move(l).value();
   owned_ = true;
   return Status::Ok();
 }
 
+Status remove_stale_partial(const std::string& target_in) {
+  PartialDir probe(target_in);
+  const std::string& path = probe.path();
+  if (!path_exists(path)) return Status::Ok();
+  const std::string what = "destination '" + probe.target() + "'";
+  auto parent = DirLock::lock(parent_dir(probe.target()), what + " (its parent directory)", 10);
+  if (!parent.ok() && parent.status().code() == "DestinationBusy") return parent.take_status();
+  if (is_directory(path)) {
+    CKPT_ASSIGN_OR_RETURN(DirLock stale, DirLock::try_lock(path, what + " is being written by another ckpt process"));
+  }
+  return remove_tree(path);
+}
+
+namespace {
+
+// Test hook: CKPT_TEST_HOLD_BEFORE_COMMIT_S=<seconds> holds every commit that long (a writer
+// still at work, for the tests of a second writer and of a killed one).
+void test_hold_before_commit() {
+  const char* v = std::getenv("CKPT_TEST_HOLD_BEFORE_COMMIT_S");
+  if (!v || !*v) return;
+  const double s = std::atof(v);
+  if (s > 0 && s < 3600) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
 Status PartialDir::commit(bool fsync) {
+  test_hold_before_commit();
   CKPT_RETURN_IF_ERROR(check_target());
   if (fsync) CKPT_RETURN_IF_ERROR(fsync_dir(path_));
   // An allowed empty target directory is replaced: rename(2) onto an empty directory does that.
   if (::rename(path_.c_str(), target_.c_str()) != 0) return Status::FromErrno("cannot rename '" + path_ + "' to", target_, errno);
   owned_ = false;
-  return fsync ? fsync_dir(parent_dir(target_)) : Status::Ok();
+  Status st = fsync ? fsync_dir(parent_dir(target_)) : Status::Ok();
+  lock_.unlock();  // held across the rename: the fd names the directory, now NAME
+  drop_kept_lock(path_);
+  return st;
 }
 
 void PartialDir::remove() {
   (void)remove_tree(path_);
   owned_ = false;
+  lock_.unlock();
+  drop_kept_lock(path_);
 }
 
-void PartialDir::release() { owned_ = false; }
+void PartialDir::release() {
+  owned_ = false;
+  if (lock_.held()) keep_lock(path_, std::move(lock_));
+}
 
 double page_cache_share(const std::string& path) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));

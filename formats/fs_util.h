@@ -63,6 +63,43 @@ Status write_file(const std::string& path, const std::string& content, bool fsyn
 // Reads a small file (at most `max_bytes`; more is a kCorruption "FileTooLarge" error).
 Status read_small_file(const std::string& path, size_t max_bytes, std::string* out);
 
+// An exclusive flock(2) on a directory, held while the object lives. The kernel drops it when the
+// process dies (a crashed writer's leftover is then free to clean up) and it follows the directory
+// through rename(2) (the fd names the inode). Within one process a lock of a directory the process
+// already holds is granted as a nested lock that owns nothing (a trainer holds its run dir and
+// creates checkpoints in it); across processes it is a kInvalidArgument "DestinationBusy" naming
+// `what`, the directory and the holder's pid. Thread safe (a process-wide table of held dirs).
+class DirLock {
+ public:
+  DirLock() = default;
+  ~DirLock() { unlock(); }
+  DirLock(DirLock&& o) noexcept;
+  DirLock& operator=(DirLock&& o) noexcept;
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+  // Refused at once when another process holds the lock.
+  static Result<DirLock> try_lock(const std::string& dir, const std::string& what);
+  // Waits up to `wait_s` seconds for another process's lock: for locks held only briefly.
+  static Result<DirLock> lock(const std::string& dir, const std::string& what, double wait_s);
+
+  bool held() const { return held_; }
+  void unlock();
+
+ private:
+  ScopedFd fd_;  // invalid for a nested lock
+  uint64_t dev_ = 0, ino_ = 0;
+  bool held_ = false;
+};
+
+// The pid of a process holding a flock(2) on `path` (from /proc/locks), or -1 if none is found.
+int64_t lock_holder_pid(const std::string& path);
+
+// Removes `<target>.partial` left by a crashed writer (a directory no live process holds locked,
+// checked under the parent's lock as PartialDir::create does); one a live writer holds is
+// "DestinationBusy". OK when there is none.
+Status remove_stale_partial(const std::string& target);
+
 struct PartialDirPolicy {
   bool replace_stale = false;    // a leftover NAME.partial is removed (else create() refuses it)
   bool empty_target_ok = false;  // NAME may be an existing empty directory, replaced at commit
@@ -73,6 +110,13 @@ struct PartialDirPolicy {
 // NAME and fsyncs the parent. A PartialDir whose create() succeeded removes NAME.partial on
 // destruction unless commit() succeeded or release() was called (another process or object
 // finishes it: multi-rank writers create on rank 0 and commit from a second PartialDir).
+// Locking: create() holds a DirLock on NAME's parent while it checks, removes a stale leftover
+// and makes NAME.partial (so two creators never both see "stale"), then a DirLock on NAME.partial
+// itself until commit() or remove(); after release() the process keeps that lock until a
+// PartialDir of the same NAME commits or removes it (or the process ends). A NAME.partial whose
+// lock another live process holds is that process's output in progress: create() refuses it at
+// once ("DestinationBusy", naming NAME and the holder's pid); one nobody holds is a crashed
+// writer's leftover, replaced as the policy says.
 class PartialDir {
  public:
   explicit PartialDir(std::string target, PartialDirPolicy policy = {});
@@ -94,6 +138,7 @@ class PartialDir {
   std::string target_, path_;
   PartialDirPolicy policy_;
   bool owned_ = false;  // create() made NAME.partial and nothing has committed or released it
+  DirLock lock_;        // on NAME.partial, from create() to commit() / remove() / release()
 };
 
 }  // namespace ckpt

@@ -128,6 +128,81 @@ class BoundedBuilder {
   size_t pos_ = std::string::npos;
 };
 
+// The first pass: counts values and the elements of the bounded top-level arrays, builds nothing,
+// stops at the first count past its limit.
+class CountingPass {
+ public:
+  explicit CountingPass(const JsonLimits& limits) : limits_(limits) {}
+
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(json::number_integer_t) { return value(); }
+  bool number_unsigned(json::number_unsigned_t) { return value(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return value(); }
+  bool string(json::string_t&) { return value(); }
+  bool binary(json::binary_t&) { return false; }  // the builder pass names it
+  bool start_object(std::size_t) {
+    if (!value()) return false;
+    if (depth_ == 0) root_object_ = true;
+    ++depth_;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (!value()) return false;
+    ++depth_;
+    if (depth_ == 2 && root_object_ && bound_depth_ < 0)
+      for (const JsonArrayBound& b : limits_.arrays)
+        if (key_ == b.key) {
+          bound_ = &b;
+          bound_depth_ = depth_;
+          bound_count_ = 0;
+        }
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    if (depth_ == 1) key_ = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+  // Empty when the counts are within the limits (or the text is no JSON: the builder says why).
+  const std::string& refusal() const { return refusal_; }
+
+ private:
+  bool value() {
+    if (++values_ > limits_.max_values) {
+      refusal_ = "more than " + std::to_string(limits_.max_values) + " JSON values (ckpt's limit for this kind of file)";
+      return false;
+    }
+    if (bound_ && depth_ == bound_depth_ && ++bound_count_ > bound_->max_elements) {
+      refusal_ = "'" + std::string(bound_->key) + "' lists more than " + std::to_string(bound_->max_elements) +
+                 " entries (ckpt's limit: far more than any real checkpoint has)";
+      return false;
+    }
+    return true;
+  }
+  bool close() {
+    if (depth_ == bound_depth_) {
+      bound_ = nullptr;
+      bound_depth_ = -1;
+    }
+    --depth_;
+    return true;
+  }
+
+  const JsonLimits& limits_;
+  uint64_t values_ = 0;
+  int depth_ = 0;
+  bool root_object_ = false;
+  std::string key_;  // the last key of the top-level object
+  const JsonArrayBound* bound_ = nullptr;
+  int bound_depth_ = -1;
+  uint64_t bound_count_ = 0;
+  std::string refusal_;
+};
+
 std::string too_large(const std::string& what, uint64_t size, uint64_t max) {
   return what + " is " + std::to_string(size) + " bytes, more than the " + std::to_string(max) + " allowed";
 }
@@ -139,6 +214,16 @@ Result<json> parse_json(std::string_view text, const JsonLimits& limits, const s
   if (const void* nul = std::memchr(text.data(), '\0', text.size()))
     return Status::Error("InvalidJson", what + ": a NUL byte at byte " +
                                             std::to_string(static_cast<const char*>(nul) - text.data()));
+  {
+    CountingPass counter(limits);
+    try {
+      (void)json::sax_parse(text.begin(), text.end(), &counter, json::input_format_t::json, /*strict=*/true,
+                            /*ignore_comments=*/false);
+    } catch (const json::exception&) {
+      // the builder pass below reports it
+    }
+    if (!counter.refusal().empty()) return Status::Error("JsonTooManyValues", what + ": " + counter.refusal());
+  }
   json root;
   BoundedBuilder b(limits.max_depth, &root);
   bool ok = false;

@@ -1,8 +1,33 @@
 #include "trainer/adamw.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace ckpt::trainer {
+
+namespace {
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+
+}  // namespace
+
+std::string adamw_out_of_range(const AdamWOptions& o, const std::string& prefix) {
+  auto beta = [&](const char* name, double v) -> std::string {
+    if (v >= 0 && v < 1) return "";
+    return prefix + name + " = " + num(v) + " (expected in [0, 1))";
+  };
+  if (std::string e = beta("beta1", o.beta1); !e.empty()) return e;
+  if (std::string e = beta("beta2", o.beta2); !e.empty()) return e;
+  if (!(o.eps > 0 && o.eps <= kMaxAdamEps))
+    return prefix + "eps = " + num(o.eps) + " (expected > 0 and at most " + num(kMaxAdamEps) + ")";
+  if (!(o.weight_decay >= 0 && o.weight_decay <= kMaxWeightDecay))
+    return prefix + "weight_decay = " + num(o.weight_decay) + " (expected >= 0 and at most " + num(kMaxWeightDecay) + ")";
+  return "";
+}
 
 template <class T>
 void BasicAdamW<T>::add(std::string name, Shape shape, Region region, T* w, T* g, int64_t n,

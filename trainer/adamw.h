@@ -23,6 +23,14 @@ struct AdamWOptions {
   double weight_decay = 0.1;
 };
 
+// The ranges AdamW is defined on: betas in [0, 1), eps > 0 and finite (at most kMaxAdamEps),
+// weight decay >= 0 and finite (at most kMaxWeightDecay). The upper bounds are far above any
+// real run's and only catch a corrupted value (a decay of 1e300 turns every weight into inf).
+inline constexpr double kMaxAdamEps = 1.0;
+inline constexpr double kMaxWeightDecay = 1e3;
+// The first field out of range as "<prefix>beta1 = 2 (expected in [0, 1))", or "" when all hold.
+std::string adamw_out_of_range(const AdamWOptions& o, const std::string& prefix);
+
 template <class T>
 struct BasicOptSlot {
   std::string name;     // canonical parameter name

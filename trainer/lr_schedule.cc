@@ -2,9 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 
 namespace ckpt::trainer {
+
+std::string LrSchedule::out_of_range(const std::string& prefix) const {
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  if (!(peak_lr >= 0 && peak_lr <= kMaxLr))
+    return prefix + "peak_lr = " + num(peak_lr) + " (expected a finite value in [0, " + num(kMaxLr) + "])";
+  if (!(min_ratio >= 0 && min_ratio <= 1)) return prefix + "min_ratio = " + num(min_ratio) + " (expected in [0, 1])";
+  if (warmup < 0 || warmup > kMaxSteps)
+    return prefix + "warmup = " + std::to_string(warmup) + " (expected in [0, " + std::to_string(kMaxSteps) + "])";
+  if (total_steps < 0 || total_steps > kMaxSteps)
+    return prefix + "total_steps = " + std::to_string(total_steps) + " (expected in [0, " + std::to_string(kMaxSteps) + "])";
+  return "";
+}
 
 double LrSchedule::at(int64_t s) const {
   if (warmup > 0 && s < warmup) return peak_lr * static_cast<double>(s + 1) / static_cast<double>(warmup);
@@ -32,9 +49,7 @@ Result<LrSchedule> LrSchedule::from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return Status::Error("BadTrainerState", std::string("lr_schedule: ") + e.what());
   }
-  if (!(s.peak_lr >= 0) || !std::isfinite(s.peak_lr) || s.warmup < 0 || s.total_steps < 0 ||
-      !(s.min_ratio >= 0 && s.min_ratio <= 1))
-    return Status::Error("BadTrainerState", "lr_schedule: values out of range");
+  if (std::string e = s.out_of_range("lr_schedule."); !e.empty()) return Status::Error("TrainerStateOutOfRange", e);
   return s;
 }
 

@@ -12,6 +12,12 @@
 
 namespace ckpt::trainer {
 
+// Bounds of a schedule (and of a trainer's step count): a learning rate above kMaxLr is no real
+// run's (they stay below 1) and turns the loss into NaN; kMaxSteps (2^40 steps, ~35,000 years at
+// one step a millisecond) keeps step arithmetic (bias corrections, data cursors) far from overflow.
+inline constexpr double kMaxLr = 1e3;
+inline constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
 struct LrSchedule {
   double peak_lr = 3e-3;
   int64_t warmup = 0;
@@ -24,7 +30,11 @@ struct LrSchedule {
   double at(int64_t s) const;
 
   nlohmann::json to_json() const;
+  // Reads and range-checks (check()): "BadTrainerState" for a missing field or a wrong type,
+  // "TrainerStateOutOfRange" naming the field, its value and the range.
   static Result<LrSchedule> from_json(const nlohmann::json& j);
+  // The first field out of range as "<prefix>peak_lr = 1e308 (expected ...)", or "".
+  std::string out_of_range(const std::string& prefix) const;
 };
 
 }  // namespace ckpt::trainer

@@ -35,7 +35,13 @@ Status check_options(const TrainOptions& o) {
     return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " exceeds the config's max_position_embeddings " +
                                    std::to_string(o.config.max_position_embeddings));
   if (o.save_every < 0) return Status::InvalidArgument("--save-every must be >= 0");
-  if (!(o.lr >= 0) || !std::isfinite(o.lr)) return Status::InvalidArgument("--lr must be a finite value >= 0");
+  if (!(o.lr >= 0 && o.lr <= kMaxLr))
+    return Status::InvalidArgument("--lr " + std::to_string(o.lr) + ": expected a finite value in [0, " + std::to_string(kMaxLr) + "]");
+  if (std::string e = adamw_out_of_range(o.adam, "AdamW "); !e.empty())
+    return Status::InvalidArgument(e + (e.find("weight_decay") != std::string::npos ? " (--weight-decay)" : ""));
+  if (!(o.max_grad_norm >= 0 && std::isfinite(o.max_grad_norm))) return Status::InvalidArgument("--clip must be a finite value >= 0");
+  if (o.steps > kMaxSteps || o.total_steps > kMaxSteps || o.warmup > kMaxSteps)
+    return Status::InvalidArgument("--steps, --total-steps and --warmup must be at most " + std::to_string(kMaxSteps));
   if (o.warmup < 0) return Status::InvalidArgument("--warmup must be >= 0");
   if (o.threads < 1 || o.threads > 1024) return Status::InvalidArgument("--threads must be in [1, 1024]");
   if (o.config.vocab_size < kMinVocab)
@@ -75,6 +81,7 @@ struct Trainer::Parts {
   std::unique_ptr<ParallelOptimizer<float>> opt;
   std::unique_ptr<DistSaver> saver;
   Emulation emu;  // --emulate
+  DirLock run_lock;  // rank 0: the run dir, for the whole run (a second trainer on it is refused)
 };
 
 Trainer::Trainer() = default;
@@ -112,6 +119,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   t->parts_ = std::make_unique<Parts>();
   Parts& p = *t->parts_;
   p.emu = std::move(emu);
+  // An existing run dir is locked before any work: a second trainer on it is refused at once.
+  if (!o.out_dir.empty()) {
+    Status st;
+    if (world.rank() == 0 && is_directory(o.out_dir)) {
+      auto l = DirLock::try_lock(o.out_dir, "run directory '" + o.out_dir + "' is used by another `ckpt train`");
+      if (l.ok()) p.run_lock = std::move(l).value();
+      else st = l.take_status();
+    }
+    CKPT_RETURN_IF_ERROR(world.agree(st));
+  }
   CKPT_ASSIGN_OR_RETURN(p.groups, LayoutGroups::make(world, layout));
   const LayoutGroups& g = p.groups;
   ModelShard shard{layout.stage_view(g.dp_rank, g.pp_rank), g.pp_rank, g.tp_rank, &p.groups.tp};
@@ -136,6 +153,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
     if (world.rank() == 0) {
       if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
         st = Status::FromErrno("cannot create run dir", o.out_dir, errno);
+      if (st.ok() && !p.run_lock.held()) {
+        auto l = DirLock::try_lock(o.out_dir, "run directory '" + o.out_dir + "' is used by another `ckpt train`");
+        if (l.ok()) p.run_lock = std::move(l).value();
+        else st = l.take_status();
+      }
       const std::string lp = o.out_dir + "/train_log.jsonl";
       if (st.ok() && !(t->log_ = std::fopen(lp.c_str(), "a"))) st = Status::FromErrno("cannot open", lp, errno);
     }
@@ -157,7 +179,9 @@ Status Trainer::resume(const std::string& path) {
                         dist_load(Comm::world(), path, opt_s_.config, layout_, p.opt->held_regions()));
   if (!meta.contains("trainer"))
     return Status::Error("NotTrainerCheckpoint", "checkpoint '" + path + "' has no 'trainer' metadata").with_file(path);
-  CKPT_ASSIGN_OR_RETURN(TrainerState rs, TrainerState::from_json(meta.at("trainer")));
+  auto parsed = TrainerState::from_json(meta.at("trainer"));
+  if (!parsed.ok()) return parsed.take_status().with_context("resume from checkpoint '" + path + "'").with_file(path);
+  TrainerState rs = std::move(parsed).value();
   TrainerState& s = state_;
   if (rs.seed != s.seed || rs.global_batch != s.global_batch || rs.seq_len != s.seq_len ||
       rs.data_source != s.data_source)

@@ -1,5 +1,7 @@
 #include "trainer/trainer_state.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "formats/store/run_dir.h"
@@ -23,6 +25,25 @@ nlohmann::json TrainerState::to_json() const {
           {"max_grad_norm", max_grad_norm}};
 }
 
+std::string TrainerState::out_of_range(const std::string& prefix) const {
+  auto in = [&](const char* name, int64_t v, int64_t lo, int64_t hi) -> std::string {
+    if (v >= lo && v <= hi) return "";
+    return prefix + name + " = " + std::to_string(v) + " (expected in [" + std::to_string(lo) + ", " + std::to_string(hi) + "])";
+  };
+  for (std::string e : {in("step", step, 0, kMaxSteps), in("micro_batch", micro_batch, 1, kMaxMicroBatch),
+                        in("seq_len", seq_len, 1, kMaxSeqLen), in("grad_accum", grad_accum, 1, kMaxGradAccum),
+                        in("data.samples_per_step", global_batch, 1, kMaxGlobalBatch)})
+    if (!e.empty()) return e;
+  if (std::string e = schedule.out_of_range(prefix + "lr_schedule."); !e.empty()) return e;
+  if (std::string e = adamw_out_of_range(adam, prefix + "adamw."); !e.empty()) return e;
+  if (!(max_grad_norm >= 0 && std::isfinite(max_grad_norm))) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.17g", max_grad_norm);
+    return prefix + "max_grad_norm = " + b + " (expected a finite value >= 0; 0: no clipping)";
+  }
+  return "";
+}
+
 Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::Error("BadTrainerState", "metadata 'trainer': expected an object");
   TrainerState s;
@@ -44,8 +65,17 @@ Result<TrainerState> TrainerState::from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return Status::Error("BadTrainerState", std::string("metadata 'trainer': ") + e.what());
   }
-  if (s.step < 0 || s.micro_batch < 1 || s.seq_len < 1 || s.grad_accum < 1 || s.global_batch < 1)
-    return Status::Error("BadTrainerState", "metadata 'trainer': step, micro_batch, seq_len, grad_accum out of range");
+  int64_t next_step = s.step;
+  try {
+    if (j.at("data").contains("next_step")) next_step = j.at("data").at("next_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error("BadTrainerState", std::string("metadata 'trainer': ") + e.what());
+  }
+  if (std::string e = s.out_of_range("metadata 'trainer': "); !e.empty()) return Status::Error("TrainerStateOutOfRange", e);
+  if (next_step != s.step)
+    return Status::Error("TrainerStateOutOfRange", "metadata 'trainer': data.next_step = " + std::to_string(next_step) +
+                                                       " differs from step = " + std::to_string(s.step) +
+                                                       " (the data cursor of a checkpoint is its step)");
   return s;
 }
 

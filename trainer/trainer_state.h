@@ -22,6 +22,14 @@
 
 namespace ckpt::trainer {
 
+// Bounds of the batch shape a checkpoint (or the command line) may give: far above any run the
+// reference trainer can hold, they keep a corrupted value from sizing buffers (tokens per step are
+// bounded again by the layout, train_loop.cc check_batch).
+inline constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;
+inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 31;
+
 // The `trainer` metadata object.
 struct TrainerState {
   int64_t step = 0;             // optimizer steps done (= Adam step count)
@@ -36,7 +44,12 @@ struct TrainerState {
 
   // data cursor: the next step's samples are (seed, step, 0 .. micro_batch*grad_accum-1).
   nlohmann::json to_json() const;
+  // Reads and range-checks every field (out_of_range, LrSchedule and AdamW ranges, data.next_step
+  // == step): "BadTrainerState" for a missing field or a wrong type, "TrainerStateOutOfRange"
+  // naming the field, its value and its range. The caller adds the checkpoint's path.
   static Result<TrainerState> from_json(const nlohmann::json& j);
+  // The first field out of its range, as "<prefix>adamw.beta1 = 2 (expected in [0, 1))", or "".
+  std::string out_of_range(const std::string& prefix) const;
 };
 
 }  // namespace ckpt::trainer
