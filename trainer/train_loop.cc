@@ -6,6 +6,7 @@
 
 #include "formats/checked.h"
 #include "formats/fs_util.h"
+#include "formats/store/run_dir.h"
 #include "reshard/comm.h"
 #include "trainer/dist_checkpoint.h"
 #include "trainer/emulate.h"
@@ -180,7 +181,11 @@ Status Trainer::resume(const std::string& path) {
   if (!meta.contains("trainer"))
     return Status::Error("NotTrainerCheckpoint", "checkpoint '" + path + "' has no 'trainer' metadata").with_file(path);
   auto parsed = TrainerState::from_json(meta.at("trainer"));
-  if (!parsed.ok()) return parsed.take_status().with_context("resume from checkpoint '" + path + "'").with_file(path);
+  if (!parsed.ok()) {
+    auto dir = store::resolve_checkpoint(path);  // the step dir `latest` names
+    const std::string ckpt = dir.ok() ? *dir : path;
+    return parsed.take_status().with_context("resume from checkpoint '" + ckpt + "'").with_file(ckpt + "/manifest.json");
+  }
   TrainerState rs = std::move(parsed).value();
   TrainerState& s = state_;
   if (rs.seed != s.seed || rs.global_batch != s.global_batch || rs.seq_len != s.seq_len ||
