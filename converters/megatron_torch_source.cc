@@ -312,6 +312,18 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
   CKPT_ASSIGN_OR_RETURN(const std::string dir, iteration_dir(path));
   std::error_code ec;
   const bool pp1 = fs::is_directory(dir + "/mp_rank_00", ec);
+  // A run dir whose iteration holds DCP data (torch_dist) but no metadata.json: the torch_dist
+  // detection passed it by (metadata.json is what marks a complete torch_dist save).
+  if (!pp1 && !fs::is_directory(dir + "/mp_rank_00_000", ec)) {
+    bool dcp = fs::is_regular_file(dir + "/.metadata", ec) || fs::is_regular_file(dir + "/common.pt", ec);
+    for (fs::directory_iterator it(dir, ec), end; !dcp && !ec && it != end; it.increment(ec)) dcp = it->path().extension() == ".distcp";
+    if (dcp)
+      return Status::Error("IncompleteCheckpoint", "'" + dir + "' holds Megatron-Core torch_dist data (.metadata / .distcp / common.pt) but " +
+                                                       (fs::is_regular_file(dir + "/.metadata", ec) ? "no metadata.json, which Megatron-Core writes last"
+                                                                                                    : "neither .metadata nor metadata.json") +
+                                                       ": the save did not complete")
+          .with_file(dir + "/metadata.json");
+  }
   const std::string first = dir + (pp1 ? "/mp_rank_00" : "/mp_rank_00_000") + "/model_optim_rng.pt";
   CKPT_ASSIGN_OR_RETURN(auto f0, TorchRankFile::open(first));
   CKPT_ASSIGN_OR_RETURN(nlohmann::json j, args_json(f0->root(), first));

@@ -173,6 +173,8 @@ constexpr ErrorCodeEntry kTable[] = {
     {"IntTooLarge", kUnsup},                // an integer beyond int64
     {"TorchNotZip", kCorrupt},              // not a zip (nor a ZIP64) archive
     {"TorchZipCorrupt", kCorrupt},          // libzip refuses the archive or an entry's data
+    {"ZipCrcMismatch", kCorrupt},           // an entry's CRC-32 differs from its central directory / local record
+    {"IncompleteCheckpoint", kCorrupt},     // a torch_dist without metadata.json, a DCP without .metadata
     {"TorchNoDataPkl", kCorrupt},           // no <archive>/data.pkl
     {"TorchPickleTooLarge", kCorrupt},      // data.pkl larger than TorchFileLimits::max_pickle_bytes
     {"TorchByteOrder", kUnsup},             // byteorder other than 'little'

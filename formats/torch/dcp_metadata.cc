@@ -243,7 +243,12 @@ Status check_dcp_relative_path(const std::string& rel, const std::string& fqn) {
 
 bool is_dcp_dir(const std::string& dir) {
   std::error_code ec;
-  return std::filesystem::is_regular_file(std::filesystem::path(dir) / ".metadata", ec);
+  if (std::filesystem::is_regular_file(std::filesystem::path(dir) / ".metadata", ec)) return true;
+  // Data files without .metadata: an incomplete DCP, detected so that opening it names what is
+  // missing (open_dcp_dir: IncompleteCheckpoint) instead of "no checkpoint kind".
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".distcp") return true;
+  return false;
 }
 
 namespace dcp_meta_detail {

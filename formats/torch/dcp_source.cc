@@ -191,10 +191,41 @@ Status DcpSource::load_model_config() {
   return Status::Ok();
 }
 
+// A directory that is not a complete checkpoint of its kind is refused by name (issue 32):
+// torch.distributed.checkpoint writes .metadata last (after every rank's data), Megatron-Core
+// writes metadata.json last (after the DCP); without them the data is half a checkpoint, and a
+// torch_dist read as a plain DCP would export Megatron-named tensors as if they were a model.
+Status check_complete(const std::string& dir, const DcpMetadata* md) {
+  std::error_code ec;
+  const fs::path d(dir);
+  const bool megatron_json = fs::is_regular_file(d / "metadata.json", ec);
+  if (md == nullptr) {
+    if (fs::is_regular_file(d / ".metadata", ec)) return Status::Ok();
+    return Status::Error("IncompleteCheckpoint", "'" + dir + "' holds .distcp data files but no .metadata, which " +
+                                                     (megatron_json ? std::string("Megatron-Core torch_dist (metadata.json is here)") : std::string("torch.distributed.checkpoint")) +
+                                                     " writes after every rank's data: not a complete PyTorch DCP checkpoint")
+        .with_file((d / ".metadata").string());
+  }
+  if (megatron_json) return Status::Ok();  // a torch_dist directory: opened as such above this source
+  std::string marker;
+  if (fs::is_regular_file(d / "common.pt", ec)) marker = "common.pt";
+  for (const auto& b : md->bytes)
+    if (marker.empty() && b.fqn.rfind("common_state", 0) == 0) marker = "the bytes item '" + b.fqn + "'";
+  for (const auto& t : md->tensors)
+    if (marker.empty() && t.fqn == "decoder.layers.self_attention.linear_qkv.weight" && t.size.size() == 3)
+      marker = "stacked layers ('" + t.fqn + "' " + shape_to_string(t.size) + ")";
+  if (marker.empty()) return Status::Ok();
+  return Status::Error("IncompleteCheckpoint", "'" + dir + "' is a Megatron-Core torch_dist checkpoint (" + marker +
+                                                   ") without metadata.json, which Megatron-Core writes last: the save did not complete")
+      .with_file((d / "metadata.json").string());
+}
+
 Result<std::unique_ptr<DcpSource>> DcpSource::open(const std::string& dir) {
   std::unique_ptr<DcpSource> s(new DcpSource());
   s->dir_ = dir;
+  CKPT_RETURN_IF_ERROR(check_complete(dir, nullptr));
   CKPT_ASSIGN_OR_RETURN(s->md_, read_dcp_metadata(dir));
+  CKPT_RETURN_IF_ERROR(check_complete(dir, &s->md_));
   CKPT_RETURN_IF_ERROR(s->index(/*check_items=*/true));
   CKPT_RETURN_IF_ERROR(s->load_model_config());
   return s;

@@ -108,6 +108,14 @@ class Machine {
   std::unordered_map<uint64_t, PyObj*> memo_;
   std::unordered_map<const PyObj*, uint32_t> depth_;
   std::unordered_map<const PyObj*, AllowedGlobal> globals_;
+  // Per dict built by SETITEM(S): its keys' Python identities (py_key_identity) -> entry index, so
+  // a repeated key replaces the value as Python's d[k] = v does.
+  std::unordered_map<const PyObj*, std::unordered_map<std::string, size_t>> dict_keys_;
 };
+
+// A dict key's identity under Python's equality (==, hash): equal keys give equal strings
+// (1 == 1.0 == True, -0.0 == 0.0, equal str / bytes / tuples of such, one bare global such as
+// torch.float32); other objects are equal only to themselves. nullopt: unhashable (list, dict).
+std::optional<std::string> py_key_identity(const PyObj* k);
 
 }  // namespace ckpt::torch::unpickler_detail

@@ -90,6 +90,19 @@ Status Machine::op_object(uint8_t op, bool* handled) {
       CKPT_ASSIGN_OR_RETURN(PyObj * obj, top());
       // An OrderedDict's attributes: every nn.Module.state_dict() carries `_metadata` (module
       // versions), pickled as BUILD({'_metadata': ...}) on the OrderedDict. Kept inert as its state.
+      // A second BUILD with a dict state is Python's inst.__dict__.update(state): the attributes
+      // merge, the last value of a repeated one wins (set_items' rule).
+      if (obj->state != nullptr && obj->state->is(PyType::kDict) && state->is(PyType::kDict)) {
+        CKPT_ASSIGN_OR_RETURN(PyObj * merged, make(PyType::kDict));
+        std::vector<PyObj*> kv;
+        for (const auto* d : {obj->state, static_cast<const PyObj*>(state)})
+          for (const auto& [k, v] : d->entries) {
+            kv.push_back(const_cast<PyObj*>(k));
+            kv.push_back(const_cast<PyObj*>(v));
+          }
+        CKPT_RETURN_IF_ERROR(set_items(merged, kv));
+        state = merged;
+      }
       if (obj->is(PyType::kDict) && state->is(PyType::kDict)) {
         CKPT_RETURN_IF_ERROR(nest(obj, state));
         obj->state = state;

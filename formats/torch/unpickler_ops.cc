@@ -1,5 +1,11 @@
 // The restricted unpickler's container, memo and object opcodes. Objects are built as inert
 // PyObjs; REDUCE / NEWOBJ / BUILD only act on allow-listed globals (unpickler_globals.cc).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+
 #include "formats/torch/pickle_opcodes.h"
 #include "formats/torch/unpickler_machine.h"
 
@@ -34,13 +40,61 @@ Status Machine::set_items(PyObj* dict, const std::vector<PyObj*>& kv) {
   if (kv.size() % 2 != 0) return fail("PickleBadValue", "SETITEMS with an odd number of values");
   if (dict->entries.size() + kv.size() / 2 > limits_.max_items)
     return fail("PickleTooLarge", "a dict of more than " + std::to_string(limits_.max_items) + " entries");
+  // Python semantics (docs/TORCH.md "Dicts"): SETITEM(S) is d[k] = v, so a key equal to one
+  // already in the dict keeps its first position and key object and takes the LAST value, as
+  // torch.load does. A pickle Python wrote never repeats a key; a spliced one must not mean one
+  // thing to ckpt and another to torch.
+  auto& index = dict_keys_[dict];
   for (size_t i = 0; i < kv.size(); i += 2) {
     CKPT_RETURN_IF_ERROR(nest(dict, kv[i]));
     CKPT_RETURN_IF_ERROR(nest(dict, kv[i + 1]));
-    // Keys are kept as given (Python never pickles a dict with a repeated key).
-    dict->entries.emplace_back(kv[i], kv[i + 1]);
+    std::optional<std::string> id = py_key_identity(kv[i]);
+    if (!id) return fail("PickleBadValue", std::string("a dict key of type ") + py_type_name(kv[i]->type) + ", which Python refuses (unhashable)");
+    auto [it, fresh] = index.emplace(std::move(*id), dict->entries.size());
+    if (fresh) {
+      dict->entries.emplace_back(kv[i], kv[i + 1]);
+    } else {
+      dict->entries[it->second].second = kv[i + 1];
+    }
   }
   return Status::Ok();
+}
+
+std::optional<std::string> py_key_identity(const PyObj* k) {
+  auto number = [](int64_t v) { return "n" + std::to_string(v); };
+  switch (k->type) {
+    case PyType::kNone: return std::string("N");
+    case PyType::kBool: return number(k->b ? 1 : 0);
+    case PyType::kInt: return number(k->i);
+    case PyType::kFloat: {
+      const double f = k->f;
+      if (f == std::trunc(f) && std::fabs(f) < 9.2e18) return number(static_cast<int64_t>(f));  // 2.0 == 2, -0.0 == 0
+      if (std::isnan(f)) break;  // NaN equals nothing but itself
+      uint64_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      return "f" + std::to_string(bits);
+    }
+    case PyType::kStr: return "s" + std::to_string(k->s.size()) + ":" + k->s;
+    case PyType::kBytes: return "b" + std::to_string(k->s.size()) + ":" + k->s;
+    case PyType::kTuple: {
+      std::string out = "t" + std::to_string(k->items.size()) + "(";
+      for (const PyObj* e : k->items) {
+        std::optional<std::string> x = py_key_identity(e);  // depth bounded by the nesting limit
+        if (!x) return std::nullopt;
+        out += std::to_string(x->size()) + ":" + *x;
+      }
+      return out + ")";
+    }
+    case PyType::kList:
+    case PyType::kDict: return std::nullopt;
+    case PyType::kRecord:
+      if (k->args == nullptr && k->state == nullptr) return "g" + k->cls;  // one object per global in Python
+      break;
+    default: break;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "p%p", static_cast<const void*>(k));
+  return std::string(buf);
 }
 
 Status Machine::op_container(uint8_t op, bool* handled) {

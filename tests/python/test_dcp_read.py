@@ -115,7 +115,10 @@ def test_verify_reads_every_chunk(fx, run_ckpt):
     rep = json.loads(run_ckpt("verify", "--json", fx / "sharded" / "dcp").stdout)
     md = _torch_metadata(fx / "sharded" / "dcp")
     chunks = sum(len(v.chunks) for v in md.state_dict_metadata.values() if hasattr(v, "chunks"))
-    assert rep["ok"] is True and rep["format"] == "dcp" and rep["pieces"] == chunks
+    byte_items = sum(1 for v in md.state_dict_metadata.values() if not hasattr(v, "chunks"))
+    # Units are the items (one per chunk, then the bytes items), each zip entry CRC-checked.
+    assert rep["ok"] is True and rep["format"] == "PyTorch DCP" and rep["scheme"] == "zip CRC-32"
+    assert rep["pieces"] == chunks + byte_items, rep
 
 
 def test_from_hf_accepts_a_dcp_of_hf_names(fx, run_ckpt, tmp_path):
