@@ -224,3 +224,35 @@ def test_torch_dist_without_dot_metadata_is_refused(run_ckpt, tmp_path):
     (d / ".metadata").unlink()
     p = run_ckpt("inspect", d, check=False)
     assert p.returncode != 0 and "IncompleteCheckpoint" in p.stderr and ".metadata" in p.stderr, p.stderr
+
+
+# ---- check_piece: the Python module's reads check the entry holding the piece first -----------
+
+def test_python_read_of_a_flipped_piece_raises(tmp_path):
+    import ckpt
+    d = tmp_path / "legacy"
+    shutil.copytree(mf.fixture("tp1"), d)
+    f = d / RANK_FILE
+    entry = flip_in_entry(f, 0, f.stat().st_size, largest_storage)
+    with ckpt.open(str(d)) as c:
+        errors = []
+        for name in c.keys():
+            try:
+                c.read(name)
+            except Exception as e:  # noqa: BLE001 - the module's CorruptionError
+                errors.append(str(e))
+        assert errors and all("ZipCrcMismatch" in e and entry in e for e in errors), errors
+
+
+def test_python_read_of_a_flipped_dcp_item_raises(tmp_path):
+    import ckpt
+    d = tmp_path / "dcp"
+    shutil.copytree(fixture_root() / "llama_bf16/dcp", d)
+    name = "model.layers.0.mlp.down_proj.weight"
+    path, off, length = _dcp_item(d, name)
+    entry = flip_in_entry(path, off, length, largest_storage)
+    with ckpt.open(str(d)) as c:
+        c.read("model.layers.0.mlp.up_proj.weight")  # another item: fine
+        with pytest.raises(Exception, match="ZipCrcMismatch") as e:
+            c.read(name)
+        assert entry in str(e.value)
