@@ -133,6 +133,7 @@ Status run_hf_import(TensorSource& src, TensorSink& sink, const HfImportPlan& pl
   eo.threads = opts.threads;
   eo.max_chunk_bytes = opts.max_chunk_bytes;
   eo.progress = opts.progress;
+  eo.before_commit = opts.before_commit;
   return execute(src, sink, plan.tensors, plan.pieces, plan.metadata, eo);
 }
 

@@ -28,6 +28,9 @@ struct HfImportOptions {
   // Directory whose tokenizer/side files (converters/hf_files.h) are carried into the metadata
   // ("hf_files"); empty: none.
   std::string side_files_dir;
+  // Called after every byte is written, before the commit (the check of SRC: a DCP's zip CRC-32;
+  // converters/source_check_job.h).
+  std::function<Status()> before_commit;
 };
 
 struct HfImportPlan {

@@ -9,6 +9,7 @@
 #include "converters/hf_import.h"
 #include "converters/open_checkpoint.h"
 #include "converters/source_check_job.h"
+#include "reshard/comm.h"
 #include "formats/byte_size.h"
 #include "formats/file_io_direct.h"
 #include "formats/open_source.h"
@@ -169,7 +170,10 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   so.fsync = req.fsync;
   CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
+  JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
+  check.start(req.src, so.io, req.threads, req.dist && req.dist->rank() != 0, !req.dist);
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
@@ -186,6 +190,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
     eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
     eo.store = so;
     eo.exec.progress = opts.progress;
+    eo.before_commit = opts.before_commit;
     CKPT_RETURN_IF_ERROR(run_hf_import_to_layout(*src, *plan, layout, req.out, eo, req.dist));
   } else {
     store::StoreWriter sink(req.out, so);

@@ -34,7 +34,8 @@ class HfDirSource final : public TensorSource {
   std::string describe() const override { return path_; }
   // safetensors has no checksums: check() reads every byte (structure only).
   IntegrityInfo integrity() const override {
-    return {"huggingface safetensors directory", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
+    const bool file = path_.size() > 12 && path_.compare(path_.size() - 12, 12, ".safetensors") == 0;
+    return {file ? "safetensors" : "huggingface safetensors directory", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
   }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
 
