@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
+from native_h5py import reseal
 from test_store_h5py import make_sources, write_with_tool
 
 
@@ -105,7 +106,7 @@ def test_verify_bad_manifest(run_ckpt, clean_store, tmp_path, edit, code, rc):
     man = json.loads((dst / "manifest.json").read_text())
     emb = [p for p in man["pieces"] if p["tensor"] == "model.embed_tokens.weight"]
     if edit == "version":
-        man["version"] = 3
+        man["version"] = 4
     elif edit == "unknown_digest":
         emb[0]["digest"] = "blake3:" + "0" * 64
     elif edit == "v1_field":  # version 2 records "digest", not version 1's "sha256"
@@ -140,6 +141,8 @@ def test_verify_bad_manifest(run_ckpt, clean_store, tmp_path, edit, code, rc):
         emb[0]["dataset"] = "/p999999"
     elif edit == "escape":
         emb[0]["file"] = "../../etc/passwd"
+    if edit != "version":
+        reseal(man)  # the rule under test meets the edit, not the manifest checksum (test_store_integrity.py)
     text = json.dumps(man)
     if edit == "invalid_json":
         text = text[:-10]
