@@ -93,7 +93,7 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
   return CommandAction([path, json_out]() -> int {
     const SourceKind kind = detect_source(*path);
     // A native store as stored (its profile's tensors), not its canonical view.
-    auto src = kind == SourceKind::kNativeStore ? open_source(*path) : open_checkpoint(*path);
+    auto src = open_checkpoint_as_stored(*path);
     if (!src.ok()) return report_error(src.status());
     store::SourceExtras ex;
     auto file_of = std::make_shared<std::map<std::string, std::string>>();

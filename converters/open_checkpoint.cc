@@ -64,21 +64,35 @@ const CheckpointKind* detect_checkpoint(const std::string& path) {
   return nullptr;
 }
 
+namespace {
+
+// A model config beyond ckpt's bounds (converters/llama_config.h) is refused by every command,
+// verify and inspect included, before anything is sized by it; other config errors are left to
+// the commands that need a valid config (reshard, to-hf, train).
+Result<std::unique_ptr<TensorSource>> bounded(std::unique_ptr<TensorSource> src) {
+  const nlohmann::json& md = src->metadata();
+  if (md.is_object() && md.contains("model_config") && md["model_config"].is_object()) {
+    auto c = LlamaConfig::from_json(md["model_config"]);
+    if (!c.ok() && c.status().code() == "ConfigTooLarge")
+      return c.take_status().with_context("model_config of '" + src->describe() + "'");
+  }
+  return src;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path) {
+  if (detect_source(path) != SourceKind::kNativeStore) return open_checkpoint(path);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
+  return bounded(std::move(src));
+}
+
 Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
   if (const CheckpointKind* k = detect_checkpoint(path)) {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, k->open(path));
-    // A model config beyond ckpt's bounds (converters/llama_config.h) is refused by every command,
-    // verify and inspect included, before anything is sized by it; other config errors are left
-    // to the commands that need a valid config (reshard, to-hf, train).
-    const nlohmann::json& md = src->metadata();
-    if (md.is_object() && md.contains("model_config") && md["model_config"].is_object()) {
-      auto c = LlamaConfig::from_json(md["model_config"]);
-      if (!c.ok() && c.status().code() == "ConfigTooLarge")
-        return c.take_status().with_context("model_config of '" + src->describe() + "'");
-    }
-    return src;
+    return bounded(std::move(src));
   }
   std::string kinds;
   for (const auto& k : kCheckpointKinds) kinds += std::string("\n  ") + k.name + ": " + k.looks_like;

@@ -33,6 +33,10 @@ std::span<const CheckpointKind> checkpoint_kinds();
 // The kind `path` looks like, or nullptr.
 const CheckpointKind* detect_checkpoint(const std::string& path);
 
+// As open_checkpoint, but a native store in a profile as stored (its profile's tensors, not its
+// canonical view): for `inspect`.
+Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path);
+
 // Opens `path` as the first kind that recognises it. NotFound when the path does not exist;
 // Unsupported (listing every kind) when no kind recognises it.
 Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path);

@@ -77,6 +77,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"UnknownTensor", kCorrupt},  // a file holds a tensor its model or manifest does not declare
     {"UnexpectedTensor", kCorrupt},
     {"PieceOverlap", kCorrupt},
+    {"TooManyPieces", kCorrupt},  // more pieces of one tensor than kMaxPiecesPerTensor
     {"PieceGap", kCorrupt},
     {"PieceSize", kCorrupt},
     {"FlatRangeGap", kCorrupt},

@@ -326,6 +326,11 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
     }
     by_tensor[it->second].push_back(i);
   }
+  for (size_t ti = 0; ti < tensors.size(); ++ti)
+    if (by_tensor[ti].size() > kMaxPiecesPerTensor)
+      return Status::Error("TooManyPieces", "tensor '" + tensors[ti].name + "' is stored in " + std::to_string(by_tensor[ti].size()) +
+                                                " pieces, more than the bound " + std::to_string(kMaxPiecesPerTensor))
+          .with_tensor(tensors[ti].name);
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const auto& t = tensors[ti];
     const int64_t total = *checked_numel(t.shape);

@@ -144,14 +144,6 @@ Status ZipArchive::read(const Entry& e, uint64_t offset, uint64_t bytes, void* d
   return Status::Ok();
 }
 
-Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code) {
-  if (e.size > max_bytes)
-    return ziparchive_err(too_large_code, path_, "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
-  std::string s(static_cast<size_t>(e.size), '\0');
-  CKPT_RETURN_IF_ERROR(read(e, 0, e.size, s.data()));
-  return s;
-}
-
 namespace {
 
 constexpr uint64_t kCrcChunk = 4ull << 20;  // bytes hashed per read
@@ -167,6 +159,20 @@ uint32_t crc_update(uint32_t crc, const char* p, uint64_t n) {
 }
 
 }  // namespace
+
+Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code) {
+  if (e.size > max_bytes)
+    return ziparchive_err(too_large_code, path_, "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
+  std::string s(static_cast<size_t>(e.size), '\0');
+  CKPT_RETURN_IF_ERROR(read(e, 0, e.size, s.data()));
+  // An entry read whole (data.pkl, byteorder, version) is checked before it is parsed: its bytes
+  // are in hand, so the CRC-32 costs one pass over them.
+  const uint32_t crc = crc_update(0, s.data(), s.size());
+  if (crc != e.crc)
+    return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': CRC-32 of its " + std::to_string(e.size) + " bytes is " + crc_hex(crc) +
+                                                       ", the central directory says " + crc_hex(e.crc) + " (the entry's bytes changed since it was written)");
+  return s;
+}
 
 Status ZipArchive::check_crc(const Entry& e, const std::function<void(uint64_t)>& on_bytes) {
   std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(e.size, 1), kCrcChunk)));

@@ -206,6 +206,13 @@ def test_tampered_side_file_is_refused(run_ckpt, tmp_path):
     import base64
     man["hf_files"]["tokenizer.json"]["base64"] = base64.b64encode(b'{"version": "2.0"}').decode()
     mf.write_text(json.dumps(man))
+    # The manifest checksum (v3) finds the edit first ...
+    r = run_ckpt("to-hf", tmp_path / "native", tmp_path / "out", check=False)
+    assert r.returncode == 1 and "ManifestChecksumMismatch" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    # ... and with the manifest resealed, the side file's own checksum does.
+    from native_h5py import reseal
+    mf.write_text(json.dumps(reseal(man)))
     r = run_ckpt("to-hf", tmp_path / "native", tmp_path / "out", check=False)
     assert r.returncode == 1 and "HfFilesChecksum" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

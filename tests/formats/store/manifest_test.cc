@@ -232,6 +232,19 @@ TEST(Manifest, OutOfBounds) {
   EXPECT_EQ(check(j).code(), "RegionOutOfBounds");
 }
 
+TEST(Manifest, PiecesPerTensorAreBounded) {
+  // kMaxPiecesPerTensor + 1 flat pieces of one element each tile a [1, n] tensor exactly: refused
+  // by their number before the tiling is checked.
+  const int64_t n = static_cast<int64_t>(kMaxPiecesPerTensor) + 1;
+  std::vector<TensorMeta> tensors{{"w", DType::kF32, {1, n}}};
+  std::vector<Piece> pieces;
+  for (int64_t i = 0; i < n; ++i) pieces.push_back({"w", Region{Box{{0, i}, {1, 1}}}, DType::kF32});
+  EXPECT_EQ(validate_pieces(tensors, pieces).code(), "TooManyPieces");
+  pieces.pop_back();
+  pieces.back().region.box.extent[1] = 2;  // the bound itself is allowed
+  EXPECT_TRUE(validate_pieces(tensors, pieces).ok()) << validate_pieces(tensors, pieces).to_string();
+}
+
 TEST(Manifest, FlatPiecesTile) {
   json j = good();
   j["pieces"][1] = piece("w", {0, 3}, {4, 3}, "/p1", std::make_pair<int64_t, int64_t>(0, 5));
