@@ -46,6 +46,14 @@ struct FileExtent {
   uint64_t bytes = 0;
 };
 
+// Where and how a piece is stored, for `inspect`: the file holding it (relative to the checkpoint,
+// or a file name), its bytes on disk, its codec ("none", "shuffle+zstd-1"). Unknown: empty.
+struct PieceStorage {
+  std::string file = {};
+  std::optional<uint64_t> stored_bytes = {};
+  std::string codec = {};
+};
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
@@ -78,6 +86,11 @@ class TensorSource {
   // (ckpt.open(...).read, a trainer rank's resume). OK when the format has nothing to check.
   // Thread-safe where read() is. Default: OK.
   virtual Status check_piece(size_t piece);
+  // Where piece `piece` is stored (for inspect's files, sizes on disk and codecs). Default: unknown.
+  virtual PieceStorage piece_storage(size_t piece) {
+    (void)piece;
+    return {};
+  }
   // Hints for the reads that follow: decode compressed data on `threads` threads (default: none).
   virtual void set_read_threads(int threads) { (void)threads; }
   // Memory the source's reads take beside the caller's buffers with `threads` reading threads

@@ -251,4 +251,12 @@ void ShardedSafetensorsSink::abort() {
   begun_ = false;
 }
 
+PieceStorage HfDirSource::piece_storage(size_t piece) {
+  if (piece >= pieces_.size()) return {};
+  std::string name = files_[where_[piece].first]->path();
+  if (auto slash = name.rfind('/'); slash != std::string::npos) name = name.substr(slash + 1);
+  const Piece& p = pieces_[piece];
+  return {name, static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype), ""};
+}
+
 }  // namespace ckpt::safetensors

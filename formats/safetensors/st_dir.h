@@ -38,6 +38,8 @@ class HfDirSource final : public TensorSource {
     return {file ? "safetensors" : "huggingface safetensors directory", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
   }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+  // The file's name (no directory), its bytes stored raw (no codec).
+  PieceStorage piece_storage(size_t piece) override;
 
  private:
   Status add_file(std::unique_ptr<SafetensorsFile> f);

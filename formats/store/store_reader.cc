@@ -423,6 +423,14 @@ Status StoreReader::check_piece(size_t piece) {
   return check_failed_[piece] = rep.failures.front().status;
 }
 
+PieceStorage StoreReader::piece_storage(size_t piece) {
+  if (piece >= manifest_.pieces.size()) return {};
+  const auto& rec = manifest_.pieces[piece];
+  std::string codec = codec_name(rec.codec);
+  if (rec.codec != Codec::kNone) codec += "-" + std::to_string(rec.codec_level);
+  return {rec.file, stored_bytes(piece), codec};
+}
+
 uint64_t StoreReader::read_memory(int threads) const {
   const uint64_t shares = threads > 1 ? 2 * static_cast<uint64_t>(threads) - 1 : 1;
   for (const auto& rec : manifest_.pieces)

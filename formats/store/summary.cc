@@ -147,4 +147,15 @@ std::string text_summary(const json& s, bool list_tensors) {
   return o;
 }
 
+SourceExtras extras_of(TensorSource& src, const std::string& format) {
+  SourceExtras ex;
+  ex.format = format;
+  if (src.pieces().empty()) return ex;
+  const PieceStorage first = src.piece_storage(0);
+  if (first.stored_bytes) ex.stored_bytes = [&src](size_t i) { return src.piece_storage(i).stored_bytes.value_or(0); };
+  if (!first.codec.empty()) ex.codec = [&src](size_t i) { return src.piece_storage(i).codec; };
+  if (!first.file.empty()) ex.file = [&src](size_t i) { return src.piece_storage(i).file; };
+  return ex;
+}
+
 }  // namespace ckpt::store

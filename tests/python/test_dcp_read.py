@@ -40,7 +40,7 @@ def test_inspect_lists_every_tensor_with_its_global_shape(fx, run_ckpt, name):
     for k, v in want.items():
         assert got[k]["shape"] == list(v.size), k
         assert got[k]["pieces"] == len([c for c in v.chunks if torch.Size(c.sizes).numel() > 0]), k
-    assert s["format"] == "dcp"
+    assert s["format"] == "PyTorch DCP"  # as verify names it
 
 
 def test_sharded_chunks_are_pieces_and_values_equal_torch_dcp_load(fx, run_ckpt):
