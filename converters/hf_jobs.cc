@@ -67,8 +67,13 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(opts.io, parse_io_mode(req.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
   CKPT_ASSIGN_OR_RETURN(opts.max_shard_size, parse_byte_size(req.max_shard_size, "--max-shard-size"));
-  JobSourceCheck check;  // forked before this process opens SRC
-  check.start(req.src, opts.io, req.threads, req.no_verify);
+  // SRC's check: from the copies' own direct reads where they read SRC direct (a cold source, or
+  // --io direct) and it is copied as stored (CopyVerify: SRC read once); else in a child process
+  // forked before this process opens SRC.
+  const bool direct_reads = opts.io == IoMode::kDirect || cold_source(req.src, opts.io);
+  const bool check_copy = !req.no_verify && direct_reads && checkable_from_copy(req.src);
+  JobSourceCheck check;
+  check.start(req.src, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
@@ -79,12 +84,13 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   // Copied file ranges read direct and ahead through one SourceBlocks, as reshard's: with --io direct,
   // and with auto when the source is cold (mapped reads of it fill new page-cache pages, slow in an
   // idle VM). Not for a compressed store, whose chunks are decoded, not copied.
-  if (decode == 0 && (opts.io == IoMode::kDirect || cold_source(req.src, opts.io))) {
+  if (decode == 0 && direct_reads) {
     CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(req.max_memory, "--max-memory"));
     ReadAheadFit fit = fit_read_ahead(mem, reserve, req.threads);
     opts.read_ahead = std::move(fit.blocks);
     reserve += fit.bytes;
   }
+  if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead, req.threads);  // else inline at the end
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   ToHfOutcome out;
   CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, opts.read_ahead.get()));

@@ -105,6 +105,9 @@ class CanonicalViewImpl final : public CanonicalView, public StagedReads {
     return src_->check_piece(map_[piece].src);
   }
   void set_read_threads(int threads) override { src_->set_read_threads(threads); }
+  std::optional<RangeCheck> range_check(size_t piece) override {
+    return piece < map_.size() ? src_->range_check(map_[piece].src) : std::nullopt;
+  }
   uint64_t read_memory(int threads) const override { return src_->read_memory(threads); }
 
   Status read(size_t piece, const Box& sub, void* dst) override {

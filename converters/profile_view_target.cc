@@ -35,6 +35,7 @@ class ProfileViewImpl final : public ProfileView, public StagedReads {
     return map_[piece].zero ? Status::Ok() : src_->check_piece(map_[piece].src);
   }
   void set_read_threads(int threads) override { src_->set_read_threads(threads); }
+  // None: its pieces are computed (cast, transposed, zero), not copied from the stored ranges.
   uint64_t read_memory(int threads) const override { return src_->read_memory(threads); }
 
   Status read(size_t piece, const Box& sub, void* dst_v) override {

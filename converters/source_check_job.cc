@@ -1,8 +1,29 @@
 #include "converters/source_check_job.h"
 
 #include "converters/open_checkpoint.h"
+#include "formats/open_source.h"
+#include "formats/store/manifest.h"
+#include "formats/store/run_dir.h"
 
 namespace ckpt {
+
+bool checkable_from_copy(const std::string& path) {
+  if (detect_source(path) != SourceKind::kNativeStore) return false;
+  auto dir = store::resolve_checkpoint(path);
+  if (!dir.ok()) return false;
+  auto m = store::load_manifest(*dir);
+  if (!m.ok() || !copy_verifiable(*m)) return false;
+  const nlohmann::json& md = m->metadata;
+  return !md.contains("profile_spec") && (!md.contains("profile") || md["profile"] == "reference");
+}
+
+void JobSourceCheck::from_copy(TensorSource& src, SourceBlocks& read_ahead, int threads) {
+  if (skip_) return;
+  threads_ = threads;
+  tap_ = std::make_shared<CopyVerify>(src);
+  read_ahead.set_tap(tap_);
+  how_ = "copy";
+}
 
 void JobSourceCheck::start(const std::string& src_path, IoMode io, int threads, bool skip, bool in_child) {
   skip_ = skip;
@@ -25,6 +46,7 @@ void JobSourceCheck::start(const std::string& src_path, IoMode io, int threads, 
 Status JobSourceCheck::finish(TensorSource& src) {
   info_ = src.integrity();
   if (skip_) return Status::Ok();
+  if (tap_) return tap_->finish(IoMode::kDirect, threads_);
   if (bg_.started()) return bg_.wait();
   if (!info_.checks()) return Status::Ok();
   how_ = "inline";
@@ -37,6 +59,10 @@ Status JobSourceCheck::finish(TensorSource& src) {
 nlohmann::json JobSourceCheck::to_json() const {
   nlohmann::json j = {{"how", how_}, {"scheme", info_.scheme}};
   if (!info_.cannot_check.empty()) j["note"] = info_.cannot_check;
+  if (tap_) {
+    j["bytes_from_copy"] = tap_->bytes_from_copy();
+    j["bytes_reread"] = tap_->bytes_reread();
+  }
   return j;
 }
 

@@ -16,11 +16,18 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/io_mode.h"
+#include "formats/source_blocks.h"
 #include "formats/status.h"
 #include "formats/tensor_io.h"
 #include "reshard/source_verify.h"
 
 namespace ckpt {
+
+// Whether the checkpoint at `path` can be checked from a copy's own direct reads (CopyVerify): a
+// native store whose every piece is stored uncompressed and which opens as stored (the reference
+// profile; a store in another profile is read through its canonical view, whose transposes and
+// segments are not read as whole file ranges).
+bool checkable_from_copy(const std::string& path);
 
 class JobSourceCheck {
  public:
@@ -35,7 +42,12 @@ class JobSourceCheck {
   std::function<Status()> before_commit(TensorSource& src) {
     return [this, &src] { return finish(src); };
   }
-  // {"how": "process" | "inline" | "none", "scheme": what was checked, "note": what cannot be}.
+  // Checks from the copy's own direct reads instead (before the copies: `read_ahead` must be the
+  // SourceBlocks they read through); finish() then takes CopyVerify's verdict. Call after start()
+  // with in_child false.
+  void from_copy(TensorSource& src, SourceBlocks& read_ahead, int threads);
+  // {"how": "process" | "inline" | "copy" | "none", "scheme": what was checked, "note": what cannot be;
+  //  copy: "bytes_from_copy", "bytes_reread"}.
   nlohmann::json to_json() const;
 
  private:
@@ -45,6 +57,7 @@ class JobSourceCheck {
   BackgroundVerify bg_;
   std::string how_ = "none";
   IntegrityInfo info_;
+  std::shared_ptr<CopyVerify> tap_;
 };
 
 }  // namespace ckpt

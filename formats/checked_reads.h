@@ -29,6 +29,7 @@ class CheckedReads final : public TensorSource {
   CheckReport check(const CheckOptions& o) override { return inner_->check(o); }
   Status check_piece(size_t piece) override { return inner_->check_piece(piece); }
   void set_read_threads(int threads) override { inner_->set_read_threads(threads); }
+  std::optional<RangeCheck> range_check(size_t piece) override { return inner_->range_check(piece); }
   uint64_t read_memory(int threads) const override { return inner_->read_memory(threads); }
 
  private:

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/digest.h"
 #include "formats/dtype.h"
 #include "formats/region.h"
 #include "formats/source_check.h"
@@ -54,6 +55,13 @@ struct PieceStorage {
   std::string codec = {};
 };
 
+// A unit whose check is a digest over one file range as stored (a native piece stored raw): a copy
+// that reads that range anyway can check it from its own reads (reshard/source_verify.h CopyVerify).
+struct RangeCheck {
+  FileExtent extent;   // the whole unit's bytes
+  DigestValue digest;  // what they must hash to
+};
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
@@ -86,6 +94,12 @@ class TensorSource {
   // (ckpt.open(...).read, a trainer rank's resume). OK when the format has nothing to check.
   // Thread-safe where read() is. Default: OK.
   virtual Status check_piece(size_t piece);
+  // The range check of the unit holding piece `piece` (the same unit for pieces sharing it), when
+  // the format's check of it is a digest of one stored file range. Default: none (check_piece).
+  virtual std::optional<RangeCheck> range_check(size_t piece) {
+    (void)piece;
+    return std::nullopt;
+  }
   // Where piece `piece` is stored (for inspect's files, sizes on disk and codecs). Default: unknown.
   virtual PieceStorage piece_storage(size_t piece) {
     (void)piece;

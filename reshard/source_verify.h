@@ -39,13 +39,15 @@ Status verdict(const CheckReport& rep);
 // uncompressed (compressed pieces are decoded, not copied from file ranges).
 bool copy_verifiable(const store::Manifest& m);
 
-// The source check as a BlockTap: every uncompressed piece's digest computed from the bytes the
-// copy's direct reads bring in (SourceBlocks::set_tap). finish() takes the pieces whose digest
-// came out whole and equal, and re-reads the others (not read whole in order by the copy, stored
-// compressed, or not matching: for the error that names them) with StoreReader::verify_pieces.
+// The source check as a BlockTap: the digest of every unit of `src` whose check is a digest of one
+// file range (TensorSource::range_check: an uncompressed native piece, also through a canonical
+// view) computed from the bytes the copy's direct reads bring in (SourceBlocks::set_tap). finish()
+// takes the pieces whose unit's digest came out whole and equal, and checks the others (not read
+// whole in order by the copy, stored compressed, or not matching: for the error that names them)
+// with TensorSource::check_piece.
 class CopyVerify final : public BlockTap {
  public:
-  explicit CopyVerify(store::StoreReader& src);  // on the thread that owns `src`, before the copies
+  explicit CopyVerify(TensorSource& src);  // on the thread that owns `src`, before the copies
   std::vector<Range> ranges(uint64_t dev, uint64_t ino) override;
   void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) override;
   // After the copies, on the thread that owns `src`: OK, or the failure as verify_source_inline.
@@ -55,15 +57,16 @@ class CopyVerify final : public BlockTap {
 
  private:
   struct Hashed {
-    size_t piece = 0;
     uint64_t dev = 0, ino = 0, off = 0, bytes = 0;
+    std::string want;  // expected hex digest
     std::mutex mu;
     uint64_t fed = 0;
     Digest digest;
     std::string hex;  // when fed == bytes
   };
-  store::StoreReader& src_;
-  std::vector<std::unique_ptr<Hashed>> hashed_;  // Range::id = index
+  TensorSource& src_;
+  std::vector<std::unique_ptr<Hashed>> hashed_;  // Range::id = index; one per distinct file range
+  std::vector<int64_t> piece_range_;              // piece -> index into hashed_, -1: none
   uint64_t from_copy_ = 0, reread_ = 0;
 };
 

@@ -108,6 +108,9 @@ class TracedSource final : public TensorSource, public StagedReads {
     return s_.check_piece(piece);
   }
   void set_read_threads(int threads) override { s_.set_read_threads(threads); }
+  std::optional<RangeCheck> range_check(size_t piece) override {
+    return piece < s_.pieces().size() ? s_.range_check(piece) : std::nullopt;
+  }
   uint64_t read_memory(int threads) const override { return s_.read_memory(threads); }
   Status read(size_t piece, const Box& sub, void* dst) override {
     note(piece, static_cast<uint64_t>(sub.numel()) * dtype_size(s_.pieces()[piece].dtype));

@@ -423,6 +423,13 @@ Status StoreReader::check_piece(size_t piece) {
   return check_failed_[piece] = rep.failures.front().status;
 }
 
+std::optional<RangeCheck> StoreReader::range_check(size_t piece) {
+  if (piece >= manifest_.pieces.size() || manifest_.pieces[piece].codec != Codec::kNone) return std::nullopt;
+  const std::optional<FileExtent> e = dataset_extent(piece);
+  if (!e) return std::nullopt;
+  return RangeCheck{*e, manifest_.pieces[piece].digest};
+}
+
 PieceStorage StoreReader::piece_storage(size_t piece) {
   if (piece >= manifest_.pieces.size()) return {};
   const auto& rec = manifest_.pieces[piece];

@@ -52,6 +52,8 @@ class StoreReader final : public TensorSource {
   // The piece's digest recomputed once (whole piece); thread-safe.
   Status check_piece(size_t piece) override;
   void set_read_threads(int threads) override { set_decode_threads(threads); }
+  // An uncompressed piece: its dataset's file range and digest. Not thread-safe (dataset_extent).
+  std::optional<RangeCheck> range_check(size_t piece) override;
   // The shard file, the dataset's size in it (compressed size when compressed), the codec.
   PieceStorage piece_storage(size_t piece) override;
   // Compressed pieces: a decode buffer per decoding thread.

@@ -136,3 +136,17 @@ def test_python_module_checks_before_reading(bad, stores, tmp_path):
     assert not (tmp_path / "py_out").exists()
     rep = ckpt.verify(bad["pd"])
     assert not rep["ok"] and rep["failures"][0]["code"] == "ChecksumMismatch"
+
+
+def test_to_hf_direct_checks_from_its_own_reads(run_ckpt, stores, bad, tmp_path):
+    """--io direct (as for a cold source under auto): SRC's digests from the copy's own reads, SRC
+    read once; a flipped byte is still found, and nothing is committed."""
+    j = json.loads(run_ckpt("to-hf", stores / "native", tmp_path / "o", "--io", "direct", "--json").stdout)
+    sc = j["source_check"]
+    man = json.loads((stores / "native" / "manifest.json").read_text())
+    assert sc["how"] == "copy" and sc["bytes_from_copy"] + sc["bytes_reread"] == sum(p["bytes"] for p in man["pieces"]), sc
+    assert sc["bytes_from_copy"] > 0, sc
+    ref = load_file(stores / "hf" / "model.safetensors")
+    got = load_file(tmp_path / "o" / "model.safetensors")
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    _refused(run_ckpt("to-hf", bad["native"], tmp_path / "o2", "--io", "direct", check=False), tmp_path / "o2")
