@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--state", default="hot", choices=["hot", "idle"])
     ap.add_argument("--layers", type=int, default=20)
     ap.add_argument("--hot-gib", type=float, default=4.0)
+    ap.add_argument("--only", default="", help="comma list of commands to time (verify, reshard, to-hf); default all")
     ap.add_argument("--idle-sleep", type=float, default=30.0)
     a = ap.parse_args()
     d = pathlib.Path(a.dir)
@@ -58,6 +59,9 @@ def main():
              ("reshard", "new", ["reshard", "{src}", "{out}", "--tp", "2", "--pp", "3", "--dp", "1"]),
              ("to-hf", "base", ["to-hf", "{src}", "{out}"]), ("to-hf", "new", ["to-hf", "{src}", "{out}"]),
              ("to-hf nv", "new", ["to-hf", "{src}", "{out}", "--no-verify"])]
+    if a.only:
+        keep = set(a.only.split(","))
+        cases = [c for c in cases if c[0] in keep or (c[0] == "to-hf nv" and "to-hf" in keep)]
     state = State(a)
     res = {}
     for r in range(a.reps):
@@ -74,8 +78,12 @@ def main():
     shutil.rmtree(out, ignore_errors=True)
     print(f"\nmedians of {a.reps} rounds ({a.state}):")
     for what in ("verify", "reshard", "to-hf"):
+        if (what, "base") not in res:
+            continue
         b, n = statistics.median(res[(what, "base")]), statistics.median(res[(what, "new")])
         print(f"  {what:8s} base {b:6.2f} s  new {n:6.2f} s  new/base {n / b:5.2f}")
+    if ("to-hf nv", "new") not in res:
+        return
     nv = statistics.median(res[("to-hf nv", "new")])
     print(f"  to-hf --no-verify (new) {nv:6.2f} s; with the check / without {statistics.median(res[('to-hf', 'new')]) / nv:5.2f}")
 
