@@ -50,4 +50,10 @@ std::vector<hsize_t> piece_chunk_dims(const std::vector<hsize_t>& dims, size_t e
   return c;
 }
 
+std::string dims_string(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
 }  // namespace ckpt::store

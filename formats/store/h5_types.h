@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "formats/dtype.h"
@@ -25,6 +26,8 @@ bool h5_type_matches(hid_t tid, DType t);
 // Dims of the dataset holding a piece: the box extent (a rank-0 box as [1]) or [numel] for a
 // flat range.
 std::vector<hsize_t> piece_dataset_dims(const Region& r);
+// "[4, 6]": dataset dimensions for messages.
+std::string dims_string(const std::vector<hsize_t>& d);
 // Chunk dims of a compressed piece dataset of `dims`: row slabs of about `target` bytes (full
 // inner dims, a slice of the first dim that does not fit whole, 1 for the dims outside it).
 std::vector<hsize_t> piece_chunk_dims(const std::vector<hsize_t>& dims, size_t esize, uint64_t target);

@@ -238,6 +238,13 @@ Result<Manifest> manifest_from_json(json& j) {
 }
 }  // namespace
 
+Result<std::string> manifest_text(const Manifest& m) {
+  std::string text = manifest_to_json(m).dump(1);
+  if (auto back = parse_manifest(text); !back.ok())
+    return Status::Internal("the manifest about to be committed does not read back: " + back.status().to_string());
+  return text;
+}
+
 Result<Manifest> parse_manifest(const std::string& text) {
   CKPT_ASSIGN_OR_RETURN(json j, parse_json(text, kManifestJsonLimits, "manifest"));
   return manifest_from_json(j);

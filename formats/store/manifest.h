@@ -74,6 +74,9 @@ Result<PieceRecord> piece_record_from_json(const nlohmann::json& j, int version 
 // The manifest in version kFormatVersion's form, sealed: "manifest_digest" is the digest (algorithm
 // m.manifest_digest.algo) of canonical_manifest_text of the rest.
 nlohmann::json manifest_to_json(const Manifest& m);
+// The text a writer commits: manifest_to_json(m) as written, checked to read back through
+// parse_manifest (its checksum included); Internal if it does not.
+Result<std::string> manifest_text(const Manifest& m);
 // What "manifest_digest" is the digest of: `j` without that key, serialized compactly with keys
 // sorted (nlohmann's dump(): byte-wise key order, no whitespace, numbers in shortest round-trip
 // form, non-ASCII as UTF-8) -- what Python's json.dumps(j, sort_keys=True, separators=(",", ":"),

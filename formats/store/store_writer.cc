@@ -11,7 +11,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "formats/checked.h"
 #include "formats/dtype.h"
 #include "formats/file_io_direct.h"
 #include "formats/fs_util.h"
@@ -441,10 +440,7 @@ Status StoreWriter::finalize(const std::string& dst, const std::vector<TensorMet
   for (const auto& r : m.pieces)
     if (!path_exists(partial + "/" + r.file)) return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
   CKPT_RETURN_IF_ERROR(dir.check_target());
-  const std::string text = manifest_to_json(m).dump(1);
-  // What is committed reads back through the reader's own parser (its checksum included).
-  if (auto back = parse_manifest(text); !back.ok())
-    return Status::Internal("the manifest about to be committed does not read back: " + back.status().to_string());
+  CKPT_ASSIGN_OR_RETURN(const std::string text, manifest_text(m));  // reads back through the reader's parser
   if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial + "/shards"));
   CKPT_RETURN_IF_ERROR(write_file_atomic(partial + "/" + kManifestFile, text));
   return dir.commit(opts.fsync);
