@@ -6,16 +6,15 @@ compressed), the HF safetensors files. Each command must exit 4 (I/O error) nami
 leave neither the output nor its .partial directory, and not crash: HDF5's exit handler used to
 segfault (exit -11) in H5F__close_cb on a file whose close had failed (formats/store/h5_handles.cc).
 """
-import json
 import resource
 import signal
 import subprocess
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from conftest import check_no_sanitizer_report
+from llama_shapes import write_hf_llama  # noqa: E402
 
 LIMIT = 6 << 20  # bytes: every output below is 16-32 MB
 
@@ -33,19 +32,8 @@ def sources(tmp_path_factory, ckpt_bin):
            "num_hidden_layers": n, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": v,
            "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
            "torch_dtype": "float32", "hidden_act": "silu"}
-    rng = np.random.default_rng(0)
-    t = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
-    for i in range(n):
-        p = f"model.layers.{i}."
-        t.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                  p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (h // 2, h),
-                  p + "self_attn.v_proj.weight": (h // 2, h), p + "self_attn.o_proj.weight": (h, h),
-                  p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                  p + "mlp.down_proj.weight": (h, f)})
     hf = d / "hf"
-    hf.mkdir()
-    save_file({k: rng.standard_normal(s, dtype=np.float32) for k, s in t.items()}, str(hf / "model.safetensors"))
-    (hf / "config.json").write_text(json.dumps(cfg))
+    write_hf_llama(hf, cfg, np.random.default_rng(0))
     native = d / "native"
     subprocess.run([ckpt_bin, "from-hf", str(hf), str(native)], check=True, capture_output=True)
     return hf, native

@@ -34,6 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import mcore_fixtures as mf  # noqa: E402
 import mcore_optim_fixtures as mof  # noqa: E402
 import megatron_reference as ref  # noqa: E402
+from llama_shapes import hf_llama_shapes  # noqa: E402
 
 CFG = {"vocab_size": mf.VOCAB, "hidden_size": mf.HIDDEN, "intermediate_size": mf.FFN,
        "num_hidden_layers": mf.LAYERS, "num_attention_heads": mf.HEADS, "num_key_value_heads": mf.GROUPS,
@@ -81,15 +82,7 @@ def real_rows(tp, pp, per):
 
 def ref_shapes():
     H, K, hd, h, i, v = mf.HEADS, mf.GROUPS, mf.HIDDEN // mf.HEADS, mf.HIDDEN, mf.FFN, mf.VOCAB
-    out = {"model.embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "model.norm.weight": (h,)}
-    for layer in range(mf.LAYERS):
-        p = f"model.layers.{layer}."
-        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                    p + "self_attn.q_proj.weight": (H * hd, h), p + "self_attn.k_proj.weight": (K * hd, h),
-                    p + "self_attn.v_proj.weight": (K * hd, h), p + "self_attn.o_proj.weight": (h, H * hd),
-                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                    p + "mlp.down_proj.weight": (h, i)})
-    return out
+    return hf_llama_shapes(h, i, v, mf.LAYERS, q_dim=H * hd, kv_dim=K * hd)
 
 
 @pytest.fixture(scope="module", params=list(mof.LAYOUTS))

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 import pytest
 from native_h5py import manifest_digest, read_native
-from safetensors.numpy import save_file
+from llama_shapes import write_hf_llama  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 V2 = ROOT / "fixtures" / "v2_store" / "step-00000001"
@@ -43,20 +43,8 @@ O_PROJ = "model.layers.0.self_attn.o_proj.weight"
 def native(ckpt_bin, tmp_path_factory):
     """An uncompressed v3 store from a tiny HF LLaMA (f32; o_proj 32 x 32 = 4096 bytes)."""
     d = tmp_path_factory.mktemp("src")
-    h, f, v = CFG["hidden_size"], CFG["intermediate_size"], CFG["vocab_size"]
-    t = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
-    for i in range(CFG["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                  p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (h // 2, h),
-                  p + "self_attn.v_proj.weight": (h // 2, h), p + "self_attn.o_proj.weight": (h, h),
-                  p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                  p + "mlp.down_proj.weight": (h, f)})
-    rng = np.random.default_rng(32)
     hf = d / "hf"
-    hf.mkdir()
-    save_file({k: rng.standard_normal(s, dtype=np.float32) for k, s in t.items()}, str(hf / "model.safetensors"))
-    (hf / "config.json").write_text(json.dumps(CFG))
+    write_hf_llama(hf, CFG, np.random.default_rng(32))
     out = d / "native"
     subprocess.run([ckpt_bin, "from-hf", str(hf), str(out)], check=True, capture_output=True)
     return out

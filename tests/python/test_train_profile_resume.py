@@ -39,6 +39,7 @@ from mpi_ranks import MPIRUN, SKIP_REASON  # noqa: E402
 from native_h5py import read_native  # noqa: E402  (scripts/: h5py + hashlib only)
 from trainer_runs import (COMMON, CONFIG, assert_losses_close, ckpt, ckpt_path, launch, log,  # noqa: E402
                           run, step_dir)
+from llama_shapes import hf_llama_shapes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -199,14 +200,7 @@ def test_overflow_stops_at_the_first_overflowing_chunk(tmp_path):
     cfg = dict(CONFIG, num_hidden_layers=2)
     h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     rng = np.random.default_rng(0)
-    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
-    for i in range(2):
-        p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (h, h),
-                       p + "self_attn.v_proj.weight": (h, h), p + "self_attn.o_proj.weight": (h, h),
-                       p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                       p + "mlp.down_proj.weight": (h, f)})
+    shapes = hf_llama_shapes(h, f, v, 2)
     t = {k: rng.normal(0, 0.02, s).astype(np.float32) for k, s in shapes.items()}
     big = ["model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"]
     t[big[0]][1, 2] = 7e4
