@@ -23,7 +23,7 @@ struct FromHfArgs {
   LayoutFlags layout;
   StreamFlags stream;
   IoFlags io;
-  bool no_fsync = false, json = false;
+  bool no_fsync = false, json = false, no_verify = false;
   ProfileRequest profile;
 };
 
@@ -39,6 +39,7 @@ int run_from_hf(const FromHfArgs& a) {
   req.max_memory = a.stream.max_memory;
   req.io = a.io.io;
   req.fsync = !a.no_fsync;
+  req.no_verify = a.no_verify;
   req.profile = a.profile;
   // Under mpirun the shard files of a laid-out (or profile) import are divided among processes.
   req.dist = (a.layout.given() || a.profile.given()) && Comm::launched_under_mpi() ? &Comm::world() : nullptr;
@@ -77,6 +78,7 @@ CommandAction setup_from_hf(CLI::App& sub) {
   a->stream.add(sub);
   a->io.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
+  add_no_verify_flag(sub, a->no_verify);
   sub.add_flag("--json", a->json, "Print the result as JSON: out, layout, tensors, bytes, side_files, skipped, seconds (+ profile, exactness)");
   sub.add_option("--profile", a->profile.profile, "store in this built-in profile (docs/PROFILES.md); tokenizer files are not carried");
   sub.add_option("--profile-file", a->profile.profile_file, "store in the profile of this JSON file");

@@ -98,7 +98,7 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   sub.add_option("--compress", a->compress, "Shard compression: none, zstd[:LEVEL], shuffle+zstd[:LEVEL]");
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");
-  sub.add_flag("--no-verify", a->no_verify, "Skip re-hashing SRC pieces before committing DST");
+  add_no_verify_flag(sub, a->no_verify);
   sub.add_option("--profile", a->profile.profile,
                  "Convert to this built-in profile in the same pass (hf, megatron-mcore, megatron-legacy, paddlenlp, "
                  "libai, reference; docs/PROFILES.md)");

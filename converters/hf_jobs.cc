@@ -137,6 +137,7 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
   rr.profile = req.profile;
   rr.progress = req.progress;
   rr.dist = req.dist;
+  rr.no_verify = req.no_verify;
   CKPT_ASSIGN_OR_RETURN(auto r, run_reshard_job(rr));
   FromHfOutcome out;
   out.out = req.out;
@@ -177,7 +178,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
   JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
-  check.start(req.src, so.io, req.threads, req.dist && req.dist->rank() != 0, !req.dist);
+  check.start(req.src, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);

@@ -72,6 +72,7 @@ struct FromHfRequest {
   std::string io = "auto";
   bool fsync = true;
   ProfileRequest profile;            // store in this profile (reshard job through the profile views)
+  bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;
   Comm* dist = nullptr;              // the world under mpirun; null: one process
 };
