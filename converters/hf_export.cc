@@ -7,7 +7,6 @@
 
 #include "formats/checked.h"
 #include "formats/safetensors/st_dir.h"
-#include "formats/store/store_reader.h"
 #include "reshard/executor.h"
 
 namespace ckpt {

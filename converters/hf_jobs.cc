@@ -90,7 +90,7 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
     opts.read_ahead = std::move(fit.blocks);
     reserve += fit.bytes;
   }
-  if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead, req.threads);  // else inline at the end
+  if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
   CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
   ToHfOutcome out;
   CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, opts.read_ahead.get()));

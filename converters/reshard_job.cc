@@ -202,19 +202,15 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   CKPT_ASSIGN_OR_RETURN(sopts.io, parse_io_mode(r.io, "--io"));
   CKPT_ASSIGN_OR_RETURN(uint64_t reserve, fit_store_writer(r.max_memory, r.threads, sopts, !r.dry_run && cold_source(r.src, sopts.io)));
 
-  // SRC re-hash, overlapped with the reshard in a child process forked before this process opens
-  // SRC (single-process runs only; under mpirun rank 0 re-hashes inline before committing).
-  // Where the copies read SRC direct (--io direct, or a cold SRC under --io auto), an uncompressed
-  // SRC is checked from the copy's own reads instead (CopyVerify: SRC read once).
-  // Any other kind of SRC (Megatron torch files, DCP, ...) is checked by its format's own checks
-  // (converters/source_check_job.h): in a child process too, inline under mpirun on rank 0.
-  BackgroundVerify bg;
-  const bool native = detect_source(r.src) == SourceKind::kNativeStore;
-  const bool check = !r.no_verify && !r.dry_run && !r.dist && native;
-  const bool from_copy = check && sopts.read_ahead && check_from_copy(r);
-  if (check && !from_copy) (void)bg.start(r.src, sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered);
-  JobSourceCheck other_check;
-  other_check.start(r.src, sopts.io, r.threads, native || r.no_verify || r.dry_run || (r.dist && r.dist->rank() != 0), !r.dist);
+  // SRC checked by its format's own checks (converters/source_check_job.h): overlapped with the
+  // reshard in a child process forked before this process opens SRC; under mpirun inline on rank 0
+  // before committing; where the copies read SRC direct (--io direct, or a cold SRC under --io
+  // auto) and an uncompressed native SRC is copied as stored, from the copy's own reads
+  // (CopyVerify: SRC read once).
+  const bool skip_check = r.no_verify || r.dry_run || (r.dist && r.dist->rank() != 0);
+  const bool from_copy = !skip_check && !r.dist && sopts.read_ahead && check_from_copy(r);
+  JobSourceCheck check;
+  check.start(r.src, sopts.io, r.threads, skip_check, /*in_child=*/!r.dist && !from_copy);
 
   CKPT_ASSIGN_OR_RETURN(OpenedSource opened, open_reshard_source(r.src));
   if (opened.store) opened.store->set_decode_threads(r.threads);  // compressed SRC: chunks decoded on --threads
@@ -250,28 +246,13 @@ Result<ReshardOutcome> run_reshard_job(const ReshardRequest& r) {
   so.exec = eo;
   so.store = sopts;
   so.exec.progress = r.progress;
-  std::shared_ptr<CopyVerify> tapped;
-  if (from_copy && opened.store) {
-    tapped = std::make_shared<CopyVerify>(*opened.store);
-    sopts.read_ahead->set_tap(tapped);
-    so.before_commit = [&tapped, threads = r.threads]() -> Status { return tapped->finish(IoMode::kDirect, threads); };
-  } else if (bg.started())
-    so.before_commit = [&bg]() -> Status { return bg.wait(); };
-  else if (!r.no_verify && opened.store)
-    so.before_commit = [&opened, io = sopts.io == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered]() -> Status {
-      opened.store->set_read_io(io);
-      return verify_source_inline(*opened.store);
-    };
-  else if (!native)
-    so.before_commit = other_check.before_commit(src);
-  out.source_check = {{"how", tapped ? "copy" : bg.started() ? "process" : so.before_commit ? "inline" : "none"}};
+  if (from_copy) check.from_copy(src, *sopts.read_ahead);
+  if (!skip_check) so.before_commit = check.before_commit(src);
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(plan_src, out.plan, r.dst, so, r.dist));
   out.seconds = seconds_since(t0);
-  if (!native) out.source_check = other_check.to_json();
-  if (tapped) {
-    out.source_check["bytes_from_copy"] = tapped->bytes_from_copy();
-    out.source_check["bytes_reread"] = tapped->bytes_reread();
-  }
+  out.source_check = check.to_json();
+  out.source_check.erase("scheme");  // reshard's JSON as before: how (+ bytes_from_copy, bytes_reread)
+  out.source_check.erase("note");
   if (conv) {
     out.profile = conv->target().name;
     out.from_profile = conv->from().name;

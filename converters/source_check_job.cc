@@ -17,9 +17,8 @@ bool checkable_from_copy(const std::string& path) {
   return !md.contains("profile_spec") && (!md.contains("profile") || md["profile"] == "reference");
 }
 
-void JobSourceCheck::from_copy(TensorSource& src, SourceBlocks& read_ahead, int threads) {
+void JobSourceCheck::from_copy(TensorSource& src, SourceBlocks& read_ahead) {
   if (skip_) return;
-  threads_ = threads;
   tap_ = std::make_shared<CopyVerify>(src);
   read_ahead.set_tap(tap_);
   how_ = "copy";
@@ -46,17 +45,24 @@ void JobSourceCheck::start(const std::string& src_path, IoMode io, int threads, 
 Status JobSourceCheck::finish(TensorSource& src) {
   info_ = src.integrity();
   if (skip_) return Status::Ok();
-  if (tap_) return tap_->finish(IoMode::kDirect, threads_);
-  if (bg_.started()) return bg_.wait();
-  if (!info_.checks()) return Status::Ok();
-  how_ = "inline";
-  CheckOptions o;
-  o.threads = threads_;
-  o.io = io_;
-  return verdict(src.check(o));
+  Status st;
+  if (tap_) {
+    st = tap_->finish();
+  } else if (bg_.started()) {
+    st = bg_.wait();  // the child checks nothing where the format has no checks
+  } else if (info_.checks()) {
+    how_ = "inline";
+    CheckOptions o;
+    o.threads = threads_;
+    o.io = io_;
+    st = verdict(src.check(o));
+  }
+  if (!info_.checks()) how_ = "none";
+  return st;
 }
 
 nlohmann::json JobSourceCheck::to_json() const {
+  if (skip_) return {{"how", "none"}};  // --no-verify, --dry-run, or another rank's to check
   nlohmann::json j = {{"how", how_}, {"scheme", info_.scheme}};
   if (!info_.cannot_check.empty()) j["note"] = info_.cannot_check;
   if (tap_) {

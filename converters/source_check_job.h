@@ -45,7 +45,7 @@ class JobSourceCheck {
   // Checks from the copy's own direct reads instead (before the copies: `read_ahead` must be the
   // SourceBlocks they read through); finish() then takes CopyVerify's verdict. Call after start()
   // with in_child false.
-  void from_copy(TensorSource& src, SourceBlocks& read_ahead, int threads);
+  void from_copy(TensorSource& src, SourceBlocks& read_ahead);
   // {"how": "process" | "inline" | "copy" | "none", "scheme": what was checked, "note": what cannot be;
   //  copy: "bytes_from_copy", "bytes_reread"}.
   nlohmann::json to_json() const;

@@ -311,22 +311,34 @@ Status PartialDir::check_target() const {
   return Status::InvalidArgument("output '" + target_ + "' already exists and is not an empty directory");
 }
 
-Status PartialDir::create() {
-  // The parent's lock is held only while this runs: waiting a little for another creator is fine.
+namespace {
+
+// The lock on `target`'s parent directory, held while a NAME.partial is checked, removed or made
+// (waiting a little for another creator is fine). An empty DirLock where the parent cannot be
+// opened (no read permission): the caller goes on unlocked, as before locks.
+Result<DirLock> lock_parent(const std::string& target, const std::string& what) {
   constexpr double kParentWaitS = 10;
+  if (!is_directory(parent_dir(target))) return DirLock();
+  auto p = DirLock::lock(parent_dir(target), what + " (its parent directory)", kParentWaitS);
+  if (p.ok() || p.status().code() == "DestinationBusy") return p;
+  return DirLock();
+}
+
+// A NAME.partial directory that a live writer holds is refused (DestinationBusy); a crashed one's
+// leftover is not locked by anybody.
+Status refuse_live_writer(const std::string& partial, const std::string& what) {
+  if (!is_directory(partial)) return Status::Ok();
+  return DirLock::try_lock(partial, what + " is being written by another ckpt process").status();
+}
+
+}  // namespace
+
+Status PartialDir::create() {
   const std::string what = "destination '" + target_ + "'";
-  DirLock parent;
-  if (is_directory(parent_dir(target_))) {
-    auto p = DirLock::lock(parent_dir(target_), what + " (its parent directory)", kParentWaitS);
-    if (p.ok()) parent = std::move(p).value();
-    else if (p.status().code() == "DestinationBusy") return p.take_status();
-    // else a parent this process cannot open (no read permission): created unlocked, as before
-  }
+  CKPT_ASSIGN_OR_RETURN(DirLock parent, lock_parent(target_, what));
   CKPT_RETURN_IF_ERROR(check_target());
   if (path_exists(path_)) {
-    if (is_directory(path_)) {  // another live writer's output in progress, or a crashed one's leftover
-      CKPT_ASSIGN_OR_RETURN(DirLock stale, DirLock::try_lock(path_, what + " is being written by another ckpt process"));
-    }
+    CKPT_RETURN_IF_ERROR(refuse_live_writer(path_, what));  // else a crashed writer's leftover
     if (!policy_.replace_stale)
       return Status::InvalidArgument("'" + path_ + "' exists (left by an interrupted run?): remove it first");
     CKPT_RETURN_IF_ERROR(remove_tree(path_));
@@ -347,11 +359,8 @@ Status remove_stale_partial(const std::string& target_in) {
   const std::string& path = probe.path();
   if (!path_exists(path)) return Status::Ok();
   const std::string what = "destination '" + probe.target() + "'";
-  auto parent = DirLock::lock(parent_dir(probe.target()), what + " (its parent directory)", 10);
-  if (!parent.ok() && parent.status().code() == "DestinationBusy") return parent.take_status();
-  if (is_directory(path)) {
-    CKPT_ASSIGN_OR_RETURN(DirLock stale, DirLock::try_lock(path, what + " is being written by another ckpt process"));
-  }
+  CKPT_ASSIGN_OR_RETURN(DirLock parent, lock_parent(probe.target(), what));
+  CKPT_RETURN_IF_ERROR(refuse_live_writer(path, what));
   return remove_tree(path);
 }
 

@@ -101,9 +101,7 @@ void CopyVerify::feed(uint64_t id, uint64_t off, const char* p, uint64_t n) {
   if (h.fed == h.bytes) h.hex = h.digest.hex_digest();
 }
 
-Status CopyVerify::finish(IoMode io, int threads) {
-  (void)io;
-  (void)threads;
+Status CopyVerify::finish() {
   std::vector<bool> good(hashed_.size(), false);
   from_copy_ = reread_ = 0;
   for (size_t k = 0; k < hashed_.size(); ++k) {

@@ -1,14 +1,12 @@
-// The check `ckpt reshard` runs on a native-store SRC before it commits DST: every piece re-hashed
-// against the manifest with the algorithm each piece records, xxh3-128 or sha256, manifest v1 or
-// v2 (StoreReader::verify). verify_source_inline does it in this process;
-// BackgroundVerify does it in a child process forked before this process touches SRC, so the
-// hashing and its reads overlap the reshard on another core (HDF5 is not thread safe: a process,
-// not a thread). The child's verdict comes back over a pipe as a Status (Status::to_json).
-// The child never outlives its parent: it dies with it (PR_SET_PDEATHSIG) and the destructor
-// kills and reaps a child still running.
-// CopyVerify does it from the reads of the copy itself where the copy reads SRC with O_DIRECT
-// through SourceBlocks (--io direct): SRC is read once, not twice (the child's reads and the
-// copy's both from disk).
+// The mechanisms a job checks its SRC with before it commits (converters/source_check_job.h picks
+// one): BackgroundVerify runs a check in a child process forked before this process touches SRC,
+// so the hashing and its reads overlap the job on another core (HDF5 is not thread safe: a
+// process, not a thread); the child's verdict comes back over a pipe as a Status
+// (Status::to_json), and the child never outlives its parent (PR_SET_PDEATHSIG; the destructor
+// kills and reaps a child still running). CopyVerify checks from the reads of the copy itself
+// where the copy reads SRC with O_DIRECT through SourceBlocks: SRC is read once, not twice.
+// verify_source_inline re-hashes a native store in this process; verdict() words any check's
+// outcome as a job's.
 // Thread safety: one object per thread; start() before this process starts other threads.
 // CopyVerify::feed from any thread (SourceBlocks); finish() once, after the copies.
 #pragma once
@@ -50,8 +48,8 @@ class CopyVerify final : public BlockTap {
   explicit CopyVerify(TensorSource& src);  // on the thread that owns `src`, before the copies
   std::vector<Range> ranges(uint64_t dev, uint64_t ino) override;
   void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) override;
-  // After the copies, on the thread that owns `src`: OK, or the failure as verify_source_inline.
-  Status finish(IoMode io, int threads);
+  // After the copies, on the thread that owns `src`: OK, or the failure as verdict() words it.
+  Status finish();
   uint64_t bytes_from_copy() const { return from_copy_; }  // set by finish()
   uint64_t bytes_reread() const { return reread_; }        // set by finish()
 

@@ -1,6 +1,7 @@
 #include "formats/store/summary.h"
 
 #include <cstdio>
+#include <memory>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -151,10 +152,12 @@ SourceExtras extras_of(TensorSource& src, const std::string& format) {
   SourceExtras ex;
   ex.format = format;
   if (src.pieces().empty()) return ex;
-  const PieceStorage first = src.piece_storage(0);
-  if (first.stored_bytes) ex.stored_bytes = [&src](size_t i) { return src.piece_storage(i).stored_bytes.value_or(0); };
-  if (!first.codec.empty()) ex.codec = [&src](size_t i) { return src.piece_storage(i).codec; };
-  if (!first.file.empty()) ex.file = [&src](size_t i) { return src.piece_storage(i).file; };
+  auto st = std::make_shared<std::vector<PieceStorage>>();  // asked once per piece
+  for (size_t i = 0; i < src.pieces().size(); ++i) st->push_back(src.piece_storage(i));
+  const PieceStorage& first = st->front();
+  if (first.stored_bytes) ex.stored_bytes = [st](size_t i) { return (*st)[i].stored_bytes.value_or(0); };
+  if (!first.codec.empty()) ex.codec = [st](size_t i) { return (*st)[i].codec; };
+  if (!first.file.empty()) ex.file = [st](size_t i) { return (*st)[i].file; };
   return ex;
 }
 

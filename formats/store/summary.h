@@ -28,7 +28,7 @@ struct SourceExtras {
 //  compression_ratio?}, "codecs": {...}?}
 nlohmann::json summarize_source(const TensorSource& src, const SourceExtras* extras = nullptr);
 // The extras `src` knows of its pieces (TensorSource::piece_storage: files, stored bytes, codecs),
-// its format named `format`. `src` must outlive the result.
+// its format named `format`, each piece's storage asked once.
 SourceExtras extras_of(TensorSource& src, const std::string& format);
 // A "layout_detail" of the general form (set by `ckpt inspect`: pipelines, stages with layers, tp,
 // device and ranks) is printed a line per stage; other layouts as "layout: tp=.. pp=.. dp=.. zero=..".
