@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "formats/dtype.h"
+#include "formats/dtype/dtype.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "reshard/flags.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
+#include "formats/base/int_list.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
 

@@ -22,11 +22,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/dtype.h"
-#include "formats/fs_util.h"
+#include "benchmarks/store_bench_spec.h"
+#include "formats/base/fs_util.h"
+#include "formats/dtype/dtype.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
-#include "benchmarks/store_bench_spec.h"
 
 using namespace ckpt;
 using namespace ckpt::store;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/dtype.h"
+#include "formats/dtype/dtype.h"
 #include "formats/store/store_writer.h"
 
 namespace ckpt::store::bench {

@@ -10,7 +10,7 @@
 // Per case: wall s, process CPU s (getrusage), cores used (CPU / wall), the vCPUs' steal time
 // (/proc/stat: CPU the host gave to others meanwhile), and CPU s per thread
 // (a sampler reads /proc/self/task/*/stat every 10 ms; threads by name: ckpt-encode, ckpt-hash,
-// ckpt-decode, formats/store/thread_name.h; "caller" = the thread calling the store), the
+// ckpt-decode, formats/base/thread_name.h; "caller" = the thread calling the store), the
 // stored bytes (compression ratio) and a checksum of the bytes read back against those written
 // (the caller's checksum time is measured and taken off the wall, CPU and "caller" figures).
 // Then the codec alone ("encode", "decode": codec_alone below), the same bytes on T threads without
@@ -40,11 +40,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/dtype.h"
+#include "benchmarks/store_bench_spec.h"
+#include "formats/dtype/dtype.h"
 #include "formats/store/chunk_codec.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
-#include "benchmarks/store_bench_spec.h"
 
 using namespace ckpt;
 using namespace ckpt::store;

@@ -5,7 +5,7 @@ Runs the command, reads /proc/PID/task/*/stat every 10 ms (the last value seen p
 a thread that exits loses at most 10 ms), and prints one JSON object: wall s, CPU s of the whole
 process (getrusage of the child, exact), cores used (CPU / wall) and CPU s per thread name; the
 process's first thread is "main", ckpt's store pools name theirs ckpt-encode / ckpt-hash /
-ckpt-decode (formats/store/thread_name.h), other threads keep the command's name ("ckpt") and are
+ckpt-decode (formats/base/thread_name.h), other threads keep the command's name ("ckpt") and are
 numbered in creation order ("ckpt#1", ...). --sync runs sync(1) after the command, inside the wall time.
 
   .venv/bin/python benchmarks/thread_cpu.py -- build/ckpt from-hf HF OUT --compress shuffle+zstd:1 --threads 2

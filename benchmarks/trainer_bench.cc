@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/fs_util.h"
-#include "trainer/ops.h"
+#include "formats/base/fs_util.h"
+#include "trainer/model/ops.h"
 #include "trainer/train_loop.h"
 
 using namespace ckpt;

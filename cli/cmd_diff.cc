@@ -5,8 +5,8 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
-#include "converters/diff_job.h"
-#include "formats/byte_size.h"
+#include "converters/jobs/diff_job.h"
+#include "formats/base/byte_size.h"
 #include "reshard/diff.h"
 
 namespace ckpt::cli {

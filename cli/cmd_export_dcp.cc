@@ -10,9 +10,9 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/dcp_export.h"
-#include "converters/open_checkpoint.h"
-#include "converters/source_check_job.h"
+#include "converters/dcp/dcp_export.h"
+#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/source_check_job.h"
 
 namespace ckpt::cli {
 namespace {

@@ -1,6 +1,6 @@
 // ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..] [--format F]: Megatron-LM per-rank
-// safetensors or torch files (converters/megatron_export.h), or a Megatron-Core torch_dist
-// directory (converters/megatron_dist_export.h), from any checkpoint in global view.
+// safetensors or torch files (converters/megatron/megatron_export.h), or a Megatron-Core torch_dist
+// directory (converters/megatron/dist/megatron_dist_export.h), from any checkpoint in global view.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,10 +9,10 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/megatron_dist_export.h"
-#include "converters/megatron_export.h"
-#include "converters/open_checkpoint.h"
-#include "converters/source_check_job.h"
+#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/source_check_job.h"
+#include "converters/megatron/dist/megatron_dist_export.h"
+#include "converters/megatron/megatron_export.h"
 
 namespace ckpt::cli {
 namespace {

@@ -2,7 +2,7 @@
 // HuggingFace LLaMA directory (single-file or sharded safetensors + config.json, tokenizer files
 // carried in the metadata) into a native store checkpoint, optionally laid out for a TP/PP/DP
 // layout through the reshard planner (under mpirun the shard files are divided among processes).
-// The work is converters/hf_jobs.h (run_from_hf_job; also python's ckpt.from_hf); this file parses
+// The work is converters/jobs/hf_jobs.h (run_from_hf_job; also python's ckpt.from_hf); this file parses
 // the flags, draws the progress bar and prints the summary.
 #include <cstdio>
 #include <memory>
@@ -11,9 +11,9 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/hf_jobs.h"
+#include "converters/jobs/hf_jobs.h"
 #include "formats/store/store_options.h"
-#include "reshard/comm.h"
+#include "reshard/dist/comm.h"
 
 namespace ckpt::cli {
 namespace {

@@ -1,7 +1,7 @@
 // `ckpt inspect PATH [--json]`: layout summary, tensors (dtype, global shape, pieces, bytes),
 // totals and compression ratio of a checkpoint: a native store (checkpoint or run directory), a
 // .safetensors file, or a HuggingFace directory (index + shards, or one model.safetensors).
-// A layout (either form, reshard/layout.h) is also described as "layout_detail": its pipelines,
+// A layout (either form, reshard/layout/layout.h) is also described as "layout_detail": its pipelines,
 // each stage's layers, tp, device type and world ranks. Parses and prints; the work is in formats/.
 #include <cstdio>
 #include <map>
@@ -9,9 +9,9 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "converters/open_checkpoint.h"
+#include "converters/jobs/open_checkpoint.h"
 #include "formats/store/summary.h"
-#include "reshard/layout.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::cli {
 namespace {

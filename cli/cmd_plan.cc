@@ -5,15 +5,15 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "converters/llama_config.h"
-#include "reshard/layout.h"
-#include "formats/fs_util.h"
+#include "converters/jobs/reshard_job.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/fs_util.h"
+#include "reshard/layout/layout.h"
 #include "trainer/plan/calibrate.h"
-#include "trainer/plan/plan_job.h"
 #include "trainer/plan/cost_model.h"
+#include "trainer/plan/plan_job.h"
 #include "trainer/plan/replan.h"
 #include "trainer/plan/search.h"
-#include "converters/reshard_job.h"
 
 namespace ckpt::cli {
 namespace {

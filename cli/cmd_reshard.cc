@@ -1,7 +1,7 @@
 // ckpt reshard SRC DST: re-splits a native-store checkpoint for another TP/PP/DP(ZeRO) layout,
 // and with --profile converts it to another profile in the same pass (ckpt convert, cli/
 // cmd_convert.cc, is the same command with the profile required and the layout optional).
-// The work is converters/reshard_job.h (run_reshard_job); this file parses the flags, draws the
+// The work is converters/jobs/reshard_job.h (run_reshard_job); this file parses the flags, draws the
 // progress bar and prints the plan or the result (and the exactness report of a conversion).
 // Under mpirun the shard files are divided among the processes and rank 0 prints.
 #include <cstdio>
@@ -12,9 +12,9 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/reshard_job.h"
+#include "converters/jobs/reshard_job.h"
 #include "formats/store/store_options.h"
-#include "reshard/comm.h"
+#include "reshard/dist/comm.h"
 
 namespace ckpt::cli {
 namespace {

@@ -1,5 +1,5 @@
 // ckpt to-hf SRC OUT: exports a checkpoint's model weights as a HuggingFace directory. The work is
-// converters/hf_jobs.h (run_to_hf_job; also python's ckpt.to_hf); this file parses the flags,
+// converters/jobs/hf_jobs.h (run_to_hf_job; also python's ckpt.to_hf); this file parses the flags,
 // draws the progress bar and prints the summary.
 #include <cstdio>
 #include <memory>
@@ -8,7 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/hf_jobs.h"
+#include "converters/jobs/hf_jobs.h"
 
 namespace ckpt::cli {
 namespace {

@@ -5,9 +5,9 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
-#include "reshard/flags.h"
 #include "cli/progress.h"
-#include "converters/llama_config.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/int_list.h"
 #include "formats/store/store_options.h"
 #include "trainer/train_loop.h"
 

@@ -1,10 +1,10 @@
 // `ckpt verify PATH [--json]`: any checkpoint ckpt reads, checked by what its format offers
-// (converters/verify_job.h): a native store's structure and every piece digest (xxh3-128 or
+// (converters/jobs/verify_job.h): a native store's structure and every piece digest (xxh3-128 or
 // sha256, as each piece records) and its manifest checksum; torch zip entries' CRC-32; a format
 // without checksums (safetensors) validated structurally and every byte read back, which the
 // output says by format name. Exit 0 only if everything holds; each failure names file, dataset or
 // tensor and what differs. Draws a progress line on a terminal. The work is
-// converters/verify_job.h (also python's ckpt.verify).
+// converters/jobs/verify_job.h (also python's ckpt.verify).
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -12,8 +12,8 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "converters/verify_job.h"
-#include "formats/byte_size.h"
+#include "converters/jobs/verify_job.h"
+#include "formats/base/byte_size.h"
 
 namespace ckpt::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "reshard/comm.h"
+#include "reshard/dist/comm.h"
 
 namespace ckpt::cli {
 

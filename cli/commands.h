@@ -9,7 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 
 namespace ckpt::cli {
 
@@ -26,7 +26,7 @@ struct CommandRegistrar {
 
 int exit_code_for(const Status& s);
 // Prints "ckpt: <error>" to stderr and returns its exit code. Under MPI (once Comm::world()
-// started it), it then takes the exit path of reshard/comm.h (Comm::abandon): the caller must
+// started it), it then takes the exit path of reshard/dist/comm.h (Comm::abandon): the caller must
 // return that code from main without touching MPI again.
 int report_error(const Status& s);
 // report_error(s) when `print`, else the same exit path without the message (the ranks of an

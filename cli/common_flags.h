@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "converters/hf_jobs.h"  // float_dtype_flag, chunk_bytes_for_copy
-#include "converters/reshard_job.h"
-#include "formats/file_io_direct.h"
-#include "formats/dtype.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
-#include "reshard/layout.h"
+#include "converters/jobs/hf_jobs.h"  // float_dtype_flag, chunk_bytes_for_copy
+#include "converters/jobs/reshard_job.h"
+#include "formats/base/status.h"
+#include "formats/dtype/dtype.h"
+#include "formats/io/output_file.h"
+#include "formats/tensor/tensor_io.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::cli {
 
@@ -48,11 +48,11 @@ struct StreamFlags {
   Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
   // The same, for copying `src`'s pieces into `out` pieces (widest source, narrowest output element).
   Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
-  // On stderr: the note of a job that ran below its memory floor (converters/memory_fit.h).
+  // On stderr: the note of a job that ran below its memory floor (converters/jobs/memory_fit.h).
   void print_memory_note(const MemoryFit& fit) const;
 };
 
-// --io direct|buffered|auto (formats/file_io_direct.h).
+// --io direct|buffered|auto (formats/io/output_file.h).
 struct IoFlags {
   std::string io = "auto";
 

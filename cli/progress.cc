@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "formats/byte_size.h"
+#include "formats/base/byte_size.h"
 
 namespace ckpt::cli {
 

@@ -1,5 +1,5 @@
 // The progress bar every long command draws on stderr: "LABEL [#####.....]  45%  1.20 GiB /
-// 2.70 GiB  812 MB/s", redrawn in place (formats/progress_line.h: erase to end of line, at most
+// 2.70 GiB  812 MB/s", redrawn in place (formats/base/progress_line.h: erase to end of line, at most
 // every 100 ms, a final newline). Drawn only when enabled (stderr is a terminal and the output
 // is not --json); libraries report through callback(). Thread safety: one thread.
 #pragma once
@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "formats/progress_line.h"
+#include "formats/base/progress_line.h"
 
 namespace ckpt::cli {
 

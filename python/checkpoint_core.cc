@@ -1,14 +1,14 @@
 // CheckpointCore and RankView (checkpoint_core.h).
-#include "formats/checked_reads.h"
+#include "formats/tensor/checked_reads.h"
 #include "python/checkpoint_core.h"
 
 #include <utility>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "converters/open_checkpoint.h"
-#include "converters/profile_view.h"
-#include "converters/profile_view_job.h"
+#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/profile_view_job.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
+#include "converters/profile/profile_view.h"
 #include "reshard/executor.h"
 #include "reshard/planner.h"
 
@@ -104,7 +104,7 @@ Result<std::shared_ptr<CheckpointCore>> CheckpointCore::open(const std::string& 
   c->path_ = path;
   const CheckpointKind* k = detect_checkpoint(path);
   c->kind_ = k ? k->name : "unknown";
-  // Every piece checked by its format's own checks before its first read (formats/checked_reads.h).
+  // Every piece checked by its format's own checks before its first read (formats/tensor/checked_reads.h).
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> opened, open_checkpoint(path));
   c->src_ = std::make_unique<CheckedReads>(std::move(opened));
   CKPT_ASSIGN_OR_RETURN(c->index_, SourceIndex::build(*c->src_));

@@ -1,9 +1,9 @@
 // The C++ side of ckpt.open() and the Checkpoint object, free of Python: an opened checkpoint
-// (any kind converters/open_checkpoint.h reads), reads of any region of a global tensor through
+// (any kind converters/jobs/open_checkpoint.h reads), reads of any region of a global tensor through
 // the engine (reshard/executor.h read_global_box: box intersection with the stored pieces,
 // dtype casts), and the regions one rank holds under a layout (reshard/planner.h rank_view with
 // the LLaMA sharding rules of the checkpoint's model_config; through the profile views of
-// converters/profile_view_job.h when the checkpoint is stored in a non-reference profile or
+// converters/jobs/profile_view_job.h when the checkpoint is stored in a non-reference profile or
 // another profile is asked for). checkpoint_bind.cc wraps these for Python.
 // Thread safety: every method takes the checkpoint's mutex (the sources are one thread at a
 // time); the binding releases the GIL before calling them and touches no Python object meanwhile.
@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/dtype.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
-#include "reshard/layout.h"
+#include "formats/base/status.h"
+#include "formats/dtype/dtype.h"
+#include "formats/tensor/tensor_io.h"
+#include "reshard/layout/layout.h"
 #include "reshard/source_index.h"
 
 namespace ckpt {
@@ -72,7 +72,7 @@ class CheckpointCore {
 // checkpoint's own). Reads go through the profile view when there is one.
 class RankView {
  public:
-  // `layout`: a layout JSON object (reshard/layout.h from_json) where a symmetric one may leave
+  // `layout`: a layout JSON object (reshard/layout/layout.h from_json) where a symmetric one may leave
   // out the stages (even split of the model's layers) and vocab_divisor / profile (kept from the
   // checkpoint's layout), and may spell layers_per_stage "pp_layers".
   static Result<std::unique_ptr<RankView>> make(std::shared_ptr<CheckpointCore> core, const nlohmann::json& layout,

@@ -8,12 +8,12 @@
 #include <string>
 #include <utility>
 
-#include "converters/hf_jobs.h"
-#include "converters/diff_job.h"
-#include "converters/open_checkpoint.h"
-#include "converters/reshard_job.h"
-#include "converters/verify_job.h"
-#include "formats/byte_size.h"
+#include "converters/jobs/diff_job.h"
+#include "converters/jobs/hf_jobs.h"
+#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/reshard_job.h"
+#include "converters/jobs/verify_job.h"
+#include "formats/base/byte_size.h"
 #include "python/bindings.h"
 #include "python/py_errors.h"
 #include "python/py_json.h"
@@ -115,7 +115,7 @@ nb::object py_diff(const std::string& a, const std::string& b, nb::dict opts) {
   return json_to_py(rep.to_json());
 }
 
-// reshard and convert: one ReshardRequest (converters/reshard_job.h), as cli/cmd_reshard.cc.
+// reshard and convert: one ReshardRequest (converters/jobs/reshard_job.h), as cli/cmd_reshard.cc.
 nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict opts, nb::object progress_cb) {
   CommandOptions o("reshard", std::move(opts));
   ReshardRequest req;

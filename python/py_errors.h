@@ -15,7 +15,7 @@
 
 #include <utility>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 
 namespace ckpt::py {
 

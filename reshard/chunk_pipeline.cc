@@ -4,7 +4,7 @@
 #include <optional>
 #include <tuple>
 
-#include "formats/file_io_direct.h"
+#include "formats/io/output_file.h"
 #include "reshard/part_io.h"
 
 namespace ckpt {

@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "formats/status.h"
-#include "formats/tensor_io.h"
-#include "formats/write_placement.h"
-#include "formats/thread_pool.h"
+#include "formats/base/status.h"
+#include "formats/base/thread_pool.h"
+#include "formats/tensor/tensor_io.h"
+#include "formats/tensor/write_placement.h"
 #include "reshard/executor.h"
 #include "reshard/source_index.h"
 #include "reshard/staged_read.h"

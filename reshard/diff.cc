@@ -5,7 +5,7 @@
 #include <cstring>
 #include <map>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 #include "reshard/executor.h"
 
 namespace ckpt {

@@ -17,10 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/dtype.h"
-#include "formats/region.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
+#include "formats/base/status.h"
+#include "formats/dtype/dtype.h"
+#include "formats/tensor/region.h"
+#include "formats/tensor/tensor_io.h"
 #include "reshard/source_index.h"
 
 namespace ckpt {

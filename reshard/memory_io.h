@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt {
 

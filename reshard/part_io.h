@@ -6,10 +6,10 @@
 #include <cstddef>
 #include <string>
 
-#include "formats/dtype.h"
-#include "formats/region.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
+#include "formats/base/status.h"
+#include "formats/dtype/dtype.h"
+#include "formats/tensor/region.h"
+#include "formats/tensor/tensor_io.h"
 #include "reshard/source_index.h"
 
 namespace ckpt {

@@ -6,12 +6,12 @@
 #include <memory>
 #include <unordered_map>
 
-#include "formats/byte_size.h"
-#include "formats/checked.h"
+#include "formats/base/byte_size.h"
+#include "formats/base/checked.h"
 #include "formats/store/run_dir.h"
-#include "reshard/holdings.h"
-#include "reshard/overlap_cells.h"
-#include "reshard/placement.h"
+#include "reshard/layout/holdings.h"
+#include "reshard/layout/overlap_cells.h"
+#include "reshard/layout/tensor_placement.h"
 
 namespace ckpt {
 
@@ -32,7 +32,7 @@ bool box_less(const Box& x, const Box& y) {
 }
 
 // Distinct boxes of one tensor's holdings, sorted; *disjoint: every two of them are disjoint
-// (always so under symmetric layouts; general layouts overlap them: see reshard/overlap_cells.h).
+// (always so under symmetric layouts; general layouts overlap them: see reshard/layout/overlap_cells.h).
 std::vector<Box> distinct_boxes(const std::vector<Holding>& hs, const std::vector<size_t>& list, bool* disjoint) {
   std::vector<Box> distinct;
   for (size_t h : list)

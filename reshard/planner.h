@@ -4,9 +4,9 @@
 // shared by TP ranks, DP replicas under zero 0, the tied embedding on the first and last stage)
 // is stored once, by the holder with the fewest bytes assigned so far (largest shared pieces
 // first; ties by lowest rank), so replicas share a save. ZeRO-1 flat shards: see docs/RESHARD.md
-// ("ZeRO-1 layout"). Any Layout form: what each rank holds comes from reshard/holdings.h; where one
+// ("ZeRO-1 layout"). Any Layout form: what each rank holds comes from reshard/layout/holdings.h; where one
 // tensor's boxes overlap without being equal (general layouts only) the holdings are cut into
-// cells on the grid of all box boundaries (reshard/overlap_cells.h) and the stored pieces are
+// cells on the grid of all box boundaries (reshard/layout/overlap_cells.h) and the stored pieces are
 // boxes of cells; symmetric layouts plan exactly as before (docs/RESHARD.md "General layouts").
 // Thread safety: pure functions over values.
 #pragma once
@@ -17,12 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/status.h"
-#include "formats/tensor_io.h"
+#include "formats/base/status.h"
+#include "formats/tensor/tensor_io.h"
 #include "reshard/executor.h"
-#include "reshard/layout.h"
-#include "reshard/sharding.h"
-#include "reshard/zero_layout.h"
+#include "reshard/layout/layout.h"
+#include "reshard/layout/sharding.h"
+#include "reshard/layout/zero_layout.h"
 
 namespace ckpt {
 
@@ -79,7 +79,7 @@ Result<std::vector<std::vector<RankRegion>>> place_tensors(const std::vector<Ten
                                                            const Layout& layout, const ShardingRules& rules);
 
 // Everything rank `rank` holds in memory under `layout` (not de-duplicated: replicas included).
-// ZeRO-1 optimizer state gives flat regions. The parallel trainer allocates these (trainer/held_region.h).
+// ZeRO-1 optimizer state gives flat regions. The parallel trainer allocates these (trainer/optim/held_region.h).
 Result<std::vector<Piece>> rank_view(const std::vector<TensorMeta>& tensors, const Layout& layout,
                                      const ShardingRules& rules, int rank);
 

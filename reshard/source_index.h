@@ -10,9 +10,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "formats/region.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
+#include "formats/base/status.h"
+#include "formats/tensor/region.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt {
 

@@ -1,6 +1,6 @@
 #include "reshard/store_reshard.h"
 
-#include "reshard/balance.h"
+#include "reshard/layout/balance.h"
 
 #include <unistd.h>
 
@@ -10,11 +10,11 @@
 #include <mutex>
 #include <set>
 
-#include "formats/fs_util.h"
-#include "formats/json_read.h"
+#include "formats/base/fs_util.h"
+#include "formats/base/json_read.h"
 #include "formats/store/manifest.h"
-#include "reshard/comm.h"
-#include "formats/write_placement.h"
+#include "formats/tensor/write_placement.h"
+#include "reshard/dist/comm.h"
 #include "reshard/staged_read.h"
 
 namespace ckpt {

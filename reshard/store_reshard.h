@@ -1,6 +1,6 @@
 // Executes a Plan into a new native-store checkpoint: one HDF5 shard file per writing rank,
 // written under `<dst>.partial/` and renamed to `<dst>` by one process after every file is
-// complete. Under mpirun (the world of reshard/comm.h) the shard files are divided among the processes,
+// complete. Under mpirun (the world of reshard/dist/comm.h) the shard files are divided among the processes,
 // each reading only the source regions its files need; piece records are gathered to rank 0,
 // which finalizes. Output bytes are identical for any process or thread count.
 // Thread safety: one call at a time per process (HDF5 is used from the calling thread).
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 #include "formats/store/store_writer.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 #include "reshard/executor.h"
 #include "reshard/planner.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "formats/region.h"
+#include "formats/tensor/region.h"
 
 namespace ckpt::testing_ref {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sys/stat.h>
 
-#include "trainer/init.h"
+#include "trainer/model/init.h"
 
 namespace ckpt::trainer {
 

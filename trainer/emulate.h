@@ -1,5 +1,5 @@
 // `ckpt train --emulate`: a heterogeneous cluster emulated on one machine. Every rank's compute is
-// stretched by its device type's effective speed (peak_flops x efficiency, reshard/cluster.h)
+// stretched by its device type's effective speed (peak_flops x efficiency, reshard/dist/cluster.h)
 // relative to the fastest type among the ranks: after each timed compute section of the step
 // (the forward or backward of a micro-batch, the optimizer update; TP all-reduces excluded) the
 // rank sleeps t x (factor - 1), factor = fastest speed / own speed >= 1. Sleeping frees the core,
@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/status.h"
-#include "reshard/cluster.h"
-#include "reshard/comm.h"
+#include "formats/base/status.h"
+#include "reshard/dist/cluster.h"
+#include "reshard/dist/comm.h"
 
 namespace ckpt::trainer {
 

@@ -7,11 +7,11 @@
 #include <map>
 #include <tuple>
 
-#include "converters/llama_sharding.h"
-#include "formats/byte_size.h"
+#include "converters/model/llama_sharding.h"
+#include "formats/base/byte_size.h"
+#include "reshard/layout/zero_layout.h"
 #include "reshard/planner.h"
-#include "reshard/zero_layout.h"
-#include "trainer/held_region.h"
+#include "trainer/optim/held_region.h"
 #include "trainer/pipeline_schedule.h"
 
 namespace ckpt::trainer {

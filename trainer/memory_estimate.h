@@ -1,6 +1,6 @@
 // The memory every rank of the parallel trainer needs, estimated before training from the model
 // config, the layout and the batch shape, and checked against the device memory of the cluster
-// file (reshard/cluster.h); at the end of a run, the measured peak RSS of every rank next to it.
+// file (reshard/dist/cluster.h); at the end of a run, the measured peak RSS of every rank next to it.
 // The estimate follows what the trainer allocates (all fp32, 4 bytes an element):
 // - weights and gradients: the rank's boxes of its stage's parameters (planner rank_view under the
 //   stage's Layout::stage_view: exact element counts, vocabulary padding and TP boxes included);
@@ -25,10 +25,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "formats/status.h"
-#include "reshard/cluster.h"
-#include "reshard/layout.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "reshard/dist/cluster.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::trainer {
 

@@ -4,8 +4,8 @@
 
 #include <cstdio>
 
-#include "formats/byte_size.h"
-#include "formats/fs_util.h"
+#include "formats/base/byte_size.h"
+#include "formats/base/fs_util.h"
 
 namespace ckpt::trainer {
 

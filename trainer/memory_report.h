@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "formats/status.h"
-#include "reshard/comm.h"
+#include "formats/base/status.h"
+#include "reshard/dist/comm.h"
 #include "trainer/memory_estimate.h"
 
 namespace ckpt::trainer {

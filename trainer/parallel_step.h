@@ -1,5 +1,5 @@
 // One optimizer step of the parallel trainer on one rank of a Layout (either form of
-// reshard/layout.h: pipelines of stages, each stage with its own tp; ZeRO 0/1). The rank is
+// reshard/layout/layout.h: pipelines of stages, each stage with its own tp; ZeRO 0/1). The rank is
 // (pipeline p, stage s, TP rank t) = layout.place_of_rank(rank) = (groups.dp_rank, pp_rank,
 // tp_rank). Pipeline p runs state->grad_accum micro-batches of layout.pipeline_micro_batch(p)
 // sequences, the contiguous sample range that starts at grad_accum * sum(micro-batch of the
@@ -30,14 +30,14 @@
 #include <functional>
 #include <vector>
 
-#include "formats/status.h"
-#include "reshard/comm.h"
-#include "reshard/layout.h"
-#include "trainer/trainer_state.h"
+#include "formats/base/status.h"
+#include "reshard/dist/comm.h"
+#include "reshard/layout/layout.h"
 #include "trainer/data.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
+#include "trainer/optim/zero_optimizer.h"
+#include "trainer/state/trainer_state.h"
 #include "trainer/train_loop.h"
-#include "trainer/zero_optimizer.h"
 
 namespace ckpt::trainer {
 

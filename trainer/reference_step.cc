@@ -4,10 +4,10 @@
 #include <cmath>
 #include <sys/stat.h>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 #include "formats/store/run_dir.h"
-#include "trainer/trainer_state.h"
-#include "trainer/ops.h"
+#include "trainer/model/ops.h"
+#include "trainer/state/trainer_state.h"
 
 namespace ckpt::trainer {
 

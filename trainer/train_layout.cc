@@ -1,7 +1,7 @@
 #include "trainer/train_layout.h"
 
-#include "converters/llama_sharding.h"
-#include "reshard/placement.h"
+#include "converters/model/llama_sharding.h"
+#include "reshard/layout/tensor_placement.h"
 
 namespace ckpt::trainer {
 

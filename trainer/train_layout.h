@@ -1,5 +1,5 @@
 // The layout `ckpt train` runs on, from its flags or a layout file (either form of
-// reshard/layout.h: symmetric tp/pp/dp, or pipelines of stages with per-stage tp, FlagScale or
+// reshard/layout/layout.h: symmetric tp/pp/dp, or pipelines of stages with per-stage tp, FlagScale or
 // FlashFlex style), checked before any work: structure (Layout::validate: every stage non-empty,
 // one micro-batch size per pipeline), the model on every stage (check_layout_views: each stage's
 // tp dividing heads, KV heads and intermediate_size; errors name the pipeline and stage), the
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "converters/llama_config.h"
-#include "converters/reshard_job.h"
-#include "formats/status.h"
-#include "reshard/layout.h"
+#include "converters/jobs/reshard_job.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::trainer {
 

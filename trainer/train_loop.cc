@@ -4,19 +4,19 @@
 #include <cmath>
 #include <sys/stat.h>
 
-#include "formats/checked.h"
-#include "formats/fs_util.h"
+#include "formats/base/checked.h"
+#include "formats/base/fs_util.h"
 #include "formats/store/run_dir.h"
-#include "reshard/comm.h"
-#include "trainer/dist_checkpoint.h"
+#include "reshard/dist/comm.h"
 #include "trainer/emulate.h"
-#include "trainer/grad_dump.h"
 #include "trainer/memory_report.h"
-#include "trainer/ops.h"
+#include "trainer/model/ops.h"
+#include "trainer/optim/zero_optimizer.h"
 #include "trainer/parallel_step.h"
+#include "trainer/state/dist_checkpoint.h"
+#include "trainer/state/grad_dump.h"
 #include "trainer/train_layout.h"
 #include "trainer/train_profile.h"
-#include "trainer/zero_optimizer.h"
 
 namespace ckpt::trainer {
 

@@ -11,16 +11,16 @@
 #include <memory>
 #include <string>
 
-#include "converters/llama_config.h"
-#include "converters/reshard_job.h"
-#include "formats/digest.h"
-#include "formats/status.h"
-#include "trainer/adamw.h"
-#include "trainer/trainer_state.h"
-#include "reshard/layout.h"
+#include "converters/jobs/reshard_job.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "formats/digest/digest.h"
+#include "reshard/layout/layout.h"
 #include "trainer/data.h"
-#include "trainer/model.h"
-#include "trainer/lr_schedule.h"
+#include "trainer/model/model.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/lr_schedule.h"
+#include "trainer/state/trainer_state.h"
 
 namespace ckpt::trainer {
 
@@ -46,7 +46,7 @@ struct TrainOptions {
   LayoutValues layout_values;
   std::string layout_file;
   std::vector<int> micro_batches;
-  // Cluster file (reshard/cluster.h): checked against the layout and every rank's memory estimate
+  // Cluster file (reshard/dist/cluster.h): checked against the layout and every rank's memory estimate
   // (trainer/memory_report.h) before anything is allocated; empty: no check.
   std::string cluster_file;
   // --emulate (trainer/emulate.h): stretch every rank's compute to its cluster device type's
@@ -98,7 +98,7 @@ Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const Toke
 
 // The parallel trainer: every rank of `mpirun -np N` (or the one process) builds its part of the
 // model under the layout (trainer/train_layout.h), runs the 1F1B / DP / ZeRO-1 step
-// (trainer/parallel_step.h), saves its own pieces in the background (trainer/dist_checkpoint.h)
+// (trainer/parallel_step.h), saves its own pieces in the background (trainer/state/dist_checkpoint.h)
 // and resumes from a checkpoint of any layout. Rank 0 prints and logs.
 class Trainer {
  public:

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <set>
 
-#include "converters/profile_sharding.h"
-#include "converters/reshard_job.h"
-#include "reshard/cluster.h"
-#include "trainer/held_region.h"
+#include "converters/jobs/reshard_job.h"
+#include "converters/profile/profile_sharding.h"
+#include "reshard/dist/cluster.h"
+#include "trainer/optim/held_region.h"
 
 namespace ckpt::trainer {
 

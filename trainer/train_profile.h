@@ -1,5 +1,5 @@
 // The profile a training run's checkpoints are stored in (issue 14; docs/TRAINER.md "Profiles").
-// A cluster file's device type may name its stack's profile (reshard/cluster.h "profile"). The run
+// A cluster file's device type may name its stack's profile (reshard/dist/cluster.h "profile"). The run
 // saves in the profile every rank's device type names (a type naming none counts as "reference");
 // when the ranks' types name different profiles the checkpoints stay canonical ("reference").
 // Dtype rule: the trainer computes and keeps its state (weights, Adam moments) in fp32, so it
@@ -7,12 +7,12 @@
 // are kept, its dtypes are raised to F32 (the profile is then recorded as "<name>.fp32" with its
 // full spec in the manifest). The checkpoint resumes exactly; `ckpt convert --profile <name>`
 // gives the stack's own dtypes, with the exactness report, when the checkpoint leaves the trainer.
-// Reading (resume) goes the other way for any profile: trainer/dist_load.cc opens a store in a
-// profile other than "reference" as its canonical view (converters/profile_view.h) and reads each
+// Reading (resume) goes the other way for any profile: trainer/state/dist_load.cc opens a store in a
+// profile other than "reference" as its canonical view (converters/profile/profile_view.h) and reads each
 // rank's held regions through it, cast to F32 (exact from BF16, F16, F8; rounded from F64), in
 // the same pass as the layout change.
 // Saving: DistSaver writes the canonical checkpoint as `step-XXXXXXXX.canonical`, then
-// convert_saved_checkpoint runs the reshard job (converters/reshard_job.h) into `step-XXXXXXXX`
+// convert_saved_checkpoint runs the reshard job (converters/jobs/reshard_job.h) into `step-XXXXXXXX`
 // with the profile (same layout, in its symmetric form), and `latest` moves only after that; the canonical copy is
 // removed. Errors (before anything runs, naming the cluster file and the device type):
 // ProfileUnknown (a name that is no built-in profile, listing them), Unsupported (a saving
@@ -23,13 +23,13 @@
 
 #include <string>
 
-#include "converters/llama_config.h"
-#include "converters/profile.h"
-#include "formats/digest.h"
-#include "formats/status.h"
-#include "reshard/cluster.h"
-#include "reshard/comm.h"
-#include "reshard/layout.h"
+#include "converters/model/llama_config.h"
+#include "converters/profile/profile.h"
+#include "formats/base/status.h"
+#include "formats/digest/digest.h"
+#include "reshard/dist/cluster.h"
+#include "reshard/dist/comm.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::trainer {
 

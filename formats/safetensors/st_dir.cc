@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 
 namespace ckpt::safetensors {
 

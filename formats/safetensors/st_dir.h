@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
 #include "formats/safetensors/st_index.h"
 #include "formats/safetensors/st_reader.h"
 #include "formats/safetensors/st_writer.h"
@@ -95,7 +95,7 @@ struct ShardedSinkOptions {
   std::map<std::string, std::string> extra_files;  // name -> content (e.g. config.json)
   std::map<std::string, std::string> copy_files;   // name -> source path (tokenizer files)
   bool fsync = true;
-  IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/file_io_direct.h)
+  IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/io/output_file.h)
   SourceBlocks* read_ahead = nullptr;  // WriterOptions::read_ahead of every shard; not owned
 };
 

@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "formats/dtype.h"
-#include "formats/region.h"
-#include "formats/status.h"
+#include "formats/base/status.h"
+#include "formats/dtype/dtype.h"
+#include "formats/tensor/region.h"
 
 namespace ckpt::safetensors {
 
@@ -62,8 +62,5 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors, const std::m
 // JSON string literal as serde_json writes it (quotes, \" \\ \b \f \n \r \t, other control
 // characters as \u00xx, everything else verbatim).
 std::string json_quote(std::string_view s);
-
-// Checks `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
-bool is_valid_utf8(std::string_view s);
 
 }  // namespace ckpt::safetensors

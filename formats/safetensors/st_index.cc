@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 
 namespace ckpt::safetensors {
 

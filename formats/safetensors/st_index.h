@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/json_read.h"
-#include "formats/status.h"
+#include "formats/base/json_read.h"
+#include "formats/base/status.h"
 
 namespace ckpt::safetensors {
 

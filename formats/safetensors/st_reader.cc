@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 
 namespace ckpt::safetensors {
 

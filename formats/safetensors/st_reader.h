@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "formats/base/file_io.h"
 #include "formats/safetensors/st_header.h"
-#include "formats/file_io.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::safetensors {
 

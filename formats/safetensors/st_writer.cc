@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 
 namespace ckpt::safetensors {
 

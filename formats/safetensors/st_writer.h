@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "formats/file_io_direct.h"
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
+#include "formats/io/output_file.h"
 #include "formats/safetensors/st_header.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::safetensors {
 
@@ -25,7 +25,7 @@ struct WriterOptions {
   bool write_metadata = true;
   bool rename_on_commit = true;
   bool fsync = true;
-  IoMode io = IoMode::kAuto;  // how tensor bytes are written (formats/file_io_direct.h)
+  IoMode io = IoMode::kAuto;  // how tensor bytes are written (formats/io/output_file.h)
   SourceBlocks* read_ahead = nullptr;  // copies (write_from_files) read their sources direct through it; not owned
 };
 

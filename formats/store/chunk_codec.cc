@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "formats/store/zstd_filter.h"
+#include "formats/store/h5/zstd_filter.h"
 
 namespace ckpt::store {
 

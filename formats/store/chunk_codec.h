@@ -7,7 +7,7 @@
 // - encode_chunk / decode_chunk: byte for byte what the HDF5 filter pipeline of the store writes
 //   and reads: the shuffle filter (H5Z_FILTER_SHUFFLE: byte j of element i moves to j*n + i) when
 //   the codec has it, then one zstd frame with content size and checksum (filter 32015, as
-//   formats/store/zstd_filter.cc and hdf5plugin decode it). Chunks go in and out of the file with
+//   formats/store/h5/zstd_filter.cc and hdf5plugin decode it). Chunks go in and out of the file with
 //   H5Dwrite_chunk / H5Dread_chunk, so h5py + hdf5plugin read the datasets as before.
 // Pure functions and values; thread safe (one zstd context per thread).
 #pragma once
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 #include "formats/store/manifest.h"
 
 namespace ckpt::store {

@@ -8,10 +8,10 @@
 #include <functional>
 #include <future>
 
-#include "formats/file_io.h"
-#include "formats/store/h5_handles.h"
-#include "formats/store/thread_name.h"
-#include "formats/store/zstd_filter.h"
+#include "formats/base/file_io.h"
+#include "formats/base/thread_name.h"
+#include "formats/store/h5/h5_handles.h"
+#include "formats/store/h5/zstd_filter.h"
 
 namespace ckpt::store {
 

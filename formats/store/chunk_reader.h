@@ -19,10 +19,10 @@
 #include <optional>
 #include <vector>
 
-#include "formats/region.h"
-#include "formats/status.h"
+#include "formats/base/status.h"
+#include "formats/base/thread_pool.h"
 #include "formats/store/chunk_codec.h"
-#include "formats/thread_pool.h"
+#include "formats/tensor/region.h"
 
 namespace ckpt::store {
 
@@ -31,7 +31,7 @@ namespace ckpt::store {
 // buffer (4 MiB chunks) and a zstd context, and the threads' own memory (malloc arenas, stacks)
 // grows with them: 2 x threads - 1 shares of 10 MiB (measured on a 3.08 GB store at --threads 1,
 // 2, 4: reshard 49-83 MiB, to-hf 51-88 MiB, each under its floor or budget;
-// converters/memory_fit.h). StoreReader::read_memory.
+// converters/jobs/memory_fit.h). StoreReader::read_memory.
 inline constexpr uint64_t kDecodeThreadBytes = uint64_t{10} << 20;
 
 struct ChunkedDataset {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "formats/base/thread_name.h"
 #include "formats/store/direct_vfd.h"
-#include "formats/store/h5_handles.h"
-#include "formats/store/thread_name.h"
+#include "formats/store/h5/h5_handles.h"
 
 namespace ckpt::store {
 

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
+#include "formats/base/thread_pool.h"
 #include "formats/store/chunk_codec.h"
-#include "formats/thread_pool.h"
 
 namespace ckpt::store {
 

@@ -11,8 +11,8 @@
 #include <new>
 #include <utility>
 
-#include "formats/dtype.h"
-#include "formats/file_io.h"
+#include "formats/base/file_io.h"
+#include "formats/dtype/dtype.h"
 
 namespace ckpt::store {
 

@@ -1,7 +1,7 @@
 // An HDF5 file driver for the store's compressed shards: the POSIX driver's behaviour (sec2:
 // pread/pwrite at the address HDF5 gives, end of file tracked the same way), except that raw-data
 // writes of at least kDirectVfdMinWrite bytes -- the stored chunks H5Dwrite_chunk hands down --
-// go through OutputFile (formats/file_io_direct.h): their whole 4 KiB blocks with O_DIRECT, the
+// go through OutputFile (formats/io/output_file.h): their whole 4 KiB blocks with O_DIRECT, the
 // unaligned head and tail through the page cache, buffered for good where the file system refuses
 // O_DIRECT. Metadata, small writes and every read use the buffered descriptor.
 // Why: a compressed shard is written by HDF5, so the store's own direct writes of raw pieces never
@@ -10,7 +10,7 @@
 // thread that also feeds the compressing pool; docs/BENCHMARKS.md, issue 15).
 // The driver decides only how bytes reach the disk: the file's bytes are those sec2 writes (no
 // driver info in the superblock), h5py and every other reader open it with the default driver.
-// Thread safety: HDF5 calls it under h5_lock() (formats/store/h5_handles.h), as every HDF5 call.
+// Thread safety: HDF5 calls it under h5_lock() (formats/store/h5/h5_handles.h), as every HDF5 call.
 #pragma once
 
 #include <hdf5.h>
@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "formats/file_io_direct.h"
-#include "formats/status.h"
-#include "formats/store/h5_handles.h"
+#include "formats/base/status.h"
+#include "formats/io/output_file.h"
+#include "formats/store/h5/h5_handles.h"
 #include "formats/store/store_options.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::store {
 

@@ -6,10 +6,10 @@
 #include <set>
 #include <unordered_map>
 
-#include "formats/checked.h"
-#include "formats/dtype.h"
-#include "formats/json_read.h"
-#include "formats/digest.h"
+#include "formats/base/checked.h"
+#include "formats/base/json_read.h"
+#include "formats/digest/digest.h"
+#include "formats/dtype/dtype.h"
 
 namespace ckpt::store {
 

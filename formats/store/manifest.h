@@ -19,10 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/digest.h"
-#include "formats/json_read.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
+#include "formats/base/json_read.h"
+#include "formats/base/status.h"
+#include "formats/digest/digest.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::store {
 

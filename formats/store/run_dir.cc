@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
 #include "formats/store/manifest.h"
 
 namespace ckpt::store {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 
 namespace ckpt::store {
 

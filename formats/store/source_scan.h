@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "formats/store/store_reader.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::store {
 

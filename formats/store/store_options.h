@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "formats/digest.h"
-#include "formats/file_io_direct.h"
-#include "formats/source_blocks.h"
-#include "formats/status.h"
+#include "formats/base/status.h"
+#include "formats/digest/digest.h"
+#include "formats/io/output_file.h"
+#include "formats/io/source_blocks.h"
 #include "formats/store/manifest.h"
 
 namespace ckpt::store {
@@ -22,14 +22,14 @@ struct StoreOptions {
   uint64_t chunk_bytes = 4ull << 20;  // target HDF5 chunk size when compressed
   bool fsync = true;                  // fsync shards, manifest and directories on commit
   int hash_threads = 1;               // threads copying and hashing pieces taken from files (write_from_file)
-  DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest.h)
-  IoMode io = IoMode::kAuto;          // how piece bytes are written (formats/file_io_direct.h; compressed: direct_vfd.h)
+  DigestAlgo digest = kDefaultDigest; // of every piece written (formats/digest/digest.h)
+  IoMode io = IoMode::kAuto;          // how piece bytes are written (formats/io/output_file.h; compressed: direct_vfd.h)
   // Compressed: the memory the chunks in flight may hold (each its raw and its compressed bytes,
   // ~2 x chunk_bytes); 0: as many as keep the pool busy (2 x hash_threads + 1 chunks).
   uint64_t chunk_memory = 0;
   // Uncompressed, io kDirect: the source ranges copied into pieces (write_from_files) are read
-  // through this (direct reads, read ahead across pieces; formats/source_blocks.h), shared by
-  // every shard of the store; null: a window at a time (formats/file_read_direct.h).
+  // through this (direct reads, read ahead across pieces; formats/io/source_blocks.h), shared by
+  // every shard of the store; null: a window at a time (formats/io/source_window.h).
   std::shared_ptr<SourceBlocks> read_ahead;
 };
 

@@ -8,15 +8,15 @@
 #include <cstring>
 #include <set>
 
-#include "formats/checked.h"
-#include "formats/dtype.h"
-#include "formats/file_io.h"
-#include "formats/file_read_direct.h"
-#include "formats/store/h5_types.h"
+#include "formats/base/checked.h"
+#include "formats/base/file_io.h"
+#include "formats/base/thread_pool.h"
+#include "formats/digest/digest.h"
+#include "formats/dtype/dtype.h"
+#include "formats/io/source_window.h"
+#include "formats/store/h5/h5_types.h"
+#include "formats/store/h5/zstd_filter.h"
 #include "formats/store/run_dir.h"
-#include "formats/digest.h"
-#include "formats/thread_pool.h"
-#include "formats/store/zstd_filter.h"
 
 namespace ckpt::store {
 

@@ -19,15 +19,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "formats/file_io_direct.h"
-#include "formats/store/h5_handles.h"
+#include "formats/io/output_file.h"
 #include "formats/store/chunk_reader.h"
+#include "formats/store/h5/h5_handles.h"
 #include "formats/store/manifest.h"
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt::store {
 
-// A store's check outcome is the general one (formats/source_check.h); a unit is a piece.
+// A store's check outcome is the general one (formats/tensor/source_check.h); a unit is a piece.
 using VerifyFailure = CheckFailure;
 using VerifyReport = CheckReport;
 
@@ -69,7 +69,7 @@ class StoreReader final : public TensorSource {
   // Compressed pieces: a read spanning several chunks decodes them on `threads` threads (the
   // calling one and threads - 1 helpers); 1 (the default): on the calling thread only.
   void set_decode_threads(int threads);
-  // How verify() reads uncompressed pieces' file ranges (SourceWindow, formats/file_read_direct.h):
+  // How verify() reads uncompressed pieces' file ranges (SourceWindow, formats/io/source_window.h):
   // kBuffered (the default) mapped; kDirect with O_DIRECT; kAuto direct where not in the page cache.
   void set_read_io(IoMode m) { read_io_ = m; }
   // Bytes the piece's dataset takes in its file (compressed size when compressed).

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <set>
 
-#include "formats/digest.h"
-#include "formats/dtype.h"
-#include "formats/file_read_direct.h"
-#include "formats/store/zstd_filter.h"
-#include "formats/thread_pool.h"
+#include "formats/base/thread_pool.h"
+#include "formats/digest/digest.h"
+#include "formats/dtype/dtype.h"
+#include "formats/io/source_window.h"
+#include "formats/store/h5/zstd_filter.h"
 
 namespace ckpt::store {
 

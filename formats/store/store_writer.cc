@@ -11,18 +11,18 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "formats/dtype.h"
-#include "formats/file_io_direct.h"
-#include "formats/fs_util.h"
-#include "formats/digest.h"
+#include "formats/base/fs_util.h"
+#include "formats/base/thread_name.h"
+#include "formats/base/thread_pool.h"
+#include "formats/digest/digest.h"
+#include "formats/dtype/dtype.h"
+#include "formats/io/output_file.h"
 #include "formats/store/chunk_writer.h"
 #include "formats/store/direct_vfd.h"
-#include "formats/store/h5_handles.h"
-#include "formats/store/h5_types.h"
+#include "formats/store/h5/h5_handles.h"
+#include "formats/store/h5/h5_types.h"
+#include "formats/store/h5/zstd_filter.h"
 #include "formats/store/run_dir.h"
-#include "formats/store/thread_name.h"
-#include "formats/store/zstd_filter.h"
-#include "formats/thread_pool.h"
 
 namespace ckpt::store {
 

@@ -20,11 +20,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 #include "formats/store/manifest.h"
 #include "formats/store/store_options.h"
-#include "formats/tensor_io.h"
-#include "formats/write_placement.h"
+#include "formats/tensor/tensor_io.h"
+#include "formats/tensor/write_placement.h"
 
 namespace ckpt::store {
 

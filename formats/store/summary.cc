@@ -6,8 +6,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "formats/byte_size.h"
-#include "formats/dtype.h"
+#include "formats/base/byte_size.h"
+#include "formats/dtype/dtype.h"
 
 namespace ckpt::store {
 

@@ -8,8 +8,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "formats/checked.h"
-#include "formats/torch/zip_archive.h"
+#include "formats/base/checked.h"
+#include "formats/torch/zip/zip_archive.h"
 
 namespace ckpt::torch {
 

@@ -19,11 +19,11 @@
 #include <optional>
 #include <string>
 
-#include "formats/region.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
-#include "formats/torch/py_object.h"
-#include "formats/torch/unpickler.h"
+#include "formats/base/status.h"
+#include "formats/tensor/region.h"
+#include "formats/tensor/tensor_io.h"
+#include "formats/torch/pickle/py_object.h"
+#include "formats/torch/pickle/unpickler.h"
 
 namespace ckpt::torch {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "formats/checked.h"
+#include "formats/base/checked.h"
 #include "formats/torch/torch_file.h"
 
 namespace ckpt::torch {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/tensor_io.h"
+#include "formats/tensor/tensor_io.h"
 #include "formats/torch/torch_file_writer.h"
 
 namespace ckpt::torch {

@@ -8,9 +8,9 @@
 #include <random>
 #include <unordered_set>
 
-#include "formats/checked.h"
-#include "formats/file_io.h"
-#include "formats/torch/pickler.h"
+#include "formats/base/checked.h"
+#include "formats/base/file_io.h"
+#include "formats/torch/pickle/pickler.h"
 
 namespace ckpt::torch {
 

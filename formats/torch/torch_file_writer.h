@@ -1,5 +1,5 @@
 // Writers of torch.save files (the zip format torch.load reads, weights_only=True included):
-//   <archive>/data.pkl                 the pickle of the root object (formats/torch/pickler.h)
+//   <archive>/data.pkl                 the pickle of the root object (formats/torch/pickle/pickler.h)
 //   <archive>/.format_version          "1"   (storages in the order of their keys, as torch 2.x)
 //   <archive>/.storage_alignment       "64"
 //   <archive>/byteorder                "little"
@@ -7,7 +7,7 @@
 //   <archive>/version                  "3\n"
 //   <archive>/.data/serialization_id   40 decimal digits
 // in that order (torch.serialization._save + PyTorchStreamWriter), each record's data 64-byte
-// aligned (formats/torch/zip_writer.h). The pickle is made at plan time from a PyObj tree whose
+// aligned (formats/torch/zip/zip_writer.h). The pickle is made at plan time from a PyObj tree whose
 // kTensor / kStorage objects name storages by key; every storage named there must be declared
 // (same dtype and numel) and every tensor must lie inside its storage. Storage bytes then arrive
 // in slabs (each storage's bytes in order, or disjoint byte ranges in any order with write_at;
@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "formats/fs_util.h"
-#include "formats/status.h"
-#include "formats/tensor_io.h"
-#include "formats/torch/py_object.h"
-#include "formats/torch/zip_writer.h"
+#include "formats/base/fs_util.h"
+#include "formats/base/status.h"
+#include "formats/tensor/tensor_io.h"
+#include "formats/torch/pickle/py_object.h"
+#include "formats/torch/zip/zip_writer.h"
 
 namespace ckpt::torch {
 

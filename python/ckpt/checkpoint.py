@@ -143,7 +143,7 @@ def _finish(arr, framework):
 
 
 def parse_layout(layout) -> dict:
-    """A layout as the engine takes it (reshard/layout.h), from a dict ({"tp": 2, "pp": 2, "dp": 1,
+    """A layout as the engine takes it (reshard/layout/layout.h), from a dict ({"tp": 2, "pp": 2, "dp": 1,
     "zero": 1, "pp_layers": [1, 3]}, or any layout JSON: "layers_per_stage", "pipelines"...), a
     layout file's path, a JSON string, or the CLI's flags as a string ("tp=2 pp=2 dp=1
     pp_layers=1,3" or "--tp 2 --pp 2 --pp-layers 1,3")."""

@@ -1,4 +1,4 @@
-// Exit codes that formats/error_codes.cc corrected: one rule, one kind, one exit code, wherever
+// Exit codes that formats/base/error_codes.cc corrected: one rule, one kind, one exit code, wherever
 // the rule is found. Each case names the command and the exit code it gave before the table.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
-#include "formats/digest.h"
+#include "formats/digest/digest.h"
 #include "formats/store/manifest.h"
 #include "tests/temp_dir.h"
 

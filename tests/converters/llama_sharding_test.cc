@@ -1,7 +1,7 @@
 // LlamaShardingRules against naive references: for every tensor the TP boxes are checked element by
 // element (each element covered by the expected rank(s), computed from head/row formulas written
 // independently here), GQA replication, vocab padding, stages, optimizer names and refusals.
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_sharding.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // chunking give the same files byte for byte as export_megatron (the engine's order); padding rows
 // are zeros; an incomplete sink commits nothing. The directory reads back (open_megatron_dir) to
 // the canonical tensors it came from.
-#include "converters/megatron_sink.h"
+#include "converters/megatron/megatron_sink.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <random>
 #include <sstream>
 
-#include "converters/megatron_dir_source.h"
-#include "converters/megatron_export.h"
+#include "converters/megatron/megatron_dir_source.h"
+#include "converters/megatron/megatron_export.h"
 #include "reshard/executor.h"
 #include "reshard/memory_io.h"
 

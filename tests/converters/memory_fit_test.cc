@@ -1,10 +1,10 @@
-// MemoryFit (converters/memory_fit.h): the floor is the reserve plus the smallest chunk budget; the
+// MemoryFit (converters/jobs/memory_fit.h): the floor is the reserve plus the smallest chunk budget; the
 // note is there only below the floor and tells what was asked, what is needed, and what to give.
-#include "converters/memory_fit.h"
+#include "converters/jobs/memory_fit.h"
 
 #include <gtest/gtest.h>
 
-#include "formats/source_blocks.h"
+#include "formats/io/source_blocks.h"
 
 namespace ckpt {
 namespace {

@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
 #include "reshard/planner.h"
 #include "tests/naive_region.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
 

@@ -25,16 +25,16 @@
 #include <set>
 #include <sstream>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "converters/megatron_segments.h"
+#include "converters/megatron/megatron_segments.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
 #include "formats/store/store_reader.h"
 #include "reshard/diff.h"
-#include "reshard/holdings.h"
+#include "reshard/layout/holdings.h"
+#include "reshard/layout/zero_layout.h"
 #include "reshard/memory_io.h"
 #include "reshard/planner.h"
 #include "reshard/store_reshard.h"
-#include "reshard/zero_layout.h"
 #include "tests/converters/random_model.h"
 #include "tests/naive_region.h"
 #include "tests/temp_dir.h"

@@ -22,8 +22,8 @@
 #include <set>
 #include <sstream>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
 #include "formats/store/store_reader.h"
 #include "reshard/diff.h"
 #include "reshard/memory_io.h"

@@ -1,12 +1,12 @@
 // vocab_parallel_part against a row-by-row reference: every padded row index belongs to rank
 // row / (padded / tp), and is real when below the vocabulary size.
-#include "converters/tp_split.h"
+#include "converters/model/tp_split.h"
 
 #include <gtest/gtest.h>
 
 #include <tuple>
 
-#include "reshard/layout.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt {
 namespace {

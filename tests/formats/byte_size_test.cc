@@ -1,5 +1,5 @@
 // The one byte-size rule of every CLI flag, against hand-computed values.
-#include "formats/byte_size.h"
+#include "formats/base/byte_size.h"
 
 #include <gtest/gtest.h>
 

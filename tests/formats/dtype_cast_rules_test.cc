@@ -1,4 +1,4 @@
-// Tests of the rules of formats/dtype.h casts: rounding once, the error and saturation policy,
+// Tests of the rules of formats/dtype/dtype.h casts: rounding once, the error and saturation policy,
 // NaN, float <-> integer and BOOL rules, argument validation, stats, and every dtype pair.
 // Expected values are written out by hand (IEEE bit patterns, integer limits).
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "formats/dtype.h"
+#include "formats/dtype/dtype.h"
 
 namespace ckpt {
 namespace {

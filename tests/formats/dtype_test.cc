@@ -1,4 +1,4 @@
-// Tests of formats/dtype.h casts: exhaustive round trips and naive reference rounders, for both
+// Tests of formats/dtype/dtype.h casts: exhaustive round trips and naive reference rounders, for both
 // kernel sets. The error, saturation, NaN, integer and BOOL rules and argument validation are in
 // dtype_cast_rules_test.cc. The bit-exact comparison against torch/numpy is
 // tests/python/test_casts.py (floats) and test_casts_int.py.
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "formats/dtype.h"
+#include "formats/dtype/dtype.h"
 
 namespace ckpt {
 namespace {

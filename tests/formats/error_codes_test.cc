@@ -1,6 +1,6 @@
-// formats/error_codes: one kind per rule code, every code the sources use is in the table, and a
+// formats/base/error_codes: one kind per rule code, every code the sources use is in the table, and a
 // Status survives the trip through JSON (pipe, MPI) with its kind checked against the table.
-#include "formats/error_codes.h"
+#include "formats/base/error_codes.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "formats/status.h"
+#include "formats/base/status.h"
 
 namespace ckpt {
 namespace {
@@ -35,7 +35,7 @@ TEST(ErrorCodes, ErrorTakesTheKindFromTheTable) {
   Status s = Status::Error("NoSuchCode", "m");
   EXPECT_EQ(s.kind(), ErrorKind::kInternal);
   EXPECT_EQ(s.code(), "NoSuchCode");
-  EXPECT_NE(s.message().find("no entry in formats/error_codes.cc"), std::string::npos);
+  EXPECT_NE(s.message().find("no entry in formats/base/error_codes.cc"), std::string::npos);
 }
 
 // Every literal code passed to Status::Error, or to a helper named err/bad/fail that forwards

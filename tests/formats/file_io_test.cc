@@ -1,7 +1,7 @@
 // copy_file_bytes against a naive reference (the bytes written at the target offset, nothing
 // else touched), the block callback, and every error path: short source, a source that shrinks
 // while mapped (SIGBUS caught), a source that cannot be mapped (pipe); with_mapped_range likewise.
-#include "formats/file_io.h"
+#include "formats/base/file_io.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

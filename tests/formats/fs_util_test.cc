@@ -2,7 +2,7 @@
 // PartialDir refuses an existing target (or allows an empty one), refuses or replaces a stale
 // NAME.partial as its policy says, removes what it built unless committed or released, and
 // commit() leaves exactly NAME with the contents; write_file_atomic leaves no temp file behind.
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

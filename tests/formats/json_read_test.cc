@@ -1,6 +1,6 @@
-// formats/json_read: the bounded JSON reader's four rules (size, depth, duplicate keys, syntax),
+// formats/base/json_read: the bounded JSON reader's four rules (size, depth, duplicate keys, syntax),
 // each with its code, the position or path in the message, and the limits exactly at the edge.
-#include "formats/json_read.h"
+#include "formats/base/json_read.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -14,7 +14,7 @@
 #include <fstream>
 #include <string>
 
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt {

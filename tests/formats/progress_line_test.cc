@@ -1,7 +1,7 @@
 // ProgressLine: what a terminal shows after its redraws. The oracle is a tiny terminal written
 // here (carriage return, newline, erase-to-end-of-line, overwrite at the cursor), not the
 // production code: a shorter redraw must leave none of a longer one ("252 MB/ss" was seen).
-#include "formats/progress_line.h"
+#include "formats/base/progress_line.h"
 
 #include <gtest/gtest.h>
 

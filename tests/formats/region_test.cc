@@ -1,6 +1,6 @@
 // Region geometry against naive references: flat-range decomposition is checked by enumerating
 // every element index; copy_box against an element-by-element copy.
-#include "formats/region.h"
+#include "formats/tensor/region.h"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
-// SourceBlocks (formats/source_blocks.h) against a naive reference (the bytes written to the
+// SourceBlocks (formats/io/source_blocks.h) against a naive reference (the bytes written to the
 // files): reads in any order of sizes across block boundaries and files, several threads at once,
 // a capacity far smaller than the files and the read-ahead (never more blocks held; no block read
 // twice when each byte is taken once), reading back over freed blocks, files that end early
 // ("ShortSource") and descriptors that cannot be read direct (no block: the caller reads its way);
 // a BlockTap sees its ranges' bytes in order and equal to the file's, and a range one of whose
 // blocks went before its turn is fed a true prefix only, going on when the block is read again.
-#include "formats/source_blocks.h"
+#include "formats/io/source_blocks.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "formats/file_io.h"
+#include "formats/base/file_io.h"
 #include "tests/direct_reads_probe.h"
 
 namespace ckpt {

@@ -1,10 +1,10 @@
-// libFuzzer target: cluster files (reshard/cluster.h: device types, ranks or nodes, links) on
+// libFuzzer target: cluster files (reshard/dist/cluster.h: device types, ranks or nodes, links) on
 // arbitrary bytes; a parsed cluster's links and JSON round trip are exercised too.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "reshard/cluster.h"
+#include "reshard/dist/cluster.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(data), size), nullptr, false);

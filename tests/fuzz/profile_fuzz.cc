@@ -1,10 +1,10 @@
-// libFuzzer target: profile files (converters/profile.h) on arbitrary bytes; a parsed profile's
+// libFuzzer target: profile files (converters/profile/profile.h) on arbitrary bytes; a parsed profile's
 // JSON round trip and its tensors for a small model are exercised too.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "converters/profile.h"
+#include "converters/profile/profile.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(data), size), nullptr, false);

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "formats/torch/unpickler.h"
+#include "formats/torch/pickle/unpickler.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ckpt::torch::unpickle(std::string_view(reinterpret_cast<const char*>(data), size));

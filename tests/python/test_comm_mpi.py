@@ -1,4 +1,4 @@
-"""ckpt::Comm (reshard/comm.h) under mpirun, through tests/tools/comm_check.cc.
+"""ckpt::Comm (reshard/dist/comm.h) under mpirun, through tests/tools/comm_check.cc.
 
 - Every collective and point-to-point operation for float, double and int64 on 1 (with and
   without mpirun), 2 and 3 ranks, against the naive sums / maxima / concatenations of known

@@ -1,4 +1,4 @@
-"""--io direct|buffered|auto (formats/file_io_direct.h) gives the same output bytes, checked by
+"""--io direct|buffered|auto (formats/io/output_file.h) gives the same output bytes, checked by
 independent readers:
 - from-hf (into tp=2) and reshard (tp=2 -> tp=1) with each mode: every file of the outputs is
   byte-identical across modes (cmp), and h5py (scripts/native_h5py) reads the HF tensors bit for

@@ -4,7 +4,7 @@ The file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored so a write past it fails
 full disk fails with ENOSPC) makes every writer of ckpt fail part-way: the store shards (plain and
 compressed), the HF safetensors files. Each command must exit 4 (I/O error) naming the file,
 leave neither the output nor its .partial directory, and not crash: HDF5's exit handler used to
-segfault (exit -11) in H5F__close_cb on a file whose close had failed (formats/store/h5_handles.cc).
+segfault (exit -11) in H5F__close_cb on a file whose close had failed (formats/store/h5/h5_handles.cc).
 """
 import resource
 import signal

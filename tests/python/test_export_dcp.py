@@ -89,7 +89,7 @@ def test_native_to_dcp_loads_in_torch(run_ckpt, hf_dir, tmp_path, layout, chunks
         assert torch.equal(sd[k], v), k
     original = LlamaForCausalLM.from_pretrained(hf_dir).eval()
     assert torch.equal(_logits(m), _logits(original))
-    # and back: ckpt reads its own export as a checkpoint (formats/torch/dcp.h), equal to the source
+    # and back: ckpt reads its own export as a checkpoint (formats/torch/dcp/dcp.h), equal to the source
     p = run_ckpt("diff", "--json", nat, out)
     d = json.loads(p.stdout)
     assert d["equal"] is True and d["counts"]["identical"] == len(ref), p.stdout

@@ -1,7 +1,7 @@
 """Hostile numbers in metadata are refused before they size memory or work (issue 32, case 5).
 
  * A manifest whose model_config says num_hidden_layers = 1e9 (or another config number beyond
-   converters/llama_config.h's bounds, or products past them): `reshard` and `verify`
+   converters/model/llama_config.h's bounds, or products past them): `reshard` and `verify`
    exit 3 with ConfigTooLarge naming the key, the value and the limit, fast and in little memory
    (before: reshard grew to 6.9 GB, verify said OK).
  * A manifest listing 1e6 tensors: JsonTooManyValues before the DOM is built (before: 3 GB).

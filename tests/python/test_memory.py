@@ -25,7 +25,7 @@ MAX_MEMORY = "64M"
 BUDGET_MIB = 64
 MARGIN_MIB = 8  # 2x input vs 1x input
 # Every --io mode: direct reads and writes hold their own buffers (once 165-310 MiB at 64M on a
-# 3 GB reshard: malloc kept freed direct-read buffers, formats/io_buffer.h).
+# 3 GB reshard: malloc kept freed direct-read buffers, formats/io/io_buffer.h).
 IO_MODES = ("auto", "buffered", "direct")
 # Compressed stores, written and read on --threads 2 (the default), at a budget above their fixed
 # costs (the writer's chunks in flight, each decoding thread's chunk and zstd context: a
@@ -134,7 +134,7 @@ def test_peak_rss_within_budget_and_constant(ckpt_bin, tmp_path):
         assert two <= one + MARGIN_MIB, f"{cmd}: peak RSS grows with the input: {one:.1f} -> {two:.1f} MiB"
 
 
-# Below a job's floor (its fixed buffers + 4 MiB of chunks, converters/memory_fit.h) --max-memory
+# Below a job's floor (its fixed buffers + 4 MiB of chunks, converters/jobs/memory_fit.h) --max-memory
 # cannot be kept: the job runs at its floor, says so on stderr and reports the floor in --json.
 # Compressed outputs and sources at 64M are below theirs on --threads 2 (84-114 MiB).
 FLOOR_MARGIN_MIB = 8
@@ -167,7 +167,7 @@ def test_below_the_floor_runs_at_the_floor_and_says_so(ckpt_bin, tmp_path):
     assert max(floors) > 64, f"no job below its floor at 64M: {floors}"  # else the notes and bounds go untested
 
 
-# --io direct reads the sources of its copies ahead across pieces (formats/source_blocks.h) in what
+# --io direct reads the sources of its copies ahead across pieces (formats/io/source_blocks.h) in what
 # --max-memory leaves beside the writer, the copying threads' stages and 32 MiB of chunks: at 256M
 # that is 160 MiB of 8 MiB blocks, which a 2x source (~310 MiB) fills. The peak stays in the budget.
 READ_AHEAD_MAX_MEMORY, READ_AHEAD_BUDGET_MIB = "256M", 256

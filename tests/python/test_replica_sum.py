@@ -1,4 +1,4 @@
-"""The trainer's gradient sum over replicas (trainer/replica_sum.h) under mpirun, through
+"""The trainer's gradient sum over replicas (trainer/optim/replica_sum.h) under mpirun, through
 tests/tools/replica_sum_check: every rank fills its boxes with values of (rank, tensor, element),
 sums, and rank 0 compares every element with a naive reference (the sum over the (pipeline,
 stage) holding it of their lowest TP rank's value; elements of one (pipeline, stage) unchanged),

@@ -240,7 +240,7 @@ def test_refused_trees_leave_nothing(tool, tmp_path):
         assert list(tmp_path.glob("out.pt*")) == []
 
 
-# --- DCP directories (formats/torch/dcp_writer.h) ------------------------------------------------
+# --- DCP directories (formats/torch/dcp/dcp_writer.h) ------------------------------------------------
 
 def global_tensor(k, dtype, shape):
     n = int(np.prod(shape)) if shape else 1

@@ -1,6 +1,6 @@
-"""Checkpoints saved by every rank and loaded on any layout (trainer/dist_checkpoint.h), driven by
+"""Checkpoints saved by every rank and loaded on any layout (trainer/state/dist_checkpoint.h), driven by
 tests/tools/dist_ckpt_check under mpirun. Oracle: every global element's value is known
-(dist_ckpt_check's value(name, e) from trainer/init.h init_value), so a load checks every element
+(dist_ckpt_check's value(name, e) from trainer/model/init.h init_value), so a load checks every element
 it holds, whatever the layouts; `ckpt diff` against a one-process save checks the global view.
 - tp2 pp2 dp2 zero1 (8 ranks) -> `ckpt verify`, equal to the one-process save, loaded by 1 rank
   and by tp2 dp2 zero1; one process -> tp2 dp2 zero1; pp3 [1,2,3] -> pp3 [3,2,1];

@@ -195,7 +195,7 @@ def test_invalid_layout_refused_before_any_work(tmp_path, case):
 
 
 def _general(pipelines, zero=0):
-    """A general layout (reshard/layout.h): [(micro_batch, [(layers, tp, device), ..]), ..]."""
+    """A general layout (reshard/layout/layout.h): [(micro_batch, [(layers, tp, device), ..]), ..]."""
     return {"pipelines": [{"micro_batch": mb, "stages": [{"layers": n, "tp": t, "device": d} for n, t, d in st]}
                           for mb, st in pipelines], "zero": zero, "num_layers": 6, "vocab_divisor": 128,
             "profile": "reference", "rank_order": "tp-dp-pp"}

@@ -11,7 +11,7 @@ Adam amplifies rounding differences of near-zero gradients (m / sqrt(v) ~ sign(g
 float64 twin can show that the updates are the same.
 
 Issue 12: the same check for general layouts (pipelines of stages, each with its own tp and device
-type; reshard/layout.h), the seeds' worked examples on a 6-layer model, given as layout files:
+type; reshard/layout/layout.h), the seeds' worked examples on a 6-layer model, given as layout files:
 stages of [1, 2, 3] layers on three device types, three data-parallel replicas with micro-batches
 [3, 2, 1], FlagScale-style meshes (tp 2 then tp 1, ZeRO-1), FlashFlex-style pipelines (different
 stage splits and per-stage tp), and a tied embedding whose first and last stage have different tp.

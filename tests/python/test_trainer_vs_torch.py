@@ -58,7 +58,7 @@ CONFIGS = {
 PEAK_LR, WARMUP, TOTAL, STEPS = 2e-3, 2, 8, 5
 DUMP_ARGS = ["--seed", "11", "--batch", "2", "--seq", "24", "--steps", str(STEPS), "--lr", str(PEAK_LR),
              "--warmup", str(WARMUP), "--total", str(TOTAL)]
-# The documented AdamW and clipping defaults (docs/TRAINER.md, trainer/adamw.h), pinned here
+# The documented AdamW and clipping defaults (docs/TRAINER.md, trainer/optim/adamw.h), pinned here
 # rather than read from the trainer's dump: torch runs with these, so a changed default in ckpt
 # fails the comparison instead of being copied into the reference.
 ADAMW = dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

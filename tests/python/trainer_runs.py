@@ -3,7 +3,7 @@
 
 A layout spec is either
 - Sym(processes, flags): the symmetric form from the command-line flags (--tp/--pp/--dp...), or
-- Gen(pipelines, zero, grad_accum): the general form (reshard/layout.h), written to a layout file
+- Gen(pipelines, zero, grad_accum): the general form (reshard/layout/layout.h), written to a layout file
   and passed with --layout (or Gen(..., file=F): F passed instead, e.g. a FlagScale-style file
   that must describe the same layout); when its stages name device types, a cluster file with those types in
   rank order (stage slowest, then pipeline, then tp rank) is written too and passed with --cluster.

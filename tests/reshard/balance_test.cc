@@ -1,6 +1,6 @@
-// reshard/balance.h: the shares tile the items, and greedy largest-first keeps every bin within
+// reshard/layout/balance.h: the shares tile the items, and greedy largest-first keeps every bin within
 // the largest item (+1 per item) of the lightest one (the list-scheduling bound).
-#include "reshard/balance.h"
+#include "reshard/layout/balance.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// reshard/cluster.h: cluster files (the fixtures parse to the values written by hand; every bad
+// reshard/dist/cluster.h: cluster files (the fixtures parse to the values written by hand; every bad
 // input is refused naming the key or entry) and check_cluster_layout (world sizes, and the
 // device type of every rank of a stage that names one, rank order included).
-#include "reshard/cluster.h"
+#include "reshard/dist/cluster.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "formats/file_io.h"
+#include "formats/base/file_io.h"
 #include "reshard/memory_io.h"
 #include "tests/reshard/executor_world.h"
 #include "tests/test_cases.h"

@@ -1,8 +1,8 @@
-// reshard/layout_flagscale.h: FlagScale-style hetero configs (hetero_process_meshes,
+// reshard/layout/layout_flagscale.h: FlagScale-style hetero configs (hetero_process_meshes,
 // hetero_device_types, hetero_pipeline_layer_split) read as layout files, written the way
 // FlagScale's own configs write them (examples/llama3/conf/train/8b_hetero.yaml's hetero block as
 // JSON; the first releases' 4-entry meshes), against the pipelines expected by hand.
-#include "reshard/layout.h"
+#include "reshard/layout/layout.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// reshard/layout.h, the general form (layout_general.cc): JSON round trips, the canonical form of
+// reshard/layout/layout.h, the general form (layout_general.cc): JSON round trips, the canonical form of
 // symmetric pipelines, rank_of / place_of_rank (inverse of each other, equal to the Megatron
 // formula on symmetric layouts, and against a naive enumeration of the rank-order rule on random
 // asymmetric layouts), stage_view, as_symmetric, and one test per validation error.
-#include "reshard/layout.h"
+#include "reshard/layout/layout.h"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/dtype.h"
+#include "formats/dtype/dtype.h"
 
 namespace {
 

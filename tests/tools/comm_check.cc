@@ -1,4 +1,4 @@
-// comm_check: exercises ckpt::Comm (reshard/comm.h) under mpirun, for tests/python/test_comm_mpi.py.
+// comm_check: exercises ckpt::Comm (reshard/dist/comm.h) under mpirun, for tests/python/test_comm_mpi.py.
 //   comm_check collectives          every collective and point-to-point operation for float,
 //                                   double and int64 against a naive expectation computed here
 //                                   from known per-rank data; prints "rank R: N checks ok" (or
@@ -28,7 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reshard/comm.h"
+#include "reshard/dist/comm.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// dist_ckpt_check: drives trainer/dist_checkpoint.h under mpirun for
+// dist_ckpt_check: drives trainer/state/dist_checkpoint.h under mpirun for
 // tests/python/test_trainer_dist_ckpt.py, with an independent oracle for every element.
 //   dist_ckpt_check save CONFIG LAYOUT RUN_DIR STEPS [sync]
 //   dist_ckpt_check load CONFIG LAYOUT PATH
@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "reshard/comm.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
+#include "reshard/dist/comm.h"
 #include "reshard/planner.h"
-#include "trainer/dist_checkpoint.h"
-#include "trainer/held_region.h"
-#include "trainer/init.h"
+#include "trainer/model/init.h"
+#include "trainer/optim/held_region.h"
+#include "trainer/state/dist_checkpoint.h"
 
 using namespace ckpt;
 using namespace ckpt::trainer;

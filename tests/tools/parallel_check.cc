@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_sharding.h"
 #include "reshard/planner.h"
 #include "trainer/parallel_step.h"
 

@@ -1,4 +1,4 @@
-// replica_sum_check: trainer/replica_sum.h under mpirun against a naive reference.
+// replica_sum_check: trainer/optim/replica_sum.h under mpirun against a naive reference.
 // Every rank fills each box it holds (place_in_layout) with a deterministic function of (rank,
 // tensor, global element index) (--fill stage: of (pipeline, stage) instead of rank, so that TP
 // replicas agree as real gradients do), runs ReplicaSum::sum in double and in float, and sends its
@@ -30,12 +30,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "converters/llama_sharding.h"
-#include "reshard/comm.h"
-#include "reshard/placement.h"
-#include "trainer/init.h"
-#include "trainer/replica_sum.h"
+#include "converters/model/llama_config.h"
+#include "converters/model/llama_sharding.h"
+#include "reshard/dist/comm.h"
+#include "reshard/layout/tensor_placement.h"
+#include "trainer/model/init.h"
+#include "trainer/optim/replica_sum.h"
 
 using namespace ckpt;
 using namespace ckpt::trainer;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/fs_util.h"
+#include "formats/base/fs_util.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/store_writer.h"
 

@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/file_io.h"
+#include "formats/base/file_io.h"
+#include "formats/torch/pickle/unpickler.h"
 #include "formats/torch/torch_file.h"
-#include "formats/torch/unpickler.h"
 
 using namespace ckpt;
 using namespace ckpt::torch;

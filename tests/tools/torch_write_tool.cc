@@ -28,7 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/torch/dcp_writer.h"
+#include "formats/torch/dcp/dcp_writer.h"
 #include "formats/torch/torch_file_sink.h"
 #include "formats/torch/torch_file_writer.h"
 

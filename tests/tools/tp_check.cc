@@ -18,10 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "reshard/comm.h"
-#include "trainer/init.h"
-#include "trainer/model.h"
+#include "converters/model/llama_config.h"
+#include "reshard/dist/comm.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model.h"
 
 using namespace ckpt;
 using namespace ckpt::trainer;

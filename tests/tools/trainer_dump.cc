@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
+#include "converters/model/llama_config.h"
 #include "trainer/data.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 #include "trainer/train_loop.h"
 
 using namespace ckpt;

@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "trainer/data.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 
 namespace ckpt::trainer {
 namespace {

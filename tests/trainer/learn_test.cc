@@ -9,9 +9,9 @@
 
 #include <cmath>
 
+#include "tests/test_cases.h"
 #include "trainer/data.h"
 #include "trainer/train_loop.h"
-#include "tests/test_cases.h"
 
 namespace ckpt::trainer {
 namespace {

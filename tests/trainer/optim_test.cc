@@ -5,10 +5,10 @@
 #include <cmath>
 #include <numbers>
 
-#include "converters/llama_config.h"
-#include "trainer/adamw.h"
-#include "trainer/init.h"
-#include "trainer/lr_schedule.h"
+#include "converters/model/llama_config.h"
+#include "trainer/model/init.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/lr_schedule.h"
 
 namespace ckpt::trainer {
 namespace {

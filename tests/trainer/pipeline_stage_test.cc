@@ -11,8 +11,8 @@
 #include <cmath>
 #include <map>
 
-#include "trainer/init.h"
-#include "trainer/model.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model.h"
 
 namespace ckpt::trainer {
 namespace {

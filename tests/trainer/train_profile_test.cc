@@ -1,8 +1,8 @@
 // trainer/train_profile.h: the F32 dtype rule and which profile a run saves in, from hand-written
 // cluster files (one test per rule; the end-to-end runs are tests/python/test_train_profile_resume.py),
 // and `ckpt plan` refusing an unknown profile name with the same error.
-#include "trainer/train_profile.h"
 #include "trainer/plan/plan_job.h"
+#include "trainer/train_profile.h"
 
 #include <gtest/gtest.h>
 

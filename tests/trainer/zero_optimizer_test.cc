@@ -1,7 +1,7 @@
 // ParallelOptimizer's held regions (weights, Adam moments; ZeRO-1 flat ranges) against the
 // planner's independent description of what a rank holds, rank_view(), for every rank of several
 // layouts; and the ZeRO-1 slots tile each DP rank's range of the flat buffer.
-#include "trainer/zero_optimizer.h"
+#include "trainer/optim/zero_optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "converters/llama_sharding.h"
+#include "converters/model/llama_sharding.h"
 #include "reshard/planner.h"
 
 namespace ckpt::trainer {

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "formats/status.h"
-#include "reshard/cluster.h"
+#include "formats/base/status.h"
+#include "reshard/dist/cluster.h"
 #include "trainer/plan/calibrate_probe.h"
 #include "trainer/plan/cost_model.h"
 

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reshard/comm.h"
-#include "trainer/ops.h"
+#include "reshard/dist/comm.h"
+#include "trainer/model/ops.h"
 #include "trainer/plan/cost_model.h"
 #include "trainer/train_loop.h"
 

@@ -1,14 +1,14 @@
 // The measurements behind trainer/plan/calibrate.h, each a median of timed repetitions within a
 // time budget:
 // - sgemm_flops: OpenBLAS sgemm FLOP/s through the trainer's own linear_forward / linear_backward
-//   (trainer/ops.h) at the GEMM shapes of one decoder layer of the calibration model
+//   (trainer/model/ops.h) at the GEMM shapes of one decoder layer of the calibration model
 //   (calibration_model(): rows n = micro-batch x seq; [n, D] x [D, F] and back, forward 2nDF and
 //   backward 4nDF FLOPs each), with `threads` OpenBLAS threads;
 // - trainer_flops: the real trainer (Trainer::create + train_step, one process) on that model, its
 //   model FLOP/s counted by the cost model's ModelSpec::step_flops (trainer/plan/cost_model.h; equal
 //   to Model::train_flops_per_token x tokens);
 // - memcpy_bandwidth: bytes/s of a memcpy of 64 MiB (buffers touched first);
-// - mpi_probe: under mpirun -np 2, ping-pong between ranks 0 and 1 over reshard/comm.h (the
+// - mpi_probe: under mpirun -np 2, ping-pong between ranks 0 and 1 over reshard/dist/comm.h (the
 //   trainer's Comm): latency = half the round trip of an 8-byte message, bandwidth = bytes / half
 //   the round trip of a 16 MiB message; rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
 //   spawn_mpi_probe runs it (mpirun -np 2 --oversubscribe --mca btl self,vader EXE
@@ -28,8 +28,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "formats/status.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
 
 namespace ckpt::trainer {
 

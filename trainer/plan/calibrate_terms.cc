@@ -5,8 +5,8 @@
 #include <chrono>
 #include <vector>
 
-#include "reshard/comm.h"
-#include "trainer/ops.h"
+#include "reshard/dist/comm.h"
+#include "trainer/model/ops.h"
 #include "trainer/plan/calibrate_probe.h"
 #include "trainer/train_loop.h"
 

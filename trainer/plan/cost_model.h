@@ -1,6 +1,6 @@
 // The planner's cost model (docs/PLAN.md has every formula): the time of one optimizer step and the
-// memory of every rank for a LLaMA model, a cluster (reshard/cluster.h: device types with peak
-// FLOP/s, efficiency, memory, dtype; nodes and links) and a layout (reshard/layout.h) mapped onto
+// memory of every rank for a LLaMA model, a cluster (reshard/dist/cluster.h: device types with peak
+// FLOP/s, efficiency, memory, dtype; nodes and links) and a layout (reshard/layout/layout.h) mapped onto
 // the cluster's devices (a placement). Terms:
 // - compute: per layer forward FLOPs (GQA projections, score and probability-value matmuls,
 //   SwiGLU MLP), the LM head; backward = 2 x forward; divided by tp; at peak_flops * efficiency;
@@ -27,10 +27,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "formats/status.h"
-#include "reshard/cluster.h"
-#include "reshard/layout.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "reshard/dist/cluster.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::trainer {
 

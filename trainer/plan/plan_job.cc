@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "formats/json_read.h"
-#include "reshard/cluster.h"
+#include "formats/base/json_read.h"
+#include "reshard/dist/cluster.h"
 #include "trainer/memory_estimate.h"
 #include "trainer/train_profile.h"
 

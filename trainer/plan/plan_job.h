@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/llama_config.h"
-#include "formats/status.h"
-#include "reshard/layout.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "reshard/layout/layout.h"
 #include "trainer/plan/cost_model.h"
 #include "trainer/plan/search.h"
 

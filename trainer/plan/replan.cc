@@ -3,7 +3,7 @@
 
 #include "formats/store/manifest.h"
 #include "formats/store/run_dir.h"
-#include "trainer/trainer_state.h"
+#include "trainer/state/trainer_state.h"
 
 namespace ckpt::trainer {
 

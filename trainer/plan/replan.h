@@ -1,15 +1,15 @@
 // Re-plan on a cluster change (`ckpt plan --from CHECKPOINT --cluster NEW`): the model, global batch
 // and sequence length of a trainer checkpoint (its metadata model_config, trainer, layout), for the
 // search (trainer/plan/search.h); the reshard that moves it to the planned layout is
-// converters/reshard_job.h's run_reshard_job. Pure except the manifest read.
+// converters/jobs/reshard_job.h's run_reshard_job. Pure except the manifest read.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "converters/llama_config.h"
-#include "formats/status.h"
-#include "reshard/layout.h"
+#include "converters/model/llama_config.h"
+#include "formats/base/status.h"
+#include "reshard/layout/layout.h"
 
 namespace ckpt::trainer {
 

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/status.h"
-#include "reshard/cluster.h"
-#include "reshard/layout.h"
+#include "formats/base/status.h"
+#include "reshard/dist/cluster.h"
+#include "reshard/layout/layout.h"
 #include "trainer/plan/cost_model.h"
 
 namespace ckpt::trainer {

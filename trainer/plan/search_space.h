@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "reshard/cluster.h"
+#include "reshard/dist/cluster.h"
 #include "trainer/plan/cost_model.h"
 
 namespace ckpt::trainer::search_detail {

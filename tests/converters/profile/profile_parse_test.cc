@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include "converters/profile.h"
+#include "converters/profile/profile.h"
 #include "tests/converters/profile/profile_test_util.h"
 #include "tests/temp_dir.h"
 

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <map>
 
-#include "converters/llama_sharding.h"
-#include "converters/megatron_segments.h"
-#include "converters/profile_sharding.h"
+#include "converters/megatron/megatron_segments.h"
+#include "converters/model/llama_sharding.h"
+#include "converters/profile/profile_sharding.h"
 #include "tests/converters/profile/profile_test_util.h"
 
 namespace ckpt {

@@ -1,10 +1,10 @@
 // profile_tensors against hand-enumerated row lists (tiny configs: every row of every packed
 // tensor written out by hand from the frameworks' conversion code, docs/PROFILES.md), and the
-// megatron-mcore profile sliced per TP rank against converters/megatron_segments.
+// megatron-mcore profile sliced per TP rank against converters/megatron/megatron_segments.
 #include <gtest/gtest.h>
 
-#include "converters/megatron_segments.h"
-#include "converters/profile.h"
+#include "converters/megatron/megatron_segments.h"
+#include "converters/profile/profile.h"
 #include "tests/converters/profile/profile_test_util.h"
 
 namespace ckpt {

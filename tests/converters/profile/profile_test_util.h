@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "converters/llama_config.h"
-#include "converters/profile.h"
+#include "converters/model/llama_config.h"
+#include "converters/profile/profile.h"
 
 namespace ckpt::profile_test {
 

@@ -2,7 +2,7 @@
 // _Float16 on x86, the CPU's F16C conversion: both independent of formats/), the exactness
 // report's merge and JSON, and the profile views against a naive
 // element-by-element construction of packed, padded, transposed tensors.
-#include "converters/profile_view.h"
+#include "converters/profile/profile_view.h"
 
 #include <gtest/gtest.h>
 

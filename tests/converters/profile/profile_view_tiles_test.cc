@@ -1,4 +1,4 @@
-// The transposed reads of the profile views (converters/profile_view.h) against a naive
+// The transposed reads of the profile views (converters/profile/profile_view.h) against a naive
 // element-by-element transpose written here: odd shapes, transpose tiles and executor chunks that
 // divide neither the rows nor the columns, bf16 / fp16 / fp32, canonical pieces split by rows and
 // by columns, both directions (canonical -> stored [in, out] through the profile view, and back
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "converters/profile_view.h"
+#include "converters/profile/profile_view.h"
 #include "reshard/executor.h"
 #include "reshard/memory_io.h"
 

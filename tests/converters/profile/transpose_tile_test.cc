@@ -1,9 +1,9 @@
-// converters/transpose_tile.h: every kernel (the AVX2 line blocks where the CPU has AVX2, the SSE2
+// converters/profile/transpose_tile.h: every kernel (the AVX2 line blocks where the CPU has AVX2, the SSE2
 // tiles, the blocked scalar loop) against an element-by-element loop written here, for odd shapes
 // (edges of the 32 x 32 line blocks, their 256 x 256 groups, the 8 x 8 / 4 x 4 register tiles and
 // the 64 x 64 cache blocks), every element size, and a destination row longer than the tile
 // (bytes beyond it untouched).
-#include "converters/transpose_tile.h"
+#include "converters/profile/transpose_tile.h"
 
 #include <gtest/gtest.h>
 

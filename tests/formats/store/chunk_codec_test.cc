@@ -8,9 +8,9 @@
 #include <random>
 
 #include "formats/store/chunk_codec.h"
-#include "formats/store/h5_handles.h"
-#include "formats/store/h5_types.h"
-#include "formats/store/zstd_filter.h"
+#include "formats/store/h5/h5_handles.h"
+#include "formats/store/h5/h5_types.h"
+#include "formats/store/h5/zstd_filter.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::store {

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <random>
 
-#include "formats/store/h5_handles.h"
-#include "formats/store/h5_types.h"
+#include "formats/store/h5/h5_handles.h"
+#include "formats/store/h5/h5_types.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
 #include "tests/formats/store/store_test_util.h"

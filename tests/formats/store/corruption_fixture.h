@@ -16,11 +16,11 @@
 #include <sstream>
 #include <string_view>
 
-#include "formats/digest.h"
-#include "formats/fs_util.h"
-#include "formats/store/h5_handles.h"
-#include "formats/store/h5_types.h"
-#include "formats/store/zstd_filter.h"
+#include "formats/base/fs_util.h"
+#include "formats/digest/digest.h"
+#include "formats/store/h5/h5_handles.h"
+#include "formats/store/h5/h5_types.h"
+#include "formats/store/h5/zstd_filter.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"
 #include "tests/formats/store/store_test_util.h"

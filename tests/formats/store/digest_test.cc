@@ -1,4 +1,4 @@
-// formats/digest.h: both algorithms against independent reference values (Python's
+// formats/digest/digest.h: both algorithms against independent reference values (Python's
 // hashlib.sha256 and xxhash.xxh3_128_hexdigest, and the published SHA-256 of "abc"), streaming in
 // arbitrary splits equal to one shot, reuse after hex_digest(), the "<name>:<hex>" text form.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/digest.h"
+#include "formats/digest/digest.h"
 
 namespace ckpt {
 namespace {

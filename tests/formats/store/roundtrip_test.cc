@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <map>
 
-#include "formats/file_io.h"
-#include "formats/fs_util.h"
+#include "formats/base/file_io.h"
+#include "formats/base/fs_util.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/store_reader.h"
 #include "formats/store/store_writer.h"

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/dtype.h"
-#include "formats/region.h"
-#include "formats/tensor_io.h"
+#include "formats/dtype/dtype.h"
+#include "formats/tensor/region.h"
+#include "formats/tensor/tensor_io.h"
 #include "tests/temp_dir.h"
 
 namespace ckpt::store::testing {

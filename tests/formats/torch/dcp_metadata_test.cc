@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "formats/torch/dcp.h"
+#include "formats/torch/dcp/dcp.h"
 
 namespace ckpt::torch {
 namespace {

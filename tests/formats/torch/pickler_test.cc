@@ -1,7 +1,7 @@
 // The pickler against CPython: each expected byte string is what `pickle.dumps(obj, protocol=2)`
 // gives in CPython 3.11 for the same object (printed by Python, pasted here), so equality means
 // ckpt writes exactly what Python writes. Plus the refusals (PickleWriteInvalid).
-#include "formats/torch/pickler.h"
+#include "formats/torch/pickle/pickler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// One test per rule of the restricted unpickler (formats/torch/unpickler.h), on hand-built
+// One test per rule of the restricted unpickler (formats/torch/pickle/unpickler.h), on hand-built
 // pickle bytes (opcodes as Lib/pickle.py writes them; the valid ones were checked with
 // pickletools). Each rule's error code is asserted, so a rule that stopped firing fails here.
-#include "formats/torch/unpickler.h"
+#include "formats/torch/pickle/unpickler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The zip writer against independent references: zlib's documented CRC-32 check value, and
 // libzip (a separate implementation) reading back what we write, with consistency checks on,
 // for plain and forced-ZIP64 archives, entries filled in interleaved slabs and from a file.
-#include "formats/torch/zip_writer.h"
+#include "formats/torch/zip/zip_writer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -1,0 +1,216 @@
+#include "converters/jobs/hf_jobs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "converters/hf/hf_export.h"
+#include "converters/hf/hf_files.h"
+#include "converters/hf/hf_import.h"
+#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/open_source.h"
+#include "converters/jobs/source_check_job.h"
+#include "formats/base/byte_size.h"
+#include "formats/io/output_file.h"
+#include "formats/store/store_options.h"
+#include "formats/store/store_writer.h"
+#include "formats/torch/dcp/dcp.h"
+#include "reshard/dist/comm.h"
+
+namespace ckpt {
+
+Result<std::optional<DType>> float_dtype_flag(const std::string& value) {
+  if (value.empty()) return std::optional<DType>{};
+  auto dt = dtype_from_name(value, /*cli_aliases=*/true);
+  if (!dt.ok() || !dtype_is_float(*dt))
+    return Status::InvalidArgument("--dtype '" + value + "': expected bf16, fp16 or fp32");
+  return std::optional<DType>{*dt};
+}
+
+Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
+                                      const std::vector<Piece>& out, uint64_t reserve) {
+  size_t max_src = 1, min_out = 8;
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+  for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
+  return chunk_bytes_within(max_memory, threads, max_src, min_out, reserve);
+}
+
+namespace {
+
+// to-hf's share of --max-memory beside its chunks: the process, HDF5, the copies' buffers.
+constexpr uint64_t kToHfReserveBytes = uint64_t{24} << 20;
+
+double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status hf_job_check_threads(int threads) {
+  if (threads < 1 || threads > 64) return Status::InvalidArgument("--threads " + std::to_string(threads) + ": expected 1..64");
+  return Status::Ok();
+}
+
+}  // namespace
+
+nlohmann::json ToHfOutcome::to_json() const {
+  return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
+          {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
+          {"source_check", source_check}};
+}
+
+Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CKPT_RETURN_IF_ERROR(hf_job_check_threads(req.threads));
+  HfExportOptions opts;
+  opts.threads = req.threads;
+  opts.fsync = req.fsync;
+  opts.progress = req.progress;
+  CKPT_ASSIGN_OR_RETURN(opts.io, parse_io_mode(req.io, "--io"));
+  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
+  CKPT_ASSIGN_OR_RETURN(opts.max_shard_size, parse_byte_size(req.max_shard_size, "--max-shard-size"));
+  // SRC's check: from the copies' own direct reads where they read SRC direct (a cold source, or
+  // --io direct) and it is copied as stored (CopyVerify: SRC read once); else in a child process
+  // forked before this process opens SRC.
+  const bool direct_reads = opts.io == IoMode::kDirect || cold_source(req.src, opts.io);
+  const bool check_copy = !req.no_verify && direct_reads && checkable_from_copy(req.src);
+  JobSourceCheck check;
+  check.start(req.src, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
+  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  opts.before_commit = check.before_commit(*src);
+  auto plan = plan_hf_export(*src, req.src, opts);
+  if (!plan.ok()) return plan.take_status().with_file(req.src);
+  // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
+  const uint64_t decode = source_decode_reserve(*src, req.threads);
+  uint64_t reserve = kToHfReserveBytes + decode;
+  // Copied file ranges read direct and ahead through one SourceBlocks, as reshard's: with --io direct,
+  // and with auto when the source is cold (mapped reads of it fill new page-cache pages, slow in an
+  // idle VM). Not for a compressed store, whose chunks are decoded, not copied.
+  if (decode == 0 && direct_reads) {
+    CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(req.max_memory, "--max-memory"));
+    ReadAheadFit fit = fit_read_ahead(mem, reserve, req.threads);
+    opts.read_ahead = std::move(fit.blocks);
+    reserve += fit.bytes;
+  }
+  if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
+  ToHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, opts.read_ahead.get()));
+  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  out.out = req.out;
+  out.tensors = plan->tensors.size();
+  out.bytes = plan->total_bytes;
+  out.config = plan->config.has_value();
+  for (const auto& [name, path] : plan->copy_files) out.files.push_back(name);
+  for (const auto& [name, content] : plan->side_files)
+    if (!plan->copy_files.count(name)) out.files.push_back(name);
+  out.skipped = plan->skipped;
+  out.seconds = hf_job_seconds_since(t0);
+  out.source_check = check.to_json();
+  return out;
+}
+
+nlohmann::json FromHfOutcome::to_json() const {
+  nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
+                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()}};
+  if (!profile.empty()) {
+    j["profile"] = profile;
+    j["exactness"] = exactness.to_json();
+  }
+  return j;
+}
+
+namespace {
+
+// from-hf with a profile: the reshard job from the HF directory (canonical names) into the
+// profile's view, in one pass (converters/jobs/profile_view_job.h); the layout defaults to tp=pp=dp=1.
+Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chrono::steady_clock::time_point t0) {
+  if (!req.dtype.empty())
+    return Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)");
+  ReshardRequest rr;
+  rr.src = req.src;
+  rr.dst = req.out;
+  rr.layout = req.layout.given() ? req.layout : LayoutValues{1, 1, 1, -1, ""};
+  rr.compress = req.compress;
+  rr.digest = req.digest;
+  rr.threads = req.threads;
+  rr.max_memory = req.max_memory;
+  rr.io = req.io;
+  rr.profile = req.profile;
+  rr.progress = req.progress;
+  rr.dist = req.dist;
+  rr.no_verify = req.no_verify;
+  CKPT_ASSIGN_OR_RETURN(auto r, run_reshard_job(rr));
+  FromHfOutcome out;
+  out.out = req.out;
+  out.layout = r.layout.to_string();
+  out.bytes = r.plan.bytes_written;
+  out.tensors = r.plan.tensors.size();
+  out.profile = r.profile;
+  out.exactness = r.exactness;
+  out.memory = r.memory;
+  out.seconds = hf_job_seconds_since(t0);
+  return out;
+}
+
+// The HF names come in from a HuggingFace directory or file, or a DCP directory of an HF
+// model's state_dict; tokenizer files beside it are carried.
+Result<std::string> hf_side_files_dir(const std::string& src) {
+  const SourceKind kind = detect_source(src);
+  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile && !torch::is_dcp_dir(src))
+    return Status::InvalidArgument("'" + src + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
+                                   "nor a DCP directory (.metadata)");
+  auto dir = kind == SourceKind::kSafetensorsFile ? std::filesystem::path(src).parent_path() : std::filesystem::path(src);
+  return dir.empty() ? std::string(".") : dir.string();
+}
+
+}  // namespace
+
+Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CKPT_RETURN_IF_ERROR(hf_job_check_threads(req.threads));
+  if (req.profile.given()) return run_from_hf_profile_job(req, t0);
+  HfImportOptions opts;
+  opts.threads = req.threads;
+  opts.progress = req.progress;
+  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
+  CKPT_ASSIGN_OR_RETURN(auto so, store::parse_compress_spec(req.compress, "--compress"));
+  CKPT_ASSIGN_OR_RETURN(so, store::parse_digest_spec(req.digest, "--digest", so));
+  so.fsync = req.fsync;
+  CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
+  CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
+  JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
+  check.start(req.src, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
+  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  opts.before_commit = check.before_commit(*src);
+  auto plan = plan_hf_import(*src, opts);
+  if (!plan.ok()) return plan.take_status().with_file(req.src);
+  // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
+  CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so, cold_source(req.src, so.io)));
+  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
+  FromHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, so.read_ahead.get()));
+  out.layout = "tp=1 pp=1 dp=1";
+  if (req.layout.given()) {
+    CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));
+    out.layout = layout.to_string();
+    StoreExecOptions eo;
+    eo.exec.threads = req.threads;
+    eo.exec.max_chunk_bytes = opts.max_chunk_bytes;
+    eo.store = so;
+    eo.exec.progress = opts.progress;
+    eo.before_commit = opts.before_commit;
+    CKPT_RETURN_IF_ERROR(run_hf_import_to_layout(*src, *plan, layout, req.out, eo, req.dist));
+  } else {
+    store::StoreWriter sink(req.out, so);
+    CKPT_RETURN_IF_ERROR(run_hf_import(*src, sink, *plan, opts));
+  }
+  out.out = req.out;
+  out.tensors = plan->tensors.size();
+  out.bytes = plan->total_bytes;
+  if (plan->metadata.contains(kHfFilesKey))
+    for (const auto& [name, v] : plan->metadata[kHfFilesKey].items()) out.side_files.push_back(name);
+  out.skipped = plan->skipped;
+  out.seconds = hf_job_seconds_since(t0);
+  return out;
+}
+
+}  // namespace ckpt

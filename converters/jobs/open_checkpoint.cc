@@ -1,0 +1,102 @@
+#include "converters/jobs/open_checkpoint.h"
+
+#include <filesystem>
+
+#include "converters/jobs/open_source.h"
+#include "converters/megatron/dist/megatron_dist_source.h"
+#include "converters/megatron/megatron_dir_source.h"
+#include "converters/megatron/megatron_torch_source.h"
+#include "converters/model/llama_config.h"
+#include "converters/profile/profile_view.h"
+#include "formats/torch/dcp/dcp.h"
+
+namespace ckpt {
+
+namespace {
+
+bool is_native_store(const std::string& p) { return detect_source(p) == SourceKind::kNativeStore; }
+bool is_hf_dir(const std::string& p) { return detect_source(p) == SourceKind::kHfDir; }
+bool is_safetensors_file(const std::string& p) { return detect_source(p) == SourceKind::kSafetensorsFile; }
+bool is_dcp(const std::string& p) {
+  std::error_code ec;
+  return std::filesystem::is_directory(p, ec) && torch::is_dcp_dir(p);
+}
+
+// A native store; one stored in a profile other than "reference" (its manifest's "profile" /
+// "profile_spec") opens as its canonical view (converters/profile/profile_view.h, issue 14).
+Result<std::unique_ptr<TensorSource>> open_native_store(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
+  const nlohmann::json& md = src->metadata();
+  const bool other = md.contains("profile_spec") ||
+                     (md.contains("profile") && md["profile"].is_string() && md["profile"] != "reference");
+  if (!other) return src;
+  CKPT_ASSIGN_OR_RETURN(Profile p, profile_of_metadata(md, path));
+  TensorSource& ref = *src;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<CanonicalView> view, canonical_view(ref, std::move(src), p));
+  return std::unique_ptr<TensorSource>(std::move(view));
+}
+
+// One row per kind, most specific first (see open_checkpoint.h).
+constexpr CheckpointKind kCheckpointKinds[] = {
+    {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)",
+     is_megatron_dir, open_megatron_dir},
+    // Megatron-Core torch_dist and Megatron-LM legacy per-rank torch files, above "dcp" (a
+    // torch_dist directory is also a DCP directory); torch_dist first: both kinds of run dir hold
+    // latest_checkpointed_iteration.txt, and only torch_dist's detect looks into the iteration.
+    {"megatron-torch-dist", "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
+     is_megatron_dist_dir, open_megatron_dist},
+    {"megatron-torch",
+     "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
+     is_megatron_torch_dir, open_megatron_torch_dir},
+    {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
+    {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
+    {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_source},
+    {"safetensors", "a .safetensors file", is_safetensors_file, open_source},
+};
+
+}  // namespace
+
+std::span<const CheckpointKind> checkpoint_kinds() { return kCheckpointKinds; }
+
+const CheckpointKind* detect_checkpoint(const std::string& path) {
+  for (const auto& k : kCheckpointKinds)
+    if (k.detect(path)) return &k;
+  return nullptr;
+}
+
+namespace {
+
+// A model config beyond ckpt's bounds (converters/model/llama_config.h) is refused by every command,
+// verify and inspect included, before anything is sized by it; other config errors are left to
+// the commands that need a valid config (reshard, to-hf, train).
+Result<std::unique_ptr<TensorSource>> bounded(std::unique_ptr<TensorSource> src) {
+  const nlohmann::json& md = src->metadata();
+  if (md.is_object() && md.contains("model_config") && md["model_config"].is_object()) {
+    auto c = LlamaConfig::from_json(md["model_config"]);
+    if (!c.ok() && c.status().code() == "ConfigTooLarge")
+      return c.take_status().with_context("model_config of '" + src->describe() + "'");
+  }
+  return src;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path) {
+  if (detect_source(path) != SourceKind::kNativeStore) return open_checkpoint(path);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
+  return bounded(std::move(src));
+}
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
+  if (const CheckpointKind* k = detect_checkpoint(path)) {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, k->open(path));
+    return bounded(std::move(src));
+  }
+  std::string kinds;
+  for (const auto& k : kCheckpointKinds) kinds += std::string("\n  ") + k.name + ": " + k.looks_like;
+  return Status::Unsupported("'" + path + "' is no checkpoint kind ckpt reads; it accepts:" + kinds);
+}
+
+}  // namespace ckpt

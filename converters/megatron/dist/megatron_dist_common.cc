@@ -1,0 +1,145 @@
+#include "converters/megatron/dist/megatron_dist_common.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "formats/base/json_read.h"
+#include "formats/torch/torch_file.h"
+
+namespace ckpt {
+
+namespace dist_common_detail {
+
+namespace fs = std::filesystem;
+
+// By file names only (detection is cheap); read_megatron_dist_common checks the backend.
+bool is_dist_iter_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir + "/metadata.json", ec) && fs::is_regular_file(dir + "/.metadata", ec);
+}
+
+Status bad_common(const std::string& file, const std::string& msg) {
+  return Status::Error("BadMegatronArgs", "'" + file + "': " + msg).with_file(file);
+}
+
+// The scalar attributes of an args Namespace (nested values and tensors left out).
+nlohmann::json namespace_to_json(const torch::PyObj* ns) {
+  nlohmann::json j = nlohmann::json::object();
+  const torch::PyObj* st = ns->state;
+  if (st && st->is(torch::PyType::kTuple) && !st->items.empty()) st = st->items[0];
+  if (!st || !st->is(torch::PyType::kDict)) return j;
+  for (const auto& [k, v] : st->entries) {
+    if (!k->is(torch::PyType::kStr)) continue;
+    switch (v->type) {
+      case torch::PyType::kBool: j[k->s] = v->b; break;
+      case torch::PyType::kInt: j[k->s] = v->i; break;
+      case torch::PyType::kFloat: j[k->s] = v->f; break;
+      case torch::PyType::kStr: j[k->s] = v->s; break;
+      case torch::PyType::kNone: j[k->s] = nullptr; break;
+      default: break;
+    }
+  }
+  return j;
+}
+
+Result<int64_t> arg_int(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi,
+                        std::optional<int64_t> fallback = std::nullopt) {
+  if (!j.contains(key) || j.at(key).is_null()) {
+    if (fallback) return *fallback;
+    return bad_common(file, std::string("args has no '") + key + "'");
+  }
+  if (!j.at(key).is_number_integer()) return bad_common(file, std::string("args.") + key + " must be an integer");
+  const int64_t v = j.at(key).get<int64_t>();
+  if (v < lo || v > hi)
+    return bad_common(file, std::string("args.") + key + " = " + std::to_string(v) + " outside " + std::to_string(lo) +
+                                ".." + std::to_string(hi));
+  return v;
+}
+
+}  // namespace dist_common_detail
+
+std::optional<std::string> find_megatron_dist_dir(const std::string& path) {
+  using namespace dist_common_detail;
+  if (is_dist_iter_dir(path)) return path;
+  std::ifstream f(path + "/latest_checkpointed_iteration.txt");
+  if (!f) return std::nullopt;
+  std::string s;
+  f >> s;
+  std::string it;
+  if (s == "release") {
+    it = path + "/release";
+  } else {
+    if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "/iter_%07lld", static_cast<long long>(std::stoll(s)));
+    it = path + buf;
+  }
+  if (is_dist_iter_dir(it)) return it;
+  return std::nullopt;
+}
+
+Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir) {
+  using namespace dist_common_detail;
+  MegatronDistCommon out;
+  const std::string mdfile = dir + "/metadata.json";
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json md, read_json_file(mdfile, kStatusJsonLimits, "metadata.json"));
+  if (!md.is_object() || !md.contains("sharded_backend") || md["sharded_backend"] != "torch_dist")
+    return Status::Unsupported("'" + mdfile + "': sharded_backend is " +
+                               (md.is_object() && md.contains("sharded_backend") ? md["sharded_backend"].dump() : "absent") +
+                               ", ckpt reads torch_dist (zarr and fsdp_dtensor are not supported)")
+        .with_file(mdfile);
+  const std::string file = dir + "/common.pt";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return out;
+  torch::TorchFileLimits lim;
+  lim.max_pickle_bytes = uint64_t{64} << 20;
+  CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, lim));
+  const torch::PyObj* root = tf->root();
+  if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
+  if (const torch::PyObj* a = root->get("args")) {
+    if (!a->is_record("argparse.Namespace")) return bad_common(file, "'args' is not an argparse.Namespace");
+    out.args = namespace_to_json(a);
+  }
+  if (const torch::PyObj* it = root->get("iteration"); it && it->is(torch::PyType::kInt)) out.iteration = it->i;
+  const torch::PyObj* opt = root->get("optimizer");
+  const torch::PyObj* state = opt ? opt->get("state") : nullptr;
+  const torch::PyObj* step = state ? state->get("common_step") : nullptr;
+  if (step && step->is(torch::PyType::kInt)) out.optimizer_step = step->i;
+  if (step && step->is(torch::PyType::kFloat)) out.optimizer_step = static_cast<int64_t>(step->f);
+  if (step && step->is(torch::PyType::kTensor) && step->tensor.size.empty() && step->tensor.storage.dtype == DType::kF32) {
+    float v = 0;
+    CKPT_RETURN_IF_ERROR(tf->read_tensor(step->tensor, Box{}, &v));
+    out.optimizer_step = static_cast<int64_t>(v);
+  }
+  return out;
+}
+
+Result<LlamaConfig> llama_config_from_megatron_args(const nlohmann::json& j, int64_t padded_vocab, const std::string& file) {
+  using namespace dist_common_detail;
+  constexpr int64_t kBig = int64_t{1} << 40;
+  LlamaConfig c;
+  CKPT_ASSIGN_OR_RETURN(c.num_hidden_layers, arg_int(j, file, "num_layers", 1, 1 << 20));
+  CKPT_ASSIGN_OR_RETURN(c.hidden_size, arg_int(j, file, "hidden_size", 1, kBig));
+  CKPT_ASSIGN_OR_RETURN(c.intermediate_size, arg_int(j, file, "ffn_hidden_size", 1, kBig));
+  CKPT_ASSIGN_OR_RETURN(c.num_attention_heads, arg_int(j, file, "num_attention_heads", 1, 1 << 20));
+  const bool gqa = j.contains("group_query_attention") && j["group_query_attention"] == true;
+  CKPT_ASSIGN_OR_RETURN(c.num_key_value_heads,
+                        gqa ? arg_int(j, file, "num_query_groups", 1, 1 << 20) : Result<int64_t>(c.num_attention_heads));
+  CKPT_ASSIGN_OR_RETURN(c.head_dim, arg_int(j, file, "kv_channels", 1, 1 << 20, c.hidden_size / c.num_attention_heads));
+  CKPT_ASSIGN_OR_RETURN(c.vocab_size, arg_int(j, file, "vocab_size", 1, padded_vocab, padded_vocab));
+  if (j.contains("swiglu") && j["swiglu"] == false) return Status::Unsupported("'" + file + "': args.swiglu is false");
+  if (j.contains("add_bias_linear") && j["add_bias_linear"] == true)
+    return Status::Unsupported("'" + file + "': args.add_bias_linear is true (LLaMA has no linear biases)");
+  c.attention_bias = j.contains("add_qkv_bias") && j["add_qkv_bias"] == true;
+  c.tie_word_embeddings = !(j.contains("untie_embeddings_and_output_weights") && j["untie_embeddings_and_output_weights"] == true);
+  if (j.contains("norm_epsilon") && j["norm_epsilon"].is_number()) c.rms_norm_eps = j["norm_epsilon"].get<double>();
+  if (j.contains("rotary_base") && j["rotary_base"].is_number()) c.rope_theta = j["rotary_base"].get<double>();
+  if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
+    c.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
+  if (Status v = c.validate(); !v.ok()) return std::move(v).with_context("model of '" + file + "' (Megatron args)");
+  return c;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,253 @@
+#include "converters/megatron/dist/megatron_dist_source.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+
+#include "converters/megatron/dist/megatron_dist_common.h"
+#include "converters/megatron/dist/megatron_dist_map.h"
+#include "formats/torch/dcp/dcp.h"
+#include "formats/torch/torch_file.h"
+
+namespace ckpt {
+
+namespace dist_source_detail {
+
+class MegatronDistSource final : public TensorSource {
+ public:
+  static Result<std::unique_ptr<TensorSource>> open(const std::string& path);
+
+  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  const nlohmann::json& metadata() const override { return meta_; }
+  std::string describe() const override { return dir_; }
+
+  Status read(size_t piece, const Box& sub, void* dst) override {
+    if (piece >= map_.size()) return Status::Internal("MegatronDistSource::read: bad piece");
+    return dcp_->read(map_[piece].inner, dcp_box(piece, sub), dst);
+  }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    if (piece >= map_.size()) return std::nullopt;
+    return dcp_->file_extent(map_[piece].inner, dcp_box(piece, sub));
+  }
+
+  // Integrity: the DCP's (zip CRC-32 of every torch.save item's entries) and common.pt's entries.
+  IntegrityInfo integrity() const override {
+    IntegrityInfo d = dcp_->integrity();
+    return {"Megatron-Core torch_dist", d.scheme,
+            "Megatron-Core torch_dist: .metadata (a pickle), metadata.json and the bytes items (common state, _extra_state) have "
+            "no checksums: read, not checkable; megatron-core 0.16 writes no integrity.json"};
+  }
+  // The DCP's units, then common.pt's zip entries (unit numbers continue after the DCP's).
+  CheckReport check(const CheckOptions& o) override {
+    uint64_t common_total = 0, common_done = 0, dcp_done = 0, dcp_total = 0;
+    const std::string common = dir_ + "/common.pt";
+    std::error_code ec;
+    const bool has_common = std::filesystem::is_regular_file(common, ec);
+    if (has_common) common_total = std::filesystem::file_size(common, ec) * !ec;
+    CheckOptions dco = o;
+    if (o.progress)
+      dco.progress = [&](uint64_t d, uint64_t t) {
+        dcp_done = d;
+        dcp_total = t;
+        o.progress(d, t + common_total);
+      };
+    CheckReport rep = dcp_->check(dco);
+    for (CheckFailure& f : rep.failures)
+      if (f.piece != CheckFailure::kNoPiece) f.piece = outer_piece(f.piece);
+    if (!has_common) return rep;
+    auto tf = torch::TorchFile::open(common, 0, UINT64_MAX, torch::TorchFileLimits{uint64_t{64} << 20, {}});
+    if (!tf.ok()) {
+      rep.failures.push_back({CheckFailure::kNoPiece, tf.take_status().with_file(common), "", common, ""});
+      return rep;
+    }
+    const nlohmann::json& dm = dcp_->metadata();
+    uint64_t unit = dcp_->pieces().size() + (dm.contains("dcp") && dm["dcp"].contains("bytes") ? dm["dcp"]["bytes"].size() : 0);
+    auto on_bytes = [&](uint64_t n) {
+      common_done += n;
+      if (o.progress) o.progress(dcp_done + common_done, std::max(dcp_total + common_total, dcp_done + common_done));
+    };
+    const uint64_t units = rep.pieces;
+    CheckReport c;
+    torch::check_zip_entries(**tf, o, &unit, common, "common.pt", [](const std::string&) { return torch::ZipEntryOwner{}; }, on_bytes, c);
+    rep.pieces = units + c.pieces;
+    rep.bytes += c.bytes;
+    for (CheckFailure& f : c.failures) rep.failures.push_back(std::move(f));
+    return rep;
+  }
+  Status check_piece(size_t piece) override {
+    if (piece >= map_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    return dcp_->check_piece(map_[piece].inner);
+  }
+
+ private:
+  // Piece -> DCP piece `inner`; mcore coords = [lead_offset..., canonical + delta].
+  struct Map {
+    size_t inner;
+    size_t lead;
+    Shape lead_offset;
+    Shape delta;
+  };
+
+  Status add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix);
+
+  // The first piece of this view read from DCP piece `inner`; kNoPiece when none (padding rows,
+  // tensors the view does not map).
+  size_t outer_piece(size_t inner) const {
+    for (size_t i = 0; i < map_.size(); ++i)
+      if (map_[i].inner == inner) return i;
+    return CheckFailure::kNoPiece;
+  }
+
+  // `sub` (canonical coordinates) as a box of the mcore tensor: [lead_offset..., sub + delta].
+  Box dcp_box(size_t piece, const Box& sub) const {
+    const Map& m = map_[piece];
+    Box mb;
+    mb.offset = m.lead_offset;
+    mb.extent = Shape(m.lead, 1);
+    for (size_t d = 0; d < sub.ndim(); ++d) {
+      mb.offset.push_back(sub.offset[d] + m.delta[d]);
+      mb.extent.push_back(sub.extent[d]);
+    }
+    return mb;
+  }
+
+  std::string dir_;
+  std::unique_ptr<TensorSource> dcp_;
+  std::unordered_map<std::string, size_t> dcp_tensor_;
+  std::unordered_map<std::string, std::vector<size_t>> dcp_pieces_;
+  std::map<std::string, Shape> canonical_shape_;
+  std::vector<TensorMeta> tensors_;
+  std::vector<Piece> pieces_;
+  std::vector<Map> map_;
+  nlohmann::json meta_;
+};
+
+Status MegatronDistSource::add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix) {
+  const TensorMeta& dm = dcp_->tensors()[dcp_tensor_.at(dcp_name)];
+  if (dm.shape != t.shape)
+    return Status::Error("ShapeMismatch", "'" + dir_ + "': tensor '" + dcp_name + "' has shape " +
+                                              shape_to_string(dm.shape) + ", the args imply " + shape_to_string(t.shape))
+        .with_tensor(dcp_name);
+  for (const DistChunk& c : t.chunks)
+    for (size_t s = 0; s < c.segments.size(); ++s) {
+      const MegatronSegment& sg = c.segments[s];
+      if (sg.tensor.empty()) continue;
+      const std::string name = prefix + sg.tensor;
+      if (!canonical_shape_.count(name)) return Status::Internal("no canonical shape for '" + name + "'");
+      const Box mb = dist_segment_box(c, s);
+      const size_t lead = mb.ndim() - sg.box.ndim();
+      for (size_t ip : dcp_pieces_[dcp_name]) {
+        auto x = intersect(mb, dcp_->pieces()[ip].region.box);
+        if (!x || x->empty()) continue;
+        Map m{ip, lead, Shape(x->offset.begin(), x->offset.begin() + lead), {}};
+        Box cb;
+        for (size_t d = 0; d < sg.box.ndim(); ++d) {
+          m.delta.push_back(mb.offset[d + lead] - sg.box.offset[d]);
+          cb.offset.push_back(x->offset[d + lead] - m.delta[d]);
+          cb.extent.push_back(x->extent[d + lead]);
+        }
+        pieces_.push_back(Piece{name, Region{cb}, dcp_->pieces()[ip].dtype});
+        map_.push_back(std::move(m));
+      }
+    }
+  return Status::Ok();
+}
+
+// Layer count and padded vocabulary from the stacked shapes (embedding rows, qkv layers).
+Result<std::pair<int64_t, int64_t>> dist_shapes(const TensorSource& dcp, const std::string& dir) {
+  int64_t layers = -1, padded = -1;
+  for (const auto& t : dcp.tensors()) {
+    if (t.name == "embedding.word_embeddings.weight" && t.shape.size() == 2) padded = t.shape[0];
+    if (t.name == "decoder.layers.self_attention.linear_qkv.weight" && t.shape.size() == 3) layers = t.shape[0];
+  }
+  if (layers < 1 || padded < 1)
+    return Status::Error("NotMegatronDist", "'" + dir +
+                                                "' has no stacked decoder.layers.self_attention.linear_qkv.weight "
+                                                "[layers, rows, hidden] and embedding.word_embeddings.weight [vocab, "
+                                                "hidden]: not a megatron-core GPT torch_dist checkpoint")
+        .with_file(dir);
+  return std::make_pair(layers, padded);
+}
+
+// The saved layout (for inspect and reshard's settings): tp, pp from the args, the stage split
+// from Megatron-LM's decoder_first/last_pipeline_num_layers (else even, earlier stages taking the
+// remainder), the vocab divisor from make_vocab_size_divisible_by. Null when the args do not fit.
+nlohmann::json saved_layout(const nlohmann::json& args, int64_t layers) {
+  auto num = [&](const char* k, int64_t dflt) {
+    return args.contains(k) && args[k].is_number_integer() ? args[k].get<int64_t>() : dflt;
+  };
+  const int64_t tp = num("tensor_model_parallel_size", 1), pp = num("pipeline_model_parallel_size", 1);
+  if (tp < 1 || pp < 1 || pp > layers || tp > (1 << 16)) return nullptr;
+  std::vector<int> per;
+  const int64_t first = num("decoder_first_pipeline_num_layers", -1), last = num("decoder_last_pipeline_num_layers", -1);
+  if (pp > 1 && (first > 0 || last > 0)) {
+    int64_t rest = layers - std::max<int64_t>(first, 0) - std::max<int64_t>(last, 0);
+    const int64_t middle = pp - (first > 0) - (last > 0);
+    if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0)) return nullptr;
+    for (int64_t s = 0; s < pp; ++s)
+      per.push_back(static_cast<int>(s == 0 && first > 0 ? first : s == pp - 1 && last > 0 ? last : rest / middle));
+  }
+  auto l = Layout::make(static_cast<int>(tp), static_cast<int>(pp), 1, 0, static_cast<int>(layers), per);
+  if (!l.ok()) return nullptr;
+  l->vocab_divisor = num("make_vocab_size_divisible_by", 128);
+  return l->to_json();
+}
+
+Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string& path) {
+  auto dir = find_megatron_dist_dir(path);
+  if (!dir) return Status::NotFound("'" + path + "' is not a Megatron-Core torch_dist checkpoint (metadata.json)");
+  auto src = std::unique_ptr<MegatronDistSource>(new MegatronDistSource());
+  src->dir_ = *dir;
+  CKPT_ASSIGN_OR_RETURN(src->dcp_, torch::open_dcp_dir(*dir));
+  for (size_t i = 0; i < src->dcp_->tensors().size(); ++i) src->dcp_tensor_[src->dcp_->tensors()[i].name] = i;
+  for (size_t i = 0; i < src->dcp_->pieces().size(); ++i) src->dcp_pieces_[src->dcp_->pieces()[i].tensor].push_back(i);
+  CKPT_ASSIGN_OR_RETURN(MegatronDistCommon common, read_megatron_dist_common(*dir));
+  CKPT_ASSIGN_OR_RETURN(auto shapes, dist_shapes(*src->dcp_, *dir));
+  CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, llama_config_from_megatron_args(common.args, shapes.second, *dir + "/common.pt"));
+  if (cfg.num_hidden_layers != shapes.first)
+    return Status::Error("ShapeMismatch", "'" + *dir + "': args.num_layers = " + std::to_string(cfg.num_hidden_layers) +
+                                              ", the stacked tensors hold " + std::to_string(shapes.first) + " layers");
+  cfg.tie_word_embeddings = !src->dcp_tensor_.count("output_layer.weight");
+  // The canonical view does not depend on the saved TP/PP: map at tp = pp = 1, padded as saved.
+  CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(1, 1, 1, 0, static_cast<int>(cfg.num_hidden_layers), {}));
+  layout.vocab_divisor = shapes.second;
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, layout));
+  const auto model = llama_model_tensors(cfg, DType::kF32);
+  for (const auto& t : model) src->canonical_shape_[t.name] = t.shape;
+  for (const auto& p : kDistOptimizerPrefixes)
+    if (*p.canonical)
+      for (const auto& t : model) src->canonical_shape_[p.canonical + t.name] = t.shape;
+  std::map<std::string, DType> dtype_of;
+  for (const DistTensor& t : map) {
+    std::string weights = t.key;
+    if (src->dcp_tensor_.count(kDistOptimizerPrefixes[0].dist + t.key)) weights = kDistOptimizerPrefixes[0].dist + t.key;
+    if (!src->dcp_tensor_.count(weights))
+      return Status::Error("MissingTensor", "'" + *dir + "' has no tensor '" + t.key + "'").with_file(*dir);
+    CKPT_RETURN_IF_ERROR(src->add_tensor(t, weights, ""));
+    for (size_t k = 1; k < std::size(kDistOptimizerPrefixes); ++k) {
+      const std::string n = std::string(kDistOptimizerPrefixes[k].dist) + t.key;
+      if (src->dcp_tensor_.count(n)) CKPT_RETURN_IF_ERROR(src->add_tensor(t, n, kDistOptimizerPrefixes[k].canonical));
+    }
+  }
+  for (const auto& p : src->pieces_) dtype_of.emplace(p.tensor, p.dtype);
+  for (const auto& [name, dt] : dtype_of) src->tensors_.push_back(TensorMeta{name, dt, src->canonical_shape_[name]});
+  nlohmann::json mg = {{"tp", common.args.value("tensor_model_parallel_size", 1)},
+                       {"pp", common.args.value("pipeline_model_parallel_size", 1)}};
+  if (common.iteration) mg["iteration"] = *common.iteration;
+  if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
+  src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
+  if (auto l = saved_layout(common.args, cfg.num_hidden_layers); !l.is_null()) src->meta_["layout"] = l;
+  return std::unique_ptr<TensorSource>(std::move(src));
+}
+
+}  // namespace dist_source_detail
+
+bool is_megatron_dist_dir(const std::string& path) { return find_megatron_dist_dir(path).has_value(); }
+
+Result<std::unique_ptr<TensorSource>> open_megatron_dist(const std::string& path) {
+  return dist_source_detail::MegatronDistSource::open(path);
+}
+
+}  // namespace ckpt

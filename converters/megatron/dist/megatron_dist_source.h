@@ -1,0 +1,26 @@
+// A Megatron-Core torch_dist checkpoint (converters/megatron/dist/megatron_dist_common.h finds it) as a
+// TensorSource in canonical HF view, on top of the DCP source (formats/torch/dcp/dcp.h): the config
+// comes from common.pt's args (layers, hidden, heads, query groups, kv channels, ffn, vocab,
+// tie, rope base, norm epsilon), the padded vocabulary from the embedding's shape; every stacked
+// mcore tensor is checked (present, exact global shape) and each non-padding segment of the
+// torch_dist map (converters/megatron/dist/megatron_dist_map.h), intersected with each DCP chunk, is a piece of
+// its canonical tensor read in place through the DCP source (so any TP/PP chunking of the save
+// works). Optimizer entries, where present: optimizer.state.fp32_param.<key> replaces the model
+// weight, optimizer.state.exp_avg / exp_avg_sq.<key> become optimizer.exp_avg / exp_avg_sq.<HF
+// name>. Metadata: model_config, megatron_args, megatron {iteration, optimizer_step, tp, pp},
+// trainer {step} when the optimizer step is known. One thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "formats/tensor/tensor_io.h"
+
+namespace ckpt {
+
+// True when `path` is a torch_dist iteration dir or a run dir pointing to one.
+bool is_megatron_dist_dir(const std::string& path);
+
+Result<std::unique_ptr<TensorSource>> open_megatron_dist(const std::string& path);
+
+}  // namespace ckpt

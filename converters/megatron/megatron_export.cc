@@ -1,0 +1,183 @@
+#include "converters/megatron/megatron_export.h"
+
+#include <filesystem>
+#include <map>
+#include <system_error>
+
+#include "converters/megatron/megatron_sink.h"
+#include "converters/megatron/megatron_torch_export.h"
+#include "converters/megatron/megatron_torch_optim.h"
+#include "converters/model/llama_sharding.h"
+#include "formats/base/fs_util.h"
+#include "reshard/executor.h"
+
+namespace ckpt {
+
+namespace {
+
+// The export: layout, every rank's Megatron tensors (index pp_rank * tp + tp_rank) and the
+// canonical tensors their segments read, each with its source dtype.
+struct MegatronPlan {
+  LlamaConfig config;
+  Layout layout;
+  std::vector<std::vector<MegatronTensor>> ranks;
+  std::map<std::string, TensorMeta> canonical;
+};
+
+Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOptions& opts) {
+  const nlohmann::json& meta = src.metadata();
+  if (!meta.is_object() || !meta.contains("model_config"))
+    return Status::NotFound("source '" + src.describe() +
+                            "' carries no model config (config.json / manifest model_config); export-megatron needs it");
+  MegatronPlan plan;
+  CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(meta["model_config"]));
+  const LlamaConfig& cfg = plan.config;
+  if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
+  CKPT_ASSIGN_OR_RETURN(plan.layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
+                                                  opts.layers_per_stage));
+  plan.layout.vocab_divisor = opts.vocab_divisor;
+  CKPT_RETURN_IF_ERROR(plan.layout.as_symmetric("export-megatron").status());
+  CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(plan.layout));
+  // Every rank's tensors, computed (and refused) before anything is written.
+  for (int p = 0; p < plan.layout.pp; ++p)
+    for (int r = 0; r < plan.layout.tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, plan.layout, r, p, opts.norms));
+      plan.ranks.push_back(std::move(ts));
+    }
+  return plan;
+}
+
+// Every canonical tensor the segments read: present in `src` with the config's shape.
+Status check_canonical(const TensorSource& src, MegatronPlan& plan) {
+  CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
+  std::map<std::string, Shape> expect;
+  for (const auto& t : llama_model_tensors(plan.config, DType::kF32)) {
+    expect[t.name] = t.shape;
+    for (const char* prefix : kMegatronOptimPrefixes) expect[prefix + t.name] = t.shape;
+  }
+  for (const auto& rank : plan.ranks)
+    for (const auto& t : rank)
+      for (const auto& sg : t.segments) {
+        if (sg.tensor.empty() || plan.canonical.count(sg.tensor)) continue;
+        auto it = index.tensor_index.find(sg.tensor);
+        if (it == index.tensor_index.end())
+          return Status::NotFound("tensor '" + sg.tensor + "' (needed for " + t.name + ") is missing from '" +
+                                  src.describe() + "'")
+              .with_tensor(sg.tensor);
+        const TensorMeta& m = src.tensors()[it->second];
+        if (m.shape != expect[sg.tensor])
+          return Status::Error("ShapeMismatch",
+                               "tensor '" + sg.tensor + "' in '" + src.describe() + "' has shape " +
+                                   shape_to_string(m.shape) + ", the config expects " +
+                                   shape_to_string(expect[sg.tensor]))
+              .with_tensor(sg.tensor);
+        plan.canonical[sg.tensor] = m;
+      }
+  return Status::Ok();
+}
+
+// The dtype of each Megatron tensor: the requested one, else its first segment's source dtype.
+std::vector<std::vector<DType>> output_dtypes(const MegatronPlan& plan, const std::optional<DType>& want) {
+  std::vector<std::vector<DType>> out;
+  for (const auto& rank : plan.ranks) {
+    out.emplace_back();
+    for (const auto& t : rank) {
+      DType dt = DType::kF32;
+      if (want && t.name.rfind("optimizer.", 0) != 0) {
+        dt = *want;
+      } else {
+        for (const auto& sg : t.segments)
+          if (!sg.tensor.empty()) {
+            dt = plan.canonical.at(sg.tensor).dtype;
+            break;
+          }
+      }
+      out.back().push_back(dt);
+    }
+  }
+  return out;
+}
+
+// kTorch: the optimizer kinds `src` holds (exp_avg and exp_avg_sq, fp32_param when present) become
+// extra Megatron tensors <prefix><mcore name> of every rank over the canonical <prefix><HF name>.
+Status add_optimizer_tensors(const TensorSource& src, MegatronPlan& plan) {
+  std::vector<std::string> kinds;
+  for (const char* prefix : kMegatronOptimPrefixes)
+    for (const auto& t : src.tensors())
+      if (t.name.rfind(prefix, 0) == 0) {
+        kinds.push_back(prefix);
+        break;
+      }
+  if (kinds.empty()) return Status::Ok();
+  if (kinds[0] != kMegatronOptimPrefixes[0] || kinds.size() < 2 || kinds[1] != kMegatronOptimPrefixes[1])
+    return Status::Error("MegatronOptimizerMissingMoment", "source '" + src.describe() + "' holds optimizer tensors but not both "
+                         "optimizer.exp_avg.* and optimizer.exp_avg_sq.* (Megatron's Adam state needs both)");
+  for (auto& rank : plan.ranks) {
+    const size_t n = rank.size();
+    for (const std::string& prefix : kinds)
+      for (size_t i = 0; i < n; ++i) {
+        MegatronTensor t = rank[i];
+        t.name = prefix + t.name;
+        for (auto& sg : t.segments)
+          if (!sg.tensor.empty()) sg.tensor = prefix + sg.tensor;
+        rank.push_back(std::move(t));
+      }
+  }
+  return Status::Ok();
+}
+
+// The optimizer fields of the export (megatron_torch_from_staging): step and Adam hyper-parameters
+// from the source's trainer state or Megatron import metadata.
+nlohmann::json optimizer_fields(const nlohmann::json& meta) {
+  nlohmann::json o = nlohmann::json::object();
+  if (meta.contains("megatron") && meta["megatron"].is_object()) {
+    const auto& m = meta["megatron"];
+    if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer()) o["step"] = m["optimizer_step"];
+    if (m.contains("adam") && m["adam"].is_object())
+      for (const auto& [k, v] : m["adam"].items())
+        if (v.is_number()) o[k] = v;
+  }
+  if (meta.contains("trainer") && meta["trainer"].is_object()) {
+    const auto& t = meta["trainer"];
+    if (t.contains("step") && t["step"].is_number_integer()) o["step"] = t["step"];
+    if (t.contains("adamw") && t["adamw"].is_object())
+      for (const auto& [k, v] : t["adamw"].items())
+        if (v.is_number()) o[k] = v;
+    if (t.contains("lr_schedule") && t["lr_schedule"].is_object() && t["lr_schedule"].contains("peak_lr"))
+      o["lr"] = t["lr_schedule"]["peak_lr"];
+  }
+  return o;
+}
+
+}  // namespace
+
+Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
+  CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
+  const bool torch = opts.format == MegatronFileFormat::kTorch;
+  if (torch) CKPT_RETURN_IF_ERROR(add_optimizer_tensors(src, plan));
+  CKPT_RETURN_IF_ERROR(check_canonical(src, plan));
+  std::error_code ec;
+  if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
+  CKPT_RETURN_IF_ERROR(remove_stale_partial(dst));  // a crashed export's leftover; a live one's is refused
+  std::vector<TensorMeta> tensors;
+  for (const auto& [name, m] : plan.canonical) tensors.push_back(m);
+  auto dtypes = output_dtypes(plan, opts.dtype);
+  const std::string out = torch ? dst + ".staging" : dst;
+  if (torch) {
+    CKPT_RETURN_IF_ERROR(remove_stale_partial(out));
+    std::filesystem::remove_all(out, ec);
+  }
+  const nlohmann::json args = megatron_args(plan.config, plan.layout);
+  MegatronSink sink(out, plan.layout, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
+  ExecOptions eo;
+  eo.max_chunk_bytes = opts.chunk_bytes;
+  eo.progress = opts.progress;
+  eo.before_commit = opts.before_commit;
+  Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration,
+                                                       optimizer_fields(src.metadata()));
+  if (torch) std::filesystem::remove_all(out, ec);
+  return s;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,49 @@
+// export_megatron: a checkpoint's model weights (any source in global view) as Megatron-LM
+// per-rank safetensors files (mcore GPT, LLaMA settings): the plan (layout, segment map, checks of
+// every needed tensor) and its run through the reshard engine into a MegatronSink.
+// Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "converters/megatron/megatron_segments.h"
+#include "formats/tensor/tensor_io.h"
+
+namespace ckpt {
+
+enum class MegatronFileFormat {
+  kSafetensors,  // mp_rank_XX[_YYY]/model.safetensors + megatron_args.json (ckpt's own)
+  kTorch,        // Megatron-LM's legacy latest_checkpointed_iteration.txt + iter_N/mp_rank_*/model_optim_rng.pt
+};
+
+struct MegatronExportOptions {
+  MegatronFileFormat format = MegatronFileFormat::kSafetensors;
+  int64_t iteration = 0;  // kTorch: the iteration the files are saved as
+  int tp = 1, pp = 1;
+  std::vector<int> layers_per_stage;  // empty: even split, earlier stages take the remainder
+  int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
+  std::optional<DType> dtype;         // output dtype; default: each canonical tensor's own
+  MegatronNormNames norms = MegatronNormNames::kTransformerEngine;
+  uint64_t chunk_bytes = 16ull << 20;  // engine chunk (output bytes per sink write)
+  // Called after each chunk is written: (output bytes done, total), padding rows not counted.
+  std::function<void(uint64_t, uint64_t)> progress;
+  // Called after every byte is written, before the commit (the job's check of its SRC,
+  // converters/jobs/source_check_job.h): an error leaves nothing at the destination.
+  std::function<Status()> before_commit;
+};
+
+// Writes `dst`/mp_rank_XX[_YYY]/model.safetensors for every rank plus `dst`/megatron_args.json
+// (kTorch: the legacy torch layout of converters/megatron/megatron_torch_export.h, staged through those
+// files in `dst`.staging, removed afterwards),
+// from the model tensors of `src` (global view; config from metadata "model_config"). Output goes
+// to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. kTorch: the source's
+// optimizer.exp_avg / exp_avg_sq (/ fp32_param) tensors, when it has them, are written as the
+// rank files' 'optimizer' entry (converters/megatron/megatron_torch_export.h); kSafetensors writes weights
+// only. Every needed tensor is checked (present, shape) before anything is written.
+Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
+
+}  // namespace ckpt

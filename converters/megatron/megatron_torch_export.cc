@@ -1,0 +1,235 @@
+#include "converters/megatron/megatron_torch_export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <system_error>
+#include <vector>
+
+#include "converters/megatron/megatron_segments.h"
+#include "converters/megatron/megatron_torch_optim.h"
+#include "formats/base/fs_util.h"
+#include "formats/safetensors/st_reader.h"
+#include "formats/torch/torch_file_writer.h"
+
+namespace ckpt {
+
+namespace megatron_torch_export_detail {
+
+namespace fs = std::filesystem;
+using torch::PyArena;
+using torch::PyObj;
+
+// A JSON value of the args as a Python object (scalars, lists of scalars).
+const PyObj* json_to_py(PyArena& a, const nlohmann::json& v) {
+  if (v.is_boolean()) return a.boolean(v.get<bool>());
+  if (v.is_number_integer()) return a.integer(v.get<int64_t>());
+  if (v.is_number()) return a.real(v.get<double>());
+  if (v.is_string()) return a.str(v.get<std::string>());
+  if (v.is_array()) {
+    std::vector<const PyObj*> items;
+    for (const auto& e : v) items.push_back(json_to_py(a, e));
+    return a.list(std::move(items));
+  }
+  return a.none();
+}
+
+// argparse.Namespace(**args, params_dtype=torch.<dtype>, bf16=..., fp16=...).
+const PyObj* args_namespace(PyArena& a, const nlohmann::json& args, DType dtype) {
+  std::vector<std::pair<const PyObj*, const PyObj*>> kv;
+  for (const auto& [k, v] : args.items()) kv.emplace_back(a.str(k), json_to_py(a, v));
+  // Megatron-LM's names for an uneven pipeline split (arguments.py: --decoder-first-pipeline-num-layers).
+  if (const auto it = args.find("layers_per_stage"); it != args.end() && it->is_array() && it->size() > 1) {
+    kv.emplace_back(a.str("decoder_first_pipeline_num_layers"), json_to_py(a, it->front()));
+    kv.emplace_back(a.str("decoder_last_pipeline_num_layers"), json_to_py(a, it->back()));
+  }
+  kv.emplace_back(a.str("params_dtype"), a.record(torch::torch_dtype_name(dtype), nullptr, nullptr));
+  kv.emplace_back(a.str("bf16"), a.boolean(dtype == DType::kBF16));
+  kv.emplace_back(a.str("fp16"), a.boolean(dtype == DType::kF16));
+  return a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(kv)), true);
+}
+
+// The module of a Megatron linear layer's weight ("...linear_qkv" of "...linear_qkv.weight"), or "".
+std::string linear_module(const std::string& name) {
+  for (const char* m : {".linear_qkv.weight", ".linear_proj.weight", ".linear_fc1.weight", ".linear_fc2.weight"})
+    if (name.size() > std::string(m).size() && name.compare(name.size() - std::string(m).size(), std::string::npos, m) == 0)
+      return name.substr(0, name.size() - 7);
+  if (name == "output_layer.weight") return "output_layer";
+  return "";
+}
+
+// A dense tensor over the whole storage `key`.
+torch::TensorRef dense_ref(const std::string& key, DType dtype, const Shape& shape, int64_t numel) {
+  torch::TensorRef ref;
+  ref.storage = {key, dtype, numel, "cpu"};
+  ref.size.assign(shape.begin(), shape.end());
+  ref.stride.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) ref.stride[d - 1] = ref.stride[d] * shape[d];
+  return ref;
+}
+
+bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+// What one rank file holds: the staged tensors by name (index into the staged file), the model
+// parameters in mcore named_parameters order, and the storages the pickle names (a staged tensor
+// gets one on first use; each step tensor its own).
+struct RankContent {
+  const safetensors::SafetensorsFile* sf = nullptr;
+  std::map<std::string, size_t> staged;       // name -> staged tensor index
+  std::vector<std::string> params;            // model tensor names, mcore order
+  std::vector<torch::TorchStorage> storages;
+  std::map<size_t, size_t> storage_of_staged;  // staged index -> storage index
+  std::vector<std::pair<size_t, float>> steps;  // (storage index, value)
+
+  DType dtype_of(const std::string& n) const { return sf->tensors()[staged.at(n)].dtype; }
+  // The tensor object of staged tensor `name`.
+  const PyObj* tensor(PyArena& a, const std::string& name) {
+    const size_t i = staged.at(name);
+    const TensorMeta& t = sf->tensors()[i];
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    auto [it, fresh] = storage_of_staged.emplace(i, storages.size());
+    if (fresh) storages.push_back({std::to_string(it->second), t.dtype, numel});
+    return a.tensor(dense_ref(std::to_string(it->second), t.dtype, t.shape, numel));
+  }
+  const PyObj* step(PyArena& a, float value) {
+    const size_t k = storages.size();
+    storages.push_back({std::to_string(k), DType::kF32, 1});
+    steps.emplace_back(k, value);
+    return a.tensor(dense_ref(std::to_string(k), DType::kF32, {}, 1));
+  }
+};
+
+// One param group as megatron-core's _get_param_groups + torch AdamW leave it in state_dict().
+const PyObj* param_group(PyArena& a, const nlohmann::json& adam, bool no_decay, std::vector<const PyObj*> ids) {
+  const double lr = adam.value("lr", 0.0);
+  return a.dict({{a.str("is_expert_parallel"), a.boolean(false)}, {a.str("default_config"), a.boolean(true)},
+                 {a.str("wd_mult"), a.real(no_decay ? 0.0 : 1.0)}, {a.str("lr_mult"), a.real(1.0)},
+                 {a.str("is_decoupled_lr"), a.boolean(false)}, {a.str("max_lr"), a.real(lr)},
+                 {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))}, {a.str("lr"), a.real(lr)},
+                 {a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.9)), a.real(adam.value("beta2", 0.999))})},
+                 {a.str("eps"), a.real(adam.value("eps", 1e-8))},
+                 {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))}, {a.str("amsgrad"), a.boolean(false)},
+                 {a.str("maximize"), a.boolean(false)}, {a.str("foreach"), a.none()},
+                 {a.str("capturable"), a.boolean(false)}, {a.str("differentiable"), a.boolean(false)},
+                 {a.str("fused"), a.none()}, {a.str("decoupled_weight_decay"), a.boolean(true)},
+                 {a.str("params"), a.list(std::move(ids))}});
+}
+
+// The 'optimizer' entry (converters/megatron/megatron_torch_optim.h): FP32Optimizer's AdamW state_dict, or
+// Float16OptimizerWithFloat16Params' {'optimizer', 'fp32_from_fp16_params'} when `masters` (a
+// master per non-fp32 parameter). nullptr when the staged file does not hold both moments (and
+// the masters) of every parameter (export_megatron stages all or none).
+const PyObj* optimizer_entry(PyArena& a, RankContent& rc, const nlohmann::json& optim, bool masters) {
+  const std::string avg = kMegatronOptimPrefixes[0], sq = kMegatronOptimPrefixes[1], fp32 = kMegatronOptimPrefixes[2];
+  if (rc.params.empty()) return nullptr;
+  for (const auto& n : rc.params)
+    if (!rc.staged.count(avg + n) || !rc.staged.count(sq + n) ||
+        (masters && rc.dtype_of(n) != DType::kF32 && !rc.staged.count(fp32 + n)))
+      return nullptr;
+  std::vector<const PyObj*> ids[2], master_lists[2];
+  std::vector<std::pair<const PyObj*, const PyObj*>> state;
+  std::vector<std::string> order[2];
+  for (const auto& n : rc.params)
+    order[megatron_no_weight_decay(n, rc.sf->tensors()[rc.staged.at(n)].shape)].push_back(n);
+  int64_t id = 0;
+  const float step = static_cast<float>(optim.value("step", int64_t{0}));
+  for (int kind = 0; kind < 2; ++kind)
+    for (const auto& n : order[kind]) {
+      const PyObj* st = rc.step(a, step);
+      const PyObj* m1 = rc.tensor(a, avg + n);
+      const PyObj* m2 = rc.tensor(a, sq + n);
+      state.emplace_back(a.integer(id), a.dict({{a.str("step"), st}, {a.str("exp_avg"), m1}, {a.str("exp_avg_sq"), m2}}));
+      ids[kind].push_back(a.integer(id++));
+    }
+  const PyObj* adam = a.dict({{a.str("state"), a.dict(std::move(state))},
+                              {a.str("param_groups"), a.list({param_group(a, optim, false, std::move(ids[0])),
+                                                              param_group(a, optim, true, std::move(ids[1]))})}});
+  if (!masters) return adam;
+  for (int kind = 0; kind < 2; ++kind)
+    for (const auto& n : order[kind])
+      if (rc.dtype_of(n) != DType::kF32) master_lists[kind].push_back(rc.tensor(a, fp32 + n));
+  return a.dict({{a.str("optimizer"), adam},
+                 {a.str("fp32_from_fp16_params"), a.list({a.list(std::move(master_lists[0])), a.list(std::move(master_lists[1]))})}});
+}
+
+// Writes one rank file from its staged safetensors file.
+Status write_rank(const std::string& staged, const std::string& out, const nlohmann::json& args, int64_t iteration,
+                  const nlohmann::json& optim) {
+  CKPT_ASSIGN_OR_RETURN(auto sf, safetensors::SafetensorsFile::open(staged));
+  PyArena a;
+  RankContent rc;
+  rc.sf = sf.get();
+  DType dtype = DType::kF32;
+  bool first = true;
+  for (size_t i = 0; i < sf->tensors().size(); ++i) {
+    const TensorMeta& t = sf->tensors()[i];
+    if (sf->pieces()[i].tensor != t.name) return Status::Internal("staged file '" + staged + "': piece order");
+    CKPT_RETURN_IF_ERROR(shape_numel(t.shape).status());
+    rc.staged[t.name] = i;
+    if (has_prefix(t.name, "optimizer.")) continue;
+    rc.params.push_back(t.name);
+    if (first || t.dtype != DType::kF32) dtype = t.dtype;
+    first = false;
+  }
+  std::sort(rc.params.begin(), rc.params.end(), megatron_param_order_less);
+  std::vector<std::pair<const PyObj*, const PyObj*>> model;
+  for (const auto& n : rc.params) {
+    model.emplace_back(a.str(n), rc.tensor(a, n));
+    if (const std::string m = linear_module(n); !m.empty()) model.emplace_back(a.str(m + "._extra_state"), a.none());
+  }
+  std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), args_namespace(a, args, dtype)},
+                                                             {a.str("checkpoint_version"), a.real(3.0)},
+                                                             {a.str("iteration"), a.integer(iteration)},
+                                                             {a.str("model"), a.ordered_dict(std::move(model))}};
+  bool masters = false;
+  for (const auto& n : rc.params)
+    masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
+  if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) root.emplace_back(a.str("optimizer"), o);
+  torch::TorchFileWriter w(out);
+  CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), rc.storages));
+  for (const auto& [i, k] : rc.storage_of_staged) {
+    const TensorMeta& t = sf->tensors()[i];
+    auto ext = sf->file_extent(i, Box::whole(t.shape));
+    if (!ext) return Status::Internal("staged Megatron tensor '" + t.name + "' of '" + staged + "' has no file extent");
+    CKPT_RETURN_IF_ERROR(w.write_from_file(k, ext->fd, ext->offset, ext->bytes));
+  }
+  for (const auto& [k, v] : rc.steps) CKPT_RETURN_IF_ERROR(w.write(k, &v, sizeof(float)));
+  return w.commit();
+}
+
+}  // namespace megatron_torch_export_detail
+
+Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
+                                   const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim) {
+  namespace fs = std::filesystem;
+  if (iteration < 0 || iteration > 9999999) return Status::InvalidArgument("iteration " + std::to_string(iteration) +
+                                                                           " outside 0..9999999");
+  std::error_code ec;
+  // Built under the one commit mechanism (locked against a second writer, a stale leftover replaced).
+  PartialDir dir(dst, PartialDirPolicy{.replace_stale = true, .empty_target_ok = false});
+  CKPT_RETURN_IF_ERROR(dir.create());
+  const std::string partial = dir.path();
+  char iter[32];
+  std::snprintf(iter, sizeof iter, "iter_%07lld", static_cast<long long>(iteration));
+  for (int p = 0; p < layout.pp; ++p)
+    for (int r = 0; r < layout.tp; ++r) {
+      const std::string rank = megatron_rank_dir(layout, r, p);
+      const std::string out_dir = partial + "/" + iter + "/" + rank;
+      fs::create_directories(out_dir, ec);
+      if (ec) return Status::Io("cannot create '" + out_dir + "': " + ec.message());
+      Status s = megatron_torch_export_detail::write_rank(staging + "/" + rank + "/model.safetensors",
+                                                          out_dir + "/model_optim_rng.pt", args, iteration, optim);
+      if (!s.ok()) return s;  // ~PartialDir removes the partial output
+    }
+  {
+    std::ofstream f(partial + "/latest_checkpointed_iteration.txt");
+    f << iteration;
+    if (!f.good()) return Status::Io("cannot write '" + partial + "/latest_checkpointed_iteration.txt'");
+  }
+  return dir.commit(/*fsync=*/true);
+}
+
+}  // namespace ckpt

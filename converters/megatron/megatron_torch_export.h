@@ -1,0 +1,37 @@
+// The LEGACY Megatron-LM layout written from a staged per-rank safetensors directory (what
+// MegatronSink writes): for every rank, mp_rank_TT[_PPP]/model.safetensors becomes
+//   <dst>/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt
+// a torch.save file (formats/torch/torch_file_writer.h) of
+//   {'args': argparse.Namespace(<megatron_args>, params_dtype=torch.<dtype>, bf16, fp16),
+//    'checkpoint_version': 3.0, 'iteration': N,
+//    'model': OrderedDict(<mcore name>: tensor, <linear module>._extra_state: None, ...),
+//    'optimizer': ...}
+// as megatron/training/checkpointing.py saves it (model entries in megatron-core's
+// named_parameters order). 'optimizer' is written when the staged files hold
+// optimizer.exp_avg.<mcore name> / optimizer.exp_avg_sq.<mcore name> (and, for bf16/fp16 weights,
+// optimizer.fp32_param.<mcore name>) for every parameter: megatron-core's FP32Optimizer /
+// Float16OptimizerWithFloat16Params state_dict over torch AdamW with _get_param_groups' two
+// groups (layout in converters/megatron/megatron_torch_optim.h), each parameter's 'step' a float32
+// 0-dim tensor of its own.
+// The _extra_state entries are what megatron-core's linear layers put in their state dicts. Plus <dst>/latest_checkpointed_iteration.txt. Tensor
+// bytes are copied from the staged files (write_from_file), never held in memory.
+// Output goes to <dst>.partial, renamed to <dst> when complete. Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/base/status.h"
+#include "reshard/layout/layout.h"
+
+namespace ckpt {
+
+Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
+                                   const nlohmann::json& args, int64_t iteration,
+                                   const nlohmann::json& optim = nlohmann::json::object());
+// `optim`: {"step": Adam steps, "lr", "min_lr", "beta1", "beta2", "eps", "weight_decay"} for the
+// param groups (defaults: torch's).
+
+}  // namespace ckpt

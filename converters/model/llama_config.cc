@@ -1,0 +1,284 @@
+#include "converters/model/llama_config.h"
+
+#include <cctype>
+#include <cstring>
+#include <optional>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "formats/base/checked.h"
+#include "formats/base/json_read.h"
+
+namespace ckpt {
+
+namespace {
+
+Status bad(const std::string& key, const std::string& what) {
+  return Status::Error("InvalidConfig", "config key '" + key + "': " + what);
+}
+
+Result<int64_t> get_pos_int(const nlohmann::json& j, const char* key, bool required, int64_t dflt) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) return bad(key, "missing (expected a positive integer)");
+    return dflt;
+  }
+  const auto& v = j[key];
+  if (!v.is_number_integer()) return bad(key, "expected an integer, got " + std::string(v.type_name()));
+  int64_t x = v.get<int64_t>();
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    return bad(key, "expected a positive integer, got " + v.dump());
+  if (x <= 0) return bad(key, "expected a positive integer, got " + std::to_string(x));
+  return x;
+}
+
+Status too_large(const std::string& key, int64_t v, int64_t max, const char* what) {
+  return Status::Error("ConfigTooLarge", "config key '" + key + "': " + std::to_string(v) + " is above ckpt's limit of " +
+                                             std::to_string(max) + (*what ? " " : "") + what +
+                                             " (far above any real model: the config is corrupt or hostile)");
+}
+
+// a * b for the product named `key`, within `max`.
+Result<int64_t> bounded_product(const std::string& key, int64_t a, int64_t b, int64_t max, const char* what) {
+  auto p = checked_mul(a, b);
+  if (!p) return Status::Error("ConfigTooLarge", "config: " + key + " = " + std::to_string(a) + " x " + std::to_string(b) +
+                                                     " overflows int64 (limit " + std::to_string(max) + " " + what + ")");
+  if (*p > max) return too_large(key, *p, max, what);
+  return *p;
+}
+
+}  // namespace
+
+Status LlamaConfig::validate() const {
+  struct Field {
+    const char* key;
+    int64_t value, max;
+    const char* what;
+  };
+  const Field fields[] = {
+      {"num_hidden_layers", num_hidden_layers, kMaxLayers, "layers"},
+      {"num_attention_heads", num_attention_heads, kMaxHeads, "heads"},
+      {"num_key_value_heads", num_key_value_heads, kMaxHeads, "heads"},
+      {"hidden_size", hidden_size, kMaxHiddenSize, ""},
+      {"intermediate_size", intermediate_size, kMaxIntermediateSize, ""},
+      {"vocab_size", vocab_size, kMaxVocabSize, "tokens"},
+      {"head_dim", head_dim, kMaxHeadDim, ""},
+      {"max_position_embeddings", max_position_embeddings, kMaxPositionEmbeddings, "positions"},
+  };
+  for (const Field& f : fields) {
+    if (f.value <= 0) return bad(f.key, "expected a positive integer, got " + std::to_string(f.value));
+    if (f.value > f.max) return too_large(f.key, f.value, f.max, f.what);
+  }
+  if (num_attention_heads % num_key_value_heads != 0)
+    return bad("num_key_value_heads", std::to_string(num_key_value_heads) + " does not divide num_attention_heads " +
+                                          std::to_string(num_attention_heads));
+  CKPT_ASSIGN_OR_RETURN(const int64_t q, bounded_product("num_attention_heads x head_dim", num_attention_heads, head_dim,
+                                                         kMaxTensorElements, "elements"));
+  CKPT_ASSIGN_OR_RETURN(const int64_t qh, bounded_product("q_proj elements (num_attention_heads x head_dim x hidden_size)", q,
+                                                          hidden_size, kMaxTensorElements, "elements per tensor"));
+  (void)qh;
+  CKPT_RETURN_IF_ERROR(bounded_product("embed_tokens elements (vocab_size x hidden_size)", vocab_size, hidden_size,
+                                       kMaxTensorElements, "elements per tensor").status());
+  CKPT_RETURN_IF_ERROR(bounded_product("mlp elements (intermediate_size x hidden_size)", intermediate_size, hidden_size,
+                                       kMaxTensorElements, "elements per tensor").status());
+  const int64_t n = parameter_count();
+  if (n < 0 || n > kMaxModelParameters)
+    return Status::Error("ConfigTooLarge", "config: the model has " + (n < 0 ? std::string("more than 2^63") : std::to_string(n)) +
+                                               " parameters, above ckpt's limit of " + std::to_string(kMaxModelParameters) +
+                                               " (num_hidden_layers " + std::to_string(num_hidden_layers) + ", hidden_size " +
+                                               std::to_string(hidden_size) + ")");
+  return Status::Ok();
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  // Within the per-field bounds every term below fits in int64 except the sums; checked anyway.
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim,
+                f = intermediate_size;
+  std::optional<int64_t> layer = int64_t{2} * h;  // two norms
+  auto add = [&](std::optional<int64_t> a, std::optional<int64_t> b) -> std::optional<int64_t> {
+    return a && b ? checked_add(*a, *b) : std::nullopt;
+  };
+  layer = add(layer, checked_mul(q, h));              // q_proj
+  layer = add(layer, checked_mul(2 * kv, h));         // k_proj, v_proj
+  layer = add(layer, checked_mul(h, q));              // o_proj
+  layer = add(layer, checked_mul(3 * f, h));          // gate, up, down
+  if (attention_bias) layer = add(layer, q + 2 * kv + h);
+  if (mlp_bias) layer = add(layer, 2 * f + h);
+  std::optional<int64_t> all = layer ? checked_mul(*layer, num_hidden_layers) : std::nullopt;
+  all = add(all, checked_mul(vocab_size, h));  // embed_tokens
+  if (!tie_word_embeddings) all = add(all, checked_mul(vocab_size, h));
+  all = add(all, h);  // model.norm
+  return all ? *all : -1;
+}
+
+Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return Status::Error("InvalidConfig", "config is not a JSON object");
+  LlamaConfig c;
+  if (j.contains("model_type") && j["model_type"] != "llama")
+    return bad("model_type", "expected \"llama\", got " + j["model_type"].dump());
+  CKPT_ASSIGN_OR_RETURN(c.vocab_size, get_pos_int(j, "vocab_size", true, 0));
+  CKPT_ASSIGN_OR_RETURN(c.hidden_size, get_pos_int(j, "hidden_size", true, 0));
+  CKPT_ASSIGN_OR_RETURN(c.intermediate_size, get_pos_int(j, "intermediate_size", true, 0));
+  CKPT_ASSIGN_OR_RETURN(c.num_hidden_layers, get_pos_int(j, "num_hidden_layers", true, 0));
+  CKPT_ASSIGN_OR_RETURN(c.num_attention_heads, get_pos_int(j, "num_attention_heads", true, 0));
+  CKPT_ASSIGN_OR_RETURN(c.num_key_value_heads, get_pos_int(j, "num_key_value_heads", false, c.num_attention_heads));
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    return bad("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
+                                          std::to_string(c.num_attention_heads));
+  int64_t dflt_hd = c.hidden_size / c.num_attention_heads;
+  CKPT_ASSIGN_OR_RETURN(c.head_dim, get_pos_int(j, "head_dim", false, dflt_hd));
+  if (!j.contains("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+    return bad("head_dim", "missing and hidden_size is not divisible by num_attention_heads");
+  if (c.head_dim % 2 != 0) return bad("head_dim", "must be even for rotary embeddings, got " + std::to_string(c.head_dim));
+  CKPT_ASSIGN_OR_RETURN(c.max_position_embeddings, get_pos_int(j, "max_position_embeddings", false, 2048));
+  auto get_num = [&](const char* key, double& out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return Status::Ok();
+    if (!j[key].is_number()) return bad(key, "expected a number");
+    out = j[key].get<double>();
+    if (!(out > 0)) return bad(key, "expected a positive number");
+    return Status::Ok();
+  };
+  CKPT_RETURN_IF_ERROR(get_num("rms_norm_eps", c.rms_norm_eps));
+  CKPT_RETURN_IF_ERROR(get_num("rope_theta", c.rope_theta));
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    const auto& rp = j["rope_parameters"];
+    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+      return Status::Unsupported("rope_parameters.rope_type " + rp["rope_type"].dump() + " (only \"default\")");
+    if (rp.contains("rope_theta")) {
+      if (!rp["rope_theta"].is_number()) return bad("rope_parameters.rope_theta", "expected a number");
+      c.rope_theta = rp["rope_theta"].get<double>();
+    }
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    return Status::Unsupported("rope_scaling " + j["rope_scaling"].dump() + " is not supported");
+  auto get_bool = [&](const char* key, bool& out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return Status::Ok();
+    if (!j[key].is_boolean()) return bad(key, "expected true or false");
+    out = j[key].get<bool>();
+    return Status::Ok();
+  };
+  CKPT_RETURN_IF_ERROR(get_bool("tie_word_embeddings", c.tie_word_embeddings));
+  CKPT_RETURN_IF_ERROR(get_bool("attention_bias", c.attention_bias));
+  CKPT_RETURN_IF_ERROR(get_bool("mlp_bias", c.mlp_bias));
+  if (j.contains("hidden_act")) {
+    if (!j["hidden_act"].is_string() || j["hidden_act"] != "silu")
+      return Status::Unsupported("hidden_act " + j["hidden_act"].dump() + " (only \"silu\")");
+  }
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (j.contains(key) && j[key].is_string()) {
+      std::string s = j[key];
+      if (s == "float32") c.dtype = DType::kF32;
+      else if (s == "bfloat16") c.dtype = DType::kBF16;
+      else if (s == "float16") c.dtype = DType::kF16;
+      else return Status::Unsupported("config " + std::string(key) + " \"" + s + "\"");
+      break;
+    }
+  }
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"];
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"];
+  static const std::set<std::string> known = {
+      "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+      "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+      "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "dtype", "torch_dtype",
+      "bos_token_id", "eos_token_id", "architectures", "model_type"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!known.count(it.key())) c.extra[it.key()] = it.value();
+  CKPT_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<LlamaConfig> LlamaConfig::from_file(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(path, kConfigJsonLimits, "model config"));
+  auto r = from_json(j);
+  if (!r.ok()) return r.take_status().with_file(path);
+  return r;
+}
+
+nlohmann::json LlamaConfig::to_json() const {
+  nlohmann::json j = extra;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["attention_bias"] = attention_bias;
+  j["mlp_bias"] = mlp_bias;
+  j["hidden_act"] = hidden_act;
+  const char* dt = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
+  j["torch_dtype"] = dt;
+  j["bos_token_id"] = bos_token_id;
+  j["eos_token_id"] = eos_token_id;
+  return j;
+}
+
+std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  std::vector<std::string> n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
+  if (c.attention_bias) n.push_back(p + "self_attn.q_proj.bias");
+  n.push_back(p + "self_attn.k_proj.weight");
+  if (c.attention_bias) n.push_back(p + "self_attn.k_proj.bias");
+  n.push_back(p + "self_attn.v_proj.weight");
+  if (c.attention_bias) n.push_back(p + "self_attn.v_proj.bias");
+  n.push_back(p + "self_attn.o_proj.weight");
+  if (c.attention_bias) n.push_back(p + "self_attn.o_proj.bias");
+  n.push_back(p + "post_attention_layernorm.weight");
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+    n.push_back(p + "mlp." + m + ".weight");
+    if (c.mlp_bias) n.push_back(p + "mlp." + m + ".bias");
+  }
+  return n;
+}
+
+std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, f = c.intermediate_size;
+  std::vector<TensorMeta> t;
+  t.push_back({"model.embed_tokens.weight", dt, {c.vocab_size, h}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    for (const auto& name : llama_layer_param_names(c, i)) {
+      auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+      Shape s;
+      if (ends("layernorm.weight")) s = {h};
+      else if (ends("q_proj.weight")) s = {q, h};
+      else if (ends("q_proj.bias")) s = {q};
+      else if (ends("k_proj.weight") || ends("v_proj.weight")) s = {kv, h};
+      else if (ends("k_proj.bias") || ends("v_proj.bias")) s = {kv};
+      else if (ends("o_proj.weight")) s = {h, q};
+      else if (ends("o_proj.bias")) s = {h};
+      else if (ends("gate_proj.weight") || ends("up_proj.weight")) s = {f, h};
+      else if (ends("gate_proj.bias") || ends("up_proj.bias")) s = {f};
+      else if (ends("down_proj.weight")) s = {h, f};
+      else if (ends("down_proj.bias")) s = {h};
+      t.push_back({name, dt, s});
+    }
+  }
+  t.push_back({"model.norm.weight", dt, {h}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", dt, {c.vocab_size, h}});
+  return t;
+}
+
+int64_t llama_layer_of(const std::string& name) {
+  static const std::string key = "model.layers.";
+  auto pos = name.find(key);
+  if (pos == std::string::npos) return -1;
+  pos += key.size();
+  int64_t v = 0;
+  size_t i = pos;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && i - pos < 9) v = v * 10 + (name[i++] - '0');
+  if (i == pos || i >= name.size() || name[i] != '.') return -1;
+  return v;
+}
+
+bool llama_is_norm(const std::string& name) {
+  return name.find("layernorm.weight") != std::string::npos || name.ends_with("model.norm.weight");
+}
+
+}  // namespace ckpt

@@ -1,0 +1,208 @@
+#include "converters/model/llama_sharding.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "converters/model/tp_split.h"
+
+namespace ckpt {
+
+namespace {
+
+Status refuse(const std::string& msg) {
+  return Status::Error("LayoutRefused", msg);
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Even split of dim `dim` over tp ranks (the caller checked divisibility).
+std::vector<Box> split_even(const Shape& shape, size_t dim, int tp) {
+  std::vector<Box> out;
+  const int64_t part = shape[dim] / tp;
+  for (int r = 0; r < tp; ++r) out.push_back(dim_slice(shape, dim, r * part, (r + 1) * part));
+  return out;
+}
+
+std::vector<Box> replicate(const Shape& shape, int tp) { return std::vector<Box>(tp, Box::whole(shape)); }
+
+constexpr std::string_view kOptimizerKinds[] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.",
+                                                "optimizer.fp32_param."};
+
+}  // namespace
+
+LlamaShardingRules::LlamaShardingRules(LlamaConfig config) : config_(std::move(config)) {
+  for (const auto& t : llama_model_tensors(config_, DType::kF32)) shapes_[t.name] = t.shape;
+}
+
+int64_t LlamaShardingRules::kv_replication(int64_t num_kv_heads, int tp) {
+  if (tp <= 0 || num_kv_heads <= 0) return 1;
+  if (num_kv_heads % tp == 0) return 1;
+  if (tp > num_kv_heads && tp % num_kv_heads == 0) return tp / num_kv_heads;
+  return 0;  // not shardable
+}
+
+Status LlamaShardingRules::check_layout(const Layout& layout) const {
+  const LlamaConfig& c = config_;
+  const int64_t L = c.num_hidden_layers;
+  if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1)
+    return refuse("tp, pp and dp must be >= 1, got tp=" + std::to_string(layout.tp) + " pp=" +
+                  std::to_string(layout.pp) + " dp=" + std::to_string(layout.dp));
+  if (static_cast<int64_t>(layout.stage_of_layer.size()) != L)
+    return refuse("layout has " + std::to_string(layout.stage_of_layer.size()) +
+                  " layers, the model config has num_hidden_layers=" + std::to_string(L));
+  if (layout.pp > L)
+    return refuse("pp=" + std::to_string(layout.pp) + " pipeline stages for only " + std::to_string(L) +
+                  " layers (every stage needs at least one layer)");
+  std::vector<int64_t> count(layout.pp, 0);
+  for (int64_t i = 0; i < L; ++i) {
+    const int s = layout.stage_of_layer[i];
+    if (s < 0 || s >= layout.pp)
+      return refuse("layer " + std::to_string(i) + " is on stage " + std::to_string(s) + ", expected 0.." +
+                    std::to_string(layout.pp - 1));
+    if (i > 0 && s < layout.stage_of_layer[i - 1])
+      return refuse("layer " + std::to_string(i) + " is on stage " + std::to_string(s) + " after layer " +
+                    std::to_string(i - 1) + " on stage " + std::to_string(layout.stage_of_layer[i - 1]) +
+                    " (stages must hold contiguous, increasing layer ranges)");
+    ++count[s];
+  }
+  for (int s = 0; s < layout.pp; ++s)
+    if (count[s] == 0) return refuse("pipeline stage " + std::to_string(s) + " holds no layer");
+  const int tp = layout.tp;
+  const int64_t H = c.num_attention_heads, K = c.num_key_value_heads;
+  if (H % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide num_attention_heads=" + std::to_string(H));
+  if (kv_replication(K, tp) == 0)
+    return refuse("tp=" + std::to_string(tp) + " and num_key_value_heads=" + std::to_string(K) +
+                  ": tp must divide the KV heads, or be a multiple of them (each KV head then replicated on tp/K "
+                  "ranks)");
+  if (c.intermediate_size % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
+                  std::to_string(c.intermediate_size));
+  if (layout.vocab_divisor < 1)
+    return refuse("vocab_divisor must be >= 1, got " + std::to_string(layout.vocab_divisor));
+  return Status::Ok();
+}
+
+namespace {
+
+// The model parameter a name stands for: `full` itself, or the parameter of an optimizer tensor
+// `optimizer.{exp_avg,exp_avg_sq,fp32_param}.<param>` (then *optimizer = true).
+Result<std::string> parameter_of(const std::string& full, bool* optimizer) {
+  *optimizer = false;
+  if (!full.starts_with("optimizer.")) return full;
+  for (std::string_view k : kOptimizerKinds)
+    if (full.starts_with(k)) {
+      *optimizer = true;
+      return full.substr(k.size());
+    }
+  return Status::Error("UnknownTensor",
+                       "unknown optimizer tensor '" + full +
+                           "' (expected optimizer.{exp_avg,exp_avg_sq,fp32_param}.<parameter>)")
+      .with_tensor(full);
+}
+
+// Pipeline stages holding parameter `name` (tensor `full`).
+Result<std::vector<int>> stages_of(const LlamaConfig& c, const std::string& full, const std::string& name,
+                                   const Layout& layout) {
+  const int last = layout.pp - 1;
+  const int64_t layer = llama_layer_of(name);
+  if (layer >= 0) {
+    if (layer >= static_cast<int64_t>(layout.stage_of_layer.size()))
+      return Status::Error("LayoutRefused",
+                           "tensor '" + full + "' is in layer " + std::to_string(layer) + " but the layout has " +
+                               std::to_string(layout.stage_of_layer.size()) + " layers")
+          .with_tensor(full);
+    return std::vector<int>{layout.stage_of_layer[layer]};
+  }
+  if (name == "model.embed_tokens.weight") {
+    std::vector<int> stages{0};
+    if (c.tie_word_embeddings && last > 0) stages.push_back(last);
+    return stages;
+  }
+  return std::vector<int>{last};  // model.norm.weight, lm_head.weight
+}
+
+// The box of each TP rank of parameter `name` (tensor `full`, HF shape `shape`).
+Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& full, const std::string& name,
+                                     const Shape& shape, const Layout& layout) {
+  const int tp = layout.tp;
+  auto not_divisible = [&](int64_t n, const char* what) {
+    return Status::Error("LayoutRefused",
+                         "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide " + what + "=" +
+                             std::to_string(n))
+        .with_tensor(full);
+  };
+  auto is = [&](std::initializer_list<std::string_view> suffixes) {
+    for (auto sfx : suffixes)
+      if (ends_with(name, sfx)) return true;
+    return false;
+  };
+  std::vector<Box> boxes;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+    for (int r = 0; r < tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));
+      boxes.push_back(dim_slice(shape, 0, v.begin, v.end));
+    }
+  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias"})) {
+    boxes = replicate(shape, tp);
+  } else if (is({"q_proj.weight", "q_proj.bias"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 0, tp);
+  } else if (is({"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"})) {
+    const int64_t rep = LlamaShardingRules::kv_replication(c.num_key_value_heads, tp);
+    if (rep == 0) return not_divisible(c.num_key_value_heads, "num_key_value_heads (and is not a multiple of it)");
+    if (rep == 1) return split_even(shape, 0, tp);
+    for (int r = 0; r < tp; ++r) {
+      const int64_t head = r / rep;  // each KV head on rep consecutive ranks
+      boxes.push_back(dim_slice(shape, 0, head * c.head_dim, (head + 1) * c.head_dim));
+    }
+  } else if (is({"gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias"})) {
+    if (shape[0] % tp != 0) return not_divisible(shape[0], "intermediate_size");
+    boxes = split_even(shape, 0, tp);
+  } else if (is({"o_proj.weight"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 1, tp);
+  } else if (is({"down_proj.weight"})) {
+    if (shape[1] % tp != 0) return not_divisible(shape[1], "intermediate_size");
+    boxes = split_even(shape, 1, tp);
+  } else {
+    return Status::Internal("no sharding rule for '" + full + "'").with_tensor(full);
+  }
+  return boxes;
+}
+
+}  // namespace
+
+Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, const Layout& layout) const {
+  const std::string& full = tensor.name;
+  bool optimizer = false;
+  CKPT_ASSIGN_OR_RETURN(const std::string name, parameter_of(full, &optimizer));
+  auto it = shapes_.find(name);
+  if (it == shapes_.end()) {
+    std::string hint;
+    if (name == "lm_head.weight" && config_.tie_word_embeddings)
+      hint = " (the config ties word embeddings, so there is no separate lm_head)";
+    return Status::Error("UnknownTensor",
+                         "tensor '" + full + "' is not a tensor of this LLaMA model" + hint)
+        .with_tensor(full);
+  }
+  const Shape& shape = it->second;
+  if (tensor.shape != shape)
+    return Status::Error("ShapeMismatch",
+                         "tensor '" + full + "' has shape " + shape_to_string(tensor.shape) + ", the config expects " +
+                             shape_to_string(shape))
+        .with_tensor(full);
+  if (layout.tp < 1 || layout.pp < 1)
+    return Status::InvalidArgument("layout with tp=" + std::to_string(layout.tp) + " pp=" + std::to_string(layout.pp));
+  TensorPlacement p;
+  p.optimizer_state = optimizer;
+  CKPT_ASSIGN_OR_RETURN(p.stages, stages_of(config_, full, name, layout));
+  CKPT_ASSIGN_OR_RETURN(p.tp_boxes, tp_boxes_of(config_, full, name, shape, layout));
+  return p;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,225 @@
+#include "formats/base/error_codes.h"
+
+#include <iterator>
+
+namespace ckpt {
+
+namespace {
+
+constexpr ErrorKind kArg = ErrorKind::kInvalidArgument;
+constexpr ErrorKind kNotFound = ErrorKind::kNotFound;
+constexpr ErrorKind kCorrupt = ErrorKind::kCorruption;
+constexpr ErrorKind kSum = ErrorKind::kChecksum;
+constexpr ErrorKind kUnsup = ErrorKind::kUnsupported;
+constexpr ErrorKind kOver = ErrorKind::kOverflow;
+
+// Sorted by area; each code once. Add a code here before using it.
+constexpr ErrorCodeEntry kTable[] = {
+    // Generic codes, one per kind (Status::InvalidArgument(msg), ...).
+    {"InvalidArgument", kArg},
+    {"NotFound", kNotFound},
+    {"Io", ErrorKind::kIo},
+    {"Unsupported", kUnsup},
+    {"Internal", ErrorKind::kInternal},
+    // Every JSON file ckpt reads (formats/base/json_read.h).
+    {"InvalidJson", kCorrupt},
+    {"JsonTooLarge", kCorrupt},
+    {"JsonTooDeep", kCorrupt},
+    {"JsonTooManyValues", kCorrupt},  // more values than the file's kind allows (JsonLimits::max_values)
+    {"DuplicateKey", kCorrupt},  // also a safetensors header rule
+    // dtypes and casts (formats/dtype/dtype.h).
+    {"UnknownDType", kCorrupt},
+    {"CastOverflow", kOver},
+    {"CastNaN", kOver},
+    {"CastInexact", kOver},
+    {"CastInvalidBool", kCorrupt},
+    // Regions and shapes (formats/tensor/region.h).
+    {"ShapeOverflow", kCorrupt},
+    {"RegionOutOfBounds", kCorrupt},
+    {"RegionRank", kCorrupt},
+    {"ShortSource", kCorrupt},
+    // safetensors header (formats/safetensors/st_header.h).
+    {"HeaderTooSmall", kCorrupt},
+    {"HeaderTooLarge", kCorrupt},
+    {"InvalidHeaderLength", kCorrupt},
+    {"InvalidHeader", kCorrupt},
+    {"InvalidHeaderDeserialization", kCorrupt},
+    {"InvalidOffset", kCorrupt},
+    {"InvalidTensorName", kCorrupt},
+    {"MetadataIncompleteBuffer", kCorrupt},
+    {"TensorInvalidInfo", kCorrupt},
+    {"TooManyDimensions", kCorrupt},
+    {"UnknownTensorField", kCorrupt},
+    {"ValidationOverflow", kCorrupt},
+    {"UnsupportedDType", kUnsup},
+    // safetensors index and directory (formats/safetensors/st_index.h, st_dir.h), reads.
+    {"IndexInvalid", kCorrupt},
+    {"IndexBadFileName", kCorrupt},
+    {"IndexMismatch", kCorrupt},
+    {"IndexMissingFile", kNotFound},
+    {"InvalidConfig", kCorrupt},
+    {"ConfigTooLarge", kCorrupt},  // a model config number above its bound (converters/model/llama_config.h)
+    {"SliceOutOfRange", kArg},
+    {"TooManySlices", kArg},
+    // Native store (formats/store/, docs/STORE_FORMAT.md).
+    {"UnknownFormat", kCorrupt},
+    {"UnsupportedVersion", kUnsup},
+    {"UnknownDigest", kUnsup},  // a piece digest algorithm this ckpt does not know (formats/digest/digest.h)
+    {"BadField", kCorrupt},
+    {"BadByteCount", kCorrupt},
+    {"BadFileName", kCorrupt},
+    {"BadShape", kCorrupt},
+    {"BadShard", kCorrupt},
+    {"BadLatest", kCorrupt},
+    {"NotCheckpoint", kCorrupt},
+    {"DuplicateTensor", kCorrupt},
+    {"DuplicateDataset", kCorrupt},
+    {"UnknownTensor", kCorrupt},  // a file holds a tensor its model or manifest does not declare
+    {"UnexpectedTensor", kCorrupt},
+    {"PieceOverlap", kCorrupt},
+    {"TooManyPieces", kCorrupt},  // more pieces of one tensor than kMaxPiecesPerTensor
+    {"PieceGap", kCorrupt},
+    {"PieceSize", kCorrupt},
+    {"FlatRangeGap", kCorrupt},
+    {"FlatRangeOutOfBounds", kCorrupt},
+    {"MissingDataset", kCorrupt},
+    {"DTypeMismatch", kCorrupt},
+    {"ShapeMismatch", kCorrupt},  // a stored tensor's shape differs from what its config implies
+    {"ReadFailed", kCorrupt},
+    {"ChunkCorrupt", kCorrupt},  // a compressed chunk that does not decode (formats/store/chunk_codec.h)
+    {"FileTooLarge", kCorrupt},
+    {"ShardMissing", kNotFound},
+    {"ChecksumMismatch", kSum},
+    // A dataset's HDF5 storage against its piece record (StoreReader::check_storage, issue 32).
+    {"LayoutMismatch", kCorrupt},       // contiguous for codec none, chunked for a compressed codec
+    {"FilterMismatch", kCorrupt},       // the filter pipeline is not exactly the codec's
+    {"StorageSizeMismatch", kCorrupt},  // a contiguous dataset's storage size != the record's bytes
+    {"StorageOutOfFile", kCorrupt},     // a contiguous dataset's data range is not inside its file
+    {"ChunkShapeMismatch", kCorrupt},   // v3: chunk dims that are not the store writer's
+    // The manifest checksum (manifest v3 "manifest_digest", formats/store/manifest.h).
+    {"ManifestChecksumMissing", kCorrupt},  // a v3 manifest without it
+    {"ManifestChecksumMismatch", kSum},     // the manifest was changed after it was written
+    // Reshard engine (reshard/).
+    {"BadLayout", kArg},
+    // Writers (formats/base/fs_util.h PartialDir, DirLock).
+    {"DestinationBusy", kArg},  // another process holds the lock of the output (its .partial, a run dir)
+    // Cluster files and the trainer's memory check (reshard/dist/cluster.h, trainer/memory_estimate.h).
+    {"BadCluster", kArg},
+    {"ClusterMismatch", kArg},
+    {"RankOutOfMemory", kArg},
+    // Communicator (reshard/dist/comm.h).
+    {"Mpi", ErrorKind::kIo},            // an MPI call failed (message: the MPI error string)
+    {"CommTimeout", ErrorKind::kIo},    // peers did not arrive within CKPT_COMM_TIMEOUT_S
+    {"PeerFailed", ErrorKind::kIo},     // another rank failed (fail_all) without a Status of its own
+    {"WorldSizeMismatch", kArg},        // mpirun -np differs from the layout's world size
+    {"TensorNotFound", kNotFound},
+    {"RegionNotCovered", kNotFound},
+    {"ZeroBufferOverflow", kOver},
+    // Model families and foreign formats (converters/).
+    {"LayoutRefused", kArg},
+    {"LayoutUnsupported", kUnsup},
+    {"MissingTensor", kNotFound},
+    {"NoModelConfig", kUnsup},
+    {"BadMegatronArgs", kCorrupt},
+    {"Base64Invalid", kCorrupt},
+    {"HfFilesCorrupt", kCorrupt},
+    {"HfFilesChecksum", kSum},
+    {"HfFilesTooLarge", kUnsup},
+    // Trainer checkpoints (trainer/state/trainer_state.h).
+    {"BadTrainerState", kCorrupt},
+    {"NotTrainerCheckpoint", kCorrupt},
+    {"TrainerStateOutOfRange", kCorrupt},  // a resumed field (LR, betas, eps, step...) outside its range
+    // Trainer gradient sums over replicas (trainer/optim/replica_sum.h).
+    {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
+    // PyTorch files written by ckpt (issue 13, write side: formats/torch/pickle/pickler, torch_file_writer,
+    // dcp_writer).
+    {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
+    {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
+    {"DcpWriteInvalid", kArg},      // DCP pieces that are not boxes, or in another dtype than the tensor
+    // formats/torch (DCP): PyTorch Distributed Checkpoint directories (formats/torch/dcp/dcp.h, docs/DCP.md).
+    {"DcpBadMetadata", kCorrupt},       // .metadata is not the Metadata records torch writes
+    {"DcpUnknownDType", kUnsup},        // a tensor's dtype ckpt does not read
+    {"DcpChunkOutside", kCorrupt},      // a chunk does not lie inside its tensor
+    {"DcpChunkOverlap", kCorrupt},      // two chunks of one tensor share elements
+    {"DcpMissingStorage", kCorrupt},    // a chunk or bytes item without its storage_data entry
+    {"DcpDuplicateStorage", kCorrupt},  // two storage_data entries for one item
+    {"DcpBadPath", kCorrupt},           // relative_path absolute, empty or with '..'
+    {"DcpItemPastFile", kCorrupt},      // offset + length past the end of the .distcp file
+    {"DcpItemSize", kCorrupt},          // a raw item's length != chunk elements * dtype size
+    {"DcpItemMismatch", kCorrupt},      // an embedded torch.save item's tensor differs from its chunk
+    {"DcpTransform", kUnsup},           // items stored through transforms (zstandard, ...)
+    {"DcpTooLarge", kCorrupt},          // counts or sizes beyond ckpt's bounds
+    // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
+    {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
+    // Calibration and emulation of device types (issue 16: trainer/plan/calibrate.h, trainer/emulate.h).
+    {"CalibrationFailed", ErrorKind::kIo},  // the MPI measurement (mpirun -np 2) did not run or report
+    {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed
+    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron/megatron_torch_source).
+    {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
+    // formats/torch (unpickler, torch zip).
+    {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
+    {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP
+    {"PickleBadOpcode", kCorrupt},          // a byte that is no pickle opcode
+    {"PickleUnsupportedOpcode", kCorrupt},  // INST, OBJ, EXT*, PERSID, out-of-band buffers
+    {"PickleUnsupportedProtocol", kUnsup},  // PROTO above 5
+    {"PickleMemoIndex", kCorrupt},          // GET of an unset index, or an index past the bound
+    {"PickleTooDeep", kCorrupt},            // MARK nesting or object nesting past the bound
+    {"PickleTooLarge", kCorrupt},           // objects, stack, string or container past the bound
+    {"PickleStackUnderflow", kCorrupt},     // an opcode pops more than the stack holds
+    {"PickleBadValue", kCorrupt},           // an opcode applied to the wrong kind of value
+    {"PickleBadUtf8", kCorrupt},            // a str that is not UTF-8
+    {"PickleBadPersistentId", kCorrupt},    // not ('storage', torch.XStorage, key, location, numel)
+    {"PickleBadReduce", kCorrupt},          // REDUCE / NEWOBJ / BUILD on what may not be called
+    {"PickleBadTensor", kCorrupt},          // tensor rebuild arguments not as torch.save writes them
+    {"IntTooLarge", kUnsup},                // an integer beyond int64
+    {"TorchNotZip", kCorrupt},              // not a zip (nor a ZIP64) archive
+    {"TorchZipCorrupt", kCorrupt},          // libzip refuses the archive or an entry's data
+    {"ZipCrcMismatch", kCorrupt},           // an entry's CRC-32 differs from its central directory / local record
+    {"IncompleteCheckpoint", kCorrupt},     // a torch_dist without metadata.json, a DCP without .metadata
+    {"TorchNoDataPkl", kCorrupt},           // no <archive>/data.pkl
+    {"TorchPickleTooLarge", kCorrupt},      // data.pkl larger than TorchFileLimits::max_pickle_bytes
+    {"TorchByteOrder", kUnsup},             // byteorder other than 'little'
+    {"TorchZipMethod", kUnsup},             // an entry neither stored nor deflated, or encrypted
+    {"TorchStorageMissing", kCorrupt},      // a persistent id names data/<key> that is absent
+    {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
+    {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
+    {"TorchReadRange", kArg},               // a read outside a storage or a tensor
+    // The planner (issue 16, trainer/plan/).
+    {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
+    {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
+    // Vendor / framework profiles (issue 14, prof14a: converters/profile/profile*.h).
+    {"ProfileUnknownField", kCorrupt},      // a profile key (top level, dtypes, vocab_padding, names, config_keys) ckpt does not know
+    {"ProfileBadValue", kCorrupt},          // a missing field, a wrong JSON type, an unknown packing/orientation/dtype, a bad name pattern
+    {"ProfileContradiction", kCorrupt},     // fields that cannot hold together (a "qkv" name with separate q/k/v packing, ...)
+    {"ProfileIncompleteNaming", kCorrupt},  // a tensor kind the packing or the model needs has no name
+    {"ProfileDuplicateName", kCorrupt},     // two kinds (or two config keys) mapped to the same name
+    {"ProfileUnknown", kArg},               // --profile names no built-in profile
+    {"ProfileUnsupported", kUnsup},         // a model the convention cannot express (LiBai heads with GQA, per-TP packing with tp not dividing)
+    {"ProfileNotSplittable", kArg},         // a packed tensor whose TP rank's part is not one box at this tp
+    // Profile conversions, engine side (issue 14: converters/profile/profile_view.h, exactness.h).
+    {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
+    {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
+    // Megatron-LM optimizer state (issue 13, converters/megatron/megatron_torch_optim.h).
+    {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
+    {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
+    {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
+    {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
+    {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
+    // The planner's calibrated cost terms (issue 16 plan16: trainer/plan/cost_model.h CostCalibration).
+    {"BadCalibration", kArg},  // a --calibration file's cost_terms: unknown key, wrong type, value out of range
+};
+
+}  // namespace
+
+std::optional<ErrorKind> kind_of_code(std::string_view code) {
+  for (const auto& e : kTable)
+    if (code == e.code) return e.kind;
+  return std::nullopt;
+}
+
+const ErrorCodeEntry* error_code_table(size_t* n) {
+  *n = std::size(kTable);
+  return kTable;
+}
+
+}  // namespace ckpt
