@@ -10,11 +10,12 @@ files has a README.md with one line
 naming the other rooms its .h and .cc files may include (a file may always include its own room;
 "May include: nothing ..." allows none). The rules:
   - a room with .h/.cc files and no README.md, or a README.md without a "May include:" line: error;
-  - a "May include:" line naming a folder that is not a room: error;
+  - a "May include:" line naming a folder that is not a room: error, `README.md:line`;
   - the allowed edges forming a cycle (A may include B, B may include A, directly or through
-    others): error, naming the cycle;
+    others): error, naming each edge of the cycle with the README.md line that allows it;
   - an include of a file of another room not on the list: error, `file:line: room -> room`;
-  - an include of a ckpt path that does not exist: error (a stale path after a move).
+  - an include of a ckpt path that does not exist: error, `file:line: room -> room`, no such file
+    (a stale path after a move).
 Tests, tools and benchmarks may include anything and are not checked.
 Exit status 1 when there is any error, 0 otherwise.
 """
@@ -23,7 +24,7 @@ import re
 import sys
 
 ROOTS = ["formats", "reshard", "converters", "trainer", "cli", "python"]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)  # [ \t]: \s would match the newline of a blank line before
 ROOM_TOKEN = re.compile(r"[a-z_][a-z0-9_]*(?:/[a-z0-9_]+)*")
 
 
@@ -39,33 +40,35 @@ def rooms_of(root):
 
 
 def allowed_edges(root, rooms, errors):
-    """{room: set of rooms it may include}, from each room's README.md."""
-    allowed = {}
+    """({room: set of rooms it may include}, {room: "room/README.md:line" of its "May include:"}),
+    from each room's README.md."""
+    allowed, where = {}, {}
     for room, files in rooms.items():
+        allowed[room] = set()
         readme = os.path.join(root, room, "README.md")
         if not os.path.isfile(readme):
             if files:
-                errors.append(f"{room}/: holds C++ files but no README.md saying what it may include")
-            allowed[room] = set()
+                errors.append(f"{room}/README.md: missing, but {room}/ holds C++ files ({', '.join(files[:3])}"
+                              f"{', ...' if len(files) > 3 else ''}): no include of another room is allowed")
             continue
-        lines = [ln for ln in open(readme, encoding="utf-8") if ln.startswith("May include:")]
+        lines = [(i + 1, ln) for i, ln in enumerate(open(readme, encoding="utf-8")) if ln.startswith("May include:")]
         if len(lines) != 1:
             errors.append(f"{room}/README.md: expected exactly one 'May include:' line, found {len(lines)}")
-            allowed[room] = set()
             continue
-        text = lines[0][len("May include:"):].strip()
-        names = set()
-        if not text.startswith("nothing"):
-            for token in text.rstrip(".").split(","):
-                token = token.strip()
-                if not ROOM_TOKEN.fullmatch(token) or token not in rooms:
-                    errors.append(f"{room}/README.md: '{token}' is not a room (a folder under {', '.join(ROOTS)})")
-                elif token == room:
-                    errors.append(f"{room}/README.md: lists itself")
-                else:
-                    names.add(token)
-        allowed[room] = names
-    return allowed
+        lineno, line = lines[0]
+        where[room] = f"{room}/README.md:{lineno}"
+        text = line[len("May include:"):].strip()
+        if text.startswith("nothing"):
+            continue
+        for token in text.rstrip(".").split(","):
+            token = token.strip()
+            if not ROOM_TOKEN.fullmatch(token) or token not in rooms:
+                errors.append(f"{where[room]}: {room} -> '{token}': not a room (a folder under {', '.join(ROOTS)})")
+            elif token == room:
+                errors.append(f"{where[room]}: lists itself")
+            else:
+                allowed[room].add(token)
+    return allowed, where
 
 
 def find_cycle(allowed):
@@ -98,10 +101,11 @@ def find_cycle(allowed):
 def check(root):
     errors = []
     rooms = rooms_of(root)
-    allowed = allowed_edges(root, rooms, errors)
+    allowed, where = allowed_edges(root, rooms, errors)
     cycle = find_cycle(allowed)
     if cycle:
-        errors.append("the allowed edges form a cycle: " + " -> ".join(cycle))
+        edges = [f"{a} -> {b} ({where[a]})" for a, b in zip(cycle, cycle[1:])]
+        errors.append("the allowed edges form a cycle " + " -> ".join(cycle) + ": " + "; ".join(edges))
     for room, files in sorted(rooms.items()):
         for f in files:
             path = os.path.join(room, f)
@@ -113,10 +117,10 @@ def check(root):
                     continue  # relative to its own folder (generated or local headers)
                 if not inc.split("/")[0] in ROOTS + ["tests"]:
                     continue  # a third-party header in quotes
-                if not os.path.isfile(os.path.join(root, inc)):
-                    errors.append(f"{path}:{line}: includes \"{inc}\", which does not exist")
-                    continue
                 target = os.path.dirname(inc)
+                if not os.path.isfile(os.path.join(root, inc)):
+                    errors.append(f"{path}:{line}: {room} -> {target} (\"{inc}\"): no such file")
+                    continue
                 if target != room and target not in allowed.get(room, set()):
                     errors.append(f"{path}:{line}: {room} -> {target} (\"{inc}\") is not allowed by {room}/README.md")
     return errors

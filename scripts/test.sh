@@ -86,6 +86,12 @@ if "$PY" scripts/line_limits.py; then
 else
   total_fail=$((total_fail + 1))
 fi
+echo "== include rules (each folder includes only what its README.md's 'May include:' allows) =="
+if "$PY" scripts/check_includes.py; then
+  total_pass=$((total_pass + 1))
+else
+  total_fail=$((total_fail + 1))
+fi
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   echo "== fuzz smoke run =="
