@@ -8,7 +8,6 @@
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
 #include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/open_source.h"
 #include "converters/jobs/source_check_job.h"
 #include "formats/base/byte_size.h"
 #include "formats/io/output_file.h"
@@ -154,11 +153,11 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
 // The HF names come in from a HuggingFace directory or file, or a DCP directory of an HF
 // model's state_dict; tokenizer files beside it are carried.
 Result<std::string> hf_side_files_dir(const std::string& src) {
-  const SourceKind kind = detect_source(src);
-  if (kind != SourceKind::kHfDir && kind != SourceKind::kSafetensorsFile && !torch::is_dcp_dir(src))
+  const bool file = is_safetensors_file(src);
+  if (!file && !is_hf_dir(src) && !torch::is_dcp_dir(src))
     return Status::InvalidArgument("'" + src + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
                                    "nor a DCP directory (.metadata)");
-  auto dir = kind == SourceKind::kSafetensorsFile ? std::filesystem::path(src).parent_path() : std::filesystem::path(src);
+  auto dir = file ? std::filesystem::path(src).parent_path() : std::filesystem::path(src);
   return dir.empty() ? std::string(".") : dir.string();
 }
 

@@ -2,30 +2,65 @@
 
 #include <filesystem>
 
-#include "converters/jobs/open_source.h"
 #include "converters/megatron/dist/megatron_dist_source.h"
 #include "converters/megatron/megatron_dir_source.h"
 #include "converters/megatron/megatron_torch_source.h"
 #include "converters/model/llama_config.h"
 #include "converters/profile/profile_view.h"
+#include "formats/safetensors/st_dir.h"
+#include "formats/store/store_reader.h"
 #include "formats/torch/dcp/dcp.h"
 
 namespace ckpt {
 
+namespace fs = std::filesystem;
+
+bool is_native_store(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) &&
+         (fs::exists(fs::path(path) / "manifest.json", ec) || fs::exists(fs::path(path) / "latest", ec));
+}
+
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && !is_native_store(path) &&
+         (fs::exists(fs::path(path) / safetensors::kIndexFileName, ec) ||
+          fs::exists(fs::path(path) / safetensors::kSingleFileName, ec));
+}
+
+bool is_safetensors_file(const std::string& path) {
+  std::error_code ec;
+  constexpr std::string_view kExt = ".safetensors";
+  return fs::is_regular_file(path, ec) && path.size() >= kExt.size() &&
+         path.compare(path.size() - kExt.size(), kExt.size(), kExt) == 0;
+}
+
 namespace {
 
-bool is_native_store(const std::string& p) { return detect_source(p) == SourceKind::kNativeStore; }
-bool is_hf_dir(const std::string& p) { return detect_source(p) == SourceKind::kHfDir; }
-bool is_safetensors_file(const std::string& p) { return detect_source(p) == SourceKind::kSafetensorsFile; }
 bool is_dcp(const std::string& p) {
   std::error_code ec;
-  return std::filesystem::is_directory(p, ec) && torch::is_dcp_dir(p);
+  return fs::is_directory(p, ec) && torch::is_dcp_dir(p);
+}
+
+Result<std::unique_ptr<TensorSource>> open_hf_dir(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(auto s, safetensors::HfDirSource::open(path));
+  return std::unique_ptr<TensorSource>(std::move(s));
+}
+
+Result<std::unique_ptr<TensorSource>> open_safetensors_file(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(auto s, safetensors::HfDirSource::open_file(path));
+  return std::unique_ptr<TensorSource>(std::move(s));
+}
+
+Result<std::unique_ptr<TensorSource>> open_store_as_stored(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(auto s, store::StoreReader::open(path));
+  return std::unique_ptr<TensorSource>(std::move(s));
 }
 
 // A native store; one stored in a profile other than "reference" (its manifest's "profile" /
-// "profile_spec") opens as its canonical view (converters/profile/profile_view.h, issue 14).
+// "profile_spec") opens as its canonical view (converters/profile/profile_view.h).
 Result<std::unique_ptr<TensorSource>> open_native_store(const std::string& path) {
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_store_as_stored(path));
   const nlohmann::json& md = src->metadata();
   const bool other = md.contains("profile_spec") ||
                      (md.contains("profile") && md["profile"].is_string() && md["profile"] != "reference");
@@ -50,21 +85,9 @@ constexpr CheckpointKind kCheckpointKinds[] = {
      is_megatron_torch_dir, open_megatron_torch_dir},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
     {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
-    {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_source},
-    {"safetensors", "a .safetensors file", is_safetensors_file, open_source},
+    {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_hf_dir},
+    {"safetensors", "a .safetensors file", is_safetensors_file, open_safetensors_file},
 };
-
-}  // namespace
-
-std::span<const CheckpointKind> checkpoint_kinds() { return kCheckpointKinds; }
-
-const CheckpointKind* detect_checkpoint(const std::string& path) {
-  for (const auto& k : kCheckpointKinds)
-    if (k.detect(path)) return &k;
-  return nullptr;
-}
-
-namespace {
 
 // A model config beyond ckpt's bounds (converters/model/llama_config.h) is refused by every command,
 // verify and inspect included, before anything is sized by it; other config errors are left to
@@ -81,15 +104,17 @@ Result<std::unique_ptr<TensorSource>> bounded(std::unique_ptr<TensorSource> src)
 
 }  // namespace
 
-Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path) {
-  if (detect_source(path) != SourceKind::kNativeStore) return open_checkpoint(path);
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_source(path));
-  return bounded(std::move(src));
+std::span<const CheckpointKind> checkpoint_kinds() { return kCheckpointKinds; }
+
+const CheckpointKind* detect_checkpoint(const std::string& path) {
+  for (const auto& k : kCheckpointKinds)
+    if (k.detect(path)) return &k;
+  return nullptr;
 }
 
 Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
+  if (!fs::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
   if (const CheckpointKind* k = detect_checkpoint(path)) {
     CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, k->open(path));
     return bounded(std::move(src));
@@ -97,6 +122,18 @@ Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
   std::string kinds;
   for (const auto& k : kCheckpointKinds) kinds += std::string("\n  ") + k.name + ": " + k.looks_like;
   return Status::Unsupported("'" + path + "' is no checkpoint kind ckpt reads; it accepts:" + kinds);
+}
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint_as(const CheckpointKind& kind, const std::string& path, bool as_stored) {
+  const bool stored = as_stored && kind.detect == &is_native_store;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, stored ? open_store_as_stored(path) : kind.open(path));
+  return bounded(std::move(src));
+}
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path) {
+  if (!is_native_store(path)) return open_checkpoint(path);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_store_as_stored(path));
+  return bounded(std::move(src));
 }
 
 }  // namespace ckpt

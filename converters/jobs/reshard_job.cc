@@ -8,7 +8,6 @@
 
 #include "converters/jobs/memory_fit.h"
 #include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/open_source.h"
 #include "converters/jobs/source_check_job.h"
 #include "converters/model/llama_config.h"
 #include "converters/model/llama_sharding.h"
@@ -110,7 +109,7 @@ struct OpenedSource {
 // open_checkpoint reads (Megatron, DCP, HF: they carry their model config in metadata).
 Result<OpenedSource> open_reshard_source(const std::string& path) {
   OpenedSource s;
-  if (detect_source(path) != SourceKind::kNativeStore) {
+  if (!is_native_store(path)) {
     auto m = open_checkpoint(path);
     if (!m.ok()) return m.take_status().with_context("opening SRC");
     s.other = std::move(m).value();

@@ -1,14 +1,13 @@
 #include "converters/jobs/source_check_job.h"
 
 #include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/open_source.h"
 #include "formats/store/manifest.h"
 #include "formats/store/run_dir.h"
 
 namespace ckpt {
 
 bool checkable_from_copy(const std::string& path) {
-  if (detect_source(path) != SourceKind::kNativeStore) return false;
+  if (!is_native_store(path)) return false;
   auto dir = store::resolve_checkpoint(path);
   if (!dir.ok()) return false;
   auto m = store::load_manifest(*dir);

@@ -1,0 +1,65 @@
+#include "converters/jobs/inspect_job.h"
+
+#include <vector>
+
+#include "converters/jobs/open_checkpoint.h"
+#include "formats/store/summary.h"
+#include "reshard/layout/layout.h"
+
+namespace ckpt {
+
+namespace {
+
+// InspectOutcome::layout_detail of the layout JSON `lj`, or null when it is not a valid layout.
+nlohmann::json layout_detail(const nlohmann::json& lj) {
+  if (!lj.is_object()) return nullptr;
+  auto l = Layout::from_json(lj);
+  if (!l.ok()) return nullptr;
+  nlohmann::json pls = nlohmann::json::array();
+  for (int p = 0; p < l->num_pipelines(); ++p) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (int s = 0; s < l->num_stages(p); ++s) {
+      std::vector<int> ranks;
+      for (int t = 0; t < l->stage_tp(p, s); ++t) ranks.push_back(l->rank_of(s, p, t));
+      const int first = l->stage_first_layer(p, s);
+      stages.push_back({{"stage", s},
+                        {"layers", {first, first + l->stage_layers(p, s) - 1}},
+                        {"tp", l->stage_tp(p, s)},
+                        {"device", l->stage_device(p, s)},
+                        {"ranks", ranks}});
+    }
+    pls.push_back({{"pipeline", p}, {"micro_batch", l->pipeline_micro_batch(p)}, {"stages", stages}});
+  }
+  return {{"form", l->symmetric() ? "symmetric" : "general"},
+          {"world_size", l->world_size()},
+          {"zero", l->zero},
+          {"uniform_pipelines", l->uniform_pipelines()},
+          {"pipelines", pls}};
+}
+
+}  // namespace
+
+nlohmann::json InspectOutcome::to_json() const {
+  nlohmann::json j = summary;
+  j["layout_detail"] = layout_detail;
+  j["integrity"] = {{"scheme", integrity_scheme}, {"note", integrity_note}};
+  return j;
+}
+
+std::string InspectOutcome::to_text() const { return store::text_summary(to_json()); }
+
+Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
+  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint_as_stored(req.path));
+  const IntegrityInfo integrity = src->integrity();
+  const CheckpointKind* kind = detect_checkpoint(req.path);
+  const std::string format = !integrity.format.empty() ? integrity.format : kind ? kind->name : "";
+  const store::SourceExtras extras = store::extras_of(*src, format);
+  InspectOutcome out;
+  out.summary = store::summarize_source(*src, &extras);
+  out.layout_detail = layout_detail(out.summary["layout"]);
+  out.integrity_scheme = integrity.scheme;
+  out.integrity_note = integrity.cannot_check;
+  return out;
+}
+
+}  // namespace ckpt

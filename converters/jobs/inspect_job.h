@@ -1,0 +1,40 @@
+// One `ckpt inspect` run below the CLI (cli/cmd_inspect.cc, python ckpt.inspect): the checkpoint
+// opened as stored (open_checkpoint_as_stored: a native store in a profile shows its profile's
+// tensors, not its canonical view), summarized by formats/store/summary.h (layout, tensors,
+// pieces, bytes, stored bytes and codecs where the source knows them, totals), its layout described
+// stage by stage, and what its format can check.
+// Thread safety: one call per thread.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/base/status.h"
+
+namespace ckpt {
+
+struct InspectRequest {
+  std::string path;  // any kind open_checkpoint reads; a run directory follows `latest`
+};
+
+struct InspectOutcome {
+  // store::summarize_source's object: path, format (the source's format name, else its kind's),
+  // layout, profile, step, tensors, totals, codecs?
+  nlohmann::json summary;
+  // The layout as "form" (symmetric | general), world_size, zero, uniform_pipelines and
+  // "pipelines": [{pipeline, micro_batch, stages: [{stage, layers: [first, last], tp, device,
+  // ranks}]}]; null when the checkpoint records no valid layout.
+  nlohmann::json layout_detail;
+  std::string integrity_scheme;  // what `ckpt verify` checks ("xxh3-128 piece digests", "zip CRC-32", "")
+  std::string integrity_note;    // what the format cannot check, by name ("" when nothing)
+  // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail and
+  // "integrity": {scheme, note}.
+  nlohmann::json to_json() const;
+  // The text `ckpt inspect` prints (store::text_summary of to_json()).
+  std::string to_text() const;
+};
+
+Result<InspectOutcome> run_inspect_job(const InspectRequest& req);
+
+}  // namespace ckpt
