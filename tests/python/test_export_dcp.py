@@ -3,15 +3,21 @@
 `ckpt export-dcp` -> torch.distributed.checkpoint.load (single process, no process group) into
 the transformers model's state_dict: every tensor equal to the original, and the model's logits
 equal; straight from the HF directory too, with --dtype bf16 equal to torch's own cast. Non-LLaMA
-sources (a plain .safetensors of assorted dtypes) keep their names and dtypes. A failed export (a
-read-only destination, a corrupt source, an existing destination) leaves no DST and no
-DST.partial."""
+sources (a plain .safetensors of assorted dtypes) keep their names and dtypes. Every other kind
+ckpt opens exports too: Megatron-LM checkpoints written by megatron-core itself (legacy per-rank
+torch files and torch_dist; the loaded model's logits equal megatron-core's own forward), ckpt's
+own Megatron exports (per-rank safetensors and legacy torch files; every tensor equal to the HF
+original) and a DCP written by torch.distributed.checkpoint.save. A failed export (a read-only
+destination, a corrupt source, an existing destination) leaves no DST and no DST.partial."""
 import json
 import os
 import pathlib
 import stat
 import warnings
 
+import sys
+
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -19,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
@@ -121,6 +128,71 @@ def test_plain_safetensors_keeps_names_and_dtypes(run_ckpt, tmp_path):
     dcp.load(sd, checkpoint_id=str(out))
     for k, v in tensors.items():
         assert sd[k].dtype == v.dtype and torch.equal(sd[k], v), k
+
+
+def _mcore_hf_config(mf):
+    return LlamaConfig(vocab_size=mf.VOCAB, hidden_size=mf.HIDDEN, intermediate_size=mf.FFN, num_hidden_layers=mf.LAYERS,
+                       num_attention_heads=mf.HEADS, num_key_value_heads=mf.GROUPS, head_dim=mf.HIDDEN // mf.HEADS,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=mf.SEQ * 4,
+                       tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu")
+
+
+@pytest.mark.parametrize("name,kind", [("tp2", "legacy"), ("pp2", "legacy"), ("tp2", "dist"), ("pp2", "dist")])
+def test_megatron_core_checkpoint_to_dcp_logits(run_ckpt, tmp_path, name, kind):
+    """A checkpoint written by megatron-core (tests/python/mcore_fixtures.py) -> export-dcp -> torch's
+    DCP loader into a transformers model: its logits equal megatron-core's own forward."""
+    pytest.importorskip("megatron.core")
+    import mcore_fixtures as mf
+    fx = mf.fixture(name, kind)
+    out = tmp_path / "dcp"
+    summary = json.loads(run_ckpt("export-dcp", fx, out, "--json", "--files", "2").stdout)
+    assert summary["source_check"]["how"] == "process", summary  # zip CRC-32 of the torch files
+    m = LlamaForCausalLM(_mcore_hf_config(mf)).eval()
+    sd = m.state_dict()
+    with torch.no_grad():
+        for v in sd.values():
+            v.fill_(float("nan"))
+    dcp.load(sd, checkpoint_id=str(out))
+    assert summary["tensors"] == len(sd) and all(torch.isfinite(v).all() for v in sd.values())
+    tokens = torch.from_numpy(np.load(fx / "tokens.npy"))
+    with torch.no_grad():
+        got = m(tokens).logits.numpy()
+    want = np.load(fx / "logits.npy")[..., : mf.VOCAB]
+    assert got.shape == want.shape
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= 1e-5, rel
+
+
+@pytest.mark.parametrize("fmt,layout", [("safetensors", ["--tp", "2", "--pp", "2"]), ("torch", ["--tp", "1", "--pp", "2"])])
+def test_ckpt_megatron_export_to_dcp(run_ckpt, hf_dir, tmp_path, fmt, layout):
+    """ckpt's own Megatron exports (vocabulary padded to 128, QKV packed per group, split over tp
+    and pp) read back and exported as a DCP: every tensor equal to the HF original."""
+    nat, meg, out = tmp_path / "native", tmp_path / "megatron", tmp_path / "dcp"
+    run_ckpt("from-hf", hf_dir, nat, "--no-fsync")
+    run_ckpt("export-megatron", nat, meg, "--format", fmt, *layout)
+    p = run_ckpt("export-dcp", meg, out, "--source-chunks")
+    assert p.stdout.startswith("wrote %d tensors" % len(_reference(hf_dir))), p.stdout
+    _, sd = _dcp_load_into_model(out)
+    ref = _reference(hf_dir)
+    assert set(sd) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(sd[k], v), k
+
+
+def test_torch_written_dcp_to_dcp(run_ckpt, tmp_path):
+    """A DCP saved by torch.distributed.checkpoint.save (bf16 and fp32 tensors) -> export-dcp in two
+    files with a cast to fp16 -> torch's loader: every tensor equal to torch's own cast."""
+    m = _model(seed=4)
+    state = {k: (v.to(torch.bfloat16) if "mlp" in k else v.clone()) for k, v in m.state_dict().items()}
+    src, out = tmp_path / "torch_dcp", tmp_path / "dcp"
+    dcp.save(state, checkpoint_id=str(src))
+    run_ckpt("export-dcp", src, out, "--files", "2", "--dtype", "fp16")
+    sd = {k: torch.zeros_like(v, dtype=torch.float16) for k, v in state.items()}
+    dcp.load(sd, checkpoint_id=str(out))
+    md = dcp.FileSystemReader(str(out)).read_metadata()
+    for k, v in state.items():
+        assert md.state_dict_metadata[k].properties.dtype == torch.float16, k
+        assert torch.equal(sd[k], v.to(torch.float16)), k
 
 
 def _nothing_at(out: pathlib.Path):
