@@ -9,6 +9,7 @@
 #include "formats/base/byte_size.h"
 #include "formats/base/checked.h"
 #include "formats/store/run_dir.h"
+#include "formats/tensor/tiling.h"
 #include "reshard/layout/holdings.h"
 #include "reshard/layout/overlap_cells.h"
 #include "reshard/layout/tensor_placement.h"
@@ -38,10 +39,7 @@ std::vector<Box> distinct_boxes(const std::vector<Holding>& hs, const std::vecto
   for (size_t h : list)
     if (std::find(distinct.begin(), distinct.end(), hs[h].box) == distinct.end()) distinct.push_back(hs[h].box);
   std::sort(distinct.begin(), distinct.end(), box_less);
-  *disjoint = true;
-  for (size_t x = 0; x < distinct.size() && *disjoint; ++x)
-    for (size_t y = x + 1; y < distinct.size() && *disjoint; ++y)
-      if (intersect(distinct[x], distinct[y])) *disjoint = false;
+  *disjoint = !find_box_overlap(distinct).has_value();
   return distinct;
 }
 

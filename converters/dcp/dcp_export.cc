@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "formats/tensor/tiling.h"
 #include "formats/torch/dcp/dcp_writer.h"
 #include "reshard/executor.h"
 
@@ -18,14 +19,9 @@ std::vector<Box> source_boxes(const TensorSource& src, const TensorMeta& t) {
     if (p.region.is_flat()) return {Box::whole(t.shape)};
     if (std::find(boxes.begin(), boxes.end(), p.region.box) == boxes.end()) boxes.push_back(p.region.box);
   }
-  int64_t covered = 0;
-  for (size_t i = 0; i < boxes.size(); ++i) {
-    for (size_t j = 0; j < i; ++j)
-      if (intersect(boxes[i], boxes[j])) return {Box::whole(t.shape)};
-    covered += boxes[i].numel();
-  }
-  auto n = shape_numel(t.shape);
-  if (boxes.empty() || !n.ok() || covered != *n) return {Box::whole(t.shape)};
+  std::vector<Region> regions;
+  for (const Box& b : boxes) regions.push_back(Region{b});
+  if (boxes.empty() || find_tiling_fault(t.shape, regions)) return {Box::whole(t.shape)};
   return boxes;
 }
 

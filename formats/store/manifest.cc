@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -10,6 +9,7 @@
 #include "formats/base/json_read.h"
 #include "formats/digest/digest.h"
 #include "formats/dtype/dtype.h"
+#include "formats/tensor/tiling.h"
 
 namespace ckpt::store {
 
@@ -266,40 +266,49 @@ bool is_safe_relative_path(const std::string& p) {
 
 namespace {
 
-struct IndexedBox {
-  Box box;
-  size_t piece;
-};
-
-// Finds two overlapping boxes among `boxes` (all non-empty, same rank >= 1). Sweeps along the
-// dimension with the most distinct offsets; compares a box only with boxes still "active" along
-// that dimension: O(n log n + k), k = pairs that overlap along the sweep dimension.
-std::optional<std::pair<size_t, size_t>> find_overlap(std::vector<IndexedBox>& boxes) {
-  if (boxes.size() < 2) return std::nullopt;
-  size_t nd = boxes[0].box.ndim();
-  size_t dim = 0, best = 0;
-  for (size_t d = 0; d < nd; ++d) {
-    std::set<int64_t> offs;
-    for (const auto& b : boxes) offs.insert(b.box.offset[d]);
-    if (offs.size() > best) best = offs.size(), dim = d;
+// A tiling fault of tensor `t`'s pieces (`index`: their numbers in the manifest) as its rule code.
+Status tiling_status(const TilingFault& f, const TensorMeta& t, const std::vector<Piece>& pieces, const std::vector<size_t>& index) {
+  using Kind = TilingFault::Kind;
+  const Piece& a = pieces[index[f.a]];
+  const std::string where = "piece #" + std::to_string(index[f.a]) + " of tensor '" + t.name + "'";
+  const std::string flat_box = "flat pieces of tensor '" + t.name + "' box " + a.region.box.to_string();
+  switch (f.kind) {
+    case Kind::kBadShape:
+      return Status::Error("BadShape", "tensor '" + t.name + "' has an invalid shape " + shape_to_string(t.shape)).with_tensor(t.name);
+    case Kind::kNotABox:  // flat ranges are allowed
+    case Kind::kOutside:
+      return Status::Error("RegionOutOfBounds", where + ": region " + a.region.box.to_string() + " is not inside shape " +
+                                                    shape_to_string(t.shape) + " (" + f.detail + ")")
+          .with_tensor(t.name);
+    case Kind::kFlatOutside:
+      return Status::Error("RegionOutOfBounds", where + ": flat range " + std::to_string(a.region.flat_begin) + ".." +
+                                                    std::to_string(a.region.flat_end) + " is not inside [0, " +
+                                                    std::to_string(a.region.box.numel()) + "]")
+          .with_tensor(t.name);
+    case Kind::kFlatOverlap:
+      return Status::Error("PieceOverlap", flat_box + " overlap at element " + std::to_string(f.at)).with_tensor(t.name);
+    case Kind::kFlatGap:
+      return Status::Error("FlatRangeGap", flat_box + " leave a gap at element " + std::to_string(f.at) + " of " +
+                                               std::to_string(a.region.box.numel()))
+          .with_tensor(t.name);
+    case Kind::kOverlap: {
+      if (t.shape.empty()) return Status::Error("PieceOverlap", "scalar tensor '" + t.name + "' is stored by more than one piece").with_tensor(t.name);
+      const Piece& b = pieces[index[f.b]];
+      return Status::Error("PieceOverlap", "pieces #" + std::to_string(index[f.a]) + " (" + a.region.to_string() + ") and #" +
+                                               std::to_string(index[f.b]) + " (" + b.region.to_string() + ") of tensor '" + t.name + "' overlap")
+          .with_tensor(t.name);
+    }
+    case Kind::kGap:
+      break;
   }
-  std::sort(boxes.begin(), boxes.end(), [dim](const IndexedBox& a, const IndexedBox& b) {
-    return a.box.offset[dim] < b.box.offset[dim];
-  });
-  std::vector<size_t> active;
-  for (size_t i = 0; i < boxes.size(); ++i) {
-    const int64_t start = boxes[i].box.offset[dim];
-    std::erase_if(active, [&](size_t k) { return boxes[k].box.offset[dim] + boxes[k].box.extent[dim] <= start; });
-    for (size_t k : active)
-      if (intersect(boxes[k].box, boxes[i].box)) return std::make_pair(boxes[k].piece, boxes[i].piece);
-    active.push_back(i);
-  }
-  return std::nullopt;
+  return Status::Error("PieceGap", "pieces of tensor '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(f.covered) +
+                                       " of " + std::to_string(f.total) + " elements")
+      .with_tensor(t.name);
 }
 
 }  // namespace
 
-Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces) {
+Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, bool whole) {
   std::unordered_map<std::string, size_t> index;
   index.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -313,24 +322,10 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
   }
   std::vector<std::vector<size_t>> by_tensor(tensors.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const auto& p = pieces[i];
-    auto it = index.find(p.tensor);
+    auto it = index.find(pieces[i].tensor);
     if (it == index.end())
-      return Status::Error("UnknownTensor", "piece #" + std::to_string(i) + " names tensor '" + p.tensor + "', which is not declared").with_tensor(p.tensor);
-    const auto& t = tensors[it->second];
-    const std::string where = "piece #" + std::to_string(i) + " of tensor '" + t.name + "'";
-    Status st = validate_box(p.region.box, t.shape);
-    if (!st.ok())
-      return Status::Error("RegionOutOfBounds", where + ": region " + p.region.box.to_string() + " is not inside shape " +
-                                                         shape_to_string(t.shape) + " (" + st.message() + ")")
-          .with_tensor(t.name);
-    if (p.region.is_flat()) {
-      int64_t n = p.region.box.numel();
-      if (!flat_range_fits(p.region))
-        return Status::Error("RegionOutOfBounds", where + ": flat range " + std::to_string(p.region.flat_begin) + ".." +
-                                                           std::to_string(p.region.flat_end) + " is not inside [0, " + std::to_string(n) + "]")
-            .with_tensor(t.name);
-    }
+      return Status::Error("UnknownTensor", "piece #" + std::to_string(i) + " names tensor '" + pieces[i].tensor + "', which is not declared")
+          .with_tensor(pieces[i].tensor);
     by_tensor[it->second].push_back(i);
   }
   for (size_t ti = 0; ti < tensors.size(); ++ti)
@@ -338,53 +333,13 @@ Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector
       return Status::Error("TooManyPieces", "tensor '" + tensors[ti].name + "' is stored in " + std::to_string(by_tensor[ti].size()) +
                                                 " pieces, more than the bound " + std::to_string(kMaxPiecesPerTensor))
           .with_tensor(tensors[ti].name);
+  // Each tensor's pieces tile it; the flat pieces of one box tile that box (formats/tensor/tiling.h).
+  const TilingRules rules{.flat_ranges = true, .cover = whole};
+  std::vector<Region> regions;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    const auto& t = tensors[ti];
-    const int64_t total = *checked_numel(t.shape);
-    // Flat pieces of the same box must tile [0, numel(box)).
-    std::map<std::pair<Shape, Shape>, std::vector<std::pair<int64_t, int64_t>>> flats;
-    std::vector<IndexedBox> boxes;
-    int64_t covered = 0;
-    for (size_t pi : by_tensor[ti]) {
-      const auto& p = pieces[pi];
-      if (p.region.is_flat()) flats[{p.region.box.offset, p.region.box.extent}].push_back({p.region.flat_begin, p.region.flat_end});
-      auto sum = checked_add(covered, p.region.numel());
-      if (!sum) return Status::Error("PieceOverlap", "pieces of tensor '" + t.name + "' hold more elements than fit in int64").with_tensor(t.name);
-      covered = *sum;
-      for (auto& b : p.region.boxes())
-        if (!b.empty()) boxes.push_back({std::move(b), pi});
-    }
-    for (auto& [key, ranges] : flats) {
-      std::sort(ranges.begin(), ranges.end());
-      int64_t at = 0;
-      const int64_t n = Box{key.first, key.second}.numel();
-      for (auto [b, e] : ranges) {
-        if (b != at)
-          return Status::Error(b < at ? "PieceOverlap" : "FlatRangeGap",
-                                    "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
-                                        (b < at ? " overlap at element " : " leave a gap at element ") + std::to_string(std::min(b, at)))
-              .with_tensor(t.name);
-        at = e;
-      }
-      if (at != n)
-        return Status::Error("FlatRangeGap", "flat pieces of tensor '" + t.name + "' box " + Box{key.first, key.second}.to_string() +
-                                                      " end at element " + std::to_string(at) + ", expected " + std::to_string(n))
-            .with_tensor(t.name);
-    }
-    if (t.shape.empty()) {
-      if (boxes.size() > 1)
-        return Status::Error("PieceOverlap", "scalar tensor '" + t.name + "' is stored by " + std::to_string(boxes.size()) + " pieces").with_tensor(t.name);
-    } else if (auto ov = find_overlap(boxes)) {
-      const auto& a = pieces[ov->first];
-      const auto& b = pieces[ov->second];
-      return Status::Error("PieceOverlap", "pieces #" + std::to_string(ov->first) + " (" + a.region.to_string() + ") and #" +
-                                                    std::to_string(ov->second) + " (" + b.region.to_string() + ") of tensor '" + t.name + "' overlap")
-          .with_tensor(t.name);
-    }
-    if (covered != total)
-      return Status::Error("PieceGap", "pieces of tensor '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) +
-                                                " of " + std::to_string(total) + " elements")
-          .with_tensor(t.name);
+    regions.clear();
+    for (size_t pi : by_tensor[ti]) regions.push_back(pieces[pi].region);
+    if (auto f = find_tiling_fault(tensors[ti].shape, regions, rules)) return tiling_status(*f, tensors[ti], pieces, by_tensor[ti]);
   }
   return Status::Ok();
 }

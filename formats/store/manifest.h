@@ -89,8 +89,8 @@ std::string canonical_manifest_text(const nlohmann::json& j);
 // malformed, or present before version 3), UnknownDigest.
 Result<Manifest> parse_manifest(const std::string& text);
 
-// Pieces of one tensor: the overlap check sweeps them (formats/store/manifest.cc find_overlap), whose
-// cost grows with the pieces active along the sweep (a 256 x 256 grid of boxes: 256 each). Real
+// Pieces of one tensor: the tiling check sweeps them (formats/tensor/tiling.h find_tiling_fault),
+// O(n log n) when they are cut along at most two dimensions, more when along three or more. Real
 // layouts stay far below: a 405B model at tp 8 with ZeRO over dp 64 stores a tensor in 8 x 64 = 512
 // pieces; 2^16 keeps a hostile manifest's check to seconds (TooManyPieces).
 inline constexpr size_t kMaxPiecesPerTensor = size_t{1} << 16;
@@ -98,8 +98,9 @@ inline constexpr size_t kMaxPiecesPerTensor = size_t{1} << 16;
 // Checks tensors and pieces: unique tensor names, known dtypes, regions inside tensors, no
 // overlap, exact coverage, flat tiling, byte counts, pieces per tensor. Rule codes: DuplicateTensor, BadShape, TooManyPieces,
 // UnknownTensor, RegionOutOfBounds, PieceOverlap, PieceGap, FlatRangeGap, BadByteCount,
-// BadFileName, DuplicateDataset.
-Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces);
+// BadFileName, DuplicateDataset. `whole` false: the pieces are one shard's part of the store,
+// gaps (PieceGap, FlatRangeGap) are not faults.
+Status validate_pieces(const std::vector<TensorMeta>& tensors, const std::vector<Piece>& pieces, bool whole = true);
 // validate_pieces() plus the records: version readable, safe file names, absolute dataset paths,
 // (file, dataset) unique, byte counts, digests well-formed (BadField) and sha256 in version 1.
 Status validate_manifest(const Manifest& m);

@@ -153,17 +153,8 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
                                                        const std::vector<Piece>& pieces, const StoreOptions& opts) {
   if (rank < 0 || rank > 99999) return Status::InvalidArgument("rank " + std::to_string(rank) + " out of range [0, 99999]");
   if (opts.codec != Codec::kNone) CKPT_RETURN_IF_ERROR(register_zstd_filter());
-  std::unordered_map<std::string, const TensorMeta*> by_name;
-  for (const auto& t : tensors) by_name[t.name] = &t;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const auto& p = pieces[i];
-    auto it = by_name.find(p.tensor);
-    if (it == by_name.end()) return Status::InvalidArgument("piece #" + std::to_string(i) + " names unknown tensor '" + p.tensor + "'").with_tensor(p.tensor);
-    Status st = validate_box(p.region.box, it->second->shape);
-    if (!st.ok()) return Status::InvalidArgument("piece #" + std::to_string(i) + " region " + p.region.to_string() + ": " + st.message()).with_tensor(p.tensor);
-    if (!flat_range_fits(p.region))
-      return Status::InvalidArgument("piece #" + std::to_string(i) + " flat range " + p.region.to_string() + " outside its box").with_tensor(p.tensor);
-  }
+  Status v = validate_pieces(tensors, pieces, /*whole=*/false);  // this shard's part: other shards fill its gaps
+  if (!v.ok()) return Status::InvalidArgument(v.code() + ": " + v.message()).with_tensor(v.tensor());
   auto impl = std::make_unique<Impl>();
   impl->rel = shard_file_name(rank);
   impl->path = partial_dir + "/" + impl->rel;

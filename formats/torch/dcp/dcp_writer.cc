@@ -9,6 +9,7 @@
 
 #include "formats/base/checked.h"
 #include "formats/base/file_io.h"
+#include "formats/tensor/tiling.h"
 
 namespace ckpt::torch {
 
@@ -54,7 +55,7 @@ Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std
     if (by_name.count(b.fqn) || b.rank < 0) return dcp_writer_detail::bad_piece("bytes item '" + b.fqn + "' has a tensor's name or a negative rank");
   if (!opts_.piece_rank.empty() && opts_.piece_rank.size() != pieces.size())
     return Status::Internal("DcpWriter: " + std::to_string(opts_.piece_rank.size()) + " piece ranks for " + std::to_string(pieces.size()) + " pieces");
-  std::map<std::string, std::vector<const Box*>> boxes;
+  std::map<std::string, std::vector<size_t>> of_tensor;  // piece numbers per tensor
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     auto it = by_name.find(p.tensor);
@@ -63,21 +64,24 @@ Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std
     if (p.dtype != it->second->dtype)
       return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "' is " + std::string(dtype_name(p.dtype)) + ", the tensor " +
                        std::string(dtype_name(it->second->dtype)) + " (DCP holds one dtype per tensor)");
-    Status st = validate_box(p.region.box, it->second->shape);
-    if (!st.ok()) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "': " + st.message());
     if (!opts_.piece_rank.empty() && opts_.piece_rank[i] < 0) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " has a negative rank");
-    for (const Box* o : boxes[p.tensor])
-      if (intersect(*o, p.region.box) && !p.region.box.empty())
-        return dcp_writer_detail::bad_piece("pieces of '" + p.tensor + "' overlap: " + o->to_string() + " and " + p.region.box.to_string());
-    boxes[p.tensor].push_back(&p.region.box);
+    of_tensor[p.tensor].push_back(i);
   }
+  std::vector<Region> regions;
   for (const auto& t : tensors) {
     CKPT_ASSIGN_OR_RETURN(int64_t n, shape_numel(t.shape));
-    int64_t covered = 0;
-    for (const Box* b : boxes[t.name]) covered += b->numel();
-    if (covered != n || (boxes[t.name].empty()))
-      return dcp_writer_detail::bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(covered) + " of " +
-                       std::to_string(n) + " elements (a DCP needs every element in a chunk)");
+    const std::vector<size_t>& idx = of_tensor[t.name];
+    regions.clear();
+    for (size_t i : idx) regions.push_back(pieces[i].region);
+    // A DCP needs every element in a chunk, each in one (formats/tensor/tiling.h).
+    auto f = find_tiling_fault(t.shape, regions);
+    if (f && f->kind == TilingFault::Kind::kOverlap)
+      return dcp_writer_detail::bad_piece("pieces of '" + t.name + "' overlap: " + regions[f->a].box.to_string() + " and " + regions[f->b].box.to_string());
+    if (f && f->kind != TilingFault::Kind::kGap)
+      return dcp_writer_detail::bad_piece("piece " + std::to_string(idx[f->a]) + " of '" + t.name + "': " + f->detail);
+    if (f || idx.empty())
+      return dcp_writer_detail::bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(f ? f->covered : 0) +
+                       " of " + std::to_string(n) + " elements (a DCP needs every element in a chunk)");
   }
   return Status::Ok();
 }
