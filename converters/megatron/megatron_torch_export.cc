@@ -12,6 +12,7 @@
 #include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/fs_util.h"
 #include "formats/safetensors/st_reader.h"
+#include "formats/torch/pickle/py_json.h"
 #include "formats/torch/torch_file_writer.h"
 
 namespace ckpt {
@@ -22,28 +23,14 @@ namespace fs = std::filesystem;
 using torch::PyArena;
 using torch::PyObj;
 
-// A JSON value of the args as a Python object (scalars, lists of scalars).
-const PyObj* json_to_py(PyArena& a, const nlohmann::json& v) {
-  if (v.is_boolean()) return a.boolean(v.get<bool>());
-  if (v.is_number_integer()) return a.integer(v.get<int64_t>());
-  if (v.is_number()) return a.real(v.get<double>());
-  if (v.is_string()) return a.str(v.get<std::string>());
-  if (v.is_array()) {
-    std::vector<const PyObj*> items;
-    for (const auto& e : v) items.push_back(json_to_py(a, e));
-    return a.list(std::move(items));
-  }
-  return a.none();
-}
-
 // argparse.Namespace(**args, params_dtype=torch.<dtype>, bf16=..., fp16=...).
 const PyObj* args_namespace(PyArena& a, const nlohmann::json& args, DType dtype) {
   std::vector<std::pair<const PyObj*, const PyObj*>> kv;
-  for (const auto& [k, v] : args.items()) kv.emplace_back(a.str(k), json_to_py(a, v));
+  for (const auto& [k, v] : args.items()) kv.emplace_back(a.str(k), torch::json_to_pyobj(a, v));
   // Megatron-LM's names for an uneven pipeline split (arguments.py: --decoder-first-pipeline-num-layers).
   if (const auto it = args.find("layers_per_stage"); it != args.end() && it->is_array() && it->size() > 1) {
-    kv.emplace_back(a.str("decoder_first_pipeline_num_layers"), json_to_py(a, it->front()));
-    kv.emplace_back(a.str("decoder_last_pipeline_num_layers"), json_to_py(a, it->back()));
+    kv.emplace_back(a.str("decoder_first_pipeline_num_layers"), torch::json_to_pyobj(a, it->front()));
+    kv.emplace_back(a.str("decoder_last_pipeline_num_layers"), torch::json_to_pyobj(a, it->back()));
   }
   kv.emplace_back(a.str("params_dtype"), a.record(torch::torch_dtype_name(dtype), nullptr, nullptr));
   kv.emplace_back(a.str("bf16"), a.boolean(dtype == DType::kBF16));

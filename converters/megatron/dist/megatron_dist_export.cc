@@ -7,6 +7,7 @@
 #include "converters/megatron/dist/megatron_dist_sink.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/torch/dcp/dcp_writer.h"
+#include "formats/torch/pickle/py_json.h"
 #include "reshard/executor.h"
 
 namespace ckpt {
@@ -16,27 +17,13 @@ namespace dist_export_detail {
 using torch::PyArena;
 using torch::PyObj;
 
-// A JSON value (numbers, bools, strings, null, arrays) as a Python object.
-const PyObj* json_to_py(PyArena& a, const nlohmann::json& j) {
-  if (j.is_boolean()) return a.boolean(j.get<bool>());
-  if (j.is_number_integer()) return a.integer(j.get<int64_t>());
-  if (j.is_number()) return a.real(j.get<double>());
-  if (j.is_string()) return a.str(j.get<std::string>());
-  if (j.is_array()) {
-    std::vector<const PyObj*> items;
-    for (const auto& e : j) items.push_back(json_to_py(a, e));
-    return a.list(std::move(items));
-  }
-  return a.none();
-}
-
 // common.pt: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N}, and
 // with optimizer state 'optimizer': {'state': {'common_step': step}} (what FP32Optimizer.
 // sharded_state_dict leaves outside the sharded tensors besides the param groups).
 Result<std::string> common_pt(const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step) {
   PyArena a;
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
-  for (const auto& [k, v] : args.items()) attrs.emplace_back(a.str(k), json_to_py(a, v));
+  for (const auto& [k, v] : args.items()) attrs.emplace_back(a.str(k), torch::json_to_pyobj(a, v));
   const PyObj* ns = a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(attrs)), /*newobj=*/true);
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), ns},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
