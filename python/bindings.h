@@ -1,6 +1,6 @@
 // The parts of the `ckpt._ckpt` extension, each bound by its own file:
 //   py_errors.cc        exception classes (py_errors.h)
-//   checkpoint_bind.cc  ckpt.open(), the Checkpoint object: tensors, read, state_dict (issue 17)
+//   checkpoint_bind.cc  ckpt.open(), the Checkpoint object: tensors, read, state_dict
 //   commands_bind.cc    the commands as functions: verify, diff, reshard, to_hf, from_hf, convert, plan
 #pragma once
 

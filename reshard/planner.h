@@ -7,7 +7,7 @@
 // ("ZeRO-1 layout"). Any Layout form: what each rank holds comes from reshard/layout/holdings.h; where one
 // tensor's boxes overlap without being equal (general layouts only) the holdings are cut into
 // cells on the grid of all box boundaries (reshard/layout/overlap_cells.h) and the stored pieces are
-// boxes of cells; symmetric layouts plan exactly as before (docs/RESHARD.md "General layouts").
+// boxes of cells; symmetric layouts have no such overlaps (docs/RESHARD.md "General layouts").
 // Thread safety: pure functions over values.
 #pragma once
 

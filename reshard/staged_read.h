@@ -1,11 +1,11 @@
 // Staged reads: a TensorSource whose read of a box is a plain read of other bytes followed by a
-// transform that needs no I/O (the transposed `in-out` weights of the profile views, issue 14,
+// transform that needs no I/O (the transposed `in-out` weights of the profile views,
 // converters/profile/profile_view.h) may also implement StagedReads. The executor's pipeline
 // (reshard/chunk_pipeline.h) then does the plain read on its reading thread, into the chunk's raw
 // buffer, and the transform on a worker, straight into the chunk's output rows: the transposes of
 // one chunk overlap the reads of the next, and no re-layout copy follows them.
-// The pipeline finds the interface with a dynamic_cast of its source (formats/tensor/tensor_io.h stays
-// as it is); a source that does not implement it is read with read() as before.
+// The pipeline finds the interface with a dynamic_cast of its source (it is not part of
+// formats/tensor/tensor_io.h's TensorSource); a source that does not implement it is read with read().
 #pragma once
 
 #include <cstddef>

@@ -30,7 +30,7 @@ struct StoreExecOptions {
   // Called before the output is finalized (e.g. to verify the source's checksums); an error
   // aborts without committing. Run by rank 0 only.
   std::function<Status()> before_commit;
-  // Optional (issue 14): each process's note (e.g. an exactness report), taken after its files are
+  // Optional (profile conversions): each process's note (e.g. an exactness report), taken after its files are
   // written and gathered to rank 0 with its piece records; rank 0 then lets amend_metadata change
   // the manifest metadata from every note (rank order) before before_commit. An error aborts.
   std::function<std::string()> process_note;

@@ -33,7 +33,7 @@
 namespace ckpt::trainer {
 
 // Peak RSS of a `ckpt train` process whose model is negligible (fixtures/tiny_llama.json, one
-// step), measured on the development machine (docs/BENCHMARKS.md "Memory estimate (issue 12)"):
+// step), measured on the development machine (docs/BENCHMARKS.md "Memory estimate"):
 // the binary and its libraries, OpenBLAS's buffers; under mpirun also OpenMPI's libraries and its
 // shared-memory segments, which grow with the number of peers (measured: 29.8 MiB at -np 2,
 // 31.8 MiB at -np 4; one process alone 23.8 MiB).

@@ -1,4 +1,4 @@
-// The profile a training run's checkpoints are stored in (issue 14; docs/TRAINER.md "Profiles").
+// The profile a training run's checkpoints are stored in (docs/TRAINER.md "Profiles").
 // A cluster file's device type may name its stack's profile (reshard/dist/cluster.h "profile"). The run
 // saves in the profile every rank's device type names (a type naming none counts as "reference");
 // when the ranks' types name different profiles the checkpoints stay canonical ("reference").

@@ -1,4 +1,4 @@
-// The profile side of a reshard job (issue 14): when a profile is asked for (`ckpt convert`,
+// The profile side of a reshard job (docs/PROFILES.md): when a profile is asked for (`ckpt convert`,
 // `reshard --profile`) or the source is stored in a profile other than "reference", the job plans
 // and executes from the target profile's view of the source's canonical view
 // (converters/profile/profile_view.h) with the target profile's sharding rules

@@ -1,4 +1,4 @@
-// The exactness report of a profile conversion (issue 14, docs/PROFILES.md "Transforms and the
+// The exactness report of a profile conversion (docs/PROFILES.md "Transforms and the
 // exactness report"): for every lossy step, per tensor, how many elements went through it, how
 // many changed and by how much at most.
 //  - Steps: "cast F32->F16" (a narrowing cast; widening casts and same-dtype copies are exact and

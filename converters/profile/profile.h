@@ -1,4 +1,4 @@
-// Vendor / framework conventions as data (issue 14; docs/PROFILES.md). A Profile says how one stack
+// Vendor / framework conventions as data (docs/PROFILES.md). A Profile says how one stack
 // stores the LLaMA family's tensors: stored dtype per tensor class, vocab padding, QKV and MLP
 // packing, weight orientation, tensor names and config key names. Profiles are JSON files:
 // profiles/<name>.json in the repository (built in), or a user's file (--profile-file).

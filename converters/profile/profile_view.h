@@ -1,4 +1,4 @@
-// Profile views (issue 14, docs/PROFILES.md "Transforms and the exactness report"): the two
+// Profile views (docs/PROFILES.md "Transforms and the exactness report"): the two
 // TensorSources through which a conversion between profiles is an ordinary reshard plan.
 //
 //  - CanonicalView (canonical_view): a checkpoint stored in profile P presented as canonical

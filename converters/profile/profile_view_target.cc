@@ -19,7 +19,7 @@ namespace pvt = profile_view_detail;
 // no cast is needed and the canonical piece's rows lie in one file range (a native store's
 // contiguous dataset), nothing is read ahead: the worker maps the box's rows and transposes
 // straight from the page cache (formats/base/file_io.h with_mapped_range), one copy of each byte
-// fewer than reading them into the stage (perf: docs/BENCHMARKS.md, issue 14).
+// fewer than reading them into the stage (perf: docs/BENCHMARKS.md "Profile conversion").
 class ProfileViewImpl final : public ProfileView, public StagedReads {
  public:
   const std::vector<TensorMeta>& tensors() const override { return tensors_; }

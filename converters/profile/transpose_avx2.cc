@@ -12,7 +12,7 @@
 // whole lines (each destination line written once). Blocks go in 8 x 8 groups (a 256 x 256 bf16
 // square) so the source and destination lines of a group stay in L2. Measured on the benchmark's
 // bf16 shapes ([2048, 2048], [5632, 2048], [2048, 5632]): about 2x the SSE2 tiles
-// (docs/BENCHMARKS.md, issue 14).
+// (docs/BENCHMARKS.md "Profile conversion").
 #include "converters/profile/transpose_tile.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -1,11 +1,11 @@
-// Transposing one dense tile of elements (the `in-out` weights of profile conversions, issue 14;
+// Transposing one dense tile of elements (the `in-out` weights of profile conversions;
 // docs/PROFILES.md). A plain element-by-element transpose of a 2-D tile whose rows are a multiple
 // of 4 KiB apart (2048 bf16 columns) reads 32 rows that fall into one L1 set and runs at about
 // 170 MB/s here. Two- and four-byte elements go through vector registers: two-byte ones on CPUs
 // with AVX2 (checked at run time) in blocks of one 64-byte line per row copied through L1 buffers
 // (converters/profile/transpose_avx2.cc: each source and destination line touched once, whole); the
 // edges, four-byte elements and CPUs without AVX2 in 8 x 8 (2-byte) or 4 x 4 (4-byte) SSE2 tiles
-// (x86-64 baseline), 64 x 64 element blocks at a time (docs/BENCHMARKS.md, issue 14). Other
+// (x86-64 baseline), 64 x 64 element blocks at a time (docs/BENCHMARKS.md "Profile conversion"). Other
 // element sizes and non-x86 builds use the blocked scalar loop. Every kernel gives the same bytes. Pure functions; thread safe.
 #pragma once
 

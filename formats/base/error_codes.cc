@@ -90,7 +90,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"FileTooLarge", kCorrupt},
     {"ShardMissing", kNotFound},
     {"ChecksumMismatch", kSum},
-    // A dataset's HDF5 storage against its piece record (StoreReader::check_storage, issue 32).
+    // A dataset's HDF5 storage against its piece record (StoreReader::check_storage, docs/INTEGRITY.md).
     {"LayoutMismatch", kCorrupt},       // contiguous for codec none, chunked for a compressed codec
     {"FilterMismatch", kCorrupt},       // the filter pipeline is not exactly the codec's
     {"StorageSizeMismatch", kCorrupt},  // a contiguous dataset's storage size != the record's bytes
@@ -131,7 +131,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TrainerStateOutOfRange", kCorrupt},  // a resumed field (LR, betas, eps, step...) outside its range
     // Trainer gradient sums over replicas (trainer/optim/replica_sum.h).
     {"ReplicaSumMismatch", kArg},  // boxes or tensor lists that differ from the plan / rank 0's
-    // PyTorch files written by ckpt (issue 13, write side: formats/torch/pickle/pickler, torch_file_writer,
+    // PyTorch files written by ckpt (write side: formats/torch/pickle/pickler, torch_file_writer,
     // dcp_writer).
     {"PickleWriteInvalid", kArg},   // an object tree the pickler cannot write (bad UTF-8, cycle, ...)
     {"TorchWriteInvalid", kArg},    // storages undeclared / mismatched, a tensor outside its storage
@@ -149,12 +149,12 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DcpItemMismatch", kCorrupt},      // an embedded torch.save item's tensor differs from its chunk
     {"DcpTransform", kUnsup},           // items stored through transforms (zstandard, ...)
     {"DcpTooLarge", kCorrupt},          // counts or sizes beyond ckpt's bounds
-    // Megatron-Core torch_dist checkpoints (issue 13: converters/megatron_dist_*).
+    // Megatron-Core torch_dist checkpoints (converters/megatron/dist/, docs/MEGATRON_DIST.md).
     {"NotMegatronDist", kCorrupt},  // a torch_dist dir without the stacked GPT tensors it must hold
-    // Calibration and emulation of device types (issue 16: trainer/plan/calibrate.h, trainer/emulate.h).
+    // Calibration and emulation of device types (trainer/plan/calibrate.h, trainer/emulate.h).
     {"CalibrationFailed", ErrorKind::kIo},  // the MPI measurement (mpirun -np 2) did not run or report
     {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed
-    // Megatron-LM legacy per-rank torch files (issue 13: converters/megatron/megatron_torch_source).
+    // Megatron-LM legacy per-rank torch files (converters/megatron/megatron_torch_source).
     {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
     // formats/torch (unpickler, torch zip).
     {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
@@ -184,10 +184,10 @@ constexpr ErrorCodeEntry kTable[] = {
     {"TorchStorageSize", kCorrupt},         // data/<key> size != numel * element size, or conflicting ids
     {"TorchTensorOutOfStorage", kCorrupt},  // size / stride / offset reach past the storage
     {"TorchReadRange", kArg},               // a read outside a storage or a tensor
-    // The planner (issue 16, trainer/plan/).
+    // The planner (trainer/plan/, docs/PLAN.md).
     {"BadPlan", kArg},        // plan inputs that do not go together (layers, batch, placement)
     {"PlanInfeasible", kArg}, // no layout of the search space fits: what does not fit, by how much
-    // Vendor / framework profiles (issue 14, prof14a: converters/profile/profile*.h).
+    // Vendor / framework profiles (converters/profile/profile*.h, docs/PROFILES.md).
     {"ProfileUnknownField", kCorrupt},      // a profile key (top level, dtypes, vocab_padding, names, config_keys) ckpt does not know
     {"ProfileBadValue", kCorrupt},          // a missing field, a wrong JSON type, an unknown packing/orientation/dtype, a bad name pattern
     {"ProfileContradiction", kCorrupt},     // fields that cannot hold together (a "qkv" name with separate q/k/v packing, ...)
@@ -196,16 +196,16 @@ constexpr ErrorCodeEntry kTable[] = {
     {"ProfileUnknown", kArg},               // --profile names no built-in profile
     {"ProfileUnsupported", kUnsup},         // a model the convention cannot express (LiBai heads with GQA, per-TP packing with tp not dividing)
     {"ProfileNotSplittable", kArg},         // a packed tensor whose TP rank's part is not one box at this tp
-    // Profile conversions, engine side (issue 14: converters/profile/profile_view.h, exactness.h).
+    // Profile conversions, engine side (converters/profile/profile_view.h, exactness.h).
     {"ProfileTensorMismatch", kCorrupt},  // a stored tensor that is not its profile's (name or shape)
     {"BadExactnessReport", kCorrupt},     // an exactness report (manifest, a process's) that does not parse
-    // Megatron-LM optimizer state (issue 13, converters/megatron/megatron_torch_optim.h).
+    // Megatron-LM optimizer state (converters/megatron/megatron_torch_optim.h, docs/MEGATRON_OPTIM.md).
     {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
     {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
     {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
     {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
     {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
-    // The planner's calibrated cost terms (issue 16 plan16: trainer/plan/cost_model.h CostCalibration).
+    // The planner's calibrated cost terms (trainer/plan/cost_model.h CostCalibration).
     {"BadCalibration", kArg},  // a --calibration file's cost_terms: unknown key, wrong type, value out of range
 };
 

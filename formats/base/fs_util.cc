@@ -315,7 +315,7 @@ namespace {
 
 // The lock on `target`'s parent directory, held while a NAME.partial is checked, removed or made
 // (waiting a little for another creator is fine). An empty DirLock where the parent cannot be
-// opened (no read permission): the caller goes on unlocked, as before locks.
+// opened (no read permission): the caller goes on unlocked.
 Result<DirLock> lock_parent(const std::string& target, const std::string& what) {
   constexpr double kParentWaitS = 10;
   if (!is_directory(parent_dir(target))) return DirLock();

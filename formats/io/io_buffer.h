@@ -6,7 +6,7 @@
 // threads' malloc arenas, which keep freed memory. With buffers of varying sizes freed and taken
 // on many threads (direct-read windows, per-thread staging buffers of pools that come and go),
 // `ckpt reshard --io direct --max-memory 64M` of a 3.08 GB checkpoint peaked at 165-310 MiB; with
-// mapped buffers, at the budget (issue 15; tests/python/test_memory.py checks every --io mode).
+// mapped buffers, at the budget (tests/python/test_memory.py checks every --io mode).
 // Thread safety: an IoBuffer is one object; distinct objects on any threads.
 #pragma once
 

@@ -63,8 +63,8 @@ Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& p
 
 }  // namespace
 
-// Buffered writes + fsync vs O_DIRECT writes + fsync of new files, dd on this machine (issue 15,
-// docs/BENCHMARKS.md): at 4 MiB buffered is as fast or faster, from 16 MiB on direct is faster
+// Buffered writes + fsync vs O_DIRECT writes + fsync of new files, dd on the development machine
+// (docs/BENCHMARKS.md "--io auto threshold"): at 4 MiB buffered is as fast or faster, from 16 MiB on direct is faster
 // and the gap grows with the size (a fsync of many dirty pages).
 const uint64_t kAutoDirectMinBytes = 16ull << 20;
 
@@ -104,7 +104,7 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
   // Sources of copy_runs are read direct with --io direct, or where a SourceBlocks is given
   // (set_read_ahead: --io auto from a cold source too); direct windows alone (4 MiB, one read
   // ahead) measured 1.6-2.3x slower than mapped reads with the kernel's read-ahead on this VM
-  // (docs/BENCHMARKS.md, issue 15), so auto without a SourceBlocks reads through the page cache.
+  // (docs/BENCHMARKS.md "--io modes"), so auto without a SourceBlocks reads through the page cache.
   f.st_->read_io = mode == IoMode::kDirect ? IoMode::kDirect : IoMode::kBuffered;
   if (resolve_io_mode(mode, file_bytes) == IoMode::kDirect) {
     // The same file again, around the page cache; refused (EINVAL on tmpfs of old kernels,

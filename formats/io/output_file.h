@@ -14,7 +14,7 @@
 //
 // IoMode kAuto picks direct for files of at least kAutoDirectMinBytes: below that, the page cache
 // absorbs the whole file and the final fsync is short, so buffered is as fast or faster (measured:
-// docs/BENCHMARKS.md, issue 15).
+// docs/BENCHMARKS.md "--io auto threshold").
 //
 // copy_runs gathers file ranges (FileExtent, e.g. the rows of tp column blocks) back to back into
 // the file: sources are read a window at a time (SourceWindow, formats/io/source_window.h: O_DIRECT

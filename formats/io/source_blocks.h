@@ -6,7 +6,7 @@
 // page-cache pages: those are what is slow in an idle VM, LIMITS.md). Asking for a block starts
 // the reads of the next `depth` blocks of the same file on reader threads, so each file has
 // `depth` blocks of reads in flight while its bytes are copied: the disk rewards that (dd
-// iflag=direct of 8 files: 8 x 4 MiB in flight 3.0-4.2 s, 8 x 64 MiB 2.3-2.5 s, issue 15). A
+// iflag=direct of 8 files: 8 x 4 MiB in flight 3.0-4.2 s, 8 x 64 MiB 2.3-2.5 s; docs/BENCHMARKS.md). A
 // block whose bytes have all been taken is freed at once; blocks nobody asks for again go first
 // when room is needed. All blocks together stay within the capacity given at construction.
 // A block is the same bytes whoever asks: copies of distinct threads share the blocks of a file.

@@ -8,7 +8,7 @@
 //   and reads: the shuffle filter (H5Z_FILTER_SHUFFLE: byte j of element i moves to j*n + i) when
 //   the codec has it, then one zstd frame with content size and checksum (filter 32015, as
 //   formats/store/h5/zstd_filter.cc and hdf5plugin decode it). Chunks go in and out of the file with
-//   H5Dwrite_chunk / H5Dread_chunk, so h5py + hdf5plugin read the datasets as before.
+//   H5Dwrite_chunk / H5Dread_chunk, and h5py + hdf5plugin read the datasets like any HDF5 file's.
 // Pure functions and values; thread safe (one zstd context per thread).
 #pragma once
 

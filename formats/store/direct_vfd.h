@@ -7,7 +7,7 @@
 // Why: a compressed shard is written by HDF5, so the store's own direct writes of raw pieces never
 // saw its bytes; through the page cache the calling thread copied every stored byte into it and
 // the kernel wrote it back later (measured: the copy alone ~0.9 CPU s per 1.5 GB stored, on the
-// thread that also feeds the compressing pool; docs/BENCHMARKS.md, issue 15).
+// thread that also feeds the compressing pool; docs/BENCHMARKS.md "Compressed store").
 // The driver decides only how bytes reach the disk: the file's bytes are those sec2 writes (no
 // driver info in the superblock), h5py and every other reader open it with the default driver.
 // Thread safety: HDF5 calls it under h5_lock() (formats/store/h5/h5_handles.h), as every HDF5 call.

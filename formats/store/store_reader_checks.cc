@@ -19,7 +19,7 @@ namespace {
 // Pieces not hashed straight from their file range (compressed, or read through HDF5) are read
 // this many bytes at a time per verifying thread: one 4 MiB compressed chunk, decoded straight
 // into the buffer (16 MiB buffers made `ckpt verify` of a compressed store peak at 106 MiB, and
-// so reshard's background source check, which counts in --max-memory: issue 15).
+// so reshard's background source check, which counts in --max-memory).
 constexpr uint64_t kVerifyChunkBytes = 4ull << 20;
 
 

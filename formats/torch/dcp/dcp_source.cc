@@ -191,7 +191,7 @@ Status DcpSource::load_model_config() {
   return Status::Ok();
 }
 
-// A directory that is not a complete checkpoint of its kind is refused by name (issue 32):
+// A directory that is not a complete checkpoint of its kind is refused by name (docs/INTEGRITY.md):
 // torch.distributed.checkpoint writes .metadata last (after every rank's data), Megatron-Core
 // writes metadata.json last (after the DCP); without them the data is half a checkpoint, and a
 // torch_dist read as a plain DCP would export Megatron-named tensors as if they were a model.

@@ -78,8 +78,8 @@ constexpr PickleGlobalEntry kAllowedGlobals[] = {
     {"torch.distributed.checkpoint.metadata", "StorageMeta", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo", GlobalKind::kRecordClass},
-    // Megatron-Core's torch_dist .metadata also holds its cached global save plans (issue 13,
-    // converters/megatron/dist/megatron_dist_source): dataclasses and an Enum of plain values, kept inert.
+    // Megatron-Core's torch_dist .metadata also holds its cached global save plans
+    // (converters/megatron/dist/megatron_dist_source): dataclasses and an Enum of plain values, kept inert.
     {"torch.distributed.checkpoint.planner", "SavePlan", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.planner", "WriteItem", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.planner", "WriteItemType", GlobalKind::kRecordClass},
