@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """What the source checks cost: two ckpt binaries (a base, e.g. a build of the commit before the
 checks, and the new one) timed side by side, interleaved round by round, on the same 3.08 GB
-bf16 LLaMA (io15_bench's model: 20 layers, hidden 2560, FFN 6912, GQA 20/4, vocab 32000).
+bf16 LLaMA (io_modes_bench's model: 20 layers, hidden 2560, FFN 6912, GQA 20/4, vocab 32000).
 
 Each binary works on a store it wrote itself (the base may not read the new manifest version;
 the shard bytes are the same): `from-hf` then `reshard` to tp=4 pp=2, untimed. Timed, per round
-and binary, in the state --state says (io15_bench's State: hot = memory touched and freed, the
+and binary, in the state --state says (io_modes_bench's State: hot = memory touched and freed, the
 sources read once; idle = caches dropped and a sleep):
   verify       `ckpt verify SRC`
   reshard      `ckpt reshard SRC OUT --tp 2 --pp 3` (source check on: the default)
@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from hf_bench import timed  # noqa: E402
-from io15_bench import State, make_llama, uptime  # noqa: E402
+from io_modes_bench import State, make_llama, uptime  # noqa: E402
 
 
 def main():

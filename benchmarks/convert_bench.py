@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profile conversion benchmark (issue 14; a command, not a timed test).
+"""Profile conversion benchmark (a command, not a timed test; docs/BENCHMARKS.md "Profile conversion").
 
   * a synthetic GQA LLaMA (20 layers, hidden 2048, 16 heads / 4 KV heads, ffn 5632, vocab 32000,
     bf16: about 2.1 GB) written as sharded HF safetensors (untimed), imported with
@@ -114,7 +114,7 @@ def run_sampled(cmd):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
-    ap.add_argument("--dir", default="/work/bench-data/prof14b")
+    ap.add_argument("--dir", default="/work/bench-data/convert_bench")
     ap.add_argument("--layers", type=int, default=20)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--max-memory", default="512M")

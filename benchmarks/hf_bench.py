@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-# torch is imported where a model is generated, not here: io15_bench imports timed() from this
+# torch is imported where a model is generated, not here: io_modes_bench imports timed() from this
 # module, and a harness holding torch measured its idle-state children slower (docs/BENCHMARKS.md).
 
 

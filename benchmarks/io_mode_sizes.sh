@@ -1,5 +1,5 @@
 #!/bin/bash
-# issue 15: the --io auto threshold (docs/BENCHMARKS.md). Run in a scratch directory on the disk to measure.
+# The --io auto threshold (docs/BENCHMARKS.md "--io auto threshold"). Run in a scratch directory on the disk to measure.
 # buffered (+fsync) vs O_DIRECT (+fsync) writes of new files of several sizes, 3 runs each, bs=4M (1M for small)
 uptime
 for mb in 1 4 16 64 256 1024; do

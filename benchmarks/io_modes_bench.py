@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15 measurements, every figure in both memory states, each command against baselines
+"""Streaming at the disk's speed (--io modes, compressed store), every figure in both memory states, each command against baselines
 timed in the same run.
 
 Memory states (--states, applied before EVERY timed command):
@@ -14,7 +14,7 @@ Memory states (--states, applied before EVERY timed command):
         3.08 GB source 3.5-4.8 s after a command that had cached it, 8-12 s otherwise).
 
 Parts (--parts, comma list):
-  accept  the issue's acceptance set on a LLaMA-shaped bf16 model (default 20 layers, hidden
+  accept  the reference set of commands on a LLaMA-shaped bf16 model (default 20 layers, hidden
           2560, FFN 6912, GQA 20/4, vocab 32000: 3.08 GB; --layers scales it):
             reshard  `ckpt reshard` tp=4 pp=2 -> tp=2 pp=3 (even-ish stages) dp=1, weights only,
                      source check ON (the default), for each --io in --io-modes;
@@ -37,7 +37,7 @@ Parts (--parts, comma list):
   io      to-hf from tp=2 and from-hf with --io buffered / direct / auto, vs cp -r + sync.
   zstd    compressed store (shuffle+zstd-1) write and read with --threads 1 and 2.
 This process imports neither torch nor numpy while it times (hot: numpy, to touch memory): a
-parent holding torch timed its idle-state children slower (docs/BENCHMARKS.md, session 18).
+parent holding torch timed its idle-state children slower (docs/BENCHMARKS.md).
 ckpt fsyncs its outputs (the default). Wall seconds include the final sync; peak RSS and CPU
 seconds are the command's (/usr/bin/time). Prints one JSON object per command, then per state a
 table of medians and ratios (baseline s / command s: > 1 is faster than the baseline; python /
@@ -217,7 +217,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", default="build/ckpt")
     ap.add_argument("--python", default=str(pathlib.Path(__file__).resolve().parents[1] / ".venv/bin/python"))
-    ap.add_argument("--dir", default="/tmp/io15_bench")
+    ap.add_argument("--dir", default="/tmp/io_modes_bench")
     ap.add_argument("--parts", default="accept", help="comma list: accept, io, zstd")
     ap.add_argument("--states", default="hot,idle")
     ap.add_argument("--io-modes", default="auto", help="--io of the accept part's reshard (comma list)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of importing a >= 2 GB Megatron checkpoint (issue 13): ckpt against the Python stack,
+"""Benchmark of importing a >= 2 GB Megatron checkpoint (docs/BENCHMARKS.md "Megatron import"): ckpt against the Python stack,
 in the same run, for both Megatron formats:
 
   * legacy `torch` (iter_NNNNNNN/mp_rank_TT_PPP/model_optim_rng.pt, one torch.save zip per rank);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measured against predicted (issue 16): the planner's cost model (`ckpt plan`) against
+"""Measured against predicted (docs/PLAN.md): the planner's cost model (`ckpt plan`) against
 `ckpt train --emulate` on this machine.
 
     python benchmarks/plan_validate.py [--ckpt build/ckpt] [--out docs/plan_validation.json]
@@ -232,7 +232,7 @@ def planner_choice(a, d):
     r = run([a.ckpt, "plan", "--cluster", d / "cluster.json", "--model", d / "model.json", "--global-batch",
              GLOBAL_BATCH, "--seq-len", SEQ, "--json", "-o", d / "planned.json", *cal_args(a, d)], check=False)
     if r is None or not (d / "planned.json").exists():
-        return None, None, None  # no search yet (milestone F1 has --evaluate only)
+        return None, None, None  # a ckpt whose plan has no search (--evaluate only)
     j = json.loads(r.stdout)
     hand = None
     for k in ("hand_layout", "hand_written", "baseline", "hand"):

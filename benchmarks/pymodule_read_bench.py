@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reading every tensor of a LLaMA checkpoint from Python: the ckpt module against h5py and
-safetensors' own loaders, on the same model, in the same run (issue 17).
+safetensors' own loaders, on the same model, in the same run (docs/BENCHMARKS.md "Python module").
 
 The model (random fp32 weights, LLaMA-shaped, about --size-gb) is written once under --dir as a
 HuggingFace directory by the safetensors library (shards of ~512 MB + index) and imported into a

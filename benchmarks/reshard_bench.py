@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resharding benchmark (a command, not a timed test). Issue 4's benchmark:
+"""Resharding benchmark (a command, not a timed test; docs/BENCHMARKS.md "Resharding engine"):
 
   * a >= 4 GB native checkpoint with optimizer state (bf16 weights + fp32 master weights + Adam
     exp_avg/exp_avg_sq) of a synthetic 8-layer LLaMA, layout tp=4 pp=2 dp=2 zero=1, written by

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the parallel trainer (issue 11): `ckpt train` on one process against 2 ranks.
+"""Benchmark of the parallel trainer (docs/BENCHMARKS.md "Parallel trainer"): `ckpt train` on one process against 2 ranks.
 
     python3 benchmarks/train_parallel_bench.py [--ckpt build/ckpt] [--dir /tmp/ckpt_train_bench]
                                                [--steps 6] [--small]

@@ -37,7 +37,7 @@ if ! "$VENV/bin/python" -c 'import torch, numpy, h5py, hdf5plugin, safetensors, 
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
 fi
 
-# The Python module (`import ckpt`, issue 17) as built by `ninja -C build ckpt_python`: a .pth file
+# The Python module (`import ckpt`, docs/PYTHON.md) as built by `ninja -C build ckpt_python`: a .pth file
 # puts this checkout's build/python on the venv's sys.path (harmless before the build; PYTHONPATH,
 # which the tests set to their own build dir, comes first). `pip install .` builds a wheel instead.
 site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

@@ -42,7 +42,7 @@ Status with_mapped_range(int fd, uint64_t off, uint64_t n, const std::string& wh
                          const std::function<void(const uint8_t*)>& fn);
 
 // memcpy from a mapping of a file that may shrink under it: false (instead of SIGBUS killing the
-// process) when a source page no longer exists. For gathers of mapped ranges (file_io_direct.h).
+// process) when a source page no longer exists. For gathers of mapped ranges (formats/io/output_file.h).
 bool copy_from_mapping(void* dst, const void* mapped_src, size_t n);
 
 }  // namespace ckpt

@@ -47,7 +47,7 @@ inline constexpr uint64_t kDirectAlignBytes = 4096;
 inline constexpr uint64_t kCopyThreadBytes = uint64_t{20} << 20;
 // ... and when its sources are read through a SourceBlocks (set_read_ahead): its staging buffer.
 inline constexpr uint64_t kCopyThreadReadAheadBytes = uint64_t{4} << 20;
-extern const uint64_t kAutoDirectMinBytes;  // file_io_direct.cc: the measured threshold
+extern const uint64_t kAutoDirectMinBytes;  // output_file.cc: the measured threshold
 
 // "auto", "buffered", "direct"; errors (kInvalidArgument) name `flag` and the accepted values.
 Result<IoMode> parse_io_mode(const std::string& spec, const std::string& flag);

@@ -252,7 +252,7 @@ TEST_F(ReshardHetero, RandomGeneralLayoutsRoundTripByteIdentical) {
     if (::testing::Test::HasFatalFailure()) return;
     fs::remove_all(dir);
   }
-  // The generator reached the corners the issue names.
+  // The generator reached the corners named in the header comment.
   const int k = cases / 10;
   EXPECT_GE(general, cases) << "general layouts drawn too rarely";
   EXPECT_GE(zero1, k / 2 + 1);

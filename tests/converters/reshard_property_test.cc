@@ -172,7 +172,7 @@ TEST_F(ReshardProperty, RandomLayoutPairsRoundTripByteIdentical) {
     EXPECT_FALSE(fs::exists(a + ".partial") || fs::exists(b + ".partial") || fs::exists(a2 + ".partial")) << what;
     fs::remove_all(dir);
   }
-  // The generator reached every corner the acceptance list names.
+  // The generator reached every corner the header comment names.
   const int k = cases / 10;
   for (int tp : {1, 2, 3, 4, 8}) EXPECT_GE(tp_seen[tp], k / 4) << "tp=" << tp << " drawn too rarely";
   EXPECT_GE(zero_seen[0], k);

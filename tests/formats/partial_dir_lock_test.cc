@@ -1,4 +1,4 @@
-// PartialDir's lock against a second writer (issue 32): a child process (fork) creates NAME.partial
+// PartialDir's lock against a second writer (docs/INTEGRITY.md): a child process (fork) creates NAME.partial
 // and holds it; this process's create() is refused at once with DestinationBusy naming NAME and
 // the child's pid, and the child's directory is untouched; once the child is killed (SIGKILL: no
 // cleanup, the kernel drops the flock) the leftover is stale and create() replaces it. Also: the

@@ -1,4 +1,4 @@
-"""The corruption matrix of issue 32 (test_corruption_matrix.py): every source kind ckpt reads x one
+"""The corruption matrix (test_corruption_matrix.py, docs/INTEGRITY.md): every source kind ckpt reads x one
 mutation (one data byte, one metadata byte, one manifest/config field) x every command that reads it.
 
 A cell's outcome (classify):

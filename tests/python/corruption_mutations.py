@@ -30,7 +30,7 @@ def set_byte(path, offset, value):
 
 
 def lowered(v: int) -> int:
-    """A smaller value for one byte of a size field (2048 -> 1280 on byte 1, as issue 32's case 2)."""
+    """A smaller value for one byte of a size field (2048 -> 1280 on byte 1: a shorter size that still parses)."""
     return v * 5 // 8
 
 

@@ -1,4 +1,4 @@
-"""Independent numpy reference for the PaddleNLP and LiBai LLaMA conventions (issue 14).
+"""Independent numpy reference for the PaddleNLP and LiBai LLaMA conventions (docs/PROFILES.md).
 
 Written from the frameworks' own conversion code, NOT from ckpt's profiles, so that tests can
 compare `ckpt convert --profile paddlenlp|paddlenlp-fused|libai` against it:

@@ -1,4 +1,4 @@
-"""Issue 32's corruption matrix (corruption_matrix.py): every source kind ckpt reads x one mutation
+"""The corruption matrix (corruption_matrix.py, docs/INTEGRITY.md): every source kind ckpt reads x one mutation
 (a data byte, a metadata byte, a manifest/config field) x every command that reads it (verify, inspect,
 diff, reshard, convert, to-hf, export-megatron, export-dcp, train --resume, the Python module's read and
 verify). Each cell must end in a named error with nothing committed, or in the format's documented

@@ -1,4 +1,4 @@
-"""Hostile numbers in metadata are refused before they size memory or work (issue 32, case 5).
+"""Hostile numbers in metadata are refused before they size memory or work (docs/INTEGRITY.md).
 
  * A manifest whose model_config says num_hidden_layers = 1e9 (or another config number beyond
    converters/model/llama_config.h's bounds, or products past them): `reshard` and `verify`

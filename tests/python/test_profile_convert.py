@@ -1,4 +1,4 @@
-"""`ckpt convert` between the shipped profiles (issue 14), against independent references:
+"""`ckpt convert` between the shipped profiles (docs/PROFILES.md), against independent references:
 - every ordered pair of shipped profiles on a tiny GQA SwiGLU model made with transformers, each
   conversion combined with a layout change (tp=2 pp=2 -> tp=1 pp=3 uneven 2,1,1): A -> B -> A is
   bit-identical (h5py reads of both stores) where B's dtypes hold A's values; otherwise the

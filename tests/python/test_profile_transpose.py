@@ -1,4 +1,4 @@
-"""The transposed (`in-out`) weights of a profile conversion against numpy's transpose (issue 14):
+"""The transposed (`in-out`) weights of a profile conversion against numpy's transpose:
 odd shapes (hidden 72, ffn 200, vocab 5003, GQA 4 heads of 18 / 2 KV heads), a --max-memory so
 small that the executor's chunks (about 455 KiB) cut lm_head within its stored rows and the
 transpose tiles divide nothing, bf16 / fp16 / fp32 (PaddleNLP's profile with its dtypes set to

@@ -1,4 +1,4 @@
-"""Issue 32, native store: HDF5 metadata that disagrees with the manifest is a named corruption, and
+"""Integrity of the native store (docs/INTEGRITY.md): HDF5 metadata that disagrees with the manifest is a named corruption, and
 the manifest itself is checksummed (format v3), so a piece's meaning is bound, not only its bytes.
 
  * A contiguous dataset whose layout message says fewer bytes than the manifest (layer-0 o_proj,

@@ -1,4 +1,4 @@
-"""Integrity of the torch-based kinds (issue 32): zip CRC-32 checked, Python's dict semantics,
+"""Integrity of the torch-based kinds (docs/INTEGRITY.md): zip CRC-32 checked, Python's dict semantics,
 incomplete directories refused by name.
 
 - A data byte flipped inside a storage entry of a real Megatron-LM `model_optim_rng.pt`

@@ -1,4 +1,4 @@
-"""`ckpt train --emulate --cluster FILE` (issue 16): a heterogeneous cluster emulated on one machine.
+"""`ckpt train --emulate --cluster FILE` (trainer/emulate.h): a heterogeneous cluster emulated on one machine.
 
 - Stretch: two data-parallel ranks doing the same work (equal micro-batches), rank 1 of a device
   type with half the peak FLOP/s: the per-rank compute seconds the trainer reports

@@ -1,4 +1,4 @@
-"""`ckpt train` with profiles (issue 14): a cluster file's device type names its stack's profile;
+"""`ckpt train` with profiles (docs/TRAINER.md "Profiles"): a cluster file's device type names its stack's profile;
 `train --resume` from a checkpoint in another profile converts on the way in (through the
 canonical view, in the same pass as the layout change), and the run saves in the cluster's profile
 with the trainer's F32 dtypes (docs/TRAINER.md "Profiles").
@@ -194,7 +194,7 @@ def test_saving_profile_on_an_asymmetric_layout_is_refused(runs):
 
 
 def test_overflow_stops_at_the_first_overflowing_chunk(tmp_path):
-    """Without --saturate a conversion stops at the first read that overflows (issue 14): one
+    """Without --saturate a conversion stops at the first read that overflows: one
     tensor and its count are named, nothing is written; --saturate converts and reports both."""
     from safetensors.numpy import save_file
     cfg = dict(CONFIG, num_hidden_layers=2)

@@ -1,5 +1,5 @@
 """`ckpt train --cluster FILE`: the memory check before training and the estimate against the
-measured peak RSS (issue 12 acceptance, memory).
+measured peak RSS.
 
 - Refused before training: a cluster file whose smaller device cannot hold its stage stops the run
   (exit 2, RankOutOfMemory) naming the rank, its place, its device type, the estimate and the

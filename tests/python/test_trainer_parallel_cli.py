@@ -1,4 +1,4 @@
-"""`ckpt train` under mpirun, from the command line (issue 11 acceptance, CLI side).
+"""`ckpt train` under mpirun, from the command line.
 
 - Resume on another layout: the reconfiguration matrix (symmetric and general layouts, 20 steps,
   checkpoint at 10, a new launch on another layout) is test_trainer_reconfig.py; its helpers and

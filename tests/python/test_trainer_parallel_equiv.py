@@ -1,4 +1,4 @@
-"""Layout equivalence of the parallel trainer step (issue 11, first acceptance item), under
+"""Layout equivalence of the parallel trainer step (docs/TRAINER.md), under
 mpirun: tests/tools/parallel_check runs 10 optimizer steps of parallel_step (1F1B pipeline, TP,
 heterogeneous DP, ZeRO-1, tied embeddings) on each rank, and on every rank the one-process trainer
 (optimizer_step on the whole model, the independent oracle; the model is tiny). Per case: the
@@ -10,8 +10,8 @@ equal to the planner's rank_view. Weights after 10 steps are compared in float64
 Adam amplifies rounding differences of near-zero gradients (m / sqrt(v) ~ sign(g)), so only the
 float64 twin can show that the updates are the same.
 
-Issue 12: the same check for general layouts (pipelines of stages, each with its own tp and device
-type; reshard/layout/layout.h), the seeds' worked examples on a 6-layer model, given as layout files:
+General layouts get the same check (pipelines of stages, each with its own tp and device
+type; reshard/layout/layout.h): worked examples on a 6-layer model, given as layout files:
 stages of [1, 2, 3] layers on three device types, three data-parallel replicas with micro-batches
 [3, 2, 1], FlagScale-style meshes (tp 2 then tp 1, ZeRO-1), FlashFlex-style pipelines (different
 stage splits and per-stage tp), and a tied embedding whose first and last stage have different tp.
@@ -77,7 +77,7 @@ CASES = [
     ("tied_pp2", 2, {"tied": True}, ["--pp", 2]),
     ("tied_tp2_pp2_dp2_zero1", 8, {"tied": True}, ["--tp", 2, "--pp", 2, "--dp", 2, "--zero", 1]),
 ]
-# The worked examples of issue 12 (6 layers): name, ranks, config kwargs, general layout.
+# The worked examples of general layouts (6 layers): name, ranks, config kwargs, general layout.
 GENERAL = [
     ("hetero_pp_1_2_3", 4, {"layers": 6}, _general([(2, [(1, 1, "A"), (2, 2, "B"), (3, 1, "C")])])),
     ("hetero_dp_mb_3_2_1", 3, {"layers": 6}, _general([(3, [(6, 1, "A")]), (2, [(6, 1, "B")]), (1, [(6, 1, "C")])])),

@@ -1,4 +1,4 @@
-"""The reconfiguration matrix (issue 12 acceptance): training goes on with the same losses when
+"""The reconfiguration matrix: training goes on with the same losses when
 the cluster changes under it.
 
 Each transition A -> B: 20 steps uninterrupted on layout A with a checkpoint at step 10 (shared by
@@ -147,8 +147,8 @@ def test_resume_on_another_layout(runs, a, b, what):
     print(f"{a} -> {b} ({what}): worst relative loss difference {worst:.3g}, max |w_a - w_b| {max_abs:.3g}")
 
 
-def test_matrix_covers_the_acceptance_transitions():
-    """The issue's list, checked on the layouts themselves (not on the names)."""
+def test_matrix_covers_every_kind_of_transition():
+    """The kinds of cluster change (`checks` below), found on the layouts themselves (not on the names)."""
     def devices(n):
         s = LAYOUTS[n]
         return set(s.rank_devices()) - {""} if isinstance(s, Gen) else set()

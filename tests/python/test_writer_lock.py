@@ -1,4 +1,4 @@
-"""A writer holds a lock on its output (issue 32, case 6): formats/base/fs_util.h PartialDir / DirLock.
+"""A writer holds a lock on its output (docs/INTEGRITY.md): formats/base/fs_util.h PartialDir / DirLock.
 
  * `ckpt reshard SRC out` started while another is writing `out` (held before its commit by the
    test hook CKPT_TEST_HOLD_BEFORE_COMMIT_S): the second exits at once with DestinationBusy naming
