@@ -35,7 +35,7 @@ TEST(LayoutGeneral, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back->pipelines, l.pipelines);
   EXPECT_EQ(back->to_json(), j);
   EXPECT_EQ(l.to_string(), "2 pipelines: mb=3 [1 tp2 A | 2 tp1 B | 3 tp1 C], mb=1 [4 tp1 B | 2 tp2 A] zero=0");
-  // The symmetric form round-trips as before (format v1 keys).
+  // The symmetric form round-trips in its own keys (format v1: tp, pp, dp, ...).
   auto sym = Layout::make(2, 3, 2, 1, 7, {2, 3, 2});
   ASSERT_TRUE(sym.ok());
   auto sb = Layout::from_json(sym->to_json());

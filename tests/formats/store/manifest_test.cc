@@ -402,7 +402,7 @@ TEST(ManifestChecksum, NotAllowedBeforeVersion3) {
   j = good_v1();
   j["manifest_digest"] = "xxh3-128:" + std::string(32, 'a');
   EXPECT_EQ(check(j).code(), "BadField");
-  // without it, versions 1 and 2 read as before: nothing to check
+  // without it, versions 1 and 2 read: they carry no manifest checksum to check
   auto m = parse_manifest(good().dump());
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->version, 2);
