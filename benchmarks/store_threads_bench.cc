@@ -310,7 +310,10 @@ int main(int argc, char** argv) {
       io = *m;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode] [--io auto|direct|buffered] [--cold-reads]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--dir DIR] [--gib 2] [--threads 1,2] [--reps 3] [--level 1] [--no-fsync] [--phases write,read,encode,decode] "
+                   "[--io auto|direct|buffered] [--cold-reads]\n",
+                   argv[0]);
       return 2;
     }
   }

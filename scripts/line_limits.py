@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""line_limits.py [--max-function N] [--max-file N] [--functions-in DIR ...] [ROOT]
+"""line_limits.py [--max-function N] [--max-file N] [--max-width N] [--functions-in DIR ...] [ROOT]
 
 Checks the project's size limits and prints every offender:
   - functions longer than --max-function lines (default 90) in the .cc and .h files of the
     production folders (formats/ reshard/ converters/ trainer/ cli/; --functions-in changes them),
     one line each: `file:line name length`;
   - source files longer than --max-file lines (default 450) anywhere in the tree (.cc, .h, .py;
-    build*/ and hidden folders skipped): `file lines`.
+    build*/ and hidden folders skipped): `file lines`;
+  - lines wider than --max-width columns (default 150, the ColumnLimit of .clang-format) in the
+    .cc, .h and .py files of formats/ reshard/ converters/ trainer/ cli/ python/ tests/
+    benchmarks/ scripts/: `file:line width`. Width counts characters (UTF-8 decoded), a tab as one.
 Exit status 1 when there is any offender, 0 otherwise.
 
 A function's length counts from the line where its signature starts to the line of its closing
@@ -22,6 +25,7 @@ import re
 import sys
 
 PRODUCTION = ["formats", "reshard", "converters", "trainer", "cli"]
+WIDTH_CHECKED = PRODUCTION + ["python", "tests", "benchmarks", "scripts"]
 SOURCE_EXT = (".cc", ".h", ".py")
 
 
@@ -149,6 +153,7 @@ def main():
     ap.add_argument("root", nargs="?", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     ap.add_argument("--max-function", type=int, default=90)
     ap.add_argument("--max-file", type=int, default=450)
+    ap.add_argument("--max-width", type=int, default=150)
     ap.add_argument("--functions-in", nargs="*", default=PRODUCTION)
     args = ap.parse_args()
     root = os.path.normpath(args.root)
@@ -166,6 +171,13 @@ def main():
         if lines > args.max_file:
             print(f"{os.path.relpath(path, root)} {lines} lines")
             bad += 1
+    for path in walk(root, WIDTH_CHECKED, SOURCE_EXT):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                width = len(line.rstrip("\r\n"))
+                if width > args.max_width:
+                    print(f"{os.path.relpath(path, root)}:{number} {width}")
+                    bad += 1
     return 1 if bad else 0
 
 

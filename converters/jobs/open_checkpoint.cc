@@ -78,7 +78,8 @@ constexpr CheckpointKind kCheckpointKinds[] = {
     // Megatron-Core torch_dist and Megatron-LM legacy per-rank torch files, above "dcp" (a
     // torch_dist directory is also a DCP directory); torch_dist first: both kinds of run dir hold
     // latest_checkpointed_iteration.txt, and only torch_dist's detect looks into the iteration.
-    {"megatron-torch-dist", "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
+    {"megatron-torch-dist",
+     "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
      is_megatron_dist_dir, open_megatron_dist},
     {"megatron-torch",
      "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",

@@ -319,8 +319,9 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
     for (fs::directory_iterator it(dir, ec), end; !dcp && !ec && it != end; it.increment(ec)) dcp = it->path().extension() == ".distcp";
     if (dcp)
       return Status::Error("IncompleteCheckpoint", "'" + dir + "' holds Megatron-Core torch_dist data (.metadata / .distcp / common.pt) but " +
-                                                       (fs::is_regular_file(dir + "/.metadata", ec) ? "no metadata.json, which Megatron-Core writes last"
-                                                                                                    : "neither .metadata nor metadata.json") +
+                                                       (fs::is_regular_file(dir + "/.metadata", ec)
+                                                            ? "no metadata.json, which Megatron-Core writes last"
+                                                            : "neither .metadata nor metadata.json") +
                                                        ": the save did not complete")
           .with_file(dir + "/metadata.json");
   }

@@ -244,7 +244,9 @@ std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
   t.push_back({"model.embed_tokens.weight", dt, {c.vocab_size, h}});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     for (const auto& name : llama_layer_param_names(c, i)) {
-      auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+      auto ends = [&](const char* s) {
+        return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
+      };
       Shape s;
       if (ends("layernorm.weight")) s = {h};
       else if (ends("q_proj.weight")) s = {q, h};

@@ -35,7 +35,8 @@ class HfDirSource final : public TensorSource {
   // safetensors has no checksums: check() reads every byte (structure only).
   IntegrityInfo integrity() const override {
     const bool file = path_.size() > 12 && path_.compare(path_.size() - 12, 12, ".safetensors") == 0;
-    return {file ? "safetensors" : "huggingface safetensors directory", "", "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
+    return {file ? "safetensors" : "huggingface safetensors directory", "",
+            "safetensors has no checksums: structure validated and every byte read, content integrity not checkable", {}};
   }
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   // The file's name (no directory), its bytes stored raw (no codec).

@@ -140,7 +140,8 @@ class HeaderSax {
     if (state_ == State::kShape) { state_ = State::kTensor; return true; }
     if (state_ == State::kOffsets) {
       if (noffsets_ != 2)
-        return fail(err("InvalidHeaderDeserialization", "tensor '" + cur_.name + "': data_offsets has " + std::to_string(noffsets_) + " entries, expected 2"));
+        return fail(err("InvalidHeaderDeserialization",
+                        "tensor '" + cur_.name + "': data_offsets has " + std::to_string(noffsets_) + " entries, expected 2"));
       state_ = State::kTensor;
       return true;
     }
@@ -172,8 +173,9 @@ class HeaderSax {
       case State::kMeta:
         return fail(err("InvalidHeaderDeserialization", "__metadata__ value of '" + pending_key_ + "' is " + what + ", expected a string"));
       case State::kTensor:
-        return fail(err("InvalidHeaderDeserialization", "tensor '" + cur_.name + "': field '" + pending_key_ + "' is " + what +
-                                                            (pending_key_ == "dtype" ? ", expected a string" : ", expected an array of unsigned integers")));
+        return fail(err("InvalidHeaderDeserialization",
+                        "tensor '" + cur_.name + "': field '" + pending_key_ + "' is " + what +
+                            (pending_key_ == "dtype" ? ", expected a string" : ", expected an array of unsigned integers")));
       case State::kShape:
       case State::kOffsets:
         return fail(err("InvalidHeaderDeserialization", "tensor '" + cur_.name + "': " +

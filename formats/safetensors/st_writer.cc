@@ -28,7 +28,8 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     auto it = by_name.find(p.tensor);
-    if (it == by_name.end()) return Status::InvalidArgument("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'").with_file(path_);
+    if (it == by_name.end())
+      return Status::InvalidArgument("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'").with_file(path_);
     if (p.region.is_flat() || !(p.region.box == Box::whole(it->second->shape)))
       return Status::InvalidArgument("a safetensors file holds whole tensors; piece " + std::to_string(i) + " of '" + p.tensor + "' is " +
                                      p.region.to_string() + ", tensor shape " + shape_to_string(it->second->shape))

@@ -292,7 +292,8 @@ Status tiling_status(const TilingFault& f, const TensorMeta& t, const std::vecto
                                                std::to_string(a.region.box.numel()))
           .with_tensor(t.name);
     case Kind::kOverlap: {
-      if (t.shape.empty()) return Status::Error("PieceOverlap", "scalar tensor '" + t.name + "' is stored by more than one piece").with_tensor(t.name);
+      if (t.shape.empty())
+        return Status::Error("PieceOverlap", "scalar tensor '" + t.name + "' is stored by more than one piece").with_tensor(t.name);
       const Piece& b = pieces[index[f.b]];
       return Status::Error("PieceOverlap", "pieces #" + std::to_string(index[f.a]) + " (" + a.region.to_string() + ") and #" +
                                                std::to_string(index[f.b]) + " (" + b.region.to_string() + ") of tensor '" + t.name + "' overlap")
@@ -361,7 +362,8 @@ Status validate_manifest(const Manifest& m) {
       return Status::Error("BadField", where + ": digest '" + r.digest.to_string().substr(0, 80) + "' is malformed or not allowed in version " +
                                            std::to_string(m.version)).with_tensor(r.piece.tensor);
     if (!datasets.emplace(r.file, r.dataset).second)
-      return Status::Error("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces").with_tensor(r.piece.tensor);
+      return Status::Error("DuplicateDataset", where + ": dataset '" + r.dataset + "' of '" + r.file + "' is used by two pieces")
+          .with_tensor(r.piece.tensor);
     pieces.push_back(r.piece);
   }
   CKPT_RETURN_IF_ERROR(validate_pieces(m.tensors, pieces));

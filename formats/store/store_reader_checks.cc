@@ -231,7 +231,8 @@ VerifyReport StoreReader::verify_pieces(const std::vector<size_t>& which,
       rep.failures.push_back({i, error_context(Status::Error("ChecksumMismatch",
                                                              "tensor '" + rec.piece.tensor + "' piece #" + std::to_string(i) + " region " +
                                                                  rec.piece.region.to_string() + " (file '" + rec.file + "', dataset '" + rec.dataset +
-                                                                 "'): " + digest_algo_name(rec.digest.algo) + " expected " + rec.digest.hex + ", got " + got[k]),
+                                                                 "'): " + digest_algo_name(rec.digest.algo) + " expected " + rec.digest.hex +
+                                                                 ", got " + got[k]),
                                              i),
                               rec.piece.tensor, rec.file, rec.dataset});
   }

@@ -429,7 +429,8 @@ Status StoreWriter::finalize(const std::string& dst, const std::vector<TensorMet
   Status v = validate_manifest(m);
   if (!v.ok()) return Status::InvalidArgument("refusing to commit an invalid store: " + v.code() + ": " + v.message()).with_tensor(v.tensor());
   for (const auto& r : m.pieces)
-    if (!path_exists(partial + "/" + r.file)) return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
+    if (!path_exists(partial + "/" + r.file))
+      return Status::NotFound("shard '" + r.file + "' missing in " + partial).with_file(partial + "/" + r.file);
   CKPT_RETURN_IF_ERROR(dir.check_target());
   CKPT_ASSIGN_OR_RETURN(const std::string text, manifest_text(m));  // reads back through the reader's parser
   if (opts.fsync) CKPT_RETURN_IF_ERROR(fsync_dir(partial + "/shards"));

@@ -72,7 +72,8 @@ Status torchfile_check_storage(TorchFileState& f, const StorageRef& s) {
   }
   if (!bytes || *bytes != it->second.size)
     return torchfile_err(f.path, "TorchStorageSize", "storage '" + s.key + "' (" + std::string(dtype_name(s.dtype)) + "): the pickle says " +
-                                                  std::to_string(s.numel) + " elements, entry '" + name + "' holds " + std::to_string(it->second.size) + " bytes");
+                                                  std::to_string(s.numel) + " elements, entry '" + name + "' holds " +
+                                                  std::to_string(it->second.size) + " bytes");
   return Status::Ok();
 }
 
@@ -91,7 +92,8 @@ Status torchfile_check_tensor(const std::string& path, const TensorRef& t) {
     last = *sum;
   }
   if (last >= t.storage.numel)
-    return torchfile_err(path, "TorchTensorOutOfStorage", ctx() + ": reaches element " + std::to_string(last) + " of a storage of " + std::to_string(t.storage.numel));
+    return torchfile_err(path, "TorchTensorOutOfStorage",
+                         ctx() + ": reaches element " + std::to_string(last) + " of a storage of " + std::to_string(t.storage.numel));
   return Status::Ok();
 }
 

@@ -71,8 +71,10 @@ Status torch_for_each_run(const TensorRef& t, const Box& sub, const TorchReadRun
 
 Status TorchFile::read_tensor(const TensorRef& t, const Box& sub, void* dst) {
   Status v = validate_box(sub, t.size);
-  if (!v.ok()) return Status::Error("TorchReadRange", "torch file: read of tensor over storage '" + t.storage.key + "': " + v.message()).with_file(path());
-  if (t.stride.size() != t.size.size()) return Status::Error("TorchReadRange", "torch file: tensor size and stride differ in length").with_file(path());
+  if (!v.ok())
+    return Status::Error("TorchReadRange", "torch file: read of tensor over storage '" + t.storage.key + "': " + v.message()).with_file(path());
+  if (t.stride.size() != t.size.size())
+    return Status::Error("TorchReadRange", "torch file: tensor size and stride differ in length").with_file(path());
   if (sub.numel() == 0) return Status::Ok();
   const uint64_t es = dtype_size(t.storage.dtype);
   TorchReadRunPlan p = torch_plan_runs(t, sub);

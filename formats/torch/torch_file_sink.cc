@@ -15,7 +15,8 @@ Status TorchFileSink::begin(const std::vector<TensorMeta>& tensors, const std::v
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     const TorchSinkSlot& s = slots_[i];
-    if (s.storage >= storages_.size()) return Status::Internal("TorchFileSink: piece " + std::to_string(i) + " names storage " + std::to_string(s.storage));
+    if (s.storage >= storages_.size())
+      return Status::Internal("TorchFileSink: piece " + std::to_string(i) + " names storage " + std::to_string(s.storage));
     const TorchStorage& st = storages_[s.storage];
     int64_t n = p.region.numel();
     if (p.dtype != st.dtype || s.first_element < 0 || s.first_element > st.numel || n > st.numel - s.first_element)

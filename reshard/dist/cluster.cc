@@ -328,7 +328,9 @@ nlohmann::json Cluster::to_json() const {
   } else {
     nlohmann::json nodes_j = nlohmann::json::array();
     for (const NodeSpec& n : nodes) {
-      nlohmann::json e = {{"name", n.name}, {"devices", cluster_runs_to_json(*this, static_cast<size_t>(n.first_rank), static_cast<size_t>(n.first_rank + n.count))}};
+      nlohmann::json e = {
+          {"name", n.name},
+          {"devices", cluster_runs_to_json(*this, static_cast<size_t>(n.first_rank), static_cast<size_t>(n.first_rank + n.count))}};
       if (n.intra.bytes_per_s > 0 || n.intra.latency_s >= 0) e["intra_node"] = cluster_link_to_json(n.intra);
       nodes_j.push_back(std::move(e));
     }

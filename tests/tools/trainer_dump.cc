@@ -78,7 +78,9 @@ Status dump_batch0(Model<T>& m, const nlohmann::json& batches, int64_t A, int64_
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: trainer_dump CONFIG OUT_DIR [--seed S] [--batch B] [--seq T] [--steps N] [--lr X] [--warmup W] [--total N] [--grad-accum A] [--f64 1]\n");
+    std::fprintf(stderr,
+                 "usage: trainer_dump CONFIG OUT_DIR [--seed S] [--batch B] [--seq T] [--steps N] [--lr X] [--warmup W] [--total N] "
+                 "[--grad-accum A] [--f64 1]\n");
     return 2;
   }
   const std::string cfg_path = argv[1], out = argv[2];

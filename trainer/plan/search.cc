@@ -190,7 +190,8 @@ struct SearchState {
     for (const PlanCandidate& o : best)
       if (o.layout.to_json() == c.layout.to_json() && o.placement == c.placement) return Status::Ok();
     best.push_back(std::move(c));
-    std::stable_sort(best.begin(), best.end(), [](const PlanCandidate& a, const PlanCandidate& b2) { return a.cost.step_time_s < b2.cost.step_time_s; });
+    std::stable_sort(best.begin(), best.end(),
+                     [](const PlanCandidate& a, const PlanCandidate& b2) { return a.cost.step_time_s < b2.cost.step_time_s; });
     if (static_cast<int>(best.size()) > opt->top) best.pop_back();
     return Status::Ok();
   }

@@ -100,7 +100,8 @@ Result<DcpTensor> parse_tensor(const std::string& fqn, const PyObj* md, size_t* 
   t.fqn = fqn;
   CKPT_ASSIGN_OR_RETURN(t.dtype, properties_dtype(md->get("properties"), fqn));
   CKPT_ASSIGN_OR_RETURN(t.size, as_shape(md->get("size"), "tensor '" + fqn + "' size"));
-  if (!shape_numel(t.size).ok()) return Status::Error("DcpTooLarge", "DCP .metadata: tensor '" + fqn + "' has size " + shape_to_string(t.size) + ", which overflows");
+  if (!shape_numel(t.size).ok())
+    return Status::Error("DcpTooLarge", "DCP .metadata: tensor '" + fqn + "' has size " + shape_to_string(t.size) + ", which overflows");
   const PyObj* chunks = md->get("chunks");
   if (!chunks || chunks->type != PyType::kList) return bad("tensor '" + fqn + "': chunks is " + what_is(chunks) + ", expected a list");
   *total_chunks += chunks->items.size();

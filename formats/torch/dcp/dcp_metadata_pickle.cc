@@ -74,7 +74,8 @@ Result<std::string> pickle_dcp_metadata(const DcpMetadata& md, const std::string
     for (size_t i = 0; i < t.chunks.size(); ++i) {
       const DcpChunk& c = t.chunks[i];
       const PyObj* offsets = b.size(c.offsets);
-      chunks.push_back(b.dataclass(dcp_pickle_detail::kMd + "ChunkStorageMetadata", {{b.str("offsets"), offsets}, {b.str("sizes"), b.size(c.sizes)}}));
+      chunks.push_back(
+          b.dataclass(dcp_pickle_detail::kMd + "ChunkStorageMetadata", {{b.str("offsets"), offsets}, {b.str("sizes"), b.size(c.sizes)}}));
       const PyObj* index = b.dataclass(dcp_pickle_detail::kMd + "MetadataIndex", {{b.str("fqn"), fqn},
                                                                {b.str("offset"), offsets},
                                                                {b.str("index"), b.a.integer(static_cast<int64_t>(i))}});

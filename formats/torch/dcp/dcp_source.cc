@@ -150,8 +150,9 @@ Status DcpSource::index(bool check_items) {
                                         ? "a tensor of shape " + shape_to_string(Shape(root->tensor.size)) + " in " +
                                               std::string(dtype_name(root->tensor.storage.dtype))
                                         : std::string(root ? py_type_name(root->type) : "nothing");
-          return Status::Error("DcpItemMismatch", "DCP item '" + t.fqn + "' chunk at " + shape_to_string(c.offsets) + ": expected a tensor of shape " +
-                                                      shape_to_string(c.sizes) + " in " + std::string(dtype_name(t.dtype)) + ", the embedded torch.save holds " + found)
+          return Status::Error("DcpItemMismatch", "DCP item '" + t.fqn + "' chunk at " + shape_to_string(c.offsets) +
+                                                      ": expected a tensor of shape " + shape_to_string(c.sizes) + " in " +
+                                                      std::string(dtype_name(t.dtype)) + ", the embedded torch.save holds " + found)
               .with_file(path_of(c.file))
               .with_tensor(t.fqn);
         }
@@ -202,7 +203,8 @@ Status check_complete(const std::string& dir, const DcpMetadata* md) {
   if (md == nullptr) {
     if (fs::is_regular_file(d / ".metadata", ec)) return Status::Ok();
     return Status::Error("IncompleteCheckpoint", "'" + dir + "' holds .distcp data files but no .metadata, which " +
-                                                     (megatron_json ? std::string("Megatron-Core torch_dist (metadata.json is here)") : std::string("torch.distributed.checkpoint")) +
+                                                     (megatron_json ? std::string("Megatron-Core torch_dist (metadata.json is here)")
+                                                                    : std::string("torch.distributed.checkpoint")) +
                                                      " writes after every rank's data: not a complete PyTorch DCP checkpoint")
         .with_file((d / ".metadata").string());
   }
@@ -357,7 +359,9 @@ CheckReport DcpSource::check(const CheckOptions& o) {
     ++rep.pieces;
     rep.bytes += it.length;
     Status st = read_through(it.file, it.offset, it.length, on_bytes);
-    if (!st.ok()) rep.failures.push_back({CheckFailure::kNoPiece, std::move(st).with_context("DCP bytes item '" + it.fqn + "'"), it.fqn, path_of(it.file), it.fqn});
+    if (!st.ok())
+      rep.failures.push_back(
+          {CheckFailure::kNoPiece, std::move(st).with_context("DCP bytes item '" + it.fqn + "'"), it.fqn, path_of(it.file), it.fqn});
   }
   return rep;
 }

@@ -54,17 +54,21 @@ Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std
   for (const auto& b : opts_.bytes)
     if (by_name.count(b.fqn) || b.rank < 0) return dcp_writer_detail::bad_piece("bytes item '" + b.fqn + "' has a tensor's name or a negative rank");
   if (!opts_.piece_rank.empty() && opts_.piece_rank.size() != pieces.size())
-    return Status::Internal("DcpWriter: " + std::to_string(opts_.piece_rank.size()) + " piece ranks for " + std::to_string(pieces.size()) + " pieces");
+    return Status::Internal("DcpWriter: " + std::to_string(opts_.piece_rank.size()) + " piece ranks for " + std::to_string(pieces.size()) +
+                            " pieces");
   std::map<std::string, std::vector<size_t>> of_tensor;  // piece numbers per tensor
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     auto it = by_name.find(p.tensor);
     if (it == by_name.end()) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " names undeclared tensor '" + p.tensor + "'");
-    if (p.region.is_flat()) return dcp_writer_detail::bad_piece("a DCP chunk is a box; piece " + std::to_string(i) + " of '" + p.tensor + "' is " + p.region.to_string());
+    if (p.region.is_flat())
+      return dcp_writer_detail::bad_piece("a DCP chunk is a box; piece " + std::to_string(i) + " of '" + p.tensor + "' is " + p.region.to_string());
     if (p.dtype != it->second->dtype)
-      return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "' is " + std::string(dtype_name(p.dtype)) + ", the tensor " +
+      return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " of '" + p.tensor + "' is " + std::string(dtype_name(p.dtype)) +
+                                          ", the tensor " +
                        std::string(dtype_name(it->second->dtype)) + " (DCP holds one dtype per tensor)");
-    if (!opts_.piece_rank.empty() && opts_.piece_rank[i] < 0) return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " has a negative rank");
+    if (!opts_.piece_rank.empty() && opts_.piece_rank[i] < 0)
+      return dcp_writer_detail::bad_piece("piece " + std::to_string(i) + " has a negative rank");
     of_tensor[p.tensor].push_back(i);
   }
   std::vector<Region> regions;
@@ -76,11 +80,13 @@ Status DcpWriter::check_pieces(const std::vector<TensorMeta>& tensors, const std
     // A DCP needs every element in a chunk, each in one (formats/tensor/tiling.h).
     auto f = find_tiling_fault(t.shape, regions);
     if (f && f->kind == TilingFault::Kind::kOverlap)
-      return dcp_writer_detail::bad_piece("pieces of '" + t.name + "' overlap: " + regions[f->a].box.to_string() + " and " + regions[f->b].box.to_string());
+      return dcp_writer_detail::bad_piece("pieces of '" + t.name + "' overlap: " + regions[f->a].box.to_string() + " and " +
+                                          regions[f->b].box.to_string());
     if (f && f->kind != TilingFault::Kind::kGap)
       return dcp_writer_detail::bad_piece("piece " + std::to_string(idx[f->a]) + " of '" + t.name + "': " + f->detail);
     if (f || idx.empty())
-      return dcp_writer_detail::bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " + std::to_string(f ? f->covered : 0) +
+      return dcp_writer_detail::bad_piece("the pieces of '" + t.name + "' " + shape_to_string(t.shape) + " cover " +
+                                          std::to_string(f ? f->covered : 0) +
                        " of " + std::to_string(n) + " elements (a DCP needs every element in a chunk)");
   }
   return Status::Ok();

@@ -170,7 +170,8 @@ Status Machine::step(uint8_t op) {
   if (!handled) CKPT_RETURN_IF_ERROR(op_object(op, &handled));
   if (handled) return Status::Ok();
   const char* name = pickle_op_name(op);
-  if (name != nullptr) return fail("PickleUnsupportedOpcode", std::string("opcode ") + name + " is not accepted (it runs code or is not used by state dicts)");
+  if (name != nullptr)
+    return fail("PickleUnsupportedOpcode", std::string("opcode ") + name + " is not accepted (it runs code or is not used by state dicts)");
   char hex[8];
   std::snprintf(hex, sizeof hex, "0x%02x", op);
   return fail("PickleBadOpcode", std::string("unknown opcode ") + hex);

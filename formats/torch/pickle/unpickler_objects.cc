@@ -109,7 +109,8 @@ Status Machine::op_object(uint8_t op, bool* handled) {
         return Status::Ok();
       }
       if (!obj->is(PyType::kRecord) || global_of(obj) != nullptr)
-        return fail("PickleBadReduce", "BUILD on a " + std::string(obj->is(PyType::kRecord) ? "bare global '" + obj->cls + "'" : py_type_name(obj->type)) +
+        return fail("PickleBadReduce", "BUILD on a " +
+                                           std::string(obj->is(PyType::kRecord) ? "bare global '" + obj->cls + "'" : py_type_name(obj->type)) +
                                            "; only records of allow-listed classes take a state");
       CKPT_RETURN_IF_ERROR(nest(obj, state));
       obj->state = state;

@@ -43,7 +43,8 @@ Result<PyObj*> Machine::rebuild_tensor(const PyObj* args, bool v3) {
   auto bad = [&](const std::string& why) { return fail("PickleBadTensor", std::string(fn) + ": " + why); };
   const auto& a = args->items;
   size_t min_args = v3 ? 7 : 6;
-  if (a.size() < min_args || a.size() > min_args + 1) return bad("takes " + std::to_string(min_args) + " or " + std::to_string(min_args + 1) + " arguments, got " + std::to_string(a.size()));
+  if (a.size() < min_args || a.size() > min_args + 1)
+    return bad("takes " + std::to_string(min_args) + " or " + std::to_string(min_args + 1) + " arguments, got " + std::to_string(a.size()));
   if (!a[0]->is(PyType::kStorage)) return bad(std::string("the storage is a ") + py_type_name(a[0]->type));
   if (!a[1]->is(PyType::kInt) || a[1]->i < 0) return bad("the storage offset is not a non-negative int");
   CKPT_ASSIGN_OR_RETURN(PyObj * t, make(PyType::kTensor));
@@ -83,7 +84,8 @@ Result<PyObj*> Machine::rebuild_parameter(const PyObj* args, bool with_state) {
   if (a.size() != (with_state ? 4u : 3u)) return fail("PickleBadTensor", std::string(fn) + ": wrong number of arguments");
   if (!a[0]->is(PyType::kTensor)) return fail("PickleBadTensor", std::string(fn) + ": the data is a " + py_type_name(a[0]->type) + ", not a tensor");
   if (!a[1]->is(PyType::kBool)) return fail("PickleBadTensor", std::string(fn) + ": requires_grad is not a bool");
-  if (!a[2]->is(PyType::kDict) || !a[2]->entries.empty()) return fail("PickleBadTensor", std::string(fn) + ": backward hooks must be an empty OrderedDict");
+  if (!a[2]->is(PyType::kDict) || !a[2]->entries.empty())
+    return fail("PickleBadTensor", std::string(fn) + ": backward hooks must be an empty OrderedDict");
   CKPT_ASSIGN_OR_RETURN(PyObj * t, make(PyType::kTensor));
   t->tensor = a[0]->tensor;
   t->tensor.requires_grad = a[1]->b;

@@ -162,7 +162,8 @@ uint32_t crc_update(uint32_t crc, const char* p, uint64_t n) {
 
 Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, const char* too_large_code) {
   if (e.size > max_bytes)
-    return ziparchive_err(too_large_code, path_, "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
+    return ziparchive_err(too_large_code, path_,
+                          "entry '" + e.name + "' declares " + std::to_string(e.size) + " bytes, more than the bound " + std::to_string(max_bytes));
   std::string s(static_cast<size_t>(e.size), '\0');
   CKPT_RETURN_IF_ERROR(read(e, 0, e.size, s.data()));
   // An entry read whole (data.pkl, byteorder, version) is checked before it is parsed: its bytes
@@ -170,7 +171,8 @@ Result<std::string> ZipArchive::read_all(const Entry& e, uint64_t max_bytes, con
   const uint32_t crc = crc_update(0, s.data(), s.size());
   if (crc != e.crc)
     return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': CRC-32 of its " + std::to_string(e.size) + " bytes is " + crc_hex(crc) +
-                                                       ", the central directory says " + crc_hex(e.crc) + " (the entry's bytes changed since it was written)");
+                                                       ", the central directory says " + crc_hex(e.crc) +
+                                                       " (the entry's bytes changed since it was written)");
   return s;
 }
 
@@ -212,12 +214,14 @@ Status ZipArchive::check_crc(const Entry& e, const std::function<void(uint64_t)>
     }
     zip_fclose(f);
     if (done != e.size)
-      return ziparchive_err("TorchZipCorrupt", path_, "entry '" + e.name + "' holds " + std::to_string(done) + " bytes, the central directory declares " +
-                                                          std::to_string(e.size));
+      return ziparchive_err("TorchZipCorrupt", path_,
+                            "entry '" + e.name + "' holds " + std::to_string(done) + " bytes, the central directory declares " +
+                                std::to_string(e.size));
   }
   if (crc != e.crc || libzip_crc_error)
     return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': CRC-32 of its " + std::to_string(e.size) + " bytes is " + crc_hex(crc) +
-                                                       ", the central directory says " + crc_hex(e.crc) + " (the entry's bytes changed since it was written)");
+                                                       ", the central directory says " + crc_hex(e.crc) +
+                                                       " (the entry's bytes changed since it was written)");
   if (std::optional<uint32_t> local = local_crc(e); local && *local != e.crc)
     return ziparchive_err("ZipCrcMismatch", path_, "entry '" + e.name + "': its local record says CRC-32 " + crc_hex(*local) +
                                                        ", the central directory " + crc_hex(e.crc));

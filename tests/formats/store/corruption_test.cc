@@ -150,7 +150,10 @@ TEST_P(Corruption, ManifestRules) {
   };
   std::vector<Edit> edits = {
       {"PieceOverlap", [](json& j) { j["pieces"][1]["region"]["offset"] = {31, 0}; }},
-      {"PieceGap", [](json& j) { j["pieces"][1]["region"]["offset"] = {33, 0}, j["pieces"][1]["region"]["extent"] = {31, 32}, j["pieces"][1]["bytes"] = 31 * 32 * 2; }},
+      {"PieceGap",
+       [](json& j) {
+         j["pieces"][1]["region"]["offset"] = {33, 0}, j["pieces"][1]["region"]["extent"] = {31, 32}, j["pieces"][1]["bytes"] = 31 * 32 * 2;
+       }},
       {"RegionOutOfBounds", [](json& j) { j["pieces"][1]["region"]["offset"] = {40, 0}; }},
       {"UnsupportedVersion", [](json& j) { j["version"] = 7; }, 5},
       {"BadByteCount", [](json& j) { j["pieces"][0]["dtype"] = "F32"; }},

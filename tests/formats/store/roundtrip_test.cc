@@ -298,7 +298,9 @@ TEST(StoreWriterExtents, ShortSourceFailsTheCommitAndLeavesNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, RoundTrip, ::testing::Values(Codec::kNone, Codec::kShuffleZstd, Codec::kZstd),
-                         [](const auto& info) { return std::string(info.param == Codec::kNone ? "plain" : info.param == Codec::kZstd ? "zstd" : "shuffle_zstd"); });
+                         [](const auto& info) {
+                           return std::string(info.param == Codec::kNone ? "plain" : info.param == Codec::kZstd ? "zstd" : "shuffle_zstd");
+                         });
 
 TEST(StoreWriter, BeginRejectsBadPiecesBeforeTouchingDisk) {
   const std::string dir = testing::temp_dir("bad");

@@ -76,8 +76,9 @@ TEST(Pickler, SharedObjectsAndSelfContainingList) {
   // x = 'x'; [1.5, x, [x], {'k': None}]
   const PyObj* x = a.str("x");
   const PyObj* v = a.list({a.real(1.5), x, a.list({x}), a.dict({{a.str("k"), a.none()}})});
-  EXPECT_EQ(pickler_test_dumps(v), PICKLER_TEST_BYTES("\200\002]q\000(G?\370\000\000\000\000\000\000X\001\000\000\000xq\001]q\002h\001a}q\003X\001\000"
-               "\000\000kq\004Nse."));
+  EXPECT_EQ(pickler_test_dumps(v),
+            PICKLER_TEST_BYTES("\200\002]q\000(G?\370\000\000\000\000\000\000X\001\000\000\000xq\001]q\002h\001a}q\003X\001\000"
+                               "\000\000kq\004Nse."));
 }
 
 TEST(Pickler, RefusesWhatPythonCouldNotRead) {

@@ -214,7 +214,8 @@ TEST(Unpickler, CodecsEncode) {
   EXPECT_EQ(code_of(kProto2 + global("_codecs", "encode") + binunicode("a") + binunicode("utf-8") + "\x86R."), "PickleBadReduce");
 }
 TEST(Unpickler, RecordWithState) {
-  string p = kProto2 + global("argparse", "Namespace") + ")\x81}(" + binunicode("tp") + "K\x02" + binunicode("dt") + global("torch", "bfloat16") + "ub.";
+  string p = kProto2 + global("argparse", "Namespace") + ")\x81}(" + binunicode("tp") + "K\x02" + binunicode("dt") + global("torch", "bfloat16") +
+             "ub.";
   auto r = unpickle(p);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->root->is_record("argparse.Namespace"));
