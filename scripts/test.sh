@@ -58,8 +58,9 @@ run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds
 
 echo "== build (RelWithDebInfo, -Werror) =="
 # -g1: line tables (backtraces, sanitizer reports) without full debug info: a fifth less compile time.
+# -Werror here (CKPT_WERROR is off by default, for users' builds).
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-  -DCKPT_PYTHON="$PY" >/dev/null
+  -DCKPT_WERROR=ON -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build -j"$JOBS"
 echo "== tests =="
 run_ctest build "${CKPT_MIN_TESTS:-499}"
@@ -71,7 +72,7 @@ if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-
   rm -rf build-asan  # configured by an older test.sh with g++: a cache keeps its compiler
 fi
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-  -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
+  -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
 ninja -C build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
 # The C++ tests (they include the CLI bad-file matrix and the store corruption matrix, which run
