@@ -12,6 +12,7 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/jobs/hf_jobs.h"
+#include "converters/jobs/job_flags.h"
 #include "formats/store/store_options.h"
 #include "reshard/dist/comm.h"
 
@@ -27,23 +28,30 @@ struct FromHfArgs {
   ProfileRequest profile;
 };
 
-int run_from_hf(const FromHfArgs& a) {
+// The request of `a`: the flag text parsed once (errors name the flag).
+Result<FromHfRequest> from_hf_request(const FromHfArgs& a) {
   FromHfRequest req;
   req.src = a.src;
   req.out = a.out;
-  req.dtype = a.dtype;
-  req.compress = a.compress;
-  req.digest = a.digest;
-  req.layout = a.layout.values();
+  CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(a.dtype));
+  CKPT_ASSIGN_OR_RETURN(req.store, parse_store_flags(a.compress, a.digest, a.io.io));
+  req.store.fsync = !a.no_fsync;
+  CKPT_ASSIGN_OR_RETURN(req.max_memory, a.stream.max_memory_bytes());
+  CKPT_ASSIGN_OR_RETURN(req.layout, a.layout.values());
   req.threads = a.stream.threads;
-  req.max_memory = a.stream.max_memory;
-  req.io = a.io.io;
-  req.fsync = !a.no_fsync;
   req.no_verify = a.no_verify;
   req.profile = a.profile;
+  return req;
+}
+
+int run_from_hf(const FromHfArgs& a) {
   // Under mpirun the shard files of a laid-out (or profile) import are divided among processes.
-  req.dist = (a.layout.given() || a.profile.given()) && Comm::launched_under_mpi() ? &Comm::world() : nullptr;
-  const bool root = !req.dist || req.dist->rank() == 0;
+  Comm* dist = (a.layout.given() || a.profile.given()) && Comm::launched_under_mpi() ? &Comm::world() : nullptr;
+  const bool root = !dist || dist->rank() == 0;
+  auto parsed = from_hf_request(a);
+  if (!parsed.ok()) return error_exit(parsed.status(), root);
+  FromHfRequest& req = *parsed;
+  req.dist = dist;
   ProgressBar bar("from-hf", root && stderr_is_tty() && !a.json);
   req.progress = bar.callback();
   auto r = run_from_hf_job(req);

@@ -117,7 +117,9 @@ int plan_from(const PlanFlags& flags) {
   ReshardRequest req;
   req.src = src->checkpoint;
   req.dst = f.reshard;
-  req.layout_file = f.out;
+  auto layout = Layout::from_file(f.out);  // the layout just planned
+  if (!layout.ok()) return report_error(layout.status());
+  req.layout_file = std::move(layout).value();
   auto r = run_reshard_job(req);
   if (!r.ok()) return report_error(r.status());
   if (!f.json)
@@ -138,15 +140,21 @@ int run_plan(const PlanFlags& f) {
 
 CommandAction setup_plan(CLI::App& sub) {
   auto f = std::make_shared<PlanFlags>();
-  sub.add_option("--cluster", f->cluster, "Cluster JSON file: device types (memory, peak_flops, efficiency, dtype), nodes and links (docs/CLUSTER.md)")->type_name("FILE");
+  sub.add_option("--cluster", f->cluster,
+                 "Cluster JSON file: device types (memory, peak_flops, efficiency, dtype), nodes and links (docs/CLUSTER.md)")
+      ->type_name("FILE");
   sub.add_option("--model", f->model, "HF LlamaForCausalLM config.json of the model to place")->type_name("CONFIG");
   sub.add_option("--global-batch", f->global_batch, "Sequences per optimizer step (fixed; the plan divides it over pipelines and micro-batches)");
   sub.add_option("--seq-len", f->seq_len, "Tokens per sequence (default: the model's max_position_embeddings)");
-  sub.add_option("-o,--out", f->out, "Write the best layout (for `ckpt train --layout` and `ckpt reshard --layout`); with --calibrate: the device type JSON")->type_name("FILE");
+  sub.add_option("-o,--out", f->out,
+                 "Write the best layout (for `ckpt train --layout` and `ckpt reshard --layout`); with --calibrate: the device type JSON")
+      ->type_name("FILE");
   sub.add_option("--top", f->top, "How many layouts to show (the best and the next ones, with why they lose)")->capture_default_str();
   sub.add_flag("--explain", f->explain, "Print every shown layout's per-stage times and per-rank memory");
   sub.add_flag("--json", f->json, "Print JSON (step_time_s, tokens_per_s, stages, pipelines, ranks, feasible, problems)");
-  sub.add_flag("--trainer-memory", f->trainer_memory, "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): ranks[].trainer_memory_bytes");
+  sub.add_flag("--trainer-memory", f->trainer_memory,
+               "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): "
+               "ranks[].trainer_memory_bytes");
   sub.add_option("--calibration", f->calibration,
                  "Apply the measured cost terms of `ckpt plan --calibrate -o FILE` (concurrency, TP all-reduce per call, "
                  "per-micro-batch cost; docs/PLAN.md \"Calibrated terms\") to every device type: for clusters that run this "
@@ -154,7 +162,8 @@ CommandAction setup_plan(CLI::App& sub) {
       ->type_name("FILE");
   sub.add_option("--evaluate", f->evaluate, "Predict the step time and memory of this layout file instead of searching")->type_name("LAYOUT");
   sub.add_option("--from", f->from, "Re-plan: take the model, batch and sequence length from this checkpoint (or run dir)")->type_name("CHECKPOINT");
-  sub.add_option("--reshard", f->reshard, "With --from: reshard the checkpoint into the planned layout at DST (else the command is printed)")->type_name("DST");
+  sub.add_option("--reshard", f->reshard, "With --from: reshard the checkpoint into the planned layout at DST (else the command is printed)")
+      ->type_name("DST");
   sub.add_flag("--calibrate", f->calibrate, "Measure this machine (sgemm FLOP/s, efficiency, MPI bandwidth) and print a cluster-file device type");
   sub.footer(
       "Examples:\n"

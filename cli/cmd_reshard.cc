@@ -13,6 +13,7 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/jobs/reshard_job.h"
+#include "converters/jobs/job_flags.h"
 #include "formats/store/store_options.h"
 #include "reshard/dist/comm.h"
 
@@ -51,24 +52,31 @@ void print_result(const ReshardArgs& a, const ReshardOutcome& r) {
   }
 }
 
-int run_reshard(const ReshardArgs& a) {
+// The request of `a`: the flag text parsed once (errors name the flag).
+Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   ReshardRequest req;
   req.src = a.src;
   req.dst = a.dst;
-  req.layout_file = a.layout_file;
-  req.layout = a.layout.values();
-  req.compress = a.compress;
-  req.digest = a.digest;
+  CKPT_ASSIGN_OR_RETURN(req.store, parse_store_flags(a.compress, a.digest, a.io.io));
+  CKPT_ASSIGN_OR_RETURN(req.max_memory, a.stream.max_memory_bytes());
+  CKPT_ASSIGN_OR_RETURN(req.layout, a.layout.values());
+  CKPT_ASSIGN_OR_RETURN(req.layout_file, parse_layout_file(a.layout_file));
   req.threads = a.stream.threads;
-  req.max_memory = a.stream.max_memory;
-  req.io = a.io.io;
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
   req.profile = a.profile;
+  return req;
+}
+
+int run_reshard(const ReshardArgs& a) {
   if (a.convert && !a.profile.given())
     return error_exit(Status::InvalidArgument("convert: give --profile NAME or --profile-file FILE"), true);
-  req.dist = Comm::launched_under_mpi() ? &Comm::world() : nullptr;
-  const bool root = !req.dist || req.dist->rank() == 0;
+  Comm* dist = Comm::launched_under_mpi() ? &Comm::world() : nullptr;
+  const bool root = !dist || dist->rank() == 0;
+  auto parsed = reshard_request(a);
+  if (!parsed.ok()) return error_exit(parsed.status(), root);
+  ReshardRequest& req = *parsed;
+  req.dist = dist;
   ProgressBar bar("reshard", root && stderr_is_tty() && !a.json && !a.dry_run);
   req.progress = bar.callback();
   auto r = run_reshard_job(req);
@@ -88,9 +96,13 @@ int run_reshard(const ReshardArgs& a) {
 CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   auto a = std::make_shared<ReshardArgs>();
   a->convert = convert;
-  sub.add_option("SRC", a->src, "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir or DCP dir with a model config")->required();
+  sub.add_option("SRC", a->src,
+                 "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir or DCP dir "
+                 "with a model config")
+      ->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
-  sub.add_option("--layout", a->layout_file, "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
+  sub.add_option("--layout", a->layout_file,
+                 "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
   a->stream.add(sub);
   a->io.add(sub);

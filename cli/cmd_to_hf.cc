@@ -9,6 +9,7 @@
 #include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/jobs/hf_jobs.h"
+#include "converters/jobs/job_flags.h"
 
 namespace ckpt::cli {
 namespace {
@@ -21,7 +22,9 @@ CommandAction setup_to_hf(CLI::App& sub) {
     bool no_fsync = false, json = false, no_verify = false;
   };
   auto o = std::make_shared<Opts>();
-  sub.add_option("SRC", o->src, "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir or DCP dir (ckpt inspect --help lists the kinds)")->required();
+  sub.add_option("SRC", o->src,
+                 "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir or DCP dir (ckpt inspect --help lists the kinds)")
+      ->required();
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
@@ -35,16 +38,21 @@ CommandAction setup_to_hf(CLI::App& sub) {
       "from the pieces that cover it, within --max-memory, and the output does not depend on the layout.\n"
       "Tokenizer files carried in the checkpoint (from-hf) are written next to config.json.");
   return [o]() -> int {
-    ToHfRequest req;
-    req.src = o->src;
-    req.out = o->out;
-    req.dtype = o->dtype;
-    req.max_shard_size = o->max_shard;
-    req.threads = o->stream.threads;
-    req.max_memory = o->stream.max_memory;
-    req.io = o->io.io;
-    req.fsync = !o->no_fsync;
-    req.no_verify = o->no_verify;
+    auto parsed = [&]() -> Result<ToHfRequest> {  // the flag text parsed once (errors name the flag)
+      ToHfRequest req;
+      req.src = o->src;
+      req.out = o->out;
+      CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
+      CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
+      CKPT_ASSIGN_OR_RETURN(req.max_shard_size, parse_max_shard_size(o->max_shard));
+      CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());
+      req.threads = o->stream.threads;
+      req.fsync = !o->no_fsync;
+      req.no_verify = o->no_verify;
+      return req;
+    }();
+    if (!parsed.ok()) return report_error(parsed.status());
+    ToHfRequest& req = *parsed;
     ProgressBar bar("to-hf", stderr_is_tty() && !o->json);
     req.progress = bar.callback();
     auto r = run_to_hf_job(req);

@@ -36,7 +36,8 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--seed", f->o.seed, "Seed of the initialization and the data stream")->capture_default_str();
   sub.add_option("--lr", f->o.lr, "Peak learning rate")->capture_default_str();
   sub.add_option("--warmup", f->o.warmup, "Linear warm-up steps")->capture_default_str();
-  sub.add_option("--micro-batch", f->o.micro_batch, "Sequences per micro-batch, on every data-parallel rank (see --micro-batches)")->capture_default_str();
+  sub.add_option("--micro-batch", f->o.micro_batch, "Sequences per micro-batch, on every data-parallel rank (see --micro-batches)")
+      ->capture_default_str();
   sub.add_option("--seq-len", f->o.seq_len, "Tokens per sequence")->capture_default_str();
   sub.add_option("--grad-accum", f->o.grad_accum, "Micro-batches per optimizer step, on every data-parallel rank")->capture_default_str();
   sub.add_option("--threads", f->o.threads, "OpenBLAS threads")->capture_default_str();
@@ -46,7 +47,8 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_flag("--sync-save", f->sync_save, "Write checkpoints synchronously (default: background thread)");
   sub.add_option("--digest", f->digest, store::kDigestFlagHelp);
   f->layout.add(sub, "ZeRO stage: 0 (optimizer state replicated over DP) or 1 (sharded over DP ranks)");
-  sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`; symmetric or general: pipelines of stages, each with its layers, tp and device type); excludes --tp/--pp/--pp-layers/--dp/--zero");
+  sub.add_option("--layout", f->o.layout_file, "Layout JSON file (as `ckpt reshard --layout`; symmetric or general: pipelines of stages, "
+                 "each with its layers, tp and device type); excludes --tp/--pp/--pp-layers/--dp/--zero");
   sub.add_option("--cluster", f->o.cluster_file,
                  "Cluster JSON file: device types (memory, FLOP/s, link bandwidth, dtype) and how many ranks of each, in "
                  "rank order. The layout's device types must match it, and every rank's estimated memory (weights, "
@@ -63,7 +65,8 @@ CommandAction setup_train(CLI::App& sub) {
                "speed - 1), speed = peak_flops x efficiency; memory is capped by the cluster check; every log line, "
                "train_log.jsonl record (\"emulated\", \"rank_compute_s\") and the start line say the run is emulated");
   sub.add_option("--micro-batches", f->micro_batches,
-                 "Per data-parallel rank (pipeline) micro-batch sizes a,b,.. (heterogeneous DP); default: the layout file's, else --micro-batch on every rank");
+                 "Per data-parallel rank (pipeline) micro-batch sizes a,b,.. (heterogeneous DP); default: the layout file's, else "
+                 "--micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,
                  "Write the first step's gradients (global view, after the DP reduction, before clipping) as a checkpoint to DIR");
   sub.footer(
@@ -78,7 +81,9 @@ CommandAction setup_train(CLI::App& sub) {
     if (!cfg.ok()) return report_error(cfg.status());
     f->o.config = *cfg;
     f->o.async_save = !f->sync_save;
-    f->o.layout_values = f->layout.values();
+    auto lv = f->layout.values();
+    if (!lv.ok()) return report_error(lv.status());
+    f->o.layout_values = *lv;
     auto so = store::parse_digest_spec(f->digest, "--digest");
     if (!so.ok()) return report_error(so.status());
     f->o.digest = so->digest;

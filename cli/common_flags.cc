@@ -28,12 +28,9 @@ void StreamFlags::print_memory_note(const MemoryFit& fit) const {
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
 }
 
-Result<uint64_t> StreamFlags::chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve) const {
-  return chunk_bytes_within(max_memory, threads, max_src_elem, min_out_elem, reserve);
-}
-
 Result<uint64_t> StreamFlags::chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const {
-  return chunk_bytes_for_copy(max_memory, threads, src, out);
+  CKPT_ASSIGN_OR_RETURN(const uint64_t mem, max_memory_bytes());
+  return chunk_bytes_for_copy(mem, threads, src, out);
 }
 
 void IoFlags::add(CLI::App& sub) { sub.add_option("--io", io, io_flag_help())->check(CLI::IsMember({"direct", "buffered", "auto"})); }

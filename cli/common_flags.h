@@ -1,22 +1,21 @@
 // Flags shared by the commands that stream tensors and write checkpoints (reshard, from-hf,
 // to-hf): the target layout (--tp --pp --pp-layers --dp --zero), the buffer budget and threads
 // (--max-memory --threads) and how data files are written (--io). Each struct adds its options
-// to a subcommand and turns them into library values; errors are kInvalidArgument naming the flag.
+// to a subcommand and parses their text once into the typed values of the job requests
+// (converters/jobs/job_flags.h); errors are kInvalidArgument naming the flag.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "converters/jobs/hf_jobs.h"  // float_dtype_flag, chunk_bytes_for_copy
-#include "converters/jobs/reshard_job.h"
+#include "converters/jobs/hf_jobs.h"  // chunk_bytes_for_copy
+#include "converters/jobs/job_flags.h"  // parse_max_memory, parse_store_flags, float_dtype_flag, ...
+#include "converters/jobs/memory_fit.h"
 #include "formats/base/status.h"
-#include "formats/dtype/dtype.h"
 #include "formats/io/output_file.h"
-#include "formats/tensor/tensor_io.h"
-#include "reshard/layout/layout.h"
+#include "reshard/layout/layout_values.h"
 
 namespace ckpt::cli {
 
@@ -25,10 +24,9 @@ struct LayoutFlags {
   std::string pp_layers;
 
   void add(CLI::App& sub, const std::string& zero_help);
-  LayoutValues values() const { return {tp, pp, dp, zero, pp_layers}; }
-  bool given() const { return values().given(); }
-  // Requires --tp --pp --dp (each >= 1); --pp-layers must sum to `num_layers`.
-  Result<Layout> make(int64_t num_layers) const { return values().make(num_layers); }
+  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  // The values with --pp-layers parsed (errors name it).
+  Result<LayoutValues> values() const { return LayoutValues::parse(tp, pp, dp, zero, pp_layers); }
 };
 
 // --no-verify: skip the check of SRC by its format's own checks before the output is committed.
@@ -43,10 +41,9 @@ struct StreamFlags {
   std::string max_memory = "256M";
 
   void add(CLI::App& sub);
-  // The executor chunk size that keeps its buffers within --max-memory less `reserve` bytes (kept
-  // for a writer's own buffers: HDF5, hashing), for the widest source / narrowest output element.
-  Result<uint64_t> chunk_bytes(size_t max_src_elem, size_t min_out_elem, uint64_t reserve = 0) const;
-  // The same, for copying `src`'s pieces into `out` pieces (widest source, narrowest output element).
+  // --max-memory in bytes (errors name the flag).
+  Result<uint64_t> max_memory_bytes() const { return parse_max_memory(max_memory); }
+  // The executor chunk size for copying `src`'s pieces into `out` pieces within --max-memory.
   Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
   // On stderr: the note of a job that ran below its memory floor (converters/jobs/memory_fit.h).
   void print_memory_note(const MemoryFit& fit) const;
@@ -57,7 +54,7 @@ struct IoFlags {
   std::string io = "auto";
 
   void add(CLI::App& sub);
-  Result<IoMode> mode() const { return parse_io_mode(io, "--io"); }
+  Result<IoMode> mode() const { return parse_io_flag(io); }
 };
 
 }  // namespace ckpt::cli

@@ -10,6 +10,7 @@
 
 #include "converters/jobs/diff_job.h"
 #include "converters/jobs/hf_jobs.h"
+#include "converters/jobs/job_flags.h"
 #include "converters/jobs/open_checkpoint.h"
 #include "converters/jobs/reshard_job.h"
 #include "converters/jobs/verify_job.h"
@@ -43,24 +44,25 @@ class CommandOptions {
     return out;
   }
   std::string str(const char* key) { return get<std::string>(key); }
-  LayoutValues layout() {
-    return {get<int>("tp"), get<int>("pp"), get<int>("dp"), get<int>("zero"), str("pp_layers")};
+  // The text of the options is parsed as the CLI parses its flags (converters/jobs/job_flags.h:
+  // errors name the flag); parse() raises the first error after done().
+  // tp, pp, dp, zero, pp_layers (--tp --pp --dp --zero --pp-layers).
+  Result<LayoutValues> layout() {
+    const int tp = get<int>("tp"), pp = get<int>("pp"), dp = get<int>("dp"), zero = get<int>("zero");
+    return LayoutValues::parse(tp, pp, dp, zero, str("pp_layers"));
   }
   ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate")}; }
-  // The streaming options of reshard/convert, to_hf and from_hf (their requests name them alike).
-  template <class Req>
-  void stream_options(Req& req) {
-    req.threads = get<int>("threads");
-    req.max_memory = str("max_memory");
-    req.io = str("io");
+  // max_memory (--max-memory).
+  Result<uint64_t> max_memory() { return parse_max_memory(str("max_memory")); }
+  // compress, digest and io of an output store (--compress --digest --io).
+  Result<store::StoreOptions> store() {
+    const std::string compress = str("compress"), digest = str("digest");
+    return parse_store_flags(compress, digest, str("io"));
   }
-  // ... and the output store's options of reshard/convert and from_hf.
-  template <class Req>
-  void store_options(Req& req) {
-    req.profile = profile();
-    req.compress = str("compress");
-    req.digest = str("digest");
-    stream_options(req);
+  template <class T>
+  static T parse(Result<T> r) {
+    if (!r.ok()) raise_status(r.status());
+    return std::move(r).value();
   }
   void done() {
     if (nb::len(d_) != 0)
@@ -121,15 +123,22 @@ nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict o
   ReshardRequest req;
   req.src = src;
   req.dst = dst;
-  req.layout_file = o.str("layout");
-  req.layout = o.layout();
-  o.store_options(req);
+  const std::string layout_file = o.str("layout");
+  auto layout = o.layout();
+  req.profile = o.profile();
+  auto store = o.store();
+  req.threads = o.get<int>("threads");
+  auto max_memory = o.max_memory();
   req.dry_run = o.get<bool>("dry_run");
   req.no_verify = !o.get<bool>("verify_source");
   const bool convert = o.get<bool>("convert");
   o.done();
   if (convert && !req.profile.given())
     raise_status(Status::InvalidArgument("convert: give profile=NAME or profile_file=FILE"));
+  req.store = o.parse(std::move(store));
+  req.max_memory = o.parse(std::move(max_memory));
+  req.layout = o.parse(std::move(layout));
+  req.layout_file = o.parse(parse_layout_file(layout_file));
   PyProgress progress(std::move(progress_cb));
   req.progress = progress.fn();
   ReshardOutcome r = run_released(progress, [&] { return run_reshard_job(req); });
@@ -141,12 +150,17 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   ToHfRequest req;
   req.src = src;
   req.out = out;
-  req.dtype = o.str("dtype");
-  req.max_shard_size = o.str("max_shard_size");
-  o.stream_options(req);
+  const std::string dtype = o.str("dtype"), max_shard_size = o.str("max_shard_size");
+  req.threads = o.get<int>("threads");
+  auto max_memory = o.max_memory();
+  const std::string io = o.str("io");
   req.fsync = o.get<bool>("fsync");
   req.no_verify = !o.get<bool>("verify_source");
   o.done();
+  req.io = o.parse(parse_io_flag(io));
+  req.dtype = o.parse(float_dtype_flag(dtype));
+  req.max_shard_size = o.parse(parse_max_shard_size(max_shard_size));
+  req.max_memory = o.parse(std::move(max_memory));
   PyProgress progress(std::move(progress_cb));
   req.progress = progress.fn();
   ToHfOutcome r = run_released(progress, [&] { return run_to_hf_job(req); });
@@ -158,11 +172,19 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   FromHfRequest req;
   req.src = src;
   req.out = dst;
-  req.dtype = o.str("dtype");
-  req.layout = o.layout();
-  o.store_options(req);
-  req.fsync = o.get<bool>("fsync");
+  const std::string dtype = o.str("dtype");
+  auto layout = o.layout();
+  req.profile = o.profile();
+  auto store = o.store();
+  req.threads = o.get<int>("threads");
+  auto max_memory = o.max_memory();
+  const bool fsync = o.get<bool>("fsync");
   o.done();
+  req.dtype = o.parse(float_dtype_flag(dtype));
+  req.store = o.parse(std::move(store));
+  req.store.fsync = fsync;
+  req.max_memory = o.parse(std::move(max_memory));
+  req.layout = o.parse(std::move(layout));
   PyProgress progress(std::move(progress_cb));
   req.progress = progress.fn();
   FromHfOutcome r = run_released(progress, [&] { return run_from_hf_job(req); });

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "converters/jobs/reshard_job.h"
 #include "converters/model/llama_config.h"
 #include "formats/base/status.h"
 #include "reshard/layout/layout.h"
+#include "reshard/layout/layout_values.h"
 
 namespace ckpt::trainer {
 

@@ -10,12 +10,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "converters/jobs/reshard_job.h"
 #include "converters/model/llama_config.h"
 #include "formats/base/status.h"
 #include "formats/digest/digest.h"
 #include "reshard/layout/layout.h"
+#include "reshard/layout/layout_values.h"
 #include "trainer/data.h"
 #include "trainer/model/model.h"
 #include "trainer/optim/adamw.h"

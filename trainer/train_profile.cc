@@ -106,13 +106,12 @@ Status convert_saved_checkpoint(Comm& world, const std::string& staged, const st
   req.layout.pp = layout.pp;
   req.layout.dp = layout.dp;
   req.layout.zero = layout.zero;
-  for (int s = 0; s < layout.pp; ++s)
-    req.layout.pp_layers += (s ? "," : "") + std::to_string(layout.layers_in_stage(s));
+  for (int s = 0; s < layout.pp; ++s) req.layout.pp_layers.push_back(layout.layers_in_stage(s));
   req.profile.profile_file = profile_file;
   req.threads = std::max(1, threads);
-  req.digest = digest_algo_name(digest);
+  req.store.digest = digest;
   req.no_verify = true;  // written and hashed just now by this run
-  req.max_memory = std::to_string(std::max<uint64_t>(budget, uint64_t{4} << 20));
+  req.max_memory = std::max<uint64_t>(budget, uint64_t{4} << 20);
   req.dist = world.size() > 1 ? &world : nullptr;
   auto r = run_reshard_job(req);
   if (!r.ok()) return r.take_status().with_context("saving '" + dst + "' in the cluster's profile");

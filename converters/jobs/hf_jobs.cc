@@ -7,9 +7,9 @@
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
-#include "converters/jobs/open_checkpoint.h"
+#include "converters/jobs/job_source.h"
+#include "converters/jobs/reshard_job.h"
 #include "converters/jobs/source_check_job.h"
-#include "formats/base/byte_size.h"
 #include "formats/io/output_file.h"
 #include "formats/store/store_options.h"
 #include "formats/store/store_writer.h"
@@ -18,20 +18,18 @@
 
 namespace ckpt {
 
-Result<std::optional<DType>> float_dtype_flag(const std::string& value) {
-  if (value.empty()) return std::optional<DType>{};
-  auto dt = dtype_from_name(value, /*cli_aliases=*/true);
-  if (!dt.ok() || !dtype_is_float(*dt))
-    return Status::InvalidArgument("--dtype '" + value + "': expected bf16, fp16 or fp32");
-  return std::optional<DType>{*dt};
-}
-
-Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
-                                      const std::vector<Piece>& out, uint64_t reserve) {
+uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
+                              uint64_t reserve) {
   size_t max_src = 1, min_out = 8;
   for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
   for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
   return chunk_bytes_within(max_memory, threads, max_src, min_out, reserve);
+}
+
+Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
+                                      const std::vector<Piece>& out, uint64_t reserve) {
+  CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_max_memory(max_memory));
+  return chunk_bytes_for_copy(mem, threads, src, out, reserve);
 }
 
 namespace {
@@ -63,17 +61,18 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   opts.threads = req.threads;
   opts.fsync = req.fsync;
   opts.progress = req.progress;
-  CKPT_ASSIGN_OR_RETURN(opts.io, parse_io_mode(req.io, "--io"));
-  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
-  CKPT_ASSIGN_OR_RETURN(opts.max_shard_size, parse_byte_size(req.max_shard_size, "--max-shard-size"));
+  opts.io = req.io;
+  opts.dtype = req.dtype;
+  opts.max_shard_size = req.max_shard_size;
   // SRC's check: from the copies' own direct reads where they read SRC direct (a cold source, or
   // --io direct) and it is copied as stored (CopyVerify: SRC read once); else in a child process
   // forked before this process opens SRC.
-  const bool direct_reads = opts.io == IoMode::kDirect || cold_source(req.src, opts.io);
-  const bool check_copy = !req.no_verify && direct_reads && checkable_from_copy(req.src);
+  const JobSource located = JobSource::locate(req.src);
+  const bool direct_reads = opts.io == IoMode::kDirect || located.cold(opts.io);
+  const bool check_copy = !req.no_verify && direct_reads && located.copy_checkable();
   JobSourceCheck check;
-  check.start(req.src, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
-  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  check.start(located.dir, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
+  CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
@@ -84,15 +83,14 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   // and with auto when the source is cold (mapped reads of it fill new page-cache pages, slow in an
   // idle VM). Not for a compressed store, whose chunks are decoded, not copied.
   if (decode == 0 && direct_reads) {
-    CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_byte_size(req.max_memory, "--max-memory"));
-    ReadAheadFit fit = fit_read_ahead(mem, reserve, req.threads);
+    ReadAheadFit fit = fit_read_ahead(req.max_memory, reserve, req.threads);
     opts.read_ahead = std::move(fit.blocks);
     reserve += fit.bytes;
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
-  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
+  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   ToHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, opts.read_ahead.get()));
+  out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get());
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
   out.out = req.out;
   out.tensors = plan->tensors.size();
@@ -122,17 +120,15 @@ namespace {
 // from-hf with a profile: the reshard job from the HF directory (canonical names) into the
 // profile's view, in one pass (converters/jobs/profile_view_job.h); the layout defaults to tp=pp=dp=1.
 Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chrono::steady_clock::time_point t0) {
-  if (!req.dtype.empty())
+  if (req.dtype)
     return Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)");
   ReshardRequest rr;
   rr.src = req.src;
   rr.dst = req.out;
-  rr.layout = req.layout.given() ? req.layout : LayoutValues{1, 1, 1, -1, ""};
-  rr.compress = req.compress;
-  rr.digest = req.digest;
+  rr.layout = req.layout.given() ? req.layout : LayoutValues{1, 1, 1, -1, {}};
+  rr.store = req.store;
   rr.threads = req.threads;
   rr.max_memory = req.max_memory;
-  rr.io = req.io;
   rr.profile = req.profile;
   rr.progress = req.progress;
   rr.dist = req.dist;
@@ -152,12 +148,12 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
 
 // The HF names come in from a HuggingFace directory or file, or a DCP directory of an HF
 // model's state_dict; tokenizer files beside it are carried.
-Result<std::string> hf_side_files_dir(const std::string& src) {
-  const bool file = is_safetensors_file(src);
-  if (!file && !is_hf_dir(src) && !torch::is_dcp_dir(src))
-    return Status::InvalidArgument("'" + src + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
+Result<std::string> hf_side_files_dir(const JobSource& s) {
+  const bool file = s.kind && s.kind->detect == &is_safetensors_file;
+  if (!file && !(s.kind && s.kind->detect == &is_hf_dir) && !torch::is_dcp_dir(s.path))
+    return Status::InvalidArgument("'" + s.path + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
                                    "nor a DCP directory (.metadata)");
-  auto dir = file ? std::filesystem::path(src).parent_path() : std::filesystem::path(src);
+  auto dir = file ? std::filesystem::path(s.path).parent_path() : std::filesystem::path(s.path);
   return dir.empty() ? std::string(".") : dir.string();
 }
 
@@ -170,23 +166,21 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   HfImportOptions opts;
   opts.threads = req.threads;
   opts.progress = req.progress;
-  CKPT_ASSIGN_OR_RETURN(opts.dtype, float_dtype_flag(req.dtype));
-  CKPT_ASSIGN_OR_RETURN(auto so, store::parse_compress_spec(req.compress, "--compress"));
-  CKPT_ASSIGN_OR_RETURN(so, store::parse_digest_spec(req.digest, "--digest", so));
-  so.fsync = req.fsync;
-  CKPT_ASSIGN_OR_RETURN(so.io, parse_io_mode(req.io, "--io"));
-  CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(req.src));
+  opts.dtype = req.dtype;
+  store::StoreOptions so = req.store;
+  const JobSource located = JobSource::locate(req.src);
+  CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(located));
   JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
-  check.start(req.src, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
-  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(req.src));
+  check.start(located.dir, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
+  CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
-  CKPT_ASSIGN_OR_RETURN(const uint64_t reserve, fit_store_writer(req.max_memory, req.threads, so, cold_source(req.src, so.io)));
-  CKPT_ASSIGN_OR_RETURN(opts.max_chunk_bytes, chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve));
+  const uint64_t reserve = fit_store_writer(req.max_memory, req.threads, so, located.cold(so.io));
+  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   FromHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.memory, memory_fit(req.max_memory, reserve, so.read_ahead.get()));
+  out.memory = memory_fit(req.max_memory, reserve, so.read_ahead.get());
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
     CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));

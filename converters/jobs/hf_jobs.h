@@ -1,8 +1,9 @@
 // One `ckpt to-hf` and one `ckpt from-hf` run below the CLI (cli/cmd_to_hf.cc, cli/cmd_from_hf.cc;
-// python ckpt.to_hf / ckpt.from_hf): the flag values in a request, the source opened, the plan
-// made (converters/hf/hf_export.h, converters/hf/hf_import.h), the chunk size fitted to the memory
-// budget, the run, and a summary. Outputs are written under a temporary name and renamed when
-// complete. String values are parsed with errors naming the CLI flag (--dtype, --max-memory, ...).
+// python ckpt.to_hf / ckpt.from_hf): SRC located and opened once (converters/jobs/job_source.h),
+// the plan made (converters/hf/hf_export.h, converters/hf/hf_import.h), the chunk size fitted to
+// the memory budget, the run, and a summary. Outputs are written under a temporary name and
+// renamed when complete. The requests carry typed values, parsed at the edge with errors naming
+// the CLI flag (converters/jobs/job_flags.h).
 // Thread safety: one job at a time per process (from-hf with a layout may fork a verifier).
 #pragma once
 
@@ -14,33 +15,40 @@
 
 #include <nlohmann/json.hpp>
 
+#include "converters/jobs/job_flags.h"
+#include "converters/jobs/memory_fit.h"
 #include "converters/jobs/profile_view_job.h"
-#include "converters/jobs/reshard_job.h"
 #include "converters/profile/exactness.h"
 #include "formats/base/status.h"
 #include "formats/dtype/dtype.h"
+#include "formats/io/output_file.h"
+#include "formats/store/store_options.h"
 #include "formats/tensor/tensor_io.h"
+#include "reshard/layout/layout_values.h"
 
 namespace ckpt {
 
 class Comm;
 
-// --dtype of the exports: empty = keep each tensor's dtype; else bf16, fp16 or fp32 (any float
-// dtype name); anything else is kInvalidArgument naming the flag.
-Result<std::optional<DType>> float_dtype_flag(const std::string& value);
+// --max-shard-size when none is given ("5GB", HuggingFace's default).
+inline constexpr uint64_t kDefaultMaxShardSize = 5'000'000'000;
 
-// The executor chunk size for copying `src`'s pieces into `out` pieces within `max_memory` less
-// `reserve` (widest source element, narrowest output element; chunk_bytes_within).
+// The executor chunk size for copying `src`'s pieces into `out` pieces within `max_memory` bytes
+// less `reserve` (widest source element, narrowest output element; chunk_bytes_within).
+uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
+                              uint64_t reserve = 0);
+// The same with --max-memory as text (errors name the flag), for the jobs whose requests still
+// carry it.
 Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
                                       const std::vector<Piece>& out, uint64_t reserve = 0);
 
 struct ToHfRequest {
   std::string src, out;
-  std::string dtype;                 // "" keeps each tensor's dtype; bf16 | fp16 | fp32
-  std::string max_shard_size = "5GB";
-  int threads = 2;
-  std::string max_memory = "256M";
-  std::string io = "auto";
+  std::optional<DType> dtype;        // --dtype: a float dtype; none keeps each tensor's dtype
+  uint64_t max_shard_size = kDefaultMaxShardSize;  // bytes of --max-shard-size
+  int threads = 2;                   // 1..64
+  uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
+  IoMode io = IoMode::kAuto;         // --io: how SRC's copied ranges are read and the shards written
   bool fsync = true;
   bool no_verify = false;            // skip the check of SRC before the commit (converters/jobs/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;
@@ -64,13 +72,13 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req);
 
 struct FromHfRequest {
   std::string src, out;
-  std::string dtype;                 // "" keeps the HF dtypes; excludes `profile`
-  std::string compress = "none", digest = "xxh3-128";
+  std::optional<DType> dtype;        // --dtype: none keeps the HF dtypes; excludes `profile`
+  // Of OUT: codec and level (--compress), digest (--digest), how shards are written (--io), fsync
+  // (--no-fsync). The job fits hash_threads, chunk_memory and read_ahead to max_memory.
+  store::StoreOptions store;
   LayoutValues layout;               // none given: tp=pp=dp=1, one file
-  int threads = 2;
-  std::string max_memory = "256M";
-  std::string io = "auto";
-  bool fsync = true;
+  int threads = 2;                   // 1..64
+  uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   ProfileRequest profile;            // store in this profile (reshard job through the profile views)
   bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/jobs/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;

@@ -1,30 +1,55 @@
-// MemoryFit: what a streaming job (reshard, from-hf, to-hf) can keep of --max-memory.
+// How a streaming job (reshard, from-hf, to-hf) fits --max-memory, the one home of its budgets.
 //
 // A job's fixed buffers are reserved out of the budget before its chunks are sized: the store
 // writer, HDF5 and the process (48 MiB), a compressed output's chunks in flight, a compressed
-// source's decoding threads, to-hf's own process (converters/jobs/reshard_job.h). Those plus the
+// source's decoding threads, to-hf's own process (converters/jobs/hf_jobs.cc). Those plus the
 // smallest chunk budget the executor is given (kMinChunkBudgetBytes) are the job's floor:
 //  - at or above the floor, the peak RSS stays under --max-memory plus a few MiB
 //    (tests/python/test_memory.py);
 //  - below it the job runs at its floor, the least it can do (it is never refused: tiny budgets
 //    are how tests force tiny chunks), and the CLI says so on stderr (note()); --json reports both.
 // A compressed -> compressed reshard on --threads 2 has a floor of 114 MiB; an uncompressed one 52
-// (docs/RESHARD.md lists the others).
+// (docs/RESHARD.md lists the others). Budgets are bytes, parsed from the flag text at the edge
+// (converters/jobs/job_flags.h). Thread safety: pure functions and plain values.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "formats/base/status.h"
+#include "formats/store/store_options.h"
 
 namespace ckpt {
 
 class SourceBlocks;
 
-// The smallest chunk budget handed to the executor, whatever --max-memory says.
+// --max-memory when none is given ("256M").
+inline constexpr uint64_t kDefaultMaxMemory = uint64_t{256} << 20;
+
+// The executor's chunk budget (what its chunk buffers may take of --max-memory; exec_chunk_bytes
+// in reshard/executor.h divides it over the chunks in flight):
+//  - the least it is given, whatever --max-memory says (below the floor the job runs in it);
 inline constexpr uint64_t kMinChunkBudgetBytes = uint64_t{4} << 20;
+//  - what --max-memory must still leave for chunks before the store writer takes more than its
+//    least (a second copy thread per --threads, or every compressed chunk that keeps its pool
+//    busy): the chunks carry every byte not copied as a stored file range (casts, re-layouts,
+//    compressed pieces), so they keep 64 MiB;
+inline constexpr uint64_t kChunkBudgetBeforeWriterExtrasBytes = uint64_t{64} << 20;
+//  - what must stay for chunks beside the direct copies' read-ahead. A read-ahead is only set up
+//    where pieces are copied as stored file ranges (read through it), so the chunks carry little
+//    there and half of the budget above does; the rest of --max-memory reads ahead, which is what
+//    direct copies run on (the disk rewards reads in flight: docs/RESHARD.md "Read-ahead").
+inline constexpr uint64_t kChunkBudgetBesideReadAheadBytes = uint64_t{32} << 20;
+
+// The direct copies' read-ahead (formats/io/source_blocks.h): none below kReadAheadMinBytes (too
+// few blocks in flight to beat a window at a time), at most kReadAheadMaxBytes, up to
+// kReadAheadBlocksPerFile blocks (kSourceBlockBytes each) ahead in each source file.
+inline constexpr uint64_t kReadAheadMinBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kReadAheadMaxBytes = uint64_t{512} << 20;
+inline constexpr int kReadAheadBlocksPerFile = 8;
 
 struct MemoryFit {
   uint64_t max_memory = 0;  // bytes of --max-memory
@@ -38,9 +63,33 @@ struct MemoryFit {
   std::string note(int threads) const;
 };
 
-// `max_memory` as given ("256M"; errors name --max-memory) against `reserve`, the job's fixed bytes;
-// `read_ahead`'s capacity, part of them (fit_read_ahead: what the budget left over), is reported, not
-// part of the floor.
-Result<MemoryFit> memory_fit(const std::string& max_memory, uint64_t reserve, const SourceBlocks* read_ahead = nullptr);
+// `max_memory` (bytes of --max-memory) against `reserve`, the job's fixed bytes; `read_ahead`'s
+// capacity, part of them (fit_read_ahead: what the budget left over), is reported, not part of
+// the floor.
+MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* read_ahead = nullptr);
+
+// The executor chunk size that keeps its buffers within `max_memory` less `reserve` bytes (never
+// less than kMinChunkBudgetBytes), for `threads` workers, the widest source and narrowest output
+// element.
+uint64_t chunk_bytes_within(uint64_t max_memory, int threads, size_t max_src_elem, size_t min_out_elem,
+                            uint64_t reserve = 0);
+
+// Direct copies by `copy_threads` threads reading their sources through one SourceBlocks: what
+// `max_memory` leaves beside `reserve`, the threads' stages and kChunkBudgetBesideReadAheadBytes is
+// read ahead, within [kReadAheadMinBytes, kReadAheadMaxBytes]; `bytes` = stages + read-ahead, to
+// add to the job's reserve. No blocks when less than kReadAheadMinBytes is left.
+struct ReadAheadFit {
+  std::shared_ptr<SourceBlocks> blocks;
+  uint64_t bytes = 0;
+};
+ReadAheadFit fit_read_ahead(uint64_t max_memory, uint64_t reserve, int copy_threads);
+
+// How a job's native store writer fits `max_memory` beside the executor's chunk buffers: sets
+// so.hash_threads (the writer's pool) and so.chunk_memory (compressed chunks in flight) for
+// `threads`; returns the bytes of --max-memory to reserve for the writer, HDF5 and the process.
+// Uncompressed stores copy their sources with direct reads through so.read_ahead (SourceBlocks)
+// when so.io is kDirect, or kAuto and `cold_source` (the source mostly out of the page cache:
+// JobSource::cold), and the budget leaves room for it.
+uint64_t fit_store_writer(uint64_t max_memory, int threads, store::StoreOptions& so, bool cold_source = false);
 
 }  // namespace ckpt

@@ -1,86 +1,59 @@
-// One `ckpt reshard` run below the CLI: open SRC (a native store, or a Megatron-layout directory
-// written by export-megatron), derive the LLaMA sharding rules from its model_config, build the
-// target layout (--layout FILE, or the flag values keeping the source's other settings), size the
-// chunks to the memory budget, make the plan and, unless dry_run, execute it into a new native
-// store at DST with the SRC checksums re-verified before commit (reshard/source_verify.h: in a
-// child process forked before SRC is opened here, single-process runs; inline on rank 0 under MPI).
+// One `ckpt reshard` run below the CLI: locate SRC once (converters/jobs/job_source.h: a native
+// store, or any kind open_checkpoint reads that carries a model config: Megatron, DCP, HF), fit
+// the store writer to the memory budget, start SRC's check, open SRC once, derive the LLaMA
+// sharding rules from its model_config, take the target layout (a layout file, or the flag values
+// keeping the source's other settings), size the chunks and make the plan; then, unless dry_run,
+// execute it into a new native store at DST with SRC checked before commit
+// (converters/jobs/source_check_job.h: in a child process forked before SRC is opened here,
+// single-process runs; from the copies' own reads where they read SRC direct; inline on rank 0
+// under MPI). The request carries typed values, parsed at the edge (converters/jobs/job_flags.h).
 // Thread safety: one call at a time per process.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <memory>
+#include <optional>
 #include <string>
 
 #include "converters/jobs/memory_fit.h"
 #include "converters/jobs/profile_view_job.h"
+#include "converters/model/llama_config.h"
 #include "converters/profile/exactness.h"
 #include "formats/base/status.h"
 #include "formats/store/store_options.h"
 #include "reshard/layout/layout.h"
+#include "reshard/layout/layout_values.h"
 #include "reshard/planner.h"
 
 namespace ckpt {
 
 class Comm;
 
-// The layout flag values (--tp --pp --dp --zero --pp-layers); 0 / -1 / empty means not given.
-struct LayoutValues {
-  int tp = 0, pp = 0, dp = 0, zero = -1;
-  std::string pp_layers;  // "a,b,c": layers per pipeline stage
-
-  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
-  // Requires tp, pp, dp >= 1; pp_layers must sum to `num_layers` (kInvalidArgument naming the flag).
-  Result<Layout> make(int64_t num_layers) const;
-};
-
-// The executor chunk size that keeps its buffers within `max_memory` (e.g. "256M", parsed with
-// errors naming --max-memory) less `reserve` bytes, for `threads` workers, the widest source and
-// narrowest output element.
-Result<uint64_t> chunk_bytes_within(const std::string& max_memory, int threads, size_t max_src_elem,
-                                    size_t min_out_elem, uint64_t reserve = 0);
-
-// Direct copies by `copy_threads` threads reading their sources through one SourceBlocks
-// (formats/io/source_blocks.h): what `mem` (--max-memory) leaves beside `reserve`, the threads'
-// stages and a 32 MiB chunk budget is read ahead, 64-512 MiB; `bytes` = stages + read-ahead, to
-// add to the job's reserve. No blocks when less than 64 MiB is left.
-struct ReadAheadFit {
-  std::shared_ptr<SourceBlocks> blocks;
-  uint64_t bytes = 0;
-};
-ReadAheadFit fit_read_ahead(uint64_t mem, uint64_t reserve, int copy_threads);
-
-// How a job's native store writer fits --max-memory beside the executor's chunk buffers: sets
-// so.hash_threads (the writer's pool) and so.chunk_memory (compressed chunks in flight) for
-// `threads`; returns the bytes of --max-memory to reserve for the writer, HDF5 and the process.
-// Uncompressed stores copy their sources with direct reads through so.read_ahead (SourceBlocks)
-// when so.io is kDirect, or kAuto and `cold_source` (the source mostly out of the page cache:
-// page_cache_share), and the budget leaves room for it.
-Result<uint64_t> fit_store_writer(const std::string& max_memory, int threads, store::StoreOptions& so, bool cold_source = false);
-
-// --io auto: whether the source at `path` (a file or directory; a native store's run dir resolved
-// to its checkpoint) is mostly out of the page cache, so that direct reads beat mapped ones.
-bool cold_source(const std::string& path, IoMode io);
-
-// What SRC's reads cost beside the executor's chunks on `threads` (TensorSource::read_memory: a
-// compressed native store's decode buffers, formats/store/chunk_reader.h kDecodeThreadBytes).
-uint64_t source_decode_reserve(const TensorSource& src, int threads);
-
 struct ReshardRequest {
   std::string src, dst;
-  std::string layout_file;  // a layout JSON file; excludes `layout`
-  LayoutValues layout;
-  std::string compress = "none";  // none, zstd[:LEVEL], shuffle+zstd[:LEVEL] (errors name --compress)
-  std::string digest = "xxh3-128";  // of every piece written: xxh3-128 or sha256 (errors name --digest)
+  std::optional<Layout> layout_file;  // --layout FILE, parsed; excludes `layout`
+  LayoutValues layout;                // --tp --pp --dp --zero --pp-layers
+  // Of DST: codec and level (--compress), digest of every piece (--digest), how shards are
+  // written (--io). The job fits hash_threads, chunk_memory and read_ahead to max_memory.
+  store::StoreOptions store;
   int threads = 2;
-  std::string max_memory = "256M";
-  std::string io = "auto";  // direct, buffered or auto: how output shards are written (errors name --io)
+  uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   bool dry_run = false;    // plan only: nothing is written
-  bool no_verify = false;  // skip re-hashing SRC before commit
+  bool no_verify = false;  // skip checking SRC before commit
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
   Comm* dist = nullptr;    // the world under mpirun (Comm::world()); null: a single process
   ProfileRequest profile;  // --profile / --profile-file / --saturate (converters/jobs/profile_view_job.h)
 };
+
+// The target layout of a reshard of a source with model `cfg` and metadata `src_meta`: the layout
+// file; or the flag values (on the model's layers), keeping the source layout's vocab divisor and
+// profile; or, for a profile conversion given neither, the source's layout. kInvalidArgument when
+// both or (outside a conversion of a laid-out source) neither are given.
+Result<Layout> reshard_target_layout(const ReshardRequest& r, const LlamaConfig& cfg, const nlohmann::json& src_meta);
+
+// What SRC's reads cost beside the executor's chunks on `threads` (TensorSource::read_memory: a
+// compressed native store's decode buffers, formats/store/chunk_reader.h kDecodeThreadBytes).
+uint64_t source_decode_reserve(const TensorSource& src, int threads);
 
 struct ReshardOutcome {
   Plan plan;

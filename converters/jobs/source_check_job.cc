@@ -1,20 +1,8 @@
 #include "converters/jobs/source_check_job.h"
 
 #include "converters/jobs/open_checkpoint.h"
-#include "formats/store/manifest.h"
-#include "formats/store/run_dir.h"
 
 namespace ckpt {
-
-bool checkable_from_copy(const std::string& path) {
-  if (!is_native_store(path)) return false;
-  auto dir = store::resolve_checkpoint(path);
-  if (!dir.ok()) return false;
-  auto m = store::load_manifest(*dir);
-  if (!m.ok() || !copy_verifiable(*m)) return false;
-  const nlohmann::json& md = m->metadata;
-  return !md.contains("profile_spec") && (!md.contains("profile") || md["profile"] == "reference");
-}
 
 void JobSourceCheck::from_copy(TensorSource& src, SourceBlocks& read_ahead) {
   if (skip_) return;

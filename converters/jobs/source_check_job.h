@@ -23,12 +23,6 @@
 
 namespace ckpt {
 
-// Whether the checkpoint at `path` can be checked from a copy's own direct reads (CopyVerify): a
-// native store whose every piece is stored uncompressed and which opens as stored (the reference
-// profile; a store in another profile is read through its canonical view, whose transposes and
-// segments are not read as whole file ranges).
-bool checkable_from_copy(const std::string& path);
-
 class JobSourceCheck {
  public:
   // Before SRC is opened by this process: forks the child that opens `src_path` (open_checkpoint)

@@ -1,0 +1,41 @@
+#include "converters/jobs/job_source.h"
+
+#include "formats/base/fs_util.h"
+#include "formats/store/manifest.h"
+#include "formats/store/run_dir.h"
+#include "reshard/source_verify.h"
+
+namespace ckpt {
+
+JobSource JobSource::locate(const std::string& path) {
+  JobSource s;
+  s.path = path;
+  s.dir = path;
+  s.kind = detect_checkpoint(path);
+  if (s.native_store()) {
+    auto dir = store::resolve_checkpoint(path);
+    if (dir.ok())
+      s.dir = *dir;
+    else
+      s.resolved = dir.take_status();
+  }
+  return s;
+}
+
+bool JobSource::native_store() const { return kind && kind->detect == &is_native_store; }
+
+bool JobSource::cold(IoMode io) const { return io == IoMode::kAuto && page_cache_share(dir) < 0.5; }
+
+bool JobSource::copy_checkable(const ProfileRequest& asked) const {
+  if (!native_store() || !resolved.ok()) return false;
+  auto m = store::load_manifest(dir);
+  return m.ok() && copy_verifiable(*m) && !needs_profile_views(m->metadata, asked);
+}
+
+Result<std::unique_ptr<TensorSource>> JobSource::open(bool as_stored) const {
+  if (!kind) return open_checkpoint(path);  // NotFound, or Unsupported listing every kind
+  if (!resolved.ok()) return resolved;
+  return open_checkpoint_as(*kind, dir, as_stored);
+}
+
+}  // namespace ckpt
