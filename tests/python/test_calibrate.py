@@ -1,15 +1,25 @@
-"""Calibration of this machine as a device type (issue 16, trainer/plan/calibrate.h), through
+"""Calibration of this machine as a device type (trainer/plan/calibrate.h), through
 tests/tools/calibrate_tool (calibrate_device; `ckpt plan --calibrate` prints the same JSON).
 
-Independent references, measured here in the same machine state:
+Each measured figure against an independent measurement of the same quantity, taken here right
+after it. The machine has 2 cores and is shared: each tolerance covers the ratios seen over
+repeated runs and stays below 2x, so that a figure wrong by 2x fails; a figure passes when one of
+up to 3 calibrations agrees with its reference (a burst of load elsewhere slows one measurement):
 - sgemm FLOP/s: numpy (its own OpenBLAS, 1 thread) at the same shapes (rows 512, hidden 256, ffn
-  704: the four GEMMs of an MLP projection pair, forward and backward); the two agree within 4x
-  (the machine is shared and noisy: this catches unit errors, e.g. FLOPs counted once instead of
-  twice per multiply-add, or seconds taken as milliseconds);
-- memory: psutil's physical memory, exactly;
-- trainer efficiency (trainer FLOP/s / sgemm FLOP/s) in (0.05, 1.5);
-- MPI (mpirun -np 2, ckpt's hidden calibrate-mpi-probe): bandwidth 50 MB/s .. 1 TB/s, latency
-  100 ns .. 20 ms; and without MPI the link bandwidth is the memcpy bandwidth.
+  704: the four GEMMs of an MLP projection pair, forward and backward): within 1.5x (two BLAS
+  builds; ratios seen 0.94-1.27);
+- trainer FLOP/s: `ckpt train` of the calibration model (calibrate_probe.cc calibration_model:
+  micro-batch 4 x 128 tokens, 1 thread) timed from outside, (time of 13 steps - time of 3 steps)
+  / 10, with the step's FLOPs counted here (projections, attention, MLP, head; backward twice the
+  forward): within 1.6x (ratios seen 0.96-1.09, once 0.68 under load);
+- memcpy bandwidth: numpy's copy of a 64 MiB array: within 1.5x (ratios seen 0.76-1.12, once 0.55
+  under load);
+- MPI latency and bandwidth (mpirun -np 2, ckpt's hidden calibrate-mpi-probe): tests/tools/
+  mpi_pingpong, plain MPI calls under the same mpirun options. ckpt's communicator waits by polling
+  (reshard/dist/comm_wait.cc), so the latency is compared with the ping-pong's polled wait (within
+  1.5x; ratios seen 1.05-1.40; 3-4x the blocking one, which it must not beat); the bandwidth with
+  the geometric mean of both waits (within 1.5x; ratios seen 0.83-1.41);
+- memory: psutil's physical memory, exactly; without MPI the link bandwidth is the memcpy one;
 - cost terms (docs/PLAN.md "Calibrated terms"): the concurrency factor (sgemm FLOP/s per process
   with 2 processes at once / alone) against the same ratio measured here with numpy in 1 and 2
   concurrent processes (within 0.45: noisy shared machine; catches an inverted or unscaled ratio);
@@ -28,7 +38,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from mpi_ranks import MPIRUN, SKIP_REASON  # noqa: E402
+from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd  # noqa: E402
 
 BIN = pathlib.Path(os.environ.get("CKPT_BINARY_DIR", "../../build")).resolve()
 
@@ -71,20 +81,107 @@ print(statistics.median(r))
     return statistics.mean(rates)
 
 
-@pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
-def test_calibration_against_numpy_psutil_and_bounds():
-    import psutil
+# The calibration model of trainer/plan/calibrate_probe.cc (calibration_model), as a config file.
+CALIBRATION_MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "vocab_size": 264,
+                     "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 6, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "head_dim": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+                     "bos_token_id": 256, "eos_token_id": 257, "tie_word_embeddings": False}
+MICRO_BATCH, SEQ = 4, 128
+
+
+def step_flops(m, b, s):
+    """FLOPs of one training step of LLaMA config `m` on b sequences of s tokens: 2 per multiply-add,
+    forward = the projections (q, k, v, o, gate, up, down, head) + Q K^T and P V; backward = 2 x forward."""
+    n, d, f, v = b * s, m["hidden_size"], m["intermediate_size"], m["vocab_size"]
+    q, kv = m["num_attention_heads"] * m["head_dim"], m["num_key_value_heads"] * m["head_dim"]
+    layer = 2 * n * d * (q + 2 * kv) + 2 * n * q * d + 3 * 2 * n * d * f + 2 * 2 * b * s * s * q
+    return 3 * (m["num_hidden_layers"] * layer + 2 * n * d * v)
+
+
+def ckpt_train_flops(tmp_path):
+    """Training FLOP/s of the calibration model timed from outside `ckpt train`: two runs that differ
+    by 10 steps; their wall-time difference excludes start-up."""
+    cfg = tmp_path / "calibration_model.json"
+    cfg.write_text(json.dumps(CALIBRATION_MODEL))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+
+    def wall(steps):
+        t0 = time.perf_counter()
+        r = subprocess.run([ckpt_path(), "train", "--config", str(cfg), "--steps", str(steps), "--micro-batch", str(MICRO_BATCH),
+                            "--seq-len", str(SEQ), "--threads", "1"], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return time.perf_counter() - t0
+    per_step = statistics.median((wall(13) - wall(3)) / 10 for _ in range(2))
+    return step_flops(CALIBRATION_MODEL, MICRO_BATCH, SEQ) / per_step
+
+
+def numpy_copy_bytes_per_s(seconds=0.5):
+    import numpy as np
+    a = np.ones(64 << 20, np.uint8)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    rates, end = [], time.time() + seconds
+    while len(rates) < 5 or time.time() < end:
+        t = time.perf_counter()
+        np.copyto(b, a)
+        rates.append(a.nbytes / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def mpi_pingpong():
+    r = subprocess.run(mpirun_cmd(2, BIN / "mpi_pingpong", "0.5"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def within(x, ref, factor):
+    return ref / factor <= x <= ref * factor
+
+
+def test_step_flops_counts_a_known_layer():
+    # One layer, no head, 1 sequence of 2 tokens, hidden 4 = 1 head of 4, ffn 8, vocab 0: q, k, v, o
+    # 4 x (2 tokens x 4 x 4 x 2) = 256, MLP 3 x 2 x 4 x 8 x 2 = 384, attention 2 x (2 x 2 x 4 x 2) = 64.
+    m = {"hidden_size": 4, "intermediate_size": 8, "vocab_size": 0, "num_attention_heads": 1, "num_key_value_heads": 1,
+         "head_dim": 4, "num_hidden_layers": 1}
+    assert step_flops(m, 1, 2) == 3 * (256 + 384 + 64)
+
+
+def measured_vs_references(tmp_path):
+    """One calibration and the references measured right after it: {figure: (measured, reference,
+    tolerance factor)}, plus the calibration itself."""
     c = calibrate()
-    ref = numpy_sgemm_flops()
     dev, m = c["device_type"], c["measured"]
-    assert 0.25 <= dev["peak_flops"] / ref <= 4.0, (dev["peak_flops"], ref)
+    mpi = mpi_pingpong()
+    figures = {
+        "sgemm": (dev["peak_flops"], numpy_sgemm_flops(), 1.5),
+        "trainer": (m["trainer_flops"], ckpt_train_flops(tmp_path), 1.6),
+        "memcpy": (m["memcpy_bytes_per_s"], numpy_copy_bytes_per_s(), 1.5),
+        "latency": (m["mpi_latency_s"], mpi["polled_latency_s"], 1.5),
+        "bandwidth": (dev["link_bandwidth"], (mpi["bytes_per_s"] * mpi["polled_bytes_per_s"]) ** 0.5, 1.5),
+    }
+    assert m["mpi_latency_s"] >= mpi["latency_s"] / 1.6, (m["mpi_latency_s"], mpi)  # no faster than blocking MPI
+    return figures, c
+
+
+@pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
+def test_calibration_against_independent_measurements(tmp_path):
+    # Another process's burst (a build on the other core) can slow one measurement of a pair by 2x:
+    # a figure passes when one of up to 3 calibrations agrees with its reference. A calibration
+    # wrong by 2x disagrees every time.
+    import psutil
+    pending, seen = None, {}
+    for _ in range(3):
+        figures, c = measured_vs_references(tmp_path)
+        for k, (x, ref, factor) in figures.items():
+            seen.setdefault(k, []).append(round(x / ref, 3))
+        pending = [k for k in (pending or figures) if not within(*figures[k])]
+        print("ratios to the references:", {k: v[-1] for k, v in seen.items()})
+        if not pending:
+            break
+    assert not pending, {k: seen[k] for k in pending}
+    dev, m = c["device_type"], c["measured"]
     assert dev["memory"] == psutil.virtual_memory().total
     assert dev["dtype"] == "fp32" and dev["name"] == "this-machine"
-    assert 0.05 < c["efficiency"] < 1.5, c
-    assert abs(m["trainer_flops"] - c["efficiency"] * dev["peak_flops"]) <= 1e-6 * m["trainer_flops"]
-    assert 5e7 <= dev["link_bandwidth"] <= 1e12, c
-    assert 1e-7 <= m["mpi_latency_s"] <= 2e-2, c
-    assert 1e8 <= m["memcpy_bytes_per_s"] <= 1e12, c
     # Cost terms: concurrency against numpy's 2-process / 1-process ratio measured now.
     t, pr = c["cost_terms"], c["cost_terms"]["measured"]
     numpy_ratio = numpy_sgemm_flops(procs=2) / numpy_sgemm_flops()

@@ -118,11 +118,14 @@ double memcpy_bandwidth(double seconds) {
 
 namespace {
 
-// Seconds of one round trip (rank 0 sends, rank 1 echoes) of n floats, mean of `reps`.
+// Seconds of one round trip (rank 0 sends, rank 1 echoes) of n floats: the median of `reps`, each
+// timed alone after a barrier (on a shared machine a descheduled peer makes a few round trips
+// hundreds of times slower; a mean over them measured the scheduler, not the link).
 Result<double> calib_round_trip(Comm& w, std::vector<float>& buf, int64_t n, int reps) {
-  CKPT_RETURN_IF_ERROR(w.barrier());
-  const double t0 = clock_s();
+  std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    CKPT_RETURN_IF_ERROR(w.barrier());
+    const double t0 = clock_s();
     if (w.rank() == 0) {
       CKPT_RETURN_IF_ERROR(w.send(buf.data(), n, 1, 7));
       CKPT_RETURN_IF_ERROR(w.recv(buf.data(), n, 1, 7));
@@ -130,8 +133,9 @@ Result<double> calib_round_trip(Comm& w, std::vector<float>& buf, int64_t n, int
       CKPT_RETURN_IF_ERROR(w.recv(buf.data(), n, 0, 7));
       CKPT_RETURN_IF_ERROR(w.send(buf.data(), n, 0, 7));
     }
+    t.push_back(clock_s() - t0);
   }
-  return (clock_s() - t0) / reps;
+  return calibrate_detail::median_of(std::move(t));
 }
 
 }  // namespace

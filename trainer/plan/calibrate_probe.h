@@ -9,8 +9,8 @@
 //   to Model::train_flops_per_token x tokens);
 // - memcpy_bandwidth: bytes/s of a memcpy of 64 MiB (buffers touched first);
 // - mpi_probe: under mpirun -np 2, ping-pong between ranks 0 and 1 over reshard/dist/comm.h (the
-//   trainer's Comm): latency = half the round trip of an 8-byte message, bandwidth = bytes / half
-//   the round trip of a 16 MiB message; rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
+//   trainer's Comm): latency = half the median round trip of an 8-byte message, bandwidth = bytes /
+//   half the median round trip of a 16 MiB message (less the latency); rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
 //   spawn_mpi_probe runs it (mpirun -np 2 --oversubscribe --mca btl self,vader EXE
 //   calibrate-mpi-probe) and parses that line;
 // - probe_cost_terms (same job, trainer/plan/calibrate_terms.cc; docs/PLAN.md "Calibrated terms"):
