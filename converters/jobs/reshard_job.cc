@@ -151,7 +151,7 @@ Status execute_reshard(const ReshardRequest& r, PlannedReshard& p) {
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(p.plan_source(), p.out.plan, r.dst, so, r.dist));
   p.out.seconds = seconds_since(p.t0);
   p.out.source_check = p.check.to_json();
-  p.out.source_check.erase("scheme");  // reshard's JSON as before: how (+ bytes_from_copy, bytes_reread)
+  p.out.source_check.erase("scheme");  // reshard's JSON names how only (+ bytes_from_copy, bytes_reread)
   p.out.source_check.erase("note");
   if (conv) {
     p.out.profile = conv->target().name;
