@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "converters/jobs/hf_jobs.h"  // chunk_bytes_for_copy
 #include "converters/jobs/job_flags.h"  // parse_max_memory, parse_store_flags, float_dtype_flag, ...
 #include "converters/jobs/memory_fit.h"
 #include "formats/base/status.h"

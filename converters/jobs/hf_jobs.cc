@@ -18,20 +18,6 @@
 
 namespace ckpt {
 
-uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
-                              uint64_t reserve) {
-  size_t max_src = 1, min_out = 8;
-  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
-  for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
-  return chunk_bytes_within(max_memory, threads, max_src, min_out, reserve);
-}
-
-Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
-                                      const std::vector<Piece>& out, uint64_t reserve) {
-  CKPT_ASSIGN_OR_RETURN(const uint64_t mem, parse_max_memory(max_memory));
-  return chunk_bytes_for_copy(mem, threads, src, out, reserve);
-}
-
 namespace {
 
 // to-hf's share of --max-memory beside its chunks: the process, HDF5, the copies' buffers.

@@ -33,15 +33,6 @@ class Comm;
 // --max-shard-size when none is given ("5GB", HuggingFace's default).
 inline constexpr uint64_t kDefaultMaxShardSize = 5'000'000'000;
 
-// The executor chunk size for copying `src`'s pieces into `out` pieces within `max_memory` bytes
-// less `reserve` (widest source element, narrowest output element; chunk_bytes_within).
-uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
-                              uint64_t reserve = 0);
-// The same with --max-memory as text (errors name the flag), for the jobs whose requests still
-// carry it.
-Result<uint64_t> chunk_bytes_for_copy(const std::string& max_memory, int threads, const TensorSource& src,
-                                      const std::vector<Piece>& out, uint64_t reserve = 0);
-
 struct ToHfRequest {
   std::string src, out;
   std::optional<DType> dtype;        // --dtype: a float dtype; none keeps each tensor's dtype

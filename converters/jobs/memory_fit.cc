@@ -39,6 +39,14 @@ uint64_t chunk_bytes_within(uint64_t max_memory, int threads, size_t max_src_ele
   return exec_chunk_bytes(budget, threads, max_src_elem, min_out_elem);
 }
 
+uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
+                              uint64_t reserve) {
+  size_t max_src = 1, min_out = 8;
+  for (const auto& p : src.pieces()) max_src = std::max(max_src, dtype_size(p.dtype));
+  for (const auto& p : out) min_out = std::min(min_out, dtype_size(p.dtype));
+  return chunk_bytes_within(max_memory, threads, max_src, min_out, reserve);
+}
+
 ReadAheadFit fit_read_ahead(uint64_t max_memory, uint64_t reserve, int copy_threads) {
   const uint64_t stages = static_cast<uint64_t>(copy_threads) * kCopyThreadReadAheadBytes;
   if (max_memory < reserve + stages + kChunkBudgetBesideReadAheadBytes + kReadAheadMinBytes) return {};

@@ -16,11 +16,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "formats/base/status.h"
 #include "formats/store/store_options.h"
+#include "formats/tensor/tensor_io.h"
 
 namespace ckpt {
 
@@ -73,6 +75,10 @@ MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* 
 // element.
 uint64_t chunk_bytes_within(uint64_t max_memory, int threads, size_t max_src_elem, size_t min_out_elem,
                             uint64_t reserve = 0);
+// The same for copying `src`'s pieces into `out` pieces (the widest source element, the narrowest
+// output one).
+uint64_t chunk_bytes_for_copy(uint64_t max_memory, int threads, const TensorSource& src, const std::vector<Piece>& out,
+                              uint64_t reserve = 0);
 
 // Direct copies by `copy_threads` threads reading their sources through one SourceBlocks: what
 // `max_memory` leaves beside `reserve`, the threads' stages and kChunkBudgetBesideReadAheadBytes is
