@@ -1,18 +1,15 @@
 // ckpt export-dcp SRC OUT: exports a checkpoint's model weights as a torchtitan-style PyTorch
-// Distributed Checkpoint (HF tensor names) that torch.distributed.checkpoint.load reads.
-#include <algorithm>
+// Distributed Checkpoint (HF tensor names) that torch.distributed.checkpoint.load reads. The work
+// is converters/jobs/export_jobs.h (run_export_dcp_job; also python's ckpt.export_dcp); this file
+// parses the flags, draws the progress bar and prints the summary.
 #include <cstdio>
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/dcp/dcp_export.h"
-#include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/source_check_job.h"
+#include "converters/jobs/export_jobs.h"
 
 namespace ckpt::cli {
 namespace {
@@ -44,35 +41,32 @@ CommandAction setup_export_dcp(CLI::App& sub) {
       "Optimizer state and rotary inv_freq buffers are left out. The directory is built as OUT.partial and renamed\n"
       "when complete; on failure nothing is left at OUT.");
   return [o]() -> int {
-    DcpExportOptions opts;
-    opts.threads = o->stream.threads;
-    opts.fsync = !o->no_fsync;
-    opts.files = o->files;
-    opts.source_chunks = o->source_chunks;
-    if (auto dt = float_dtype_flag(o->dtype); dt.ok()) opts.dtype = *dt; else return report_error(dt.take_status());
-    JobSourceCheck check;  // forked before this process opens SRC
-    check.start(o->src, IoMode::kBuffered, opts.threads, o->no_verify);
-    auto src = open_checkpoint(o->src);
-    if (!src.ok()) return report_error(src.status());
-    opts.before_commit = check.before_commit(**src);
-    auto plan = plan_dcp_export(**src, o->src, opts);
-    if (!plan.ok()) return report_error(plan.take_status().with_file(o->src));
-    auto chunk = o->stream.chunk_bytes_for(**src, plan->pieces);
-    if (!chunk.ok()) return report_error(chunk.take_status());
-    opts.max_chunk_bytes = *chunk;
+    auto parsed = [&]() -> Result<ExportDcpRequest> {  // the flag text parsed once (errors name the flag)
+      ExportDcpRequest req;
+      req.src = o->src;
+      req.out = o->out;
+      CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
+      CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());
+      req.files = o->files;
+      req.source_chunks = o->source_chunks;
+      req.threads = o->stream.threads;
+      req.fsync = !o->no_fsync;
+      req.no_verify = o->no_verify;
+      return req;
+    }();
+    if (!parsed.ok()) return report_error(parsed.status());
+    ExportDcpRequest& req = *parsed;
     ProgressBar bar("export-dcp", stderr_is_tty());
-    opts.progress = bar.callback();
-    Status st = run_dcp_export(**src, *plan, o->out, opts);
+    req.progress = bar.callback();
+    auto r = run_export_dcp_job(req);
     bar.finish();
-    if (!st.ok()) return report_error(st);
+    if (!r.ok()) return report_error(r.status());
     if (o->json) {
-      nlohmann::json j{{"out", o->out}, {"tensors", plan->tensors.size()}, {"chunks", plan->pieces.size()}, {"bytes", plan->total_bytes},
-                       {"files", o->files}, {"skipped", plan->skipped}, {"source_check", check.to_json()}};
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", r->to_json().dump().c_str());
     } else {
-      std::printf("wrote %zu tensors (%llu bytes) as a DCP in %d file(s) to %s", plan->tensors.size(),
-                  static_cast<unsigned long long>(plan->total_bytes), o->files, o->out.c_str());
-      if (!plan->skipped.empty()) std::printf("; left out %zu non-model tensors", plan->skipped.size());
+      std::printf("wrote %zu tensors (%llu bytes) as a DCP in %d file(s) to %s", r->tensors,
+                  static_cast<unsigned long long>(r->bytes), r->files, r->out.c_str());
+      if (!r->skipped.empty()) std::printf("; left out %zu non-model tensors", r->skipped.size());
       std::printf("\n");
     }
     return 0;

@@ -4,13 +4,16 @@
 // Each calls the library function its cli/cmd_*.cc calls, with the GIL released; errors raise the
 // ckpt exceptions (py_errors.h); progress callbacks go through PyProgress (py_progress.h).
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 #include <utility>
 
 #include "converters/jobs/diff_job.h"
+#include "converters/jobs/export_jobs.h"
 #include "converters/jobs/hf_jobs.h"
 #include "converters/jobs/job_flags.h"
+#include "converters/jobs/inspect_job.h"
 #include "converters/jobs/open_checkpoint.h"
 #include "converters/jobs/reshard_job.h"
 #include "converters/jobs/verify_job.h"
@@ -191,6 +194,56 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   return json_to_py(r.to_json());
 }
 
+nb::object py_inspect(const std::string& path) {
+  PyProgress none{nb::none()};
+  InspectOutcome r = run_released(none, [&] { return run_inspect_job(InspectRequest{path}); });
+  return json_to_py(r.to_json());
+}
+
+nb::object py_export_dcp(const std::string& src, const std::string& out, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("export_dcp", std::move(opts));
+  ExportDcpRequest req;
+  req.src = src;
+  req.out = out;
+  const std::string dtype = o.str("dtype");
+  req.files = o.get<int>("files");
+  req.source_chunks = o.get<bool>("source_chunks");
+  req.threads = o.get<int>("threads");
+  auto max_memory = o.max_memory();
+  req.fsync = o.get<bool>("fsync");
+  req.no_verify = !o.get<bool>("verify_source");
+  o.done();
+  req.dtype = o.parse(float_dtype_flag(dtype));
+  req.max_memory = o.parse(std::move(max_memory));
+  PyProgress progress(std::move(progress_cb));
+  req.progress = progress.fn();
+  ExportDcpOutcome r = run_released(progress, [&] { return run_export_dcp_job(req); });
+  return json_to_py(r.to_json());
+}
+
+nb::object py_export_megatron(const std::string& src, const std::string& dst, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("export_megatron", std::move(opts));
+  ExportMegatronRequest req;
+  req.src = src;
+  req.dst = dst;
+  const std::string format = o.str("format");
+  req.tp = o.get<int>("tp");
+  req.pp = o.get<int>("pp");
+  req.pp_layers = o.get<std::vector<int>>("pp_layers");
+  req.vocab_divisor = o.get<int64_t>("vocab_divisor");
+  const std::string dtype = o.str("dtype");
+  req.local_norms = o.get<bool>("local_norms");
+  req.iteration = o.get<int64_t>("iteration");
+  req.no_verify = !o.get<bool>("verify_source");
+  o.done();
+  req.dtype = o.parse(float_dtype_flag(dtype));
+  req.format = o.parse(megatron_format_flag(format));
+  PyProgress progress(std::move(progress_cb));
+  req.progress = progress.fn();
+  ExportMegatronOutcome r = run_released(progress, [&] { return run_export_megatron_job(req); });
+  return json_to_py(r.to_json());
+}
+
 // plan: the search (or one layout's evaluation) of trainer/plan/plan_job.h, as cli/cmd_plan.cc;
 // `from_checkpoint`: the model, batch and sequence length of a trainer checkpoint (ckpt plan --from).
 nb::object py_plan(const std::string& cluster, nb::dict opts) {
@@ -239,6 +292,10 @@ void bind_commands(nb::module_& m) {
   m.def("_to_hf", &py_to_hf, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_from_hf", &py_from_hf, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_plan", &py_plan, nb::arg("cluster"), nb::arg("opts"));
+  m.def("_inspect", &py_inspect, nb::arg("path"));
+  m.def("_export_dcp", &py_export_dcp, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_export_megatron", &py_export_megatron, nb::arg("src"), nb::arg("dst"), nb::arg("opts"),
+        nb::arg("progress").none());
 }
 
 }  // namespace ckpt::py

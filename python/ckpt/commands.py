@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import tempfile
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from . import _ckpt
 
@@ -32,7 +32,7 @@ Path = Union[str, "os.PathLike[str]"]
 Size = Union[int, str]
 Progress = Optional[Callable[[int, int], Any]]
 
-__all__ = ["verify", "diff", "reshard", "convert", "to_hf", "from_hf", "plan"]
+__all__ = ["verify", "inspect", "diff", "reshard", "convert", "to_hf", "from_hf", "export_dcp", "export_megatron", "plan"]
 
 
 def _path(p: Path) -> str:
@@ -58,6 +58,16 @@ def verify(path: Path, *, threads: int = 2, strict: bool = False, progress: Prog
     A path that cannot be opened raises. ``strict=True`` raises the first failure instead of
     returning it (a ``ckpt.ChecksumError`` for a flipped bit)."""
     return _ckpt._verify(_path(path), {"threads": threads, "strict": strict}, progress)
+
+
+def inspect(path: Path) -> Dict[str, Any]:
+    """Summarizes a checkpoint of any kind as stored (a native store in a profile shows its
+    profile's tensors): the dict ``ckpt inspect --json`` prints, ``{path, format, layout,
+    layout_detail, profile, step, tensors, totals, integrity, codecs?}``; each tensor is ``{name,
+    dtype, shape, pieces, bytes, stored_bytes?}``, ``layout_detail`` describes the layout's
+    pipelines and stages (None without a layout), ``integrity`` is ``{scheme, note}``: what
+    :func:`verify` checks and what the format cannot check."""
+    return _ckpt._inspect(_path(path))
 
 
 def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype: bool = False,
@@ -177,6 +187,47 @@ def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, p
             "compress": compress, "digest": digest, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
     return _ckpt._from_hf(_path(src), _path(dst), opts, progress)
+
+
+def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int = 1, source_chunks: bool = False,
+               threads: int = 2, max_memory: Size = "256M", fsync: bool = True, verify_source: bool = True,
+               progress: Progress = None) -> Dict[str, Any]:
+    """Exports a checkpoint's model weights (any kind, any layout) as a torchtitan-style PyTorch
+    Distributed Checkpoint ``out`` under the HuggingFace names, which
+    ``torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=out)`` reads: ``files``
+    ``__R_0.distcp`` files (tensors balanced by bytes), one chunk per tensor, or with
+    ``source_chunks=True`` one per distinct box of the source's pieces. ``dtype``: cast float
+    weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` (None keeps them). Optimizer state and rotary
+    inv_freq buffers are left out. SRC is checked by its format's own checks before anything is
+    committed, unless ``verify_source`` is False.
+
+    Returns ``{out, tensors, chunks, bytes, files, skipped, source_check}``."""
+    opts = {"dtype": dtype or "", "files": files, "source_chunks": source_chunks, "threads": threads,
+            "max_memory": _size(max_memory, "max_memory"), "fsync": fsync, "verify_source": verify_source}
+    return _ckpt._export_dcp(_path(src), _path(out), opts, progress)
+
+
+def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers: Union[None, str, Sequence[int]] = None,
+                    format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
+                    local_norms: bool = False, iteration: int = 0, verify_source: bool = True,
+                    progress: Progress = None) -> Dict[str, Any]:
+    """Writes a checkpoint's model weights (any kind with a model config, in global view) as
+    Megatron checkpoints for ``tp`` x ``pp`` ranks in the new directory ``dst``: ``format``
+    ``"safetensors"`` (per-rank safetensors + megatron_args.json, which ckpt reads back),
+    ``"torch"`` (Megatron-LM's legacy iter_N/mp_rank_*/model_optim_rng.pt, saved as ``iteration``)
+    or ``"torch_dist"`` (a Megatron-Core dist_checkpointing directory). ``pp_layers``: layers per
+    pipeline stage, a list or ``"1,3"`` (None: even split); ``vocab_divisor``: make-vocab-size-divisible-by;
+    ``local_norms``: local-spec norm names instead of Transformer Engine's; ``dtype``: ``"bf16"``,
+    ``"fp16"`` or ``"fp32"`` (None keeps the source's). SRC is checked by its format's own checks
+    before anything is committed, unless ``verify_source`` is False.
+
+    Returns ``{out, format, tp, pp, iteration, source_check}``."""
+    if isinstance(pp_layers, str):
+        pp_layers = [int(x) for x in pp_layers.split(",") if x.strip()]
+    opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])],
+            "vocab_divisor": vocab_divisor, "dtype": dtype or "", "local_norms": local_norms, "iteration": iteration,
+            "verify_source": verify_source}
+    return _ckpt._export_megatron(_path(src), _path(dst), opts, progress)
 
 
 def plan(cluster: Path, *, model: Optional[Path] = None, global_batch: int = 0, seq_len: int = 0, top: int = 3,

@@ -38,7 +38,7 @@ def python_blocks(text: str):
 def test_doc_blocks_cover_the_api():
     code = "\n".join(c for _, c in python_blocks(DOC.read_text()))
     for name in ("ckpt.open", ".read(", "state_dict(", "from_hf", "verify", "reshard", "convert", "to_hf", "diff",
-                 "plan(", "progress=", "except ckpt."):
+                 "plan(", "progress=", "except ckpt.", "inspect(", "export_dcp(", "export_megatron("):
         assert name in code, f"docs/PYTHON.md shows no example of {name}"
 
 
