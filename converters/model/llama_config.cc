@@ -91,24 +91,28 @@ Status LlamaConfig::validate() const {
 }
 
 int64_t LlamaConfig::parameter_count() const {
-  // Within the per-field bounds every term below fits in int64 except the sums; checked anyway.
+  // Within the per-field bounds every term below fits in int64 except the sums; checked anyway (-1 on overflow).
+  // Integers and an overflow flag rather than sums of std::optional: g++ 12 at -Os reports a false
+  // -Wmaybe-uninitialized on an optional assigned from a conditional (GCC bug 80635).
   const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim,
                 f = intermediate_size;
-  std::optional<int64_t> layer = int64_t{2} * h;  // two norms
-  auto add = [&](std::optional<int64_t> a, std::optional<int64_t> b) -> std::optional<int64_t> {
-    return a && b ? checked_add(*a, *b) : std::nullopt;
+  bool overflow = false;
+  auto ok = [&](std::optional<int64_t> v) {
+    overflow = overflow || !v;
+    return v.value_or(0);
   };
-  layer = add(layer, checked_mul(q, h));              // q_proj
-  layer = add(layer, checked_mul(2 * kv, h));         // k_proj, v_proj
-  layer = add(layer, checked_mul(h, q));              // o_proj
-  layer = add(layer, checked_mul(3 * f, h));          // gate, up, down
-  if (attention_bias) layer = add(layer, q + 2 * kv + h);
-  if (mlp_bias) layer = add(layer, 2 * f + h);
-  std::optional<int64_t> all = layer ? checked_mul(*layer, num_hidden_layers) : std::nullopt;
-  all = add(all, checked_mul(vocab_size, h));  // embed_tokens
-  if (!tie_word_embeddings) all = add(all, checked_mul(vocab_size, h));
-  all = add(all, h);  // model.norm
-  return all ? *all : -1;
+  int64_t layer = ok(checked_mul(int64_t{2}, h));            // two norms
+  layer = ok(checked_add(layer, ok(checked_mul(q, h))));      // q_proj
+  layer = ok(checked_add(layer, ok(checked_mul(2 * kv, h))));  // k_proj, v_proj
+  layer = ok(checked_add(layer, ok(checked_mul(h, q))));      // o_proj
+  layer = ok(checked_add(layer, ok(checked_mul(3 * f, h))));  // gate, up, down
+  if (attention_bias) layer = ok(checked_add(layer, q + 2 * kv + h));
+  if (mlp_bias) layer = ok(checked_add(layer, 2 * f + h));
+  int64_t all = ok(checked_mul(layer, num_hidden_layers));
+  all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));  // embed_tokens
+  if (!tie_word_embeddings) all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));
+  all = ok(checked_add(all, h));  // model.norm
+  return overflow ? -1 : all;
 }
 
 Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
