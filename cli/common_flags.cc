@@ -28,11 +28,6 @@ void StreamFlags::print_memory_note(const MemoryFit& fit) const {
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
 }
 
-Result<uint64_t> StreamFlags::chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const {
-  CKPT_ASSIGN_OR_RETURN(const uint64_t mem, max_memory_bytes());
-  return chunk_bytes_for_copy(mem, threads, src, out);
-}
-
 void IoFlags::add(CLI::App& sub) { sub.add_option("--io", io, io_flag_help())->check(CLI::IsMember({"direct", "buffered", "auto"})); }
 
 }  // namespace ckpt::cli

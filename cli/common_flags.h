@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "converters/jobs/job_flags.h"  // parse_max_memory, parse_store_flags, float_dtype_flag, ...
 #include "converters/jobs/memory_fit.h"
@@ -42,8 +41,6 @@ struct StreamFlags {
   void add(CLI::App& sub);
   // --max-memory in bytes (errors name the flag).
   Result<uint64_t> max_memory_bytes() const { return parse_max_memory(max_memory); }
-  // The executor chunk size for copying `src`'s pieces into `out` pieces within --max-memory.
-  Result<uint64_t> chunk_bytes_for(const TensorSource& src, const std::vector<Piece>& out) const;
   // On stderr: the note of a job that ran below its memory floor (converters/jobs/memory_fit.h).
   void print_memory_note(const MemoryFit& fit) const;
 };
