@@ -3,7 +3,8 @@
 // (a run dir's `latest` followed once, so that the page-cache probe, the source check's child
 // process and the open all see the same checkpoint). What a job asks of SRC before it opens it
 // (cold in the page cache? checkable from a copy's reads?) is asked here; then open() opens it once.
-// Used by reshard, to-hf and from-hf (converters/jobs/reshard_job.h, converters/jobs/hf_jobs.h).
+// Used by the jobs that read a SRC: reshard, to-hf, from-hf and the exports (converters/jobs/reshard_job.h,
+// converters/jobs/hf_jobs.h, converters/jobs/export_jobs.h).
 // Thread safety: plain values; open() is reentrant.
 #pragma once
 
