@@ -12,8 +12,8 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/progress.h"
-#include "converters/jobs/reshard_job.h"
 #include "converters/jobs/job_flags.h"
+#include "converters/jobs/reshard_job.h"
 #include "formats/store/store_options.h"
 #include "reshard/dist/comm.h"
 

@@ -1,6 +1,6 @@
 // The low-level classes under ckpt.open() (python/ckpt/checkpoint.py builds the Checkpoint object
 // on them):
-//   _ckpt._open(path) -> _Checkpoint            any kind converters/jobs/open_checkpoint.h reads
+//   _ckpt._open(path) -> _Checkpoint            any kind converters/source/open_checkpoint.h reads
 //   _Checkpoint.path, .kind, .closed, .tensors() -> [(name, numpy dtype name, shape)],
 //     .require(name) (raises NotFoundError naming a tensor the checkpoint lacks),
 //     .metadata_json() -> str, .close(),

@@ -4,11 +4,11 @@
 
 #include <utility>
 
-#include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/profile_view_job.h"
 #include "converters/model/llama_config.h"
 #include "converters/model/llama_sharding.h"
 #include "converters/profile/profile_view.h"
+#include "converters/profile/profile_view_job.h"
+#include "converters/source/open_checkpoint.h"
 #include "reshard/executor.h"
 #include "reshard/planner.h"
 

@@ -1,9 +1,9 @@
 // The C++ side of ckpt.open() and the Checkpoint object, free of Python: an opened checkpoint
-// (any kind converters/jobs/open_checkpoint.h reads), reads of any region of a global tensor through
+// (any kind converters/source/open_checkpoint.h reads), reads of any region of a global tensor through
 // the engine (reshard/executor.h read_global_box: box intersection with the stored pieces,
 // dtype casts), and the regions one rank holds under a layout (reshard/planner.h rank_view with
 // the LLaMA sharding rules of the checkpoint's model_config; through the profile views of
-// converters/jobs/profile_view_job.h when the checkpoint is stored in a non-reference profile or
+// converters/profile/profile_view_job.h when the checkpoint is stored in a non-reference profile or
 // another profile is asked for). checkpoint_bind.cc wraps these for Python.
 // Thread safety: every method takes the checkpoint's mutex (the sources are one thread at a
 // time); the binding releases the GIL before calling them and touches no Python object meanwhile.

@@ -1,4 +1,4 @@
-// The mechanisms a job checks its SRC with before it commits (converters/jobs/source_check_job.h picks
+// The mechanisms a job checks its SRC with before it commits (converters/source/source_check_job.h picks
 // one): BackgroundVerify runs a check in a child process forked before this process touches SRC,
 // so the hashing and its reads overlap the job on another core (HDF5 is not thread safe: a
 // process, not a thread); the child's verdict comes back over a pipe as a Status

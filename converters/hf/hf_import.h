@@ -29,7 +29,7 @@ struct HfImportOptions {
   // ("hf_files"); empty: none.
   std::string side_files_dir;
   // Called after every byte is written, before the commit (the check of SRC: a DCP's zip CRC-32;
-  // converters/jobs/source_check_job.h).
+  // converters/source/source_check_job.h).
   std::function<Status()> before_commit;
 };
 

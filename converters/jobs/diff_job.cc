@@ -1,7 +1,7 @@
 #include "converters/jobs/diff_job.h"
 
-#include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/source_check_job.h"
+#include "converters/source/open_checkpoint.h"
+#include "converters/source/source_check_job.h"
 
 namespace ckpt {
 

@@ -1,6 +1,6 @@
 // One `ckpt diff A B` below the CLI (cli/cmd_diff.cc, python ckpt.diff): both checkpoints opened by
 // open_checkpoint, each checked by its format's own checks while they are compared (a child
-// process each, converters/jobs/source_check_job.h), then compared tensor by tensor in global view
+// process each, converters/source/source_check_job.h), then compared tensor by tensor in global view
 // (reshard/diff.h). A corrupt side is an error naming it, never a verdict of "equal" or
 // "different" about corrupt bytes; `no_verify` skips the checks.
 // Thread safety: one job at a time per process (it forks).

@@ -2,10 +2,10 @@
 
 #include "converters/dcp/dcp_export.h"
 #include "converters/jobs/hf_jobs.h"
-#include "converters/jobs/job_source.h"
-#include "converters/jobs/source_check_job.h"
 #include "converters/megatron/dist/megatron_dist_export.h"
 #include "converters/megatron/megatron_export.h"
+#include "converters/source/job_source.h"
+#include "converters/source/source_check_job.h"
 
 namespace ckpt {
 

@@ -1,7 +1,7 @@
 // One `ckpt export-dcp` and one `ckpt export-megatron` run below the CLI (cli/cmd_export_dcp.cc,
 // cli/cmd_export_megatron.cc; python ckpt.export_dcp / ckpt.export_megatron): the source opened
 // (open_checkpoint: every kind ckpt reads, in global view) and checked by its format's own checks
-// before the commit (converters/jobs/source_check_job.h, in a child forked before this process
+// before the commit (converters/source/source_check_job.h, in a child forked before this process
 // opens it), then the export of converters/dcp/dcp_export.h or converters/megatron/megatron_export.h
 // and converters/megatron/dist/megatron_dist_export.h. Outputs are written under a temporary name
 // and renamed when complete; on failure nothing is left at the destination. The requests carry

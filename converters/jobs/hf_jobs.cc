@@ -7,9 +7,9 @@
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
-#include "converters/jobs/job_source.h"
 #include "converters/jobs/reshard_job.h"
-#include "converters/jobs/source_check_job.h"
+#include "converters/source/job_source.h"
+#include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
 #include "formats/store/store_options.h"
 #include "formats/store/store_writer.h"
@@ -104,7 +104,7 @@ nlohmann::json FromHfOutcome::to_json() const {
 namespace {
 
 // from-hf with a profile: the reshard job from the HF directory (canonical names) into the
-// profile's view, in one pass (converters/jobs/profile_view_job.h); the layout defaults to tp=pp=dp=1.
+// profile's view, in one pass (converters/profile/profile_view_job.h); the layout defaults to tp=pp=dp=1.
 Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chrono::steady_clock::time_point t0) {
   if (req.dtype)
     return Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)");

@@ -1,5 +1,5 @@
 // One `ckpt to-hf` and one `ckpt from-hf` run below the CLI (cli/cmd_to_hf.cc, cli/cmd_from_hf.cc;
-// python ckpt.to_hf / ckpt.from_hf): SRC located and opened once (converters/jobs/job_source.h),
+// python ckpt.to_hf / ckpt.from_hf): SRC located and opened once (converters/source/job_source.h),
 // the plan made (converters/hf/hf_export.h, converters/hf/hf_import.h), the chunk size fitted to
 // the memory budget, the run, and a summary. Outputs are written under a temporary name and
 // renamed when complete. The requests carry typed values, parsed at the edge with errors naming
@@ -17,8 +17,8 @@
 
 #include "converters/jobs/job_flags.h"
 #include "converters/jobs/memory_fit.h"
-#include "converters/jobs/profile_view_job.h"
 #include "converters/profile/exactness.h"
+#include "converters/profile/profile_view_job.h"
 #include "formats/base/status.h"
 #include "formats/dtype/dtype.h"
 #include "formats/io/output_file.h"
@@ -41,7 +41,7 @@ struct ToHfRequest {
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   IoMode io = IoMode::kAuto;         // --io: how SRC's copied ranges are read and the shards written
   bool fsync = true;
-  bool no_verify = false;            // skip the check of SRC before the commit (converters/jobs/source_check_job.h)
+  bool no_verify = false;            // skip the check of SRC before the commit (converters/source/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
@@ -71,7 +71,7 @@ struct FromHfRequest {
   int threads = 2;                   // 1..64
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   ProfileRequest profile;            // store in this profile (reshard job through the profile views)
-  bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/jobs/source_check_job.h)
+  bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/source/source_check_job.h)
   std::function<void(uint64_t, uint64_t)> progress;
   Comm* dist = nullptr;              // the world under mpirun; null: one process
 };

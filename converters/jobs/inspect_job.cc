@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "converters/jobs/open_checkpoint.h"
+#include "converters/source/open_checkpoint.h"
 #include "formats/store/summary.h"
 #include "reshard/layout/layout.h"
 

@@ -6,11 +6,11 @@
 #include <utility>
 #include <vector>
 
-#include "converters/jobs/job_source.h"
 #include "converters/jobs/memory_fit.h"
-#include "converters/jobs/source_check_job.h"
 #include "converters/model/llama_sharding.h"
 #include "converters/profile/profile_view.h"
+#include "converters/source/job_source.h"
+#include "converters/source/source_check_job.h"
 #include "reshard/dist/comm.h"
 #include "reshard/executor.h"
 #include "reshard/store_reshard.h"

@@ -1,10 +1,10 @@
-// One `ckpt reshard` run below the CLI: locate SRC once (converters/jobs/job_source.h: a native
+// One `ckpt reshard` run below the CLI: locate SRC once (converters/source/job_source.h: a native
 // store, or any kind open_checkpoint reads that carries a model config: Megatron, DCP, HF), fit
 // the store writer to the memory budget, start SRC's check, open SRC once, derive the LLaMA
 // sharding rules from its model_config, take the target layout (a layout file, or the flag values
 // keeping the source's other settings), size the chunks and make the plan; then, unless dry_run,
 // execute it into a new native store at DST with SRC checked before commit
-// (converters/jobs/source_check_job.h: in a child process forked before SRC is opened here,
+// (converters/source/source_check_job.h: in a child process forked before SRC is opened here,
 // single-process runs; from the copies' own reads where they read SRC direct; inline on rank 0
 // under MPI). The request carries typed values, parsed at the edge (converters/jobs/job_flags.h).
 // Thread safety: one call at a time per process.
@@ -16,9 +16,9 @@
 #include <string>
 
 #include "converters/jobs/memory_fit.h"
-#include "converters/jobs/profile_view_job.h"
 #include "converters/model/llama_config.h"
 #include "converters/profile/exactness.h"
+#include "converters/profile/profile_view_job.h"
 #include "formats/base/status.h"
 #include "formats/store/store_options.h"
 #include "reshard/layout/layout.h"
@@ -42,7 +42,7 @@ struct ReshardRequest {
   bool no_verify = false;  // skip checking SRC before commit
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
   Comm* dist = nullptr;    // the world under mpirun (Comm::world()); null: a single process
-  ProfileRequest profile;  // --profile / --profile-file / --saturate (converters/jobs/profile_view_job.h)
+  ProfileRequest profile;  // --profile / --profile-file / --saturate (converters/profile/profile_view_job.h)
 };
 
 // The target layout of a reshard of a source with model `cfg` and metadata `src_meta`: the layout

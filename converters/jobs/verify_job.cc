@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "converters/jobs/open_checkpoint.h"
+#include "converters/source/open_checkpoint.h"
 
 namespace ckpt {
 

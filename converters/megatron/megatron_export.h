@@ -32,7 +32,7 @@ struct MegatronExportOptions {
   // Called after each chunk is written: (output bytes done, total), padding rows not counted.
   std::function<void(uint64_t, uint64_t)> progress;
   // Called after every byte is written, before the commit (the job's check of its SRC,
-  // converters/jobs/source_check_job.h): an error leaves nothing at the destination.
+  // converters/source/source_check_job.h): an error leaves nothing at the destination.
   std::function<Status()> before_commit;
 };
 

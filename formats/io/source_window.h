@@ -14,7 +14,7 @@
 //    a warm source is read at memory speed), else direct (a cold source bypasses the page cache,
 //    whose new pages are slow in an idle VM). Commands decide per source instead: `--io auto`
 //    reads a source mostly in the page cache mapped and a cold one direct through SourceBlocks
-//    (page_cache_share, converters/jobs/job_source.h: JobSource::cold).
+//    (page_cache_share, converters/source/job_source.h: JobSource::cold).
 // Where the file system refuses O_DIRECT (open or read fails with EINVAL: tmpfs on old kernels,
 // overlayfs, FUSE) the window falls back to mapping, then to pread, for good: never an error.
 // A source that ends before the bytes asked for is a "ShortSource" error (never SIGBUS).

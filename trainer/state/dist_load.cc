@@ -2,8 +2,8 @@
 // held regions through the engine.
 #include <algorithm>
 
-#include "converters/jobs/profile_view_job.h"
 #include "converters/profile/profile_view.h"
+#include "converters/profile/profile_view_job.h"
 #include "formats/store/store_reader.h"
 #include "reshard/executor.h"
 #include "reshard/source_index.h"

@@ -53,7 +53,7 @@ Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path);
 Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path);
 
 // Opens `path` as kind `kind` (detect_checkpoint's answer, for a caller that looks at the path
-// before it opens it: converters/jobs/job_source.h), bounded as open_checkpoint; with `as_stored`
+// before it opens it: converters/source/job_source.h), bounded as open_checkpoint; with `as_stored`
 // a native store as stored, as open_checkpoint_as_stored.
 Result<std::unique_ptr<TensorSource>> open_checkpoint_as(const CheckpointKind& kind, const std::string& path,
                                                          bool as_stored = false);

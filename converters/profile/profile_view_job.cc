@@ -1,4 +1,4 @@
-#include "converters/jobs/profile_view_job.h"
+#include "converters/profile/profile_view_job.h"
 
 #include "converters/profile/profile_sharding.h"
 #include "converters/profile/profile_view.h"

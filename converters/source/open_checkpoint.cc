@@ -1,4 +1,4 @@
-#include "converters/jobs/open_checkpoint.h"
+#include "converters/source/open_checkpoint.h"
 
 #include <filesystem>
 

@@ -1,5 +1,5 @@
 // A job's SRC found once, before anything opens it: its kind (the one table of
-// converters/jobs/open_checkpoint.h, asked once) and, for a native store, its checkpoint directory
+// converters/source/open_checkpoint.h, asked once) and, for a native store, its checkpoint directory
 // (a run dir's `latest` followed once, so that the page-cache probe, the source check's child
 // process and the open all see the same checkpoint). What a job asks of SRC before it opens it
 // (cold in the page cache? checkable from a copy's reads?) is asked here; then open() opens it once.
@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "converters/jobs/open_checkpoint.h"
-#include "converters/jobs/profile_view_job.h"
+#include "converters/profile/profile_view_job.h"
+#include "converters/source/open_checkpoint.h"
 #include "formats/base/io_mode.h"
 #include "formats/base/status.h"
 #include "formats/tensor/tensor_io.h"

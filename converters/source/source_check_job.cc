@@ -1,6 +1,6 @@
-#include "converters/jobs/source_check_job.h"
+#include "converters/source/source_check_job.h"
 
-#include "converters/jobs/open_checkpoint.h"
+#include "converters/source/open_checkpoint.h"
 
 namespace ckpt {
 

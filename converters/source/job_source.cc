@@ -1,4 +1,4 @@
-#include "converters/jobs/job_source.h"
+#include "converters/source/job_source.h"
 
 #include "formats/base/fs_util.h"
 #include "formats/store/manifest.h"
