@@ -1,8 +1,8 @@
-// A job's SRC located once (converters/jobs/job_source.h): its kind detected, a run dir's `latest`
+// A job's SRC located once (converters/source/job_source.h): its kind detected, a run dir's `latest`
 // followed once (what open() opens even when `latest` moves afterwards), what cannot be resolved
 // or recognised returned by open() as open_checkpoint says it, and the questions asked before
 // opening (cold, copy_checkable) answered from the located checkpoint.
-#include "converters/jobs/job_source.h"
+#include "converters/source/job_source.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

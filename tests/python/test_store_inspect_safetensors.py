@@ -232,7 +232,7 @@ def test_unknown_input_kinds(run_ckpt, tmp_path):
     (tmp_path / "empty").mkdir()
     for cmd in ("verify", "inspect"):
         p = run_ckpt(cmd, tmp_path / "empty", check=False)
-        # the message lists every kind ckpt reads (converters/jobs/open_checkpoint.cc)
+        # the message lists every kind ckpt reads (converters/source/open_checkpoint.cc)
         assert p.returncode == 5 and "no checkpoint kind" in p.stderr and "native-store" in p.stderr and "empty" in p.stderr, p.stderr
     (tmp_path / "x.bin").write_bytes(b"hello")
     p = run_ckpt("inspect", tmp_path / "x.bin", check=False)
