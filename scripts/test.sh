@@ -11,9 +11,21 @@
 # files); raise them
 # as tests are added. With CI=true, where every dependency is installed, a skipped test is a
 # failure (CKPT_NO_SKIP=1 for pytest, see tests/python/conftest.py; ctest's "Skipped" for gtest).
+# CKPT_BUILD_LOCK=FILE: each ninja run holds flock FILE (machines where several checkouts build).
+# The end prints the seconds each phase took.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
+phase_names=(); phase_secs=(); phase_start=$SECONDS
+phase() {  # phase NAME: ends the running phase (its seconds recorded) and starts NAME
+  if ((${#phase_names[@]})); then phase_secs+=($((SECONDS - phase_start))); fi
+  phase_names+=("$1"); phase_start=$SECONDS
+  echo "== $1 =="
+}
+build() {  # build DIR: ninja, under the build lock when CKPT_BUILD_LOCK names one
+  if [ -n "${CKPT_BUILD_LOCK:-}" ]; then flock "$CKPT_BUILD_LOCK" ninja -C "$1" -j"$JOBS"; else ninja -C "$1" -j"$JOBS"; fi
+}
+phase "setup (apt packages, Python venv)"
 bash scripts/setup.sh
 PY="$here/.venv/bin/python"
 JOBS=${CKPT_JOBS:-2}
@@ -56,16 +68,16 @@ run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds
   return 0
 }
 
-echo "== build (RelWithDebInfo, -Werror) =="
+phase "build (RelWithDebInfo, -Werror)"
 # -g1: line tables (backtraces, sanitizer reports) without full debug info: a fifth less compile time.
 # -Werror here (CKPT_WERROR is off by default, for users' builds).
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DCKPT_WERROR=ON -DCKPT_PYTHON="$PY" >/dev/null
-ninja -C build -j"$JOBS"
-echo "== tests =="
+build build
+phase "tests"
 run_ctest build "${CKPT_MIN_TESTS:-499}"
 
-echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer, clang-14, with the libFuzzer targets) =="
+phase "build (AddressSanitizer + UndefinedBehaviorSanitizer, clang-14, with the libFuzzer targets)"
 # One sanitized build serves the tests and the fuzz smoke run: clang-14 (which libFuzzer needs) with
 # coverage instrumentation, at -O1 (the tests run faster than at -O0 and the fuzzers need it).
 if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14' build-asan/CMakeCache.txt; then
@@ -73,21 +85,21 @@ if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-
 fi
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
   -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
-ninja -C build-asan -j"$JOBS"
-echo "== tests under ASan + UBSan =="
+build build-asan
+phase "tests under ASan + UBSan"
 # The C++ tests (they include the CLI bad-file matrix and the store corruption matrix, which run
 # the sanitized ckpt binary) and the asan_py Python tests; the other Python tests run once, above.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=$SAN_EXIT \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=$SAN_EXIT \
   run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-454}" -LE "python|slow"
 
-echo "== line limits (functions <= 90 lines in production code, files <= 450 lines) =="
+phase "line limits (functions <= 90 lines in production code, files <= 450 lines)"
 if "$PY" scripts/line_limits.py; then
   total_pass=$((total_pass + 1))
 else
   total_fail=$((total_fail + 1))
 fi
-echo "== include rules (each folder includes only what its README.md's 'May include:' allows) =="
+phase "include rules (each folder includes only what its README.md's 'May include:' allows)"
 if "$PY" scripts/check_includes.py; then
   total_pass=$((total_pass + 1))
 else
@@ -95,7 +107,7 @@ else
 fi
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
-  echo "== fuzz smoke run =="
+  phase "fuzz smoke run"
   if CKPT_FUZZ_DIR="$here/build-asan" bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"; then
     total_pass=$((total_pass + 1))
   else
@@ -103,6 +115,9 @@ if [ -x tests/fuzz/run_fuzz.sh ]; then
   fi
 fi
 
+phase_secs+=($((SECONDS - phase_start)))
 echo
+for i in "${!phase_names[@]}"; do printf '%6d s  %s\n' "${phase_secs[$i]}" "${phase_names[$i]}"; done
+printf '%6d s  in all\n' "$SECONDS"
 echo "tests: ${total_pass} passed, ${total_fail} failed"
 [ "$total_fail" -eq 0 ]
