@@ -17,7 +17,10 @@ up to 3 calibrations agrees with its reference (a burst of load elsewhere slows 
 - MPI latency and bandwidth (mpirun -np 2, ckpt's hidden calibrate-mpi-probe): tests/tools/
   mpi_pingpong, plain MPI calls under the same mpirun options. ckpt's communicator waits by polling
   (reshard/dist/comm_wait.cc), so the latency is compared with the ping-pong's polled wait (within
-  1.5x; ratios seen 1.05-1.40; 3-4x the blocking one, which it must not beat); the bandwidth with
+  3x: a round trip of a few microseconds is what the scheduling of two shared cores moves most --
+  ratios seen 1.05-1.40 on a quiet machine, 1.7-2.9 with a build on the other core -- so this catches
+  a wrong unit or a probe that times something else, not a 2x error; 3-4x the blocking one, which it
+  must not beat); the bandwidth with
   the geometric mean of both waits (within 1.5x; ratios seen 0.83-1.41);
 - memory: psutil's physical memory, exactly; without MPI the link bandwidth is the memcpy one;
 - cost terms (docs/PLAN.md "Calibrated terms"): the concurrency factor (sgemm FLOP/s per process
@@ -156,7 +159,7 @@ def measured_vs_references(tmp_path):
         "sgemm": (dev["peak_flops"], numpy_sgemm_flops(), 1.5),
         "trainer": (m["trainer_flops"], ckpt_train_flops(tmp_path), 1.6),
         "memcpy": (m["memcpy_bytes_per_s"], numpy_copy_bytes_per_s(), 1.5),
-        "latency": (m["mpi_latency_s"], mpi["polled_latency_s"], 1.5),
+        "latency": (m["mpi_latency_s"], mpi["polled_latency_s"], 3.0),
         "bandwidth": (dev["link_bandwidth"], (mpi["bytes_per_s"] * mpi["polled_bytes_per_s"]) ** 0.5, 1.5),
     }
     assert m["mpi_latency_s"] >= mpi["latency_s"] / 1.6, (m["mpi_latency_s"], mpi)  # no faster than blocking MPI
