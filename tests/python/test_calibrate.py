@@ -171,16 +171,17 @@ def test_calibration_against_independent_measurements(tmp_path):
     # Another process's burst (a build on the other core) can slow one measurement of a pair by 2x:
     # a figure passes when one of up to 3 calibrations agrees with its reference. A calibration
     # wrong by 2x disagrees every time.
-    # The figures are compared only while the machine is not oversubscribed (1-minute load below the
-    # core count, as in the suite, where this test runs alone): with more runnable processes than
-    # cores every figure and its reference measure the scheduler (sgemm 4x, memcpy 0.35x and an MPI
+    # The figures are compared only while the machine is not oversubscribed (1-minute load below twice
+    # the core count: the suite runs this test alone, its own two ranks and the tests before it make
+    # about the core count): with far more runnable processes than cores every figure and its
+    # reference measure the scheduler (sgemm 4x, memcpy 0.35x and an MPI
     # round trip 1000x were seen with builds beside the test).
     import psutil
     pending, seen, loaded = None, {}, []
     for _ in range(3):
-        busy = os.getloadavg()[0] >= os.cpu_count()
+        busy = os.getloadavg()[0] >= 2 * os.cpu_count()
         figures, c = measured_vs_references(tmp_path)
-        busy = busy or os.getloadavg()[0] >= os.cpu_count()
+        busy = busy or os.getloadavg()[0] >= 2 * os.cpu_count()
         loaded.append(busy)
         for k, (x, ref, factor) in figures.items():
             seen.setdefault(k, []).append(round(x / ref, 3))
