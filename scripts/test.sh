@@ -34,7 +34,25 @@ JOBS=${CKPT_JOBS:-2}
 py_setup_log=$(mktemp)
 bash scripts/setup.sh --python >"$py_setup_log" 2>&1 &
 py_setup_pid=$!
-trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log"' EXIT
+pyfork_pid=""
+pytest_server_start() {  # the Python tests fork from one interpreter that imported torch & co. once
+  pyfork_sock=$(mktemp -u /tmp/ckpt-pyfork.XXXXXX)
+  "$PY" tests/python/pyfork.py serve "$pyfork_sock" >"$pyfork_sock.log" 2>&1 &
+  pyfork_pid=$!
+  export CKPT_PYTEST_SERVER=$pyfork_sock  # tests/python/pyfork.py: until it listens, plain pytest runs
+  for _ in $(seq 100); do  # its imports take a few seconds: the first (longest) tests fork too
+    if [ -S "$pyfork_sock" ] || ! kill -0 "$pyfork_pid" 2>/dev/null; then break; fi
+    sleep 0.2
+  done
+}
+pytest_server_stop() {
+  if [ -z "$pyfork_pid" ]; then return 0; fi
+  kill -TERM "$pyfork_pid" 2>/dev/null || true
+  wait "$pyfork_pid" 2>/dev/null || true
+  tail -1 "$pyfork_sock.log"; rm -f "$pyfork_sock.log"
+  pyfork_pid=""; unset CKPT_PYTEST_SERVER
+}
+trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log"; pytest_server_stop' EXIT
 total_pass=0; total_fail=0
 if [ "${CI:-}" = "true" ]; then export CKPT_NO_SKIP=1; fi
 # Sanitizer findings exit with a code no test expects, and stop at the first UB.
@@ -85,6 +103,7 @@ build build
 phase "tests"
 if ! wait "$py_setup_pid"; then cat "$py_setup_log"; echo "setup.sh --python failed"; exit 1; fi
 cat "$py_setup_log"
+pytest_server_start
 run_ctest build "${CKPT_MIN_TESTS:-499}"
 
 phase "build (AddressSanitizer + UndefinedBehaviorSanitizer, clang-14, with the libFuzzer targets)"
@@ -102,6 +121,7 @@ phase "tests under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=$SAN_EXIT \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=$SAN_EXIT \
   run_ctest build-asan "${CKPT_MIN_ASAN_TESTS:-454}" -LE "python|slow"
+pytest_server_stop
 
 phase "line limits (functions <= 90 lines in production code, files <= 450 lines)"
 if "$PY" scripts/line_limits.py; then
