@@ -52,7 +52,8 @@ pytest_server_stop() {
   tail -1 "$pyfork_sock.log"; rm -f "$pyfork_sock.log"
   pyfork_pid=""; unset CKPT_PYTEST_SERVER
 }
-trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log"; pytest_server_stop' EXIT
+trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log"; pytest_server_stop
+  if [ -n "${asan_pid:-}" ]; then pkill -TERM -P "$asan_pid" 2>/dev/null || true; wait "$asan_pid" 2>/dev/null || true; fi' EXIT
 total_pass=0; total_fail=0
 if [ "${CI:-}" = "true" ]; then export CKPT_NO_SKIP=1; fi
 # Sanitizer findings exit with a code no test expects, and stop at the first UB.
@@ -92,6 +93,24 @@ run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds
   return 0
 }
 
+# The sanitized build (below) compiles beside the first build and the tests, at nice 19: it takes only
+# the CPU they leave idle (a build's last single-core steps, the tests' waits on disk and on their
+# subprocesses), about a third of its own time. Not with CKPT_BUILD_LOCK (both builds would queue on it).
+asan_configure() {
+  # One sanitized build serves the tests and the fuzz smoke run: clang-14 (which libFuzzer needs) with
+  # coverage instrumentation, at -O1 (the tests run faster than at -O0 and the fuzzers need it).
+  if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14' build-asan/CMakeCache.txt; then
+    rm -rf build-asan  # configured by an older test.sh with g++: a cache keeps its compiler
+  fi
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+    -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
+}
+asan_pid=""; asan_log=$(mktemp)
+if [ -z "${CKPT_BUILD_LOCK:-}" ]; then
+  (asan_configure && nice -n 19 ninja -C build-asan -j"$JOBS") >"$asan_log" 2>&1 &
+  asan_pid=$!
+fi
+
 phase "build (RelWithDebInfo, -Werror)"
 # -g1: line tables (backtraces, sanitizer reports) without full debug info: a fifth less compile time.
 # -Werror here (CKPT_WERROR is off by default, for users' builds). The GoogleTest binaries' own code
@@ -104,17 +123,20 @@ phase "tests"
 if ! wait "$py_setup_pid"; then cat "$py_setup_log"; echo "setup.sh --python failed"; exit 1; fi
 cat "$py_setup_log"
 pytest_server_start
-run_ctest build "${CKPT_MIN_TESTS:-499}"
+run_ctest build "$(( ${CKPT_MIN_TESTS:-499} - 2 ))" -LE serial
 
 phase "build (AddressSanitizer + UndefinedBehaviorSanitizer, clang-14, with the libFuzzer targets)"
-# One sanitized build serves the tests and the fuzz smoke run: clang-14 (which libFuzzer needs) with
-# coverage instrumentation, at -O1 (the tests run faster than at -O0 and the fuzzers need it).
-if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14' build-asan/CMakeCache.txt; then
-  rm -rf build-asan  # configured by an older test.sh with g++: a cache keeps its compiler
+if [ -n "$asan_pid" ]; then
+  if ! wait "$asan_pid"; then cat "$asan_log"; echo "the sanitized build failed"; exit 1; fi
+  tail -1 "$asan_log"
+else
+  asan_configure
+  build build-asan
 fi
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-  -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
-build build-asan
+rm -f "$asan_log"
+phase "timing tests (label serial: alone on the machine)"
+run_ctest build 2 -L serial
+
 phase "tests under ASan + UBSan"
 # The C++ tests (they include the CLI bad-file matrix and the store corruption matrix, which run
 # the sanitized ckpt binary) and the asan_py Python tests; the other Python tests run once, above.
