@@ -90,6 +90,15 @@ auto run_released(PyProgress& progress, Work&& work) {
   return std::move(r).value();
 }
 
+// A job of converters/jobs with the progress callback `cb` as its request's progress: runs it with
+// the GIL released (run_released) and returns its outcome.
+template <class Request, class Job>
+auto run_job(nb::object cb, Request& req, Job&& job) {
+  PyProgress progress(std::move(cb));
+  req.progress = progress.fn();
+  return run_released(progress, [&] { return job(req); });
+}
+
 nb::object py_verify(const std::string& path, nb::dict opts, nb::object progress_cb) {
   CommandOptions o("verify", std::move(opts));
   const int threads = o.get<int>("threads");
@@ -142,9 +151,7 @@ nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict o
   req.max_memory = o.parse(std::move(max_memory));
   req.layout = o.parse(std::move(layout));
   req.layout_file = o.parse(parse_layout_file(layout_file));
-  PyProgress progress(std::move(progress_cb));
-  req.progress = progress.fn();
-  ReshardOutcome r = run_released(progress, [&] { return run_reshard_job(req); });
+  ReshardOutcome r = run_job(std::move(progress_cb), req, run_reshard_job);
   return json_to_py(r.to_json(dst, req.dry_run));
 }
 
@@ -164,9 +171,7 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   req.dtype = o.parse(float_dtype_flag(dtype));
   req.max_shard_size = o.parse(parse_max_shard_size(max_shard_size));
   req.max_memory = o.parse(std::move(max_memory));
-  PyProgress progress(std::move(progress_cb));
-  req.progress = progress.fn();
-  ToHfOutcome r = run_released(progress, [&] { return run_to_hf_job(req); });
+  ToHfOutcome r = run_job(std::move(progress_cb), req, run_to_hf_job);
   return json_to_py(r.to_json());
 }
 
@@ -188,9 +193,7 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   req.store.fsync = fsync;
   req.max_memory = o.parse(std::move(max_memory));
   req.layout = o.parse(std::move(layout));
-  PyProgress progress(std::move(progress_cb));
-  req.progress = progress.fn();
-  FromHfOutcome r = run_released(progress, [&] { return run_from_hf_job(req); });
+  FromHfOutcome r = run_job(std::move(progress_cb), req, run_from_hf_job);
   return json_to_py(r.to_json());
 }
 
@@ -215,9 +218,7 @@ nb::object py_export_dcp(const std::string& src, const std::string& out, nb::dic
   o.done();
   req.dtype = o.parse(float_dtype_flag(dtype));
   req.max_memory = o.parse(std::move(max_memory));
-  PyProgress progress(std::move(progress_cb));
-  req.progress = progress.fn();
-  ExportDcpOutcome r = run_released(progress, [&] { return run_export_dcp_job(req); });
+  ExportDcpOutcome r = run_job(std::move(progress_cb), req, run_export_dcp_job);
   return json_to_py(r.to_json());
 }
 
@@ -238,9 +239,7 @@ nb::object py_export_megatron(const std::string& src, const std::string& dst, nb
   o.done();
   req.dtype = o.parse(float_dtype_flag(dtype));
   req.format = o.parse(megatron_format_flag(format));
-  PyProgress progress(std::move(progress_cb));
-  req.progress = progress.fn();
-  ExportMegatronOutcome r = run_released(progress, [&] { return run_export_megatron_job(req); });
+  ExportMegatronOutcome r = run_job(std::move(progress_cb), req, run_export_megatron_job);
   return json_to_py(r.to_json());
 }
 

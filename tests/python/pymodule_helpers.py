@@ -1,6 +1,7 @@
 """Shared helpers of the ckpt Python module's tests (tests/python/test_pymodule_*.py): import of the
-built module, native stores written by store_write_tool from numpy arrays, and h5py reads of them
-(the independent reference: the pieces as HDF5 datasets, assembled into global tensors by numpy)."""
+built module, the tiny model's config and the CLI runner of the command tests, native stores written
+by store_write_tool from numpy arrays, and h5py reads of them (the independent reference: the pieces
+as HDF5 datasets, assembled into global tensors by numpy)."""
 import json
 import os
 import pathlib
@@ -27,6 +28,25 @@ def import_ckpt():
     except ImportError as e:
         pytest.fail(f"the ckpt module is not built ({e}): ninja -C build ckpt_python")
     return ckpt
+
+
+# The tiny LLaMA (GQA, untied) of the command and job tests: an HF config.json.
+CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
+       "rope_theta": 10000.0, "max_position_embeddings": 64, "vocab_size": 37, "hidden_size": 16,
+       "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 4, "torch_dtype": "float32", "tie_word_embeddings": False}
+
+
+def run_cli(*args, check=True):
+    exe = os.environ.get("CKPT_BIN", str(pathlib.Path(os.environ.get("CKPT_BINARY_DIR", "build")) / "ckpt"))
+    p = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ckpt {args} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def no_partial(path: pathlib.Path):
+    return not path.exists() and not pathlib.Path(str(path) + ".partial").exists()
 
 
 ST_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int32": "I32",

@@ -17,7 +17,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -29,14 +28,11 @@ from safetensors.numpy import load_file, save_file
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import megatron_reference as ref  # noqa: E402
+from pymodule_helpers import CFG, no_partial, run_cli  # noqa: E402
 from native_h5py import read_native  # noqa: E402  (scripts/, put on sys.path by conftest)
 
 ckpt = pytest.importorskip("ckpt", reason="the ckpt module: build target ckpt_python, PYTHONPATH=<build>/python")
 
-CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
-       "rope_theta": 10000.0, "max_position_embeddings": 64, "vocab_size": 37, "hidden_size": 16,
-       "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "head_dim": 4, "torch_dtype": "float32", "tie_word_embeddings": False}
 
 
 def write_hf(d: pathlib.Path, tensors, cfg=CFG):
@@ -58,18 +54,6 @@ def native(tmp_path_factory, model):
     hf = write_hf(d / "hf", model)
     res = ckpt.from_hf(hf, d / "native", fsync=False)
     return hf, d / "native", res
-
-
-def run_cli(*args, check=True):
-    exe = os.environ.get("CKPT_BIN", str(pathlib.Path(os.environ.get("CKPT_BINARY_DIR", "build")) / "ckpt"))
-    p = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=300)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ckpt {args} exited {p.returncode}: {p.stderr}")
-    return p
-
-
-def no_partial(path: pathlib.Path):
-    return not path.exists() and not pathlib.Path(str(path) + ".partial").exists()
 
 
 # ---- from_hf / to_hf -------------------------------------------------------------------------

@@ -16,10 +16,8 @@ converters/jobs/inspect_job.h and export_jobs.h), each against an independent re
                    and leaves nothing at the destination.
 Needs PYTHONPATH=<build>/python (ctest sets it) and CKPT_BIN for the CLI comparisons."""
 import json
-import os
 import pathlib
 import re
-import subprocess
 import sys
 import warnings
 
@@ -32,28 +30,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import megatron_reference as ref  # noqa: E402
+from pymodule_helpers import CFG, no_partial, run_cli  # noqa: E402
 
 ckpt = pytest.importorskip("ckpt", reason="the ckpt module: build target ckpt_python, PYTHONPATH=<build>/python")
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
-       "rope_theta": 10000.0, "max_position_embeddings": 64, "vocab_size": 37, "hidden_size": 16,
-       "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "head_dim": 4, "torch_dtype": "float32", "tie_word_embeddings": False}
-
-
-def run_cli(*args, check=True):
-    exe = os.environ.get("CKPT_BIN", str(pathlib.Path(os.environ.get("CKPT_BINARY_DIR", "build")) / "ckpt"))
-    p = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=300)
-    if check and p.returncode != 0:
-        raise AssertionError(f"ckpt {args} exited {p.returncode}: {p.stderr}")
-    return p
-
-
-def no_partial(path: pathlib.Path):
-    return not path.exists() and not pathlib.Path(str(path) + ".partial").exists()
 
 
 @pytest.fixture(scope="module")
