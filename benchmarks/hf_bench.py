@@ -55,13 +55,13 @@ def make_model(d: pathlib.Path, layers: int, seed: int = 0, vocab: int = 32000):
     return sum(t.numel() * 2 for t in tensors.values())
 
 
-def timed(cmd, sync=False):
+def timed(cmd, sync=False, stdout=None):
     """Wall seconds, peak RSS (MiB) and CPU seconds (user + sys) of `cmd`, measured by /usr/bin/time
     (getrusage of its child; a child forked from this large Python process would inherit its RSS
-    high-water mark)."""
+    high-water mark). `stdout`: an open file for the command's output (default: discarded)."""
     rep = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"hf_bench_time_{os.getpid()}.txt"
     t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(rep), *map(str, cmd)], stdout=subprocess.DEVNULL,
+    p = subprocess.run(["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(rep), *map(str, cmd)], stdout=stdout or subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     if sync:
         os.sync()

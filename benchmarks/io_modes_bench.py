@@ -169,12 +169,15 @@ class State:
                                 pass
             return
         os.sync()
-        try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-            self.drop = "drop_caches"
-        except OSError:
-            self.drop = "fadvise"
+        self.drop = "fadvise"
+        if getattr(self.a, "drop_method", "drop_caches") == "drop_caches":  # fadvise: only the sources leave the cache
+            try:
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("3\n")
+                self.drop = "drop_caches"
+            except OSError:
+                pass
+        if self.drop == "fadvise":
             for d in sources:
                 for p in pathlib.Path(d).rglob("*"):
                     if p.is_file():
@@ -197,11 +200,12 @@ def dd_copy(src: pathlib.Path, dst: pathlib.Path):
     return ["bash", "-c", "\n".join(lines)]
 
 
-def dd_floor(nbytes: int, dst: pathlib.Path, streams: int = 16):
-    """The disk's write floor for nbytes: `streams` dd oflag=direct writers of zeros at once (no read)."""
+def dd_floor(nbytes: int, dst: pathlib.Path, streams: int = 16, bs_mib: int = 4):
+    """The disk's write floor for nbytes: `streams` dd oflag=direct writers of zeros at once (no read), in
+    requests of bs_mib MiB (each writes ceil(nbytes / streams) rounded up to whole requests)."""
     dst.mkdir(parents=True)
-    count = -(-nbytes // (streams * (4 << 20)))
-    return ["bash", "-c", f"for i in $(seq {streams}); do dd if=/dev/zero of='{dst}'/$i bs=4M count={count} oflag=direct "
+    count = -(-nbytes // (streams * (bs_mib << 20)))
+    return ["bash", "-c", f"for i in $(seq {streams}); do dd if=/dev/zero of='{dst}'/$i bs={bs_mib}M count={count} oflag=direct "
             "conv=fsync status=none & done; wait"]
 
 
