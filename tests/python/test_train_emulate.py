@@ -79,8 +79,10 @@ def test_emulated_rank_is_stretched_and_numbers_unchanged(tmp_path):
     emu, mem = steps(tmp_path / "emu")
     assert all(s["emulated"] == {"fast": 1.0, "slow": 2.0} for s in emu), emu[0]
     assert mem and [m["rank"] for m in mem[0]["emulation_memory"]] == [0, 1]
-    # Summed over the steps after the first: a loaded machine deschedules either rank at random.
-    ratio = sum(s["rank_compute_s"][1] for s in emu[1:]) / sum(s["rank_compute_s"][0] for s in emu[1:])
+    # The median of the steps' ratios after the first: a loaded machine deschedules either rank at
+    # random, which moves a sum by one bad step (measured under load: one step at 5.4x, the sum at 3.3x).
+    ratios = sorted(s["rank_compute_s"][1] / s["rank_compute_s"][0] for s in emu[1:])
+    ratio = ratios[len(ratios) // 2]
     assert 1.4 <= ratio <= 3.0, [s["rank_compute_s"] for s in emu]
 
     r = train(tmp_path, tmp_path / "plain", "--cluster", cl)
