@@ -43,10 +43,16 @@ nlohmann::json InspectOutcome::to_json() const {
   nlohmann::json j = summary;
   j["layout_detail"] = layout_detail;
   j["integrity"] = {{"scheme", integrity_scheme}, {"note", integrity_note}};
+  if (!not_imported.empty()) j["not_imported"] = not_imported;
   return j;
 }
 
-std::string InspectOutcome::to_text() const { return store::text_summary(to_json()); }
+std::string InspectOutcome::to_text() const {
+  std::string t = store::text_summary(to_json());
+  for (auto it = not_imported.begin(); it != not_imported.end(); ++it)
+    t += "not imported (" + it.key() + "): " + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) + "\n";
+  return t;
+}
 
 Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint_as_stored(req.path));
@@ -59,6 +65,9 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
   out.layout_detail = layout_detail(out.summary["layout"]);
   out.integrity_scheme = integrity.scheme;
   out.integrity_note = integrity.cannot_check;
+  const nlohmann::json& md = src->metadata();
+  if (md.is_object() && md.contains("megatron") && md["megatron"].is_object() && md["megatron"].contains("optimizer_not_imported"))
+    out.not_imported["optimizer"] = md["megatron"]["optimizer_not_imported"];
   return out;
 }
 

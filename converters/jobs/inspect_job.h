@@ -28,8 +28,12 @@ struct InspectOutcome {
   nlohmann::json layout_detail;
   std::string integrity_scheme;  // what `ckpt verify` checks ("xxh3-128 piece digests", "zip CRC-32", "")
   std::string integrity_note;    // what the format cannot check, by name ("" when nothing)
-  // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail and
-  // "integrity": {scheme, note}.
+  // What the checkpoint holds that the source does not import, by kind, each a note naming the
+  // entries and why ({"optimizer": "..."} from metadata megatron.optimizer_not_imported); empty
+  // when everything is imported.
+  nlohmann::json not_imported = nlohmann::json::object();
+  // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail,
+  // "integrity": {scheme, note} and, when anything is not imported, "not_imported".
   nlohmann::json to_json() const;
   // The text `ckpt inspect` prints (store::text_summary of to_json()).
   std::string to_text() const;

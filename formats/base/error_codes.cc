@@ -121,6 +121,11 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MissingTensor", kNotFound},
     {"NoModelConfig", kUnsup},
     {"BadMegatronArgs", kCorrupt},
+    {"MissingMegatronCommonState", kCorrupt},   // torch_dist: neither common.pt nor the common_state item
+    {"BadMegatronCommonState", kCorrupt},       // common_state outside its file, or not [state dict]
+    {"BadMegatronIntegrity", kCorrupt},         // integrity.json malformed
+    {"MegatronIntegrityMismatch", kSum},        // a file's SHA-256 differs from integrity.json's
+    {"MegatronIntegrityMissingFile", kCorrupt}, // a file integrity.json lists is missing
     {"Base64Invalid", kCorrupt},
     {"HfFilesCorrupt", kCorrupt},
     {"HfFilesChecksum", kSum},

@@ -58,6 +58,78 @@ Result<int64_t> arg_int(const nlohmann::json& j, const std::string& file, const 
   return v;
 }
 
+torch::TorchFileLimits common_limits() {
+  torch::TorchFileLimits lim;
+  lim.max_pickle_bytes = uint64_t{64} << 20;
+  return lim;
+}
+
+// The step of every param group when they agree (fully_reshardable keeps the optimizer's
+// state_dict without its per-parameter state: {'optimizer': {'param_groups': [...]}}).
+std::optional<int64_t> param_groups_step(const torch::PyObj* opt) {
+  const torch::PyObj* inner = opt ? opt->get("optimizer") : nullptr;
+  const torch::PyObj* groups = inner ? inner->get("param_groups") : nullptr;
+  if (!groups || !groups->is(torch::PyType::kList) || groups->items.empty()) return std::nullopt;
+  std::optional<int64_t> step;
+  for (const torch::PyObj* g : groups->items) {
+    const torch::PyObj* s = g && g->is(torch::PyType::kDict) ? g->get("step") : nullptr;
+    if (!s || !(s->is(torch::PyType::kInt) || s->is(torch::PyType::kFloat))) return std::nullopt;
+    const int64_t v = s->is(torch::PyType::kInt) ? s->i : static_cast<int64_t>(s->f);
+    if (step && *step != v) return std::nullopt;
+    step = v;
+  }
+  return step;
+}
+
+// What the common state dict `root` holds (common.pt's root, or common_state's [0]).
+Result<MegatronDistCommon> common_from_root(torch::TorchFile& tf, const torch::PyObj* root, const std::string& file,
+                                            const std::string& source) {
+  MegatronDistCommon out;
+  out.source = source;
+  if (const torch::PyObj* a = root->get("args")) {
+    if (!a->is_record("argparse.Namespace")) return bad_common(file, "'args' is not an argparse.Namespace");
+    out.args = namespace_to_json(a);
+  }
+  if (const torch::PyObj* it = root->get("iteration"); it && it->is(torch::PyType::kInt)) out.iteration = it->i;
+  const torch::PyObj* opt = root->get("optimizer");
+  const torch::PyObj* state = opt ? opt->get("state") : nullptr;
+  const torch::PyObj* step = state ? state->get("common_step") : nullptr;
+  if (step && step->is(torch::PyType::kInt)) out.optimizer_step = step->i;
+  if (step && step->is(torch::PyType::kFloat)) out.optimizer_step = static_cast<int64_t>(step->f);
+  if (step && step->is(torch::PyType::kTensor) && step->tensor.size.empty() && step->tensor.storage.dtype == DType::kF32) {
+    float v = 0;
+    CKPT_RETURN_IF_ERROR(tf.read_tensor(step->tensor, Box{}, &v));
+    out.optimizer_step = static_cast<int64_t>(v);
+  }
+  if (!out.optimizer_step) out.optimizer_step = param_groups_step(opt);
+  const torch::PyObj* cm = root->get("content_metadata");
+  const torch::PyObj* st = cm && cm->is(torch::PyType::kDict) ? cm->get("distrib_optim_sharding_type") : nullptr;
+  if (!st && opt && opt->is(torch::PyType::kDict)) st = opt->get("param_state_sharding_type");
+  if (st && st->is(torch::PyType::kStr)) out.sharding_type = st->s;
+  return out;
+}
+
+// The common_state item opened as a torch.save zip, after checking that it lies inside its file.
+Result<std::unique_ptr<torch::TorchFile>> open_common_state(const std::string& dir, const torch::DcpBytesItem& item) {
+  CKPT_RETURN_IF_ERROR(torch::check_dcp_relative_path(item.file, item.fqn));
+  const std::string path = (fs::path(dir) / item.file).string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec)
+    return Status::Error("BadMegatronCommonState", "'" + path + "': the file of item '" + item.fqn + "' cannot be read: " + ec.message())
+        .with_file(path)
+        .with_tensor(item.fqn);
+  if (item.length == 0 || item.offset > size || item.length > size - item.offset)
+    return Status::Error("BadMegatronCommonState", "'" + path + "': item '" + item.fqn + "' at bytes [" + std::to_string(item.offset) +
+                                                       ", " + std::to_string(item.offset) + " + " + std::to_string(item.length) +
+                                                       ") lies outside the file (" + std::to_string(size) + " bytes)")
+        .with_file(path)
+        .with_tensor(item.fqn);
+  auto tf = torch::TorchFile::open(path, item.offset, item.length, common_limits());
+  if (!tf.ok()) return tf.take_status().with_context("common state item '" + item.fqn + "' of '" + path + "'").with_file(path);
+  return std::move(tf).value();
+}
+
 }  // namespace dist_common_detail
 
 std::optional<std::string> find_megatron_dist_dir(const std::string& path) {
@@ -80,40 +152,46 @@ std::optional<std::string> find_megatron_dist_dir(const std::string& path) {
   return std::nullopt;
 }
 
-Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir) {
+Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, const torch::DcpMetadata* md) {
   using namespace dist_common_detail;
-  MegatronDistCommon out;
   const std::string mdfile = dir + "/metadata.json";
-  CKPT_ASSIGN_OR_RETURN(nlohmann::json md, read_json_file(mdfile, kStatusJsonLimits, "metadata.json"));
-  if (!md.is_object() || !md.contains("sharded_backend") || md["sharded_backend"] != "torch_dist")
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json mj, read_json_file(mdfile, kStatusJsonLimits, "metadata.json"));
+  if (!mj.is_object() || !mj.contains("sharded_backend") || mj["sharded_backend"] != "torch_dist")
     return Status::Unsupported("'" + mdfile + "': sharded_backend is " +
-                               (md.is_object() && md.contains("sharded_backend") ? md["sharded_backend"].dump() : "absent") +
+                               (mj.is_object() && mj.contains("sharded_backend") ? mj["sharded_backend"].dump() : "absent") +
                                ", ckpt reads torch_dist (zarr and fsdp_dtensor are not supported)")
         .with_file(mdfile);
   const std::string file = dir + "/common.pt";
   std::error_code ec;
-  if (!fs::exists(file, ec)) return out;
-  torch::TorchFileLimits lim;
-  lim.max_pickle_bytes = uint64_t{64} << 20;
-  CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, lim));
+  if (fs::exists(file, ec)) {
+    CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, common_limits()));
+    const torch::PyObj* root = tf->root();
+    if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
+    return common_from_root(*tf, root, file, "common.pt");
+  }
+  std::optional<torch::DcpMetadata> own;
+  if (!md) {
+    CKPT_ASSIGN_OR_RETURN(own, torch::read_dcp_metadata(dir));
+    md = &*own;
+  }
+  const torch::DcpBytesItem* item = nullptr;
+  for (const auto& b : md->bytes)
+    if (b.fqn == kMegatronCommonStateItem) item = &b;
+  if (!item)
+    return Status::Error("MissingMegatronCommonState",
+                         "'" + dir + "' has neither common.pt (megatron-core <= 0.18) nor a '" + kMegatronCommonStateItem +
+                             "' item in its .metadata (megatron-core 0.19): no args, iteration or optimizer step")
+        .with_file(dir);
+  CKPT_ASSIGN_OR_RETURN(auto tf, open_common_state(dir, *item));
+  const std::string where = (fs::path(dir) / item->file).string();
   const torch::PyObj* root = tf->root();
-  if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
-  if (const torch::PyObj* a = root->get("args")) {
-    if (!a->is_record("argparse.Namespace")) return bad_common(file, "'args' is not an argparse.Namespace");
-    out.args = namespace_to_json(a);
-  }
-  if (const torch::PyObj* it = root->get("iteration"); it && it->is(torch::PyType::kInt)) out.iteration = it->i;
-  const torch::PyObj* opt = root->get("optimizer");
-  const torch::PyObj* state = opt ? opt->get("state") : nullptr;
-  const torch::PyObj* step = state ? state->get("common_step") : nullptr;
-  if (step && step->is(torch::PyType::kInt)) out.optimizer_step = step->i;
-  if (step && step->is(torch::PyType::kFloat)) out.optimizer_step = static_cast<int64_t>(step->f);
-  if (step && step->is(torch::PyType::kTensor) && step->tensor.size.empty() && step->tensor.storage.dtype == DType::kF32) {
-    float v = 0;
-    CKPT_RETURN_IF_ERROR(tf->read_tensor(step->tensor, Box{}, &v));
-    out.optimizer_step = static_cast<int64_t>(v);
-  }
-  return out;
+  if (!root || !(root->is(torch::PyType::kList) || root->is(torch::PyType::kTuple)) || root->items.empty() ||
+      !root->items[0]->is(torch::PyType::kDict))
+    return Status::Error("BadMegatronCommonState", "'" + where + "': item '" + item->fqn +
+                                                       "' is not a torch.save of [state dict] (megatron-core's ShardedObject common_state)")
+        .with_file(where)
+        .with_tensor(item->fqn);
+  return common_from_root(*tf, root->items[0], where, item->fqn);
 }
 
 Result<LlamaConfig> llama_config_from_megatron_args(const nlohmann::json& j, int64_t padded_vocab, const std::string& file) {

@@ -50,6 +50,8 @@ struct DistOptimizerPrefix {
   const char* dist;
   const char* canonical;
 };
+// The distributed optimizer's fp32 masters in its fully_reshardable form (megatron-core 0.17+).
+inline constexpr const char* kDistMasterParamPrefix = "optimizer.state.param.";
 inline constexpr DistOptimizerPrefix kDistOptimizerPrefixes[] = {
     {"optimizer.state.fp32_param.", ""},
     {"optimizer.state.exp_avg.", "optimizer.exp_avg."},

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "converters/megatron/dist/megatron_dist_common.h"
 #include "converters/megatron/dist/megatron_dist_map.h"
+#include "converters/megatron/dist/megatron_integrity.h"
 #include "formats/torch/dcp/dcp.h"
 #include "formats/torch/torch_file.h"
 
@@ -32,50 +34,17 @@ class MegatronDistSource final : public TensorSource {
     return dcp_->file_extent(map_[piece].inner, dcp_box(piece, sub));
   }
 
-  // Integrity: the DCP's (zip CRC-32 of every torch.save item's entries) and common.pt's entries.
+  // Integrity: the DCP's (zip CRC-32 of every torch.save item's entries), the common state's zip
+  // entries (common.pt, or the common_state item), and Megatron's integrity.json (SHA-256 per file).
   IntegrityInfo integrity() const override {
     IntegrityInfo d = dcp_->integrity();
+    if (has_megatron_integrity(dir_))
+      return {"Megatron-Core torch_dist", d.scheme + " + integrity.json SHA-256 per file", "", {"sha256"}};
     return {"Megatron-Core torch_dist", d.scheme,
-            "Megatron-Core torch_dist: .metadata (a pickle), metadata.json and the bytes items (common state, _extra_state) have "
-            "no checksums: read, not checkable; megatron-core 0.16 writes no integrity.json"};
+            "Megatron-Core torch_dist: .metadata (a pickle), metadata.json and the bytes items (_extra_state, rng state) have "
+            "no checksums: read, not checkable; this checkpoint has no integrity.json (megatron-core 0.18+ --verify-integrity)"};
   }
-  // The DCP's units, then common.pt's zip entries (unit numbers continue after the DCP's).
-  CheckReport check(const CheckOptions& o) override {
-    uint64_t common_total = 0, common_done = 0, dcp_done = 0, dcp_total = 0;
-    const std::string common = dir_ + "/common.pt";
-    std::error_code ec;
-    const bool has_common = std::filesystem::is_regular_file(common, ec);
-    if (has_common) common_total = std::filesystem::file_size(common, ec) * !ec;
-    CheckOptions dco = o;
-    if (o.progress)
-      dco.progress = [&](uint64_t d, uint64_t t) {
-        dcp_done = d;
-        dcp_total = t;
-        o.progress(d, t + common_total);
-      };
-    CheckReport rep = dcp_->check(dco);
-    for (CheckFailure& f : rep.failures)
-      if (f.piece != CheckFailure::kNoPiece) f.piece = outer_piece(f.piece);
-    if (!has_common) return rep;
-    auto tf = torch::TorchFile::open(common, 0, UINT64_MAX, torch::TorchFileLimits{uint64_t{64} << 20, {}});
-    if (!tf.ok()) {
-      rep.failures.push_back({CheckFailure::kNoPiece, tf.take_status().with_file(common), "", common, ""});
-      return rep;
-    }
-    const nlohmann::json& dm = dcp_->metadata();
-    uint64_t unit = dcp_->pieces().size() + (dm.contains("dcp") && dm["dcp"].contains("bytes") ? dm["dcp"]["bytes"].size() : 0);
-    auto on_bytes = [&](uint64_t n) {
-      common_done += n;
-      if (o.progress) o.progress(dcp_done + common_done, std::max(dcp_total + common_total, dcp_done + common_done));
-    };
-    const uint64_t units = rep.pieces;
-    CheckReport c;
-    torch::check_zip_entries(**tf, o, &unit, common, "common.pt", [](const std::string&) { return torch::ZipEntryOwner{}; }, on_bytes, c);
-    rep.pieces = units + c.pieces;
-    rep.bytes += c.bytes;
-    for (CheckFailure& f : c.failures) rep.failures.push_back(std::move(f));
-    return rep;
-  }
+  CheckReport check(const CheckOptions& o) override;
   Status check_piece(size_t piece) override {
     if (piece >= map_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
     return dcp_->check_piece(map_[piece].inner);
@@ -113,9 +82,19 @@ class MegatronDistSource final : public TensorSource {
     return mb;
   }
 
+  // The common state's torch.save zip: common.pt whole, or the common_state item's range.
+  struct CommonZip {
+    std::string path;
+    uint64_t offset = 0, length = UINT64_MAX;
+  };
+  std::optional<CommonZip> common_zip() const;
+  void note_not_imported(const std::vector<std::string>& keys, const std::string& sharding);
+
   std::string dir_;
+  std::string common_source_;
   std::unique_ptr<TensorSource> dcp_;
   std::unordered_map<std::string, size_t> dcp_tensor_;
+  std::set<std::string> read_;  // DCP tensors this view reads, or supersedes (weights under fp32 masters)
   std::unordered_map<std::string, std::vector<size_t>> dcp_pieces_;
   std::map<std::string, Shape> canonical_shape_;
   std::vector<TensorMeta> tensors_;
@@ -124,7 +103,72 @@ class MegatronDistSource final : public TensorSource {
   nlohmann::json meta_;
 };
 
+std::optional<MegatronDistSource::CommonZip> MegatronDistSource::common_zip() const {
+  if (common_source_ == "common.pt") return CommonZip{dir_ + "/common.pt"};
+  if (const torch::DcpMetadata* md = torch::dcp_metadata_of(*dcp_))
+    for (const auto& b : md->bytes)
+      if (b.fqn == common_source_) return CommonZip{(std::filesystem::path(dir_) / b.file).string(), b.offset, b.length};
+  return std::nullopt;
+}
+
+// The DCP's units, then the common state's zip entries, then integrity.json's files (unit numbers
+// continue in that order).
+CheckReport MegatronDistSource::check(const CheckOptions& o) {
+  const std::optional<CommonZip> cz = common_zip();
+  uint64_t common_total = 0, done = 0, dcp_total = 0;
+  std::error_code ec;
+  if (cz) common_total = cz->length != UINT64_MAX ? cz->length : std::filesystem::file_size(cz->path, ec) * !ec;
+  const uint64_t integrity_total = has_megatron_integrity(dir_) ? megatron_integrity_bytes(dir_) : 0;
+  auto report = [&](uint64_t d) {
+    if (o.progress) o.progress(d, std::max(dcp_total + common_total + integrity_total, d));
+  };
+  CheckOptions dco = o;
+  if (o.progress)
+    dco.progress = [&](uint64_t d, uint64_t t) {
+      dcp_total = t;
+      done = d;
+      report(d);
+    };
+  CheckReport rep = dcp_->check(dco);
+  for (CheckFailure& f : rep.failures)
+    if (f.piece != CheckFailure::kNoPiece) f.piece = outer_piece(f.piece);
+  const uint64_t dcp_done = std::max(done, dcp_total);
+  uint64_t extra = 0;
+  auto on_bytes = [&](uint64_t n) { report(dcp_done + (extra += n)); };
+  const nlohmann::json& dm = dcp_->metadata();
+  uint64_t unit = dcp_->pieces().size() + (dm.contains("dcp") && dm["dcp"].contains("bytes") ? dm["dcp"]["bytes"].size() : 0);
+  CheckReport c;
+  if (cz) {
+    auto tf = torch::TorchFile::open(cz->path, cz->offset, cz->length, torch::TorchFileLimits{uint64_t{64} << 20, {}});
+    if (!tf.ok())
+      c.failures.push_back({CheckFailure::kNoPiece, tf.take_status().with_file(cz->path), "", cz->path, common_source_});
+    else
+      torch::check_zip_entries(**tf, o, &unit, cz->path, common_source_, [](const std::string&) { return torch::ZipEntryOwner{}; },
+                               on_bytes, c);
+  }
+  if (has_megatron_integrity(dir_)) check_megatron_integrity(dir_, o, &unit, on_bytes, c);
+  rep.pieces += c.pieces;
+  rep.bytes += c.bytes;
+  for (CheckFailure& f : c.failures) rep.failures.push_back(std::move(f));
+  return rep;
+}
+
+// Every DCP tensor and bytes item named optimizer.* that this view does not read is listed (by
+// key) in metadata megatron.optimizer_not_imported (inspect shows it): never dropped silently.
+void MegatronDistSource::note_not_imported(const std::vector<std::string>& keys, const std::string& sharding) {
+  if (keys.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < keys.size() && i < 8; ++i) list += (i ? ", " : "") + keys[i];
+  if (keys.size() > 8) list += ", ... (" + std::to_string(keys.size()) + " entries)";
+  nlohmann::json& mg = meta_["megatron"];
+  mg["optimizer_not_imported"] = "optimizer state " + (sharding.empty() ? std::string() : "of sharding type '" + sharding + "' ") +
+                                 "not imported (ckpt reads optimizer.state.{fp32_param,param,exp_avg,exp_avg_sq}.<key>): " + list;
+  mg["optimizer_not_imported_keys"] = keys;
+  if (!sharding.empty()) mg["optimizer_sharding_type"] = sharding;
+}
+
 Status MegatronDistSource::add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix) {
+  read_.insert(dcp_name);
   const TensorMeta& dm = dcp_->tensors()[dcp_tensor_.at(dcp_name)];
   if (dm.shape != t.shape)
     return Status::Error("ShapeMismatch", "'" + dir_ + "': tensor '" + dcp_name + "' has shape " +
@@ -203,9 +247,11 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   CKPT_ASSIGN_OR_RETURN(src->dcp_, torch::open_dcp_dir(*dir));
   for (size_t i = 0; i < src->dcp_->tensors().size(); ++i) src->dcp_tensor_[src->dcp_->tensors()[i].name] = i;
   for (size_t i = 0; i < src->dcp_->pieces().size(); ++i) src->dcp_pieces_[src->dcp_->pieces()[i].tensor].push_back(i);
-  CKPT_ASSIGN_OR_RETURN(MegatronDistCommon common, read_megatron_dist_common(*dir));
+  CKPT_ASSIGN_OR_RETURN(MegatronDistCommon common, read_megatron_dist_common(*dir, torch::dcp_metadata_of(*src->dcp_)));
+  src->common_source_ = common.source;
   CKPT_ASSIGN_OR_RETURN(auto shapes, dist_shapes(*src->dcp_, *dir));
-  CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, llama_config_from_megatron_args(common.args, shapes.second, *dir + "/common.pt"));
+  const std::string args_file = common.source == "common.pt" ? *dir + "/common.pt" : *dir + " (item " + common.source + ")";
+  CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, llama_config_from_megatron_args(common.args, shapes.second, args_file));
   if (cfg.num_hidden_layers != shapes.first)
     return Status::Error("ShapeMismatch", "'" + *dir + "': args.num_layers = " + std::to_string(cfg.num_hidden_layers) +
                                               ", the stacked tensors hold " + std::to_string(shapes.first) + " layers");
@@ -222,9 +268,13 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   std::map<std::string, DType> dtype_of;
   for (const DistTensor& t : map) {
     std::string weights = t.key;
-    if (src->dcp_tensor_.count(kDistOptimizerPrefixes[0].dist + t.key)) weights = kDistOptimizerPrefixes[0].dist + t.key;
+    // fp32 masters replace the weights: optimizer.state.fp32_param (FP32/Float16 optimizers) or
+    // optimizer.state.param (the distributed optimizer's fully_reshardable form).
+    for (const char* master : {kDistOptimizerPrefixes[0].dist, kDistMasterParamPrefix})
+      if (weights == t.key && src->dcp_tensor_.count(master + t.key)) weights = master + t.key;
     if (!src->dcp_tensor_.count(weights))
       return Status::Error("MissingTensor", "'" + *dir + "' has no tensor '" + t.key + "'").with_file(*dir);
+    src->read_.insert(t.key);
     CKPT_RETURN_IF_ERROR(src->add_tensor(t, weights, ""));
     for (size_t k = 1; k < std::size(kDistOptimizerPrefixes); ++k) {
       const std::string n = std::string(kDistOptimizerPrefixes[k].dist) + t.key;
@@ -238,7 +288,20 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (common.iteration) mg["iteration"] = *common.iteration;
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
-  if (auto l = saved_layout(common.args, cfg.num_hidden_layers); !l.is_null()) src->meta_["layout"] = l;
+  // A virtual pipeline's stages hold interleaved chunks, which a layout cannot say: no layout then.
+  const int64_t vpp = common.args.contains("virtual_pipeline_model_parallel_size") &&
+                              common.args["virtual_pipeline_model_parallel_size"].is_number_integer()
+                          ? common.args["virtual_pipeline_model_parallel_size"].get<int64_t>()
+                          : 1;
+  if (vpp > 1) src->meta_["megatron"]["virtual_pipeline"] = vpp;
+  else if (auto l = saved_layout(common.args, cfg.num_hidden_layers); !l.is_null()) src->meta_["layout"] = l;
+  std::vector<std::string> not_read;
+  for (const auto& t : src->dcp_->tensors())
+    if (t.name.rfind("optimizer.", 0) == 0 && !src->read_.count(t.name)) not_read.push_back(t.name);
+  if (const torch::DcpMetadata* md = torch::dcp_metadata_of(*src->dcp_))
+    for (const auto& b : md->bytes)
+      if (b.fqn.rfind("optimizer.", 0) == 0) not_read.push_back(b.fqn);
+  src->note_not_imported(not_read, common.sharding_type);
   return std::unique_ptr<TensorSource>(std::move(src));
 }
 

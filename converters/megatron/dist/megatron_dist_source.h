@@ -1,14 +1,21 @@
 // A Megatron-Core torch_dist checkpoint (converters/megatron/dist/megatron_dist_common.h finds it) as a
 // TensorSource in canonical HF view, on top of the DCP source (formats/torch/dcp/dcp.h): the config
-// comes from common.pt's args (layers, hidden, heads, query groups, kv channels, ffn, vocab,
-// tie, rope base, norm epsilon), the padded vocabulary from the embedding's shape; every stacked
+// comes from the common state's args (common.pt, or megatron-core 0.19's common_state item: layers,
+// hidden, heads, query groups, kv channels, ffn, vocab, tie, rope base, norm epsilon), the padded
+// vocabulary from the embedding's shape; every stacked
 // mcore tensor is checked (present, exact global shape) and each non-padding segment of the
 // torch_dist map (converters/megatron/dist/megatron_dist_map.h), intersected with each DCP chunk, is a piece of
-// its canonical tensor read in place through the DCP source (so any TP/PP chunking of the save
-// works). Optimizer entries, where present: optimizer.state.fp32_param.<key> replaces the model
-// weight, optimizer.state.exp_avg / exp_avg_sq.<key> become optimizer.exp_avg / exp_avg_sq.<HF
-// name>. Metadata: model_config, megatron_args, megatron {iteration, optimizer_step, tp, pp},
-// trainer {step} when the optimizer step is known. One thread at a time.
+// its canonical tensor read in place through the DCP source (so any TP/PP chunking of the save,
+// virtual pipeline chunks included: their layer offsets are global, works). Optimizer entries, where
+// present: fp32 masters (optimizer.state.fp32_param.<key>, or the distributed optimizer's
+// fully_reshardable optimizer.state.param.<key>) replace the model weight, optimizer.state.exp_avg /
+// exp_avg_sq.<key> become optimizer.exp_avg / exp_avg_sq.<HF name>; every other optimizer.* tensor
+// or item (dp_reshardable buckets, dp_zero_gather_scatter objects) is named in
+// megatron.optimizer_not_imported (+ _keys, optimizer_sharding_type), never dropped silently.
+// Metadata: model_config, megatron_args, megatron {iteration, optimizer_step, tp, pp,
+// virtual_pipeline?}, layout (none with a virtual pipeline). check(): the DCP items' and the common
+// state's zip CRC-32s, and the checkpoint's own integrity.json (SHA-256 per file) when present.
+// One thread at a time.
 #pragma once
 
 #include <memory>

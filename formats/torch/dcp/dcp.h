@@ -72,6 +72,10 @@ Result<DcpMetadata> parse_dcp_metadata(std::string_view bytes);
 // parent) when the keys are HF LLaMA names. docs/DCP.md.
 Result<std::unique_ptr<TensorSource>> open_dcp_dir(const std::string& dir);
 
+// The metadata an open_dcp_dir source was opened with (nullptr when `src` is not one): its bytes
+// items (e.g. Megatron-Core 0.19's common_state) without reading .metadata again.
+const DcpMetadata* dcp_metadata_of(const TensorSource& src);
+
 // DcpBadPath unless `rel` is a relative path inside the directory (not empty, not absolute, no
 // '..' component, no NUL); `fqn` names the item in the error.
 Status check_dcp_relative_path(const std::string& rel, const std::string& fqn);

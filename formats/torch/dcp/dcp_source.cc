@@ -60,6 +60,7 @@ class DcpSource final : public TensorSource {
   std::string describe() const override { return dir_; }
   Status read(size_t piece, const Box& sub, void* dst) override;
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override;
+  const DcpMetadata& dcp_metadata() const { return md_; }
 
   // Integrity (docs/DCP.md "Integrity"): tensor items written by torch.save are zips, every entry
   // with its CRC-32; raw items, bytes items and .metadata carry no checksum (read, not checked).
@@ -381,6 +382,11 @@ Status DcpSource::check_piece(size_t piece) {
 Result<std::unique_ptr<TensorSource>> open_dcp_dir(const std::string& dir) {
   CKPT_ASSIGN_OR_RETURN(auto s, dcp_src_detail::DcpSource::open(dir));
   return std::unique_ptr<TensorSource>(std::move(s));
+}
+
+const DcpMetadata* dcp_metadata_of(const TensorSource& src) {
+  const auto* d = dynamic_cast<const dcp_src_detail::DcpSource*>(&src);
+  return d ? &d->dcp_metadata() : nullptr;
 }
 
 Result<std::string> read_dcp_bytes(const std::string& dir, const DcpBytesItem& item, uint64_t max_bytes) {
