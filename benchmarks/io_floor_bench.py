@@ -286,13 +286,47 @@ def report(res):
     sys.stdout.flush()
 
 
+def run_rounds(a, cases, st, states, hf_states, root, out, rows, res):
+    """Every round: every state in turn, every command after its state is set up; appends to rows."""
+    for rnd in range(a.rounds):
+        for s in states:
+            ms = dict(machine_state(root, brief=True), round=rnd, state=s)
+            res["round_states"].append(ms)
+            say({"round": rnd, "state": s, "uptime": ms["uptime"], "MemFree_MiB": ms["mem"]["MemFree_MiB"],
+                 "busiest": ms["busiest"][:3]})
+            for c in ordered(cases, rnd):
+                if c.part in ("convert", "hf") and s not in hf_states:
+                    continue
+                shutil.rmtree(out, ignore_errors=True)  # the last output's page cache freed: part of the state
+                argv = c.argv()
+                st.enter(s, c.sources)
+                with tempfile.TemporaryFile("w+") as f:
+                    dt, rss, cpu = timed(argv, sync=True, stdout=f)
+                    f.seek(0)
+                    text = f.read()
+                row = {"round": rnd, "state": s, "cmd": c.name, "s": dt, "rss_mib": rss, "cpu_s": cpu,
+                       "bytes_written": dir_bytes(out) if out.exists() else 0, "ckpt": c.ckpt,
+                       "drop": st.drop if s == "idle" else None, "loadavg_1m": os.getloadavg()[0]}
+                if c.ckpt:
+                    try:
+                        row["report"] = json.loads(text)
+                    except ValueError:
+                        row["report"] = text[-2000:]
+                rows.append(row)
+                line = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "report"}
+                if isinstance(row.get("report"), dict) and "io" in row["report"]:
+                    line["io"] = row["report"]["io"]  # --io auto's choice and observed rates, where ckpt reports them
+                say(line)
+
+
 def markdown(res):
     """The run as a docs/BENCHMARKS.md entry: its date and machine state, each state's commands, the ratios."""
     ms, me = res["machine_start"], res["machine_end"]
     ck = res["ckpt"] if isinstance(res["ckpt"], dict) else {"path": res["ckpt"], "mtime": "?", "sha256": "?"}
     d = ms["disk"]
     busy = lambda m: ", ".join(f"{b.split()[-1]} {b.split()[0]}%" for b in m["busiest"][:3])  # noqa: E731
-    lines = [f"### {ms['date'][:10]}, {ms['date'][11:16]}-{me['date'][11:16]} UTC", "",
+    lines = [f"### {ms['date'][:10]}, {ms['date'][11:16]}-{me['date'][11:16]} UTC"
+             + (f" (interrupted after {len(res['rows'])} commands)" if res.get("interrupted") else ""), "",
              f"`{' '.join(pathlib.Path(x).name if i == 0 else x for i, x in enumerate(res['command']))}` "
              f"({res['rounds']} rounds; source {res['src_bytes'] / 1e9:.2f} GB, {res['shape']['layers']} layers, tp=4 pp=2 -> "
              f"tp=2 pp=3 {res['per_dst']}; idle: {res['drop_method']}, {res['idle_sleep_s']:.0f} s; hot: {res['hot_gib']} GiB; "
@@ -306,7 +340,10 @@ def markdown(res):
              f"| disk | {d['device']} {d['fstype']}, {d['avail_GiB']} of {d['size_GiB']} GiB free, scheduler "
              f"{d.get('scheduler', '?')}, max_sectors_kb {d.get('max_sectors_kb', '?')}, nr_requests {d.get('nr_requests', '?')} | |",
              "", "Load average (1 min) before each round and state: "
-             + "; ".join(f"{m['round'] + 1} {m['state']} {m['loadavg'][0]:.2f}" for m in res["round_states"]) + ".", ""]
+             + "; ".join(f"{m['round'] + 1} {m['state']} {m['loadavg'][0]:.2f}" for m in res["round_states"]) + "; after each "
+             "command: " + ", ".join(f"{s} {min(r['loadavg_1m'] for r in res['rows'] if r['state'] == s):.1f}-"
+                                     f"{max(r['loadavg_1m'] for r in res['rows'] if r['state'] == s):.1f}"
+                                     for s in res["states"] if any(r["state"] == s for r in res["rows"])) + ".", ""]
     for s in res["states"]:
         names = list(dict.fromkeys(r["cmd"] for r in res["rows"] if r["state"] == s))
         if not names:
@@ -385,35 +422,11 @@ def main():
     cases = make_cases(a, P, out)
     st = State(a)
     rows, res["round_states"] = [], []
-    for rnd in range(a.rounds):
-        for s in states:
-            ms = dict(machine_state(root, brief=True), round=rnd, state=s)
-            res["round_states"].append(ms)
-            say({"round": rnd, "state": s, "uptime": ms["uptime"], "MemFree_MiB": ms["mem"]["MemFree_MiB"],
-                 "busiest": ms["busiest"][:3]})
-            for c in ordered(cases, rnd):
-                if c.part in ("convert", "hf") and s not in hf_states:
-                    continue
-                shutil.rmtree(out, ignore_errors=True)  # the last output's page cache freed: part of the state
-                argv = c.argv()
-                st.enter(s, c.sources)
-                with tempfile.TemporaryFile("w+") as f:
-                    dt, rss, cpu = timed(argv, sync=True, stdout=f)
-                    f.seek(0)
-                    text = f.read()
-                row = {"round": rnd, "state": s, "cmd": c.name, "s": dt, "rss_mib": rss, "cpu_s": cpu,
-                       "bytes_written": dir_bytes(out) if out.exists() else 0, "ckpt": c.ckpt,
-                       "drop": st.drop if s == "idle" else None, "loadavg_1m": os.getloadavg()[0]}
-                if c.ckpt:
-                    try:
-                        row["report"] = json.loads(text)
-                    except ValueError:
-                        row["report"] = text[-2000:]
-                rows.append(row)
-                line = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "report"}
-                if isinstance(row.get("report"), dict) and "io" in row["report"]:
-                    line["io"] = row["report"]["io"]  # --io auto's choice and observed rates, where ckpt reports them
-                say(line)
+    try:
+        run_rounds(a, cases, st, states, hf_states, root, out, rows, res)
+    except KeyboardInterrupt:  # SIGINT: the rows so far are still a record (marked as such)
+        res["interrupted"] = True
+        say({"interrupted": True, "rows": len(rows)})
     shutil.rmtree(out, ignore_errors=True)
     res["rows"] = rows
     res["ratios"] = compute_ratios(rows, states, a.rounds)
