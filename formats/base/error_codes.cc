@@ -126,6 +126,13 @@ constexpr ErrorCodeEntry kTable[] = {
     {"BadMegatronIntegrity", kCorrupt},         // integrity.json malformed
     {"MegatronIntegrityMismatch", kSum},        // a file's SHA-256 differs from integrity.json's
     {"MegatronIntegrityMissingFile", kCorrupt}, // a file integrity.json lists is missing
+    {"BadDistOptimArgs", kCorrupt},             // distributed optimizer: args give no bucket layout (dp, bucket size)
+    {"UnsupportedDistOptim", kUnsup},           // distributed optimizer form not read (instances, grad buffers)
+    {"DistOptimBucketCount", kCorrupt},         // recorded buckets != derived buckets
+    {"DistOptimPastBuffer", kCorrupt},          // a bucket's numel_unpadded past its padded buffer
+    {"DistOptimBucketMismatch", kCorrupt},      // bucket sizes do not add up to the parameters'
+    {"MissingDistOptimState", kCorrupt},        // a bucket without masters or a moment the others have
+    {"DistOptimRangeNotCovered", kCorrupt},     // a parameter's bucket elements not all stored
     {"Base64Invalid", kCorrupt},
     {"HfFilesCorrupt", kCorrupt},
     {"HfFilesChecksum", kSum},

@@ -66,9 +66,8 @@ torch::TorchFileLimits common_limits() {
 
 // The step of every param group when they agree (fully_reshardable keeps the optimizer's
 // state_dict without its per-parameter state: {'optimizer': {'param_groups': [...]}}).
-std::optional<int64_t> param_groups_step(const torch::PyObj* opt) {
-  const torch::PyObj* inner = opt ? opt->get("optimizer") : nullptr;
-  const torch::PyObj* groups = inner ? inner->get("param_groups") : nullptr;
+std::optional<int64_t> groups_step(const torch::PyObj* inner) {
+  const torch::PyObj* groups = inner && inner->is(torch::PyType::kDict) ? inner->get("param_groups") : nullptr;
   if (!groups || !groups->is(torch::PyType::kList) || groups->items.empty()) return std::nullopt;
   std::optional<int64_t> step;
   for (const torch::PyObj* g : groups->items) {
@@ -79,6 +78,10 @@ std::optional<int64_t> param_groups_step(const torch::PyObj* opt) {
     step = v;
   }
   return step;
+}
+
+std::optional<int64_t> param_groups_step(const torch::PyObj* opt) {
+  return groups_step(opt && opt->is(torch::PyType::kDict) ? opt->get("optimizer") : nullptr);
 }
 
 // What the common state dict `root` holds (common.pt's root, or common_state's [0]).
@@ -191,7 +194,18 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
                                                        "' is not a torch.save of [state dict] (megatron-core's ShardedObject common_state)")
         .with_file(where)
         .with_tensor(item->fqn);
-  return common_from_root(*tf, root->items[0], where, item->fqn);
+  CKPT_ASSIGN_OR_RETURN(MegatronDistCommon out, common_from_root(*tf, root->items[0], where, item->fqn));
+  // The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
+  // the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer: the step when all agree.
+  for (const auto& b : md->bytes) {
+    if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
+      continue;
+    CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
+    const torch::PyObj* r = of->root();
+    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1)
+      out.optimizer_step = groups_step(r->items[0]);
+  }
+  return out;
 }
 
 Result<LlamaConfig> llama_config_from_megatron_args(const nlohmann::json& j, int64_t padded_vocab, const std::string& file) {

@@ -8,6 +8,7 @@
 
 #include "converters/megatron/dist/megatron_dist_common.h"
 #include "converters/megatron/dist/megatron_dist_map.h"
+#include "converters/megatron/dist/megatron_dist_optim.h"
 #include "converters/megatron/dist/megatron_integrity.h"
 #include "formats/torch/dcp/dcp.h"
 #include "formats/torch/torch_file.h"
@@ -27,10 +28,14 @@ class MegatronDistSource final : public TensorSource {
 
   Status read(size_t piece, const Box& sub, void* dst) override {
     if (piece >= map_.size()) return Status::Internal("MegatronDistSource::read: bad piece");
+    if (const Map& m = map_[piece]; m.flat != kNoFlat) {
+      const DistOptimPiece& f = flat_[m.flat];
+      return read_dist_optim(*dcp_, dcp_pieces_[dcp_->tensors()[f.dcp_tensor].name], f, sub, dst);
+    }
     return dcp_->read(map_[piece].inner, dcp_box(piece, sub), dst);
   }
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
-    if (piece >= map_.size()) return std::nullopt;
+    if (piece >= map_.size() || map_[piece].flat != kNoFlat) return std::nullopt;
     return dcp_->file_extent(map_[piece].inner, dcp_box(piece, sub));
   }
 
@@ -47,19 +52,28 @@ class MegatronDistSource final : public TensorSource {
   CheckReport check(const CheckOptions& o) override;
   Status check_piece(size_t piece) override {
     if (piece >= map_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    if (map_[piece].flat != kNoFlat) {  // a distributed optimizer bucket: its chunks
+      for (size_t ip : dcp_pieces_[dcp_->tensors()[flat_[map_[piece].flat].dcp_tensor].name])
+        CKPT_RETURN_IF_ERROR(dcp_->check_piece(ip));
+      return Status::Ok();
+    }
     return dcp_->check_piece(map_[piece].inner);
   }
 
  private:
-  // Piece -> DCP piece `inner`; mcore coords = [lead_offset..., canonical + delta].
+  // Piece -> DCP piece `inner`; mcore coords = [lead_offset..., canonical + delta]. Or, with
+  // `flat` set, flat_[flat]: a distributed optimizer bucket's slice (dp_reshardable).
+  static constexpr size_t kNoFlat = SIZE_MAX;
   struct Map {
     size_t inner;
     size_t lead;
     Shape lead_offset;
     Shape delta;
+    size_t flat = kNoFlat;
   };
 
   Status add_tensor(const DistTensor& t, const std::string& dcp_name, const std::string& prefix);
+  Status add_dist_optim(DistOptimPlan plan);
 
   // The first piece of this view read from DCP piece `inner`; kNoPiece when none (padding rows,
   // tensors the view does not map).
@@ -88,7 +102,7 @@ class MegatronDistSource final : public TensorSource {
     uint64_t offset = 0, length = UINT64_MAX;
   };
   std::optional<CommonZip> common_zip() const;
-  void note_not_imported(const std::vector<std::string>& keys, const std::string& sharding);
+  void note_not_imported(const std::vector<std::string>& keys, const std::string& sharding, const std::string& reason);
 
   std::string dir_;
   std::string common_source_;
@@ -100,6 +114,7 @@ class MegatronDistSource final : public TensorSource {
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<Map> map_;
+  std::vector<DistOptimPiece> flat_;
   nlohmann::json meta_;
 };
 
@@ -155,14 +170,17 @@ CheckReport MegatronDistSource::check(const CheckOptions& o) {
 
 // Every DCP tensor and bytes item named optimizer.* that this view does not read is listed (by
 // key) in metadata megatron.optimizer_not_imported (inspect shows it): never dropped silently.
-void MegatronDistSource::note_not_imported(const std::vector<std::string>& keys, const std::string& sharding) {
+void MegatronDistSource::note_not_imported(const std::vector<std::string>& keys, const std::string& sharding,
+                                           const std::string& reason) {
   if (keys.empty()) return;
   std::string list;
   for (size_t i = 0; i < keys.size() && i < 8; ++i) list += (i ? ", " : "") + keys[i];
   if (keys.size() > 8) list += ", ... (" + std::to_string(keys.size()) + " entries)";
   nlohmann::json& mg = meta_["megatron"];
+  const std::string why =
+      reason.empty() ? "ckpt reads optimizer.state.{fp32_param,param,exp_avg,exp_avg_sq}.<key> and dp_reshardable buckets" : reason;
   mg["optimizer_not_imported"] = "optimizer state " + (sharding.empty() ? std::string() : "of sharding type '" + sharding + "' ") +
-                                 "not imported (ckpt reads optimizer.state.{fp32_param,param,exp_avg,exp_avg_sq}.<key>): " + list;
+                                 "not imported (" + why + "): " + list;
   mg["optimizer_not_imported_keys"] = keys;
   if (!sharding.empty()) mg["optimizer_sharding_type"] = sharding;
 }
@@ -239,6 +257,44 @@ nlohmann::json saved_layout(const nlohmann::json& args, int64_t layers) {
   return l->to_json();
 }
 
+// The dp_reshardable buckets planned at the saved tp/pp (the vocabulary padded as saved); nullopt
+// when there are none. Without a saved layout (vpp) the plan only names why it is not read.
+Result<std::optional<DistOptimPlan>> plan_saved_buckets(const TensorSource& dcp, const LlamaConfig& cfg,
+                                                        const nlohmann::json& saved_json, int64_t vpp,
+                                                        const nlohmann::json& args, const std::string& dir,
+                                                        int64_t padded_vocab) {
+  Layout saved;
+  if (!saved_json.is_null()) {
+    CKPT_ASSIGN_OR_RETURN(saved, Layout::from_json(saved_json));
+    if (padded_vocab % saved.tp == 0) saved.vocab_divisor = static_cast<int>(padded_vocab / saved.tp);
+  } else if (vpp <= 1) {
+    return Status::Error("BadDistOptimArgs", "'" + dir + "': the args give no tp/pp layout for the dp_reshardable buckets")
+        .with_file(dir);
+  }
+  return plan_dp_reshardable(dcp, cfg, saved, vpp, args, dir);
+}
+
+// The planned bucket slices as pieces; every canonical tensor they name must be covered whole.
+Status MegatronDistSource::add_dist_optim(DistOptimPlan plan) {
+  std::map<std::string, int64_t> elems;
+  for (DistOptimPiece& f : plan.pieces) {
+    if (!canonical_shape_.count(f.tensor)) return Status::Internal("no canonical shape for '" + f.tensor + "'");
+    elems[f.tensor] += f.box.numel();
+    pieces_.push_back(Piece{f.tensor, Region{f.box}, dcp_->tensors()[f.dcp_tensor].dtype});
+    map_.push_back(Map{SIZE_MAX, 0, {}, {}, flat_.size()});
+    flat_.push_back(std::move(f));
+  }
+  for (const auto& [name, n] : elems)
+    if (n != Box::whole(canonical_shape_[name]).numel())
+      return Status::Error("DistOptimRangeNotCovered", "'" + dir_ + "': the dp_reshardable buckets hold " + std::to_string(n) +
+                                                           " elements of '" + name + "', not all " +
+                                                           std::to_string(Box::whole(canonical_shape_[name]).numel()))
+          .with_file(dir_)
+          .with_tensor(name);
+  read_.insert(plan.dcp_read.begin(), plan.dcp_read.end());
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string& path) {
   auto dir = find_megatron_dist_dir(path);
   if (!dir) return Status::NotFound("'" + path + "' is not a Megatron-Core torch_dist checkpoint (metadata.json)");
@@ -265,6 +321,13 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   for (const auto& p : kDistOptimizerPrefixes)
     if (*p.canonical)
       for (const auto& t : model) src->canonical_shape_[p.canonical + t.name] = t.shape;
+  const int64_t vpp = common.args.contains("virtual_pipeline_model_parallel_size") &&
+                              common.args["virtual_pipeline_model_parallel_size"].is_number_integer()
+                          ? common.args["virtual_pipeline_model_parallel_size"].get<int64_t>()
+                          : 1;
+  const nlohmann::json saved_json = saved_layout(common.args, cfg.num_hidden_layers);
+  CKPT_ASSIGN_OR_RETURN(auto plan, plan_saved_buckets(*src->dcp_, cfg, saved_json, vpp, common.args, *dir, shapes.second));
+  const bool bucket_masters = plan && plan->not_imported_reason.empty();
   std::map<std::string, DType> dtype_of;
   for (const DistTensor& t : map) {
     std::string weights = t.key;
@@ -275,12 +338,16 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
     if (!src->dcp_tensor_.count(weights))
       return Status::Error("MissingTensor", "'" + *dir + "' has no tensor '" + t.key + "'").with_file(*dir);
     src->read_.insert(t.key);
-    CKPT_RETURN_IF_ERROR(src->add_tensor(t, weights, ""));
+    // dp_reshardable masters (added below) replace the weights too.
+    if (!bucket_masters) CKPT_RETURN_IF_ERROR(src->add_tensor(t, weights, ""));
     for (size_t k = 1; k < std::size(kDistOptimizerPrefixes); ++k) {
       const std::string n = std::string(kDistOptimizerPrefixes[k].dist) + t.key;
       if (src->dcp_tensor_.count(n)) CKPT_RETURN_IF_ERROR(src->add_tensor(t, n, kDistOptimizerPrefixes[k].canonical));
     }
   }
+  std::string bucket_reason;
+  if (plan) bucket_reason = plan->not_imported_reason;
+  if (bucket_masters) CKPT_RETURN_IF_ERROR(src->add_dist_optim(std::move(*plan)));
   for (const auto& p : src->pieces_) dtype_of.emplace(p.tensor, p.dtype);
   for (const auto& [name, dt] : dtype_of) src->tensors_.push_back(TensorMeta{name, dt, src->canonical_shape_[name]});
   nlohmann::json mg = {{"tp", common.args.value("tensor_model_parallel_size", 1)},
@@ -289,19 +356,20 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
   // A virtual pipeline's stages hold interleaved chunks, which a layout cannot say: no layout then.
-  const int64_t vpp = common.args.contains("virtual_pipeline_model_parallel_size") &&
-                              common.args["virtual_pipeline_model_parallel_size"].is_number_integer()
-                          ? common.args["virtual_pipeline_model_parallel_size"].get<int64_t>()
-                          : 1;
   if (vpp > 1) src->meta_["megatron"]["virtual_pipeline"] = vpp;
-  else if (auto l = saved_layout(common.args, cfg.num_hidden_layers); !l.is_null()) src->meta_["layout"] = l;
+  else if (!saved_json.is_null()) src->meta_["layout"] = saved_json;
   std::vector<std::string> not_read;
   for (const auto& t : src->dcp_->tensors())
     if (t.name.rfind("optimizer.", 0) == 0 && !src->read_.count(t.name)) not_read.push_back(t.name);
   if (const torch::DcpMetadata* md = torch::dcp_metadata_of(*src->dcp_))
-    for (const auto& b : md->bytes)
-      if (b.fqn.rfind("optimizer.", 0) == 0) not_read.push_back(b.fqn);
-  src->note_not_imported(not_read, common.sharding_type);
+    for (const auto& b : md->bytes) {
+      // dp_reshardable's per_bucket_numel(_unpadded) are checked as the buckets' sizes; its
+      // param_groups item (.optimizer) gave the step (read_megatron_dist_common).
+      const bool used = bucket_masters && (b.fqn.find(".per_bucket_numel") != std::string::npos ||
+                                           (common.optimizer_step && b.fqn.find(".optimizer/shard_") != std::string::npos));
+      if (b.fqn.rfind("optimizer.", 0) == 0 && !used) not_read.push_back(b.fqn);
+    }
+  src->note_not_imported(not_read, common.sharding_type, bucket_reason);
   return std::unique_ptr<TensorSource>(std::move(src));
 }
 

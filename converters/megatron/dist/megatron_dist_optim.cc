@@ -1,0 +1,260 @@
+#include "converters/megatron/dist/megatron_dist_optim.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "converters/megatron/dist/dist_optim_layout.h"
+#include "converters/megatron/megatron_segments.h"
+#include "formats/dtype/dtype.h"
+
+namespace ckpt {
+
+namespace dist_optim_detail {
+
+// key -> (g, gbuf, dtype, bucket, state); nullopt when `name` is not a bucket tensor.
+struct BucketKey {
+  int64_t group = 0, gbuf = 0, bucket = 0;
+  std::string dtype, state;
+};
+
+std::optional<int64_t> digits(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(s);
+}
+
+std::optional<BucketKey> parse_bucket_key(const std::string& name) {
+  const std::string pre = kDistOptimBucketPrefix;
+  if (name.rfind(pre, 0) != 0) return std::nullopt;
+  const size_t gb = name.find(".gbuf_idx_", pre.size()), dt = name.find(".dtype_", pre.size()),
+               bk = name.rfind(".bucket_idx_");
+  if (gb == std::string::npos || dt == std::string::npos || bk == std::string::npos || !(gb < dt && dt < bk))
+    return std::nullopt;
+  const size_t st = name.find('.', bk + 12);
+  if (st == std::string::npos) return std::nullopt;
+  BucketKey k;
+  auto g = digits(name.substr(pre.size(), gb - pre.size()));
+  auto i = digits(name.substr(gb + 10, dt - gb - 10));
+  auto b = digits(name.substr(bk + 12, st - bk - 12));
+  if (!g || !i || !b) return std::nullopt;
+  k.group = *g, k.gbuf = *i, k.bucket = *b;
+  k.dtype = name.substr(dt + 7, bk - dt - 7);
+  k.state = name.substr(st + 1);
+  if (k.state.empty() || k.state.find('.') != std::string::npos) return std::nullopt;
+  return k;
+}
+
+// The local spec's registration order of one stage's parameters (GPTModel: embedding, then per
+// layer TransformerLayer's input_layernorm, self_attention (Attention registers linear_proj before
+// SelfAttention's linear_qkv), pre_mlp_layernorm, mlp (linear_fc1, linear_fc2); final_layernorm,
+// output_layer). Every rank tensor must be placed, else UnsupportedDistOptim.
+Result<std::vector<const MegatronTensor*>> registration_order(const std::vector<MegatronTensor>& ts,
+                                                               const std::string& dir) {
+  std::map<std::string, const MegatronTensor*> by;
+  for (const auto& t : ts) by[t.name] = &t;
+  std::vector<std::string> order{"embedding.word_embeddings.weight"};
+  for (int64_t l = 0;; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    if (!by.count(p + "input_layernorm.weight")) break;
+    for (const char* n : {"input_layernorm.weight", "self_attention.linear_proj.weight",
+                          "self_attention.linear_qkv.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
+                          "mlp.linear_fc2.weight"})
+      order.push_back(p + n);
+  }
+  order.push_back("decoder.final_layernorm.weight");
+  order.push_back("output_layer.weight");
+  std::vector<const MegatronTensor*> out;
+  for (const auto& n : order)
+    if (auto it = by.find(n); it != by.end()) out.push_back(it->second);
+  if (out.size() != ts.size())
+    return Status::Error("UnsupportedDistOptim", "'" + dir +
+                                                     "': the model has parameters outside the local spec's known "
+                                                     "registration order: the bucket layout cannot be derived")
+        .with_file(dir);
+  return out;
+}
+
+struct Buckets {  // one model-parallel group's bucket tensors: bucket -> state -> DCP index
+  std::map<int64_t, std::map<std::string, size_t>> by_bucket;
+  std::set<std::pair<int64_t, std::string>> gbufs;
+};
+
+Status missing_state(const std::string& dir, int64_t g, int64_t b, const std::string& state) {
+  return Status::Error("MissingDistOptimState", "'" + dir + "': dp_group_idx_" + std::to_string(g) + " bucket " +
+                                                    std::to_string(b) + " has no '" + state +
+                                                    "' tensor while other buckets do (or no masters 'param' at all)")
+      .with_file(dir);
+}
+
+// Covered: the DCP chunks of `t` hold every element of [begin, begin + n).
+bool covered(const TensorSource& dcp, const std::vector<size_t>& chunks, int64_t begin, int64_t n) {
+  int64_t got = 0;
+  for (size_t ip : chunks) {
+    const Box& b = dcp.pieces()[ip].region.box;
+    const int64_t lo = std::max(begin, b.offset[0]), hi = std::min(begin + n, b.offset[0] + b.extent[0]);
+    if (hi > lo) got += hi - lo;
+  }
+  return got == n;
+}
+
+// The pieces of model-parallel group (tp_r, pp_r).
+Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
+                  const std::string& dir, int tp_r, int pp_r, const Buckets& bk, const std::vector<std::string>& states,
+                  const std::map<size_t, std::vector<size_t>>& chunks, std::set<std::pair<std::string, Shape>>& seen,
+                  DistOptimPlan& plan) {
+  const int64_t g = tp_r + int64_t{saved.tp} * pp_r;
+  CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, saved, tp_r, pp_r, MegatronNormNames::kLocal));
+  CKPT_ASSIGN_OR_RETURN(auto order, registration_order(ts, dir));
+  std::vector<DistOptimParam> params;
+  const bool shared = cfg.tie_word_embeddings && saved.pp > 1;
+  for (const MegatronTensor* t : order) {
+    int64_t n = 1;
+    for (int64_t d : t->shape) n *= d;
+    const bool emb = t->name == "embedding.word_embeddings.weight" && pp_r != saved.pp - 1;
+    const bool out = t->name == "output_layer.weight" && pp_r != 0;
+    params.push_back(DistOptimParam{t->name, n, shared && (emb || out)});
+  }
+  CKPT_ASSIGN_OR_RETURN(DistOptimSettings s, dist_optim_settings(args, pp_r, 0, dir));
+  CKPT_ASSIGN_OR_RETURN(DistOptimLayout lay, dist_optim_layout(params, s));
+  const std::string where = "'" + dir + "' dp_group_idx_" + std::to_string(g);
+  std::vector<int64_t> recorded;
+  for (const auto& [b, st] : bk.by_bucket) {
+    if (b != static_cast<int64_t>(recorded.size()))
+      return Status::Error("DistOptimBucketCount", where + ": bucket indices are not 0, 1, ...: bucket " +
+                                                       std::to_string(recorded.size()) + " is missing")
+          .with_file(dir);
+    const auto p = st.find("param");
+    if (p == st.end()) return missing_state(dir, g, b, "param");
+    for (const auto& s2 : states) {
+      auto it = st.find(s2);
+      if (it == st.end()) return missing_state(dir, g, b, s2);
+      const TensorMeta& m = dcp.tensors()[it->second];
+      if (m.shape.size() != 1 || m.shape != dcp.tensors()[p->second].shape)
+        return Status::Error("DistOptimBucketMismatch", where + ": '" + m.name + "' has shape " + shape_to_string(m.shape) +
+                                                            ", its bucket's masters " +
+                                                            shape_to_string(dcp.tensors()[p->second].shape))
+            .with_file(dir)
+            .with_tensor(m.name);
+    }
+    recorded.push_back(dcp.tensors()[p->second].shape[0]);
+  }
+  CKPT_RETURN_IF_ERROR(check_dist_optim_buckets(lay, recorded, where).with_file(dir));
+  for (size_t k = 0; k < lay.params.size(); ++k) {
+    const DistOptimSlot& slot = lay.params[k];
+    const MegatronTensor& t = *order[order.size() - 1 - k];  // R1: the layout is in reverse order
+    int64_t row_elems = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) row_elems *= t.shape[d];
+    int64_t flat = slot.start - lay.buckets[slot.bucket].start;
+    for (const MegatronSegment& sg : t.segments) {
+      const int64_t n = sg.rows() * row_elems;
+      if (!sg.tensor.empty() && seen.insert({sg.tensor, sg.box.offset}).second)
+        for (const auto& state : states) {
+          const size_t di = bk.by_bucket.at(static_cast<int64_t>(slot.bucket)).at(state);
+          if (!covered(dcp, chunks.at(di), flat, n))
+            return Status::Error("DistOptimRangeNotCovered", where + ": the elements [" + std::to_string(flat) + ", " +
+                                                                 std::to_string(flat + n) + ") of '" + dcp.tensors()[di].name +
+                                                                 "' (" + t.name + ") are not all in its chunks")
+                .with_file(dir)
+                .with_tensor(dcp.tensors()[di].name);
+          const std::string name = state == "param" ? sg.tensor : "optimizer." + state + "." + sg.tensor;
+          plan.pieces.push_back(DistOptimPiece{name, sg.box, di, flat});
+          plan.dcp_read.insert(dcp.tensors()[di].name);
+        }
+      flat += n;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace dist_optim_detail
+
+Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp, const LlamaConfig& cfg,
+                                                         const Layout& saved, int64_t vpp, const nlohmann::json& args,
+                                                         const std::string& dir) {
+  using namespace dist_optim_detail;
+  std::map<int64_t, Buckets> groups;
+  std::map<size_t, std::vector<size_t>> chunks;
+  std::set<std::string> states;
+  for (size_t i = 0; i < dcp.tensors().size(); ++i)
+    if (auto k = parse_bucket_key(dcp.tensors()[i].name)) {
+      groups[k->group].by_bucket[k->bucket][k->state] = i;
+      groups[k->group].gbufs.insert({k->gbuf, k->dtype});
+      states.insert(k->state);
+      chunks[i];
+    }
+  if (groups.empty()) return std::optional<DistOptimPlan>();
+  std::map<std::string, size_t> index;
+  for (const auto& [i, v] : chunks) index[dcp.tensors()[i].name] = i;
+  for (size_t ip = 0; ip < dcp.pieces().size(); ++ip)
+    if (auto it = index.find(dcp.pieces()[ip].tensor); it != index.end()) chunks[it->second].push_back(ip);
+  DistOptimPlan plan;
+  plan.states.assign(states.begin(), states.end());
+  const std::string impl = args.value("transformer_impl", std::string());
+  if (vpp > 1) plan.not_imported_reason = "a virtual pipeline's buckets (one grad buffer per chunk) are not read yet";
+  else if (std::any_of(states.begin(), states.end(),
+                       [](const std::string& x) { return x != "param" && x != "exp_avg" && x != "exp_avg_sq"; }))
+    plan.not_imported_reason = "the buckets hold states other than param, exp_avg, exp_avg_sq";
+  else if (impl != "local")
+    plan.not_imported_reason = "args.transformer_impl is '" + impl +
+                               "': only the local spec's parameter order (transformer_impl 'local') is known";
+  if (!plan.not_imported_reason.empty()) return std::optional<DistOptimPlan>(std::move(plan));
+  if (!states.count("param")) return missing_state(dir, groups.begin()->first, 0, "param");
+  const int64_t ngroups = int64_t{saved.tp} * saved.pp;
+  for (const auto& [g, bk] : groups)
+    if (g >= ngroups || bk.gbufs.size() != 1 || bk.gbufs.begin()->first != 0)
+      return Status::Error("UnsupportedDistOptim", "'" + dir + "': dp_group_idx_" + std::to_string(g) +
+                                                       " is not one grad buffer (gbuf_idx_0, one dtype) of a model-parallel "
+                                                       "group of tp " + std::to_string(saved.tp) + " x pp " +
+                                                       std::to_string(saved.pp))
+          .with_file(dir);
+  std::set<std::pair<std::string, Shape>> seen;
+  for (int p = 0; p < saved.pp; ++p)
+    for (int r = 0; r < saved.tp; ++r) {
+      auto it = groups.find(r + int64_t{saved.tp} * p);
+      if (it == groups.end())
+        return Status::Error("MissingDistOptimState", "'" + dir + "': no bucket tensors of dp_group_idx_" +
+                                                          std::to_string(r + int64_t{saved.tp} * p) + " (tp rank " +
+                                                          std::to_string(r) + ", pp rank " + std::to_string(p) + ")")
+            .with_file(dir);
+      CKPT_RETURN_IF_ERROR(plan_group(dcp, cfg, saved, args, dir, r, p, it->second, plan.states, chunks, seen, plan));
+    }
+  return std::optional<DistOptimPlan>(std::move(plan));
+}
+
+Status read_dist_optim(TensorSource& dcp, const std::vector<size_t>& chunks, const DistOptimPiece& p, const Box& sub,
+                       void* dst) {
+  const size_t n = sub.ndim();
+  if (n == 0 || n != p.box.ndim() || !p.box.contains(sub)) return Status::Internal("read_dist_optim: sub-box outside the piece");
+  if (sub.empty()) return Status::Ok();
+  const size_t esz = dtype_size(dcp.tensors()[p.dcp_tensor].dtype);
+  const int64_t run = n ? sub.extent[n - 1] : 1, total = sub.numel();
+  auto read_run = [&](int64_t begin, int64_t len, char* out) -> Status {
+    for (size_t ip : chunks) {
+      const Box& b = dcp.pieces()[ip].region.box;
+      const int64_t lo = std::max(begin, b.offset[0]), hi = std::min(begin + len, b.offset[0] + b.extent[0]);
+      if (hi > lo) CKPT_RETURN_IF_ERROR(dcp.read(ip, Box{{lo}, {hi - lo}}, out + (lo - begin) * esz));
+    }
+    return Status::Ok();
+  };
+  std::vector<int64_t> idx(n, 0);
+  int64_t run_begin = -1, run_len = 0;
+  char* out = static_cast<char*>(dst);
+  char* run_out = out;
+  for (int64_t done = 0; done < total; done += run) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < n; ++d) flat = flat * p.box.extent[d] + (sub.offset[d] + idx[d] - p.box.offset[d]);
+    flat += p.flat;
+    if (run_begin >= 0 && run_begin + run_len == flat) {
+      run_len += run;
+    } else {
+      if (run_begin >= 0) CKPT_RETURN_IF_ERROR(read_run(run_begin, run_len, run_out));
+      run_begin = flat, run_len = run, run_out = out + done * esz;
+    }
+    for (size_t d = n - 1; d-- > 0;)  // next row of `sub` (the last dim is the run)
+      if (++idx[d] < sub.extent[d]) break;
+      else idx[d] = 0;
+  }
+  return read_run(run_begin, run_len, run_out);
+}
+
+}  // namespace ckpt
