@@ -133,6 +133,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DistOptimBucketMismatch", kCorrupt},      // bucket sizes do not add up to the parameters'
     {"MissingDistOptimState", kCorrupt},        // a bucket without masters or a moment the others have
     {"DistOptimRangeNotCovered", kCorrupt},     // a parameter's bucket elements not all stored
+    {"BadDistOptimState", kCorrupt},            // dp_zero_gather_scatter param_state not megatron-core's structure
     {"Base64Invalid", kCorrupt},
     {"HfFilesCorrupt", kCorrupt},
     {"HfFilesChecksum", kSum},

@@ -9,8 +9,9 @@ logits on fixed tokens and its get_parameter_state_dp_zero() beside each. 0.19 w
 the common state is the DCP item common_state/shard_0_1.
   * import: `ckpt to-hf` of each -> transformers LlamaForCausalLM logits equal megatron-core's
     (1e-5 relative, fp32); inspect --json shows the layout, the integrity scheme (integrity.json)
-    and the optimizer state ckpt does not import, by key and sharding type (dp_zero_gather_scatter);
-    fully_reshardable's and dp_reshardable's (4 buckets per TP rank, layout derived from the args)
+    and the optimizer state ckpt does not import, by key, sharding type and reason (a bucket state
+    it does not map); fully_reshardable's, dp_reshardable's and dp_zero_gather_scatter's (4 buckets
+    per TP rank, layout derived from the args)
     moments and fp32 masters are imported and equal megatron-core's own get_parameter_state_dp_zero()
     element-wise, the step is the param_groups'; dp_reshardable also against an independent numpy
     restatement of the bucket layout over the buckets read by torch's DCP loader.
@@ -19,7 +20,8 @@ the common state is the DCP item common_state/shard_0_1.
     source check of to-hf refuses the tampered checkpoint too.
   * hostile: common_state pointing outside its file; dp_reshardable bucket sizes that do not add up,
     numel_unpadded past the padded bucket, a missing moment or master, a missing bucket, a
-    parameter range not stored -> named errors, nothing written.
+    parameter range not stored, a dp_zero param_state item outside its file -> named errors,
+    nothing written.
 """
 import dataclasses
 import json
@@ -85,23 +87,31 @@ def test_inspect_plain(name, run_ckpt):
     assert len(names) == 3 + 9 * LAYERS and not any(n.startswith("optimizer.") for n in names)
 
 
-@pytest.mark.parametrize("name,sharding", [("distopt_dp_zero_gather_scatter", "dp_zero_gather_scatter")])
-def test_inspect_names_optimizer_state_not_imported(name, sharding, run_ckpt):
-    """The distributed optimizer state in these forms is not imported yet: never silently."""
-    info = _inspect(run_ckpt, name)
+def _rename_state(old, new):
+    def fn(md):
+        for k in [k for k in md.state_dict_metadata if k.startswith("optimizer.distributed.") and k.endswith("." + old)]:
+            nk = k[:-len(old)] + new
+            md.state_dict_metadata[nk] = md.state_dict_metadata.pop(k)
+            for s in [s for s in md.storage_data if s.fqn == k]:
+                md.storage_data[dataclasses.replace(s, fqn=nk)] = md.storage_data.pop(s)
+    return fn
+
+
+def test_buckets_of_a_form_not_read_are_named_not_imported(run_ckpt, tmp_path):
+    """Buckets holding a state ckpt does not map (here exp_avg_sq renamed 'momentum'): the weights
+    import, every bucket is named as not imported with the reason, in inspect and the manifest."""
+    d = _mutate_metadata(tmp_path, _rename_state("exp_avg_sq", "momentum"))
+    info = json.loads(run_ckpt("inspect", "--json", d).stdout)
     note = info["not_imported"]["optimizer"]
-    assert sharding in note and "optimizer.distributed.dp_group_idx_0." in note, note
+    assert "dp_reshardable" in note and "states other than" in note and "bucket_idx_0.param" in note, note
     assert not any(t["name"].startswith("optimizer.") for t in info["tensors"])
-    text = run_ckpt("inspect", FIX / name).stdout
-    assert "not imported (optimizer)" in text and sharding in text, text
-
-
-def test_reshard_manifest_records_not_imported(run_ckpt, tmp_path):
-    run_ckpt("reshard", FIX / "distopt_dp_zero_gather_scatter", tmp_path / "n", "--tp", 1, "--pp", 1, "--dp", 1)
+    text = run_ckpt("inspect", d).stdout
+    assert "not imported (optimizer)" in text, text
+    run_ckpt("reshard", d, tmp_path / "n", "--tp", 1, "--pp", 1, "--dp", 1)
     man = json.loads(next((tmp_path / "n").rglob("manifest.json")).read_text())
     mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
-    assert mg["optimizer_sharding_type"] == "dp_zero_gather_scatter"
-    assert any("dp_group_idx_0.param_state" in k for k in mg["optimizer_not_imported_keys"]), mg
+    assert mg["optimizer_sharding_type"] == "dp_reshardable"
+    assert any("bucket_idx_3.momentum" in k for k in mg["optimizer_not_imported_keys"])
 
 
 def _oracle(name, tp_rank):
@@ -155,7 +165,7 @@ def _mcore_local(get, name, r, tp):
                     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight"}[rest])
 
 
-@pytest.mark.parametrize("name", ["distopt_fully_reshardable", "distopt_dp_reshardable"])
+@pytest.mark.parametrize("name", DISTOPT)
 def test_distopt_state_equals_megatron_core_state(name, run_ckpt, tmp_path):
     """fully_reshardable and dp_reshardable (bucket layout derived from the args: 4 buckets per TP
     rank, one padded): the imported fp32 masters and Adam moments equal megatron-core's
@@ -191,7 +201,7 @@ def _diff_equal(run_ckpt, a, b):
     assert rep.get("identical", rep.get("equal")) is True, rep
 
 
-@pytest.mark.parametrize("name", PLAIN + ["distopt_fully_reshardable", "distopt_dp_reshardable"])
+@pytest.mark.parametrize("name", PLAIN + DISTOPT)
 def test_reshard_other_layout_and_back_identical(name, run_ckpt, tmp_path):
     tp, pp = SAVED[name]
     other = ["--tp", 1, "--pp", 2, "--pp-layers", "3,1"] if tp == 2 else ["--tp", 2, "--pp", 1]
@@ -328,12 +338,17 @@ def test_dp_reshardable_numpy_reader_equals_oracle_and_ckpt(run_ckpt, tmp_path):
                 np.testing.assert_array_equal(want, mine, err_msg=f"tp{r} {pname} {k}")
 
 
-def _mutate_metadata(tmp_path, fn):
-    d = _copy("distopt_dp_reshardable", tmp_path)
+def _mutate_metadata(tmp_path, fn, name="distopt_dp_reshardable"):
+    d = _copy(name, tmp_path)
     md_file = d / "iter_0000010" / ".metadata"
     md = pickle.loads(md_file.read_bytes())
     fn(md)
     md_file.write_bytes(pickle.dumps(md))
+    import hashlib  # integrity.json re-signed: the mutation alone is what the import must name
+    ij = d / "iter_0000010" / "integrity.json"
+    j = json.loads(ij.read_text())
+    j["files"][".metadata"] = hashlib.sha256(md_file.read_bytes()).hexdigest()
+    ij.write_text(json.dumps(j))
     return d
 
 
@@ -378,4 +393,16 @@ def test_dp_reshardable_hostile_buckets_are_named(mutate, code, run_ckpt, tmp_pa
     for cmd in (["inspect", d], ["to-hf", d, tmp_path / "hf"]):
         p = run_ckpt(*cmd, check=False)
         assert p.returncode != 0 and code in p.stderr, (cmd, p.stderr)
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def test_dp_zero_param_state_outside_its_file_is_named(run_ckpt, tmp_path):
+    """dp_zero_gather_scatter: a param_state item pointing past its .distcp file."""
+    def fn(md):
+        (k,) = [k for k in md.storage_data if k.fqn == "optimizer.distributed.dp_group_idx_1.param_state/shard_0_1"]
+        md.storage_data[k] = dataclasses.replace(md.storage_data[k], offset=10**9)
+    d = _mutate_metadata(tmp_path, fn, "distopt_dp_zero_gather_scatter")
+    p = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
+    assert p.returncode != 0 and ("BadDistOptimState" in p.stderr or "DcpItemPastFile" in p.stderr), p.stderr
+    assert "param_state" in p.stderr, p.stderr
     assert not (tmp_path / "hf" / "model.safetensors").exists()

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "converters/megatron/dist/dist_optim_layout.h"
@@ -97,25 +98,61 @@ bool covered(const TensorSource& dcp, const std::vector<size_t>& chunks, int64_t
   return got == n;
 }
 
-// The pieces of model-parallel group (tp_r, pp_r).
-Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
-                  const std::string& dir, int tp_r, int pp_r, const Buckets& bk, const std::vector<std::string>& states,
-                  const std::map<size_t, std::vector<size_t>>& chunks, std::set<std::pair<std::string, Shape>>& seen,
-                  DistOptimPlan& plan) {
-  const int64_t g = tp_r + int64_t{saved.tp} * pp_r;
-  CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, saved, tp_r, pp_r, MegatronNormNames::kLocal));
-  CKPT_ASSIGN_OR_RETURN(auto order, registration_order(ts, dir));
+}  // namespace dist_optim_detail
+
+Result<DistOptimGroup> dist_optim_group(const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
+                                        const std::string& dir, int tp_r, int pp_r) {
+  using namespace dist_optim_detail;
+  DistOptimGroup out;
+  CKPT_ASSIGN_OR_RETURN(out.tensors, megatron_rank_tensors(cfg, saved, tp_r, pp_r, MegatronNormNames::kLocal));
+  CKPT_ASSIGN_OR_RETURN(auto order, registration_order(out.tensors, dir));
   std::vector<DistOptimParam> params;
   const bool shared = cfg.tie_word_embeddings && saved.pp > 1;
   for (const MegatronTensor* t : order) {
     int64_t n = 1;
     for (int64_t d : t->shape) n *= d;
     const bool emb = t->name == "embedding.word_embeddings.weight" && pp_r != saved.pp - 1;
-    const bool out = t->name == "output_layer.weight" && pp_r != 0;
-    params.push_back(DistOptimParam{t->name, n, shared && (emb || out)});
+    const bool outl = t->name == "output_layer.weight" && pp_r != 0;
+    params.push_back(DistOptimParam{t->name, n, shared && (emb || outl)});
   }
   CKPT_ASSIGN_OR_RETURN(DistOptimSettings s, dist_optim_settings(args, pp_r, 0, dir));
-  CKPT_ASSIGN_OR_RETURN(DistOptimLayout lay, dist_optim_layout(params, s));
+  CKPT_ASSIGN_OR_RETURN(out.layout, dist_optim_layout(params, s));
+  for (size_t k = 0; k < out.layout.params.size(); ++k) out.slot_tensor.push_back(order[order.size() - 1 - k]);
+  return out;
+}
+
+void add_group_pieces(const DistOptimGroup& grp, const std::vector<std::string>& states,
+                      const std::function<std::optional<DistOptimPiece>(size_t, const std::string&, int64_t, int64_t)>& at,
+                      std::set<std::pair<std::string, Shape>>& seen, DistOptimPlan& plan) {
+  for (size_t k = 0; k < grp.layout.params.size(); ++k) {
+    const MegatronTensor& t = *grp.slot_tensor[k];
+    int64_t row_elems = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) row_elems *= t.shape[d];
+    int64_t flat = grp.layout.params[k].start - grp.layout.buckets[grp.layout.params[k].bucket].start;
+    for (const MegatronSegment& sg : t.segments) {
+      const int64_t n = sg.rows() * row_elems;
+      if (!sg.tensor.empty() && seen.insert({sg.tensor, sg.box.offset}).second)
+        for (const auto& state : states)
+          if (auto p = at(k, state, flat, n)) {
+            p->tensor = state == "param" ? sg.tensor : "optimizer." + state + "." + sg.tensor;
+            p->box = sg.box;
+            plan.pieces.push_back(std::move(*p));
+          }
+      flat += n;
+    }
+  }
+}
+
+namespace dist_optim_detail {
+
+// The pieces of model-parallel group (tp_r, pp_r).
+Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
+                  const std::string& dir, int tp_r, int pp_r, const Buckets& bk, const std::vector<std::string>& states,
+                  const std::map<size_t, std::vector<size_t>>& chunks, std::set<std::pair<std::string, Shape>>& seen,
+                  DistOptimPlan& plan) {
+  const int64_t g = tp_r + int64_t{saved.tp} * pp_r;
+  CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, saved, args, dir, tp_r, pp_r));
+  const DistOptimLayout& lay = grp.layout;
   const std::string where = "'" + dir + "' dp_group_idx_" + std::to_string(g);
   std::vector<int64_t> recorded;
   for (const auto& [b, st] : bk.by_bucket) {
@@ -139,31 +176,23 @@ Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout&
     recorded.push_back(dcp.tensors()[p->second].shape[0]);
   }
   CKPT_RETURN_IF_ERROR(check_dist_optim_buckets(lay, recorded, where).with_file(dir));
-  for (size_t k = 0; k < lay.params.size(); ++k) {
-    const DistOptimSlot& slot = lay.params[k];
-    const MegatronTensor& t = *order[order.size() - 1 - k];  // R1: the layout is in reverse order
-    int64_t row_elems = 1;
-    for (size_t d = 1; d < t.shape.size(); ++d) row_elems *= t.shape[d];
-    int64_t flat = slot.start - lay.buckets[slot.bucket].start;
-    for (const MegatronSegment& sg : t.segments) {
-      const int64_t n = sg.rows() * row_elems;
-      if (!sg.tensor.empty() && seen.insert({sg.tensor, sg.box.offset}).second)
-        for (const auto& state : states) {
-          const size_t di = bk.by_bucket.at(static_cast<int64_t>(slot.bucket)).at(state);
-          if (!covered(dcp, chunks.at(di), flat, n))
-            return Status::Error("DistOptimRangeNotCovered", where + ": the elements [" + std::to_string(flat) + ", " +
-                                                                 std::to_string(flat + n) + ") of '" + dcp.tensors()[di].name +
-                                                                 "' (" + t.name + ") are not all in its chunks")
-                .with_file(dir)
-                .with_tensor(dcp.tensors()[di].name);
-          const std::string name = state == "param" ? sg.tensor : "optimizer." + state + "." + sg.tensor;
-          plan.pieces.push_back(DistOptimPiece{name, sg.box, di, flat});
-          plan.dcp_read.insert(dcp.tensors()[di].name);
-        }
-      flat += n;
+  Status st = Status::Ok();
+  auto at = [&](size_t k, const std::string& state, int64_t flat, int64_t n) -> std::optional<DistOptimPiece> {
+    const size_t di = bk.by_bucket.at(static_cast<int64_t>(lay.params[k].bucket)).at(state);
+    if (!covered(dcp, chunks.at(di), flat, n)) {
+      if (st.ok())
+        st = Status::Error("DistOptimRangeNotCovered", where + ": the elements [" + std::to_string(flat) + ", " +
+                                                           std::to_string(flat + n) + ") of '" + dcp.tensors()[di].name +
+                                                           "' (" + lay.params[k].name + ") are not all in its chunks")
+                 .with_file(dir)
+                 .with_tensor(dcp.tensors()[di].name);
+      return std::nullopt;
     }
-  }
-  return Status::Ok();
+    plan.dcp_read.insert(dcp.tensors()[di].name);
+    return DistOptimPiece{"", {}, di, flat};
+  };
+  add_group_pieces(grp, states, at, seen, plan);
+  return st;
 }
 
 }  // namespace dist_optim_detail
@@ -221,14 +250,16 @@ Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp
   return std::optional<DistOptimPlan>(std::move(plan));
 }
 
-Status read_dist_optim(TensorSource& dcp, const std::vector<size_t>& chunks, const DistOptimPiece& p, const Box& sub,
-                       void* dst) {
+Status read_dist_optim(TensorSource& dcp, const std::vector<size_t>& chunks, const std::vector<DistOptimWorld>& worlds,
+                       const DistOptimPiece& p, const Box& sub, void* dst) {
   const size_t n = sub.ndim();
   if (n == 0 || n != p.box.ndim() || !p.box.contains(sub)) return Status::Internal("read_dist_optim: sub-box outside the piece");
   if (sub.empty()) return Status::Ok();
-  const size_t esz = dtype_size(dcp.tensors()[p.dcp_tensor].dtype);
+  if (p.world >= static_cast<int>(worlds.size())) return Status::Internal("read_dist_optim: bad world buffer");
+  const size_t esz = dtype_size(p.world >= 0 ? worlds[p.world].tensor.storage.dtype : dcp.tensors()[p.dcp_tensor].dtype);
   const int64_t run = n ? sub.extent[n - 1] : 1, total = sub.numel();
   auto read_run = [&](int64_t begin, int64_t len, char* out) -> Status {
+    if (p.world >= 0) return worlds[p.world].file->read_tensor(worlds[p.world].tensor, Box{{begin}, {len}}, out);
     for (size_t ip : chunks) {
       const Box& b = dcp.pieces()[ip].region.box;
       const int64_t lo = std::max(begin, b.offset[0]), hi = std::min(begin + len, b.offset[0] + b.extent[0]);

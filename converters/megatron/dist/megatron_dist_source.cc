@@ -30,7 +30,8 @@ class MegatronDistSource final : public TensorSource {
     if (piece >= map_.size()) return Status::Internal("MegatronDistSource::read: bad piece");
     if (const Map& m = map_[piece]; m.flat != kNoFlat) {
       const DistOptimPiece& f = flat_[m.flat];
-      return read_dist_optim(*dcp_, dcp_pieces_[dcp_->tensors()[f.dcp_tensor].name], f, sub, dst);
+      return read_dist_optim(*dcp_, f.world >= 0 ? no_chunks_ : dcp_pieces_[dcp_->tensors()[f.dcp_tensor].name], worlds_,
+                             f, sub, dst);
     }
     return dcp_->read(map_[piece].inner, dcp_box(piece, sub), dst);
   }
@@ -53,6 +54,7 @@ class MegatronDistSource final : public TensorSource {
   Status check_piece(size_t piece) override {
     if (piece >= map_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
     if (map_[piece].flat != kNoFlat) {  // a distributed optimizer bucket: its chunks
+      if (flat_[map_[piece].flat].world >= 0) return Status::Ok();  // a param_state item: check() covers its zip
       for (size_t ip : dcp_pieces_[dcp_->tensors()[flat_[map_[piece].flat].dcp_tensor].name])
         CKPT_RETURN_IF_ERROR(dcp_->check_piece(ip));
       return Status::Ok();
@@ -115,6 +117,8 @@ class MegatronDistSource final : public TensorSource {
   std::vector<Piece> pieces_;
   std::vector<Map> map_;
   std::vector<DistOptimPiece> flat_;
+  std::vector<DistOptimWorld> worlds_;
+  std::vector<size_t> no_chunks_;
   nlohmann::json meta_;
 };
 
@@ -271,7 +275,10 @@ Result<std::optional<DistOptimPlan>> plan_saved_buckets(const TensorSource& dcp,
     return Status::Error("BadDistOptimArgs", "'" + dir + "': the args give no tp/pp layout for the dp_reshardable buckets")
         .with_file(dir);
   }
-  return plan_dp_reshardable(dcp, cfg, saved, vpp, args, dir);
+  CKPT_ASSIGN_OR_RETURN(auto plan, plan_dp_reshardable(dcp, cfg, saved, vpp, args, dir));
+  const torch::DcpMetadata* md = torch::dcp_metadata_of(dcp);
+  if (plan || !md) return plan;
+  return plan_dp_zero(*md, cfg, saved, vpp, args, dir);
 }
 
 // The planned bucket slices as pieces; every canonical tensor they name must be covered whole.
@@ -280,7 +287,8 @@ Status MegatronDistSource::add_dist_optim(DistOptimPlan plan) {
   for (DistOptimPiece& f : plan.pieces) {
     if (!canonical_shape_.count(f.tensor)) return Status::Internal("no canonical shape for '" + f.tensor + "'");
     elems[f.tensor] += f.box.numel();
-    pieces_.push_back(Piece{f.tensor, Region{f.box}, dcp_->tensors()[f.dcp_tensor].dtype});
+    const DType dt = f.world >= 0 ? plan.worlds.at(f.world).tensor.storage.dtype : dcp_->tensors()[f.dcp_tensor].dtype;
+    pieces_.push_back(Piece{f.tensor, Region{f.box}, dt});
     map_.push_back(Map{SIZE_MAX, 0, {}, {}, flat_.size()});
     flat_.push_back(std::move(f));
   }
@@ -292,6 +300,8 @@ Status MegatronDistSource::add_dist_optim(DistOptimPlan plan) {
           .with_file(dir_)
           .with_tensor(name);
   read_.insert(plan.dcp_read.begin(), plan.dcp_read.end());
+  read_.insert(plan.items_read.begin(), plan.items_read.end());
+  worlds_ = std::move(plan.worlds);
   return Status::Ok();
 }
 
@@ -367,7 +377,7 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
       // param_groups item (.optimizer) gave the step (read_megatron_dist_common).
       const bool used = bucket_masters && (b.fqn.find(".per_bucket_numel") != std::string::npos ||
                                            (common.optimizer_step && b.fqn.find(".optimizer/shard_") != std::string::npos));
-      if (b.fqn.rfind("optimizer.", 0) == 0 && !used) not_read.push_back(b.fqn);
+      if (b.fqn.rfind("optimizer.", 0) == 0 && !used && !src->read_.count(b.fqn)) not_read.push_back(b.fqn);
     }
   src->note_not_imported(not_read, common.sharding_type, bucket_reason);
   return std::unique_ptr<TensorSource>(std::move(src));

@@ -11,8 +11,8 @@
 // fully_reshardable optimizer.state.param.<key>) replace the model weight, optimizer.state.exp_avg /
 // exp_avg_sq.<key> become optimizer.exp_avg / exp_avg_sq.<HF name>; the dp_reshardable buckets
 // (converters/megatron/dist/megatron_dist_optim.h: layout derived from the args, checked against
-// the recorded sizes) give masters and moments the same way; every other optimizer.* tensor or item
-// (dp_zero_gather_scatter objects, buckets of a form not read) is named in
+// the recorded sizes) and dp_zero_gather_scatter's param_state world buffers give masters and moments
+// the same way; every other optimizer.* tensor or item (buckets of a form not read) is named in
 // megatron.optimizer_not_imported (+ _keys, optimizer_sharding_type), never dropped silently.
 // Metadata: model_config, megatron_args, megatron {iteration, optimizer_step, tp, pp,
 // virtual_pipeline?}, layout (none with a virtual pipeline). check(): the DCP items' and the common

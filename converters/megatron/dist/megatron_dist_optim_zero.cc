@@ -1,0 +1,128 @@
+// dp_zero_gather_scatter (converters/megatron/dist/megatron_dist_optim.h plan_dp_zero).
+#include <filesystem>
+#include <map>
+
+#include "converters/megatron/dist/megatron_dist_optim.h"
+
+namespace ckpt {
+
+namespace dist_optim_zero_detail {
+
+namespace fs = std::filesystem;
+
+Status bad_state(const std::string& where, const std::string& why) {
+  return Status::Error("BadDistOptimState", where + ": " + why).with_file(where);
+}
+
+// The item `fqn` opened as a torch.save zip, after checking it lies inside its file.
+Result<std::shared_ptr<torch::TorchFile>> open_item(const std::string& dir, const torch::DcpBytesItem& item) {
+  CKPT_RETURN_IF_ERROR(torch::check_dcp_relative_path(item.file, item.fqn));
+  const std::string path = (fs::path(dir) / item.file).string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || item.length == 0 || item.offset > size || item.length > size - item.offset)
+    return bad_state(path, "item '" + item.fqn + "' lies outside its file");
+  torch::TorchFileLimits lim;
+  lim.max_pickle_bytes = uint64_t{64} << 20;
+  CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(path, item.offset, item.length, lim));
+  return std::shared_ptr<torch::TorchFile>(std::move(tf));
+}
+
+// {state: world tensor} and numel_unpadded of the one grad buffer of `root` ([state dict]).
+Status world_tensors(const torch::PyObj* root, const std::string& where, std::map<std::string, torch::TensorRef>& out,
+                     int64_t& numel) {
+  const torch::PyObj* d = root && (root->is(torch::PyType::kList) || root->is(torch::PyType::kTuple)) && root->items.size() == 1
+                              ? root->items[0]
+                              : nullptr;
+  if (!d || !d->is(torch::PyType::kDict)) return bad_state(where, "not a torch.save of [dict]");
+  const torch::PyObj* coalesced = d->get("buckets_coalesced");
+  if (!coalesced || !coalesced->is(torch::PyType::kBool) || !coalesced->b)
+    return Status::Error("UnsupportedDistOptim", where + ": not buckets_coalesced (the pre-2024 layout needs Megatron's own update)")
+        .with_file(where);
+  const torch::PyObj* gbuf = nullptr;
+  for (const auto& [k, v] : d->entries) {
+    if (k->is(torch::PyType::kStr)) continue;
+    if (!k->is(torch::PyType::kInt) || k->i != 0 || gbuf)
+      return Status::Error("UnsupportedDistOptim", where + ": more than one grad buffer").with_file(where);
+    gbuf = v;
+  }
+  if (!gbuf || !gbuf->is(torch::PyType::kDict) || gbuf->entries.size() != 1 || !gbuf->entries[0].second->is(torch::PyType::kDict))
+    return bad_state(where, "no grad buffer 0 with one dtype");
+  for (const auto& [k, v] : gbuf->entries[0].second->entries) {
+    if (!k->is(torch::PyType::kStr)) return bad_state(where, "a state key that is not a string");
+    if (k->s == "numel_unpadded" && v->is(torch::PyType::kInt)) numel = v->i;
+    else if (v->is(torch::PyType::kTensor) && v->tensor.size.size() == 1) out[k->s] = v->tensor;
+    else return bad_state(where, "state '" + k->s + "' is not a 1-D tensor");
+  }
+  if (numel < 0) return bad_state(where, "no numel_unpadded");
+  for (const auto& [k, t] : out)
+    if (t.size[0] != numel)
+      return Status::Error("DistOptimBucketMismatch", where + ": '" + k + "' holds " + std::to_string(t.size[0]) +
+                                                          " elements, numel_unpadded is " + std::to_string(numel))
+          .with_file(where);
+  return Status::Ok();
+}
+
+}  // namespace dist_optim_zero_detail
+
+Result<std::optional<DistOptimPlan>> plan_dp_zero(const torch::DcpMetadata& md, const LlamaConfig& cfg,
+                                                  const Layout& saved, int64_t vpp, const nlohmann::json& args,
+                                                  const std::string& dir) {
+  using namespace dist_optim_zero_detail;
+  std::map<int64_t, const torch::DcpBytesItem*> items;
+  const std::string pre = kDistOptimBucketPrefix;
+  for (const auto& b : md.bytes) {
+    const size_t e = b.fqn.find(".param_state/");
+    if (b.fqn.rfind(pre, 0) != 0 || e == std::string::npos || e <= pre.size() || e - pre.size() > 9) continue;
+    const std::string g = b.fqn.substr(pre.size(), e - pre.size());
+    if (g.find_first_not_of("0123456789") == std::string::npos) items[std::stoll(g)] = &b;
+  }
+  if (items.empty()) return std::optional<DistOptimPlan>();
+  DistOptimPlan plan;
+  if (vpp > 1) plan.not_imported_reason = "a virtual pipeline's param_state (one grad buffer per chunk) is not read yet";
+  else if (args.value("transformer_impl", std::string()) != "local")
+    plan.not_imported_reason = "only the local spec's parameter order (transformer_impl 'local') is known";
+  if (!plan.not_imported_reason.empty()) return std::optional<DistOptimPlan>(std::move(plan));
+  std::set<std::pair<std::string, Shape>> seen;
+  for (int p = 0; p < saved.pp; ++p)
+    for (int r = 0; r < saved.tp; ++r) {
+      const int64_t g = r + int64_t{saved.tp} * p;
+      const std::string where = "'" + dir + "' dp_group_idx_" + std::to_string(g) + ".param_state";
+      if (!items.count(g))
+        return Status::Error("MissingDistOptimState", where + ": no such item").with_file(dir);
+      CKPT_ASSIGN_OR_RETURN(auto tf, open_item(dir, *items[g]));
+      std::map<std::string, torch::TensorRef> world;
+      int64_t numel = -1;
+      CKPT_RETURN_IF_ERROR(world_tensors(tf->root(), where, world, numel));
+      if (!world.count("param")) return Status::Error("MissingDistOptimState", where + ": no masters 'param'").with_file(dir);
+      std::vector<std::string> states;
+      for (const auto& [k, t] : world) states.push_back(k);
+      if (plan.states.empty()) plan.states = states;
+      if (plan.states != states) return Status::Error("MissingDistOptimState", where + ": other states than dp_group_idx_0's").with_file(dir);
+      for (const auto& k : states)
+        if (k != "param" && k != "exp_avg" && k != "exp_avg_sq")
+          return Status::Error("UnsupportedDistOptim", where + ": state '" + k + "' is not read").with_file(dir);
+      CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, saved, args, dir, r, p));
+      std::vector<int64_t> before;  // world offset of each bucket: the earlier buckets unpadded
+      int64_t total = 0;
+      for (const auto& b : grp.layout.buckets) before.push_back(total), total += b.numel_unpadded;
+      if (total != numel)
+        return Status::Error("DistOptimBucketMismatch", where + ": numel_unpadded " + std::to_string(numel) +
+                                                            ", the parameters and args give " + std::to_string(total) +
+                                                            ": the sizes do not add up")
+            .with_file(dir);
+      std::map<std::string, int> world_index;
+      for (const auto& [k, t] : world) world_index[k] = static_cast<int>(plan.worlds.size()), plan.worlds.push_back({tf, t});
+      auto at = [&](size_t k, const std::string& state, int64_t flat, int64_t) -> std::optional<DistOptimPiece> {
+        DistOptimPiece piece;
+        piece.world = world_index.at(state);
+        piece.flat = before[grp.layout.params[k].bucket] + flat;
+        return piece;
+      };
+      add_group_pieces(grp, plan.states, at, seen, plan);
+      plan.items_read.insert(items[g]->fqn);
+    }
+  return std::optional<DistOptimPlan>(std::move(plan));
+}
+
+}  // namespace ckpt
