@@ -50,6 +50,8 @@ Status transform(Slot& s, const std::vector<Piece>& src_pieces, StagedReads* sta
   return Status::Ok();
 }
 
+constexpr size_t kMaxRunsPerChunk = 4096;  // a chunk of larger file ranges than max_chunk_bytes
+
 // One part of a chunk box offered by the source as one file range.
 struct ExtentPart {
   size_t cbox;
@@ -166,25 +168,52 @@ Status ChunkPipeline::fill(const std::vector<size_t>& sel) {
     const Piece& tp = out_[pi];
     const int64_t n = tp.region.numel();
     const int64_t chunk_elems = std::max<int64_t>(1, static_cast<int64_t>(opts_.max_chunk_bytes / dtype_size(tp.dtype)));
-    for (int64_t a = 0; a < n; a += chunk_elems) CKPT_RETURN_IF_ERROR(push(pi, a, std::min(n, a + chunk_elems)));
+    // A chunk the sink copies as file ranges holds no buffer: it may be larger (max_run_chunk_bytes).
+    const int64_t run_elems =
+        dst_.accepts_file_extents() ? std::max<int64_t>(chunk_elems, static_cast<int64_t>(opts_.max_run_chunk_bytes / dtype_size(tp.dtype)))
+                                    : chunk_elems;
+    for (int64_t a = 0; a < n;) {
+      CKPT_RETURN_IF_ERROR(push(pi, a, std::min(n, a + chunk_elems), std::min(n, a + run_elems)));
+      a += slots_[(seq_ - 1) % slots_.size()].count;
+    }
   }
   return Status::Ok();
 }
 
-Status ChunkPipeline::push(size_t piece, int64_t begin, int64_t end) {
+Status ChunkPipeline::push(size_t piece, int64_t begin, int64_t end, int64_t end_as_runs) {
   Slot& s = slots_[seq_ % slots_.size()];
   ++seq_;
   CKPT_RETURN_IF_ERROR(finish(s));  // the chunk depth steps back: written in order
-  CKPT_RETURN_IF_ERROR(prepare(s, piece, begin, end));
+  CKPT_RETURN_IF_ERROR(prepare(s, piece, begin, end, end_as_runs));
   CKPT_RETURN_IF_ERROR(read(s));
   return transform_and_write(s);
 }
 
-// The chunk's copies, where each lands, and whether the sink takes it as file ranges.
-Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end) {
+// The chunk's copies, where each lands, and whether the sink takes it as file ranges: elements
+// [begin, end_as_runs) when the sink takes those as file ranges, else [begin, end).
+Status ChunkPipeline::prepare(Slot& s, size_t piece, int64_t begin, int64_t end, int64_t end_as_runs) {
   const Piece& tp = out_[piece];
   const std::vector<Piece>& sp = src_.pieces();
   s.piece = piece;
+  s.runs.clear();
+  if (end_as_runs > end) {
+    auto big = copy_ops(index_, tp, begin, end_as_runs);
+    if (!big.ok()) return big.take_status().with_context("target " + piece_desc(piece, tp));
+    s.copies = std::move(big).value();
+    plan_chunk_extents(src_, s, tp.dtype, dst_.gathers_file_runs());
+    if (!s.runs.empty()) {
+      // At most kMaxRunsPerChunk ranges (their list is the memory such a chunk holds, queued at the
+      // sink), unless [begin, end) alone needs more: the chunk is cut after the last one kept.
+      const uint64_t esize = dtype_size(tp.dtype), least = static_cast<uint64_t>(end - begin) * esize;
+      uint64_t bytes = 0;
+      size_t k = 0;
+      while (k < s.runs.size() && (k < kMaxRunsPerChunk || bytes < least)) bytes += s.runs[k++].bytes;
+      s.runs.resize(k);
+      s.count = static_cast<int64_t>(bytes / esize);
+      s.raw_bytes = 0;  // nothing read, nothing to transform
+      return Status::Ok();
+    }
+  }
   s.count = end - begin;
   auto copies = copy_ops(index_, tp, begin, end);
   if (!copies.ok()) return copies.take_status().with_context("target " + piece_desc(piece, tp));

@@ -7,6 +7,8 @@
 // accepts file extents as those ranges, without being read: whole rows split over pieces by rows
 // (column-parallel shards) as a few ranges, and, for a sink that gathers, rows split over pieces
 // by columns (row-parallel shards) as one range per row and piece.
+// Such a chunk holds no buffer, so it spans up to max_run_chunk_bytes whatever the chunk size: the sink's
+// hand-offs (a queue entry, a lock, a copy call each) come a few per 64 MiB, not per small chunk.
 // Thread safety: one pipeline per call, driven by one thread; source reads stay on it.
 #pragma once
 
@@ -61,8 +63,10 @@ class ChunkPipeline {
 
  private:
   Status fill(const std::vector<size_t>& sel);                // every chunk; stops at the first error
-  Status push(size_t piece, int64_t begin, int64_t end);      // one chunk: read, transform, write
-  Status prepare(Slot& s, size_t piece, int64_t begin, int64_t end);
+  // One chunk: read, transform, write; elements [begin, end), or [begin, end_as_runs) when the
+  // sink takes those as file ranges (the slot's count says which).
+  Status push(size_t piece, int64_t begin, int64_t end, int64_t end_as_runs);
+  Status prepare(Slot& s, size_t piece, int64_t begin, int64_t end, int64_t end_as_runs);
   Status read(Slot& s);
   Status transform_and_write(Slot& s);
   Status write_chunk(Slot& s);  // waits for the transform; writes (on the writer thread if any)

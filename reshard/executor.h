@@ -35,6 +35,10 @@ struct ExecOptions {
   // pipeline_depth(threads) * max_chunk_bytes * (1 + max source/target element size ratio [+1 when a
   // part needs both a cast and a re-layout]); see exec_peak_bytes().
   uint64_t max_chunk_bytes = 64ull << 20;
+  // Output bytes per chunk the sink copies as file ranges (TensorSink::accepts_file_extents): such a
+  // chunk holds no buffer, so it may be larger than max_chunk_bytes (never smaller): a few sink
+  // hand-offs per 64 MiB, not one per small chunk (reshard/chunk_pipeline.h).
+  uint64_t max_run_chunk_bytes = 64ull << 20;
   int threads = 1;  // 1: everything inline; N > 1: this thread reads, a writer thread writes, N-1 workers cast/copy
   CastOptions cast;
   // Called on the calling thread after each chunk is written: (output bytes done, total).

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "formats/base/fs_util.h"
@@ -174,12 +176,37 @@ std::vector<size_t> files_for_process(const Plan& plan, int proc, int nprocs) {
 
 namespace {
 
+// A shard whose pieces are all handed to its writer, closing on another thread (its copies' last
+// writes, HDF5's metadata, the fsync) while the next shard fills: the shard files are written two
+// at a time instead of one after another with an fsync between (with a write pool; else closed
+// before the next shard opens, as a deferred future). The future is declared after the
+// writer: it is waited for before the writer goes.
+struct ClosingShard {
+  std::unique_ptr<store::ShardWriter> w;
+  std::future<Result<std::vector<store::PieceRecord>>> records;
+  const FileWork* fw = nullptr;
+};
+
+// Waits for the shard closing in `c` (if any): its records appended to `records`, in file order.
+Status finish_closing(std::optional<ClosingShard>& c, TracedSource& src, nlohmann::json& records) {
+  if (!c) return Status::Ok();
+  Result<std::vector<store::PieceRecord>> recs = c->records.get();
+  const std::string file = c->fw->file;
+  c.reset();
+  if (!recs.ok()) return recs.take_status();
+  for (const auto& r : *recs) records.push_back(store::piece_record_to_json(r));
+  src.wrote(file);
+  return Status::Ok();
+}
+
 // Fills the shard files `mine` (indices into plan.files) from `src`, each through its own
-// ShardWriter under `partial`; appends their piece records (JSON) to `records`.
+// ShardWriter under `partial`, one filling while the one before closes; appends their piece records
+// (JSON) to `records`.
 Status fill_files(TracedSource& src, const SourceIndex& index, const Plan& plan, const std::vector<size_t>& mine,
                   const std::string& partial, const StoreExecOptions& opts, nlohmann::json& records) {
   uint64_t my_total = 0, my_done = 0;
   for (size_t f : mine) my_total += plan.files[f].bytes_written;
+  std::optional<ClosingShard> closing;
   for (size_t f : mine) {
     const FileWork& fw = plan.files[f];
     std::vector<Piece> pieces;
@@ -196,14 +223,20 @@ Status fill_files(TracedSource& src, const SourceIndex& index, const Plan& plan,
     Status st = execute_into(src, index, sink, pieces, eo);
     if (!st.ok()) {
       w->abort();
-      return st;
+      return st;  // `closing` is waited for on the way out
     }
-    CKPT_ASSIGN_OR_RETURN(std::vector<store::PieceRecord> recs, w->close());
-    for (const auto& r : recs) records.push_back(store::piece_record_to_json(r));
+    CKPT_RETURN_IF_ERROR(finish_closing(closing, src, records));
+    store::ShardWriter* wp = w.get();
+    closing.emplace();
+    closing->w = std::move(w);
+    closing->fw = &fw;
+    // Only where the writes go through the write pool, whose buffers both shards share: a shard's
+    // own buffers (copy stages, compressed chunks in flight) are budgeted for one shard at a time.
+    closing->records = std::async(opts.store.write_pool ? std::launch::async : std::launch::deferred, [wp] { return wp->close(); });
+    if (!opts.store.write_pool) CKPT_RETURN_IF_ERROR(finish_closing(closing, src, records));  // closed now
     my_done += fw.bytes_written;
-    src.wrote(fw.file);
   }
-  return Status::Ok();
+  return finish_closing(closing, src, records);
 }
 
 }  // namespace

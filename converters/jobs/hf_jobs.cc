@@ -166,7 +166,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   const uint64_t reserve = fit_store_writer(req.max_memory, req.threads, so, located.cold(so.io));
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   FromHfOutcome out;
-  out.memory = memory_fit(req.max_memory, reserve, so.read_ahead.get());
+  out.memory = memory_fit(req.max_memory, reserve, so.read_ahead.get(), so.write_pool.get());
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
     CKPT_ASSIGN_OR_RETURN(auto layout, req.layout.make(plan->config.num_hidden_layers));

@@ -1,10 +1,12 @@
 #include "converters/jobs/memory_fit.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "formats/io/output_file.h"
 #include "formats/io/source_blocks.h"
+#include "formats/io/write_pool.h"
 #include "reshard/executor.h"
 #include "reshard/store_reshard.h"
 
@@ -16,7 +18,9 @@ std::string mib(uint64_t bytes) { return std::to_string((bytes + (uint64_t{1} <<
 
 }  // namespace
 
-nlohmann::json MemoryFit::to_json() const { return {{"max_memory", max_memory}, {"floor", floor}, {"read_ahead", read_ahead}}; }
+nlohmann::json MemoryFit::to_json() const {
+  return {{"max_memory", max_memory}, {"floor", floor}, {"read_ahead", read_ahead}, {"write_pool", write_pool}};
+}
 
 std::string MemoryFit::note(int threads) const {
   if (!below_floor()) return "";
@@ -26,11 +30,12 @@ std::string MemoryFit::note(int threads) const {
          "docs/RESHARD.md); it runs in those. Give --max-memory " + mib(floor) + "M or more for a budget it keeps, or fewer --threads.";
 }
 
-MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* read_ahead) {
+MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* read_ahead, const WritePool* write_pool) {
   MemoryFit f;
   f.max_memory = max_memory;
   f.read_ahead = read_ahead ? read_ahead->capacity() : 0;
-  f.floor = reserve - std::min(reserve, f.read_ahead) + kMinChunkBudgetBytes;
+  f.write_pool = write_pool ? write_pool->memory() : 0;
+  f.floor = reserve - std::min(reserve, f.read_ahead + f.write_pool) + kMinChunkBudgetBytes;
   return f;
 }
 
@@ -79,13 +84,54 @@ uint64_t fit_store_writer(uint64_t max_memory, int threads, store::StoreOptions&
   if (so.io == IoMode::kDirect || (so.io == IoMode::kAuto && cold_source)) {
     // A cold source under --io auto too: mapped reads of it fill new page-cache pages, slow in an
     // idle VM (3.08 GB reshard, idle: 4.5 s mapped, 3.6-3.7 s direct; docs/BENCHMARKS.md).
-    ReadAheadFit fit = fit_read_ahead(max_memory, reserve, so.hash_threads);
+    // The read-ahead first, up to kReadAheadBesideWritePoolBytes; the write pool out of the rest.
+    const uint64_t stages = static_cast<uint64_t>(so.hash_threads) * kCopyThreadReadAheadBytes;
+    const uint64_t base = reserve + stages + kChunkBudgetBesideReadAheadBytes + kReadAheadBesideWritePoolBytes;
+    const uint64_t pool = fit_write_pool(max_memory > base ? max_memory - base : 0, so);
+    ReadAheadFit fit = fit_read_ahead(max_memory, reserve + pool, so.hash_threads);
     if (fit.blocks) {
       so.read_ahead = std::move(fit.blocks);
-      return reserve + fit.bytes;
+      return reserve + pool + fit.bytes;
     }
+    so.write_pool.reset();
   }
-  return reserve + extra;
+  if (so.io == IoMode::kBuffered) return reserve + extra;
+  return reserve + extra + fit_write_pool(max_memory - reserve - extra - kChunkBudgetBeforeWriterExtrasBytes, so);
+}
+
+uint64_t fit_write_pool(uint64_t room, store::StoreOptions& so) {
+  // CKPT_WRITE_REQUEST_MIB (1..64): another request size, for measuring it (docs/BENCHMARKS.md).
+  const char* env = std::getenv("CKPT_WRITE_REQUEST_MIB");
+  const long mib = env ? std::strtol(env, nullptr, 10) : 0;
+  const uint64_t request = mib >= 1 && mib <= 64 ? static_cast<uint64_t>(mib) << 20 : kWriteRequestBytes;
+  const uint64_t n = std::min<uint64_t>(kWritePoolMaxBuffers * kWriteRequestBytes / request, room / request);
+  if (n < kWritePoolMinBuffers || so.codec != store::Codec::kNone) {
+    so.write_pool.reset();
+    return 0;
+  }
+  so.write_pool = std::make_shared<WritePool>(static_cast<int>(n), request);
+  so.write_pool->set_auto(so.io == IoMode::kAuto);
+  return so.write_pool->memory();
+}
+
+nlohmann::json store_io_report(const store::StoreOptions& so) {
+  nlohmann::json j = {{"mode", io_mode_name(so.io)}, {"copy_reads", so.read_ahead ? "direct" : "mapped"}};
+  if (!so.write_pool) {
+    j["writes"] = so.io == IoMode::kBuffered ? "buffered" : "per file";
+    return j;
+  }
+  const WritePool::Stats st = so.write_pool->stats();
+  const WritePool::Choice c = so.write_pool->choice();
+  j["requests"] = st.writes;
+  j["request_bytes"] = so.write_pool->request_bytes();
+  j["in_flight"] = so.write_pool->buffers();
+  j["writes"] = c.automatic && !c.decided ? "probing" : c.route == WritePool::Route::kBuffered ? "buffered" : "direct";
+  if (c.automatic) {
+    j["probe_bytes"] = so.write_pool->probe_bytes();
+    j["direct_gb_s"] = c.direct_bytes_per_s / 1e9;
+    j["buffered_gb_s"] = c.buffered_bytes_per_s / 1e9;
+  }
+  return j;
 }
 
 }  // namespace ckpt

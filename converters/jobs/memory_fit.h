@@ -27,6 +27,7 @@
 namespace ckpt {
 
 class SourceBlocks;
+class WritePool;
 
 // --max-memory when none is given ("256M").
 inline constexpr uint64_t kDefaultMaxMemory = uint64_t{256} << 20;
@@ -52,14 +53,17 @@ inline constexpr uint64_t kChunkBudgetBesideReadAheadBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kReadAheadMinBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kReadAheadMaxBytes = uint64_t{512} << 20;
 inline constexpr int kReadAheadBlocksPerFile = 8;
+// ... and what it keeps before a write pool (fit_write_pool) takes any of the budget.
+inline constexpr uint64_t kReadAheadBesideWritePoolBytes = uint64_t{128} << 20;
 
 struct MemoryFit {
   uint64_t max_memory = 0;  // bytes of --max-memory
   uint64_t floor = 0;       // the job's fixed buffers + kMinChunkBudgetBytes
   uint64_t read_ahead = 0;  // of max_memory: direct copies' source read-ahead (formats/io/source_blocks.h), 0: none
+  uint64_t write_pool = 0;  // of max_memory: direct writes' buffers in flight (formats/io/write_pool.h), 0: none
 
   bool below_floor() const { return max_memory < floor; }
-  nlohmann::json to_json() const;  // {"max_memory": bytes, "floor": bytes, "read_ahead": bytes}
+  nlohmann::json to_json() const;  // {"max_memory", "floor", "read_ahead", "write_pool"}: bytes
   // Below the floor: one line for stderr saying what was asked, what the job needs at the least
   // with `threads`, and what to change; "" otherwise.
   std::string note(int threads) const;
@@ -68,7 +72,9 @@ struct MemoryFit {
 // `max_memory` (bytes of --max-memory) against `reserve`, the job's fixed bytes; `read_ahead`'s
 // capacity, part of them (fit_read_ahead: what the budget left over), is reported, not part of
 // the floor.
-MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* read_ahead = nullptr);
+// `write_pool`'s buffers likewise (sized from what the budget left: not part of the floor).
+MemoryFit memory_fit(uint64_t max_memory, uint64_t reserve, const SourceBlocks* read_ahead = nullptr,
+                     const WritePool* write_pool = nullptr);
 
 // The executor chunk size that keeps its buffers within `max_memory` less `reserve` bytes (never
 // less than kMinChunkBudgetBytes), for `threads` workers, the widest source and narrowest output
@@ -96,6 +102,24 @@ ReadAheadFit fit_read_ahead(uint64_t max_memory, uint64_t reserve, int copy_thre
 // Uncompressed stores copy their sources with direct reads through so.read_ahead (SourceBlocks)
 // when so.io is kDirect, or kAuto and `cold_source` (the source mostly out of the page cache:
 // JobSource::cold), and the budget leaves room for it.
+// Uncompressed stores written direct (--io direct, or auto) also get so.write_pool when the budget
+// holds at least kWritePoolMinBuffers of its buffers beside the rest (fit_write_pool), counted in
+// the bytes returned.
 uint64_t fit_store_writer(uint64_t max_memory, int threads, store::StoreOptions& so, bool cold_source = false);
+
+// The direct writes' pool (formats/io/write_pool.h): as many buffers of kWriteRequestBytes as
+// `room` bytes hold, at most kWritePoolMaxBuffers (each in flight at once), none below
+// kWritePoolMinBuffers or for a compressed store; sets so.write_pool, returns its bytes.
+inline constexpr uint64_t kWritePoolMinBuffers = 2;
+inline constexpr uint64_t kWritePoolMaxBuffers = 6;
+// Under --io auto the pool chooses per run between direct and buffered writes (WritePool::set_auto).
+uint64_t fit_write_pool(uint64_t room, store::StoreOptions& so);
+
+// How a store job's data went to the disk, for --json: {"mode": --io, "copy_reads": "direct" |
+// "mapped", "writes": "direct" | "buffered" | "per file" (no pool: each file as --io resolves for
+// it) | "probing" (auto, the run ended before both probes), and with a pool "requests",
+// "request_bytes", "in_flight"; under auto "probe_bytes", "direct_gb_s", "buffered_gb_s" (what the
+// probes measured)}.
+nlohmann::json store_io_report(const store::StoreOptions& so);
 
 }  // namespace ckpt

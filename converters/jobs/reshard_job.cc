@@ -123,7 +123,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Status plan_reshard(const ReshardRequest& r, PlannedReshard& p) {
   CKPT_RETURN_IF_ERROR(open_reshard_source(r, p));
   p.reserve += source_decode_reserve(*p.src, r.threads);
-  p.out.memory = memory_fit(r.max_memory, p.reserve, p.store.read_ahead.get());
+  p.out.memory = memory_fit(r.max_memory, p.reserve, p.store.read_ahead.get(), p.store.write_pool.get());
   CKPT_RETURN_IF_ERROR(plan_model_and_chunks(r, p));
   p.out.src_description = p.src->describe();
   p.out.processes = r.dist ? r.dist->size() : 1;
@@ -150,6 +150,7 @@ Status execute_reshard(const ReshardRequest& r, PlannedReshard& p) {
   if (!p.skip_check) so.before_commit = p.check.before_commit(*p.src);
   CKPT_RETURN_IF_ERROR(execute_plan_to_store(p.plan_source(), p.out.plan, r.dst, so, r.dist));
   p.out.seconds = seconds_since(p.t0);
+  p.out.io = store_io_report(p.store);
   p.out.source_check = p.check.to_json();
   p.out.source_check.erase("scheme");  // reshard's JSON names how only (+ bytes_from_copy, bytes_reread)
   p.out.source_check.erase("note");

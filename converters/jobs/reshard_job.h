@@ -69,8 +69,9 @@ struct ReshardOutcome {
   // How SRC's digests were checked: "copy" (from the copy's direct reads, CopyVerify: with
   // bytes_from_copy and bytes_reread), "process" (a child process), "inline", or "none".
   nlohmann::json source_check = nlohmann::json::object();
+  nlohmann::json io = nlohmann::json::object();  // how DST was written (store_io_report, memory_fit.h)
   // The JSON of `ckpt reshard --json` (converters/jobs/reshard_job_json.cc): the plan's summary with
-  // plan_seconds and memory, and unless `dry_run` dst, seconds, processes, source_check (+ profile,
+  // plan_seconds and memory, and unless `dry_run` dst, seconds, processes, source_check, io (+ profile,
   // from_profile, exactness).
   nlohmann::json to_json(const std::string& dst, bool dry_run) const;
 };

@@ -13,6 +13,7 @@ nlohmann::json ReshardOutcome::to_json(const std::string& dst, bool dry_run) con
   j["seconds"] = seconds;
   j["processes"] = processes;
   j["source_check"] = source_check;
+  j["io"] = io;
   if (!profile.empty()) {
     j["profile"] = profile;
     j["from_profile"] = from_profile;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <optional>
 
 #include "formats/base/file_io.h"
 #include "formats/base/thread_pool.h"
@@ -43,18 +44,6 @@ ThreadPool& dio_write_pool() {
   static ThreadPool pool(8);
   return pool;
 }
-
-// The write of one half stage in flight; waited for before the half is filled again, and on
-// every way out of copy_runs (the stage is the thread's: never left in use).
-class PendingWrite {
- public:
-  ~PendingWrite() { (void)wait(); }
-  void start(std::future<Status> f) { f_ = std::move(f); }
-  Status wait() { return f_.valid() ? f_.get() : Status::Ok(); }
-
- private:
-  std::future<Status> f_;
-};
 
 Status dio_short_source(const FileExtent& r, uint64_t size, const std::string& path) {
   return Status::Error("ShortSource", "source file (" + std::to_string(size) + " bytes) ended before bytes [" + std::to_string(r.offset) +
@@ -120,78 +109,206 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
 
 Status OutputFile::close() {
   if (!st_) return Status::Ok();
+  Status w = st_->writes.wait();  // copy_runs' writes still in flight
   Status a = st_->dfd.valid() ? st_->dfd.close(st_->path) : Status::Ok();
   Status b = st_->fd.valid() ? st_->fd.close(st_->path) : Status::Ok();
-  return a.ok() ? b : a;
+  return !w.ok() ? w : a.ok() ? b : a;
 }
 
 void OutputFile::reset() { st_.reset(); }
 
 // `n` and `off` multiples of the alignment, `p` aligned: O_DIRECT; EINVAL: buffered from now on.
-Status OutputFile::write_direct(const char* p, uint64_t n, uint64_t off) const {
-  while (n > 0 && st_->direct.load()) {
-    ssize_t r = ::pwrite(st_->dfd.get(), p, static_cast<size_t>(std::min<uint64_t>(n, 1u << 30)), static_cast<off_t>(off));
+Status OutputFile::write_direct(State& st, const char* p, uint64_t n, uint64_t off) {
+  while (n > 0 && st.direct.load()) {
+    ssize_t r = ::pwrite(st.dfd.get(), p, static_cast<size_t>(std::min<uint64_t>(n, 1u << 30)), static_cast<off_t>(off));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
-      st_->direct.store(false);  // refused: the rest of this file goes through the page cache
+      st.direct.store(false);  // refused: the rest of this file goes through the page cache
       break;
     }
-    if (r < 0) return Status::FromErrno("direct write failed", st_->path, errno);
+    if (r < 0) return Status::FromErrno("direct write failed", st.path, errno);
     p += r;
     off += static_cast<uint64_t>(r);
     n -= static_cast<uint64_t>(r);
   }
-  return n > 0 ? pwrite_full(st_->fd.get(), p, n, off, st_->path) : Status::Ok();
+  return n > 0 ? pwrite_full(st.fd.get(), p, n, off, st.path) : Status::Ok();
 }
 
 // Writes bytes [a, b) of the file from `stage`, whose byte 0 is file offset `base` (aligned).
-Status OutputFile::write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const {
+Status OutputFile::write_staged(State& st, const char* stage, uint64_t base, uint64_t a, uint64_t b) {
   const uint64_t a_up = dio_round_up(a), b_down = dio_round_down(b);
-  if (!st_->direct.load() || a_up >= b_down) return pwrite_full(st_->fd.get(), stage + (a - base), b - a, a, st_->path);
-  if (a_up > a) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), stage + (a - base), a_up - a, a, st_->path));
-  CKPT_RETURN_IF_ERROR(write_direct(stage + (a_up - base), b_down - a_up, a_up));
-  if (b > b_down) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), stage + (b_down - base), b - b_down, b_down, st_->path));
+  if (!st.direct.load() || a_up >= b_down) return pwrite_full(st.fd.get(), stage + (a - base), b - a, a, st.path);
+  if (a_up > a) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), stage + (a - base), a_up - a, a, st.path));
+  CKPT_RETURN_IF_ERROR(write_direct(st, stage + (a_up - base), b_down - a_up, a_up));
+  if (b > b_down) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), stage + (b_down - base), b - b_down, b_down, st.path));
   return Status::Ok();
 }
 
 Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
-  if (!st_->direct.load() || n < kDirectAlignBytes) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
+  State& st = *st_;
+  if (!st.direct.load() || n < kDirectAlignBytes) return pwrite_full(st.fd.get(), src, n, off, st.path);
   const char* p = static_cast<const char*>(src);
   const uint64_t a_up = dio_round_up(off), b_down = dio_round_down(off + n);
   if (reinterpret_cast<uintptr_t>(p) % kDirectAlignBytes == off % kDirectAlignBytes && a_up < b_down) {
     // `src` sits at the file offset's phase: its aligned middle goes out as it is, no staging copy.
-    if (a_up > off) CKPT_RETURN_IF_ERROR(pwrite_full(st_->fd.get(), p, a_up - off, off, st_->path));
-    CKPT_RETURN_IF_ERROR(write_direct(p + (a_up - off), b_down - a_up, a_up));
+    if (a_up > off) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), p, a_up - off, off, st.path));
+    CKPT_RETURN_IF_ERROR(write_direct(st, p + (a_up - off), b_down - a_up, a_up));
     const uint64_t end = off + n;
-    return end > b_down ? pwrite_full(st_->fd.get(), p + (b_down - off), end - b_down, b_down, st_->path) : Status::Ok();
+    return end > b_down ? pwrite_full(st.fd.get(), p + (b_down - off), end - b_down, b_down, st.path) : Status::Ok();
   }
   char* stage = dio_stage();
-  if (!stage) return pwrite_full(st_->fd.get(), src, n, off, st_->path);
+  if (!stage) return pwrite_full(st.fd.get(), src, n, off, st.path);
   for (uint64_t cur = off, end = off + n; cur < end;) {
     const uint64_t base = dio_round_down(cur), k = std::min(kStageBytes - (cur - base), end - cur);
     std::memcpy(stage + (cur - base), p + (cur - off), k);
-    CKPT_RETURN_IF_ERROR(write_staged(stage, base, cur, cur + k));
+    CKPT_RETURN_IF_ERROR(write_staged(st, stage, base, cur, cur + k));
     cur += k;
   }
   return Status::Ok();
 }
 
-// The stage is two halves: one is filled from the sources (and hashed, `each_block`) while the
-// other is written on dio_write_pool, so a copy takes max(copy, write), not their sum (to-hf of a
-// 3.08 GB rank, hot page cache: the copies added ~0.5 s to the ~3.1 s of the direct writes).
+// Where copy_runs gathers the file bytes [flushed, filled) (byte 0 of the buffer is file offset
+// `base`, aligned): with a WritePool, one of its buffers, submitted to the pool when full (the
+// next acquired meanwhile), the last one at finish(); else the thread's stage in two halves, one
+// filled while the other is written on dio_write_pool (a copy takes max(copy, write)). `each`
+// sees every byte once, in order, before it is written.
+class OutputFile::Stage {
+ public:
+  using Each = std::function<void(const void*, size_t)>;
+  Stage(State& st, uint64_t off, const Each& each) : st_(st), each_(each), base_(dio_round_down(off)), filled_(off), flushed_(off) {}
+  ~Stage() {
+    if (st_.pool) st_.pool->give_back(buf_);  // not submitted: an error ended the copy
+    if (pending_.valid()) (void)pending_.get();
+  }
+  Status init() {
+    if (st_.pool) {
+      CKPT_RETURN_IF_ERROR(st_.writes.failed());  // an earlier write of this file failed
+      buf_ = st_.pool->acquire();
+      cap_ = st_.pool->request_bytes();
+    } else {
+      halves_[0] = dio_stage();
+      halves_[1] = halves_[0] ? halves_[0] + kStageBytes / 2 : nullptr;
+      buf_ = halves_[0];
+      cap_ = kStageBytes / 2;
+    }
+    if (!buf_)
+      return Status::Io("cannot allocate a " + std::to_string(std::max(cap_, kStageBytes) >> 20) + " MiB staging buffer writing '" + st_.path +
+                        "'");
+    return Status::Ok();
+  }
+  // After a full pool buffer went out, the next is acquired here: the caller holds no source block
+  // while it may wait for one (HeldBlocks: no wait for a buffer while holding a block, nor the reverse).
+  bool has_buffer() const { return buf_ != nullptr; }
+  Status refill() {
+    CKPT_RETURN_IF_ERROR(st_.writes.failed());
+    if (!(buf_ = st_.pool->acquire())) return Status::Io("cannot allocate a write buffer writing '" + st_.path + "'");
+    return Status::Ok();
+  }
+  char* at() const { return buf_ + (filled_ - base_); }
+  uint64_t room() const { return cap_ - (filled_ - base_); }
+  Status added(uint64_t k) {
+    filled_ += k;
+    return room() == 0 ? flush() : Status::Ok();
+  }
+  Status finish() {
+    CKPT_RETURN_IF_ERROR(flush());
+    return pending_.valid() ? pending_.get() : Status::Ok();
+  }
+
+ private:
+  Status flush() {
+    if (filled_ > flushed_) {
+      if (each_) each_(buf_ + (flushed_ - base_), static_cast<size_t>(filled_ - flushed_));
+      State* st = &st_;
+      if (st_.pool) {
+        st_.pool->submit(st_.writes, buf_, filled_ - flushed_, [st, b = buf_, base = base_, x = flushed_, y = filled_](WritePool::Route r) {
+          if (r == WritePool::Route::kDirect) return write_staged(*st, b, base, x, y);
+          CKPT_RETURN_IF_ERROR(pwrite_full(st->fd.get(), b + (x - base), y - x, x, st->path));
+          // auto's probe of the page cache: its writeback waited for, as the final fsync would
+          if (r == WritePool::Route::kBufferedProbe &&
+              ::sync_file_range(st->fd.get(), static_cast<off_t>(x), static_cast<off_t>(y - x),
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+            return Status::FromErrno("writeback failed", st->path, errno);
+          return Status::Ok();
+        });
+        buf_ = nullptr;
+      } else {
+        if (pending_.valid()) CKPT_RETURN_IF_ERROR(pending_.get());  // the other half's write
+        pending_ = dio_write_pool().submit([st, b = buf_, base = base_, x = flushed_, y = filled_] { return write_staged(*st, b, base, x, y); });
+        buf_ = halves_[half_ ^= 1];
+      }
+      base_ = flushed_ = filled_;  // aligned after a full buffer; a last flush ends the call
+    }
+    return Status::Ok();
+  }
+
+  State& st_;
+  const Each& each_;
+  char* buf_ = nullptr;
+  char* halves_[2] = {nullptr, nullptr};
+  int half_ = 0;
+  uint64_t cap_ = 0, base_, filled_, flushed_;
+  std::future<Status> pending_;  // the half being written (no pool)
+};
+
+namespace {
+
+// The blocks of a SourceBlocks a copy holds across its ranges, at most kHeld (one per source
+// file): the rows of tp column blocks alternate between a few files, a few KiB each, and take no
+// lock each. It never waits for room while it holds a block: asked for one when every block is
+// held, it lets its own go and asks again.
+class HeldBlocks {
+ public:
+  struct Held {
+    int fd;
+    uint64_t off;  // file offset of ls.p
+    SourceBlocks::Lease ls;
+    uint64_t used = 0;
+  };
+  explicit HeldBlocks(SourceBlocks& b) : b_(b) {}
+  ~HeldBlocks() { release_all(); }
+  // The held block with byte `off` of `fd`, leased now if needed; null: not direct-readable.
+  Result<Held*> get(int fd, uint64_t off, uint64_t want, const std::string& what) {
+    for (Held& h : held_)
+      if (h.fd == fd && off >= h.off && off - h.off < h.ls.n) return &h;
+    for (size_t i = 0; i < held_.size(); ++i)
+      if (held_[i].fd == fd || (i == 0 && held_.size() >= kHeld)) drop(i--);
+    CKPT_ASSIGN_OR_RETURN(SourceBlocks::Lease ls, b_.get(fd, off, want, UINT64_MAX, what, /*wait_for_room=*/held_.empty()));
+    if (ls.no_room) {
+      release_all();
+      CKPT_ASSIGN_OR_RETURN(ls, b_.get(fd, off, want, UINT64_MAX, what));
+    }
+    if (!ls.p) return nullptr;
+    held_.push_back({fd, off, ls, 0});
+    return &held_.back();
+  }
+  void release_all() {
+    while (!held_.empty()) drop(held_.size() - 1);
+  }
+
+ private:
+  static constexpr size_t kHeld = 2;
+  void drop(size_t i) {
+    b_.release(held_[i].ls, held_[i].used);
+    held_.erase(held_.begin() + static_cast<long>(i));
+  }
+  SourceBlocks& b_;
+  std::vector<Held> held_;
+};
+
+}  // namespace
+
 Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                              const std::function<void(const void*, size_t)>& each_block) const {
-  if (runs.size() == 1 && !st_->direct.load() && st_->read_io == IoMode::kBuffered)
+  if (runs.size() == 1 && !st_->direct.load() && st_->read_io == IoMode::kBuffered && !st_->pool)
     return copy_file_bytes(runs[0].fd, runs[0].offset, st_->fd.get(), off, runs[0].bytes, st_->path, each_block);
-  char* stages[2] = {dio_stage(), nullptr};
-  if (!stages[0]) return Status::Io("cannot allocate a " + std::to_string(kStageBytes >> 20) + " MiB staging buffer writing '" + st_->path + "'");
-  constexpr uint64_t kHalf = kStageBytes / 2;
-  stages[1] = stages[0] + kHalf;
-  size_t nsrc = 0;  // distinct source files: their windows share kGatherWindowBytes
-  for (size_t i = 0; i < runs.size() && nsrc < 64; ++i)
-    if (std::none_of(runs.begin(), runs.begin() + static_cast<long>(i), [&](const FileExtent& x) { return x.fd == runs[i].fd; })) ++nsrc;
+  Stage stage(*st_, off, each_block);
+  CKPT_RETURN_IF_ERROR(stage.init());
+  std::vector<int> fds;  // distinct source files: their windows share kGatherWindowBytes
+  for (const FileExtent& r : runs)
+    if (fds.size() < 64 && std::find(fds.begin(), fds.end(), r.fd) == fds.end()) fds.push_back(r.fd);
   // Mapped windows count in RSS, as do direct ones (two per source: one read ahead): the same total.
-  uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, nsrc));
+  uint64_t window = std::max<uint64_t>(1 << 20, kGatherWindowBytes / std::max<size_t>(1, fds.size()));
   if (st_->read_io != IoMode::kBuffered) window /= 2;
   std::deque<SourceWindow> wins;  // one per source file (a deque: never moved)
   auto end_of = [&runs](int fd) {  // the last byte needed from `fd`: no read-ahead past it
@@ -199,32 +316,24 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     for (const FileExtent& x : runs) e = x.fd == fd ? std::max(e, x.offset + x.bytes) : e;
     return e;
   };
-  PendingWrite pending;  // declared after `wins`: gone first, so it is waited for first
-  int half = 0;
-  char* stage = stages[0];
-  uint64_t base = dio_round_down(off), filled = off;  // stage holds file bytes [flushed, filled)
-  uint64_t flushed = off;
-  auto flush = [&]() -> Status {
-    if (filled == flushed) return Status::Ok();
-    if (each_block) each_block(stage + (flushed - base), static_cast<size_t>(filled - flushed));
-    CKPT_RETURN_IF_ERROR(pending.wait());  // the other half's write
-    pending.start(dio_write_pool().submit([this, stage, base, a = flushed, b = filled] { return write_staged(stage, base, a, b); }));
-    base = flushed = filled;  // aligned after a full half; a final flush ends the call
-    stage = stages[half ^= 1];
-    return Status::Ok();
-  };
   SourceBlocks* blocks = st_->read_io == IoMode::kDirect ? st_->read_ahead : nullptr;
+  std::optional<HeldBlocks> held;
+  if (blocks) held.emplace(*blocks);
   for (const FileExtent& r : runs) {
     uint64_t done = 0;
-    while (blocks && done < r.bytes) {  // direct reads with the read-ahead of SourceBlocks
-      CKPT_ASSIGN_OR_RETURN(const SourceBlocks::Lease ls, blocks->get(r.fd, r.offset + done, r.bytes - done, UINT64_MAX, st_->path));
-      if (!ls.p) break;  // not direct-readable: the windows below
-      const uint64_t k = std::min({r.bytes - done, kHalf - (filled - base), ls.n});
-      std::memcpy(stage + (filled - base), ls.p, k);
-      blocks->release(ls, k);
-      filled += k;
+    while (held && done < r.bytes) {  // direct reads with the read-ahead of SourceBlocks
+      if (!stage.has_buffer()) {
+        held->release_all();
+        CKPT_RETURN_IF_ERROR(stage.refill());
+      }
+      CKPT_ASSIGN_OR_RETURN(HeldBlocks::Held* const h, held->get(r.fd, r.offset + done, r.bytes - done, st_->path));
+      if (!h) break;  // not direct-readable: the windows below
+      const uint64_t in = r.offset + done - h->off;
+      const uint64_t k = std::min({r.bytes - done, stage.room(), h->ls.n - in});
+      std::memcpy(stage.at(), h->ls.p + in, k);
+      h->used += k;
       done += k;
-      if (filled - base == kHalf) CKPT_RETURN_IF_ERROR(flush());
+      CKPT_RETURN_IF_ERROR(stage.added(k));
     }
     if (done == r.bytes) continue;
     auto w = std::find_if(wins.begin(), wins.end(), [&r](const SourceWindow& x) { return x.fd() == r.fd; });
@@ -235,22 +344,25 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
     }
     if (r.offset > w->file_size() || w->file_size() - r.offset < r.bytes) return dio_short_source(r, w->file_size(), st_->path);
     while (done < r.bytes) {
-      uint64_t k = std::min(r.bytes - done, kHalf - (filled - base));
+      if (!stage.has_buffer()) {
+        if (held) held->release_all();
+        CKPT_RETURN_IF_ERROR(stage.refill());
+      }
+      uint64_t k = std::min(r.bytes - done, stage.room());
       CKPT_ASSIGN_OR_RETURN(const SourceWindow::Span sp, w->at(r.offset + done, k, st_->path));
       if (!sp.p) {
-        CKPT_RETURN_IF_ERROR(pread_full(r.fd, stage + (filled - base), k, r.offset + done, "a source of '" + st_->path + "'"));
+        CKPT_RETURN_IF_ERROR(pread_full(r.fd, stage.at(), k, r.offset + done, "a source of '" + st_->path + "'"));
       } else if (w->last_was_direct()) {
-        std::memcpy(stage + (filled - base), sp.p, k = sp.n);
-      } else if (!copy_from_mapping(stage + (filled - base), sp.p, k = sp.n)) {
+        std::memcpy(stage.at(), sp.p, k = sp.n);
+      } else if (!copy_from_mapping(stage.at(), sp.p, k = sp.n)) {
         return Status::Error("ShortSource", "source file shrank while copying to '" + st_->path + "'");
       }
-      filled += k;
       done += k;
-      if (filled - base == kHalf) CKPT_RETURN_IF_ERROR(flush());
+      CKPT_RETURN_IF_ERROR(stage.added(k));
     }
   }
-  CKPT_RETURN_IF_ERROR(flush());
-  return pending.wait();
+  if (held) held->release_all();
+  return stage.finish();
 }
 
 }  // namespace ckpt

@@ -23,6 +23,15 @@
 // a single range in buffered mode is copy_file_bytes (formats/base/file_io.h). With a SourceBlocks
 // given (set_read_ahead), sources are read through it instead, whatever the IoMode: direct reads
 // kept ahead across calls (formats/io/source_blocks.h), direct windows only where it gives no block.
+// With a WritePool given (set_write_pool, formats/io/write_pool.h), copy_runs gathers into the
+// pool's large buffers (kWriteRequestBytes) instead of the thread's 4 MiB stage, and each full
+// buffer is written on the pool's threads while the copy goes on (several requests in flight, of
+// this file and of others; a call returns with its last writes still in flight): each byte is still
+// seen once by `each_block`, in order, before it is written, and the file's bytes are the same.
+// Errors of writes in flight are returned by the next copy_runs or by close(); close() and
+// destruction wait for them. Sources read through a SourceBlocks keep the blocks they are copying
+// from leased across ranges (at most two files at a time), so rows of a few KiB from alternating
+// files take no lock each.
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
 // close and moves one thread at a time.
 #pragma once
@@ -37,6 +46,7 @@
 #include "formats/base/fs_util.h"
 #include "formats/base/io_mode.h"
 #include "formats/base/status.h"
+#include "formats/io/write_pool.h"
 #include "formats/tensor/tensor_io.h"
 
 namespace ckpt {
@@ -59,6 +69,7 @@ IoMode resolve_io_mode(IoMode m, uint64_t file_bytes);
 const char* io_flag_help();
 
 class SourceBlocks;
+class WritePool;
 
 class OutputFile {
  public:
@@ -85,7 +96,10 @@ class OutputFile {
     st_->read_ahead = blocks;
     if (blocks) st_->read_io = IoMode::kDirect;
   }
-  Status close();  // closes both descriptors; "close failed" naming the path
+  // copy_runs stages its bytes in `pool`'s buffers and writes them on its threads; not owned (it
+  // must outlive this file's writes: close() or reset() first); null: the calling thread's stage.
+  void set_write_pool(WritePool* pool) { st_->pool = pool; }
+  Status close();  // waits for writes in flight; closes both descriptors; "close failed" naming the path
   void reset();    // closes, ignoring errors
 
  private:
@@ -94,10 +108,13 @@ class OutputFile {
     std::atomic<bool> direct{false};
     IoMode read_io = IoMode::kBuffered;  // how copy_runs reads its sources (SourceWindow)
     SourceBlocks* read_ahead = nullptr;  // copy_runs' sources read through it (read_io kDirect)
+    WritePool* pool = nullptr;           // copy_runs' stages and writes (set_write_pool)
     std::string path;
+    WriteGroup writes;  // last: destroyed (waited for) before the descriptors close
   };
-  Status write_staged(const char* stage, uint64_t base, uint64_t a, uint64_t b) const;
-  Status write_direct(const char* p, uint64_t n, uint64_t off) const;
+  class Stage;  // copy_runs' staging buffers (output_file.cc)
+  static Status write_staged(State& st, const char* stage, uint64_t base, uint64_t a, uint64_t b);
+  static Status write_direct(State& st, const char* p, uint64_t n, uint64_t off);
   std::unique_ptr<State> st_;
 };
 

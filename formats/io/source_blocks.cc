@@ -56,6 +56,7 @@ SourceBlocks::SourceBlocks(uint64_t capacity, int depth)
 SourceBlocks::~SourceBlocks() { readers_.reset(); }  // reads in flight finish before the blocks go
 
 Result<SourceBlocks::File*> SourceBlocks::file_of(int fd, const std::string& what) {
+  if (auto known = by_fd_.find(fd); known != by_fd_.end()) return known->second;  // stat'ed once per descriptor
   struct stat sb {};
   if (::fstat(fd, &sb) != 0) return Status::FromErrno("cannot stat a source of", what, errno);
   auto& slot = files_[{static_cast<uint64_t>(sb.st_dev), static_cast<uint64_t>(sb.st_ino)}];
@@ -73,6 +74,7 @@ Result<SourceBlocks::File*> SourceBlocks::file_of(int fd, const std::string& wha
     }
   }
   slot->size = sb.st_size > 0 ? static_cast<uint64_t>(sb.st_size) : 0;
+  by_fd_[fd] = slot.get();
   return slot.get();
 }
 
@@ -158,6 +160,9 @@ void SourceBlocks::tap_block(std::unique_lock<std::mutex>& l, Block* b) {
   File& f = *b->file;
   const uint64_t base = b->idx * kSourceBlockBytes, end = base + b->got;
   auto it = std::upper_bound(f.taps.begin(), f.taps.end(), base, [](uint64_t v, const File::Tapped& t) { return v < t.r.off + t.r.bytes; });
+  // `b` held till all its ranges are fed: a copy may take it whole and release it while the tap
+  // reads one of them unlocked, and the next range must not find it freed.
+  ++b->refs;
   for (; it != f.taps.end() && it->r.off < end; ++it) {
     File::Tapped& t = *it;
     const uint64_t r_end = t.r.off + t.r.bytes;
@@ -181,6 +186,8 @@ void SourceBlocks::tap_block(std::unique_lock<std::mutex>& l, Block* b) {
     }
     t.busy = false;
   }
+  --b->refs;
+  drop_if_done(b);
   cv_.notify_all();
 }
 
@@ -205,7 +212,8 @@ void SourceBlocks::set_tap(std::shared_ptr<BlockTap> tap) {
   tap_ = std::move(tap);
 }
 
-Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t want, uint64_t end, const std::string& what) {
+Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t want, uint64_t end, const std::string& what,
+                                              bool wait_for_room) {
   std::unique_lock<std::mutex> l(mu_);
   CKPT_ASSIGN_OR_RETURN(File * f, file_of(fd, what));
   if (!f->dfd.valid() || f->refused) return Lease{};
@@ -217,6 +225,11 @@ Result<SourceBlocks::Lease> SourceBlocks::get(int fd, uint64_t off, uint64_t wan
     if ((b = start_read(*f, idx, true))) {
       demand = true;
       break;
+    }
+    if (!wait_for_room) {
+      Lease none;
+      none.no_room = true;
+      return none;
     }
     cv_.wait(l);  // no room: it comes back with a release or a finished read
   }

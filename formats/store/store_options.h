@@ -12,6 +12,7 @@
 #include "formats/digest/digest.h"
 #include "formats/io/output_file.h"
 #include "formats/io/source_blocks.h"
+#include "formats/io/write_pool.h"
 #include "formats/store/manifest.h"
 
 namespace ckpt::store {
@@ -31,6 +32,10 @@ struct StoreOptions {
   // through this (direct reads, read ahead across pieces; formats/io/source_blocks.h), shared by
   // every shard of the store; null: a window at a time (formats/io/source_window.h).
   std::shared_ptr<SourceBlocks> read_ahead;
+  // Uncompressed shards written direct: copies (write_from_files) stage their bytes in this pool's
+  // large buffers and write them on its threads, several requests in flight across the shards of
+  // the store (formats/io/write_pool.h); null: each copy thread's own stage, one write at a time.
+  std::shared_ptr<WritePool> write_pool;
 };
 
 // Parses a compression spec: "none", "zstd[:LEVEL]" or "shuffle+zstd[:LEVEL]" (LEVEL 1..22) into

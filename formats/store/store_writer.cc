@@ -224,6 +224,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   for (const auto& s : impl->slots) raw_bytes += s.raw_offset >= 0 ? s.rec.bytes : 0;
   CKPT_ASSIGN_OR_RETURN(impl->out, OutputFile::open(impl->path, O_WRONLY, opts.io, raw_bytes));
   impl->out.set_read_ahead(opts.read_ahead.get());
+  if (impl->out.direct()) impl->out.set_write_pool(opts.write_pool.get());
   return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
 }
 

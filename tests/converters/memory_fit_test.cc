@@ -22,7 +22,7 @@ TEST(MemoryFit, FloorIsTheReservePlusTheSmallestChunkBudget) {
   EXPECT_EQ(f.max_memory, 64 * kMiB);
   EXPECT_EQ(f.floor, 100 * kMiB + kMinChunkBudgetBytes);
   EXPECT_TRUE(f.below_floor());
-  EXPECT_EQ(f.to_json(), (nlohmann::json{{"max_memory", 64 * kMiB}, {"floor", 104 * kMiB}, {"read_ahead", 0}}));
+  EXPECT_EQ(f.to_json(), (nlohmann::json{{"max_memory", 64 * kMiB}, {"floor", 104 * kMiB}, {"read_ahead", 0}, {"write_pool", 0}}));
 }
 
 TEST(MemoryFit, ReadAheadIsReportedAndLeftOutOfTheFloor) {
@@ -97,16 +97,48 @@ TEST(StoreWriterFit, UncompressedTakesTwiceTheThreadsOnlyBeside64MiBOfChunks) {
 TEST(StoreWriterFit, DirectOrAColdSourceUnderAutoReadsAhead) {
   store::StoreOptions direct;
   direct.io = IoMode::kDirect;
-  // 256M, 4 copy threads: 256 - 48 - 16 - 32 = 160 MiB ahead, reserved with the stages instead of the copy buffers.
-  EXPECT_EQ(fit_store_writer(256 * kMiB, 2, direct), kStoreWriterReserveBytes + 16 * kMiB + 160 * kMiB);
+  // 256M, 4 copy threads: 256 - 48 - 16 - 32 = 160 MiB beside the chunks: the write pool takes
+  // what 128 MiB of read-ahead leaves, 32 MiB (2 x 16 MiB requests in flight), the read-ahead the
+  // rest; reserved with the stages instead of the copy buffers.
+  EXPECT_EQ(fit_store_writer(256 * kMiB, 2, direct), kStoreWriterReserveBytes + 16 * kMiB + 32 * kMiB + 128 * kMiB);
   ASSERT_TRUE(direct.read_ahead);
-  EXPECT_EQ(direct.read_ahead->capacity(), 160 * kMiB);
+  EXPECT_EQ(direct.read_ahead->capacity(), 128 * kMiB);
+  ASSERT_TRUE(direct.write_pool);
+  EXPECT_EQ(direct.write_pool->memory(), 32 * kMiB);
   store::StoreOptions warm, cold;
   warm.io = cold.io = IoMode::kAuto;
   fit_store_writer(256 * kMiB, 2, warm, /*cold_source=*/false);
   fit_store_writer(256 * kMiB, 2, cold, /*cold_source=*/true);
   EXPECT_FALSE(warm.read_ahead);
   EXPECT_TRUE(cold.read_ahead);
+  EXPECT_TRUE(warm.write_pool && cold.write_pool);  // auto writes through the pool, which chooses per run
+}
+
+// The write pool: none for buffered or compressed stores, or when the budget holds fewer than two
+// of its buffers; its bytes are counted in what the writer reserves, not in the job's floor.
+TEST(StoreWriterFit, WritePoolOnlyWhereTheBudgetHoldsIt) {
+  store::StoreOptions buffered;
+  buffered.io = IoMode::kBuffered;
+  fit_store_writer(1024 * kMiB, 2, buffered);
+  EXPECT_FALSE(buffered.write_pool);
+  store::StoreOptions zstd;
+  zstd.codec = store::Codec::kShuffleZstd;
+  zstd.io = IoMode::kDirect;
+  fit_store_writer(1024 * kMiB, 2, zstd);
+  EXPECT_FALSE(zstd.write_pool);
+  const uint64_t extra = 2 * kCopyThreadBytes;
+  store::StoreOptions tight;
+  tight.io = IoMode::kAuto;
+  EXPECT_EQ(fit_store_writer(kStoreWriterReserveBytes + extra + 64 * kMiB + 31 * kMiB, 2, tight), kStoreWriterReserveBytes + extra);
+  EXPECT_FALSE(tight.write_pool);
+  store::StoreOptions two;
+  two.io = IoMode::kAuto;
+  const uint64_t r = fit_store_writer(kStoreWriterReserveBytes + extra + 64 * kMiB + 32 * kMiB, 2, two);
+  ASSERT_TRUE(two.write_pool);
+  EXPECT_EQ(r, kStoreWriterReserveBytes + extra + 32 * kMiB);
+  const MemoryFit fit = memory_fit(kStoreWriterReserveBytes + extra + 96 * kMiB, r, nullptr, two.write_pool.get());
+  EXPECT_EQ(fit.write_pool, 32 * kMiB);
+  EXPECT_EQ(fit.floor, kStoreWriterReserveBytes + extra + kMinChunkBudgetBytes);
 }
 
 TEST(StoreWriterFit, CompressedChunksInFlightReservedBeside64MiBOfChunksElseThree) {

@@ -127,10 +127,30 @@ TEST(Executor, ChunksCuttingRowsOfOnePieceAreOneFileRangeEach) {
   ExecOptions o;
   o.threads = 2;
   o.max_chunk_bytes = 10000;  // 1.2 rows of 4 KiB: every chunk cuts rows
+  o.max_run_chunk_bytes = 10000;
   ASSERT_TRUE(execute(src, sink, w.tensors, pieces, {}, o).ok());
   expect_matches(w, sink.checkpoint());
   EXPECT_EQ(sink.buffer_writes, 0);
   EXPECT_EQ(sink.extent_writes, (64 * 2048 * 2 + 9999) / 10000);
+  EXPECT_EQ(src.reads(), 0u);
+}
+
+// A chunk taken as file ranges holds no buffer: by default it spans max_run_chunk_bytes (64 MiB),
+// whatever max_chunk_bytes says: the whole 256 KiB piece is one hand-off to the sink.
+TEST(Executor, ChunksTakenAsFileRangesSpanTheRunChunkSize) {
+  World w;
+  w.tensors = {{"a", DType::kBF16, {64, 2048}}};
+  w.global = {make_global({64, 2048}, 2, 8)};
+  std::vector<Piece> pieces = {{"a", Region{Box::whole({64, 2048})}, DType::kBF16}};
+  FileBackedSource src(make_source(w, pieces), ::testing::TempDir() + "/exec_runs_" + std::to_string(::getpid()));
+  ExtentSink sink;
+  ExecOptions o;
+  o.threads = 2;
+  o.max_chunk_bytes = 10000;
+  ASSERT_TRUE(execute(src, sink, w.tensors, pieces, {}, o).ok());
+  expect_matches(w, sink.checkpoint());
+  EXPECT_EQ(sink.buffer_writes, 0);
+  EXPECT_EQ(sink.extent_writes, 1);
   EXPECT_EQ(src.reads(), 0u);
 }
 

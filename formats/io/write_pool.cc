@@ -1,0 +1,157 @@
+#include "formats/io/write_pool.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "formats/base/thread_pool.h"
+
+namespace ckpt {
+
+Status WriteGroup::wait() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [this] { return pending_ == 0; });
+  return first_;
+}
+
+Status WriteGroup::failed() {
+  std::lock_guard<std::mutex> l(mu_);
+  return first_;
+}
+
+void WriteGroup::done(Status st) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (first_.ok() && !st.ok()) first_ = std::move(st);
+  --pending_;
+  cv_.notify_all();
+}
+
+WritePool::WritePool(int buffers, uint64_t request_bytes, uint64_t probe_bytes)
+    : nbuf_(std::max(1, buffers)),
+      request_(std::max<uint64_t>(4096, (request_bytes + 4095) / 4096 * 4096)),
+      probe_(probe_bytes),
+      writers_(std::make_unique<ThreadPool>(nbuf_)) {}
+
+WritePool::~WritePool() { writers_.reset(); }
+
+char* WritePool::acquire() {
+  std::unique_lock<std::mutex> l(mu_);
+  if (free_.empty() && mem_.size() < static_cast<size_t>(nbuf_)) {
+    IoBuffer b(request_);
+    if (!b.data()) return nullptr;
+    mem_.push_back(std::move(b));
+    stats_.allocated = mem_.size();
+    return mem_.back().data();
+  }
+  if (free_.empty()) ++stats_.acquire_waits;
+  cv_.wait(l, [this] { return !free_.empty(); });
+  char* p = free_.back();
+  free_.pop_back();
+  return p;
+}
+
+void WritePool::give_back(char* buf) {
+  if (!buf) return;
+  std::lock_guard<std::mutex> l(mu_);
+  free_.push_back(buf);
+  cv_.notify_all();
+}
+
+namespace {
+
+double now_s() {
+  static const auto t0 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void WritePool::set_auto(bool on) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto_ = on;
+  choice_.automatic = on;
+}
+
+WritePool::Choice WritePool::choice() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return choice_;
+}
+
+// Probe 0 (direct), then probe 1 (buffered, writeback waited for), each alone in flight; then the
+// faster way.
+WritePool::Route WritePool::route_for(std::unique_lock<std::mutex>& l, uint64_t bytes) {
+  if (!auto_) return Route::kDirect;
+  if (probes_[0].assigned < probe_) {
+    probes_[0].assigned += bytes;
+    return Route::kDirect;
+  }
+  cv_.wait(l, [this] { return probes_[0].done >= probes_[0].assigned; });
+  if (probes_[1].assigned < probe_) {
+    probes_[1].assigned += bytes;
+    return Route::kBufferedProbe;
+  }
+  cv_.wait(l, [this] { return choice_.decided; });
+  return choice_.route;
+}
+
+// The probe a request of route `r` belongs to, or null (auto off, decided, or not a probe's).
+WritePool::Probe* WritePool::probe_of(Route r) {
+  if (!auto_ || choice_.decided || r == Route::kBuffered) return nullptr;
+  return r == Route::kDirect ? (probes_[1].assigned > 0 ? nullptr : &probes_[0]) : &probes_[1];
+}
+
+void WritePool::started(Route r, double t) {
+  Probe* p = probe_of(r);
+  if (p && p->inflight++ == 0) p->busy_since = t;
+}
+
+// A probe's rate is its bytes over the time it had a request in flight (the union of its
+// requests' times: gaps where the copies had nothing ready do not count against the disk).
+void WritePool::finished(Route r, double t, uint64_t bytes) {
+  Probe* p = probe_of(r);
+  if (!p) return;
+  p->done += bytes;
+  if (--p->inflight == 0) p->busy += t - p->busy_since;
+  if (probes_[1].assigned < probe_ || probes_[1].done < probes_[1].assigned) return;
+  choice_.direct_bytes_per_s = static_cast<double>(probes_[0].done) / std::max(1e-9, probes_[0].busy);
+  choice_.buffered_bytes_per_s = static_cast<double>(probes_[1].done) / std::max(1e-9, probes_[1].busy);
+  choice_.route = choice_.buffered_bytes_per_s > choice_.direct_bytes_per_s ? Route::kBuffered : Route::kDirect;
+  choice_.decided = true;
+}
+
+void WritePool::submit(WriteGroup& group, char* buf, uint64_t bytes, std::function<Status(Route)> write) {
+  {
+    std::lock_guard<std::mutex> l(group.mu_);
+    ++group.pending_;
+  }
+  Route route;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    ++stats_.writes;
+    stats_.bytes += bytes;
+    route = route_for(l, bytes);
+  }
+  (void)writers_->submit([this, &group, buf, bytes, route, write = std::move(write)] {
+    double t0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      started(route, t0 = now_s());
+    }
+    Status st = write(route);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      const double t1 = now_s();
+      stats_.write_seconds += t1 - t0;
+      finished(route, t1, bytes);
+      free_.push_back(buf);
+      cv_.notify_all();
+    }
+    group.done(std::move(st));
+  });
+}
+
+WritePool::Stats WritePool::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,134 @@
+// WritePool: the large aligned buffers of a job's direct writes and the threads that write them,
+// shared by the OutputFiles of the job (OutputFile::set_write_pool, formats/io/output_file.h), so
+// that several large requests are in flight at once, from one file or from several.
+//
+// Why: the disk of the development machine (shared, virtual) gives its bandwidth to large requests
+// with several in flight: `dd oflag=direct` of 3.08 GB took 3.23 s in 4 MiB requests, 2.26 s in
+// 32 MiB ones and 1.79 s as two writers of 16 MiB (LIMITS.md). Writes of 2 MiB one at a time per
+// file, one file after another, got half of that.
+//
+// Contract:
+//  - `buffers` buffers of request_bytes() each (IoBuffer: mapped, page-aligned), allocated on first
+//    use and kept; memory() = buffers x request_bytes is all the pool ever holds.
+//  - acquire(): a free buffer, waiting while every buffer is held (filled by a caller, queued or
+//    being written). A caller holds at most one acquired buffer while it waits in acquire(): every
+//    other buffer is then being written or filled by a caller that does not wait, so acquire()
+//    always returns. Null when the memory cannot be had (the caller writes another way).
+//  - submit(group, buf, bytes, write): runs `write` on a writer thread (one per buffer: every filled
+//    buffer is in flight at once), then `buf` is free again; `group` counts the write until it has
+//    run and keeps the first error. A write that fails stays failed for its group.
+//  - give_back(buf): an acquired buffer not submitted.
+//  - WriteGroup::wait(): until every write submitted with the group has run; their first error.
+//    WriteGroup::failed(): that error now, without waiting (OK while none).
+//  - --io auto (set_auto): the pool chooses, per run, how its requests reach the disk, from what it
+//    measures: the first probe_bytes() of requests go direct, the next probe_bytes() through the page
+//    cache with their writeback waited for (sync_file_range: what the final fsync would pay), each
+//    probe's rate its bytes over the time it had a request in flight, with nothing else in flight
+//    (a submit that would start the next probe or pass the second waits until the probe before it
+//    is done); every later request goes the faster way (choice()). Without set_auto every request
+//    is kDirect (the file writes direct where it can). Bytes are the same either way.
+// Thread safety: every method from any thread; a WriteGroup must outlive its writes (wait() first).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "formats/base/status.h"
+#include "formats/io/io_buffer.h"
+
+namespace ckpt {
+
+class ThreadPool;
+
+// Request size of the direct writes (bytes per buffer): dd oflag=direct of 3.08 GB on the
+// development machine, 2026-11-28: 3.23 s in 4 MiB requests, 2.26 s in 32 MiB, 1.79 s as two
+// writers of 16 MiB (LIMITS.md); converters/jobs/memory_fit.h fit_write_pool sizes the pool.
+inline constexpr uint64_t kWriteRequestBytes = uint64_t{16} << 20;
+
+class WriteGroup {
+ public:
+  WriteGroup() = default;
+  WriteGroup(const WriteGroup&) = delete;
+  WriteGroup& operator=(const WriteGroup&) = delete;
+  ~WriteGroup() { (void)wait(); }
+  Status wait();
+  Status failed();
+
+ private:
+  friend class WritePool;
+  void done(Status st);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  Status first_;
+};
+
+class WritePool {
+ public:
+  static constexpr uint64_t kProbeBytes = uint64_t{128} << 20;
+  // `buffers` >= 1 buffers of `request_bytes` (rounded up to 4 KiB); `probe_bytes`: of each of
+  // auto's two probes.
+  WritePool(int buffers, uint64_t request_bytes = kWriteRequestBytes, uint64_t probe_bytes = kProbeBytes);
+  ~WritePool();  // waits for the writes in flight
+  WritePool(const WritePool&) = delete;
+  WritePool& operator=(const WritePool&) = delete;
+
+  uint64_t request_bytes() const { return request_; }
+  int buffers() const { return nbuf_; }
+  uint64_t memory() const { return static_cast<uint64_t>(nbuf_) * request_; }
+
+  char* acquire();
+  void give_back(char* buf);
+  // How one request is written: O_DIRECT (where the file allows), through the page cache, or
+  // through the page cache with its writeback waited for (auto's probe).
+  enum class Route { kDirect, kBuffered, kBufferedProbe };
+  // `bytes`: what the write writes (counted in stats(); the probes' sizes).
+  void submit(WriteGroup& group, char* buf, uint64_t bytes, std::function<Status(Route)> write);
+
+  void set_auto(bool on);
+  uint64_t probe_bytes() const { return probe_; }
+  struct Choice {
+    bool automatic = false;       // set_auto
+    bool decided = false;         // both probes done
+    Route route = Route::kDirect;  // of the requests after the probes
+    double direct_bytes_per_s = 0, buffered_bytes_per_s = 0;  // measured by the probes (0: not yet)
+  };
+  Choice choice() const;
+
+  struct Stats {
+    uint64_t writes = 0, bytes = 0;  // submitted writes (bytes: as the caller counted them)
+    uint64_t acquire_waits = 0;      // acquire() calls that waited for a buffer
+    uint64_t allocated = 0;          // buffers allocated (never more than buffers())
+    double write_seconds = 0;        // summed over the writes (several run at once)
+  };
+  Stats stats() const;
+
+ private:
+  const int nbuf_;
+  const uint64_t request_, probe_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct Probe {
+    uint64_t assigned = 0, done = 0;  // bytes
+    int inflight = 0;
+    double busy_since = 0, busy = 0;  // seconds with a request of it in flight
+  };
+  // mu_ held:
+  Route route_for(std::unique_lock<std::mutex>& l, uint64_t bytes);
+  Probe* probe_of(Route r);
+  void started(Route r, double t);
+  void finished(Route r, double t, uint64_t bytes);
+  bool auto_ = false;
+  Probe probes_[2];  // direct, buffered
+  Choice choice_;
+  std::vector<IoBuffer> mem_;   // allocated lazily, up to nbuf_
+  std::vector<char*> free_;
+  Stats stats_;
+  std::unique_ptr<ThreadPool> writers_;
+};
+
+}  // namespace ckpt
