@@ -114,7 +114,7 @@ void WritePool::finished(Route r, double t, uint64_t bytes) {
   if (probes_[1].assigned < probe_ || probes_[1].done < probes_[1].assigned) return;
   choice_.direct_bytes_per_s = static_cast<double>(probes_[0].done) / std::max(1e-9, probes_[0].busy);
   choice_.buffered_bytes_per_s = static_cast<double>(probes_[1].done) / std::max(1e-9, probes_[1].busy);
-  choice_.route = choice_.buffered_bytes_per_s > choice_.direct_bytes_per_s ? Route::kBuffered : Route::kDirect;
+  choice_.route = choice_.buffered_bytes_per_s > kBufferedMargin * choice_.direct_bytes_per_s ? Route::kBuffered : Route::kDirect;
   choice_.decided = true;
 }
 

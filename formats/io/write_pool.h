@@ -25,7 +25,11 @@
 //    cache with their writeback waited for (sync_file_range: what the final fsync would pay), each
 //    probe's rate its bytes over the time it had a request in flight, with nothing else in flight
 //    (a submit that would start the next probe or pass the second waits until the probe before it
-//    is done); every later request goes the faster way (choice()). Without set_auto every request
+//    is done); every later request goes the faster way (choice()), buffered only when its probe was
+//    kBufferedMargin times faster: the probe waits for its writeback, the rest of a buffered run
+//    leaves it to the kernel and the final fsync, which the probe does not predict (3.08 GB reshard,
+//    hot, 2026-11-28: runs whose probes chose buffered at 1.0-1.4x took 6.0-7.9 s, runs that chose
+//    direct 2.0-2.9 s, --io buffered 3.4-5.5 s). Without set_auto every request
 //    is kDirect (the file writes direct where it can). Bytes are the same either way.
 // Thread safety: every method from any thread; a WriteGroup must outlive its writes (wait() first).
 #pragma once
@@ -70,6 +74,7 @@ class WriteGroup {
 class WritePool {
  public:
   static constexpr uint64_t kProbeBytes = uint64_t{128} << 20;
+  static constexpr double kBufferedMargin = 1.5;
   // `buffers` >= 1 buffers of `request_bytes` (rounded up to 4 KiB); `probe_bytes`: of each of
   // auto's two probes.
   WritePool(int buffers, uint64_t request_bytes = kWriteRequestBytes, uint64_t probe_bytes = kProbeBytes);

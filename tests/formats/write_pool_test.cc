@@ -157,7 +157,8 @@ TEST(WritePool, AutoProbesBothWaysThenChoosesAndKeepsTheBytes) {
   EXPECT_TRUE(c.decided);
   EXPECT_GT(c.direct_bytes_per_s, 0);
   EXPECT_GT(c.buffered_bytes_per_s, 0);
-  EXPECT_EQ(c.route, c.buffered_bytes_per_s > c.direct_bytes_per_s ? WritePool::Route::kBuffered : WritePool::Route::kDirect);
+  EXPECT_EQ(c.route, c.buffered_bytes_per_s > WritePool::kBufferedMargin * c.direct_bytes_per_s ? WritePool::Route::kBuffered
+                                                                                                  : WritePool::Route::kDirect);
   std::filesystem::remove(path);
 }
 
