@@ -286,8 +286,9 @@ def report(res):
     sys.stdout.flush()
 
 
-def run_rounds(a, cases, st, states, hf_states, root, out, rows, res):
-    """Every round: every state in turn, every command after its state is set up; appends to rows."""
+def run_rounds(a, cases, st, states, hf_states, root, out, rows, res, src_bytes):
+    """Every round: every state in turn, every command after its state is set up; appends to rows. Stops
+    before a command when the disk has less free space than its output needs (the machine is shared)."""
     for rnd in range(a.rounds):
         for s in states:
             ms = dict(machine_state(root, brief=True), round=rnd, state=s)
@@ -298,6 +299,9 @@ def run_rounds(a, cases, st, states, hf_states, root, out, rows, res):
                 if c.part in ("convert", "hf") and s not in hf_states:
                     continue
                 shutil.rmtree(out, ignore_errors=True)  # the last output's page cache freed: part of the state
+                free = shutil.disk_usage(root).free
+                if free < src_bytes * 1.1 + (1 << 30):
+                    raise RuntimeError(f"{free / 2**30:.1f} GiB free under {root}: not enough for the output of {c.name}")
                 argv = c.argv()
                 st.enter(s, c.sources)
                 with tempfile.TemporaryFile("w+") as f:
@@ -326,7 +330,7 @@ def markdown(res):
     d = ms["disk"]
     busy = lambda m: ", ".join(f"{b.split()[-1]} {b.split()[0]}%" for b in m["busiest"][:3])  # noqa: E731
     lines = [f"### {ms['date'][:10]}, {ms['date'][11:16]}-{me['date'][11:16]} UTC"
-             + (f" (interrupted after {len(res['rows'])} commands)" if res.get("interrupted") else ""), "",
+             + (f" (stopped after {len(res['rows'])} commands: {res['interrupted']})" if res.get("interrupted") else ""), "",
              f"`{' '.join(pathlib.Path(x).name if i == 0 else x for i, x in enumerate(res['command']))}` "
              f"({res['rounds']} rounds; source {res['src_bytes'] / 1e9:.2f} GB, {res['shape']['layers']} layers, tp=4 pp=2 -> "
              f"tp=2 pp=3 {res['per_dst']}; idle: {res['drop_method']}, {res['idle_sleep_s']:.0f} s; hot: {res['hot_gib']} GiB; "
@@ -422,11 +426,13 @@ def main():
     cases = make_cases(a, P, out)
     st = State(a)
     rows, res["round_states"] = [], []
+    failed = None
     try:
-        run_rounds(a, cases, st, states, hf_states, root, out, rows, res)
-    except KeyboardInterrupt:  # SIGINT: the rows so far are still a record (marked as such)
-        res["interrupted"] = True
-        say({"interrupted": True, "rows": len(rows)})
+        run_rounds(a, cases, st, states, hf_states, root, out, rows, res, P["src_bytes"])
+    except (KeyboardInterrupt, Exception) as e:  # SIGINT, a failed command, a full disk: the rows so far are still a record
+        failed = e
+        res["interrupted"] = f"{type(e).__name__}: {str(e)[:600]}"
+        say({"interrupted": res["interrupted"], "rows": len(rows)})
     shutil.rmtree(out, ignore_errors=True)
     res["rows"] = rows
     res["ratios"] = compute_ratios(rows, states, a.rounds)
@@ -438,6 +444,8 @@ def main():
         pathlib.Path(a.json).write_text(json.dumps(res, indent=1))
     if a.md:
         pathlib.Path(a.md).write_text(markdown(res))
+    if failed is not None:
+        sys.exit(f"io_floor_bench: stopped after {len(rows)} commands: {res['interrupted']}")
 
 
 if __name__ == "__main__":
