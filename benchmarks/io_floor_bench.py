@@ -362,6 +362,14 @@ def markdown(res):
                          + f" | {statistics.median(ts.values()):.2f} | {rss:.0f}"
                          + (f" ({rss / res['budget_mib']:.2f}x of budget)" if rr[0]["ckpt"] else "") + " |")
         lines.append("")
+    chose = [r for r in res["rows"] if r["cmd"] == "reshard" and isinstance(r.get("report"), dict) and "io" in r["report"]]
+    if chose:  # what the default --io auto did, where ckpt's --json reports it
+        def io(r):
+            x = r["report"]["io"]
+            rates = ", ".join(f"{k[:-5]} {x[k]:.2f} GB/s" for k in ("buffered_gb_s", "direct_gb_s") if k in x)
+            return (f"{r['state']} round {r['round'] + 1}: writes {x.get('writes', '?')}, reads {x.get('copy_reads', '?')}"
+                    + (f" ({rates})" if rates else ""))
+        lines += ["`reshard` (default `--io auto`), as its `--json` reports: " + "; ".join(io(r) for r in chose) + ".", ""]
     lines += ["| ratio (baseline s / command s) | state | of medians | paired per round | bound | met |", "|---|---|---|---|---|---|"]
     for q in res["ratios"]:
         bound = "" if q["bound"] is None else ("every round >= " if q["bound_every_round"] else ">= ") + f"{q['bound']}"

@@ -41,7 +41,8 @@ def _median(xs):
 def test_quick_run_has_every_row_and_consistent_ratios(ckpt_bin, tmp_path):
     out = tmp_path / "run.json"
     p = subprocess.run([sys.executable, str(BENCH), "--quick", "--ckpt", ckpt_bin, "--python", sys.executable,
-                        "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, timeout=600)
+                        "--dir", str(tmp_path / "work"), "--json", str(out), "--md", str(tmp_path / "run.md")],
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())
     rows = res["rows"]
@@ -111,6 +112,11 @@ def test_quick_run_has_every_row_and_consistent_ratios(ckpt_bin, tmp_path):
         row = table[(s, name)]
         assert abs(float(row[1]) - med_b / med_c) <= 0.0051, (row, med_b / med_c)
         assert abs(float(row[2]) - paired[0]) <= 0.0051, (row, paired)
+
+    # The docs entry (--md): dated, and every command and ratio in it.
+    md = (tmp_path / "run.md").read_text()
+    assert md.startswith("### " + res["machine_start"]["date"][:10]), md[:200]
+    assert all(f"| {c} |" in md for c in EVERY_STATE + HOT_ONLY) and all(f"| {n} |" in md for n in EXPECTED), md
 
     # Peak RSS of every ckpt command against the budget (ckpt's default --max-memory, read from its --help).
     budget = res["budget_mib"]
