@@ -243,6 +243,11 @@ Result<MegatronLegacyOptim> megatron_legacy_optimizer(torch::TorchFile& file, co
   const PyObj* state = adam->get("state");
   if (state == nullptr) {
     out.not_imported = "no per-parameter 'state' (the distributed optimizer keeps it in distrib_optim.pt)";
+    for (const PyObj* g : groups->items)  // its step: the param groups' (DistributedOptimizer.state_dict())
+      if (const PyObj* st = g->is(PyType::kDict) ? g->get("step") : nullptr; st != nullptr) {
+        CKPT_ASSIGN_OR_RETURN(out.step, read_step(file, st, "param group"));
+        break;
+      }
     return out;
   }
   if (!state->is(PyType::kDict)) return optim_error("MegatronOptimizerState", path, "'state' is not a dict");

@@ -13,6 +13,7 @@
 
 #include "converters/megatron/megatron_rank_source.h"
 #include "converters/megatron/megatron_segments.h"
+#include "converters/megatron/megatron_distrib_optim.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "formats/torch/torch_file.h"
 
@@ -112,10 +113,10 @@ class TorchRankFile final : public TensorSource {
   std::string describe() const override { return file_->path(); }
   Status read(size_t piece, const Box& sub, void* dst) override {
     if (piece >= refs_.size()) return Status::Internal("torch rank piece out of range");
-    return file_->read_tensor(*refs_[piece], sub, dst);
+    return file_of(piece).read_tensor(*refs_[piece], sub, dst);
   }
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
-    return piece < refs_.size() ? file_->tensor_extent(*refs_[piece], sub) : std::nullopt;
+    return piece < refs_.size() ? file_of(piece).tensor_extent(*refs_[piece], sub) : std::nullopt;
   }
 
   // Integrity: every zip entry's CRC-32 (storages, data.pkl, version, ...).
@@ -136,19 +137,24 @@ class TorchRankFile final : public TensorSource {
       if (o.progress) o.progress(done, total);
     };
     torch::check_zip_entries(*file_, o, &unit, file_->path(), "", [&](const std::string& key) { return owner(key); }, on_bytes, rep);
+    if (distrib_.file)  // distrib_optim.pt
+      torch::check_zip_entries(*distrib_.file, o, &unit, distrib_.file->path(), "",
+                               [](const std::string&) { return torch::ZipEntryOwner{}; }, on_bytes, rep);
     return rep;
   }
   // The entry holding piece `piece`'s storage, CRC-checked once (the outcome is kept).
   Status check_piece(size_t piece) override {
     if (piece >= refs_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
-    std::optional<size_t> entry = file_->storage_entry(refs_[piece]->storage.key);
+    torch::TorchFile& tf = file_of(piece);
+    std::optional<size_t> entry = tf.storage_entry(refs_[piece]->storage.key);
     if (!entry) return Status::Internal("no zip entry for storage '" + refs_[piece]->storage.key + "'");
     std::lock_guard<std::mutex> g(checked_mu_);
-    auto it = checked_.find(*entry);
+    const std::pair<const void*, size_t> key{&tf, *entry};
+    auto it = checked_.find(key);
     if (it != checked_.end()) return it->second;
-    Status st = file_->check_entry(*entry);
+    Status st = tf.check_entry(*entry);
     if (!st.ok()) (void)std::move(st).with_tensor(pieces_[piece].tensor);
-    return checked_[*entry] = st;
+    return checked_[key] = st;
   }
 
   static Result<std::unique_ptr<TorchRankFile>> open(const std::string& path) {
@@ -216,7 +222,20 @@ class TorchRankFile final : public TensorSource {
         params.push_back({t.name, t.shape, t.dtype, refs_[i]});
     }
     CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
-    for (const MegatronOptimTensor& o : optim_.tensors) {
+    const std::string beside = (fs::path(file_->path()).parent_path() / "distrib_optim.pt").string();
+    std::error_code ec;
+    const std::vector<MegatronOptimTensor>* ts = &optim_.tensors;
+    if (optim_.tensors.empty() && optim_.not_imported.find("distrib_optim.pt") != std::string::npos &&
+        fs::is_regular_file(beside, ec)) {  // the distributed optimizer's state
+      CKPT_ASSIGN_OR_RETURN(nlohmann::json args, args_json(file_->root(), file_->path()));
+      const std::string dir = fs::path(file_->path()).parent_path().filename().string();  // mp_rank_TT[_PPP]
+      const int pp_rank = dir.size() == 14 ? std::atoi(dir.c_str() + 11) : 0;
+      CKPT_ASSIGN_OR_RETURN(distrib_, megatron_distrib_optim(beside, params, args, pp_rank));
+      optim_.not_imported.clear();
+      distrib_first_ = pieces_.size();
+      ts = &distrib_.tensors;
+    }
+    for (const MegatronOptimTensor& o : *ts) {
       const Shape shape(o.ref->size.begin(), o.ref->size.end());
       tensors_.push_back({o.name, o.ref->storage.dtype, shape});
       pieces_.push_back({o.name, Region{Box::whole(shape)}, o.ref->storage.dtype});
@@ -234,8 +253,11 @@ class TorchRankFile final : public TensorSource {
 
   std::unique_ptr<torch::TorchFile> file_;
   std::mutex checked_mu_;
-  std::map<size_t, Status> checked_;  // zip entry index -> outcome of its CRC check
+  std::map<std::pair<const void*, size_t>, Status> checked_;  // (file, zip entry) -> outcome of its CRC check
   MegatronLegacyOptim optim_;
+  MegatronDistribOptim distrib_;  // distrib_optim.pt beside the file, when the optimizer is distributed
+  size_t distrib_first_ = SIZE_MAX;  // pieces from here on read distrib_.file
+  torch::TorchFile& file_of(size_t piece) { return piece >= distrib_first_ ? *distrib_.file : *file_; }
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<const torch::TensorRef*> refs_;

@@ -1,8 +1,8 @@
-// The distributed optimizer's bucket layout (converters/megatron/dist/dist_optim_layout.h): one
+// The distributed optimizer's bucket layout (converters/megatron/dist_optim_layout.h): one
 // test per rule (R1..R5, S1..S3, C1..C3), and the layout megatron-core 0.19.2 itself made for the
 // committed fixture fixtures/megatron_core_019/distopt_dp_reshardable (optimizer_oracle_tp0.json:
 // 4 buckets of 2048, 2112 (padded 2176), 2048, 3072 elements).
-#include "converters/megatron/dist/dist_optim_layout.h"
+#include "converters/megatron/dist_optim_layout.h"
 
 #include <gtest/gtest.h>
 

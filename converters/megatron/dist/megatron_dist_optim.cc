@@ -5,7 +5,7 @@
 #include <functional>
 #include <map>
 
-#include "converters/megatron/dist/dist_optim_layout.h"
+#include "converters/megatron/dist_optim_layout.h"
 #include "converters/megatron/megatron_segments.h"
 #include "formats/dtype/dtype.h"
 

@@ -4,7 +4,7 @@
 // grad buffer i, dtype and bucket b and state (param = fp32 master, exp_avg, exp_avg_sq):
 // `optimizer.distributed.dp_group_idx_{g}.gbuf_idx_{i}.dtype_{dt}.bucket_idx_{b}.{state}`, of
 // global size the bucket's numel_unpadded, bucket-local coordinates. Where each parameter sits is
-// derived (converters/megatron/dist/dist_optim_layout.h) from the model the args describe (the
+// derived (converters/megatron/dist_optim_layout.h) from the model the args describe (the
 // local spec's parameter order) and checked against the recorded sizes; each rank parameter's
 // segments (converters/megatron/megatron_segments.h) give the canonical boxes. Replicated tensors
 // (norms) are taken from TP rank 0. Named errors: MissingDistOptimState (a bucket without a state
@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "converters/megatron/dist/dist_optim_layout.h"
+#include "converters/megatron/dist_optim_layout.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/model/llama_config.h"
 #include "formats/torch/dcp/dcp.h"

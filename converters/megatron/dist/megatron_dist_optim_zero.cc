@@ -3,6 +3,7 @@
 #include <map>
 
 #include "converters/megatron/dist/megatron_dist_optim.h"
+#include "converters/megatron/megatron_distrib_optim.h"
 
 namespace ckpt {
 
@@ -34,33 +35,8 @@ Status world_tensors(const torch::PyObj* root, const std::string& where, std::ma
   const torch::PyObj* d = root && (root->is(torch::PyType::kList) || root->is(torch::PyType::kTuple)) && root->items.size() == 1
                               ? root->items[0]
                               : nullptr;
-  if (!d || !d->is(torch::PyType::kDict)) return bad_state(where, "not a torch.save of [dict]");
-  const torch::PyObj* coalesced = d->get("buckets_coalesced");
-  if (!coalesced || !coalesced->is(torch::PyType::kBool) || !coalesced->b)
-    return Status::Error("UnsupportedDistOptim", where + ": not buckets_coalesced (the pre-2024 layout needs Megatron's own update)")
-        .with_file(where);
-  const torch::PyObj* gbuf = nullptr;
-  for (const auto& [k, v] : d->entries) {
-    if (k->is(torch::PyType::kStr)) continue;
-    if (!k->is(torch::PyType::kInt) || k->i != 0 || gbuf)
-      return Status::Error("UnsupportedDistOptim", where + ": more than one grad buffer").with_file(where);
-    gbuf = v;
-  }
-  if (!gbuf || !gbuf->is(torch::PyType::kDict) || gbuf->entries.size() != 1 || !gbuf->entries[0].second->is(torch::PyType::kDict))
-    return bad_state(where, "no grad buffer 0 with one dtype");
-  for (const auto& [k, v] : gbuf->entries[0].second->entries) {
-    if (!k->is(torch::PyType::kStr)) return bad_state(where, "a state key that is not a string");
-    if (k->s == "numel_unpadded" && v->is(torch::PyType::kInt)) numel = v->i;
-    else if (v->is(torch::PyType::kTensor) && v->tensor.size.size() == 1) out[k->s] = v->tensor;
-    else return bad_state(where, "state '" + k->s + "' is not a 1-D tensor");
-  }
-  if (numel < 0) return bad_state(where, "no numel_unpadded");
-  for (const auto& [k, t] : out)
-    if (t.size[0] != numel)
-      return Status::Error("DistOptimBucketMismatch", where + ": '" + k + "' holds " + std::to_string(t.size[0]) +
-                                                          " elements, numel_unpadded is " + std::to_string(numel))
-          .with_file(where);
-  return Status::Ok();
+  if (!d) return bad_state(where, "not a torch.save of [dict]");
+  return megatron_world_buffers(d, where, out, numel);
 }
 
 }  // namespace dist_optim_zero_detail

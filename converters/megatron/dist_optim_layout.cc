@@ -1,4 +1,4 @@
-#include "converters/megatron/dist/dist_optim_layout.h"
+#include "converters/megatron/dist_optim_layout.h"
 
 #include <algorithm>
 #include <numeric>
