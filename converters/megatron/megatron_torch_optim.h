@@ -17,7 +17,8 @@
 // named_parameters order, which is the order of the 'model' state dict entries. So group g's
 // k-th id is the k-th model tensor of g's kind (wd_mult == 0: 1-dim or bias; else the rest).
 // TransformerEngine's FusedAdam keeps 'step' in the param group instead of per parameter: both
-// are read. The distributed optimizer keeps no 'state' here (distrib_optim.pt): reported, not mapped.
+// are read. The distributed optimizer keeps no 'state' here: its moments are in distrib_optim.pt
+// (converters/megatron/megatron_distrib_optim.h); only the step is read here (param_groups).
 // Pure functions of the parsed file; thread safe.
 #pragma once
 
