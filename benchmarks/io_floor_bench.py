@@ -6,10 +6,9 @@ which I/O path is faster changes with it: every run is a record of its day, not 
 
 Model: io_modes_bench's bf16 LLaMA (hidden 2560, FFN 6912, GQA 20/4, vocab 32000); --gib 3 (the
 default) is its 20 layers, 3.08 GB (2.87 GiB); the layer count scales with --gib (round(gib * 20 / 3)).
-Sources, made once per shape and kept in --dir (untimed, in a child process: this harness never
-imports torch; it imports numpy for the hot state only): the HF directory, `ckpt from-hf` stores
-tp=4 pp=2 (the reshard source), tp=1 and tp=2 pp=3 dp=2 (the to-hf sources), and the tp=4 pp=2
-rank files of the Python stack.
+Sources, made once per shape in --dir (untimed, in a child: this harness never imports torch): the
+HF directory, `ckpt from-hf` stores tp=4 pp=2 (the reshard source), tp=1 and tp=2 pp=3 dp=2 (the
+to-hf sources), and the tp=4 pp=2 rank files of the Python stack.
 
 Commands (--parts, comma list; default all), in this order in every round and state:
   cp       `cp src`: cp -r of the tp=4 pp=2 store + sync
@@ -25,23 +24,18 @@ Commands (--parts, comma list; default all), in this order in every round and st
            layout (compared with cp src)
   hf       `cp hf` (cp -r of the HF directory + sync), `from-hf` (one rank), `to-hf 1` (from tp=1),
            `to-hf 2x3x2` (from tp=2 pp=3 dp=2)
-convert and hf run in the states of --hf-states (default hot: their acceptance is against cp hot);
-the others in every state of --states. Every ckpt command gets --json (its report is kept in the
-JSON output) and --max-memory when given (else ckpt's default budget, read from its --help).
+convert and hf run in the --hf-states (default hot: their bounds are against cp hot), the others in
+every --states. Every ckpt command gets --json (kept) and --max-memory when given (else ckpt's default).
 
-States (io_modes_bench's State, before EVERY timed command; the previous command's output is
-removed first): hot = --hot-gib GiB touched and freed, the command's sources read once (page
-cache warm); idle = sync, the page cache dropped (`echo 3 > /proc/sys/vm/drop_caches`, root; or,
-with --drop fadvise or where that is refused, the sources' pages only), then --idle-sleep s (30).
-Wall seconds include a final `sync`; peak RSS and CPU seconds are the command's (/usr/bin/time,
-getrusage from wait4). Rounds: --rounds (3), each round runs every state in turn.
+States (io_modes_bench's State, before EVERY timed command, the previous output removed): hot =
+--hot-gib GiB touched and freed, the sources read once; idle = sync, page cache dropped (root; with
+--drop fadvise or where refused, the sources' pages only), then --idle-sleep s (30). Wall seconds
+include a final `sync`; peak RSS and CPU s are the command's (wait4). --rounds (3) of every state.
 
-Printed: the machine's state (date, uptime, free memory, the disk and its queue, the busiest
-processes) at the start, before every round and state, and at the end; one JSON line per command;
-then per state a table (each round, median, peak RSS and RSS / budget) and the ratios: baseline
-seconds / command seconds (> 1: the command is faster), of the medians and paired (the same round's
-baseline over the command, per round, and their median), each with the issue's acceptance bound
-where it has one. --json FILE writes all of it (rows: every timed command with its raw seconds).
+Printed: the machine's state (date, load, memory, disk queue, busiest processes) at the start, per
+round and state, and at the end; a JSON line per command; per state a table (rounds, median, peak
+RSS / budget) and the ratios baseline s / command s (> 1: faster) of the medians and paired per
+round, with the issue's bounds. --json FILE: all of it (rows: every timed command's raw seconds).
 
   .venv/bin/python benchmarks/io_floor_bench.py --ckpt build/ckpt --json /tmp/io_floor.json
   .venv/bin/python benchmarks/io_floor_bench.py --quick --dir /tmp/iofq   # smoke test: tiny model, one round
@@ -124,13 +118,9 @@ def machine_state(d: pathlib.Path, brief=False):
     disk = {"device": df[0], "fstype": df[1], "size_GiB": int(df[2]) >> 20, "avail_GiB": int(df[4]) >> 20}
     dev = re.sub(r"p?\d+$", "", os.path.basename(df[0])) if re.search(r"[a-z]\d+$", df[0]) else os.path.basename(df[0])
     q = pathlib.Path("/sys/block") / dev / "queue"
-    for f in ("scheduler", "rotational", "max_sectors_kb", "nr_requests"):
-        try:
-            disk[f] = (q / f).read_text().strip()
-        except OSError:
-            pass
-    out["disk"] = disk
-    out["nproc"] = os.cpu_count()
+    disk.update({f: (q / f).read_text().strip() for f in ("scheduler", "rotational", "max_sectors_kb", "nr_requests")
+                 if (q / f).is_file()})
+    out.update(disk=disk, nproc=os.cpu_count())
     return out
 
 
