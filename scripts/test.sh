@@ -102,8 +102,11 @@ asan_configure() {
   if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++-14' build-asan/CMakeCache.txt; then
     rm -rf build-asan  # configured by an older test.sh with g++: a cache keeps its compiler
   fi
+  # The GoogleTest binaries' own code at -O0 (CKPT_TEST_FLAGS; the code they test stays at -O1): half
+  # their compile time (clang-14 with ASan: -O1 2.3x -O0), their run time within seconds.
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-    -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_PYTHON="$PY" >/dev/null
+    -DCKPT_WERROR=ON -DCKPT_SANITIZE=ON -DCKPT_FUZZ=ON -DCKPT_BUILD_BENCHMARKS=OFF -DCKPT_TEST_FLAGS=-O0 \
+    -DCKPT_PYTHON="$PY" >/dev/null
 }
 asan_pid=""; asan_log=$(mktemp)
 if [ -z "${CKPT_BUILD_LOCK:-}" ]; then
@@ -160,7 +163,7 @@ fi
 
 if [ -x tests/fuzz/run_fuzz.sh ]; then
   phase "fuzz smoke run"
-  if CKPT_FUZZ_DIR="$here/build-asan" bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-10}"; then
+  if CKPT_FUZZ_DIR="$here/build-asan" bash tests/fuzz/run_fuzz.sh "${CKPT_FUZZ_SECONDS:-5}"; then
     total_pass=$((total_pass + 1))
   else
     total_fail=$((total_fail + 1))

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -197,6 +199,55 @@ TEST(SourceBlocks, TapSeesEveryRangeInOrderFromReadsDoneOnce) {
       EXPECT_EQ(v.size(), r.bytes) << "range " << r.id << " lies in one copy's bytes: fed whole";
     }
   }
+}
+
+// Two tapped ranges in one read-ahead block; while the tap is fed the first (on the reader thread,
+// no lock held), a copy takes the whole block and lets it go. The block must stay until the tap has
+// been fed the second range too (it was freed after the first: a use-after-free, SIGSEGV under load).
+struct GatedTap : RecordingTap {
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool entered = false, open = false;
+  void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) override {
+    if (id == 0) {
+      std::unique_lock<std::mutex> l(gate_mu);
+      entered = true;
+      gate_cv.notify_all();
+      gate_cv.wait(l, [this] { return open; });
+    }
+    RecordingTap::feed(id, off, p, n);
+  }
+};
+
+TEST(SourceBlocks, BlockTakenWholeWhileTheTapFeedsStaysForItsNextRange) {
+  constexpr uint64_t B = kSourceBlockBytes;
+  BlocksFile a("tapgate", 2 * B, 13);
+  ASSERT_TRUE(direct_reads_ok(a));
+  auto tap = std::make_shared<GatedTap>();
+  tap->want = {{0, B + 100, 1000}, {1, B + 5000, 7000}};  // both in block 1, read ahead by a reader thread
+  SourceBlocks sb(4 * B, 1);
+  sb.set_tap(tap);
+  EXPECT_EQ(take(sb, a, 0, 10), slice(a, 0, 10));  // block 0 on demand; block 1 read ahead
+  {
+    std::unique_lock<std::mutex> l(tap->gate_mu);
+    ASSERT_TRUE(tap->gate_cv.wait_for(l, std::chrono::seconds(30), [&] { return tap->entered; }));
+  }
+  EXPECT_EQ(take(sb, a, B, B), slice(a, B, B));  // block 1 taken whole while range 0 is being fed
+  {
+    std::lock_guard<std::mutex> l(tap->gate_mu);
+    tap->open = true;
+  }
+  tap->gate_cv.notify_all();
+  for (int i = 0; i < 3000; ++i) {  // the reader thread feeds range 1 after range 0
+    {
+      std::lock_guard<std::mutex> l(tap->mu);
+      if (tap->seen[1].size() >= 7000) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> l(tap->mu);
+  EXPECT_EQ(tap->seen[0], slice(a, B + 100, 1000));
+  EXPECT_EQ(tap->seen[1], slice(a, B + 5000, 7000)) << "the block held for the tap's next range";
 }
 
 TEST(SourceBlocks, TapRangeWhoseBlockWentEarlyGoesOnWhenItIsReadAgain) {

@@ -3,7 +3,7 @@
 # the restricted unpickler of formats/torch, the DCP .metadata parser, profile and cluster files), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
-#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 10 s per target)
+#   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 5 s per target)
 #   tests/fuzz/run_fuzz.sh 3600               # long run: one hour per target
 #   CKPT_FUZZ_JOBS=2 tests/fuzz/run_fuzz.sh 3600   # long run on 2 cores (libFuzzer -fork=2)
 # Builds (incrementally) into build-fuzz with clang-14 unless CKPT_FUZZ_DIR points elsewhere.
