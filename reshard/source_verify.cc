@@ -1,5 +1,7 @@
 #include "reshard/source_verify.h"
 
+#include "formats/base/thread_pool.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -144,6 +146,11 @@ bool BackgroundVerify::start(const std::string& src_dir, IoMode io) {
 }
 
 bool BackgroundVerify::start(const std::function<Status()>& check) {
+  // A fork copies only the calling thread: a lock another thread held at that moment (malloc's
+  // under clang-14's ASan, HDF5's, one of ours) stays locked in the child forever. While a pool of
+  // ours has workers the check runs inline instead (the caller's fallback), never in a child that
+  // may hang. (OpenBLAS's threads, parked since the library loaded, hold no lock.)
+  if (ThreadPool::live_workers() > 0) return false;
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return false;
   std::fflush(nullptr);

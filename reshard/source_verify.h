@@ -79,6 +79,7 @@ class BackgroundVerify {
   // says (StoreReader::set_read_io). False when pipe or fork fails (the caller then verifies inline).
   bool start(const std::string& src_dir, IoMode io = IoMode::kBuffered);
   // Forks the child that runs `check` (which opens SRC itself, checks it and returns the verdict).
+  // False, forking nothing, while a ThreadPool has workers (a fork would copy their locks).
   bool start(const std::function<Status()>& check);
   bool started() const { return pid_ > 0; }
   pid_t child_pid() const { return pid_; }

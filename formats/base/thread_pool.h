@@ -1,8 +1,11 @@
 // A small fixed-size thread pool (executor cast/copy work, store hashing; never HDF5 calls).
 // submit() returns a future; tasks run in submission order per worker availability.
 // Thread safety: submit() may be called from any thread; the destructor joins all workers.
+// live_workers(): the workers of every pool alive in this process (a fork must see none: see
+// reshard/source_verify.h).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -16,7 +19,10 @@ namespace ckpt {
 class ThreadPool {
  public:
   explicit ThreadPool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
+    for (int i = 0; i < workers; ++i) {
+      live_.fetch_add(1);
+      threads_.emplace_back([this] { loop(); });
+    }
   }
   ~ThreadPool() {
     {
@@ -25,11 +31,13 @@ class ThreadPool {
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
+    live_.fetch_sub(static_cast<int>(threads_.size()));
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(threads_.size()); }
+  static int live_workers() { return live_.load(); }
 
   template <typename F>
   auto submit(F&& f) -> std::future<decltype(f())> {
@@ -64,6 +72,7 @@ class ThreadPool {
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> threads_;
   bool stop_ = false;
+  static inline std::atomic<int> live_{0};
 };
 
 }  // namespace ckpt
