@@ -2,6 +2,7 @@
 // else touched), the block callback, and every error path: short source, a source that shrinks
 // while mapped (SIGBUS caught), a source that cannot be mapped (pipe); with_mapped_range likewise.
 #include "formats/base/file_io.h"
+#include "tests/test_cases.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -46,7 +47,8 @@ TEST(CopyFileBytes, MatchesNaiveCopyAtAnyAlignment) {
   TempFile src("src"), dst("dst");
   const auto data = random_bytes((21u << 20) + 777, rng);  // > two 8 MiB windows
   ASSERT_TRUE(pwrite_full(src.fd, data.data(), data.size(), 0, src.path).ok());
-  for (int trial = 0; trial < 8; ++trial) {
+  const int trials = ckpt::testing::property_cases(8, 32, 3);
+  for (int trial = 0; trial < trials; ++trial) {
     const uint64_t in_off = trial == 0 ? 0 : rng() % 9000;
     const uint64_t out_off = trial == 0 ? 0 : rng() % 9000;
     const uint64_t n = trial < 2 ? data.size() - in_off : rng() % (data.size() - in_off);

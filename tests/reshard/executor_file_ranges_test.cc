@@ -75,7 +75,7 @@ TEST(Executor, ChunksAsFileRangesMatchNaiveExtraction) {
   std::mt19937 rng(99);
   const std::string path = ::testing::TempDir() + "/exec_extents_" + std::to_string(::getpid());
   int total_extents = 0;
-  const int iters = ckpt::testing::property_cases(12, 60, 4);
+  const int iters = ckpt::testing::property_cases(12, 60, 2);
   for (int iter = 0; iter < iters; ++iter) {
     World w;
     const Shape shape{256, 1024};  // f32: 4 KiB rows
