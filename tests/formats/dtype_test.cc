@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/dtype/dtype.h"
+#include "tests/test_cases.h"
 
 namespace ckpt {
 namespace {
@@ -249,7 +250,12 @@ TEST_P(BothPaths, LargeArraysStreamingPath) {
   src[n - 5] = INFINITY;
   std::vector<uint8_t> buf(4 * n + 64);
   uint8_t* base = buf.data() + (32 - reinterpret_cast<uintptr_t>(buf.data()) % 32) % 32;
+  // Under ASan (a tenth of the speed) the element-aligned destination only: head peeled, then streamed.
+#if defined(CKPT_TEST_SANITIZED)
+  for (size_t off : {2u}) {
+#else
   for (size_t off : {0u, 1u, 2u}) {
+#endif
     for (DType t : {DType::kBF16, DType::kF16}) {
       CastStats st;
       Status s = cast_elements(src.data(), DType::kF32, base + off, t, n, {OverflowPolicy::kSaturate, true}, &st);

@@ -251,7 +251,12 @@ std::vector<Box> grid(Shape shape, size_t a, size_t b, int64_t n) {
 
 TEST(Tiling, LargeGridsAreSwept) {
   // 256 x 256 boxes cut along two dimensions of a rank-3 tensor, then one box grown into its neighbour.
-  std::vector<Box> boxes = grid({512, 3, 1024}, 0, 2, 256);
+#if defined(CKPT_TEST_SANITIZED)
+  constexpr int64_t kCuts = 64, kCube = 16;  // a sixteenth of the boxes under ASan (a tenth of the speed)
+#else
+  constexpr int64_t kCuts = 256, kCube = 40;
+#endif
+  std::vector<Box> boxes = grid({512, 3, 1024}, 0, 2, kCuts);
   std::vector<Region> regions;
   for (const Box& b : boxes) regions.push_back(Region{b});
   EXPECT_FALSE(find_tiling_fault({512, 3, 1024}, regions));
@@ -263,14 +268,14 @@ TEST(Tiling, LargeGridsAreSwept) {
   EXPECT_EQ(f->kind, Kind::kOverlap);
   EXPECT_TRUE(f->a == 1000 || f->b == 1000);
   EXPECT_TRUE(intersect(regions[f->a].box, regions[f->b].box));
-  // Cut along three dimensions (40^3 boxes): the general sweep.
+  // Cut along three dimensions (kCube^3 boxes): the general sweep.
   std::vector<Box> cube;
-  for (int64_t i = 0; i < 40; ++i)
-    for (int64_t j = 0; j < 40; ++j)
-      for (int64_t k = 0; k < 40; ++k) cube.push_back(Box{{i, 2 * j, 3 * k}, {1, 2, 3}});
+  for (int64_t i = 0; i < kCube; ++i)
+    for (int64_t j = 0; j < kCube; ++j)
+      for (int64_t k = 0; k < kCube; ++k) cube.push_back(Box{{i, 2 * j, 3 * k}, {1, 2, 3}});
   std::shuffle(cube.begin(), cube.end(), std::mt19937(8));
   EXPECT_FALSE(find_box_overlap(cube));
-  cube.push_back(Box{{39, 78, 117}, {1, 1, 1}});  // inside the last box
+  cube.push_back(Box{{kCube - 1, 2 * (kCube - 1), 3 * (kCube - 1)}, {1, 1, 1}});  // inside the last box
   auto ov = find_box_overlap(cube);
   ASSERT_TRUE(ov);
   EXPECT_EQ(ov->second, cube.size() - 1);

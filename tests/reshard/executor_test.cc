@@ -12,6 +12,7 @@
 
 #include "reshard/memory_io.h"
 #include "tests/reshard/executor_world.h"
+#include "tests/test_cases.h"
 
 namespace ckpt {
 namespace {
@@ -20,7 +21,8 @@ using namespace exec_test;
 
 TEST(Executor, RandomPieceSetsMatchNaiveExtraction) {
   std::mt19937 rng(1234);
-  for (int iter = 0; iter < 300; ++iter) {
+  const int iters = ckpt::testing::property_cases(300, 3000, 24);
+  for (int iter = 0; iter < iters; ++iter) {
     const DType dt = (iter % 3 == 0) ? DType::kBF16 : (iter % 3 == 1 ? DType::kF32 : DType::kF64);
     World w = random_world(rng, dt);
     std::vector<Piece> src_pieces, dst_pieces;
