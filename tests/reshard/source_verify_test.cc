@@ -1,6 +1,8 @@
 // reshard/source_verify: the background SRC check's verdict crosses the pipe with its kind, and
-// the child never outlives its parent.
+// the child never outlives its parent, and no child is forked while a thread pool has workers.
 #include "reshard/source_verify.h"
+
+#include "formats/base/thread_pool.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -34,6 +36,23 @@ TEST(BackgroundVerify, VerdictKeepsItsKind) {
   Status st = bg.wait();
   EXPECT_EQ(st.kind(), ErrorKind::kNotFound) << st.to_string();
   EXPECT_FALSE(bg.started());
+}
+
+// A fork copies only the forking thread: a lock a worker held at that moment stays locked in the
+// child (clang-14 ASan's allocator: the reshard's check child hung in free()). While a ThreadPool
+// has workers start() forks nothing (the caller checks inline); with the pool gone it forks again.
+TEST(BackgroundVerify, ForksNothingWhileAPoolHasWorkers) {
+  {
+    ThreadPool pool(2);
+    EXPECT_GE(ThreadPool::live_workers(), 2);
+    BackgroundVerify bg;
+    EXPECT_FALSE(bg.start("/nonexistent/ckpt_source_verify"));
+    EXPECT_FALSE(bg.started());
+  }
+  EXPECT_EQ(ThreadPool::live_workers(), 0);
+  BackgroundVerify bg;
+  ASSERT_TRUE(bg.start("/nonexistent/ckpt_source_verify"));
+  EXPECT_EQ(bg.wait().kind(), ErrorKind::kNotFound);
 }
 
 // The child blocks opening SRC's manifest (a FIFO nobody writes); its parent dies without running
