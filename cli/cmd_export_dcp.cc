@@ -19,6 +19,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     std::string src, out, dtype;
     int files = 1;
     StreamFlags stream;
+    IoFlags io;
     bool no_fsync = false, json = false, source_chunks = false, no_verify = false;
   };
   auto o = std::make_shared<Opts>();
@@ -30,6 +31,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
   sub.add_flag("--source-chunks", o->source_chunks,
                "one DCP chunk per distinct box of the source's pieces (e.g. the tp shards of a native checkpoint) instead of one per tensor");
   o->stream.add(sub);
+  o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   add_no_verify_flag(sub, o->no_verify);
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
@@ -50,6 +52,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
       req.files = o->files;
       req.source_chunks = o->source_chunks;
       req.threads = o->stream.threads;
+      CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
       req.fsync = !o->no_fsync;
       req.no_verify = o->no_verify;
       return req;

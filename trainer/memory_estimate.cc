@@ -13,6 +13,7 @@
 #include "reshard/planner.h"
 #include "trainer/optim/held_region.h"
 #include "trainer/pipeline_schedule.h"
+#include "trainer/state/dist_checkpoint.h"
 
 namespace ckpt::trainer {
 
@@ -79,7 +80,7 @@ ActBytes activation_bytes(const MemoryInputs& in, const RankPlace& place, int64_
   return a;
 }
 
-RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t staging) {
+RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t staging, int64_t largest_piece) {
   const Layout& l = in.layout;
   RankMemory m;
   m.rank = rank;
@@ -98,7 +99,7 @@ RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t 
   else if (l.num_pipelines() > 1)
     m.buffers = m.grads;  // the packed gradients of the DP / replica sum
   m.buffers += in.data_bytes;
-  m.checkpoint = kF * u(staging);
+  m.checkpoint = kF * u(staging) + save_write_pool_touched(kF * u(staging), kF * u(largest_piece));  // + the write pool's pages
   m.process = process_bytes(in.mpi, l.world_size());
   return m;
 }
@@ -136,11 +137,14 @@ Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in) {
   std::map<std::tuple<int, int, int>, Held> cache;
   // The saver's share: the elements the planner gives each rank to write, under the real layout
   // (replicas in other pipelines share the writing, also when the pipelines split differently).
-  std::vector<int64_t> staging(static_cast<size_t>(in.layout.world_size()), 0);
+  std::vector<int64_t> staging(static_cast<size_t>(in.layout.world_size()), 0), largest(staging.size(), 0);
   if (in.checkpoints) {
     CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(tensors, in.layout, rules));
     for (const auto& t : placed)
-      for (const RankRegion& rr : t) staging.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
+      for (const RankRegion& rr : t) {
+        staging.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
+        largest[static_cast<size_t>(rr.rank)] = std::max(largest[static_cast<size_t>(rr.rank)], rr.region.numel());
+      }
   }
   std::vector<RankMemory> out;
   for (int r = 0; r < in.layout.world_size(); ++r) {
@@ -155,7 +159,7 @@ Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in) {
                                              ")");
       it = cache.emplace(key, *h).first;
     }
-    out.push_back(rank_memory(in, r, it->second, staging[static_cast<size_t>(r)]));
+    out.push_back(rank_memory(in, r, it->second, staging[static_cast<size_t>(r)], largest[static_cast<size_t>(r)]));
   }
   return out;
 }

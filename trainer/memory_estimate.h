@@ -14,7 +14,8 @@
 // - buffers: the DP gradient buffer (zero 0 with replicas: every gradient packed, the upper bound
 //   of ReplicaSum's largest holder set; zero 1: the padded flat buffer plus the master and
 //   gradient shards), the corpus file when one is given;
-// - checkpoint: the saver's staging copy of the pieces this rank writes (with a run dir);
+// - checkpoint: the saver's staging copy of the pieces this rank writes (with a run dir) and its
+//   background write's pool (save_write_pool_buffers, trainer/state/dist_checkpoint.h);
 // - process: a measured constant (binary, libc, OpenMPI and OpenBLAS; process_bytes).
 // Pure functions except peak_rss_bytes (getrusage); thread safe.
 #pragma once

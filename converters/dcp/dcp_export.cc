@@ -49,6 +49,8 @@ Result<HfExportPlan> plan_dcp_export(const TensorSource& src, const std::string&
 Status run_dcp_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const DcpExportOptions& opts) {
   torch::DcpWriterOptions wo;
   wo.fsync = opts.fsync;
+  wo.io = opts.io;
+  wo.write_pool = opts.write_pool.get();
   // Largest tensors first, each to the file with the fewest bytes so far.
   std::vector<size_t> order(plan.pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -125,6 +125,7 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.fsync = opts.fsync;
   so.io = opts.io;
   so.read_ahead = opts.read_ahead.get();
+  so.write_pool = opts.write_pool.get();
   so.copy_files = plan.copy_files;
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";

@@ -28,6 +28,7 @@ struct HfExportOptions {
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/io/output_file.h)
   std::shared_ptr<SourceBlocks> read_ahead;  // copies read their sources direct through it (null: as io says)
+  std::shared_ptr<WritePool> write_pool;     // direct writes in large requests, several in flight (null: per file)
   std::function<void(uint64_t, uint64_t)> progress;
   // Called after every byte is written, before the commit (the job's check of its SRC,
   // converters/source/source_check_job.h): an error leaves nothing at the destination.

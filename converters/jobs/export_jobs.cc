@@ -2,6 +2,7 @@
 
 #include "converters/dcp/dcp_export.h"
 #include "converters/jobs/hf_jobs.h"
+#include "converters/jobs/reshard_job.h"
 #include "converters/megatron/dist/megatron_dist_export.h"
 #include "converters/megatron/megatron_export.h"
 #include "converters/source/job_source.h"
@@ -10,6 +11,10 @@
 namespace ckpt {
 
 namespace {
+
+// An export's share of --max-memory beside its chunks and write pool: the process, the zip
+// writers' layout, the source's readers (as to-hf's).
+constexpr uint64_t kExportReserveBytes = uint64_t{24} << 20;
 
 // `value` of `flag` within [lo, hi], else kInvalidArgument naming the flag (the CLI's own range
 // checks refuse these before a job runs; python's ckpt.export_* come here).
@@ -23,7 +28,7 @@ Status export_flag_in_range(const char* flag, int64_t value, int64_t lo, int64_t
 
 nlohmann::json ExportDcpOutcome::to_json() const {
   return {{"out", out},     {"tensors", tensors}, {"chunks", chunks},          {"bytes", bytes},
-          {"files", files}, {"skipped", skipped}, {"source_check", source_check}};
+          {"files", files}, {"skipped", skipped}, {"source_check", source_check}, {"memory", memory.to_json()}, {"io", io}};
 }
 
 Result<ExportDcpOutcome> run_export_dcp_job(const ExportDcpRequest& req) {
@@ -43,9 +48,18 @@ Result<ExportDcpOutcome> run_export_dcp_job(const ExportDcpRequest& req) {
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_dcp_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
-  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces);
-  CKPT_RETURN_IF_ERROR(run_dcp_export(*src, *plan, req.out, opts));
+  // The files' direct writes staged in a write pool, several large requests in flight (to-hf's
+  // fit_copy_io, without its read-ahead: SRC is read through the page cache here).
+  opts.io = req.io;
+  const uint64_t decode = source_decode_reserve(*src, req.threads);
+  CopyIoFit fit = fit_copy_io(req.max_memory, kExportReserveBytes + decode, 0, req.threads, req.io, /*direct_reads=*/false);
+  opts.write_pool = std::move(fit.write_pool);
+  const uint64_t reserve = kExportReserveBytes + decode + fit.bytes;
+  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   ExportDcpOutcome out;
+  out.memory = memory_fit(req.max_memory, reserve, nullptr, opts.write_pool.get());
+  CKPT_RETURN_IF_ERROR(run_dcp_export(*src, *plan, req.out, opts));
+  out.io = io_report(req.io, nullptr, opts.write_pool.get());
   out.out = req.out;
   out.tensors = plan->tensors.size();
   out.chunks = plan->pieces.size();

@@ -31,6 +31,7 @@ struct ExportDcpRequest {
   bool source_chunks = false;  // one chunk per distinct box of the source's pieces (else one per tensor)
   int threads = 2;             // 1..64
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
+  IoMode io = IoMode::kAuto;   // --io: how the .distcp files are written
   bool fsync = true;
   bool no_verify = false;      // skip the check of SRC before the commit
   std::function<void(uint64_t, uint64_t)> progress;
@@ -43,7 +44,9 @@ struct ExportDcpOutcome {
   int files = 0;
   std::vector<std::string> skipped;  // non-model tensors left out
   nlohmann::json source_check;       // how SRC was checked (JobSourceCheck::to_json)
-  // The JSON of `ckpt export-dcp --json`: {out, tensors, chunks, bytes, files, skipped, source_check}.
+  MemoryFit memory;                  // --max-memory against the job's floor
+  nlohmann::json io = nlohmann::json::object();  // how the files were written (io_report, memory_fit.h)
+  // The JSON of `ckpt export-dcp --json`: {out, tensors, chunks, bytes, files, skipped, source_check, memory, io}.
   nlohmann::json to_json() const;
 };
 

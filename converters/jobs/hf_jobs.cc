@@ -37,7 +37,7 @@ Status hf_job_check_threads(int threads) {
 nlohmann::json ToHfOutcome::to_json() const {
   return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
           {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
-          {"source_check", source_check}};
+          {"source_check", source_check}, {"io", io}};
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -65,19 +65,23 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
   const uint64_t decode = source_decode_reserve(*src, req.threads);
   uint64_t reserve = kToHfReserveBytes + decode;
-  // Copied file ranges read direct and ahead through one SourceBlocks, as reshard's: with --io direct,
-  // and with auto when the source is cold (mapped reads of it fill new page-cache pages, slow in an
-  // idle VM). Not for a compressed store, whose chunks are decoded, not copied.
-  if (decode == 0 && direct_reads) {
-    ReadAheadFit fit = fit_read_ahead(req.max_memory, reserve, req.threads);
-    opts.read_ahead = std::move(fit.blocks);
+  // As reshard's store writer (fit_copy_io): copied file ranges read direct and ahead through one
+  // SourceBlocks with --io direct, and with auto when the source is cold (mapped reads of it fill
+  // new page-cache pages, slow in an idle VM); the shards' direct writes staged in a WritePool, several
+  // large requests in flight across the shard files, and under auto its per-run choice. Not for a
+  // compressed store, whose chunks are decoded, not copied: its writes go as --io says per file.
+  if (decode == 0) {
+    CopyIoFit fit = fit_copy_io(req.max_memory, reserve, 0, req.threads, opts.io, direct_reads);
+    opts.read_ahead = std::move(fit.read_ahead);
+    opts.write_pool = std::move(fit.write_pool);
     reserve += fit.bytes;
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   ToHfOutcome out;
-  out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get());
+  out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());
   out.out = req.out;
   out.tensors = plan->tensors.size();
   out.bytes = plan->total_bytes;
@@ -93,7 +97,8 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
 
 nlohmann::json FromHfOutcome::to_json() const {
   nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
-                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()}};
+                      {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
+                      {"io", io}};
   if (!profile.empty()) {
     j["profile"] = profile;
     j["exactness"] = exactness.to_json();
@@ -128,6 +133,7 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
   out.profile = r.profile;
   out.exactness = r.exactness;
   out.memory = r.memory;
+  out.io = r.io;
   out.seconds = hf_job_seconds_since(t0);
   return out;
 }
@@ -189,6 +195,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
     for (const auto& [name, v] : plan->metadata[kHfFilesKey].items()) out.side_files.push_back(name);
   out.skipped = plan->skipped;
   out.seconds = hf_job_seconds_since(t0);
+  out.io = store_io_report(so);
   return out;
 }
 

@@ -55,7 +55,8 @@ struct ToHfOutcome {
   double seconds = 0;
   MemoryFit memory;                   // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json source_check;        // how SRC was checked (JobSourceCheck::to_json)
-  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check}
+  nlohmann::json io = nlohmann::json::object();  // how the shards were written (io_report, memory_fit.h)
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io}
   nlohmann::json to_json() const;
 };
 
@@ -87,7 +88,8 @@ struct FromHfOutcome {
   ExactnessReport exactness;         // ... with its exactness report
   double seconds = 0;
   MemoryFit memory;                  // --max-memory against the job's floor (converters/jobs/memory_fit.h)
-  // {out, layout, tensors, bytes, side_files, skipped, seconds, memory, profile?, exactness?}
+  nlohmann::json io = nlohmann::json::object();  // how OUT was written (store_io_report, memory_fit.h)
+  // {out, layout, tensors, bytes, side_files, skipped, seconds, memory, io, profile?, exactness?}
   nlohmann::json to_json() const;
 };
 

@@ -81,57 +81,74 @@ uint64_t fit_store_writer(uint64_t max_memory, int threads, store::StoreOptions&
   const uint64_t extra = static_cast<uint64_t>(threads) * kCopyThreadBytes;
   if (max_memory < reserve + extra + kChunkBudgetBeforeWriterExtrasBytes) return reserve;
   so.hash_threads = 2 * threads;
-  if (so.io == IoMode::kDirect || (so.io == IoMode::kAuto && cold_source)) {
-    // A cold source under --io auto too: mapped reads of it fill new page-cache pages, slow in an
-    // idle VM (3.08 GB reshard, idle: 4.5 s mapped, 3.6-3.7 s direct; docs/BENCHMARKS.md).
-    // The read-ahead first, up to kReadAheadBesideWritePoolBytes; the write pool out of the rest.
-    const uint64_t stages = static_cast<uint64_t>(so.hash_threads) * kCopyThreadReadAheadBytes;
-    const uint64_t base = reserve + stages + kChunkBudgetBesideReadAheadBytes + kReadAheadBesideWritePoolBytes;
-    const uint64_t pool = fit_write_pool(max_memory > base ? max_memory - base : 0, so);
-    ReadAheadFit fit = fit_read_ahead(max_memory, reserve + pool, so.hash_threads);
-    if (fit.blocks) {
-      so.read_ahead = std::move(fit.blocks);
-      return reserve + pool + fit.bytes;
-    }
-    so.write_pool.reset();
-  }
-  if (so.io == IoMode::kBuffered) return reserve + extra;
-  return reserve + extra + fit_write_pool(max_memory - reserve - extra - kChunkBudgetBeforeWriterExtrasBytes, so);
+  // A cold source under --io auto reads direct too: mapped reads of it fill new page-cache pages,
+  // slow in an idle VM (3.08 GB reshard, idle: 4.5 s mapped, 3.6-3.7 s direct; docs/BENCHMARKS.md).
+  CopyIoFit fit = fit_copy_io(max_memory, reserve, extra, so.hash_threads, so.io,
+                              so.io == IoMode::kDirect || (so.io == IoMode::kAuto && cold_source));
+  so.read_ahead = std::move(fit.read_ahead);
+  so.write_pool = std::move(fit.write_pool);
+  return reserve + fit.bytes;
 }
 
-uint64_t fit_write_pool(uint64_t room, store::StoreOptions& so) {
+std::shared_ptr<WritePool> make_write_pool(uint64_t room, IoMode io) {
   // CKPT_WRITE_REQUEST_MIB (1..64): another request size, for measuring it (docs/BENCHMARKS.md).
   const char* env = std::getenv("CKPT_WRITE_REQUEST_MIB");
   const long mib = env ? std::strtol(env, nullptr, 10) : 0;
   const uint64_t request = mib >= 1 && mib <= 64 ? static_cast<uint64_t>(mib) << 20 : kWriteRequestBytes;
   const uint64_t n = std::min<uint64_t>(kWritePoolMaxBuffers * kWriteRequestBytes / request, room / request);
-  if (n < kWritePoolMinBuffers || so.codec != store::Codec::kNone) {
-    so.write_pool.reset();
-    return 0;
-  }
-  so.write_pool = std::make_shared<WritePool>(static_cast<int>(n), request);
-  so.write_pool->set_auto(so.io == IoMode::kAuto);
-  return so.write_pool->memory();
+  if (n < kWritePoolMinBuffers || io == IoMode::kBuffered) return nullptr;
+  auto pool = std::make_shared<WritePool>(static_cast<int>(n), request);
+  pool->set_auto(io == IoMode::kAuto);
+  return pool;
 }
 
-nlohmann::json store_io_report(const store::StoreOptions& so) {
-  nlohmann::json j = {{"mode", io_mode_name(so.io)}, {"copy_reads", so.read_ahead ? "direct" : "mapped"}};
-  if (!so.write_pool) {
-    j["writes"] = so.io == IoMode::kBuffered ? "buffered" : "per file";
+uint64_t fit_write_pool(uint64_t room, store::StoreOptions& so) {
+  so.write_pool = so.codec == store::Codec::kNone ? make_write_pool(room, so.io) : nullptr;
+  return so.write_pool ? so.write_pool->memory() : 0;
+}
+
+CopyIoFit fit_copy_io(uint64_t max_memory, uint64_t reserve, uint64_t extra, int copy_threads, IoMode io, bool direct_reads) {
+  CopyIoFit f;
+  if (direct_reads) {
+    // The read-ahead first, up to kReadAheadBesideWritePoolBytes; the write pool out of the rest.
+    const uint64_t stages = static_cast<uint64_t>(copy_threads) * kCopyThreadReadAheadBytes;
+    const uint64_t base = reserve + stages + kChunkBudgetBesideReadAheadBytes + kReadAheadBesideWritePoolBytes;
+    f.write_pool = make_write_pool(max_memory > base ? max_memory - base : 0, io);
+    const uint64_t pool = f.write_pool ? f.write_pool->memory() : 0;
+    ReadAheadFit ra = fit_read_ahead(max_memory, reserve + pool, copy_threads);
+    if (ra.blocks) {
+      f.read_ahead = std::move(ra.blocks);
+      f.bytes = pool + ra.bytes;
+      return f;
+    }
+    f.write_pool.reset();
+  }
+  const uint64_t used = reserve + extra + kChunkBudgetBeforeWriterExtrasBytes;
+  f.write_pool = make_write_pool(max_memory > used ? max_memory - used : 0, io);
+  f.bytes = extra + (f.write_pool ? f.write_pool->memory() : 0);
+  return f;
+}
+
+nlohmann::json io_report(IoMode io, const SourceBlocks* read_ahead, const WritePool* write_pool) {
+  nlohmann::json j = {{"mode", io_mode_name(io)}, {"copy_reads", read_ahead ? "direct" : "mapped"}};
+  if (!write_pool) {
+    j["writes"] = io == IoMode::kBuffered ? "buffered" : "per file";
     return j;
   }
-  const WritePool::Stats st = so.write_pool->stats();
-  const WritePool::Choice c = so.write_pool->choice();
+  const WritePool::Stats st = write_pool->stats();
+  const WritePool::Choice c = write_pool->choice();
   j["requests"] = st.writes;
-  j["request_bytes"] = so.write_pool->request_bytes();
-  j["in_flight"] = so.write_pool->buffers();
+  j["request_bytes"] = write_pool->request_bytes();
+  j["in_flight"] = write_pool->buffers();
   j["writes"] = c.automatic && !c.decided ? "probing" : c.route == WritePool::Route::kBuffered ? "buffered" : "direct";
   if (c.automatic) {
-    j["probe_bytes"] = so.write_pool->probe_bytes();
+    j["probe_bytes"] = write_pool->probe_bytes();
     j["direct_gb_s"] = c.direct_bytes_per_s / 1e9;
     j["buffered_gb_s"] = c.buffered_bytes_per_s / 1e9;
   }
   return j;
 }
+
+nlohmann::json store_io_report(const store::StoreOptions& so) { return io_report(so.io, so.read_ahead.get(), so.write_pool.get()); }
 
 }  // namespace ckpt

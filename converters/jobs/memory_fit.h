@@ -108,18 +108,35 @@ ReadAheadFit fit_read_ahead(uint64_t max_memory, uint64_t reserve, int copy_thre
 uint64_t fit_store_writer(uint64_t max_memory, int threads, store::StoreOptions& so, bool cold_source = false);
 
 // The direct writes' pool (formats/io/write_pool.h): as many buffers of kWriteRequestBytes as
-// `room` bytes hold, at most kWritePoolMaxBuffers (each in flight at once), none below
-// kWritePoolMinBuffers or for a compressed store; sets so.write_pool, returns its bytes.
+// `room` bytes hold, at most kWritePoolMaxBuffers (each in flight at once); null below
+// kWritePoolMinBuffers or for --io buffered. Under --io auto the pool chooses per run between
+// direct and buffered writes (WritePool::set_auto).
 inline constexpr uint64_t kWritePoolMinBuffers = 2;
 inline constexpr uint64_t kWritePoolMaxBuffers = 6;
-// Under --io auto the pool chooses per run between direct and buffered writes (WritePool::set_auto).
+std::shared_ptr<WritePool> make_write_pool(uint64_t room, IoMode io);
+// The same for a store: none for a compressed one; sets so.write_pool, returns its bytes.
 uint64_t fit_write_pool(uint64_t room, store::StoreOptions& so);
+
+// How a job that copies file ranges into its outputs (the store writer, to-hf's safetensors
+// shards) reads and writes them within `max_memory` beside `reserve`: with `direct_reads` (--io
+// direct, or auto from a cold source) a read-ahead for `copy_threads` and a write pool out of what
+// it leaves beyond kReadAheadBesideWritePoolBytes; else (or when no read-ahead fits) the copy
+// threads' own buffers (`extra` bytes) and, unless --io buffered, a write pool out of what is left
+// beside kChunkBudgetBeforeWriterExtrasBytes of chunks. `bytes`: what they take, to add to the
+// reserve.
+struct CopyIoFit {
+  std::shared_ptr<SourceBlocks> read_ahead;
+  std::shared_ptr<WritePool> write_pool;
+  uint64_t bytes = 0;
+};
+CopyIoFit fit_copy_io(uint64_t max_memory, uint64_t reserve, uint64_t extra, int copy_threads, IoMode io, bool direct_reads);
 
 // How a store job's data went to the disk, for --json: {"mode": --io, "copy_reads": "direct" |
 // "mapped", "writes": "direct" | "buffered" | "per file" (no pool: each file as --io resolves for
 // it) | "probing" (auto, the run ended before both probes), and with a pool "requests",
 // "request_bytes", "in_flight"; under auto "probe_bytes", "direct_gb_s", "buffered_gb_s" (what the
 // probes measured)}.
+nlohmann::json io_report(IoMode io, const SourceBlocks* read_ahead, const WritePool* write_pool);
 nlohmann::json store_io_report(const store::StoreOptions& so);
 
 }  // namespace ckpt

@@ -107,6 +107,14 @@ Result<OutputFile> OutputFile::open(const std::string& path, int flags, IoMode m
   return f;
 }
 
+OutputFile OutputFile::adopt(ScopedFd fd, std::string path) {
+  OutputFile f;
+  f.st_ = std::make_unique<State>();
+  f.st_->fd = std::move(fd);
+  f.st_->path = std::move(path);
+  return f;
+}
+
 Status OutputFile::close() {
   if (!st_) return Status::Ok();
   Status w = st_->writes.wait();  // copy_runs' writes still in flight
@@ -141,29 +149,6 @@ Status OutputFile::write_staged(State& st, const char* stage, uint64_t base, uin
   if (a_up > a) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), stage + (a - base), a_up - a, a, st.path));
   CKPT_RETURN_IF_ERROR(write_direct(st, stage + (a_up - base), b_down - a_up, a_up));
   if (b > b_down) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), stage + (b_down - base), b - b_down, b_down, st.path));
-  return Status::Ok();
-}
-
-Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
-  State& st = *st_;
-  if (!st.direct.load() || n < kDirectAlignBytes) return pwrite_full(st.fd.get(), src, n, off, st.path);
-  const char* p = static_cast<const char*>(src);
-  const uint64_t a_up = dio_round_up(off), b_down = dio_round_down(off + n);
-  if (reinterpret_cast<uintptr_t>(p) % kDirectAlignBytes == off % kDirectAlignBytes && a_up < b_down) {
-    // `src` sits at the file offset's phase: its aligned middle goes out as it is, no staging copy.
-    if (a_up > off) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), p, a_up - off, off, st.path));
-    CKPT_RETURN_IF_ERROR(write_direct(st, p + (a_up - off), b_down - a_up, a_up));
-    const uint64_t end = off + n;
-    return end > b_down ? pwrite_full(st.fd.get(), p + (b_down - off), end - b_down, b_down, st.path) : Status::Ok();
-  }
-  char* stage = dio_stage();
-  if (!stage) return pwrite_full(st.fd.get(), src, n, off, st.path);
-  for (uint64_t cur = off, end = off + n; cur < end;) {
-    const uint64_t base = dio_round_down(cur), k = std::min(kStageBytes - (cur - base), end - cur);
-    std::memcpy(stage + (cur - base), p + (cur - off), k);
-    CKPT_RETURN_IF_ERROR(write_staged(st, stage, base, cur, cur + k));
-    cur += k;
-  }
   return Status::Ok();
 }
 
@@ -250,6 +235,42 @@ class OutputFile::Stage {
   uint64_t cap_ = 0, base_, filled_, flushed_;
   std::future<Status> pending_;  // the half being written (no pool)
 };
+
+Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
+  State& st = *st_;
+  if (!st.direct.load() || n < kDirectAlignBytes) return pwrite_full(st.fd.get(), src, n, off, st.path);
+  const char* p = static_cast<const char*>(src);
+  const uint64_t a_up = dio_round_up(off), b_down = dio_round_down(off + n);
+  if (reinterpret_cast<uintptr_t>(p) % kDirectAlignBytes == off % kDirectAlignBytes && a_up < b_down) {
+    // `src` sits at the file offset's phase: its aligned middle goes out as it is, no staging copy.
+    if (a_up > off) CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), p, a_up - off, off, st.path));
+    CKPT_RETURN_IF_ERROR(write_direct(st, p + (a_up - off), b_down - a_up, a_up));
+    const uint64_t end = off + n;
+    return end > b_down ? pwrite_full(st.fd.get(), p + (b_down - off), end - b_down, b_down, st.path) : Status::Ok();
+  }
+  if (st.pool) {  // gathered into the pool's large buffers, written while the caller goes on
+    const Stage::Each none;
+    Stage stage(st, off, none);
+    CKPT_RETURN_IF_ERROR(stage.init());
+    for (uint64_t done = 0; done < n;) {
+      if (!stage.has_buffer()) CKPT_RETURN_IF_ERROR(stage.refill());
+      const uint64_t k = std::min(stage.room(), n - done);
+      std::memcpy(stage.at(), p + done, k);
+      done += k;
+      CKPT_RETURN_IF_ERROR(stage.added(k));
+    }
+    return stage.finish();
+  }
+  char* stage = dio_stage();
+  if (!stage) return pwrite_full(st.fd.get(), src, n, off, st.path);
+  for (uint64_t cur = off, end = off + n; cur < end;) {
+    const uint64_t base = dio_round_down(cur), k = std::min(kStageBytes - (cur - base), end - cur);
+    std::memcpy(stage + (cur - base), p + (cur - off), k);
+    CKPT_RETURN_IF_ERROR(write_staged(st, stage, base, cur, cur + k));
+    cur += k;
+  }
+  return Status::Ok();
+}
 
 namespace {
 

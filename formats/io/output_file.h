@@ -28,8 +28,11 @@
 // buffer is written on the pool's threads while the copy goes on (several requests in flight, of
 // this file and of others; a call returns with its last writes still in flight): each byte is still
 // seen once by `each_block`, in order, before it is written, and the file's bytes are the same.
-// Errors of writes in flight are returned by the next copy_runs or by close(); close() and
-// destruction wait for them. Sources read through a SourceBlocks keep the blocks they are copying
+// write() likewise stages there what it cannot write straight from the caller's memory (a source
+// not at its file offset's phase modulo 4 KiB: the trainer's saves, the executor's unplaced
+// chunks), and returns with those writes in flight: the caller's memory is free on return.
+// Errors of writes in flight are returned by the next copy_runs or write() through the pool, or by
+// close(); close() and destruction wait for them. Sources read through a SourceBlocks keep the blocks they are copying
 // from leased across ranges (at most two files at a time), so rows of a few KiB from alternating
 // files take no lock each.
 // Thread safety: write() and copy_runs() may run concurrently on distinct byte ranges; open,
@@ -77,13 +80,16 @@ class OutputFile {
   // Opens `path` with `flags` (O_WRONLY plus O_CREAT/O_TRUNC/O_EXCL as wanted) for positional
   // writes; `mode` kAuto resolves with `file_bytes` (the size the file will have).
   static Result<OutputFile> open(const std::string& path, int flags, IoMode mode, uint64_t file_bytes);
+  // A descriptor opened elsewhere (a memfd), taken over and written buffered; `path` names it in errors.
+  static OutputFile adopt(ScopedFd fd, std::string path);
 
   bool valid() const { return st_ && st_->fd.valid(); }
   int fd() const { return st_ ? st_->fd.get() : -1; }  // the buffered descriptor (ftruncate, fsync)
   bool direct() const { return st_ && st_->direct.load(); }  // false in buffered mode and after a fallback
   const std::string& path() const { return st_->path; }
 
-  // Writes exactly `n` bytes at `off`; kIo naming the path on error (disk full, ...).
+  // Writes exactly `n` bytes at `off` (with a WritePool, possibly still in flight on return:
+  // close() waits); kIo naming the path on error (disk full, ...).
   Status write(const void* src, uint64_t n, uint64_t off) const;
   // Writes the ranges `runs`, back to back, at `off`; `each_block` (optional) sees the written
   // bytes in order just before they are written. Errors name the path (ShortSource: a source
@@ -99,6 +105,8 @@ class OutputFile {
   // copy_runs stages its bytes in `pool`'s buffers and writes them on its threads; not owned (it
   // must outlive this file's writes: close() or reset() first); null: the calling thread's stage.
   void set_write_pool(WritePool* pool) { st_->pool = pool; }
+  // Waits for the writes in flight (set_write_pool): their first error. Before an fsync of fd().
+  Status wait() const { return st_ ? st_->writes.wait() : Status::Ok(); }
   Status close();  // waits for writes in flight; closes both descriptors; "close failed" naming the path
   void reset();    // closes, ignoring errors
 

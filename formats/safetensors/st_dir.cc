@@ -135,6 +135,7 @@ Result<SafetensorsWriter*> SafetensorsDirWriter::add_file(const std::string& rel
   wo.fsync = fsync_;
   wo.io = io_;
   wo.read_ahead = read_ahead_;
+  wo.write_pool = write_pool_;
   writers_.push_back(std::make_unique<SafetensorsWriter>((fs::path(dir_.path()) / r).string(), wo));
   CKPT_RETURN_IF_ERROR(writers_.back()->begin(tensors, pieces, nlohmann::json::object()));
   return writers_.back().get();
@@ -169,6 +170,7 @@ void SafetensorsDirWriter::abort() {
 ShardedSafetensorsSink::ShardedSafetensorsSink(std::string out_dir, ShardedSinkOptions opts)
     : opts_(std::move(opts)), dir_(std::move(out_dir), opts_.fsync, opts_.io) {
   dir_.set_read_ahead(opts_.read_ahead);
+  dir_.set_write_pool(opts_.write_pool);
 }
 
 ShardedSafetensorsSink::~ShardedSafetensorsSink() = default;  // dir_ aborts unless committed

@@ -79,12 +79,15 @@ class SafetensorsDirWriter {
   void abort();
   // Files added after this read their copies' sources through `blocks` (WriterOptions::read_ahead).
   void set_read_ahead(SourceBlocks* blocks) { read_ahead_ = blocks; }
+  // ... and write through `pool` (WriterOptions::write_pool).
+  void set_write_pool(WritePool* pool) { write_pool_ = pool; }
 
  private:
   PartialDir dir_;
   bool fsync_;
   IoMode io_;
   SourceBlocks* read_ahead_ = nullptr;
+  WritePool* write_pool_ = nullptr;
   bool created_ = false, committed_ = false;
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
   std::vector<std::string> subdirs_;  // relative paths of the subdirectories created
@@ -98,6 +101,7 @@ struct ShardedSinkOptions {
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how shard bytes are written (formats/io/output_file.h)
   SourceBlocks* read_ahead = nullptr;  // WriterOptions::read_ahead of every shard; not owned
+  WritePool* write_pool = nullptr;     // WriterOptions::write_pool of every shard; not owned
 };
 
 class ShardedSafetensorsSink final : public TensorSink {

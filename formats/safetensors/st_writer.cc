@@ -55,6 +55,7 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
   file_size_ = data_start_ + data_size;
   CKPT_ASSIGN_OR_RETURN(out_, OutputFile::open(tmp_, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, file_size_));
   out_.set_read_ahead(opts_.read_ahead);
+  if (out_.direct()) out_.set_write_pool(opts_.write_pool);
   std::string prefix(8, '\0');
   for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
   prefix += *hdr;
@@ -117,6 +118,7 @@ Status SafetensorsWriter::commit() {
     if (s.written != s.bytes)
       return Status::Internal("tensor '" + s.name + "' incomplete: " + std::to_string(s.written) + " of " + std::to_string(s.bytes) +
                               " bytes written").with_file(path_);
+  CKPT_RETURN_IF_ERROR(out_.wait());  // writes still in flight on the pool
   if (opts_.fsync && ::fsync(out_.fd()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
   CKPT_RETURN_IF_ERROR(out_.close());
   if (opts_.rename_on_commit) CKPT_RETURN_IF_ERROR(commit_temp_file(tmp_, path_, opts_.fsync));

@@ -27,6 +27,8 @@ struct WriterOptions {
   bool fsync = true;
   IoMode io = IoMode::kAuto;  // how tensor bytes are written (formats/io/output_file.h)
   SourceBlocks* read_ahead = nullptr;  // copies (write_from_files) read their sources direct through it; not owned
+  // Direct writes staged in its large buffers, several in flight (OutputFile::set_write_pool); not owned.
+  WritePool* write_pool = nullptr;
 };
 
 class SafetensorsWriter final : public TensorSink {

@@ -129,9 +129,9 @@ uint64_t TorchZipWriter::storage_bytes(size_t storage) const {
   return static_cast<uint64_t>(storages_[storage].numel) * dtype_size(storages_[storage].dtype);
 }
 
-void TorchZipWriter::attach(int fd, uint64_t base, std::string what) {
+void TorchZipWriter::attach(const OutputFile& out, uint64_t base, std::string what) {
   base_ = base;
-  zip_.attach(fd, base, std::move(what));
+  zip_.attach(out, base, std::move(what));
 }
 
 Status TorchZipWriter::write(size_t storage, const void* data, uint64_t bytes) {
@@ -175,42 +175,44 @@ Status TorchFileWriter::begin(const PyObj* root, std::vector<TorchStorage> stora
   if (zip_ || committed_) return Status::Internal("TorchFileWriter::begin called twice for '" + path_ + "'");
   auto z = TorchZipWriter::plan(root, std::move(storages), opts_);
   if (!z.ok()) return z.take_status().with_file(path_);
-  CKPT_ASSIGN_OR_RETURN(fd_, open_fd(tmp_, O_WRONLY | O_CREAT | O_TRUNC, "cannot create"));
-  if (::ftruncate(fd_.get(), static_cast<off_t>((*z)->size())) != 0) {
+  CKPT_ASSIGN_OR_RETURN(out_, OutputFile::open(tmp_, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, (*z)->size()));
+  if (out_.direct()) out_.set_write_pool(opts_.write_pool);
+  if (::ftruncate(out_.fd(), static_cast<off_t>((*z)->size())) != 0) {
     Status st = Status::FromErrno("cannot size", tmp_, errno);
     abort();
     return st;
   }
   zip_ = std::move(*z);
-  zip_->attach(fd_.get(), 0, tmp_);
+  zip_->attach(out_, 0, tmp_);
   return Status::Ok();
 }
 
 Status TorchFileWriter::write(size_t storage, const void* data, uint64_t bytes) {
-  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  if (!zip_ || !out_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
   return zip_->write(storage, data, bytes);
 }
 
 Status TorchFileWriter::write_from_file(size_t storage, int src_fd, uint64_t src_off, uint64_t bytes) {
-  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  if (!zip_ || !out_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
   return zip_->write_from_file(storage, src_fd, src_off, bytes);
 }
 
 Status TorchFileWriter::write_at(size_t storage, uint64_t offset, const void* data, uint64_t bytes) {
-  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  if (!zip_ || !out_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
   return zip_->write_at(storage, offset, data, bytes);
 }
 
 Status TorchFileWriter::write_from_file_at(size_t storage, uint64_t offset, int src_fd, uint64_t src_off, uint64_t bytes) {
-  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
+  if (!zip_ || !out_.valid()) return Status::Internal("TorchFileWriter::write outside begin..commit for '" + path_ + "'");
   return zip_->write_from_file_at(storage, offset, src_fd, src_off, bytes);
 }
 
 Status TorchFileWriter::commit() {
-  if (!zip_ || !fd_.valid()) return Status::Internal("TorchFileWriter::commit without begin for '" + path_ + "'");
+  if (!zip_ || !out_.valid()) return Status::Internal("TorchFileWriter::commit without begin for '" + path_ + "'");
   CKPT_RETURN_IF_ERROR(zip_->finish());
-  if (opts_.fsync && ::fsync(fd_.get()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
-  CKPT_RETURN_IF_ERROR(fd_.close(tmp_));
+  CKPT_RETURN_IF_ERROR(out_.wait());  // storage writes still in flight on the pool
+  if (opts_.fsync && ::fsync(out_.fd()) != 0) return Status::FromErrno("fsync failed", tmp_, errno);
+  CKPT_RETURN_IF_ERROR(out_.close());
   CKPT_RETURN_IF_ERROR(commit_temp_file(tmp_, path_, opts_.fsync));
   committed_ = true;
   return Status::Ok();
@@ -218,8 +220,8 @@ Status TorchFileWriter::commit() {
 
 void TorchFileWriter::abort() {
   if (committed_) return;
-  bool had = fd_.valid();
-  fd_.reset();
+  bool had = out_.valid();
+  out_.reset();
   if (had || path_exists(tmp_)) ::unlink(tmp_.c_str());
 }
 

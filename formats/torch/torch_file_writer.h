@@ -45,6 +45,8 @@ struct TorchWriteOptions {
   bool force_zip64 = false;        // ZIP64 records whatever the size (tests)
   bool fsync = true;               // TorchFileWriter: fsync before the rename
   std::string serialization_id;    // empty: 40 random digits
+  IoMode io = IoMode::kAuto;       // TorchFileWriter: how storage bytes are written (formats/io/output_file.h)
+  WritePool* write_pool = nullptr;  // TorchFileWriter: its direct writes staged there, several in flight; not owned
 };
 
 class TorchZipWriter {
@@ -59,8 +61,8 @@ class TorchZipWriter {
   uint64_t storage_offset(size_t storage) const { return base_ + zip_.data_offset(first_storage_entry_ + storage); }
   const std::string& pickle() const { return pickle_; }
 
-  // The archive goes to `fd` (not owned) at byte `base`; `what` names the file in errors.
-  void attach(int fd, uint64_t base, std::string what);
+  // The archive goes to `out` (not owned) at byte `base` (ZipWriter::attach); `what` names the file in errors.
+  void attach(const OutputFile& out, uint64_t base, std::string what);
   // The next `bytes` bytes of storage `storage` (index in storages()).
   Status write(size_t storage, const void* data, uint64_t bytes);
   Status write_from_file(size_t storage, int src_fd, uint64_t src_off, uint64_t bytes);
@@ -103,7 +105,7 @@ class TorchFileWriter {
  private:
   std::string path_, tmp_;
   TorchWriteOptions opts_;
-  ScopedFd fd_;
+  OutputFile out_;
   std::unique_ptr<TorchZipWriter> zip_;
   bool committed_ = false;
 };

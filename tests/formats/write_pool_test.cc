@@ -123,6 +123,60 @@ TEST(WritePool, CopiesOfSeveralThreadsAndFilesMatchNaiveWrites) {
   }
 }
 
+// write() from memory through the pool, several threads on distinct ranges of two files, sources
+// at every phase modulo 4 KiB (at the file offset's phase: written from the caller's memory; else
+// staged in the pool): each file equals a naive pwrite of the same bytes, the caller's memory is
+// reused at once (the pool holds its own copy), and the pool was used.
+TEST(WritePool, WritesFromMemoryMatchNaiveWrites) {
+  std::mt19937_64 rng(34);
+  for (uint64_t request : {uint64_t{64} << 10, uint64_t{1} << 20}) {
+    WritePool pool(3, request);
+    std::vector<std::string> paths = {wp_temp("mem0"), wp_temp("mem1")};
+    std::vector<std::vector<uint8_t>> ref(2, std::vector<uint8_t>(6u << 20));
+    for (auto& r : ref)
+      for (auto& b : r) b = static_cast<uint8_t>(rng());
+    std::vector<OutputFile> files;
+    for (const auto& path : paths) {
+      auto f = OutputFile::open(path, O_WRONLY | O_CREAT | O_TRUNC, IoMode::kDirect, 6u << 20);
+      ASSERT_TRUE(f.ok());
+      f->set_write_pool(&pool);
+      files.push_back(std::move(*f));
+    }
+    // Pieces of odd sizes cut from each file; thread t writes every kThreads-th piece of both.
+    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+    for (uint64_t at = 0; at < ref[0].size();) {
+      const uint64_t n = std::min<uint64_t>(ref[0].size() - at, 1 + rng() % (700u << 10));
+      pieces.push_back({at, n});
+      at += n;
+    }
+    constexpr int kThreads = 3;
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        std::vector<uint8_t> scratch((1u << 20) + 8192);
+        for (size_t i = static_cast<size_t>(t); i < pieces.size(); i += kThreads)
+          for (int k = 0; k < 2; ++k) {
+            const auto [at, n] = pieces[i];
+            // the copy sits at phase (at + i) % 4096 of its buffer: sometimes the file offset's
+            uint8_t* mem = scratch.data() + (4096 - reinterpret_cast<uintptr_t>(scratch.data()) % 4096) + (at + i % 2) % 4096;
+            std::memcpy(mem, ref[k].data() + at, n);
+            if (!files[k].write(mem, n, at).ok()) ++failures;
+            std::memset(mem, 0xEE, n);  // the caller's memory is free on return
+          }
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failures.load(), 0);
+    for (auto& f : files) ASSERT_TRUE(f.close().ok());
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_TRUE(wp_read(paths[k]) == ref[k]) << "request " << request << " file " << k;
+      std::filesystem::remove(paths[k]);
+    }
+    EXPECT_GT(pool.stats().writes, 0u);
+    EXPECT_LE(pool.stats().allocated, 3u);
+  }
+}
+
 // Every write fails (/dev/full: ENOSPC): the copy or the close returns the error, naming the file.
 TEST(WritePool, AFailedWriteInFlightIsReturnedWithThePath) {
   std::mt19937_64 rng(22);

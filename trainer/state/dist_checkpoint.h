@@ -35,6 +35,17 @@
 
 namespace ckpt::trainer {
 
+// The background write of a rank's shard of `shard_bytes` stages its direct requests in a WritePool
+// (formats/io/write_pool.h) of this many buffers of kWriteRequestBytes, several in flight: one per
+// request the shard fills, up to kSaveWritePoolMaxBuffers; none (0) below two. Kept from one save to
+// the next; the memory estimate counts it in the checkpoint term (trainer/memory_estimate.h).
+inline constexpr int kSaveWritePoolMaxBuffers = 4;
+int save_write_pool_buffers(uint64_t shard_bytes);
+// The pool's pages a save touches (what it adds to RSS): each buffer up to the largest request,
+// which holds at most the largest piece (+ its first 4 KiB block's head; the buffers are mapped,
+// untouched pages cost nothing).
+uint64_t save_write_pool_touched(uint64_t shard_bytes, uint64_t largest_piece_bytes);
+
 class DistSaver {
  public:
   // `world`: the world communicator (size == layout.world_size()); `run_dir`: where the

@@ -10,6 +10,7 @@
 #include "converters/model/llama_sharding.h"
 #include "formats/base/fs_util.h"
 #include "formats/base/json_read.h"
+#include "formats/io/write_pool.h"
 #include "formats/store/manifest.h"
 #include "formats/store/run_dir.h"
 #include "formats/store/store_writer.h"
@@ -52,6 +53,16 @@ DistSaver::~DistSaver() {
 
 uint64_t DistSaver::my_bytes() const { return plan_ ? plan_->bytes : 0; }
 
+int save_write_pool_buffers(uint64_t shard_bytes) {
+  const uint64_t n = std::min<uint64_t>(kSaveWritePoolMaxBuffers, shard_bytes / kWriteRequestBytes);
+  return n >= 2 ? static_cast<int>(n) : 0;
+}
+
+uint64_t save_write_pool_touched(uint64_t shard_bytes, uint64_t largest_piece_bytes) {
+  const uint64_t per = std::min<uint64_t>(kWriteRequestBytes, (largest_piece_bytes + 2 * 4096 - 1) / 4096 * 4096);
+  return static_cast<uint64_t>(save_write_pool_buffers(shard_bytes)) * per;
+}
+
 Status DistSaver::make_plan_once() {
   if (plan_) return Status::Ok();
   if (world_.size() != layout_.world_size())
@@ -69,6 +80,12 @@ Status DistSaver::make_plan_once() {
       p->mine.push_back(std::move(plan.pieces[k]));
     }
   p->layout_json = plan.metadata["layout"];
+  // The background write's direct requests staged in a pool, several in flight (unless the caller
+  // gave one, or asked for buffered writes); under --io auto the pool probes both ways per save run.
+  if (const int n = save_write_pool_buffers(p->bytes); n > 0 && !opts_.write_pool && opts_.io != IoMode::kBuffered && opts_.codec == store::Codec::kNone) {
+    opts_.write_pool = std::make_shared<WritePool>(n);
+    opts_.write_pool->set_auto(opts_.io == IoMode::kAuto);
+  }
   plan_ = std::move(p);
   return Status::Ok();
 }

@@ -104,8 +104,8 @@ Result<std::string> torch_save_bytes(const PyObj* root) {
   CKPT_ASSIGN_OR_RETURN(auto zip, TorchZipWriter::plan(root, {}, opts));
   int fd = ::memfd_create("ckpt_torch_save", MFD_CLOEXEC);
   if (fd < 0) return Status::FromErrno("memfd_create failed", "torch_save_bytes", errno);
-  ScopedFd owner(fd);
-  zip->attach(fd, 0, "torch_save_bytes");
+  const OutputFile file = OutputFile::adopt(ScopedFd(fd), "torch_save_bytes");
+  zip->attach(file, 0, "torch_save_bytes");
   CKPT_RETURN_IF_ERROR(zip->finish());
   std::string out(zip->size(), '\0');
   CKPT_RETURN_IF_ERROR(pread_full(fd, out.data(), out.size(), 0, "torch_save_bytes"));

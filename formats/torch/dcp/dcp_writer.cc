@@ -142,10 +142,11 @@ Status DcpWriter::begin(const std::vector<TensorMeta>& tensors, const std::vecto
   begun_ = true;
   for (auto& f : files_) {
     std::string path = partial_.path() + "/" + f.name;
-    CKPT_ASSIGN_OR_RETURN(f.fd, open_fd(path, O_RDWR | O_CREAT | O_TRUNC, "cannot create"));
-    if (::ftruncate(f.fd.get(), static_cast<off_t>(f.size)) != 0) return Status::FromErrno("cannot size", path, errno);
+    CKPT_ASSIGN_OR_RETURN(f.out, OutputFile::open(path, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, f.size));
+    if (f.out.direct()) f.out.set_write_pool(opts_.write_pool);
+    if (::ftruncate(f.out.fd(), static_cast<off_t>(f.size)) != 0) return Status::FromErrno("cannot size", path, errno);
   }
-  for (auto& it : items_) it.zip->attach(files_[it.file].fd.get(), it.base, partial_.path() + "/" + files_[it.file].name);
+  for (auto& it : items_) it.zip->attach(files_[it.file].out, it.base, partial_.path() + "/" + files_[it.file].name);
   return Status::Ok();
 }
 
@@ -182,13 +183,14 @@ Status DcpWriter::commit() {
   }
   for (size_t i = 0; i < opts_.bytes.size(); ++i) {
     const auto& [f, off] = bytes_at_[i];
-    CKPT_RETURN_IF_ERROR(pwrite_full(files_[f].fd.get(), opts_.bytes[i].data.data(), opts_.bytes[i].data.size(), off,
+    CKPT_RETURN_IF_ERROR(pwrite_full(files_[f].out.fd(), opts_.bytes[i].data.data(), opts_.bytes[i].data.size(), off,
                                      partial_.path() + "/" + files_[f].name));
   }
   for (auto& f : files_) {
     std::string path = partial_.path() + "/" + f.name;
-    if (opts_.fsync && ::fsync(f.fd.get()) != 0) return Status::FromErrno("fsync failed", path, errno);
-    CKPT_RETURN_IF_ERROR(f.fd.close(path));
+    CKPT_RETURN_IF_ERROR(f.out.wait());  // item writes still in flight on the pool
+    if (opts_.fsync && ::fsync(f.out.fd()) != 0) return Status::FromErrno("fsync failed", path, errno);
+    CKPT_RETURN_IF_ERROR(f.out.close());
   }
   CKPT_ASSIGN_OR_RETURN(std::string pkl, pickle_dcp_metadata(md_, opts_.save_id, opts_.flat_planner_data));
   CKPT_RETURN_IF_ERROR(write_file(partial_.path() + "/.metadata", pkl, opts_.fsync));
@@ -199,7 +201,7 @@ Status DcpWriter::commit() {
 
 void DcpWriter::abort() {
   if (committed_) return;
-  for (auto& f : files_) f.fd.reset();
+  for (auto& f : files_) f.out.reset();
   if (begun_) partial_.remove();
 }
 

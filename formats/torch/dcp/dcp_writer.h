@@ -56,6 +56,8 @@ struct DcpWriterOptions {
   // planner_data {fqn: (fqn,)} as the default planner with flatten_state_dict=True writes it;
   // false: None, as a planner that does not flatten (Megatron-Core's) writes it.
   bool flat_planner_data = true;
+  IoMode io = IoMode::kAuto;        // how item bytes are written (formats/io/output_file.h)
+  WritePool* write_pool = nullptr;  // direct writes staged there, several in flight across the files; not owned
 };
 
 class DcpWriter final : public TensorSink {
@@ -87,7 +89,7 @@ class DcpWriter final : public TensorSink {
   };
   struct File {
     std::string name;
-    ScopedFd fd;
+    OutputFile out;
     uint64_t size = 0;
   };
   std::string dir_;

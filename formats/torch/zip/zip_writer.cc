@@ -87,8 +87,9 @@ Status ZipWriter::layout(std::vector<ZipEntrySpec> entries) {
   return Status::Ok();
 }
 
-void ZipWriter::attach(int fd, uint64_t base, std::string what) {
-  fd_ = fd;
+void ZipWriter::attach(const OutputFile& out, uint64_t base, std::string what) {
+  out_ = &out;
+  fd_ = out.fd();
   base_ = base;
   what_ = std::move(what);
 }
@@ -139,8 +140,9 @@ Status ZipWriter::write(size_t entry, const void* data, uint64_t n) {
 
 Status ZipWriter::write_at(size_t entry, uint64_t offset, const void* data, uint64_t n) {
   CKPT_ASSIGN_OR_RETURN(Entry * e, check_range(entry, offset, n));
-  CKPT_RETURN_IF_ERROR(pwrite_full(fd_, data, n, base_ + e->data + offset, what_));
-  add_run(*e, offset, n, zip_crc32(0, data, n));
+  const uint32_t crc = zip_crc32(0, data, n);  // before the write: with a pool, `data` is copied, not kept
+  CKPT_RETURN_IF_ERROR(out_->write(data, n, base_ + e->data + offset));
+  add_run(*e, offset, n, crc);
   return Status::Ok();
 }
 
@@ -154,7 +156,7 @@ Status ZipWriter::write_from_file(size_t entry, int src_fd, uint64_t src_off, ui
 Status ZipWriter::write_from_file_at(size_t entry, uint64_t offset, int src_fd, uint64_t src_off, uint64_t n) {
   CKPT_ASSIGN_OR_RETURN(Entry * e, check_range(entry, offset, n));
   uint32_t crc = 0;
-  CKPT_RETURN_IF_ERROR(copy_file_bytes(src_fd, src_off, fd_, base_ + e->data + offset, n, what_,
+  CKPT_RETURN_IF_ERROR(out_->copy_runs({FileExtent{src_fd, src_off, n}}, base_ + e->data + offset,
                                        [&crc](const void* p, size_t k) { crc = zip_crc32(crc, p, k); }));
   add_run(*e, offset, n, crc);
   return Status::Ok();

@@ -19,7 +19,7 @@
 // CRC runs as its bytes pass, contiguous ranges are merged with zlib's crc32_combine), and
 // finish() checks every entry is covered exactly once, then writes the local headers in front of
 // the data and the central directory after it. Memory: O(entries + ranges not yet merged),
-// never the data. The zip may start at any byte of a file it does not own (attach(fd, base)): a DCP .distcp
+// never the data. The zip may start at any byte of a file it does not own (attach(out, base)): a DCP .distcp
 // holds one zip per item.
 // Why not libzip (which reads these files, formats/torch/torch_file.h): libzip builds an archive
 // from zip_source callbacks at zip_close and offers no way to learn an entry's data offset or to
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "formats/base/status.h"
+#include "formats/io/output_file.h"
 
 namespace ckpt::torch {
 
@@ -58,9 +59,11 @@ class ZipWriter {
   uint64_t data_offset(size_t entry) const { return entries_[entry].data; }  // from the zip's start
   bool zip64() const { return zip64_; }
 
-  // Where the bytes go: `fd` (not owned; opened for writing) with the zip's first byte at `base`.
-  // `what` names the file in errors.
-  void attach(int fd, uint64_t base, std::string what);
+  // Where the bytes go: `out` (not owned) with the zip's first byte at `base`; entries' data as
+  // `out` writes (buffered, or O_DIRECT and a write pool: formats/io/output_file.h; the caller waits
+  // for its writes before an fsync), the headers and directory through its buffered descriptor
+  // (never a page written direct: those lie inside one entry's data). `what` names the file in errors.
+  void attach(const OutputFile& out, uint64_t base, std::string what);
   // Appends `n` bytes to entry `entry` (after the last appended byte).
   Status write(size_t entry, const void* data, uint64_t n);
   // Writes `n` bytes at byte `offset` of entry `entry` (ranges must not overlap). An entry is
@@ -93,7 +96,8 @@ class ZipWriter {
   std::vector<Entry> entries_;
   uint64_t cd_offset_ = 0, cd_size_ = 0, total_ = 0;
   bool zip64_ = false, laid_out_ = false, finished_ = false;
-  int fd_ = -1;
+  const OutputFile* out_ = nullptr;  // entries' data (buffered, direct, a write pool: as it was opened)
+  int fd_ = -1;                       // out_'s buffered descriptor: headers, descriptors, directory
   uint64_t base_ = 0;
   std::string what_;
 

@@ -66,7 +66,10 @@ TEST(ZipLayout, Zip64WhenSizesOrOffsetsNeedIt) {
 class ZipWriterFile : public TempDirTest {
  protected:
   // Writes entries (content given) in interleaved slabs of 3 bytes, the second entry from a file.
-  void write_zip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& entries, bool zip64) {
+  // `io` and `pool`: how the file is written (OutputFile: buffered, or O_DIRECT with or without a
+  // WritePool whose writes are still in flight when finish() writes the headers).
+  void write_zip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& entries, bool zip64,
+                 IoMode io = IoMode::kBuffered, WritePool* pool = nullptr) {
     std::string src_path = (root_ / "src.bin").string();
     std::ofstream(src_path, std::ios::binary) << entries[1].second;
     ZipWriter w(ZipWriterOptions{64, zip64});
@@ -74,11 +77,13 @@ class ZipWriterFile : public TempDirTest {
     for (const auto& [n, c] : entries) specs.push_back({n, c.size()});
     ASSERT_TRUE(w.layout(specs).ok());
     EXPECT_EQ(w.zip64(), zip64);
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
-    ASSERT_GE(fd, 0);
     const uint64_t base = 100;  // an embedded zip: bytes before it belong to someone else
+    auto out = OutputFile::open(path, O_RDWR | O_CREAT | O_TRUNC, io, base + w.total_size());
+    ASSERT_TRUE(out.ok());
+    const int fd = out->fd();
     ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(base + w.total_size())), 0);
-    w.attach(fd, base, path);
+    out->set_write_pool(pool);
+    w.attach(*out, base, path);
     int sfd = ::open(src_path.c_str(), O_RDONLY);
     ASSERT_TRUE(w.write_from_file(1, sfd, 0, entries[1].second.size()).ok());
     ::close(sfd);
@@ -96,10 +101,11 @@ class ZipWriterFile : public TempDirTest {
     }
     EXPECT_FALSE(w.write(0, "x", 1).ok());  // past the declared size
     ASSERT_TRUE(w.finish().ok());
+    ASSERT_TRUE(out->wait().ok());
     // Cut out the embedded zip for libzip.
     std::string all(base + w.total_size(), '\0');
     ASSERT_EQ(::pread(fd, all.data(), all.size(), 0), static_cast<ssize_t>(all.size()));
-    ::close(fd);
+    ASSERT_TRUE(out->close().ok());
     std::ofstream(path, std::ios::binary | std::ios::trunc) << all.substr(base);
   }
   void check_with_libzip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& entries) {
@@ -134,11 +140,16 @@ TEST_F(ZipWriterFile, LibzipReadsItBack) {
                                                      {"archive/data/0", big},
                                                      {"archive/empty", ""},
                                                      {"archive/version", "3\n"}};
-  for (bool zip64 : {false, true}) {
-    std::string path = (root_ / (zip64 ? "z64.zip" : "z.zip")).string();
-    write_zip(path, e, zip64);
-    check_with_libzip(path, e);
-  }
+  for (bool zip64 : {false, true})
+    for (int how = 0; how < 3; ++how) {  // buffered; direct; direct through a pool of 2 x 16 KiB
+      WritePool pool(2, 16u << 10);
+      std::string path = (root_ / ((zip64 ? "z64_" : "z_") + std::to_string(how) + ".zip")).string();
+      write_zip(path, e, zip64, how == 0 ? IoMode::kBuffered : IoMode::kDirect, how == 2 ? &pool : nullptr);
+      check_with_libzip(path, e);
+      if (how == 2) {
+        EXPECT_GT(pool.stats().writes, 0u);
+      }
+    }
 }
 
 TEST_F(ZipWriterFile, RangesInAnyOrderGiveTheRightCrc) {
@@ -147,10 +158,10 @@ TEST_F(ZipWriterFile, RangesInAnyOrderGiveTheRightCrc) {
   std::string path = (root_ / "ranges.zip").string();
   ZipWriter w;
   ASSERT_TRUE(w.layout({{"a", content.size()}, {"b", 3}}).ok());
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(w.total_size())), 0);
-  w.attach(fd, 0, path);
+  auto out = OutputFile::open(path, O_RDWR | O_CREAT | O_TRUNC, IoMode::kBuffered, w.total_size());
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(::ftruncate(out->fd(), static_cast<off_t>(w.total_size())), 0);
+  w.attach(*out, 0, path);
   // Ranges of 7..70 bytes written back to front, with a gap filled last.
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (uint64_t at = 0, k = 0; at < content.size(); ++k) {
@@ -167,7 +178,7 @@ TEST_F(ZipWriterFile, RangesInAnyOrderGiveTheRightCrc) {
   EXPECT_FALSE(w.finish().ok());                    // byte 0 of "b" missing
   ASSERT_TRUE(w.write_at(1, 0, "x", 1).ok());
   ASSERT_TRUE(w.finish().ok());
-  ::close(fd);
+  ASSERT_TRUE(out->close().ok());
   check_with_libzip(path, {{"a", content}, {"b", "xyz"}});
 }
 
@@ -175,11 +186,11 @@ TEST_F(ZipWriterFile, IncompleteEntryIsRefused) {
   ZipWriter w;
   ASSERT_TRUE(w.layout({{"a", 4}}).ok());
   std::string path = (root_ / "x.zip").string();
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
-  w.attach(fd, 0, path);
+  auto out = OutputFile::open(path, O_RDWR | O_CREAT | O_TRUNC, IoMode::kBuffered, 4);
+  ASSERT_TRUE(out.ok());
+  w.attach(*out, 0, path);
   ASSERT_TRUE(w.write(0, "abc", 3).ok());
   EXPECT_FALSE(w.finish().ok());
-  ::close(fd);
 }
 
 }  // namespace
