@@ -48,7 +48,11 @@ struct SourceBlocks::Block {
 };
 
 SourceBlocks::SourceBlocks(uint64_t capacity, int depth)
-    : cap_blocks_(std::max<uint64_t>(4, capacity / kSourceBlockBytes)), depth_(std::max(0, depth)) {}
+    : cap_blocks_(std::max<uint64_t>(4, capacity / kSourceBlockBytes)),
+      depth_(std::max(0, depth)),
+      // a reader per block of capacity (every block can be in flight at once); ThreadPool starts
+      // them with the first read-ahead
+      readers_(std::make_unique<ThreadPool>(static_cast<int>(std::min<uint64_t>(cap_blocks_, 64)))) {}
 
 SourceBlocks::~SourceBlocks() { readers_.reset(); }  // reads in flight finish before the blocks go
 
@@ -120,9 +124,6 @@ SourceBlocks::Block* SourceBlocks::start_read(File& f, uint64_t idx, bool demand
   Block* raw = b.get();
   blocks_.push_back(std::move(b));
   stats_.peak_blocks = std::max<uint64_t>(stats_.peak_blocks, blocks_.size());
-  // A reader thread per block of capacity (every block can be in flight at once), started with the
-  // first read-ahead, not with the object: a job forks its SRC check after sizing these blocks.
-  if (!demand && !readers_) readers_ = std::make_unique<ThreadPool>(static_cast<int>(std::min<uint64_t>(cap_blocks_, 64)));
   if (!demand) readers_->submit([this, raw] { read_block(raw); });
   return raw;
 }

@@ -113,7 +113,7 @@ class SourceBlocks {
   uint64_t stamp_ = 0;
   Stats stats_;
   std::shared_ptr<BlockTap> tap_;
-  std::unique_ptr<ThreadPool> readers_;  // made by the first read-ahead
+  std::unique_ptr<ThreadPool> readers_;  // its threads start with the first read-ahead
 };
 
 }  // namespace ckpt

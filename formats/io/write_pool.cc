@@ -28,7 +28,8 @@ void WriteGroup::done(Status st) {
 WritePool::WritePool(int buffers, uint64_t request_bytes, uint64_t probe_bytes)
     : nbuf_(std::max(1, buffers)),
       request_(std::max<uint64_t>(4096, (request_bytes + 4095) / 4096 * 4096)),
-      probe_(probe_bytes) {}
+      probe_(probe_bytes),
+      writers_(std::make_unique<ThreadPool>(nbuf_)) {}
 
 WritePool::~WritePool() { writers_.reset(); }
 
@@ -128,9 +129,6 @@ void WritePool::submit(WriteGroup& group, char* buf, uint64_t bytes, std::functi
     ++stats_.writes;
     stats_.bytes += bytes;
     route = route_for(l, bytes);
-    // The threads start with the first write, not with the pool: a job forks its SRC check
-    // (BackgroundVerify) after sizing the pool, and a fork must not meet a thread starting.
-    if (!writers_) writers_ = std::make_unique<ThreadPool>(nbuf_);
   }
   (void)writers_->submit([this, &group, buf, bytes, route, write = std::move(write)] {
     double t0;

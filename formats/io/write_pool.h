@@ -133,7 +133,7 @@ class WritePool {
   std::vector<IoBuffer> mem_;   // allocated lazily, up to nbuf_
   std::vector<char*> free_;
   Stats stats_;
-  std::unique_ptr<ThreadPool> writers_;  // made by the first submit()
+  std::unique_ptr<ThreadPool> writers_;  // one per buffer (its threads start with the first submit())
 };
 
 }  // namespace ckpt

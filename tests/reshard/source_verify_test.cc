@@ -42,16 +42,22 @@ TEST(BackgroundVerify, VerdictKeepsItsKind) {
 // child (clang-14 ASan's allocator: the reshard's check child hung in free()). While a ThreadPool
 // has workers start() forks nothing (the caller checks inline); with the pool gone it forks again.
 TEST(BackgroundVerify, ForksNothingWhileAPoolHasWorkers) {
+  const std::string missing = fs::temp_directory_path() / "ckpt_source_verify_none";
   {
     ThreadPool pool(2);
+    EXPECT_EQ(ThreadPool::live_workers(), 0);  // a pool's workers start with its first task
+    BackgroundVerify before;
+    ASSERT_TRUE(before.start(missing));
+    EXPECT_EQ(before.wait().kind(), ErrorKind::kNotFound);
+    pool.submit([] {}).get();
     EXPECT_GE(ThreadPool::live_workers(), 2);
     BackgroundVerify bg;
-    EXPECT_FALSE(bg.start("/nonexistent/ckpt_source_verify"));
+    EXPECT_FALSE(bg.start(missing));
     EXPECT_FALSE(bg.started());
   }
   EXPECT_EQ(ThreadPool::live_workers(), 0);
   BackgroundVerify bg;
-  ASSERT_TRUE(bg.start("/nonexistent/ckpt_source_verify"));
+  ASSERT_TRUE(bg.start(missing));
   EXPECT_EQ(bg.wait().kind(), ErrorKind::kNotFound);
 }
 
