@@ -5,6 +5,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/json_read.h"
 #include "formats/torch/torch_file.h"
 
@@ -105,6 +106,9 @@ Result<MegatronDistCommon> common_from_root(torch::TorchFile& tf, const torch::P
     out.optimizer_step = static_cast<int64_t>(v);
   }
   if (!out.optimizer_step) out.optimizer_step = param_groups_step(opt);
+  if (const torch::PyObj* inner = opt && opt->is(torch::PyType::kDict) ? opt->get("optimizer") : nullptr;
+      inner && inner->is(torch::PyType::kDict))
+    out.adam = megatron_adam_hyper(inner->get("param_groups"));
   const torch::PyObj* cm = root->get("content_metadata");
   const torch::PyObj* st = cm && cm->is(torch::PyType::kDict) ? cm->get("distrib_optim_sharding_type") : nullptr;
   if (!st && opt && opt->is(torch::PyType::kDict)) st = opt->get("param_state_sharding_type");
@@ -202,8 +206,10 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
       continue;
     CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
     const torch::PyObj* r = of->root();
-    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1)
+    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1) {
       out.optimizer_step = groups_step(r->items[0]);
+      if (r->items[0]->is(torch::PyType::kDict)) out.adam = megatron_adam_hyper(r->items[0]->get("param_groups"));
+    }
   }
   return out;
 }
