@@ -137,6 +137,23 @@ Result<std::unique_ptr<torch::TorchFile>> open_common_state(const std::string& d
   return std::move(tf).value();
 }
 
+// The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
+// the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer (beside common.pt or
+// common_state alike): the step when all agree, and the hyper-parameters.
+Status distributed_optimizer_groups(const std::string& dir, const torch::DcpMetadata& md, MegatronDistCommon& out) {
+  for (const auto& b : md.bytes) {
+    if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
+      continue;
+    CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
+    const torch::PyObj* r = of->root();
+    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1) {
+      out.optimizer_step = groups_step(r->items[0]);
+      if (r->items[0]->is(torch::PyType::kDict)) out.adam = megatron_adam_hyper(r->items[0]->get("param_groups"));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace dist_common_detail
 
 std::optional<std::string> find_megatron_dist_dir(const std::string& path) {
@@ -170,16 +187,18 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
         .with_file(mdfile);
   const std::string file = dir + "/common.pt";
   std::error_code ec;
-  if (fs::exists(file, ec)) {
-    CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, common_limits()));
-    const torch::PyObj* root = tf->root();
-    if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
-    return common_from_root(*tf, root, file, "common.pt");
-  }
   std::optional<torch::DcpMetadata> own;
   if (!md) {
     CKPT_ASSIGN_OR_RETURN(own, torch::read_dcp_metadata(dir));
     md = &*own;
+  }
+  if (fs::exists(file, ec)) {
+    CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, common_limits()));
+    const torch::PyObj* root = tf->root();
+    if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
+    CKPT_ASSIGN_OR_RETURN(MegatronDistCommon out, common_from_root(*tf, root, file, "common.pt"));
+    CKPT_RETURN_IF_ERROR(distributed_optimizer_groups(dir, *md, out));
+    return out;
   }
   const torch::DcpBytesItem* item = nullptr;
   for (const auto& b : md->bytes)
@@ -199,18 +218,7 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
         .with_file(where)
         .with_tensor(item->fqn);
   CKPT_ASSIGN_OR_RETURN(MegatronDistCommon out, common_from_root(*tf, root->items[0], where, item->fqn));
-  // The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
-  // the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer: the step when all agree.
-  for (const auto& b : md->bytes) {
-    if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
-      continue;
-    CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
-    const torch::PyObj* r = of->root();
-    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1) {
-      out.optimizer_step = groups_step(r->items[0]);
-      if (r->items[0]->is(torch::PyType::kDict)) out.adam = megatron_adam_hyper(r->items[0]->get("param_groups"));
-    }
-  }
+  CKPT_RETURN_IF_ERROR(distributed_optimizer_groups(dir, *md, out));
   return out;
 }
 

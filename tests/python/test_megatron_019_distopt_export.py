@@ -1,0 +1,199 @@
+"""export-megatron --dist-opt and --megatron-version against megatron-core 0.19.2's own files
+(fixtures/megatron_core_019): the store imported from the dp_reshardable fixture, exported as Megatron's
+distributed optimizer (tp 2, --dp 2, --ddp-bucket-size 2048: 4 buckets per TP rank, one padded), gives
+bucket tensors (torch_dist dp_reshardable, read by torch's own DCP loader) and world buffers (legacy
+distrib_optim.pt, read by torch.load) whose every parameter slice, placed by the layout restated in
+numpy (test_megatron_019_distopt._layout), equals megatron-core's get_parameter_state_dp_zero() oracle;
+the alignment gaps and vocabulary padding are zeros; the ShardedObjects (param groups with the step,
+per_bucket_numel(_unpadded)) and common state are what megatron-core 0.19 writes; the reimport of each
+export equals the store byte for byte; 0.18 and older write common.pt, which megatron-core 0.16.1's
+load_common_state_dict reads; hostile requests are named errors with nothing written.
+That megatron-core 0.19.2 itself loads these exports and its next step equals the fixture's is
+fixtures/megatron_core_019/check_resume.py (Python 3.12 only, run by hand: README.md there).
+"""
+import io
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from test_megatron_019 import FIX, LAYERS, TP_SAVED, VOCAB, _diff_equal, _oracle
+from test_megatron_019_distopt import _dcp_buckets, _layout, _registration_order
+
+SRC = "distopt_dp_reshardable"
+DIST_OPT = ["--tp", 2, "--dist-opt", "--dp", 2, "--ddp-bucket-size", 2048, "--local-norms"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, ckpt_bin):
+    """The dp_reshardable fixture imported into ckpt's store (tp 1): weights, masters, moments, step."""
+    import subprocess
+    d = tmp_path_factory.mktemp("store") / "native"
+    subprocess.run([ckpt_bin, "reshard", str(FIX / SRC), str(d), "--tp", "1", "--pp", "1",
+                    "--dp", "1"], check=True, capture_output=True)
+    return d
+
+
+def _export(run_ckpt, store, out, fmt, *extra):
+    run_ckpt("export-megatron", store, out, "--format", fmt, *DIST_OPT, *extra)
+    return out
+
+
+def _vocab_rows(pname, r, n_rows):
+    """Rows of TP rank r's shard of the embedding / output layer that are real vocabulary (< 200)."""
+    if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return max(0, min(n_rows, VOCAB - r * n_rows))
+    return None
+
+
+def _check_buffers(get, sizes, r):
+    """Every parameter slice of TP rank r's buffers (get(bucket, state) -> 1-D array; `sizes`: the
+    numpy layout's bucket sizes) equals megatron-core's oracle; the rest (alignment gaps, vocabulary
+    padding rows) is zero. Returns the number of slices compared."""
+    order = _registration_order(TP_SAVED)
+    where, want_sizes = _layout(order, 2048, 2)
+    assert sizes == want_sizes
+    oracle, _ = _oracle(SRC, r)
+    covered = {b: np.zeros(n, bool) for b, n in enumerate(sizes)}
+    compared = 0
+    for pname, n in order.items():
+        b, off = where[pname]
+        covered[b][off:off + n] = True
+        for k in ("param", "exp_avg", "exp_avg_sq"):
+            mine = get(b, k)[off:off + n].reshape(oracle[pname][k].shape)
+            want = oracle[pname][k]
+            keep = _vocab_rows(pname, r, mine.shape[0])
+            if keep is not None:
+                assert not mine[keep:].any(), f"tp{r} {pname} {k}: vocabulary padding rows not zero"
+                mine, want = mine[:keep], want[:keep]
+            np.testing.assert_array_equal(mine, want, err_msg=f"tp{r} {pname} {k}")
+            compared += 1
+    for b, mask in covered.items():
+        for k in ("param", "exp_avg", "exp_avg_sq"):
+            assert not get(b, k)[~mask].any(), f"tp{r} bucket {b} {k}: alignment gaps not zero"
+    return compared
+
+
+def _bytes_item(d, fqn):
+    import torch.distributed.checkpoint as dcp
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    (info,) = [v for k, v in md.storage_data.items() if k.fqn == fqn]
+    with open(d / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        return torch.load(io.BytesIO(f.read(info.length)), weights_only=False)
+
+
+def test_torch_dist_dp_reshardable_buckets_equal_megatron_core(run_ckpt, store, tmp_path):
+    d = _export(run_ckpt, store, tmp_path / "td", "torch_dist")
+    compared = 0
+    for r in range(TP_SAVED):
+        bk = _dcp_buckets(d, r)
+        sizes = [bk[(b, "param")].shape[0] for b in range(len({b for b, _ in bk}))]
+        compared += _check_buffers(lambda b, k: bk[(b, k)], sizes, r)
+        # the ShardedObjects megatron-core 0.19 writes beside the buckets
+        (groups,) = _bytes_item(d, f"optimizer.distributed.dp_group_idx_{r}.optimizer/shard_0_1")
+        g0, g1 = groups["param_groups"]
+        assert (g0["wd_mult"], g1["wd_mult"]) == (1.0, 0.0) and "params" not in g0
+        assert g0["step"] == g1["step"] == _oracle(SRC, r)[1] == 2
+        assert (g0["lr"], g0["min_lr"], g0["max_lr"], g0["betas"], g0["weight_decay"]) == (1e-3, 1e-3, 1e-3, (0.9, 0.95), 0.1)
+        (numel,) = _bytes_item(d, f"optimizer.distributed.dp_group_idx_{r}.per_bucket_numel/shard_0_1")
+        (unpadded,) = _bytes_item(d, f"optimizer.distributed.dp_group_idx_{r}.per_bucket_numel_unpadded/shard_0_1")
+        assert numel == [{(torch.float32, torch.float32): [2048, 2176, 2048, 3072]}]
+        assert unpadded == [{(torch.float32, torch.float32): sizes}]
+    assert compared == 2 * 3 * (3 + 6 * LAYERS)
+    # 0.19: the common state is the ShardedObject common_state, no common.pt
+    assert not (d / "common.pt").exists()
+    assert json.loads((d / "metadata.json").read_text()) == {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
+    (common,) = _bytes_item(d, "common_state/shard_0_1")
+    assert common["content_metadata"]["distrib_optim_sharding_type"] == "dp_reshardable"
+    assert common["optimizer"] == {"param_state_sharding_type": "dp_reshardable"}
+    a = common["args"]
+    assert (a.use_distributed_optimizer, a.data_parallel_size, a.ddp_bucket_size, a.overlap_grad_reduce, a.world_size) == \
+        (True, 2, 2048, True, 4)
+
+
+def test_legacy_distrib_optim_equals_megatron_core(run_ckpt, store, tmp_path):
+    d = _export(run_ckpt, store, tmp_path / "lg", "torch", "--iteration", 10)
+    compared = 0
+    for r in range(TP_SAVED):
+        rank = d / "iter_0000010" / f"mp_rank_{r:02d}"
+        world = torch.load(rank / "distrib_optim.pt", weights_only=False)
+        assert world["buckets_coalesced"] is True and list(world) == ["buckets_coalesced", 0]
+        ((key, bufs),) = world[0].items()
+        assert key == (torch.float32, torch.float32)
+        assert list(bufs) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"]
+        _, sizes = _layout(_registration_order(TP_SAVED), 2048, 2)
+        assert bufs["numel_unpadded"] == sum(sizes) == bufs["param"].numel()
+        start = np.cumsum([0] + sizes)
+        compared += _check_buffers(lambda b, k: bufs[k].numpy()[start[b]:start[b + 1]], sizes, r)
+        m = torch.load(rank / "model_optim_rng.pt", weights_only=False)
+        (g0, g1) = m["optimizer"]["optimizer"]["param_groups"]
+        assert set(m["optimizer"]) == {"optimizer"} and g0["step"] == g1["step"] == 2.0
+        assert m["args"].use_distributed_optimizer and m["args"].data_parallel_size == 2
+    assert compared == 2 * 3 * (3 + 6 * LAYERS)
+
+
+@pytest.mark.parametrize("fmt,extra", [("torch_dist", []), ("torch_dist", ["--megatron-version", "0.18"]),
+                                       ("torch", ["--iteration", 10])])
+def test_export_reimports_equal_to_the_store(fmt, extra, run_ckpt, store, tmp_path):
+    """The export read back by ckpt (its distributed optimizer's buckets included) is the store,
+    byte for byte (the vocabulary padding written as zeros is not part of the canonical tensors)."""
+    d = _export(run_ckpt, store, tmp_path / "out", fmt, *extra)
+    info = json.loads(run_ckpt("inspect", "--json", d).stdout)
+    assert "not_imported" not in info, info.get("not_imported")
+    run_ckpt("reshard", d, tmp_path / "back", "--tp", 1, "--pp", 1, "--dp", 1)
+    _diff_equal(run_ckpt, tmp_path / "back", store)
+    man = json.loads(next((tmp_path / "back").rglob("manifest.json")).read_text())
+    mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
+    assert mg["optimizer_step"] == 2
+
+
+def test_megatron_version_018_writes_common_pt_that_megatron_core_reads(run_ckpt, store, tmp_path):
+    """--megatron-version 0.18: common.pt and the metadata.json with common_backend; megatron-core's
+    own load_common_state_dict (0.16.1 in this venv) reads it."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+    d = _export(run_ckpt, store, tmp_path / "v18", "torch_dist", "--megatron-version", "0.18")
+    assert json.loads((d / "metadata.json").read_text()) == {
+        "sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}
+    import torch.distributed.checkpoint as dcp
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    assert not any(k.startswith("common_state") for k in md.state_dict_metadata)
+    common = load_common_state_dict(str(d))
+    assert common["iteration"] == 10 and common["content_metadata"]["distrib_optim_sharding_type"] == "dp_reshardable"
+    assert common["args"].num_layers == LAYERS and common["args"].ddp_bucket_size == 2048
+
+
+@pytest.mark.parametrize("case,code", [
+    ("no_optimizer", "DistOptNoOptimizerState"),
+    ("one_moment", "MegatronOptimizerMissingMoment"),
+    ("no_step", "DistOptNoStep"),
+    ("te_names", "DistOptNeedsLocalSpec"),
+    ("safetensors", "DistOptNeedsMegatronFormat"),
+])
+def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_path):
+    from native_h5py import read_native
+    from safetensors.numpy import save_file
+    src = store
+    args = ["--format", "torch_dist", *DIST_OPT]
+    if case in ("no_optimizer", "one_moment", "no_step"):
+        man, got, _ = read_native(store)
+        cfg = (man["metadata"] if "metadata" in man else man)["model_config"]
+        keep = {k: v for k, v in got.items() if not k.startswith("optimizer.")}
+        if case == "one_moment":
+            keep.update({k: v for k, v in got.items() if k.startswith("optimizer.exp_avg.")})
+        if case == "no_step":
+            keep.update({k: v for k, v in got.items() if k.startswith("optimizer.")})
+        src = tmp_path / "hf"
+        src.mkdir()
+        save_file({k: np.ascontiguousarray(v) for k, v in keep.items()}, str(src / "model.safetensors"))
+        (src / "config.json").write_text(json.dumps(cfg))
+    if case == "te_names":  # legacy files name the norms per spec; torch_dist always writes the local spec's keys
+        args.remove("--local-norms")
+        args[1] = "torch"
+    if case == "safetensors":
+        args[1] = "safetensors"
+    p = run_ckpt("export-megatron", src, tmp_path / "out", *args, check=False)
+    assert p.returncode != 0 and code in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
