@@ -78,6 +78,11 @@ CommandAction setup_export_megatron(CLI::App& sub) {
                  "--dist-opt: DDP bucket size in elements (Megatron-LM --ddp-bucket-size, with overlap_grad_reduce); "
                  "default: one bucket per grad buffer")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub.add_option("--dist-opt-sharding", a->req.dist_opt_sharding,
+                 "--dist-opt with --format torch_dist: dp_reshardable (default: the buckets, Megatron-LM's default) or "
+                 "fully_reshardable (per parameter: optimizer.state.{param,exp_avg,exp_avg_sq}.<key>; megatron-core "
+                 "loads it correctly with one bucket only)")
+      ->check(CLI::IsMember({"dp_reshardable", "fully_reshardable"}));
   add_no_verify_flag(sub, a->req.no_verify);
   sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, iteration, dist_opt, dp, source_check");
   return [a] { return run_export(*a); };

@@ -90,7 +90,7 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   o.norms = req.local_norms ? MegatronNormNames::kLocal : MegatronNormNames::kTransformerEngine;
   o.progress = req.progress;
   o.dtype = req.dtype;
-  o.dist_opt = MegatronDistOptOptions{req.dist_opt, req.dp, req.ddp_bucket_size};
+  o.dist_opt = MegatronDistOptOptions{req.dist_opt, req.dp, req.ddp_bucket_size, req.dist_opt_sharding};
   o.megatron_version = req.megatron_version;
   if (req.dist_opt) {
     CKPT_RETURN_IF_ERROR(export_flag_in_range("--dp", req.dp, 1, int64_t{1} << 20));

@@ -25,7 +25,8 @@ nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta) {
   return o;
 }
 
-nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim) {
+nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim_in) {
+  const nlohmann::json optim = optim_in.is_object() ? optim_in : nlohmann::json::object();
   nlohmann::json a = {{"use_distributed_optimizer", true},
                       {"data_parallel_size", o.dp},
                       {"world_size", int64_t{tp} * pp * o.dp},
@@ -49,6 +50,9 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
     return Status::Error("BadDistOptimArgs", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
   if (o.bucket_size && (*o.bucket_size < 1 || *o.bucket_size > (int64_t{1} << 40)))
     return Status::Error("BadDistOptimArgs", "--ddp-bucket-size " + std::to_string(*o.bucket_size) + " must be 1..2^40");
+  if (o.sharding != "dp_reshardable" && o.sharding != "fully_reshardable")
+    return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding '" + o.sharding +
+                                                     "': ckpt writes dp_reshardable and fully_reshardable");
   if (!local_norms)
     return Status::Error("DistOptNeedsLocalSpec",
                          "--dist-opt: the bucket layout follows the parameters' registration order, known for the local "

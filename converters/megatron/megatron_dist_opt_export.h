@@ -30,6 +30,8 @@ struct MegatronDistOptOptions {
   bool enabled = false;
   int64_t dp = 1;                      // data-parallel size the buckets are padded for (lcm(dp, 128))
   std::optional<int64_t> bucket_size;  // DDP bucket size in elements; none: one bucket (no overlap_grad_reduce)
+  // torch_dist: "dp_reshardable" (the buckets) or "fully_reshardable" (per parameter, model keys).
+  std::string sharding = "dp_reshardable";
 };
 
 // The args fields of the distributed optimizer (use_distributed_optimizer, data_parallel_size,

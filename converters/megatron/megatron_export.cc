@@ -162,6 +162,10 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
       return Status::Error("DistOptNeedsMegatronFormat",
                            "--dist-opt writes Megatron's distributed optimizer: --format torch (distrib_optim.pt) or "
                            "torch_dist (dp_reshardable), not safetensors");
+    if (opts.dist_opt.sharding != "dp_reshardable")
+      return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding " + opts.dist_opt.sharding +
+                                                       ": the legacy format (--format torch) has one form, distrib_optim.pt; "
+                                                       "fully_reshardable is a torch_dist form");
     CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
     args.update(dist_opt_args(opts.dist_opt, plan.layout.tp, plan.layout.pp, optim));
     CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, masters, src.describe()));

@@ -7,7 +7,8 @@ numpy (test_megatron_019_distopt._layout), equals megatron-core's get_parameter_
 the alignment gaps and vocabulary padding are zeros; the ShardedObjects (param groups with the step,
 per_bucket_numel(_unpadded)) and common state are what megatron-core 0.19 writes; the reimport of each
 export equals the store byte for byte; 0.18 and older write common.pt, which megatron-core 0.16.1's
-load_common_state_dict reads; hostile requests are named errors with nothing written.
+load_common_state_dict reads; fully_reshardable's per-parameter tensors equal megatron-core's own (one
+bucket); hostile requests are named errors with nothing written.
 That megatron-core 0.19.2 itself loads these exports and its next step equals the fixture's is
 fixtures/megatron_core_019/check_resume.py (Python 3.12 only, run by hand: README.md there).
 """
@@ -135,8 +136,53 @@ def test_legacy_distrib_optim_equals_megatron_core(run_ckpt, store, tmp_path):
     assert compared == 2 * 3 * (3 + 6 * LAYERS)
 
 
+def _dcp_tensors(d, prefix):
+    import torch.distributed.checkpoint as dcp
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    sd = {k: torch.empty(tuple(v.size)) for k, v in md.state_dict_metadata.items()
+          if k.startswith(prefix) and hasattr(v, "size")}
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(str(d)), no_dist=True)
+    return {k: v.numpy() for k, v in sd.items()}
+
+
+def test_fully_reshardable_equals_megatron_core(run_ckpt, tmp_path_factory, tmp_path, ckpt_bin):
+    """--dist-opt-sharding fully_reshardable of the store imported from megatron-core's own
+    fully_reshardable fixture (one bucket, the case megatron-core writes correctly): every
+    optimizer.state.{param,exp_avg,exp_avg_sq}.<key> tensor, read by torch's DCP loader, equals the
+    fixture's (vocabulary padding rows: zeros in ckpt's), the param groups with the step sit in the
+    common state with the sharding type, and the reimport equals the store."""
+    import subprocess
+    name = "distopt_fully_reshardable"
+    store = tmp_path / "store"
+    subprocess.run([ckpt_bin, "reshard", str(FIX / name), str(store), "--tp", "1", "--pp", "1", "--dp", "1"], check=True,
+                   capture_output=True)
+    d = tmp_path / "fr"
+    run_ckpt("export-megatron", store, d, "--format", "torch_dist", "--tp", 2, "--dist-opt", "--dp", 2,
+             "--dist-opt-sharding", "fully_reshardable", "--local-norms")
+    want = _dcp_tensors(FIX / name / "iter_0000010", "optimizer.state.")
+    got = _dcp_tensors(d, "optimizer.state.")
+    assert sorted(got) == sorted(want) and len(got) == 3 * 9
+    for k, w in want.items():
+        g = got[k]
+        assert g.shape == w.shape, k
+        if k.endswith("embedding.word_embeddings.weight") or k.endswith("output_layer.weight"):
+            assert not g[VOCAB:].any(), k
+            g, w = g[:VOCAB], w[:VOCAB]
+        np.testing.assert_array_equal(g, w, err_msg=k)
+    (common,) = _bytes_item(d, "common_state/shard_0_1")
+    assert common["optimizer"]["param_state_sharding_type"] == "fully_reshardable"
+    assert common["content_metadata"]["distrib_optim_sharding_type"] == "fully_reshardable"
+    assert [g["step"] for g in common["optimizer"]["optimizer"]["param_groups"]] == [2.0, 2.0]
+    assert not any(k.startswith("optimizer.distributed.") for k in _dcp_tensors(d, "optimizer.distributed."))
+    run_ckpt("reshard", d, tmp_path / "back", "--tp", 1, "--pp", 1, "--dp", 1)
+    _diff_equal(run_ckpt, tmp_path / "back", store)
+
+
 @pytest.mark.parametrize("fmt,extra", [("torch_dist", []), ("torch_dist", ["--megatron-version", "0.18"]),
-                                       ("torch", ["--iteration", 10])])
+                                       ("torch", ["--iteration", 10]),
+                                       # pp 2 (stage 1: one bucket, S2), uneven split
+                                       ("torch_dist", ["--pp", 2, "--pp-layers", "1,3"]),
+                                       ("torch", ["--pp", 2, "--pp-layers", "3,1", "--iteration", 10])])
 def test_export_reimports_equal_to_the_store(fmt, extra, run_ckpt, store, tmp_path):
     """The export read back by ckpt (its distributed optimizer's buckets included) is the store,
     byte for byte (the vocabulary padding written as zeros is not part of the canonical tensors)."""
@@ -171,6 +217,7 @@ def test_megatron_version_018_writes_common_pt_that_megatron_core_reads(run_ckpt
     ("no_step", "DistOptNoStep"),
     ("te_names", "DistOptNeedsLocalSpec"),
     ("safetensors", "DistOptNeedsMegatronFormat"),
+    ("legacy_fully_reshardable", "UnsupportedDistOptim"),
 ])
 def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_path):
     from native_h5py import read_native
@@ -194,6 +241,9 @@ def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_pa
         args[1] = "torch"
     if case == "safetensors":
         args[1] = "safetensors"
+    if case == "legacy_fully_reshardable":  # a torch_dist form only
+        args[1] = "torch"
+        args += ["--dist-opt-sharding", "fully_reshardable"]
     p = run_ckpt("export-megatron", src, tmp_path / "out", *args, check=False)
     assert p.returncode != 0 and code in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()

@@ -23,20 +23,24 @@ using torch::PyObj;
 // The common state: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N},
 // with optimizer state 'optimizer': {'state': {'common_step': step}} (what FP32Optimizer.
 // sharded_state_dict leaves outside the sharded tensors besides the param groups), with the
-// distributed optimizer 'optimizer': {'param_state_sharding_type': 'dp_reshardable'} and
-// 'content_metadata' (what Megatron-LM's save_checkpoint passes to dist_checkpointing.save).
+// distributed optimizer (`dist_opt`: its sharding type) 'optimizer': {'param_state_sharding_type': T}
+// (fully_reshardable: and 'optimizer': {'param_groups': ...}) and 'content_metadata' (what
+// Megatron-LM's save_checkpoint passes to dist_checkpointing.save).
 const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step,
-                         bool dist_opt) {
+                         const std::string& dist_opt, const nlohmann::json& optim) {
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
   for (const auto& [k, v] : args.items()) attrs.emplace_back(a.str(k), torch::json_to_pyobj(a, v));
   const PyObj* ns = a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(attrs)), /*newobj=*/true);
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), ns},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)}};
-  if (dist_opt) {
-    root.emplace_back(a.str("optimizer"), a.dict({{a.str("param_state_sharding_type"), a.str("dp_reshardable")}}));
+  if (!dist_opt.empty()) {  // fully_reshardable keeps the param groups here, dp_reshardable in its ShardedObjects
+    std::vector<std::pair<const PyObj*, const PyObj*>> o;
+    if (dist_opt == "fully_reshardable") o.emplace_back(a.str("optimizer"), dist_opt_param_groups(a, optim));
+    o.emplace_back(a.str("param_state_sharding_type"), a.str(dist_opt));
+    root.emplace_back(a.str("optimizer"), a.dict(std::move(o)));
     root.emplace_back(a.str("content_metadata"),
-                      a.dict({{a.str("distrib_optim_sharding_type"), a.str("dp_reshardable")},
+                      a.dict({{a.str("distrib_optim_sharding_type"), a.str(dist_opt)},
                               {a.str("singleton_local_shards"), a.boolean(false)},
                               {a.str("chained_optim_avoid_prefix"), a.boolean(true)}}));
   } else if (step) {
@@ -93,14 +97,15 @@ Result<bool> common_state_in_dcp(const std::string& version) {
 // make_sharded_optimizer_tensor give each state tensor the key optimizer.state.<kind>.<model key>
 // and its parameter's sharding): one DistTensor per model tensor and kind `src` holds, its
 // segments over the canonical optimizer.<kind>.<HF name>. Returns whether any was added.
-bool add_dist_optimizer_tensors(const SourceIndex& index, std::vector<DistTensor>& map) {
-  constexpr std::pair<const char*, const char*> kKinds[] = {{"optimizer.state.exp_avg.", "optimizer.exp_avg."},
-                                                            {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."},
-                                                            {"optimizer.state.fp32_param.", "optimizer.fp32_param."}};
+using OptimKinds = std::vector<std::pair<std::string, std::string>>;  // (torch_dist prefix, canonical prefix)
+bool add_dist_optimizer_tensors(const SourceIndex& index, std::vector<DistTensor>& map,
+                                const OptimKinds& kinds = {{"optimizer.state.exp_avg.", "optimizer.exp_avg."},
+                                                           {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."},
+                                                           {"optimizer.state.fp32_param.", "optimizer.fp32_param."}}) {
   const size_t n = map.size();
   bool any = false;
-  for (const auto& [dist, canonical] : kKinds) {
-    if (!index.tensor_index.count(std::string(canonical) + "model.norm.weight")) continue;
+  for (const auto& [dist, canonical] : kinds) {
+    if (!index.tensor_index.count(canonical + "model.norm.weight")) continue;
     any = true;
     for (size_t i = 0; i < n; ++i) {
       DistTensor t = map[i];
@@ -178,8 +183,14 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   if (opts.dist_opt.enabled) {  // the distributed optimizer's buckets instead of per-parameter state
     CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, true));
     args.update(dist_opt_args(opts.dist_opt, layout.tp, layout.pp, optim_fields));
-    CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(cfg, layout, args, masters, src.describe()));
-    CKPT_RETURN_IF_ERROR(add_dp_reshardable(groups, opts.dtype.value_or(DType::kF32), optim_fields, map, bytes));
+    if (opts.dist_opt.sharding == "fully_reshardable") {  // per parameter, chunked like it; masters as 'param'
+      add_dist_optimizer_tensors(index, map, {{kDistMasterParamPrefix, masters ? "optimizer.fp32_param." : ""},
+                                              {"optimizer.state.exp_avg.", "optimizer.exp_avg."},
+                                              {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."}});
+    } else {
+      CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(cfg, layout, args, masters, src.describe()));
+      CKPT_RETURN_IF_ERROR(add_dp_reshardable(groups, opts.dtype.value_or(DType::kF32), optim_fields, map, bytes));
+    }
   } else {
     optim = add_dist_optimizer_tensors(index, map);
   }
@@ -188,7 +199,8 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   std::vector<TensorMeta> canonical;
   for (const auto& t : map) {
     DType dt = opts.dtype.value_or(DType::kF32);
-    const bool buckets = t.key.rfind(kDistOptimBucketPrefix, 0) == 0;  // fp32 whatever the weights
+    const bool buckets = t.key.rfind(kDistOptimBucketPrefix, 0) == 0 ||  // fp32 whatever the weights
+                         t.key.rfind(kDistMasterParamPrefix, 0) == 0;
     const bool keep = !buckets && (!opts.dtype || t.key.rfind("optimizer.", 0) == 0);
     for (const auto& c : t.chunks)
       for (const auto& s : c.segments) {
@@ -214,7 +226,8 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   std::optional<int64_t> step = optim ? source_step(meta) : std::nullopt;
   if (optim && !step) step = iteration;
   PyArena a;
-  const PyObj* common = common_root(a, args, iteration, step, opts.dist_opt.enabled);
+  const PyObj* common =
+      common_root(a, args, iteration, step, opts.dist_opt.enabled ? opts.dist_opt.sharding : "", optim_fields);
   CKPT_ASSIGN_OR_RETURN(auto extra, extra_states(map, cfg.num_hidden_layers));
   for (auto& e : extra) bytes.push_back(std::move(e));
   std::vector<std::pair<std::string, std::string>> files;
