@@ -247,3 +247,59 @@ def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_pa
     p = run_ckpt("export-megatron", src, tmp_path / "out", *args, check=False)
     assert p.returncode != 0 and code in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- megatron-core 0.16.1 (this venv) resumes from the exports: the DistributedOptimizer on CPU ---
+
+CHECK = FIX / "check_resume.py"
+
+
+def _check_resume(form, export, tmp_path):
+    """fixtures/megatron_core_019/check_resume.py under this venv's megatron-core 0.16.1 (4 CPU
+    processes, gloo, the shims of cpu_shims.py): the export loaded into megatron-core's own
+    DistributedOptimizer (tp 2 x dp 2) and one more step, against megatron-core training the
+    fixture's two steps and the third without stopping (make_fixtures.py's seeds). -> (rc, report)."""
+    import subprocess
+    import sys
+    out = tmp_path / f"check_{form}.json"
+    p = subprocess.run([sys.executable, str(CHECK), "-", str(export), "--form", form, "--uninterrupted", "--json", str(out),
+                        "--status", str(tmp_path / f"check_{form}.status")], capture_output=True, text=True, timeout=900)
+    return p, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.parametrize("form", ["dp_reshardable", "fully_reshardable", "legacy"])
+def test_megatron_core_016_resumes_from_export_as_if_never_stopped(form, run_ckpt, store, tmp_path, ckpt_bin):
+    import subprocess
+    src = store
+    if form == "fully_reshardable":  # megatron-core's one-bucket case (README.md there)
+        src = tmp_path / "store_fr"
+        subprocess.run([ckpt_bin, "reshard", str(FIX / "distopt_fully_reshardable"), str(src), "--tp", "1", "--pp", "1",
+                        "--dp", "1"], check=True, capture_output=True)
+    args = {"dp_reshardable": ["--format", "torch_dist", "--ddp-bucket-size", 2048, "--megatron-version", "0.16"],
+            "fully_reshardable": ["--format", "torch_dist", "--dist-opt-sharding", "fully_reshardable", "--megatron-version", "0.16"],
+            "legacy": ["--format", "torch", "--ddp-bucket-size", 2048, "--iteration", 10]}[form]
+    d = tmp_path / "export"
+    run_ckpt("export-megatron", src, d, "--tp", 2, "--dist-opt", "--dp", 2, "--local-norms", *args)
+    p, rep = _check_resume(form, d, tmp_path)
+    assert p.returncode == 0 and rep, p.stdout[-3000:] + p.stderr[-3000:]
+    assert rep["megatron_core"].startswith("0.16") and len(rep["ranks"]) == TP_SAVED
+    for r in rep["ranks"]:
+        assert r["tensors"] == 3 + 6 * LAYERS
+        assert r["uninterrupted_vs_export_max_abs_diff"] == {"param": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "weight": 0.0}
+        assert r["step_uninterrupted"] == [3] and r["step_export"] == [2, 3]
+
+
+def test_resume_check_fails_on_one_changed_moment(run_ckpt, store, tmp_path):
+    """The check above can fail: one exp_avg_sq element of one legacy distrib_optim.pt changed by 0.1 %."""
+    d = tmp_path / "export"
+    run_ckpt("export-megatron", store, d, "--format", "torch", "--tp", 2, "--dist-opt", "--dp", 2, "--ddp-bucket-size", 2048,
+             "--local-norms", "--iteration", 10)
+    f = d / "iter_0000010" / "mp_rank_01" / "distrib_optim.pt"
+    o = torch.load(f, weights_only=False)
+    ((_, bufs),) = o[0].items()
+    bufs["exp_avg_sq"][5000] *= 1.001
+    torch.save(o, f)
+    p, rep = _check_resume("legacy", d, tmp_path)
+    assert p.returncode == 1 and rep, p.stdout[-3000:] + p.stderr[-3000:]
+    diffs = {r["tp_rank"]: r["uninterrupted_vs_export_max_abs_diff"] for r in rep["ranks"]}
+    assert diffs[0]["param"] == 0.0 and 0 < diffs[1]["param"] < 1e-6 and diffs[1]["exp_avg_sq"] > 0, diffs
