@@ -47,9 +47,9 @@ nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, co
 
 Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms) {
   if (o.dp < 1 || o.dp > (int64_t{1} << 20))
-    return Status::Error("BadDistOptimArgs", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
+    return Status::Error("DistOptBadFlag", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
   if (o.bucket_size && (*o.bucket_size < 1 || *o.bucket_size > (int64_t{1} << 40)))
-    return Status::Error("BadDistOptimArgs", "--ddp-bucket-size " + std::to_string(*o.bucket_size) + " must be 1..2^40");
+    return Status::Error("DistOptBadFlag", "--ddp-bucket-size " + std::to_string(*o.bucket_size) + " must be 1..2^40");
   if (o.sharding != "dp_reshardable" && o.sharding != "fully_reshardable")
     return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding '" + o.sharding +
                                                      "': ckpt writes dp_reshardable and fully_reshardable");

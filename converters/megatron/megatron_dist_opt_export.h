@@ -7,8 +7,9 @@
 // state_dict() saves.
 // Named errors: DistOptNoOptimizerState (the source has no optimizer.exp_avg.* /
 // optimizer.exp_avg_sq.*), MegatronOptimizerMissingMoment (only one of them), DistOptNeedsLocalSpec
-// (Transformer Engine names: only the local spec's parameter order is known), BadDistOptimArgs (dp or
-// bucket size out of range), DistOptNoStep (no optimizer step recorded in the source).
+// (Transformer Engine names: only the local spec's parameter order is known), DistOptBadFlag (dp or
+// bucket size out of range), DistOptNoStep (no optimizer step recorded in the source),
+// UnsupportedDistOptim (a sharding type other than dp_reshardable / fully_reshardable).
 // Thread safety: pure functions.
 #pragma once
 
