@@ -65,7 +65,7 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("--iteration", a->req.iteration, "--format torch: the iteration the checkpoint is saved as (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{9999999}));
   sub.add_option("--megatron-version", a->req.megatron_version,
-                 "--format torch_dist: the megatron-core version whose layout is written: 0.19 (default: the common state "
+                 "--format torch_dist: the megatron-core version whose layout is written: 0.19 (default, the newest: the common state "
                  "as the DCP item common_state, metadata.json without common_backend) or 0.16, 0.17, 0.18 (common.pt)")
       ->check(CLI::IsMember({"0.16", "0.17", "0.18", "0.19"}));
   sub.add_flag("--dist-opt", a->req.dist_opt,

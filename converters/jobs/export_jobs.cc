@@ -91,7 +91,13 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   o.progress = req.progress;
   o.dtype = req.dtype;
   o.dist_opt = MegatronDistOptOptions{req.dist_opt, req.dp, req.ddp_bucket_size, req.dist_opt_sharding};
-  o.megatron_version = req.megatron_version;
+  if (!req.megatron_version.empty()) o.megatron_version = req.megatron_version;
+  if (!req.megatron_version.empty() && req.format != MegatronExportFormat::kTorchDist)
+    return Status::InvalidArgument("--megatron-version applies to --format torch_dist (the legacy and safetensors "
+                                   "layouts do not depend on it)");
+  if (!req.dist_opt && (req.dp != 1 || req.ddp_bucket_size || req.dist_opt_sharding != "dp_reshardable"))
+    return Status::InvalidArgument("--dp, --ddp-bucket-size and --dist-opt-sharding lay out the distributed "
+                                   "optimizer: they need --dist-opt");
   if (req.dist_opt) {
     CKPT_RETURN_IF_ERROR(export_flag_in_range("--dp", req.dp, 1, int64_t{1} << 20));
     if (req.ddp_bucket_size) CKPT_RETURN_IF_ERROR(export_flag_in_range("--ddp-bucket-size", *req.ddp_bucket_size, 1, int64_t{1} << 40));

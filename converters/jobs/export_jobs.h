@@ -73,7 +73,7 @@ struct ExportMegatronRequest {
   int64_t dp = 1;                      // --dp: its data-parallel size, 1..2^20
   std::optional<int64_t> ddp_bucket_size;  // --ddp-bucket-size (elements); none: one bucket
   std::string dist_opt_sharding = "dp_reshardable";  // --dist-opt-sharding (torch_dist): or fully_reshardable
-  std::string megatron_version = "0.19";   // --megatron-version (torch_dist): 0.16 .. 0.19
+  std::string megatron_version;        // --megatron-version (torch_dist only): 0.16 .. 0.19; "": the newest
   bool no_verify = false;              // skip the check of SRC before the commit
   std::function<void(uint64_t, uint64_t)> progress;
 };

@@ -218,6 +218,8 @@ def test_megatron_version_018_writes_common_pt_that_megatron_core_reads(run_ckpt
     ("te_names", "DistOptNeedsLocalSpec"),
     ("safetensors", "DistOptNeedsMegatronFormat"),
     ("legacy_fully_reshardable", "UnsupportedDistOptim"),
+    ("dp_without_dist_opt", "need --dist-opt"),
+    ("version_with_legacy", "applies to --format torch_dist"),
 ])
 def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_path):
     from native_h5py import read_native
@@ -241,6 +243,11 @@ def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_pa
         args[1] = "torch"
     if case == "safetensors":
         args[1] = "safetensors"
+    if case == "dp_without_dist_opt":
+        args.remove("--dist-opt")
+    if case == "version_with_legacy":
+        args[1] = "torch"
+        args += ["--megatron-version", "0.18"]
     if case == "legacy_fully_reshardable":  # a torch_dist form only
         args[1] = "torch"
         args += ["--dist-opt-sharding", "fully_reshardable"]
