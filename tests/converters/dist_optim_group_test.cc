@@ -11,6 +11,9 @@
 
 #include <map>
 
+#include "converters/megatron/megatron_torch_optim.h"
+#include "reshard/memory_io.h"
+
 namespace ckpt {
 namespace {
 
@@ -103,6 +106,41 @@ TEST(DistOptGroupBuffers, BadDpIsNamed) {
                                  false, "test");
   ASSERT_FALSE(groups.ok());
   EXPECT_EQ(groups.status().code(), "BadDistOptimArgs");
+}
+
+// A source listing the fixture model's weights and the optimizer kinds `prefixes` (no data: the
+// checks read the listing and the metadata only).
+MemorySource listing(const std::vector<std::string>& prefixes, nlohmann::json meta) {
+  MemoryCheckpoint m;
+  for (const TensorMeta& t : llama_model_tensors(fixture_config(), DType::kF32)) {
+    m.tensors.push_back(t);
+    for (const auto& p : prefixes) m.tensors.push_back(TensorMeta{p + t.name, DType::kF32, t.shape});
+  }
+  m.metadata = std::move(meta);
+  return MemorySource(std::move(m));
+}
+
+TEST(DistOptExportChecks, OneNamedErrorPerRule) {
+  const nlohmann::json step = {{"megatron", {{"optimizer_step", 2}}}};
+  const std::vector<std::string> both = {kMegatronOptimPrefixes[0], kMegatronOptimPrefixes[1]};
+  auto code = [](const Result<bool>& r) { return r.ok() ? std::string("ok") : r.status().code(); };
+  EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 0, 2048}, true)), "DistOptBadFlag");
+  EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 2, 0}, true)), "DistOptBadFlag");
+  EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 2, 2048, "fully_sharded_model_space"}, true)),
+            "UnsupportedDistOptim");
+  EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 2, 2048}, false)), "DistOptNeedsLocalSpec");
+  EXPECT_EQ(code(check_dist_opt_source(listing({}, step), {true, 2, 2048}, true)), "DistOptNoOptimizerState");
+  EXPECT_EQ(code(check_dist_opt_source(listing({kMegatronOptimPrefixes[1]}, step), {true, 2, 2048}, true)),
+            "MegatronOptimizerMissingMoment");
+  EXPECT_EQ(code(check_dist_opt_source(listing(both, nlohmann::json::object()), {true, 2, 2048}, true)), "DistOptNoStep");
+  auto no_masters = check_dist_opt_source(listing(both, step), {true, 2, 2048}, true);
+  ASSERT_TRUE(no_masters.ok());
+  EXPECT_FALSE(*no_masters);
+  auto masters = check_dist_opt_source(listing({kMegatronOptimPrefixes[0], kMegatronOptimPrefixes[1], kMegatronOptimPrefixes[2]},
+                                               {{"trainer", {{"step", 5}}}}),
+                                       {true, 2, std::nullopt, "fully_reshardable"}, true);
+  ASSERT_TRUE(masters.ok()) << masters.status().message();
+  EXPECT_TRUE(*masters);
 }
 
 }  // namespace
