@@ -319,3 +319,35 @@ def test_resume_check_fails_on_one_changed_moment(run_ckpt, store, tmp_path):
     assert p.returncode == 1 and rep, p.stdout[-3000:] + p.stderr[-3000:]
     diffs = {r["tp_rank"]: r["uninterrupted_vs_export_max_abs_diff"] for r in rep["ranks"]}
     assert diffs[0]["param"] == 0.0 and 0 < diffs[1]["param"] < 1e-6 and diffs[1]["exp_avg_sq"] > 0, diffs
+
+
+@pytest.mark.parametrize("fmt", ["torch_dist", "torch"])
+def test_bf16_weights_keep_the_fp32_masters(fmt, run_ckpt, store, tmp_path):
+    """--dtype bf16: the weights are written in bf16, the buffers (masters, moments) in fp32, keyed
+    (torch.bfloat16, torch.float32); read back, the masters are the store's fp32 weights bit for bit
+    (torch_dist: the import takes the masters as the weights; legacy: as optimizer.fp32_param.*)."""
+    from native_h5py import read_native
+    extra = ["--iteration", 10] if fmt == "torch" else []
+    d = _export(run_ckpt, store, tmp_path / "out", fmt, "--dtype", "bf16", *extra)
+    if fmt == "torch":
+        world = torch.load(d / "iter_0000010" / "mp_rank_00" / "distrib_optim.pt", weights_only=False)
+        assert list(world[0]) == [(torch.bfloat16, torch.float32)]
+        assert torch.load(d / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt",
+                          weights_only=False)["model"]["decoder.final_layernorm.weight"].dtype == torch.bfloat16
+    else:
+        import torch.distributed.checkpoint as dcp
+        md = dcp.FileSystemReader(str(d)).read_metadata().state_dict_metadata
+        assert md["decoder.final_layernorm.weight"].properties.dtype == torch.bfloat16
+        keys = [k for k in md if k.startswith("optimizer.distributed.dp_group_idx_0.gbuf_idx_0.")]
+        assert keys and all("dtype_(torch.bfloat16, torch.float32)" in k and md[k].properties.dtype == torch.float32
+                            for k in keys)
+    run_ckpt("reshard", d, tmp_path / "back", "--tp", 1, "--pp", 1, "--dp", 1)
+    _, want, _ = read_native(store)
+    _, got, _ = read_native(tmp_path / "back")
+    for name, w in want.items():
+        if name.startswith("optimizer."):
+            np.testing.assert_array_equal(got[name], w, err_msg=name)
+        else:
+            master = got[name] if fmt == "torch_dist" else got["optimizer.fp32_param." + name]
+            assert master.dtype == w.dtype == np.float32, name
+            np.testing.assert_array_equal(master, w, err_msg=name)
