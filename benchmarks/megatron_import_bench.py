@@ -229,7 +229,9 @@ def make_sources(a, root: pathlib.Path, ckpt: str):
     subprocess.run([ckpt, "from-hf", hf, native, "--no-fsync"], check=True, capture_output=True)
     shutil.rmtree(hf)
     for fmt, d in mg.items():
-        subprocess.run([ckpt, "export-megatron", native, d, "--format", fmt, "--tp", "2", "--pp", "2"], check=True,
+        # torch_dist as megatron-core <= 0.18 writes it (common.pt), which the venv's 0.16.1 and this script read
+        version = ["--megatron-version", "0.16"] if fmt == "torch_dist" else []
+        subprocess.run([ckpt, "export-megatron", native, d, "--format", fmt, "--tp", "2", "--pp", "2", *version], check=True,
                        capture_output=True)
     shutil.rmtree(native)
     return mg

@@ -59,12 +59,32 @@ CommandAction setup_export_megatron(CLI::App& sub) {
                  "DST/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt (torch.save files with args, "
                  "checkpoint_version 3.0, iteration, model) that Megatron-LM loads with --load DST; "
                  "torch_dist: a Megatron-Core dist_checkpointing directory (PyTorch DCP: __R_K.distcp, .metadata, "
-                 "common.pt, metadata.json) that megatron.core.dist_checkpointing.load accepts")
+                 "the common state (common_state item, or common.pt before 0.19), metadata.json) that "
+                 "megatron.core.dist_checkpointing.load accepts")
       ->check(CLI::IsMember({"safetensors", "torch", "torch_dist"}));
   sub.add_option("--iteration", a->req.iteration, "--format torch: the iteration the checkpoint is saved as (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{9999999}));
+  sub.add_option("--megatron-version", a->req.megatron_version,
+                 "--format torch_dist: the megatron-core version whose layout is written: 0.19 (default, the newest: the common state "
+                 "as the DCP item common_state, metadata.json without common_backend) or 0.16, 0.17, 0.18 (common.pt)")
+      ->check(CLI::IsMember({"0.16", "0.17", "0.18", "0.19"}));
+  sub.add_flag("--dist-opt", a->req.dist_opt,
+               "Write the source's optimizer state (fp32 masters, exp_avg, exp_avg_sq, step) as Megatron's distributed "
+               "optimizer (--use-distributed-optimizer): --format torch: distrib_optim.pt beside each rank file; "
+               "torch_dist: the dp_reshardable buckets. Needs --local-norms and a source with both Adam moments");
+  sub.add_option("--dp", a->req.dp, "--dist-opt: the data-parallel size the buckets are padded for (default 1)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub.add_option("--ddp-bucket-size", a->req.ddp_bucket_size,
+                 "--dist-opt: DDP bucket size in elements (Megatron-LM --ddp-bucket-size, with overlap_grad_reduce); "
+                 "default: one bucket per grad buffer")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub.add_option("--dist-opt-sharding", a->req.dist_opt_sharding,
+                 "--dist-opt with --format torch_dist: dp_reshardable (default: the buckets, Megatron-LM's default) or "
+                 "fully_reshardable (per parameter: optimizer.state.{param,exp_avg,exp_avg_sq}.<key>; megatron-core "
+                 "loads it correctly with one bucket only)")
+      ->check(CLI::IsMember({"dp_reshardable", "fully_reshardable"}));
   add_no_verify_flag(sub, a->req.no_verify);
-  sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, iteration, source_check");
+  sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, iteration, dist_opt, dp, source_check");
   return [a] { return run_export(*a); };
 }
 

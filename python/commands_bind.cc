@@ -235,6 +235,11 @@ nb::object py_export_megatron(const std::string& src, const std::string& dst, nb
   const std::string dtype = o.str("dtype");
   req.local_norms = o.get<bool>("local_norms");
   req.iteration = o.get<int64_t>("iteration");
+  req.dist_opt = o.get<bool>("dist_opt");
+  req.dp = o.get<int64_t>("dp");
+  if (const int64_t b = o.get<int64_t>("ddp_bucket_size"); b != 0) req.ddp_bucket_size = b;  // 0: one bucket
+  req.dist_opt_sharding = o.str("dist_opt_sharding");
+  req.megatron_version = o.str("megatron_version");
   req.no_verify = !o.get<bool>("verify_source");
   o.done();
   req.dtype = o.parse(float_dtype_flag(dtype));

@@ -86,7 +86,7 @@ const char* megatron_format_name(MegatronExportFormat f) {
 }
 
 nlohmann::json ExportMegatronOutcome::to_json() const {
-  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"iteration", iteration}, {"source_check", source_check}};
+  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}};
 }
 
 Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronRequest& req) {
@@ -104,6 +104,18 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   o.norms = req.local_norms ? MegatronNormNames::kLocal : MegatronNormNames::kTransformerEngine;
   o.progress = req.progress;
   o.dtype = req.dtype;
+  o.dist_opt = MegatronDistOptOptions{req.dist_opt, req.dp, req.ddp_bucket_size, req.dist_opt_sharding};
+  if (!req.megatron_version.empty()) o.megatron_version = req.megatron_version;
+  if (!req.megatron_version.empty() && req.format != MegatronExportFormat::kTorchDist)
+    return Status::InvalidArgument("--megatron-version applies to --format torch_dist (the legacy and safetensors "
+                                   "layouts do not depend on it)");
+  if (!req.dist_opt && (req.dp != 1 || req.ddp_bucket_size || req.dist_opt_sharding != "dp_reshardable"))
+    return Status::InvalidArgument("--dp, --ddp-bucket-size and --dist-opt-sharding lay out the distributed "
+                                   "optimizer: they need --dist-opt");
+  if (req.dist_opt) {
+    CKPT_RETURN_IF_ERROR(export_flag_in_range("--dp", req.dp, 1, int64_t{1} << 20));
+    if (req.ddp_bucket_size) CKPT_RETURN_IF_ERROR(export_flag_in_range("--ddp-bucket-size", *req.ddp_bucket_size, 1, int64_t{1} << 40));
+  }
   const JobSource located = JobSource::locate(req.src);
   JobSourceCheck check;  // forked before this process opens SRC
   check.start(located.dir, IoMode::kBuffered, 2, req.no_verify);
@@ -117,6 +129,8 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   out.tp = req.tp;
   out.pp = req.pp;
   out.iteration = req.iteration;
+  out.dist_opt = req.dist_opt;
+  out.dp = req.dp;
   out.source_check = check.to_json();
   return out;
 }

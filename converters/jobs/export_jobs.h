@@ -72,6 +72,11 @@ struct ExportMegatronRequest {
   std::optional<DType> dtype;          // --dtype: a float dtype; none keeps the source's
   bool local_norms = false;            // local-spec norm names instead of Transformer Engine's
   int64_t iteration = 0;               // format torch: the iteration saved as, 0..9999999
+  bool dist_opt = false;               // --dist-opt: the optimizer state as Megatron's distributed optimizer
+  int64_t dp = 1;                      // --dp: its data-parallel size, 1..2^20
+  std::optional<int64_t> ddp_bucket_size;  // --ddp-bucket-size (elements); none: one bucket
+  std::string dist_opt_sharding = "dp_reshardable";  // --dist-opt-sharding (torch_dist): or fully_reshardable
+  std::string megatron_version;        // --megatron-version (torch_dist only): 0.16 .. 0.19; "": the newest
   bool no_verify = false;              // skip the check of SRC before the commit
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -81,8 +86,10 @@ struct ExportMegatronOutcome {
   MegatronExportFormat format = MegatronExportFormat::kSafetensors;
   int tp = 1, pp = 1;
   int64_t iteration = 0;
+  bool dist_opt = false;
+  int64_t dp = 1;
   nlohmann::json source_check;  // how SRC was checked (JobSourceCheck::to_json)
-  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, iteration, source_check}.
+  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, iteration, dist_opt, dp, source_check}.
   nlohmann::json to_json() const;
 };
 

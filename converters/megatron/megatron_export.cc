@@ -83,7 +83,9 @@ std::vector<std::vector<DType>> output_dtypes(const MegatronPlan& plan, const st
     out.emplace_back();
     for (const auto& t : rank) {
       DType dt = DType::kF32;
-      if (want && t.name.rfind("optimizer.", 0) != 0) {
+      if (t.name.rfind(kDistOptStagedPrefix, 0) == 0) {
+        dt = DType::kF32;  // the distributed optimizer's buffers are fp32
+      } else if (want && t.name.rfind("optimizer.", 0) != 0) {
         dt = *want;
       } else {
         for (const auto& sg : t.segments)
@@ -126,27 +128,26 @@ Status add_optimizer_tensors(const TensorSource& src, MegatronPlan& plan) {
   return Status::Ok();
 }
 
-// The optimizer fields of the export (megatron_torch_from_staging): step and Adam hyper-parameters
-// from the source's trainer state or Megatron import metadata.
-nlohmann::json optimizer_fields(const nlohmann::json& meta) {
-  nlohmann::json o = nlohmann::json::object();
-  if (meta.contains("megatron") && meta["megatron"].is_object()) {
-    const auto& m = meta["megatron"];
-    if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer()) o["step"] = m["optimizer_step"];
-    if (m.contains("adam") && m["adam"].is_object())
-      for (const auto& [k, v] : m["adam"].items())
-        if (v.is_number()) o[k] = v;
-  }
-  if (meta.contains("trainer") && meta["trainer"].is_object()) {
-    const auto& t = meta["trainer"];
-    if (t.contains("step") && t["step"].is_number_integer()) o["step"] = t["step"];
-    if (t.contains("adamw") && t["adamw"].is_object())
-      for (const auto& [k, v] : t["adamw"].items())
-        if (v.is_number()) o[k] = v;
-    if (t.contains("lr_schedule") && t["lr_schedule"].is_object() && t["lr_schedule"].contains("peak_lr"))
-      o["lr"] = t["lr_schedule"]["peak_lr"];
-  }
-  return o;
+// --dist-opt: each rank's world buffers (every bucket's [0, numel_unpadded) concatenated, per
+// state) become 1-D tensors distrib_optim.<state> of the staged file, whose flat segments read the
+// canonical weights / masters and moments.
+Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool fp32_masters, const std::string& where) {
+  CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(plan.config, plan.layout, args, fp32_masters, where));
+  if (groups.size() != plan.ranks.size()) return Status::Internal("dist-opt groups differ from the ranks");
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const char* st : kDistOptStates) {
+      MegatronTensor t;
+      t.name = std::string(kDistOptStagedPrefix) + st;
+      int64_t n = 0;
+      for (const auto& bucket : groups[g].states.at(st))
+        for (const auto& sg : bucket) {
+          t.segments.push_back(sg);
+          n += sg.rows();
+        }
+      t.shape = {n};
+      plan.ranks[g].push_back(std::move(t));
+    }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -154,7 +155,23 @@ nlohmann::json optimizer_fields(const nlohmann::json& meta) {
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
   CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
   const bool torch = opts.format == MegatronFileFormat::kTorch;
-  if (torch) CKPT_RETURN_IF_ERROR(add_optimizer_tensors(src, plan));
+  const nlohmann::json optim = megatron_optimizer_fields(src.metadata());
+  nlohmann::json args = megatron_args(plan.config, plan.layout);
+  if (opts.dist_opt.enabled) {
+    if (!torch)
+      return Status::Error("DistOptNeedsMegatronFormat",
+                           "--dist-opt writes Megatron's distributed optimizer: --format torch (distrib_optim.pt) or "
+                           "torch_dist (dp_reshardable), not safetensors");
+    if (opts.dist_opt.sharding != "dp_reshardable")
+      return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding " + opts.dist_opt.sharding +
+                                                       ": the legacy format (--format torch) has one form, distrib_optim.pt; "
+                                                       "fully_reshardable is a torch_dist form");
+    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
+    args.update(dist_opt_args(opts.dist_opt, plan.layout.tp, plan.layout.pp, optim));
+    CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, masters, src.describe()));
+  } else if (torch) {
+    CKPT_RETURN_IF_ERROR(add_optimizer_tensors(src, plan));
+  }
   CKPT_RETURN_IF_ERROR(check_canonical(src, plan));
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
@@ -167,15 +184,13 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
     CKPT_RETURN_IF_ERROR(remove_stale_partial(out));
     std::filesystem::remove_all(out, ec);
   }
-  const nlohmann::json args = megatron_args(plan.config, plan.layout);
   MegatronSink sink(out, plan.layout, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
   eo.before_commit = opts.before_commit;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
-  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration,
-                                                       optimizer_fields(src.metadata()));
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration, optim);
   if (torch) std::filesystem::remove_all(out, ec);
   return s;
 }

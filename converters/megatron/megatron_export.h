@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "converters/megatron/megatron_dist_opt_export.h"
 #include "converters/megatron/megatron_segments.h"
 #include "formats/tensor/tensor_io.h"
 
@@ -28,6 +29,12 @@ struct MegatronExportOptions {
   int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
   std::optional<DType> dtype;         // output dtype; default: each canonical tensor's own
   MegatronNormNames norms = MegatronNormNames::kTransformerEngine;
+  // --dist-opt: the optimizer state as Megatron's distributed optimizer (kTorch: distrib_optim.pt
+  // beside each rank file; torch_dist: dp_reshardable buckets), laid out for dp and the bucket size.
+  MegatronDistOptOptions dist_opt;
+  // torch_dist: the megatron-core version whose layout is written, "0.16" .. "0.19" (0.19: the
+  // common state as the DCP item common_state; older: common.pt).
+  std::string megatron_version = "0.19";
   uint64_t chunk_bytes = 16ull << 20;  // engine chunk (output bytes per sink write)
   // Called after each chunk is written: (output bytes done, total), padding rows not counted.
   std::function<void(uint64_t, uint64_t)> progress;
@@ -43,7 +50,11 @@ struct MegatronExportOptions {
 // to `dst`.partial, renamed to `dst` when complete; `dst` must not exist. kTorch: the source's
 // optimizer.exp_avg / exp_avg_sq (/ fp32_param) tensors, when it has them, are written as the
 // rank files' 'optimizer' entry (converters/megatron/megatron_torch_export.h); kSafetensors writes weights
-// only. Every needed tensor is checked (present, shape) before anything is written.
+// only. With opts.dist_opt (kTorch only): no per-parameter 'optimizer' state; instead each rank's
+// world buffers (converters/megatron/megatron_dist_opt_export.h) become distrib_optim.pt beside its
+// model_optim_rng.pt and 'optimizer' holds DistributedOptimizer.state_dict()'s param groups; the args
+// record dp and the bucket size. Every needed tensor is checked (present, shape) before anything is
+// written.
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts);
 
 }  // namespace ckpt

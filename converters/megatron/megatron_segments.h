@@ -24,7 +24,10 @@ struct MegatronSegment {
   std::string tensor;    // canonical (HF) name; empty = zero padding
   Box box;               // region of the canonical tensor (unused for zero padding)
   int64_t zero_rows = 0;
-  int64_t rows() const { return tensor.empty() ? zero_rows : (box.ndim() ? box.extent[0] : 1); }
+  // Flat: the segment fills box.numel() elements of a 1-D Megatron tensor (the distributed
+  // optimizer's bucket buffers, converters/megatron/dist_optim_group.h), in the box's row-major order.
+  bool flat = false;
+  int64_t rows() const { return tensor.empty() ? zero_rows : flat ? box.numel() : (box.ndim() ? box.extent[0] : 1); }
 };
 
 struct MegatronTensor {

@@ -8,6 +8,7 @@
 #include <system_error>
 #include <vector>
 
+#include "converters/megatron/megatron_dist_opt_export.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/fs_util.h"
@@ -89,22 +90,6 @@ struct RankContent {
   }
 };
 
-// One param group as megatron-core's _get_param_groups + torch AdamW leave it in state_dict().
-const PyObj* param_group(PyArena& a, const nlohmann::json& adam, bool no_decay, std::vector<const PyObj*> ids) {
-  const double lr = adam.value("lr", 0.0);
-  return a.dict({{a.str("is_expert_parallel"), a.boolean(false)}, {a.str("default_config"), a.boolean(true)},
-                 {a.str("wd_mult"), a.real(no_decay ? 0.0 : 1.0)}, {a.str("lr_mult"), a.real(1.0)},
-                 {a.str("is_decoupled_lr"), a.boolean(false)}, {a.str("max_lr"), a.real(lr)},
-                 {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))}, {a.str("lr"), a.real(lr)},
-                 {a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.9)), a.real(adam.value("beta2", 0.999))})},
-                 {a.str("eps"), a.real(adam.value("eps", 1e-8))},
-                 {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))}, {a.str("amsgrad"), a.boolean(false)},
-                 {a.str("maximize"), a.boolean(false)}, {a.str("foreach"), a.none()},
-                 {a.str("capturable"), a.boolean(false)}, {a.str("differentiable"), a.boolean(false)},
-                 {a.str("fused"), a.none()}, {a.str("decoupled_weight_decay"), a.boolean(true)},
-                 {a.str("params"), a.list(std::move(ids))}});
-}
-
 // The 'optimizer' entry (converters/megatron/megatron_torch_optim.h): FP32Optimizer's AdamW state_dict, or
 // Float16OptimizerWithFloat16Params' {'optimizer', 'fp32_from_fp16_params'} when `masters` (a
 // master per non-fp32 parameter). nullptr when the staged file does not hold both moments (and
@@ -132,14 +117,50 @@ const PyObj* optimizer_entry(PyArena& a, RankContent& rc, const nlohmann::json& 
       ids[kind].push_back(a.integer(id++));
     }
   const PyObj* adam = a.dict({{a.str("state"), a.dict(std::move(state))},
-                              {a.str("param_groups"), a.list({param_group(a, optim, false, std::move(ids[0])),
-                                                              param_group(a, optim, true, std::move(ids[1]))})}});
+                              {a.str("param_groups"), a.list({megatron_param_group(a, optim, false, std::move(ids[0])),
+                                                              megatron_param_group(a, optim, true, std::move(ids[1]))})}});
   if (!masters) return adam;
   for (int kind = 0; kind < 2; ++kind)
     for (const auto& n : order[kind])
       if (rc.dtype_of(n) != DType::kF32) master_lists[kind].push_back(rc.tensor(a, fp32 + n));
   return a.dict({{a.str("optimizer"), adam},
                  {a.str("fp32_from_fp16_params"), a.list({a.list(std::move(master_lists[0])), a.list(std::move(master_lists[1]))})}});
+}
+
+// <dir>/distrib_optim.pt from the staged world buffers distrib_optim.<state> (the layout of
+// converters/megatron/megatron_distrib_optim.h, what save_parameter_state writes):
+// {'buckets_coalesced': True, 0: {(torch.<dtype>, torch.float32): {'param', 'exp_avg', 'exp_avg_sq',
+// 'numel_unpadded'}}}.
+Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std::string, size_t>& staged,
+                           const std::string& out, DType param_dtype) {
+  PyArena a;
+  std::vector<torch::TorchStorage> storages;
+  std::vector<std::pair<const PyObj*, const PyObj*>> state;
+  std::vector<size_t> order;
+  int64_t numel = -1;
+  for (const char* st : kDistOptStates) {
+    auto it = staged.find(std::string(kDistOptStagedPrefix) + st);
+    if (it == staged.end()) return Status::Internal("staged file: no world buffer '" + std::string(st) + "'");
+    const TensorMeta& t = sf.tensors()[it->second];
+    if (t.shape.size() != 1 || t.dtype != DType::kF32 || (numel >= 0 && t.shape[0] != numel))
+      return Status::Internal("staged world buffer '" + t.name + "' is not 1-D fp32 of one size");
+    numel = t.shape[0];
+    storages.push_back({std::to_string(storages.size()), DType::kF32, numel});
+    state.emplace_back(a.str(st), a.tensor(dense_ref(storages.back().key, DType::kF32, t.shape, numel)));
+    order.push_back(it->second);
+  }
+  state.emplace_back(a.str("numel_unpadded"), a.integer(numel));
+  const PyObj* root = a.dict({{a.str("buckets_coalesced"), a.boolean(true)},
+                              {a.integer(0), a.dict({{dist_opt_dtype_key(a, param_dtype), a.dict(std::move(state))}})}});
+  torch::TorchFileWriter w(out);
+  CKPT_RETURN_IF_ERROR(w.begin(root, storages));
+  for (size_t k = 0; k < order.size(); ++k) {
+    const TensorMeta& t = sf.tensors()[order[k]];
+    auto ext = sf.file_extent(order[k], Box::whole(t.shape));
+    if (!ext) return Status::Internal("staged world buffer '" + t.name + "' has no file extent");
+    CKPT_RETURN_IF_ERROR(w.write_from_file(k, ext->fd, ext->offset, ext->bytes));
+  }
+  return w.commit();
 }
 
 // Writes one rank file from its staged safetensors file.
@@ -156,7 +177,7 @@ Status write_rank(const std::string& staged, const std::string& out, const nlohm
     if (sf->pieces()[i].tensor != t.name) return Status::Internal("staged file '" + staged + "': piece order");
     CKPT_RETURN_IF_ERROR(shape_numel(t.shape).status());
     rc.staged[t.name] = i;
-    if (has_prefix(t.name, "optimizer.")) continue;
+    if (has_prefix(t.name, "optimizer.") || has_prefix(t.name, kDistOptStagedPrefix)) continue;
     rc.params.push_back(t.name);
     if (first || t.dtype != DType::kF32) dtype = t.dtype;
     first = false;
@@ -171,10 +192,17 @@ Status write_rank(const std::string& staged, const std::string& out, const nlohm
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)},
                                                              {a.str("model"), a.ordered_dict(std::move(model))}};
+  const bool dist_opt = rc.staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0]) > 0;
   bool masters = false;
   for (const auto& n : rc.params)
     masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
-  if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) root.emplace_back(a.str("optimizer"), o);
+  if (dist_opt) {  // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt
+    root.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
+    const std::string dir = fs::path(out).parent_path().string();
+    CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype));
+  } else if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) {
+    root.emplace_back(a.str("optimizer"), o);
+  }
   torch::TorchFileWriter w(out);
   CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), rc.storages));
   for (const auto& [i, k] : rc.storage_of_staged) {

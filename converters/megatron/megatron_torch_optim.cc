@@ -131,7 +131,7 @@ nlohmann::json adam_hyper(const PyObj* groups) {
   }
   if (pick == nullptr) return j;
   double v = 0;
-  for (const char* k : {"lr", "eps", "weight_decay"})
+  for (const char* k : {"lr", "min_lr", "max_lr", "eps", "weight_decay"})
     if (py_number(pick->get(k), v)) j[k] = v;
   if (const PyObj* b = pick->get("betas"); b != nullptr && (b->is(PyType::kTuple) || b->is(PyType::kList)) && b->items.size() == 2) {
     double b1 = 0, b2 = 0;
@@ -211,6 +211,11 @@ Status add_moments(torch::TorchFile& file, const PyObj* state, const PyObj* grou
 
 bool megatron_no_weight_decay(const std::string& name, const Shape& shape) {
   return shape.size() == 1 || (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+}
+
+nlohmann::json megatron_adam_hyper(const torch::PyObj* groups) {
+  if (groups == nullptr || !groups->is(torch::PyType::kList)) return nlohmann::json::object();
+  return megatron_optim_detail::adam_hyper(groups);
 }
 
 Result<MegatronLegacyOptim> megatron_legacy_optimizer(torch::TorchFile& file, const std::vector<MegatronModelParam>& params) {

@@ -53,9 +53,13 @@ struct MegatronOptimTensor {
 struct MegatronLegacyOptim {
   std::vector<MegatronOptimTensor> tensors;  // empty when there is no usable state
   std::optional<int64_t> step;               // Adam step count (common to all parameters)
-  nlohmann::json adam = nlohmann::json::object();  // lr, beta1, beta2, eps, weight_decay
+  nlohmann::json adam = nlohmann::json::object();  // megatron_adam_hyper
   std::string not_imported;  // why an existing 'optimizer' entry was not mapped ("" otherwise)
 };
+
+// lr, min_lr, max_lr, beta1, beta2, eps, weight_decay of the first weight-decay group of a torch
+// optimizer's param_groups list (else of the first group); those absent are left out.
+nlohmann::json megatron_adam_hyper(const torch::PyObj* groups);
 
 // True for the parameters megatron-core puts in the wd_mult = 0 group: 1-dim or named *.bias.
 bool megatron_no_weight_decay(const std::string& name, const Shape& shape);

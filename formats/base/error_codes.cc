@@ -133,6 +133,13 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DistOptimBucketMismatch", kCorrupt},      // bucket sizes do not add up to the parameters'
     {"MissingDistOptimState", kCorrupt},        // a bucket without masters or a moment the others have
     {"DistOptimRangeNotCovered", kCorrupt},     // a parameter's bucket elements not all stored
+    // export-megatron --dist-opt / --megatron-version (converters/megatron/megatron_dist_opt_export.h)
+    {"DistOptNoOptimizerState", kNotFound},     // the source holds no Adam state to write
+    {"DistOptNoStep", kNotFound},               // the source records no optimizer step
+    {"DistOptNeedsLocalSpec", kArg},            // legacy --dist-opt without --local-norms
+    {"DistOptNeedsMegatronFormat", kArg},       // --dist-opt with --format safetensors
+    {"DistOptBadFlag", kArg},                   // --dp / --ddp-bucket-size out of range
+    {"UnsupportedMegatronVersion", kUnsup},     // --megatron-version not 0.16 .. 0.19
     {"BadDistOptimState", kCorrupt},            // dp_zero_gather_scatter param_state not megatron-core's structure
     {"Base64Invalid", kCorrupt},
     {"HfFilesCorrupt", kCorrupt},

@@ -209,7 +209,9 @@ def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int 
 
 def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers: Union[None, str, Sequence[int]] = None,
                     format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
-                    local_norms: bool = False, iteration: int = 0, verify_source: bool = True,
+                    local_norms: bool = False, iteration: int = 0, dist_opt: bool = False, dp: int = 1,
+                    ddp_bucket_size: Optional[int] = None, dist_opt_sharding: str = "dp_reshardable",
+                    megatron_version: Optional[str] = None, verify_source: bool = True,
                     progress: Progress = None) -> Dict[str, Any]:
     """Writes a checkpoint's model weights (any kind with a model config, in global view) as
     Megatron checkpoints for ``tp`` x ``pp`` ranks in the new directory ``dst``: ``format``
@@ -218,15 +220,21 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
     or ``"torch_dist"`` (a Megatron-Core dist_checkpointing directory). ``pp_layers``: layers per
     pipeline stage, a list or ``"1,3"`` (None: even split); ``vocab_divisor``: make-vocab-size-divisible-by;
     ``local_norms``: local-spec norm names instead of Transformer Engine's; ``dtype``: ``"bf16"``,
-    ``"fp16"`` or ``"fp32"`` (None keeps the source's). SRC is checked by its format's own checks
-    before anything is committed, unless ``verify_source`` is False.
+    ``"fp16"`` or ``"fp32"`` (None keeps the source's). ``megatron_version`` (torch_dist; None: the newest, 0.19): ``"0.19"``
+    writes the common state as the DCP item common_state, ``"0.16"`` .. ``"0.18"`` as common.pt.
+    ``dist_opt``: the Adam state as Megatron's distributed optimizer (torch: distrib_optim.pt; torch_dist:
+    ``dist_opt_sharding`` ``"dp_reshardable"`` or ``"fully_reshardable"``), its buckets laid out for
+    ``dp`` and ``ddp_bucket_size`` (None: one bucket); needs ``local_norms`` (docs/MEGATRON_DIST.md).
+    SRC is checked by its format's own checks before anything is committed, unless ``verify_source``
+    is False.
 
-    Returns ``{out, format, tp, pp, iteration, source_check}``."""
+    Returns ``{out, format, tp, pp, iteration, dist_opt, dp, source_check}``."""
     if isinstance(pp_layers, str):
         pp_layers = [int(x) for x in pp_layers.split(",") if x.strip()]
     opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])],
             "vocab_divisor": vocab_divisor, "dtype": dtype or "", "local_norms": local_norms, "iteration": iteration,
-            "verify_source": verify_source}
+            "dist_opt": dist_opt, "dp": dp, "ddp_bucket_size": int(ddp_bucket_size or 0),
+            "dist_opt_sharding": dist_opt_sharding, "megatron_version": megatron_version or "", "verify_source": verify_source}
     return _ckpt._export_megatron(_path(src), _path(dst), opts, progress)
 
 

@@ -146,6 +146,8 @@ def export(run_ckpt, store, dst, tp, pp, fmt="torch"):
     args = ["export-megatron", store, dst, "--format", fmt, "--tp", tp, "--pp", pp]
     if fmt == "torch":
         args += ["--local-norms", "--iteration", 10]
+    if fmt == "torch_dist":  # loaded by the venv's megatron-core 0.16.1: common.pt (0.19 writes common_state)
+        args += ["--megatron-version", "0.16"]
     if pp > 1:
         args += ["--pp-layers", f"{mf.FIRST_STAGE_LAYERS},{L - mf.FIRST_STAGE_LAYERS}"]
     run_ckpt(*args)

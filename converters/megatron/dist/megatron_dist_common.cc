@@ -5,6 +5,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/json_read.h"
 #include "formats/torch/torch_file.h"
 
@@ -105,6 +106,9 @@ Result<MegatronDistCommon> common_from_root(torch::TorchFile& tf, const torch::P
     out.optimizer_step = static_cast<int64_t>(v);
   }
   if (!out.optimizer_step) out.optimizer_step = param_groups_step(opt);
+  if (const torch::PyObj* inner = opt && opt->is(torch::PyType::kDict) ? opt->get("optimizer") : nullptr;
+      inner && inner->is(torch::PyType::kDict))
+    out.adam = megatron_adam_hyper(inner->get("param_groups"));
   const torch::PyObj* cm = root->get("content_metadata");
   const torch::PyObj* st = cm && cm->is(torch::PyType::kDict) ? cm->get("distrib_optim_sharding_type") : nullptr;
   if (!st && opt && opt->is(torch::PyType::kDict)) st = opt->get("param_state_sharding_type");
@@ -131,6 +135,23 @@ Result<std::unique_ptr<torch::TorchFile>> open_common_state(const std::string& d
   auto tf = torch::TorchFile::open(path, item.offset, item.length, common_limits());
   if (!tf.ok()) return tf.take_status().with_context("common state item '" + item.fqn + "' of '" + path + "'").with_file(path);
   return std::move(tf).value();
+}
+
+// The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
+// the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer (beside common.pt or
+// common_state alike): the step when all agree, and the hyper-parameters.
+Status distributed_optimizer_groups(const std::string& dir, const torch::DcpMetadata& md, MegatronDistCommon& out) {
+  for (const auto& b : md.bytes) {
+    if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
+      continue;
+    CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
+    const torch::PyObj* r = of->root();
+    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1) {
+      out.optimizer_step = groups_step(r->items[0]);
+      if (r->items[0]->is(torch::PyType::kDict)) out.adam = megatron_adam_hyper(r->items[0]->get("param_groups"));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace dist_common_detail
@@ -166,16 +187,18 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
         .with_file(mdfile);
   const std::string file = dir + "/common.pt";
   std::error_code ec;
-  if (fs::exists(file, ec)) {
-    CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, common_limits()));
-    const torch::PyObj* root = tf->root();
-    if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
-    return common_from_root(*tf, root, file, "common.pt");
-  }
   std::optional<torch::DcpMetadata> own;
   if (!md) {
     CKPT_ASSIGN_OR_RETURN(own, torch::read_dcp_metadata(dir));
     md = &*own;
+  }
+  if (fs::exists(file, ec)) {
+    CKPT_ASSIGN_OR_RETURN(auto tf, torch::TorchFile::open(file, 0, UINT64_MAX, common_limits()));
+    const torch::PyObj* root = tf->root();
+    if (!root || !root->is(torch::PyType::kDict)) return bad_common(file, "the root object is not a dict");
+    CKPT_ASSIGN_OR_RETURN(MegatronDistCommon out, common_from_root(*tf, root, file, "common.pt"));
+    CKPT_RETURN_IF_ERROR(distributed_optimizer_groups(dir, *md, out));
+    return out;
   }
   const torch::DcpBytesItem* item = nullptr;
   for (const auto& b : md->bytes)
@@ -195,16 +218,7 @@ Result<MegatronDistCommon> read_megatron_dist_common(const std::string& dir, con
         .with_file(where)
         .with_tensor(item->fqn);
   CKPT_ASSIGN_OR_RETURN(MegatronDistCommon out, common_from_root(*tf, root->items[0], where, item->fqn));
-  // The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
-  // the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer: the step when all agree.
-  for (const auto& b : md->bytes) {
-    if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
-      continue;
-    CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
-    const torch::PyObj* r = of->root();
-    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1)
-      out.optimizer_step = groups_step(r->items[0]);
-  }
+  CKPT_RETURN_IF_ERROR(distributed_optimizer_groups(dir, *md, out));
   return out;
 }
 

@@ -32,6 +32,7 @@ struct MegatronDistCommon {
   std::string sharding_type;                       // content_metadata.distrib_optim_sharding_type, else
                                                    // optimizer.param_state_sharding_type ("" when none)
   std::string source;                              // "common.pt" or the DCP item "common_state/shard_0_1"
+  nlohmann::json adam = nlohmann::json::object();  // the param groups' hyper-parameters (megatron_adam_hyper)
 };
 
 // The DCP bytes item megatron-core 0.19 writes the common state to.

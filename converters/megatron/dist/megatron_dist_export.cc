@@ -4,7 +4,10 @@
 #include <optional>
 #include <system_error>
 
+#include "converters/megatron/dist/megatron_dist_common.h"
+#include "converters/megatron/dist/megatron_dist_optim.h"
 #include "converters/megatron/dist/megatron_dist_sink.h"
+#include "converters/megatron/megatron_dist_opt_export.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/torch/dcp/dcp_writer.h"
 #include "formats/torch/pickle/py_json.h"
@@ -17,21 +20,76 @@ namespace dist_export_detail {
 using torch::PyArena;
 using torch::PyObj;
 
-// common.pt: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N}, and
+// The common state: {'args': argparse.Namespace(**args), 'checkpoint_version': 3.0, 'iteration': N},
 // with optimizer state 'optimizer': {'state': {'common_step': step}} (what FP32Optimizer.
-// sharded_state_dict leaves outside the sharded tensors besides the param groups).
-Result<std::string> common_pt(const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step) {
-  PyArena a;
+// sharded_state_dict leaves outside the sharded tensors besides the param groups), with the
+// distributed optimizer (`dist_opt`: its sharding type) 'optimizer': {'param_state_sharding_type': T}
+// (fully_reshardable: and 'optimizer': {'param_groups': ...}) and 'content_metadata' (what
+// Megatron-LM's save_checkpoint passes to dist_checkpointing.save).
+const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step,
+                         const std::string& dist_opt, const nlohmann::json& optim) {
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
   for (const auto& [k, v] : args.items()) attrs.emplace_back(a.str(k), torch::json_to_pyobj(a, v));
   const PyObj* ns = a.record("argparse.Namespace", a.tuple({}), a.dict(std::move(attrs)), /*newobj=*/true);
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), ns},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)}};
-  if (step)
+  if (!dist_opt.empty()) {  // fully_reshardable keeps the param groups here, dp_reshardable in its ShardedObjects
+    std::vector<std::pair<const PyObj*, const PyObj*>> o;
+    if (dist_opt == "fully_reshardable") o.emplace_back(a.str("optimizer"), dist_opt_param_groups(a, optim));
+    o.emplace_back(a.str("param_state_sharding_type"), a.str(dist_opt));
+    root.emplace_back(a.str("optimizer"), a.dict(std::move(o)));
+    root.emplace_back(a.str("content_metadata"),
+                      a.dict({{a.str("distrib_optim_sharding_type"), a.str(dist_opt)},
+                              {a.str("singleton_local_shards"), a.boolean(false)},
+                              {a.str("chained_optim_avoid_prefix"), a.boolean(true)}}));
+  } else if (step) {
     root.emplace_back(a.str("optimizer"),
                       a.dict({{a.str("state"), a.dict({{a.str("common_step"), a.integer(*step)}})}}));
-  return torch::torch_save_bytes(a.dict(std::move(root)));
+  }
+  return a.dict(std::move(root));
+}
+
+// --dist-opt: the dp_reshardable state of every model-parallel group g (DistributedOptimizer.
+// sharded_param_state_dp_reshardable): per bucket b and state, the 1-D tensor
+// optimizer.distributed.dp_group_idx_{g}.gbuf_idx_0.dtype_{(param, grad dtype)}.bucket_idx_{b}.{state}
+// of the bucket's numel_unpadded elements, one chunk in group g's file; and the ShardedObjects
+// dp_group_idx_{g}.optimizer (the param groups with the step), .per_bucket_numel and
+// .per_bucket_numel_unpadded ([{(dtypes): [sizes]}] per grad buffer).
+Status add_dp_reshardable(const std::vector<DistOptGroupBuffers>& groups, DType param_dtype, const nlohmann::json& optim,
+                          std::vector<DistTensor>& map, std::vector<torch::DcpBytesEntry>& bytes) {
+  const std::string dkey = dist_optim_dtype_key(torch::torch_dtype_name(param_dtype), torch::torch_dtype_name(DType::kF32));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string pre = std::string(kDistOptimBucketPrefix) + std::to_string(g);
+    const int rank = static_cast<int>(g);  // = pp_rank * tp + tp_rank, the group's file
+    for (size_t b = 0; b < groups[g].numel_unpadded.size(); ++b)
+      for (const char* st : kDistOptStates) {
+        const int64_t n = groups[g].numel_unpadded[b];
+        DistChunk c{Box{{0}, {n}}, 0, groups[g].states.at(st)[b], rank};
+        map.push_back(DistTensor{pre + ".gbuf_idx_0.dtype_" + dkey + ".bucket_idx_" + std::to_string(b) + "." + st, {n}, {std::move(c)}});
+      }
+    PyArena a;
+    CKPT_ASSIGN_OR_RETURN(std::string groups_bytes, torch::torch_save_bytes(a.list({dist_opt_param_groups(a, optim)})));
+    bytes.push_back({pre + ".optimizer/shard_0_1", std::move(groups_bytes), rank});
+    for (const char* k : {"per_bucket_numel", "per_bucket_numel_unpadded"}) {
+      std::vector<const PyObj*> sizes;
+      for (int64_t v : std::string(k) == "per_bucket_numel" ? groups[g].numel : groups[g].numel_unpadded)
+        sizes.push_back(a.integer(v));
+      const PyObj* per_gbuf = a.list({a.dict({{dist_opt_dtype_key(a, param_dtype), a.list(std::move(sizes))}})});
+      CKPT_ASSIGN_OR_RETURN(std::string sb, torch::torch_save_bytes(a.list({per_gbuf})));
+      bytes.push_back({pre + "." + k + "/shard_0_1", std::move(sb), rank});
+    }
+  }
+  return Status::Ok();
+}
+
+// "0.16" .. "0.19": whether the common state is the DCP item common_state (0.19) or common.pt.
+Result<bool> common_state_in_dcp(const std::string& version) {
+  if (version == "0.19") return true;
+  if (version == "0.16" || version == "0.17" || version == "0.18") return false;
+  return Status::Error("UnsupportedMegatronVersion", "--megatron-version '" + version +
+                                                         "': ckpt writes the torch_dist layouts of megatron-core 0.16, "
+                                                         "0.17, 0.18 (common.pt) and 0.19 (common_state)");
 }
 
 // The optimizer tensors of megatron-core's sharded optimizer state dict (FP32Optimizer /
@@ -39,14 +97,15 @@ Result<std::string> common_pt(const nlohmann::json& args, int64_t iteration, std
 // make_sharded_optimizer_tensor give each state tensor the key optimizer.state.<kind>.<model key>
 // and its parameter's sharding): one DistTensor per model tensor and kind `src` holds, its
 // segments over the canonical optimizer.<kind>.<HF name>. Returns whether any was added.
-bool add_dist_optimizer_tensors(const SourceIndex& index, std::vector<DistTensor>& map) {
-  constexpr std::pair<const char*, const char*> kKinds[] = {{"optimizer.state.exp_avg.", "optimizer.exp_avg."},
-                                                            {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."},
-                                                            {"optimizer.state.fp32_param.", "optimizer.fp32_param."}};
+using OptimKinds = std::vector<std::pair<std::string, std::string>>;  // (torch_dist prefix, canonical prefix)
+bool add_dist_optimizer_tensors(const SourceIndex& index, std::vector<DistTensor>& map,
+                                const OptimKinds& kinds = {{"optimizer.state.exp_avg.", "optimizer.exp_avg."},
+                                                           {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."},
+                                                           {"optimizer.state.fp32_param.", "optimizer.fp32_param."}}) {
   const size_t n = map.size();
   bool any = false;
-  for (const auto& [dist, canonical] : kKinds) {
-    if (!index.tensor_index.count(std::string(canonical) + "model.norm.weight")) continue;
+  for (const auto& [dist, canonical] : kinds) {
+    if (!index.tensor_index.count(canonical + "model.norm.weight")) continue;
     any = true;
     for (size_t i = 0; i < n; ++i) {
       DistTensor t = map[i];
@@ -115,14 +174,34 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(layout));
   CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, layout));
+  CKPT_ASSIGN_OR_RETURN(const bool in_dcp, common_state_in_dcp(opts.megatron_version));
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
-  const bool optim = add_dist_optimizer_tensors(index, map);
+  nlohmann::json args = megatron_args(cfg, layout);
+  std::vector<torch::DcpBytesEntry> bytes;
+  const nlohmann::json optim_fields = megatron_optimizer_fields(meta);
+  bool optim = false;
+  if (opts.dist_opt.enabled) {  // the distributed optimizer's buckets instead of per-parameter state
+    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, true));
+    args.update(dist_opt_args(opts.dist_opt, layout.tp, layout.pp, optim_fields));
+    if (opts.dist_opt.sharding == "fully_reshardable") {  // per parameter, chunked like it; masters as 'param'
+      add_dist_optimizer_tensors(index, map, {{kDistMasterParamPrefix, masters ? "optimizer.fp32_param." : ""},
+                                              {"optimizer.state.exp_avg.", "optimizer.exp_avg."},
+                                              {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."}});
+    } else {
+      CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(cfg, layout, args, masters, src.describe()));
+      CKPT_RETURN_IF_ERROR(add_dp_reshardable(groups, opts.dtype.value_or(DType::kF32), optim_fields, map, bytes));
+    }
+  } else {
+    optim = add_dist_optimizer_tensors(index, map);
+  }
   // Each mcore tensor's dtype: the requested one (weights), else its first canonical tensor's.
   std::vector<DType> dtypes;
   std::vector<TensorMeta> canonical;
   for (const auto& t : map) {
     DType dt = opts.dtype.value_or(DType::kF32);
-    const bool keep = !opts.dtype || t.key.rfind("optimizer.", 0) == 0;
+    const bool buckets = t.key.rfind(kDistOptimBucketPrefix, 0) == 0 ||  // fp32 whatever the weights
+                         t.key.rfind(kDistMasterParamPrefix, 0) == 0;
+    const bool keep = !buckets && (!opts.dtype || t.key.rfind("optimizer.", 0) == 0);
     for (const auto& c : t.chunks)
       for (const auto& s : c.segments) {
         auto it = s.tensor.empty() ? index.tensor_index.end() : index.tensor_index.find(s.tensor);
@@ -130,13 +209,12 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
         if (keep) dt = src.tensors()[it->second].dtype;
         canonical.push_back(src.tensors()[it->second]);
       }
-    dtypes.push_back(dt);
+    dtypes.push_back(buckets ? DType::kF32 : dt);
   }
   std::sort(canonical.begin(), canonical.end(), [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
   canonical.erase(std::unique(canonical.begin(), canonical.end()), canonical.end());
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
-  nlohmann::json args = megatron_args(cfg, layout);
   args["ckpt_format"] = "torch_dist";
   args["transformer_impl"] = "local";
   if (layout.pp > 1) {  // Megatron-LM's names for an uneven split (first / last stage sizes)
@@ -147,12 +225,23 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   args["iteration"] = iteration;
   std::optional<int64_t> step = optim ? source_step(meta) : std::nullopt;
   if (optim && !step) step = iteration;
-  CKPT_ASSIGN_OR_RETURN(std::string common, common_pt(args, iteration, step));
-  CKPT_ASSIGN_OR_RETURN(auto bytes, extra_states(map, cfg.num_hidden_layers));
-  const std::string md_json =
-      R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})";
-  DistSegmentSink sink(dst, std::move(map), std::move(dtypes), std::move(bytes),
-                       {{"common.pt", common}, {"metadata.json", md_json}});
+  PyArena a;
+  const PyObj* common =
+      common_root(a, args, iteration, step, opts.dist_opt.enabled ? opts.dist_opt.sharding : "", optim_fields);
+  CKPT_ASSIGN_OR_RETURN(auto extra, extra_states(map, cfg.num_hidden_layers));
+  for (auto& e : extra) bytes.push_back(std::move(e));
+  std::vector<std::pair<std::string, std::string>> files;
+  if (in_dcp) {  // 0.19: ShardedObject('common_state', state, (1,), (0,)): torch.save([state]) in rank 0's file
+    CKPT_ASSIGN_OR_RETURN(std::string cs, torch::torch_save_bytes(a.list({common})));
+    bytes.push_back({kMegatronCommonStateItem, std::move(cs), 0});
+    files.emplace_back("metadata.json", R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1})");
+  } else {
+    CKPT_ASSIGN_OR_RETURN(std::string cs, torch::torch_save_bytes(common));
+    files.emplace_back("common.pt", std::move(cs));
+    files.emplace_back("metadata.json",
+                       R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
+  }
+  DistSegmentSink sink(dst, std::move(map), std::move(dtypes), std::move(bytes), std::move(files));
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;

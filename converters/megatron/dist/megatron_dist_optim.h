@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "converters/megatron/dist_optim_group.h"
 #include "converters/megatron/dist_optim_layout.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/model/llama_config.h"
@@ -59,19 +60,6 @@ struct DistOptimPlan {
   std::set<std::string> items_read;  // DCP bytes items used (dp_zero_gather_scatter's param_state)
   std::string not_imported_reason;  // non-empty: the form is recognised but not read (pieces empty)
 };
-
-// One model-parallel group's derived layout: the rank tensors (local names) and, per slot of
-// layout.params (buffer order), its tensor.
-struct DistOptimGroup {
-  std::vector<MegatronTensor> tensors;
-  DistOptimLayout layout;
-  std::vector<const MegatronTensor*> slot_tensor;
-  DistOptimGroup() = default;
-  DistOptimGroup(const DistOptimGroup&) = delete;  // slot_tensor points into tensors
-  DistOptimGroup(DistOptimGroup&&) = default;
-};
-Result<DistOptimGroup> dist_optim_group(const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
-                                        const std::string& dir, int tp_r, int pp_r);
 
 // Appends the pieces of `grp` (each canonical box once over all groups: `seen`): `at(slot, state,
 // bucket-local offset, elements)` gives the piece's source (tensor and box are filled here), or

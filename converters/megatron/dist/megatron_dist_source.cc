@@ -364,6 +364,7 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
                        {"pp", common.args.value("pipeline_model_parallel_size", 1)}};
   if (common.iteration) mg["iteration"] = *common.iteration;
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
+  if (!common.adam.empty()) mg["adam"] = common.adam;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
   // A virtual pipeline's stages hold interleaved chunks, which a layout cannot say: no layout then.
   if (vpp > 1) src->meta_["megatron"]["virtual_pipeline"] = vpp;

@@ -1,0 +1,132 @@
+#include "converters/megatron/megatron_dist_opt_export.h"
+
+#include "converters/megatron/megatron_torch_optim.h"
+
+namespace ckpt {
+
+nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta) {
+  nlohmann::json o = nlohmann::json::object();
+  if (meta.contains("megatron") && meta["megatron"].is_object()) {
+    const auto& m = meta["megatron"];
+    if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer()) o["step"] = m["optimizer_step"];
+    if (m.contains("adam") && m["adam"].is_object())
+      for (const auto& [k, v] : m["adam"].items())
+        if (v.is_number()) o[k] = v;
+  }
+  if (meta.contains("trainer") && meta["trainer"].is_object()) {
+    const auto& t = meta["trainer"];
+    if (t.contains("step") && t["step"].is_number_integer()) o["step"] = t["step"];
+    if (t.contains("adamw") && t["adamw"].is_object())
+      for (const auto& [k, v] : t["adamw"].items())
+        if (v.is_number()) o[k] = v;
+    if (t.contains("lr_schedule") && t["lr_schedule"].is_object() && t["lr_schedule"].contains("peak_lr"))
+      o["lr"] = t["lr_schedule"]["peak_lr"];
+  }
+  return o;
+}
+
+nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim_in) {
+  const nlohmann::json optim = optim_in.is_object() ? optim_in : nlohmann::json::object();
+  nlohmann::json a = {{"use_distributed_optimizer", true},
+                      {"data_parallel_size", o.dp},
+                      {"world_size", int64_t{tp} * pp * o.dp},
+                      {"ddp_bucket_size", o.bucket_size ? nlohmann::json(*o.bucket_size) : nlohmann::json(nullptr)},
+                      {"overlap_grad_reduce", o.bucket_size.has_value()},
+                      {"grad_reduce_in_fp32", true},
+                      {"transformer_impl", "local"},
+                      {"optimizer", "adam"}};
+  const double lr = optim.value("lr", 0.0);
+  a["lr"] = lr;
+  a["min_lr"] = optim.value("min_lr", lr);
+  a["weight_decay"] = optim.value("weight_decay", 0.0);
+  a["adam_beta1"] = optim.value("beta1", 0.9);
+  a["adam_beta2"] = optim.value("beta2", 0.999);
+  a["adam_eps"] = optim.value("eps", 1e-8);
+  return a;
+}
+
+Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms) {
+  if (o.dp < 1 || o.dp > (int64_t{1} << 20))
+    return Status::Error("DistOptBadFlag", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
+  if (o.bucket_size && (*o.bucket_size < 1 || *o.bucket_size > (int64_t{1} << 40)))
+    return Status::Error("DistOptBadFlag", "--ddp-bucket-size " + std::to_string(*o.bucket_size) + " must be 1..2^40");
+  if (o.sharding != "dp_reshardable" && o.sharding != "fully_reshardable")
+    return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding '" + o.sharding +
+                                                     "': ckpt writes dp_reshardable and fully_reshardable");
+  if (!local_norms)
+    return Status::Error("DistOptNeedsLocalSpec",
+                         "--dist-opt: the bucket layout follows the parameters' registration order, known for the local "
+                         "spec only (transformer_impl 'local'): add --local-norms");
+  bool kinds[3] = {false, false, false};
+  for (const auto& t : src.tensors())
+    for (int k = 0; k < 3; ++k)
+      if (t.name.rfind(kMegatronOptimPrefixes[k], 0) == 0) kinds[k] = true;
+  if (!kinds[0] && !kinds[1])
+    return Status::Error("DistOptNoOptimizerState", "--dist-opt: source '" + src.describe() +
+                                                        "' holds no optimizer state (optimizer.exp_avg.* and "
+                                                        "optimizer.exp_avg_sq.*): there is nothing to write as the "
+                                                        "distributed optimizer; export without --dist-opt");
+  if (!kinds[0] || !kinds[1])
+    return Status::Error("MegatronOptimizerMissingMoment",
+                         "--dist-opt: source '" + src.describe() + "' holds " + (kinds[0] ? "optimizer.exp_avg.* but not optimizer.exp_avg_sq.*" : "optimizer.exp_avg_sq.* but not optimizer.exp_avg.*") +
+                             " (Megatron's Adam state needs both)");
+  if (!megatron_optimizer_fields(src.metadata()).contains("step"))
+    return Status::Error("DistOptNoStep", "--dist-opt: source '" + src.describe() +
+                                              "' records no optimizer step (megatron.optimizer_step or trainer.step): "
+                                              "Adam's bias correction needs it");
+  return kinds[2];
+}
+
+Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout,
+                                                          const nlohmann::json& args, bool fp32_masters,
+                                                          const std::string& where) {
+  std::vector<DistOptGroupBuffers> out;
+  for (int p = 0; p < layout.pp; ++p)
+    for (int r = 0; r < layout.tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, layout, args, where, r, p));
+      DistOptGroupBuffers g;
+      g.tp_rank = r, g.pp_rank = p;
+      for (const auto& b : grp.layout.buckets) {
+        g.numel.push_back(b.end - b.start);
+        g.numel_unpadded.push_back(b.numel_unpadded);
+      }
+      g.states["param"] = dist_optim_bucket_segments(grp, [&](const std::string& w) {
+        return fp32_masters ? kMegatronOptimPrefixes[2] + w : w;
+      });
+      g.states["exp_avg"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[0] + w; });
+      g.states["exp_avg_sq"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[1] + w; });
+      out.push_back(std::move(g));
+    }
+  return out;
+}
+
+const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json& adam, bool no_decay,
+                                         std::optional<std::vector<const torch::PyObj*>> ids) {
+  const double lr = adam.value("lr", 0.0);
+  std::vector<std::pair<const torch::PyObj*, const torch::PyObj*>> kv = {
+      {a.str("is_expert_parallel"), a.boolean(false)}, {a.str("default_config"), a.boolean(true)},
+      {a.str("wd_mult"), a.real(no_decay ? 0.0 : 1.0)}, {a.str("lr_mult"), a.real(1.0)},
+      {a.str("is_decoupled_lr"), a.boolean(false)}, {a.str("max_lr"), a.real(adam.value("max_lr", lr))},
+      {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))}, {a.str("lr"), a.real(lr)},
+      {a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.9)), a.real(adam.value("beta2", 0.999))})},
+      {a.str("eps"), a.real(adam.value("eps", 1e-8))},
+      {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))}, {a.str("amsgrad"), a.boolean(false)},
+      {a.str("maximize"), a.boolean(false)}, {a.str("foreach"), a.none()},
+      {a.str("capturable"), a.boolean(false)}, {a.str("differentiable"), a.boolean(false)},
+      {a.str("fused"), a.none()}, {a.str("decoupled_weight_decay"), a.boolean(true)}};
+  if (ids) kv.emplace_back(a.str("params"), a.list(std::move(*ids)));
+  else kv.emplace_back(a.str("step"), a.real(static_cast<double>(adam.value("step", int64_t{0}))));
+  return a.dict(std::move(kv));
+}
+
+const torch::PyObj* dist_opt_param_groups(torch::PyArena& a, const nlohmann::json& optim) {
+  return a.dict({{a.str("param_groups"), a.list({megatron_param_group(a, optim, false, std::nullopt),
+                                                 megatron_param_group(a, optim, true, std::nullopt)})}});
+}
+
+const torch::PyObj* dist_opt_dtype_key(torch::PyArena& a, DType param_dtype) {
+  return a.tuple({a.record(torch::torch_dtype_name(param_dtype), nullptr, nullptr),
+                  a.record(torch::torch_dtype_name(DType::kF32), nullptr, nullptr)});
+}
+
+}  // namespace ckpt

@@ -1,0 +1,82 @@
+// What every export of Megatron's distributed optimizer shares (legacy distrib_optim.pt,
+// converters/megatron/megatron_torch_export.h; torch_dist dp_reshardable,
+// converters/megatron/dist/megatron_dist_export.h): the settings the bucket layout depends on (taken
+// from flags, recorded in the args written, so the import derives the same layout), the check that
+// the source holds the optimizer state, each model-parallel group's bucket contents (canonical
+// boxes, converters/megatron/dist_optim_group.h) and the param groups DistributedOptimizer.
+// state_dict() saves.
+// Named errors: DistOptNoOptimizerState (the source has no optimizer.exp_avg.* /
+// optimizer.exp_avg_sq.*), MegatronOptimizerMissingMoment (only one of them), DistOptNeedsLocalSpec
+// (Transformer Engine names: only the local spec's parameter order is known), DistOptBadFlag (dp or
+// bucket size out of range), DistOptNoStep (no optimizer step recorded in the source),
+// UnsupportedDistOptim (a sharding type other than dp_reshardable / fully_reshardable).
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "converters/megatron/dist_optim_group.h"
+#include "formats/tensor/tensor_io.h"
+#include "formats/torch/pickle/py_object.h"
+
+namespace ckpt {
+
+struct MegatronDistOptOptions {
+  bool enabled = false;
+  int64_t dp = 1;                      // data-parallel size the buckets are padded for (lcm(dp, 128))
+  std::optional<int64_t> bucket_size;  // DDP bucket size in elements; none: one bucket (no overlap_grad_reduce)
+  // torch_dist: "dp_reshardable" (the buckets) or "fully_reshardable" (per parameter, model keys).
+  std::string sharding = "dp_reshardable";
+};
+
+// The args fields of the distributed optimizer (use_distributed_optimizer, data_parallel_size,
+// world_size = tp * pp * dp, ddp_bucket_size, overlap_grad_reduce, grad_reduce_in_fp32,
+// transformer_impl "local") and the optimizer's hyper-parameters (lr, min_lr, weight_decay,
+// adam_beta1/2, adam_eps) from `optim` (megatron_optimizer_fields).
+nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim);
+
+// The source's Adam state as Megatron writes it: {"step", "lr", "min_lr", "max_lr", "beta1",
+// "beta2", "eps", "weight_decay"} from its metadata (imported Megatron checkpoint: megatron.
+// optimizer_step / megatron.adam; ckpt's trainer: trainer.step / adamw / lr_schedule).
+nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta);
+
+// The checks of a --dist-opt export of `src` (before anything is written): both moments present,
+// a step, the local spec's names, dp and bucket size in range. Returns whether the source holds
+// fp32 masters (optimizer.fp32_param.*); without them the masters are the weights.
+Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms);
+
+// One model-parallel group's buffers: per bucket the padded and unpadded sizes, and per state
+// ("param" = fp32 masters, "exp_avg", "exp_avg_sq") the flat segments of [0, numel_unpadded).
+struct DistOptGroupBuffers {
+  int tp_rank = 0, pp_rank = 0;
+  std::vector<int64_t> numel, numel_unpadded;
+  std::map<std::string, std::vector<std::vector<MegatronSegment>>> states;
+};
+// Every group of `layout` (index pp_rank * tp + tp_rank = Megatron's dp_group_idx), laid out from
+// `args` (dist_opt_args) by dist_optim_group: the import's own derivation.
+Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout,
+                                                          const nlohmann::json& args, bool fp32_masters,
+                                                          const std::string& where);
+
+// The name of a staged legacy world buffer: distrib_optim.<state> (MegatronSink, 1-D fp32).
+inline constexpr const char* kDistOptStagedPrefix = "distrib_optim.";
+// The states of a distributed optimizer's buffers, in Megatron's order.
+inline constexpr const char* kDistOptStates[] = {"param", "exp_avg", "exp_avg_sq"};
+
+// One param group as megatron-core's _get_param_groups + torch AdamW leave it in state_dict()
+// (`ids`: the 'params' entry; DistributedOptimizer.state_dict() drops it and adds 'step').
+const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json& optim, bool no_decay,
+                                         std::optional<std::vector<const torch::PyObj*>> ids);
+// DistributedOptimizer.state_dict()'s 'optimizer': {'param_groups': [decay, no decay]}, each with
+// 'step' (a float, as torch AdamW without Apex/TE keeps it) and no 'params'.
+const torch::PyObj* dist_opt_param_groups(torch::PyArena& a, const nlohmann::json& optim);
+// The dtype key (torch.<param dtype>, torch.float32) of the grad buffer (grad_reduce_in_fp32).
+const torch::PyObj* dist_opt_dtype_key(torch::PyArena& a, DType param_dtype);
+
+}  // namespace ckpt
