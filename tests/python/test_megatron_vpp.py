@@ -1,0 +1,151 @@
+"""Megatron virtual (interleaved) pipelines: legacy per-rank files with model0, model1, ... (import)
+and `export-megatron --vpp N` (torch and torch_dist), checked against megatron-core itself.
+
+Fixture: fixtures/megatron_core_019/legacy_vpp2_pp2 (committed; written by megatron-core 0.19.2 via
+make_fixtures.py + legacy_save.py as Megatron-LM's save_checkpoint writes --ckpt-format torch with
+2 virtual stages over pp 2: mp_rank_00_00P/model_optim_rng.pt holding model0 and model1, chunk c of
+stage p = layer c * 2 + p), megatron-core's logits beside it. The same run saved as torch_dist is
+vpp2_pp2 (its logits are byte-identical).
+  * import: `ckpt to-hf` -> transformers LlamaForCausalLM logits equal megatron-core's (1e-5
+    relative); the import equals the torch_dist vpp2_pp2 import (ckpt diff); inspect --json shows the
+    virtual pipeline and its interleaved chunks; reshard to tp2 and back is byte-identical.
+  * hostile legacy files: a missing model0 (model1 kept), a rank without model1, a chunk count the
+    args contradict, layers that do not divide into pp * vpp, a chunk with a layer too many -> named
+    errors, nothing written.
+  * export: the import -> `export-megatron --vpp 2 --pp 2` as torch (model0/model1 per rank file)
+    and as torch_dist; megatron-core 0.16.1 (this venv) builds the interleaved chunks (vp_stage),
+    loads them (load_state_dict(strict=True) of model{c}; dist_checkpointing.load of
+    {model0: ..., model1: ...} sharded state dicts) and its interleaved forward gives the fixture's
+    logits (1e-5 relative); export -> import -> diff identical; layouts that do not divide and
+    --format safetensors with --vpp are refused by name.
+"""
+import json
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = pathlib.Path(__file__).resolve().parent
+FIX = HERE.parents[1] / "fixtures" / "megatron_core_019"
+NAME = "legacy_vpp2_pp2"
+VOCAB, LAYERS = 200, 4
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _hf_logits(hf_dir, tokens):
+    from transformers import LlamaForCausalLM
+    m = LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(torch.from_numpy(tokens)).logits.numpy()
+
+
+def _diff_equal(run_ckpt, a, b):
+    p = run_ckpt("diff", a, b, "--json", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(p.stdout)
+    assert rep.get("identical", rep.get("equal")) is True, rep
+
+
+def test_legacy_vpp_to_hf_logits_equal_megatron_core(run_ckpt, tmp_path):
+    run_ckpt("to-hf", FIX / NAME, tmp_path / "hf")
+    got = _hf_logits(tmp_path / "hf", np.load(FIX / NAME / "tokens.npy"))
+    want = np.load(FIX / NAME / "logits.npy")[..., :VOCAB]
+    assert got.shape == want.shape
+    assert _rel(got, want) <= 1e-5
+
+
+def test_legacy_vpp_equals_torch_dist_vpp(run_ckpt):
+    """The same run saved in both formats: the legacy chunks land where torch_dist's global layer
+    offsets put them."""
+    assert (FIX / NAME / "logits.npy").read_bytes() == (FIX / "vpp2_pp2" / "logits.npy").read_bytes()
+    _diff_equal(run_ckpt, FIX / NAME, FIX / "vpp2_pp2")
+
+
+@pytest.mark.parametrize("name", [NAME, "vpp2_pp2"])
+def test_inspect_shows_virtual_pipeline(name, run_ckpt):
+    info = json.loads(run_ckpt("inspect", "--json", FIX / name).stdout)
+    vp = info["virtual_pipeline"]
+    assert (vp["size"], vp["pp"]) == (2, 2)
+    got = {(c["pp_rank"], c["chunk"]): tuple(c["layers"]) for c in vp["chunks"]}
+    assert got == {(0, 0): (0, 0), (1, 0): (1, 1), (0, 1): (2, 2), (1, 1): (3, 3)}
+    assert info["layout"] is None  # interleaved stages: no contiguous stage split to claim
+    assert len({t["name"] for t in info["tensors"]}) == 3 + 9 * LAYERS
+    text = run_ckpt("inspect", FIX / name).stdout
+    assert "virtual pipeline: 2 chunks per stage" in text and "stage 0 chunk 1 = layers 2-2" in text
+
+
+def test_legacy_vpp_reshard_and_back_identical(run_ckpt, tmp_path):
+    run_ckpt("reshard", FIX / NAME, tmp_path / "a", "--tp", 2, "--pp", 1, "--dp", 1)
+    run_ckpt("reshard", tmp_path / "a", tmp_path / "b", "--tp", 1, "--pp", 2, "--dp", 1)
+    run_ckpt("reshard", FIX / NAME, tmp_path / "direct", "--tp", 1, "--pp", 2, "--dp", 1)
+    _diff_equal(run_ckpt, tmp_path / "b", tmp_path / "direct")
+    _diff_equal(run_ckpt, tmp_path / "a", FIX / NAME)
+
+
+# ---- hostile legacy vpp files ---------------------------------------------------------------
+
+def _rank_file(d, pp_rank):
+    return d / "iter_0000010" / f"mp_rank_00_{pp_rank:03d}" / "model_optim_rng.pt"
+
+
+def _edit(tmp_path, pp_ranks, edit):
+    """A copy of the fixture with edit(state) applied to the rank files of `pp_ranks` (torch.load /
+    torch.save: the dict stays Megatron's)."""
+    d = tmp_path / NAME
+    shutil.copytree(FIX / NAME, d)
+    for p in pp_ranks:
+        f = _rank_file(d, p)
+        st = torch.load(f, weights_only=False)
+        edit(st)
+        torch.save(st, f)
+    return d
+
+
+def _fails_with(run_ckpt, d, tmp_path, name, *words):
+    for cmd in (["inspect", d], ["to-hf", d, tmp_path / "hf"]):
+        p = run_ckpt(*cmd, check=False)
+        assert p.returncode != 0, p.stdout
+        assert name in p.stderr, p.stderr
+        for w in words:
+            assert w in p.stderr, p.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def test_missing_model0_is_named(run_ckpt, tmp_path):
+    d = _edit(tmp_path, [1], lambda st: st.pop("model0"))
+    _fails_with(run_ckpt, d, tmp_path, "MegatronVppChunkMissing", "mp_rank_00_001", "model0")
+
+
+def test_rank_without_model1_is_named(run_ckpt, tmp_path):
+    d = _edit(tmp_path, [1], lambda st: st.pop("model1"))
+    _fails_with(run_ckpt, d, tmp_path, "MegatronVppChunkCountMismatch", "mp_rank_00_001")
+
+
+def test_chunk_count_against_args_is_named(run_ckpt, tmp_path):
+    def edit(st):
+        st["args"].virtual_pipeline_model_parallel_size = 4
+    d = _edit(tmp_path, [0, 1], edit)
+    _fails_with(run_ckpt, d, tmp_path, "MegatronVppChunkCountMismatch", "virtual_pipeline_model_parallel_size")
+
+
+def test_layers_not_dividing_is_named(run_ckpt, tmp_path):
+    def edit(st):
+        st["args"].num_layers = 6
+    d = _edit(tmp_path, [0, 1], edit)
+    _fails_with(run_ckpt, d, tmp_path, "MegatronVppLayersNotDivisible", "6 layers")
+
+
+def test_chunk_with_extra_layer_is_named(run_ckpt, tmp_path):
+    def edit(st):
+        m = st["model1"]
+        for k in [k for k in m if k.startswith("decoder.layers.0.")]:
+            m[k.replace("decoder.layers.0.", "decoder.layers.1.")] = m[k]
+    d = _edit(tmp_path, [1], edit)
+    _fails_with(run_ckpt, d, tmp_path, "MegatronVppLayerCountMismatch", "mp_rank_00_001", "model1")
