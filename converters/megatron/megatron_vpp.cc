@@ -42,4 +42,13 @@ Result<Layout> megatron_vpp_layout(const Layout& layout, int vpp, const std::str
   return v;
 }
 
+nlohmann::json megatron_vpp_args(nlohmann::json args, int vpp) {
+  if (vpp <= 1) return args;
+  args["virtual_pipeline_model_parallel_size"] = vpp;
+  const int64_t layers = args.value("num_layers", int64_t{0}), pp = args.value("pipeline_model_parallel_size", int64_t{1});
+  if (pp >= 1 && layers % (pp * vpp) == 0) args["num_layers_per_virtual_pipeline_stage"] = layers / (pp * vpp);
+  args.erase("layers_per_stage");
+  return args;
+}
+
 }  // namespace ckpt

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "formats/base/status.h"
 #include "reshard/layout/layout.h"
 
@@ -42,5 +44,11 @@ inline VppChunk megatron_vpp_of_stage(int pp, int stage) { return VppChunk{stage
 // The plain pipeline of pp * vpp even stages (tp, vocab divisor of `layout` kept; layout.pp = the
 // real pipeline size; its stage split must be even, else MegatronVppLayersNotDivisible).
 Result<Layout> megatron_vpp_layout(const Layout& layout, int vpp, const std::string& what);
+
+// Megatron `args` (megatron_segments.h megatron_args of the real layout) for a virtual pipeline
+// of `vpp` chunks per stage: virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_
+// stage, and no layers_per_stage (an interleaved pipeline is split evenly; Megatron-LM's
+// decoder_first/last_pipeline_num_layers stay unset). `args` unchanged when vpp == 1.
+nlohmann::json megatron_vpp_args(nlohmann::json args, int vpp);
 
 }  // namespace ckpt
