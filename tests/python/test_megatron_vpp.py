@@ -12,8 +12,9 @@ vpp2_pp2 (its logits are byte-identical).
   * hostile legacy files: a missing model0 (model1 kept), a rank without model1, a chunk count the
     args contradict, layers that do not divide into pp * vpp, a chunk with a layer too many -> named
     errors, nothing written.
-  * export: the import -> `export-megatron --vpp 2 --pp 2` as torch (model0/model1 per rank file)
-    and as torch_dist; megatron-core 0.16.1 (this venv) builds the interleaved chunks (vp_stage),
+  * export: the torch_dist import of the same run (vpp2_pp2: global layer keys, independent of the
+    legacy chunk mapping) -> `export-megatron --vpp 2 --pp 2` as torch (model0/model1 per rank
+    file) and as torch_dist; megatron-core 0.16.1 (this venv) builds the interleaved chunks (vp_stage),
     loads them (load_state_dict(strict=True) of model{c}; dist_checkpointing.load of
     {model0: ..., model1: ...} sharded state dicts) and its interleaved forward gives the fixture's
     logits (1e-5 relative); export -> import -> diff identical; layouts that do not divide and
@@ -170,12 +171,14 @@ def _mcore_logits(kind, ckpt_dir, tmp_path, tp, pp, vpp):
 
 @pytest.mark.parametrize("fmt,tp", [("torch", 1), ("torch_dist", 1), ("torch_dist", 2)])
 def test_export_vpp_loads_in_megatron_core(fmt, tp, run_ckpt, tmp_path):
-    """The legacy vpp import exported with --vpp 2 (at the saved tp 1, and at tp 2 for torch_dist):
-    megatron-core's interleaved chunks take it and give megatron-core 0.19.2's logits (the real
-    vocabulary: the padding rows are zeros in ckpt's export, random in the original run)."""
+    """The run's torch_dist import (vpp2_pp2: global layer keys, so the source does not go through
+    the legacy chunk mapping the export is tested for) exported with --vpp 2 (at the saved tp 1,
+    and at tp 2 for torch_dist): megatron-core's interleaved chunks take it and give megatron-core
+    0.19.2's logits (the real vocabulary: the padding rows are zeros in ckpt's export, random in the
+    original run)."""
     out = tmp_path / "exp"
     extra = ["--local-norms"] if fmt == "torch" else []  # the local spec's norm names (legacy state dicts)
-    r = run_ckpt("export-megatron", FIX / NAME, out, "--format", fmt, "--tp", tp, "--pp", 2, "--vpp", 2, *extra,
+    r = run_ckpt("export-megatron", FIX / "vpp2_pp2", out, "--format", fmt, "--tp", tp, "--pp", 2, "--vpp", 2, *extra,
                  "--json")
     assert json.loads(r.stdout)["vpp"] == 2
     if fmt == "torch":
@@ -190,7 +193,7 @@ def test_export_vpp_loads_in_megatron_core(fmt, tp, run_ckpt, tmp_path):
     want = np.load(FIX / NAME / "logits.npy")[..., :VOCAB]
     assert _rel(got, want) <= 1e-5
     # And back: the export imports to the same tensors.
-    _diff_equal(run_ckpt, out, FIX / NAME)
+    _diff_equal(run_ckpt, out, FIX / "vpp2_pp2")
     info = json.loads(run_ckpt("inspect", "--json", out).stdout)
     assert info["virtual_pipeline"]["size"] == 2
 
