@@ -208,7 +208,7 @@ def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int 
 
 
 def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers: Union[None, str, Sequence[int]] = None,
-                    format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
+                    vpp: int = 1, format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
                     local_norms: bool = False, iteration: int = 0, verify_source: bool = True,
                     progress: Progress = None) -> Dict[str, Any]:
     """Writes a checkpoint's model weights (any kind with a model config, in global view) as
@@ -216,15 +216,16 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
     ``"safetensors"`` (per-rank safetensors + megatron_args.json, which ckpt reads back),
     ``"torch"`` (Megatron-LM's legacy iter_N/mp_rank_*/model_optim_rng.pt, saved as ``iteration``)
     or ``"torch_dist"`` (a Megatron-Core dist_checkpointing directory). ``pp_layers``: layers per
-    pipeline stage, a list or ``"1,3"`` (None: even split); ``vocab_divisor``: make-vocab-size-divisible-by;
+    pipeline stage, a list or ``"1,3"`` (None: even split); ``vpp``: virtual (interleaved) pipeline
+    chunks per stage (``"torch"``, ``"torch_dist"``; 1: none); ``vocab_divisor``: make-vocab-size-divisible-by;
     ``local_norms``: local-spec norm names instead of Transformer Engine's; ``dtype``: ``"bf16"``,
     ``"fp16"`` or ``"fp32"`` (None keeps the source's). SRC is checked by its format's own checks
     before anything is committed, unless ``verify_source`` is False.
 
-    Returns ``{out, format, tp, pp, iteration, source_check}``."""
+    Returns ``{out, format, tp, pp, vpp, iteration, source_check}``."""
     if isinstance(pp_layers, str):
         pp_layers = [int(x) for x in pp_layers.split(",") if x.strip()]
-    opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])],
+    opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])], "vpp": vpp,
             "vocab_divisor": vocab_divisor, "dtype": dtype or "", "local_norms": local_norms, "iteration": iteration,
             "verify_source": verify_source}
     return _ckpt._export_megatron(_path(src), _path(dst), opts, progress)

@@ -211,3 +211,13 @@ def test_export_vpp_refusals_are_named(run_ckpt, tmp_path):
     # Legacy files of a virtual pipeline with optimizer state are not written yet: refused, not dropped.
     fails("MegatronVppOptimizer", FIX / "distopt_legacy_torch", tmp_path / "x", "--format", "torch", "--tp", 2,
           "--pp", 2, "--vpp", 2)
+
+
+def test_python_export_vpp(tmp_path, run_ckpt):
+    """ckpt.export_megatron(vpp=...) is the CLI's --vpp."""
+    import ckpt
+    res = ckpt.export_megatron(FIX / "vpp2_pp2", tmp_path / "py", pp=2, vpp=2, format="torch_dist")
+    assert (res["pp"], res["vpp"]) == (2, 2)
+    _diff_equal(run_ckpt, tmp_path / "py", FIX / NAME)
+    with pytest.raises(Exception, match="MegatronVppLayersNotDivisible"):
+        ckpt.export_megatron(FIX / "vpp2_pp2", tmp_path / "bad", pp=2, vpp=4, format="torch_dist")
