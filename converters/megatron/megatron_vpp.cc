@@ -30,6 +30,10 @@ Result<VppChunk> megatron_vpp_chunk(int64_t num_layers, int pp, int vpp, int pp_
 Result<Layout> megatron_vpp_layout(const Layout& layout, int vpp, const std::string& what) {
   const int64_t L = static_cast<int64_t>(layout.stage_of_layer.size());
   CKPT_ASSIGN_OR_RETURN(const int64_t n, megatron_vpp_chunk_layers(L, layout.pp, vpp, what));
+  if (vpp > 1 && layout.pp < 2)
+    return Status::Error("MegatronVppNeedsPipeline",
+                         what + ": a virtual pipeline of " + std::to_string(vpp) + " chunks needs pp > 1 "
+                         "(Megatron-LM's arguments.py: the interleaved schedule runs over several pipeline ranks)");
   for (int s = 0; s < layout.pp; ++s)
     if (std::count(layout.stage_of_layer.begin(), layout.stage_of_layer.end(), s) != n * vpp)
       return Status::Error("MegatronVppLayersNotDivisible",

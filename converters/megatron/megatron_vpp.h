@@ -42,7 +42,8 @@ inline int megatron_vpp_virtual_stage(int pp, int pp_rank, int chunk) { return c
 inline VppChunk megatron_vpp_of_stage(int pp, int stage) { return VppChunk{stage % pp, stage / pp, 0, 0}; }
 
 // The plain pipeline of pp * vpp even stages (tp, vocab divisor of `layout` kept; layout.pp = the
-// real pipeline size; its stage split must be even, else MegatronVppLayersNotDivisible).
+// real pipeline size; its stage split must be even, else MegatronVppLayersNotDivisible; vpp > 1
+// needs pp > 1, else MegatronVppNeedsPipeline, as Megatron-LM's arguments.py asserts).
 Result<Layout> megatron_vpp_layout(const Layout& layout, int vpp, const std::string& what);
 
 // Megatron `args` (megatron_segments.h megatron_args of the real layout) for a virtual pipeline

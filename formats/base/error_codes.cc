@@ -174,6 +174,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronVppChunkCountMismatch", kCorrupt},  // rank files (or the args) disagree on the chunk count
     {"MegatronVppLayerCountMismatch", kCorrupt},  // a chunk's layers != num_layers / (pp * vpp)
     {"MegatronVppLayersNotDivisible", kArg},      // num_layers % (pp * vpp) != 0 (import or --vpp)
+    {"MegatronVppNeedsPipeline", kArg},           // a virtual pipeline with pp = 1
     {"MegatronVppUneven", kUnsup},                // uneven first/last stages or a layout with a virtual pipeline
     {"MegatronVppFormat", kArg},                  // --vpp with an export format that has no chunks (safetensors)
     {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp of a source with optimizer state

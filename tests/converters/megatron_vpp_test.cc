@@ -99,6 +99,13 @@ TEST(MegatronVpp, LayersThatDoNotDivideAreRefusedByName) {
   EXPECT_FALSE(megatron_vpp_chunk(8, 2, 2, 2, 0, "t").ok());  // rank out of range
   EXPECT_FALSE(megatron_vpp_chunk(8, 2, 2, 0, 2, "t").ok());  // chunk out of range
   EXPECT_FALSE(megatron_vpp_chunk_layers(8, 0, 2, "t").ok());
+  // Megatron-LM runs an interleaved schedule over pp > 1 only.
+  auto pp1 = Layout::make(1, 1, 1, 0, 8, {});
+  ASSERT_TRUE(pp1.ok());
+  auto one = megatron_vpp_layout(*pp1, 2, "t");
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), "MegatronVppNeedsPipeline");
+  EXPECT_TRUE(megatron_vpp_layout(*pp1, 1, "t").ok());
 }
 
 TEST(MegatronVpp, ArgsNameTheVirtualPipeline) {

@@ -208,6 +208,7 @@ def test_export_vpp_refusals_are_named(run_ckpt, tmp_path):
     fails("MegatronVppLayersNotDivisible", FIX / NAME, tmp_path / "x", "--format", "torch", "--pp", 2,
           "--pp-layers", "1,3", "--vpp", 2)
     fails("MegatronVppFormat", FIX / NAME, tmp_path / "x", "--pp", 2, "--vpp", 2)
+    fails("MegatronVppNeedsPipeline", FIX / NAME, tmp_path / "x", "--format", "torch_dist", "--pp", 1, "--vpp", 2)
     # Legacy files of a virtual pipeline with optimizer state are not written yet: refused, not dropped.
     fails("MegatronVppOptimizer", FIX / "distopt_legacy_torch", tmp_path / "x", "--format", "torch", "--tp", 2,
           "--pp", 2, "--vpp", 2)
