@@ -53,7 +53,7 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("--vpp", a->req.vpp,
                  "Virtual (interleaved) pipeline: N model chunks per pipeline stage, chunk c of stage p holding "
                  "Megatron's interleaved layers (c * L/N + p * L/(pp*N), L/(pp*N) each; needs L % (pp*N) == 0, "
-                 "an even split). --format torch writes model0..model{N-1} per rank file, torch_dist records "
+                 "an even split, pp > 1). --format torch writes model0..model{N-1} per rank file, torch_dist records "
                  "virtual_pipeline_model_parallel_size (default 1: none)")
       ->check(CLI::Range(1, 1 << 16));
   sub.add_option("--vocab-divisor", a->req.vocab_divisor, "make-vocab-size-divisible-by (default 128)")
