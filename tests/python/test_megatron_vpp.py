@@ -9,9 +9,9 @@ vpp2_pp2 (its logits are byte-identical).
   * import: `ckpt to-hf` -> transformers LlamaForCausalLM logits equal megatron-core's (1e-5
     relative); the import equals the torch_dist vpp2_pp2 import (ckpt diff); inspect --json shows the
     virtual pipeline and its interleaved chunks; reshard to tp2 and back is byte-identical.
-  * hostile legacy files: a missing model0 (model1 kept), a rank without model1, a chunk count the
-    args contradict, layers that do not divide into pp * vpp, a chunk with a layer too many -> named
-    errors, nothing written.
+  * hostile legacy files: a missing model0 (model1 kept), a rank without model1, a chunk that is not
+    a dict, a chunk count the args contradict, layers that do not divide into pp * vpp, a chunk with
+    a layer too many -> named errors, nothing written; an optimizer entry is named as not imported.
   * export: the torch_dist import of the same run (vpp2_pp2: global layer keys, independent of the
     legacy chunk mapping) -> `export-megatron --vpp 2 --pp 2` as torch (model0/model1 per rank
     file) and as torch_dist; megatron-core 0.16.1 (this venv) builds the interleaved chunks (vp_stage),
@@ -127,6 +127,13 @@ def test_missing_model0_is_named(run_ckpt, tmp_path):
 def test_rank_without_model1_is_named(run_ckpt, tmp_path):
     d = _edit(tmp_path, [1], lambda st: st.pop("model1"))
     _fails_with(run_ckpt, d, tmp_path, "MegatronVppChunkCountMismatch", "mp_rank_00_001")
+
+
+def test_chunk_not_a_state_dict_is_named(run_ckpt, tmp_path):
+    def edit(st):
+        st["model1"] = [1, 2, 3]
+    d = _edit(tmp_path, [0], edit)
+    _fails_with(run_ckpt, d, tmp_path, "MegatronNotStateDict", "mp_rank_00_000", "model1")
 
 
 def test_chunk_count_against_args_is_named(run_ckpt, tmp_path):
