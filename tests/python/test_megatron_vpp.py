@@ -253,3 +253,18 @@ def test_legacy_vpp_optimizer_named_as_not_imported(run_ckpt, tmp_path):
     assert "virtual pipeline" in info["not_imported"]["optimizer"], info["not_imported"]
     assert not any(t["name"].startswith("optimizer.") for t in info["tensors"])
     _diff_equal(run_ckpt, d, FIX / NAME)
+
+
+def test_verify_checks_every_chunk_file_once(run_ckpt, tmp_path):
+    """verify: each rank file's zip CRC-32s once (chunk 0's view checks the file); a flipped byte in
+    stage 1's file is found and named."""
+    ok = run_ckpt("verify", FIX / NAME)
+    assert "0 failures" in ok.stdout
+    d = _edit(tmp_path, [], lambda st: None)
+    f = _rank_file(d, 1)
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    f.write_bytes(bytes(b))
+    p = run_ckpt("verify", d, check=False)
+    assert p.returncode != 0 and "1 failures" in p.stdout, p.stdout + p.stderr
+    assert "ZipCrcMismatch" in p.stderr and "mp_rank_00_001" in p.stderr, p.stderr
