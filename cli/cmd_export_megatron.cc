@@ -1,4 +1,4 @@
-// ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..] [--format F]: Megatron-LM per-rank
+// ckpt export-megatron SRC DST --tp N --pp N [--pp-layers a,b,..] [--vpp N] [--format F]: Megatron-LM per-rank
 // safetensors or torch files, or a Megatron-Core torch_dist directory, from any checkpoint in
 // global view. The work is converters/jobs/export_jobs.h (run_export_megatron_job; also python's
 // ckpt.export_megatron); this file parses the flags, draws the progress bar and prints the summary.
@@ -35,6 +35,8 @@ int run_export(const ExportArgs& a) {
   bar.finish();
   if (!r.ok()) return report_error(r.status());
   if (a.json) std::printf("%s\n", r->to_json().dump().c_str());
+  else if (r->vpp > 1)
+    std::printf("wrote %s (%s, tp=%d pp=%d vpp=%d)\n", r->out.c_str(), megatron_format_name(r->format), r->tp, r->pp, r->vpp);
   else std::printf("wrote %s (%s, tp=%d pp=%d)\n", r->out.c_str(), megatron_format_name(r->format), r->tp, r->pp);
   return 0;
 }
@@ -48,6 +50,12 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("--pp", a->req.pp, "Pipeline-parallel size")->check(CLI::Range(1, 1 << 16));
   sub.add_option("--pp-layers", a->req.pp_layers, "Layers per pipeline stage, e.g. 1,2,3 (default: even split)")
       ->delimiter(',');
+  sub.add_option("--vpp", a->req.vpp,
+                 "Virtual (interleaved) pipeline: N model chunks per pipeline stage, chunk c of stage p holding "
+                 "Megatron's interleaved layers (c * L/N + p * L/(pp*N), L/(pp*N) each; needs L % (pp*N) == 0, "
+                 "an even split, pp > 1). --format torch writes model0..model{N-1} per rank file, torch_dist records "
+                 "virtual_pipeline_model_parallel_size (default 1: none)")
+      ->check(CLI::Range(1, 1 << 16));
   sub.add_option("--vocab-divisor", a->req.vocab_divisor, "make-vocab-size-divisible-by (default 128)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub.add_option("--dtype", a->dtype, "Output dtype (bf16, fp16, fp32); default: the source's");
@@ -84,7 +92,7 @@ CommandAction setup_export_megatron(CLI::App& sub) {
                  "loads it correctly with one bucket only)")
       ->check(CLI::IsMember({"dp_reshardable", "fully_reshardable"}));
   add_no_verify_flag(sub, a->req.no_verify);
-  sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, iteration, dist_opt, dp, source_check");
+  sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check");
   return [a] { return run_export(*a); };
 }
 

@@ -231,6 +231,7 @@ nb::object py_export_megatron(const std::string& src, const std::string& dst, nb
   req.tp = o.get<int>("tp");
   req.pp = o.get<int>("pp");
   req.pp_layers = o.get<std::vector<int>>("pp_layers");
+  req.vpp = o.get<int>("vpp");
   req.vocab_divisor = o.get<int64_t>("vocab_divisor");
   const std::string dtype = o.str("dtype");
   req.local_norms = o.get<bool>("local_norms");

@@ -86,18 +86,20 @@ const char* megatron_format_name(MegatronExportFormat f) {
 }
 
 nlohmann::json ExportMegatronOutcome::to_json() const {
-  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}};
+  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}};
 }
 
 Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronRequest& req) {
   CKPT_RETURN_IF_ERROR(export_flag_in_range("--tp", req.tp, 1, 1 << 16));
   CKPT_RETURN_IF_ERROR(export_flag_in_range("--pp", req.pp, 1, 1 << 16));
+  CKPT_RETURN_IF_ERROR(export_flag_in_range("--vpp", req.vpp, 1, 1 << 16));
   CKPT_RETURN_IF_ERROR(export_flag_in_range("--vocab-divisor", req.vocab_divisor, 1, int64_t{1} << 20));
   CKPT_RETURN_IF_ERROR(export_flag_in_range("--iteration", req.iteration, 0, 9999999));
   MegatronExportOptions o;
   o.tp = req.tp;
   o.pp = req.pp;
   o.layers_per_stage = req.pp_layers;
+  o.vpp = req.vpp;
   o.vocab_divisor = req.vocab_divisor;
   o.format = req.format == MegatronExportFormat::kTorch ? MegatronFileFormat::kTorch : MegatronFileFormat::kSafetensors;
   o.iteration = req.iteration;
@@ -128,6 +130,7 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   out.format = req.format;
   out.tp = req.tp;
   out.pp = req.pp;
+  out.vpp = req.vpp;
   out.iteration = req.iteration;
   out.dist_opt = req.dist_opt;
   out.dp = req.dp;

@@ -68,6 +68,7 @@ struct ExportMegatronRequest {
   MegatronExportFormat format = MegatronExportFormat::kSafetensors;
   int tp = 1, pp = 1;                  // 1..65536
   std::vector<int> pp_layers;          // layers per pipeline stage; empty: even split
+  int vpp = 1;                         // --vpp: virtual pipeline chunks per stage (torch, torch_dist), 1..65536
   int64_t vocab_divisor = 128;         // make-vocab-size-divisible-by, 1..2^20
   std::optional<DType> dtype;          // --dtype: a float dtype; none keeps the source's
   bool local_norms = false;            // local-spec norm names instead of Transformer Engine's
@@ -84,12 +85,12 @@ struct ExportMegatronRequest {
 struct ExportMegatronOutcome {
   std::string out;
   MegatronExportFormat format = MegatronExportFormat::kSafetensors;
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, vpp = 1;
   int64_t iteration = 0;
   bool dist_opt = false;
   int64_t dp = 1;
   nlohmann::json source_check;  // how SRC was checked (JobSourceCheck::to_json)
-  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, iteration, dist_opt, dp, source_check}.
+  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check}.
   nlohmann::json to_json() const;
 };
 

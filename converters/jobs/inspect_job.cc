@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "converters/megatron/megatron_vpp.h"
 #include "converters/source/open_checkpoint.h"
 #include "formats/store/summary.h"
 #include "reshard/layout/layout.h"
@@ -37,6 +38,31 @@ nlohmann::json layout_detail(const nlohmann::json& lj) {
           {"pipelines", pls}};
 }
 
+// InspectOutcome::virtual_pipeline of a source's metadata, or null.
+nlohmann::json virtual_pipeline(const nlohmann::json& md) {
+  if (!md.is_object() || !md.contains("megatron") || !md["megatron"].is_object()) return nullptr;
+  const nlohmann::json& m = md["megatron"];
+  if (!m.contains("virtual_pipeline") || !m["virtual_pipeline"].is_number_integer()) return nullptr;
+  const int64_t v = m["virtual_pipeline"].get<int64_t>();
+  nlohmann::json out = {{"size", v}};
+  const nlohmann::json& args = md.contains("megatron_args") ? md["megatron_args"] : nlohmann::json();
+  auto num = [&](const char* k) {
+    return args.is_object() && args.contains(k) && args[k].is_number_integer() ? args[k].get<int64_t>() : int64_t{0};
+  };
+  const int64_t pp = num("pipeline_model_parallel_size"), layers = num("num_layers");
+  if (pp < 1 || pp > (1 << 16) || v < 1 || v > (1 << 16)) return out;
+  out["pp"] = pp;
+  nlohmann::json chunks = nlohmann::json::array();
+  for (int p = 0; p < pp; ++p)
+    for (int c = 0; c < v; ++c) {
+      auto ch = megatron_vpp_chunk(layers, static_cast<int>(pp), static_cast<int>(v), p, c, "inspect");
+      if (!ch.ok()) return out;
+      chunks.push_back({{"pp_rank", p}, {"chunk", c}, {"layers", {ch->first_layer, ch->first_layer + ch->num_layers - 1}}});
+    }
+  out["chunks"] = chunks;
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json InspectOutcome::to_json() const {
@@ -44,11 +70,23 @@ nlohmann::json InspectOutcome::to_json() const {
   j["layout_detail"] = layout_detail;
   j["integrity"] = {{"scheme", integrity_scheme}, {"note", integrity_note}};
   if (!not_imported.empty()) j["not_imported"] = not_imported;
+  if (!virtual_pipeline.is_null()) j["virtual_pipeline"] = virtual_pipeline;
   return j;
 }
 
 std::string InspectOutcome::to_text() const {
   std::string t = store::text_summary(to_json());
+  if (!virtual_pipeline.is_null()) {
+    t += "virtual pipeline: " + std::to_string(virtual_pipeline.value("size", int64_t{0})) + " chunks per stage (interleaved)";
+    if (virtual_pipeline.contains("chunks")) {
+      t += ":";
+      for (const auto& c : virtual_pipeline["chunks"])
+        t += " stage " + c["pp_rank"].dump() + " chunk " + c["chunk"].dump() + " = layers " + c["layers"][0].dump() +
+             "-" + c["layers"][1].dump() + ";";
+      t.pop_back();
+    }
+    t += "\n";
+  }
   for (auto it = not_imported.begin(); it != not_imported.end(); ++it)
     t += "not imported (" + it.key() + "): " + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) + "\n";
   return t;
@@ -68,6 +106,7 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
   const nlohmann::json& md = src->metadata();
   if (md.is_object() && md.contains("megatron") && md["megatron"].is_object() && md["megatron"].contains("optimizer_not_imported"))
     out.not_imported["optimizer"] = md["megatron"]["optimizer_not_imported"];
+  out.virtual_pipeline = virtual_pipeline(md);
   return out;
 }
 

@@ -32,8 +32,14 @@ struct InspectOutcome {
   // entries and why ({"optimizer": "..."} from metadata megatron.optimizer_not_imported); empty
   // when everything is imported.
   nlohmann::json not_imported = nlohmann::json::object();
+  // A Megatron virtual (interleaved) pipeline found in the checkpoint (metadata
+  // megatron.virtual_pipeline): {"size": v, "pp": pp, "chunks": [{"pp_rank", "chunk", "layers":
+  // [first, last]}]} (Megatron's interleaved assignment, converters/megatron/megatron_vpp.h; chunks
+  // omitted when the layers do not divide); null without one.
+  nlohmann::json virtual_pipeline;
   // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail,
-  // "integrity": {scheme, note} and, when anything is not imported, "not_imported".
+  // "integrity": {scheme, note}, "virtual_pipeline" when there is one and, when anything is not
+  // imported, "not_imported".
   nlohmann::json to_json() const;
   // The text `ckpt inspect` prints (store::text_summary of to_json()).
   std::string to_text() const;

@@ -7,6 +7,7 @@
 #include "converters/megatron/megatron_sink.h"
 #include "converters/megatron/megatron_torch_export.h"
 #include "converters/megatron/megatron_torch_optim.h"
+#include "converters/megatron/megatron_vpp.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/base/fs_util.h"
 #include "reshard/executor.h"
@@ -20,6 +21,7 @@ namespace {
 struct MegatronPlan {
   LlamaConfig config;
   Layout layout;
+  Layout stages;  // the staged ranks' pipeline: `layout`, or with a virtual pipeline its pp * vpp chunk stages
   std::vector<std::vector<MegatronTensor>> ranks;
   std::map<std::string, TensorMeta> canonical;
 };
@@ -38,10 +40,19 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
   plan.layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(plan.layout.as_symmetric("export-megatron").status());
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(plan.layout));
+  plan.stages = plan.layout;
+  if (opts.vpp != 1) {
+    if (opts.format == MegatronFileFormat::kSafetensors)
+      return Status::Error("MegatronVppFormat", "export-megatron --vpp " + std::to_string(opts.vpp) +
+                                                    ": --format safetensors has no model chunks; use --format torch or torch_dist");
+    CKPT_ASSIGN_OR_RETURN(plan.stages, megatron_vpp_layout(plan.layout, opts.vpp,
+                                                           "export-megatron --pp " + std::to_string(opts.pp) + " --vpp " +
+                                                               std::to_string(opts.vpp)));
+  }
   // Every rank's tensors, computed (and refused) before anything is written.
-  for (int p = 0; p < plan.layout.pp; ++p)
-    for (int r = 0; r < plan.layout.tp; ++r) {
-      CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, plan.layout, r, p, opts.norms));
+  for (int p = 0; p < plan.stages.pp; ++p)
+    for (int r = 0; r < plan.stages.tp; ++r) {
+      CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, plan.stages, r, p, opts.norms));
       plan.ranks.push_back(std::move(ts));
     }
   return plan;
@@ -156,7 +167,11 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
   const bool torch = opts.format == MegatronFileFormat::kTorch;
   const nlohmann::json optim = megatron_optimizer_fields(src.metadata());
-  nlohmann::json args = megatron_args(plan.config, plan.layout);
+  nlohmann::json args = megatron_vpp_args(megatron_args(plan.config, plan.layout), opts.vpp);
+  if (opts.dist_opt.enabled && opts.vpp > 1)
+    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
+                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
+                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
   if (opts.dist_opt.enabled) {
     if (!torch)
       return Status::Error("DistOptNeedsMegatronFormat",
@@ -169,6 +184,13 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
     CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
     args.update(dist_opt_args(opts.dist_opt, plan.layout.tp, plan.layout.pp, optim));
     CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, masters, src.describe()));
+  } else if (torch && opts.vpp > 1) {
+    for (const auto& t : src.tensors())
+      if (t.name.rfind("optimizer.", 0) == 0)
+        return Status::Error("MegatronVppOptimizer", "export-megatron --format torch --vpp " + std::to_string(opts.vpp) +
+                                                         ": source '" + src.describe() + "' holds optimizer state ('" + t.name +
+                                                         "'), which a virtual pipeline's legacy files cannot take yet; "
+                                                         "use --format torch_dist").with_tensor(t.name);
   } else if (torch) {
     CKPT_RETURN_IF_ERROR(add_optimizer_tensors(src, plan));
   }
@@ -184,13 +206,13 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
     CKPT_RETURN_IF_ERROR(remove_stale_partial(out));
     std::filesystem::remove_all(out, ec);
   }
-  MegatronSink sink(out, plan.layout, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
+  MegatronSink sink(out, plan.stages, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
   eo.before_commit = opts.before_commit;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
-  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.layout, args, opts.iteration, optim);
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.stages, args, opts.iteration, optim, opts.vpp);
   if (torch) std::filesystem::remove_all(out, ec);
   return s;
 }

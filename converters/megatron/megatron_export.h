@@ -26,6 +26,11 @@ struct MegatronExportOptions {
   int64_t iteration = 0;  // kTorch: the iteration the files are saved as
   int tp = 1, pp = 1;
   std::vector<int> layers_per_stage;  // empty: even split, earlier stages take the remainder
+  // Virtual pipeline (kTorch and torch_dist): vpp interleaved chunks per stage, chunk c of stage p
+  // holding Megatron's interleaved layers (converters/megatron/megatron_vpp.h); 1 = none. Needs
+  // num_layers % (pp * vpp) == 0 and an even split (else MegatronVppLayersNotDivisible);
+  // kSafetensors refuses it (MegatronVppFormat), kTorch a source with optimizer state (MegatronVppOptimizer).
+  int vpp = 1;
   int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
   std::optional<DType> dtype;         // output dtype; default: each canonical tensor's own
   MegatronNormNames norms = MegatronNormNames::kTransformerEngine;

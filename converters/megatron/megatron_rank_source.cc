@@ -192,7 +192,10 @@ class MegatronRankSource final : public TensorSource {
     if (!src->tensors_.empty()) c.dtype = src->tensors_.front().dtype;
     src->meta_ = {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"megatron_args", a.json}};
     if (extra_meta.is_object())
-      for (auto& [k, v] : extra_meta.items()) src->meta_[k] = v;
+      for (auto& [k, v] : extra_meta.items()) {
+        if (v.is_null()) src->meta_.erase(k);
+        else src->meta_[k] = v;
+      }
     return std::unique_ptr<TensorSource>(std::move(src));
   }
 

@@ -48,7 +48,8 @@ struct MegatronRankFiles {
 // The canonical view: every rank file checked against the segment map (every expected tensor
 // present with its exact shape, one dtype per canonical tensor); norm naming (TE or local) and
 // biases detected from rank (0, 0). Metadata: model_config, layout, megatron_args, plus the
-// entries of `extra_meta`.
+// entries of `extra_meta` (a null entry removes the key: a virtual pipeline's source passes its
+// plain pipeline of chunks as `args.layout` and "layout": null).
 Result<std::unique_ptr<TensorSource>> open_megatron_ranks(std::string describe, MegatronArgs args,
                                                           MegatronRankFiles ranks,
                                                           nlohmann::json extra_meta = nlohmann::json::object());

@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <system_error>
 #include <vector>
 
 #include "converters/megatron/megatron_dist_opt_export.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/megatron/megatron_torch_optim.h"
+#include "converters/megatron/megatron_vpp.h"
 #include "formats/base/fs_util.h"
 #include "formats/safetensors/st_reader.h"
 #include "formats/torch/pickle/py_json.h"
@@ -65,6 +67,7 @@ bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0
 // gets one on first use; each step tensor its own).
 struct RankContent {
   const safetensors::SafetensorsFile* sf = nullptr;
+  size_t key_base = 0;  // storage keys from here (a virtual pipeline's chunks share the file's keys)
   std::map<std::string, size_t> staged;       // name -> staged tensor index
   std::vector<std::string> params;            // model tensor names, mcore order
   std::vector<torch::TorchStorage> storages;
@@ -79,14 +82,14 @@ struct RankContent {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     auto [it, fresh] = storage_of_staged.emplace(i, storages.size());
-    if (fresh) storages.push_back({std::to_string(it->second), t.dtype, numel});
-    return a.tensor(dense_ref(std::to_string(it->second), t.dtype, t.shape, numel));
+    if (fresh) storages.push_back({std::to_string(key_base + it->second), t.dtype, numel});
+    return a.tensor(dense_ref(std::to_string(key_base + it->second), t.dtype, t.shape, numel));
   }
   const PyObj* step(PyArena& a, float value) {
     const size_t k = storages.size();
-    storages.push_back({std::to_string(k), DType::kF32, 1});
+    storages.push_back({std::to_string(key_base + k), DType::kF32, 1});
     steps.emplace_back(k, value);
-    return a.tensor(dense_ref(std::to_string(k), DType::kF32, {}, 1));
+    return a.tensor(dense_ref(std::to_string(key_base + k), DType::kF32, {}, 1));
   }
 };
 
@@ -163,62 +166,79 @@ Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std:
   return w.commit();
 }
 
-// Writes one rank file from its staged safetensors file.
-Status write_rank(const std::string& staged, const std::string& out, const nlohmann::json& args, int64_t iteration,
-                  const nlohmann::json& optim) {
-  CKPT_ASSIGN_OR_RETURN(auto sf, safetensors::SafetensorsFile::open(staged));
+// Writes one rank file from its staged safetensors files: one ('model'), or with a virtual
+// pipeline one per chunk ('model0' .. 'model{v-1}', weights only).
+Status write_rank(const std::vector<std::string>& staged, const std::string& out, const nlohmann::json& args,
+                  int64_t iteration, const nlohmann::json& optim) {
   PyArena a;
-  RankContent rc;
-  rc.sf = sf.get();
+  std::vector<std::unique_ptr<safetensors::SafetensorsFile>> files;
+  std::vector<RankContent> rcs(staged.size());
+  std::vector<torch::TorchStorage> storages;
+  std::vector<std::pair<const PyObj*, const PyObj*>> models;
   DType dtype = DType::kF32;
   bool first = true;
-  for (size_t i = 0; i < sf->tensors().size(); ++i) {
-    const TensorMeta& t = sf->tensors()[i];
-    if (sf->pieces()[i].tensor != t.name) return Status::Internal("staged file '" + staged + "': piece order");
-    CKPT_RETURN_IF_ERROR(shape_numel(t.shape).status());
-    rc.staged[t.name] = i;
-    if (has_prefix(t.name, "optimizer.") || has_prefix(t.name, kDistOptStagedPrefix)) continue;
-    rc.params.push_back(t.name);
-    if (first || t.dtype != DType::kF32) dtype = t.dtype;
-    first = false;
-  }
-  std::sort(rc.params.begin(), rc.params.end(), megatron_param_order_less);
-  std::vector<std::pair<const PyObj*, const PyObj*>> model;
-  for (const auto& n : rc.params) {
-    model.emplace_back(a.str(n), rc.tensor(a, n));
-    if (const std::string m = linear_module(n); !m.empty()) model.emplace_back(a.str(m + "._extra_state"), a.none());
+  for (size_t c = 0; c < staged.size(); ++c) {
+    CKPT_ASSIGN_OR_RETURN(auto sf, safetensors::SafetensorsFile::open(staged[c]));
+    RankContent& rc = rcs[c];
+    rc.sf = sf.get();
+    rc.key_base = storages.size();
+    for (size_t i = 0; i < sf->tensors().size(); ++i) {
+      const TensorMeta& t = sf->tensors()[i];
+      if (sf->pieces()[i].tensor != t.name) return Status::Internal("staged file '" + staged[c] + "': piece order");
+      CKPT_RETURN_IF_ERROR(shape_numel(t.shape).status());
+      rc.staged[t.name] = i;
+      if (has_prefix(t.name, "optimizer.") || has_prefix(t.name, kDistOptStagedPrefix)) continue;
+      rc.params.push_back(t.name);
+      if (first || t.dtype != DType::kF32) dtype = t.dtype;
+      first = false;
+    }
+    std::sort(rc.params.begin(), rc.params.end(), megatron_param_order_less);
+    std::vector<std::pair<const PyObj*, const PyObj*>> model;
+    for (const auto& n : rc.params) {
+      model.emplace_back(a.str(n), rc.tensor(a, n));
+      if (const std::string m = linear_module(n); !m.empty()) model.emplace_back(a.str(m + "._extra_state"), a.none());
+    }
+    const std::string key = staged.size() == 1 ? "model" : "model" + std::to_string(c);
+    models.emplace_back(a.str(key), a.ordered_dict(std::move(model)));
+    if (staged.size() == 1) {  // the optimizer entry takes storages after the model's
+      const bool dist_opt = rc.staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0]) > 0;
+      bool masters = false;
+      for (const auto& n : rc.params)
+        masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
+      if (dist_opt) {  // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt
+        models.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
+        const std::string dir = fs::path(out).parent_path().string();
+        CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype));
+      } else if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) {
+        models.emplace_back(a.str("optimizer"), o);
+      }
+    }
+    storages.insert(storages.end(), rc.storages.begin(), rc.storages.end());
+    files.push_back(std::move(sf));
   }
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), args_namespace(a, args, dtype)},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
-                                                             {a.str("iteration"), a.integer(iteration)},
-                                                             {a.str("model"), a.ordered_dict(std::move(model))}};
-  const bool dist_opt = rc.staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0]) > 0;
-  bool masters = false;
-  for (const auto& n : rc.params)
-    masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
-  if (dist_opt) {  // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt
-    root.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
-    const std::string dir = fs::path(out).parent_path().string();
-    CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype));
-  } else if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) {
-    root.emplace_back(a.str("optimizer"), o);
-  }
+                                                             {a.str("iteration"), a.integer(iteration)}};
+  root.insert(root.end(), models.begin(), models.end());
   torch::TorchFileWriter w(out);
-  CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), rc.storages));
-  for (const auto& [i, k] : rc.storage_of_staged) {
-    const TensorMeta& t = sf->tensors()[i];
-    auto ext = sf->file_extent(i, Box::whole(t.shape));
-    if (!ext) return Status::Internal("staged Megatron tensor '" + t.name + "' of '" + staged + "' has no file extent");
-    CKPT_RETURN_IF_ERROR(w.write_from_file(k, ext->fd, ext->offset, ext->bytes));
+  CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), std::move(storages)));
+  for (size_t c = 0; c < rcs.size(); ++c) {
+    const RankContent& rc = rcs[c];
+    for (const auto& [i, k] : rc.storage_of_staged) {
+      const TensorMeta& t = rc.sf->tensors()[i];
+      auto ext = files[c]->file_extent(i, Box::whole(t.shape));
+      if (!ext) return Status::Internal("staged Megatron tensor '" + t.name + "' of '" + staged[c] + "' has no file extent");
+      CKPT_RETURN_IF_ERROR(w.write_from_file(rc.key_base + k, ext->fd, ext->offset, ext->bytes));
+    }
+    for (const auto& [k, v] : rc.steps) CKPT_RETURN_IF_ERROR(w.write(rc.key_base + k, &v, sizeof(float)));
   }
-  for (const auto& [k, v] : rc.steps) CKPT_RETURN_IF_ERROR(w.write(k, &v, sizeof(float)));
   return w.commit();
 }
 
 }  // namespace megatron_torch_export_detail
 
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
-                                   const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim) {
+                                   const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim, int vpp) {
   namespace fs = std::filesystem;
   if (iteration < 0 || iteration > 9999999) return Status::InvalidArgument("iteration " + std::to_string(iteration) +
                                                                            " outside 0..9999999");
@@ -229,14 +249,22 @@ Status megatron_torch_from_staging(const std::string& staging, const std::string
   const std::string partial = dir.path();
   char iter[32];
   std::snprintf(iter, sizeof iter, "iter_%07lld", static_cast<long long>(iteration));
-  for (int p = 0; p < layout.pp; ++p)
+  if (vpp < 1 || layout.pp % vpp != 0) return Status::Internal("staged pipeline of " + std::to_string(layout.pp) +
+                                                               " stages for vpp " + std::to_string(vpp));
+  const int pp = layout.pp / vpp;  // the staged stages are the chunks (megatron_vpp.h)
+  Layout real = layout;
+  real.pp = pp;
+  for (int p = 0; p < pp; ++p)
     for (int r = 0; r < layout.tp; ++r) {
-      const std::string rank = megatron_rank_dir(layout, r, p);
+      const std::string rank = megatron_rank_dir(real, r, p);
       const std::string out_dir = partial + "/" + iter + "/" + rank;
       fs::create_directories(out_dir, ec);
       if (ec) return Status::Io("cannot create '" + out_dir + "': " + ec.message());
-      Status s = megatron_torch_export_detail::write_rank(staging + "/" + rank + "/model.safetensors",
-                                                          out_dir + "/model_optim_rng.pt", args, iteration, optim);
+      std::vector<std::string> staged;
+      for (int c = 0; c < vpp; ++c)
+        staged.push_back(staging + "/" + megatron_rank_dir(layout, r, megatron_vpp_virtual_stage(pp, p, c)) +
+                         "/model.safetensors");
+      Status s = megatron_torch_export_detail::write_rank(staged, out_dir + "/model_optim_rng.pt", args, iteration, optim);
       if (!s.ok()) return s;  // ~PartialDir removes the partial output
     }
   {

@@ -30,8 +30,12 @@ namespace ckpt {
 
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
                                    const nlohmann::json& args, int64_t iteration,
-                                   const nlohmann::json& optim = nlohmann::json::object());
+                                   const nlohmann::json& optim = nlohmann::json::object(), int vpp = 1);
 // `optim`: {"step": Adam steps, "lr", "min_lr", "beta1", "beta2", "eps", "weight_decay"} for the
 // param groups (defaults: torch's).
+// `vpp` > 1: a virtual pipeline. `layout` is then the staged plain pipeline of pp * vpp chunk
+// stages (converters/megatron/megatron_vpp.h); rank (tp r, stage p) of the pp = layout.pp / vpp
+// real stages gets 'model0' .. 'model{vpp-1}' (chunk c = staged stage c * pp + p, its layers
+// numbered from 0 as Megatron-LM saves them) instead of 'model', and no 'optimizer'.
 
 }  // namespace ckpt

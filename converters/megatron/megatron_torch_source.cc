@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <system_error>
@@ -15,6 +16,7 @@
 #include "converters/megatron/megatron_segments.h"
 #include "converters/megatron/megatron_distrib_optim.h"
 #include "converters/megatron/megatron_torch_optim.h"
+#include "converters/megatron/megatron_vpp.h"
 #include "formats/torch/torch_file.h"
 
 namespace ckpt {
@@ -168,19 +170,67 @@ class TorchRankFile final : public TensorSource {
     if (!root->is(PyType::kDict))
       return Status::Error("MegatronNotStateDict", "'" + path + "' holds a " + py_type_name(root->type) +
                                                        ", not Megatron's checkpoint dict").with_file(path);
-    const PyObj* model = root->get("model");
-    if (model == nullptr && root->get("model0") != nullptr)
-      return Status::Unsupported("'" + path + "' holds a virtual-pipeline checkpoint (model0, model1, ...)").with_file(path);
-    if (model == nullptr || !model->is(PyType::kDict))
-      return Status::Error("MegatronNotStateDict", "'" + path + "' has no 'model' state dict").with_file(path);
-    std::set<std::string> seen;
-    CKPT_RETURN_IF_ERROR(f->add_tensors(model, "", 0, seen));
-    CKPT_RETURN_IF_ERROR(f->add_optimizer());
+    CKPT_ASSIGN_OR_RETURN(std::vector<const PyObj*> models, model_chunks(root, path));
+    for (size_t c = 0; c < models.size(); ++c) {
+      std::set<std::string> seen;  // names restart in each chunk
+      CKPT_RETURN_IF_ERROR(f->add_tensors(models[c], "", 0, seen));
+      f->chunk_of_.resize(f->pieces_.size(), static_cast<int>(c));
+    }
+    f->chunks_ = static_cast<int>(models.size());
+    if (f->chunks_ == 1) {
+      CKPT_RETURN_IF_ERROR(f->add_optimizer());
+    } else {
+      std::error_code ec;
+      const bool distrib = fs::is_regular_file(fs::path(path).parent_path() / "distrib_optim.pt", ec);
+      if (root->get("optimizer") != nullptr || distrib)
+        f->optim_.not_imported = std::string("a virtual pipeline's optimizer state (") +
+                                 (distrib ? "distrib_optim.pt" : "'optimizer'") +
+                                 " over model0..model" + std::to_string(f->chunks_ - 1) + ") is not read yet";
+    }
     return f;
+  }
+
+  // The model state dicts of a rank file: 'model', or with a virtual pipeline 'model0' ..
+  // 'model{v-1}' (megatron/training/checkpointing.py generate_state_dict), each a dict, none missing.
+  static Result<std::vector<const PyObj*>> model_chunks(const PyObj* root, const std::string& path) {
+    if (const PyObj* model = root->get("model"); model != nullptr) {
+      if (!model->is(PyType::kDict))
+        return Status::Error("MegatronNotStateDict", "'" + path + "': 'model' is a " + py_type_name(model->type) +
+                                                         ", not a state dict").with_file(path);
+      return std::vector<const PyObj*>{model};
+    }
+    // Every 'model<N>' key: N must run 0 .. v-1 without a gap.
+    std::set<int64_t> present;
+    for (const auto& [k, v] : root->entries) {
+      if (!k->is(PyType::kStr) || k->s.size() < 6 || k->s.size() > 11 || k->s.rfind("model", 0) != 0) continue;
+      const std::string num = k->s.substr(5);
+      if (!std::all_of(num.begin(), num.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
+      present.insert(std::stoll(num));
+    }
+    if (present.empty())
+      return Status::Error("MegatronNotStateDict", "'" + path + "' has no 'model' state dict (nor model0, model1, ... of "
+                                                     "a virtual pipeline)").with_file(path);
+    std::vector<const PyObj*> out;
+    for (int64_t c = 0; c <= *present.rbegin(); ++c) {
+      const std::string key = "model" + std::to_string(c);
+      const PyObj* m = root->get(key);
+      if (m == nullptr)
+        return Status::Error("MegatronVppChunkMissing", "'" + path + "' holds model0 .. model" +
+                                                            std::to_string(*present.rbegin()) + " of a virtual pipeline "
+                                                            "but no '" + key + "'").with_file(path).with_tensor(key);
+      if (!m->is(PyType::kDict))
+        return Status::Error("MegatronNotStateDict", "'" + path + "': '" + key + "' is a " + py_type_name(m->type) +
+                                                         ", not a state dict").with_file(path).with_tensor(key);
+      out.push_back(m);
+    }
+    return out;
   }
 
   const PyObj* root() const { return file_->root(); }
   const MegatronLegacyOptim& optimizer() const { return optim_; }
+  // 1, or v with a virtual pipeline (model0 .. model{v-1}); the chunk of each model piece.
+  int chunks() const { return chunks_; }
+  const std::vector<int>& chunk_of() const { return chunk_of_; }
 
  private:
   TorchRankFile() = default;
@@ -261,7 +311,51 @@ class TorchRankFile final : public TensorSource {
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<const torch::TensorRef*> refs_;
+  int chunks_ = 1;
+  std::vector<int> chunk_of_;  // per model piece (the optimizer's pieces follow, chunks_ == 1 only)
   nlohmann::json meta_ = nlohmann::json::object();
+};
+
+// Chunk `chunk` of a virtual-pipeline rank file: its 'model<chunk>' tensors (names as the chunk
+// numbers them, layers from 0), pieces forwarded to the file. The file's own check (every zip
+// entry once) runs in chunk 0's view; the other chunks' check() is empty.
+class TorchChunkView final : public TensorSource {
+ public:
+  TorchChunkView(std::shared_ptr<TorchRankFile> file, int chunk) : file_(std::move(file)), chunk_(chunk) {
+    for (size_t i = 0; i < file_->chunk_of().size(); ++i)
+      if (file_->chunk_of()[i] == chunk) {
+        inner_.push_back(i);
+        pieces_.push_back(file_->pieces()[i]);
+        tensors_.push_back(file_->tensors()[i]);
+      }
+  }
+  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  const nlohmann::json& metadata() const override { return file_->metadata(); }
+  std::string describe() const override { return file_->describe() + " (model" + std::to_string(chunk_) + ")"; }
+  Status read(size_t piece, const Box& sub, void* dst) override {
+    if (piece >= inner_.size()) return Status::Internal("torch chunk piece out of range");
+    return file_->read(inner_[piece], sub, dst);
+  }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    return piece < inner_.size() ? file_->file_extent(inner_[piece], sub) : std::nullopt;
+  }
+  IntegrityInfo integrity() const override { return file_->integrity(); }
+  CheckReport check(const CheckOptions& o) override {
+    if (chunk_ != 0) return CheckReport{};
+    return check_of_inner(*file_, o, /*same_pieces=*/false);
+  }
+  Status check_piece(size_t piece) override {
+    if (piece >= inner_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    return file_->check_piece(inner_[piece]);
+  }
+
+ private:
+  std::shared_ptr<TorchRankFile> file_;
+  int chunk_;
+  std::vector<size_t> inner_;  // piece index in the file, per piece of this view
+  std::vector<TensorMeta> tensors_;
+  std::vector<Piece> pieces_;
 };
 
 // The iteration dir of `path`: the one latest_checkpointed_iteration.txt names, or `path`.
@@ -328,6 +422,61 @@ nlohmann::json megatron_meta(const PyObj* root, const MegatronLegacyOptim& optim
   return m;
 }
 
+// A virtual pipeline's rank files (converters/megatron/megatron_vpp.h): chunk c of pipeline rank p is
+// stage c * pp + p of a plain pipeline of pp * vpp even stages, read through the same segment map.
+// The args must agree with the files (virtual_pipeline_model_parallel_size, an even split) and
+// every chunk must hold num_layers / (pp * vpp) layers. Metadata: megatron.virtual_pipeline = vpp
+// and no layout (a layout cannot say interleaved chunks, as for torch_dist).
+Result<std::unique_ptr<TensorSource>> open_vpp(const std::string& path, nlohmann::json j,
+                                               std::vector<std::unique_ptr<TorchRankFile>> files,
+                                               std::vector<std::string> paths, nlohmann::json meta) {
+  const std::string& first = paths.front();
+  const int vpp = files.front()->chunks();
+  if (const auto it = j.find("virtual_pipeline_model_parallel_size"); it != j.end() && !it->is_null() &&
+                                                                        (!it->is_number_integer() || it->get<int64_t>() != vpp))
+    return Status::Error("MegatronVppChunkCountMismatch", "'" + first + "': args.virtual_pipeline_model_parallel_size = " +
+                                                              it->dump().substr(0, 32) + " but the file holds " +
+                                                              std::to_string(vpp) + " model chunks (model0 .. model" +
+                                                              std::to_string(vpp - 1) + ")")
+        .with_file(first);
+  for (const char* k : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                        "pipeline_model_parallel_layout"})
+    if (j.contains(k) && !j[k].is_null())
+      return Status::Error("MegatronVppUneven", "'" + first + "': args." + k + " = " + j[k].dump().substr(0, 64) +
+                                                    " with a virtual pipeline: only Megatron's even interleaving "
+                                                    "(num_layers / (pp * vpp) layers per chunk) is read")
+          .with_file(first);
+  CKPT_ASSIGN_OR_RETURN(MegatronArgs a, megatron_args_from_json(std::move(j), first));
+  const int tp = a.layout.tp, pp = a.layout.pp;
+  CKPT_ASSIGN_OR_RETURN(Layout virt, megatron_vpp_layout(a.layout, vpp, "'" + first + "'"));
+  const int64_t per_chunk = a.config.num_hidden_layers / (int64_t{pp} * vpp);
+  std::vector<std::shared_ptr<TorchRankFile>> shared;
+  for (auto& f : files) shared.push_back(std::move(f));
+  MegatronRankFiles ranks;
+  ranks.integrity = shared.front()->integrity();
+  for (int s = 0; s < pp * vpp; ++s)
+    for (int r = 0; r < tp; ++r) {
+      const VppChunk at = megatron_vpp_of_stage(pp, s);
+      const size_t fi = static_cast<size_t>(at.pp_rank) * tp + r;
+      auto view = std::make_unique<TorchChunkView>(shared[fi], at.chunk);
+      const std::string name = paths[fi] + " (model" + std::to_string(at.chunk) + ")";
+      if (const int64_t n = local_layers(*view); n != per_chunk)
+        return Status::Error("MegatronVppLayerCountMismatch",
+                             "'" + name + "' holds " + std::to_string(n) + " layer(s); " +
+                                 std::to_string(a.config.num_hidden_layers) + " layers interleaved over pp " +
+                                 std::to_string(pp) + " x vpp " + std::to_string(vpp) + " give each chunk " +
+                                 std::to_string(per_chunk))
+            .with_file(paths[fi]).with_tensor("model" + std::to_string(at.chunk));
+      ranks.files.push_back(std::move(view));
+      ranks.paths.push_back(name);
+    }
+  a.layout = std::move(virt);
+  meta["megatron"]["virtual_pipeline"] = vpp;
+  meta["layout"] = nullptr;  // removed by open_megatron_ranks
+  return open_megatron_ranks(path, std::move(a), std::move(ranks), std::move(meta));
+}
+
 Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -362,8 +511,9 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
   Layout names;
   names.tp = tp;
   names.pp = pp;
-  MegatronRankFiles ranks;
-  std::vector<int> per_stage;
+  const int vpp = f0->chunks();
+  std::vector<std::unique_ptr<TorchRankFile>> files;  // index pp_rank * tp + tp_rank
+  std::vector<std::string> paths;
   for (int p = 0; p < pp; ++p)
     for (int r = 0; r < tp; ++r) {
       const std::string f = dir + "/" + megatron_rank_dir(names, r, p) + "/model_optim_rng.pt";
@@ -373,10 +523,22 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
       } else {
         CKPT_ASSIGN_OR_RETURN(rf, TorchRankFile::open(f));
       }
-      if (r == 0) per_stage.push_back(static_cast<int>(local_layers(*rf)));
-      ranks.files.push_back(std::move(rf));
-      ranks.paths.push_back(f);
+      if (rf->chunks() != vpp)
+        return Status::Error("MegatronVppChunkCountMismatch",
+                             "'" + f + "' holds " + std::to_string(rf->chunks()) + " model chunk(s), '" + first +
+                                 "' holds " + std::to_string(vpp) + " (model0 .. model" + std::to_string(vpp - 1) + ")")
+            .with_file(f);
+      files.push_back(std::move(rf));
+      paths.push_back(f);
     }
+  if (vpp > 1) return open_vpp(path, std::move(j), std::move(files), std::move(paths), std::move(meta));
+  MegatronRankFiles ranks;
+  std::vector<int> per_stage;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (i % static_cast<size_t>(tp) == 0) per_stage.push_back(static_cast<int>(local_layers(*files[i])));
+    ranks.files.push_back(std::move(files[i]));
+  }
+  ranks.paths = std::move(paths);
   if (pp > 1) j["layers_per_stage"] = per_stage;
   ranks.integrity = ranks.files.front()->integrity();
   CKPT_ASSIGN_OR_RETURN(MegatronArgs a, megatron_args_from_json(std::move(j), first));

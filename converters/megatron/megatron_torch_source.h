@@ -12,6 +12,13 @@
 // language_model.output_layer); they are renamed to mcore names and mapped through the segment
 // map (converters/megatron/megatron_rank_source.h). Layer indices restart in each pipeline stage; the
 // per-stage counts are read off the files (uneven FlagScale splits).
+// A virtual (interleaved) pipeline's files hold 'model0' .. 'model{v-1}' instead of 'model', layer
+// indices restarting in each chunk: chunk c of rank p is read as stage c * pp + p of a plain
+// pipeline of pp * v chunk stages (converters/megatron/megatron_vpp.h); named errors
+// MegatronVppChunkMissing, MegatronVppChunkCountMismatch (between files, or against the args),
+// MegatronVppLayersNotDivisible, MegatronVppNeedsPipeline, MegatronVppLayerCountMismatch,
+// MegatronVppUneven; metadata megatron.virtual_pipeline and no layout; their optimizer state is
+// not read (megatron.optimizer_not_imported says so).
 #pragma once
 
 #include <memory>

@@ -176,6 +176,15 @@ constexpr ErrorCodeEntry kTable[] = {
     {"EmulationRefused", kArg},             // --emulate without a cluster file or a device type's speed
     // Megatron-LM legacy per-rank torch files (converters/megatron/megatron_torch_source).
     {"MegatronNotStateDict", kCorrupt},  // a model_optim_rng.pt that is not Megatron's dict with a 'model' state dict
+    // Megatron virtual (interleaved) pipelines (converters/megatron/megatron_vpp.h).
+    {"MegatronVppChunkMissing", kCorrupt},        // model0 .. model{v-1} with one missing
+    {"MegatronVppChunkCountMismatch", kCorrupt},  // rank files (or the args) disagree on the chunk count
+    {"MegatronVppLayerCountMismatch", kCorrupt},  // a chunk's layers != num_layers / (pp * vpp)
+    {"MegatronVppLayersNotDivisible", kArg},      // num_layers % (pp * vpp) != 0 (import or --vpp)
+    {"MegatronVppNeedsPipeline", kArg},           // a virtual pipeline with pp = 1
+    {"MegatronVppUneven", kUnsup},                // uneven first/last stages or a layout with a virtual pipeline
+    {"MegatronVppFormat", kArg},                  // --vpp with an export format that has no chunks (safetensors)
+    {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp of a source with optimizer state
     // formats/torch (unpickler, torch zip).
     {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
     {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP

@@ -208,7 +208,7 @@ def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int 
 
 
 def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers: Union[None, str, Sequence[int]] = None,
-                    format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
+                    vpp: int = 1, format: str = "safetensors", dtype: Optional[str] = None, vocab_divisor: int = 128,  # noqa: A002
                     local_norms: bool = False, iteration: int = 0, dist_opt: bool = False, dp: int = 1,
                     ddp_bucket_size: Optional[int] = None, dist_opt_sharding: str = "dp_reshardable",
                     megatron_version: Optional[str] = None, verify_source: bool = True,
@@ -218,7 +218,8 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
     ``"safetensors"`` (per-rank safetensors + megatron_args.json, which ckpt reads back),
     ``"torch"`` (Megatron-LM's legacy iter_N/mp_rank_*/model_optim_rng.pt, saved as ``iteration``)
     or ``"torch_dist"`` (a Megatron-Core dist_checkpointing directory). ``pp_layers``: layers per
-    pipeline stage, a list or ``"1,3"`` (None: even split); ``vocab_divisor``: make-vocab-size-divisible-by;
+    pipeline stage, a list or ``"1,3"`` (None: even split); ``vpp``: virtual (interleaved) pipeline
+    chunks per stage (``"torch"``, ``"torch_dist"``; 1: none); ``vocab_divisor``: make-vocab-size-divisible-by;
     ``local_norms``: local-spec norm names instead of Transformer Engine's; ``dtype``: ``"bf16"``,
     ``"fp16"`` or ``"fp32"`` (None keeps the source's). ``megatron_version`` (torch_dist; None: the newest, 0.19): ``"0.19"``
     writes the common state as the DCP item common_state, ``"0.16"`` .. ``"0.18"`` as common.pt.
@@ -228,10 +229,10 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
     SRC is checked by its format's own checks before anything is committed, unless ``verify_source``
     is False.
 
-    Returns ``{out, format, tp, pp, iteration, dist_opt, dp, source_check}``."""
+    Returns ``{out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check}``."""
     if isinstance(pp_layers, str):
         pp_layers = [int(x) for x in pp_layers.split(",") if x.strip()]
-    opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])],
+    opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])], "vpp": vpp,
             "vocab_divisor": vocab_divisor, "dtype": dtype or "", "local_norms": local_norms, "iteration": iteration,
             "dist_opt": dist_opt, "dp": dp, "ddp_bucket_size": int(ddp_bucket_size or 0),
             "dist_opt_sharding": dist_opt_sharding, "megatron_version": megatron_version or "", "verify_source": verify_source}

@@ -8,6 +8,7 @@
 #include "converters/megatron/dist/megatron_dist_optim.h"
 #include "converters/megatron/dist/megatron_dist_sink.h"
 #include "converters/megatron/megatron_dist_opt_export.h"
+#include "converters/megatron/megatron_vpp.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/torch/dcp/dcp_writer.h"
 #include "formats/torch/pickle/py_json.h"
@@ -173,10 +174,28 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
                                                     opts.layers_per_stage));
   layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(layout));
-  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, layout));
+  if (opts.vpp < 1) return Status::InvalidArgument("export-megatron --vpp " + std::to_string(opts.vpp) + ": must be >= 1");
+  if (opts.vpp > 1 && opts.dist_opt.enabled)
+    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
+                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
+                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
+  // A virtual pipeline: the keys and chunks are those of its plain pipeline of pp * vpp chunk stages
+  // (global layer indices, megatron_vpp.h); each chunk is written by the real rank holding it.
+  Layout stages = layout;
+  if (opts.vpp > 1) {
+    CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
+                                                                            " --vpp " + std::to_string(opts.vpp)));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages));
+  if (opts.vpp > 1)
+    for (auto& t : map)
+      for (auto& c : t.chunks) {
+        const int stage = c.rank / layout.tp;
+        c.rank = megatron_vpp_of_stage(layout.pp, stage).pp_rank * layout.tp + c.rank % layout.tp;
+      }
   CKPT_ASSIGN_OR_RETURN(const bool in_dcp, common_state_in_dcp(opts.megatron_version));
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
-  nlohmann::json args = megatron_args(cfg, layout);
+  nlohmann::json args = megatron_vpp_args(megatron_args(cfg, layout), opts.vpp);
   std::vector<torch::DcpBytesEntry> bytes;
   const nlohmann::json optim_fields = megatron_optimizer_fields(meta);
   bool optim = false;
@@ -217,7 +236,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
   args["ckpt_format"] = "torch_dist";
   args["transformer_impl"] = "local";
-  if (layout.pp > 1) {  // Megatron-LM's names for an uneven split (first / last stage sizes)
+  if (layout.pp > 1 && opts.vpp == 1) {  // Megatron-LM's names for an uneven split (first / last stage sizes)
     args["decoder_first_pipeline_num_layers"] = args["layers_per_stage"].front();
     args["decoder_last_pipeline_num_layers"] = args["layers_per_stage"].back();
   }
