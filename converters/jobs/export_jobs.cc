@@ -86,7 +86,7 @@ const char* megatron_format_name(MegatronExportFormat f) {
 }
 
 nlohmann::json ExportMegatronOutcome::to_json() const {
-  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}};
+  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}, {"io", io}};
 }
 
 Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronRequest& req) {
@@ -124,6 +124,13 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   o.before_commit = check.before_commit(*src);
   const bool dist = req.format == MegatronExportFormat::kTorchDist;
+  // The torch / torch_dist files' direct writes in a write pool, several large requests in flight
+  // (--io auto's per-run choice), within the default budget beside the engine's chunks.
+  const std::shared_ptr<WritePool> pool =
+      req.format == MegatronExportFormat::kSafetensors
+          ? nullptr
+          : fit_copy_io(kDefaultMaxMemory, kExportReserveBytes + o.chunk_bytes * 2, 0, 2, IoMode::kAuto, false).write_pool;
+  o.write_pool = pool.get();
   CKPT_RETURN_IF_ERROR(dist ? export_megatron_dist(*src, req.dst, o) : export_megatron(*src, req.dst, o));
   ExportMegatronOutcome out;
   out.out = req.dst;
@@ -134,6 +141,7 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   out.iteration = req.iteration;
   out.dist_opt = req.dist_opt;
   out.dp = req.dp;
+  out.io = io_report(IoMode::kAuto, nullptr, pool.get());
   out.source_check = check.to_json();
   return out;
 }

@@ -90,7 +90,8 @@ struct ExportMegatronOutcome {
   bool dist_opt = false;
   int64_t dp = 1;
   nlohmann::json source_check;  // how SRC was checked (JobSourceCheck::to_json)
-  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check}.
+  nlohmann::json io = nlohmann::json::object();  // how the files were written (io_report, memory_fit.h)
+  // The JSON of `ckpt export-megatron --json`: {out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check, io}.
   nlohmann::json to_json() const;
 };
 

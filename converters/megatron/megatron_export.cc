@@ -212,7 +212,8 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   eo.progress = opts.progress;
   eo.before_commit = opts.before_commit;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
-  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.stages, args, opts.iteration, optim, opts.vpp);
+  if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.stages, args, opts.iteration, optim, opts.vpp,
+                                                       opts.write_pool);
   if (torch) std::filesystem::remove_all(out, ec);
   return s;
 }

@@ -16,6 +16,8 @@
 
 namespace ckpt {
 
+class WritePool;
+
 enum class MegatronFileFormat {
   kSafetensors,  // mp_rank_XX[_YYY]/model.safetensors + megatron_args.json (ckpt's own)
   kTorch,        // Megatron-LM's legacy latest_checkpointed_iteration.txt + iter_N/mp_rank_*/model_optim_rng.pt
@@ -41,6 +43,9 @@ struct MegatronExportOptions {
   // common state as the DCP item common_state; older: common.pt).
   std::string megatron_version = "0.19";
   uint64_t chunk_bytes = 16ull << 20;  // engine chunk (output bytes per sink write)
+  // The torch and torch_dist files' direct writes staged there, several large requests in flight
+  // (formats/io/write_pool.h; the job's); not owned. Null: each file as its size resolves --io auto.
+  WritePool* write_pool = nullptr;
   // Called after each chunk is written: (output bytes done, total), padding rows not counted.
   std::function<void(uint64_t, uint64_t)> progress;
   // Called after every byte is written, before the commit (the job's check of its SRC,

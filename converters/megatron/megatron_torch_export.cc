@@ -135,7 +135,7 @@ const PyObj* optimizer_entry(PyArena& a, RankContent& rc, const nlohmann::json& 
 // {'buckets_coalesced': True, 0: {(torch.<dtype>, torch.float32): {'param', 'exp_avg', 'exp_avg_sq',
 // 'numel_unpadded'}}}.
 Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std::string, size_t>& staged,
-                           const std::string& out, DType param_dtype) {
+                           const std::string& out, DType param_dtype, const torch::TorchWriteOptions& wo) {
   PyArena a;
   std::vector<torch::TorchStorage> storages;
   std::vector<std::pair<const PyObj*, const PyObj*>> state;
@@ -155,7 +155,7 @@ Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std:
   state.emplace_back(a.str("numel_unpadded"), a.integer(numel));
   const PyObj* root = a.dict({{a.str("buckets_coalesced"), a.boolean(true)},
                               {a.integer(0), a.dict({{dist_opt_dtype_key(a, param_dtype), a.dict(std::move(state))}})}});
-  torch::TorchFileWriter w(out);
+  torch::TorchFileWriter w(out, wo);
   CKPT_RETURN_IF_ERROR(w.begin(root, storages));
   for (size_t k = 0; k < order.size(); ++k) {
     const TensorMeta& t = sf.tensors()[order[k]];
@@ -169,7 +169,7 @@ Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std:
 // Writes one rank file from its staged safetensors files: one ('model'), or with a virtual
 // pipeline one per chunk ('model0' .. 'model{v-1}', weights only).
 Status write_rank(const std::vector<std::string>& staged, const std::string& out, const nlohmann::json& args,
-                  int64_t iteration, const nlohmann::json& optim) {
+                  int64_t iteration, const nlohmann::json& optim, const torch::TorchWriteOptions& wo) {
   PyArena a;
   std::vector<std::unique_ptr<safetensors::SafetensorsFile>> files;
   std::vector<RankContent> rcs(staged.size());
@@ -208,7 +208,7 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
       if (dist_opt) {  // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt
         models.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
         const std::string dir = fs::path(out).parent_path().string();
-        CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype));
+        CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype, wo));
       } else if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) {
         models.emplace_back(a.str("optimizer"), o);
       }
@@ -220,7 +220,7 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)}};
   root.insert(root.end(), models.begin(), models.end());
-  torch::TorchFileWriter w(out);
+  torch::TorchFileWriter w(out, wo);
   CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), std::move(storages)));
   for (size_t c = 0; c < rcs.size(); ++c) {
     const RankContent& rc = rcs[c];
@@ -238,7 +238,10 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
 }  // namespace megatron_torch_export_detail
 
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
-                                   const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim, int vpp) {
+                                   const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim, int vpp,
+                                   WritePool* write_pool) {
+  torch::TorchWriteOptions wo;
+  wo.write_pool = write_pool;
   namespace fs = std::filesystem;
   if (iteration < 0 || iteration > 9999999) return Status::InvalidArgument("iteration " + std::to_string(iteration) +
                                                                            " outside 0..9999999");
@@ -264,7 +267,7 @@ Status megatron_torch_from_staging(const std::string& staging, const std::string
       for (int c = 0; c < vpp; ++c)
         staged.push_back(staging + "/" + megatron_rank_dir(layout, r, megatron_vpp_virtual_stage(pp, p, c)) +
                          "/model.safetensors");
-      Status s = megatron_torch_export_detail::write_rank(staged, out_dir + "/model_optim_rng.pt", args, iteration, optim);
+      Status s = megatron_torch_export_detail::write_rank(staged, out_dir + "/model_optim_rng.pt", args, iteration, optim, wo);
       if (!s.ok()) return s;  // ~PartialDir removes the partial output
     }
   {

@@ -28,14 +28,18 @@
 
 namespace ckpt {
 
+class WritePool;
+
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
                                    const nlohmann::json& args, int64_t iteration,
-                                   const nlohmann::json& optim = nlohmann::json::object(), int vpp = 1);
+                                   const nlohmann::json& optim = nlohmann::json::object(), int vpp = 1,
+                                   WritePool* write_pool = nullptr);
 // `optim`: {"step": Adam steps, "lr", "min_lr", "beta1", "beta2", "eps", "weight_decay"} for the
 // param groups (defaults: torch's).
 // `vpp` > 1: a virtual pipeline. `layout` is then the staged plain pipeline of pp * vpp chunk
 // stages (converters/megatron/megatron_vpp.h); rank (tp r, stage p) of the pp = layout.pp / vpp
 // real stages gets 'model0' .. 'model{vpp-1}' (chunk c = staged stage c * pp + p, its layers
 // numbered from 0 as Megatron-LM saves them) instead of 'model', and no 'optimizer'.
+// `write_pool`: the rank files' (and distrib_optim.pt's) direct writes staged there (TorchWriteOptions).
 
 }  // namespace ckpt

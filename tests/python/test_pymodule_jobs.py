@@ -174,7 +174,7 @@ def test_export_megatron_matches_reference_and_cli(kinds, model, tmp_path):
                              "--vocab-divisor", 8, "--json").stdout)
     assert {**res, "out": None} == {**cli, "out": None}
     assert res == {"out": str(out), "format": "safetensors", "tp": 2, "pp": 2, "vpp": 1, "iteration": 0,
-                   "dist_opt": False, "dp": 1, "source_check": res["source_check"]}
+                   "dist_opt": False, "dp": 1, "source_check": res["source_check"], "io": res["io"]}
     files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(cli_out) for p in cli_out.rglob("*") if p.is_file())
     for f in files:

@@ -260,7 +260,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
     files.emplace_back("metadata.json",
                        R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
   }
-  DistSegmentSink sink(dst, std::move(map), std::move(dtypes), std::move(bytes), std::move(files));
+  DistSegmentSink sink(dst, std::move(map), std::move(dtypes), std::move(bytes), std::move(files), opts.write_pool);
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;

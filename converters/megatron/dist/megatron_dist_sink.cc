@@ -8,8 +8,10 @@ namespace ckpt {
 
 namespace dist_sink_detail {
 
-torch::DcpWriterOptions writer_options(const std::vector<DistTensor>& map, std::vector<torch::DcpBytesEntry> bytes) {
+torch::DcpWriterOptions writer_options(const std::vector<DistTensor>& map, std::vector<torch::DcpBytesEntry> bytes,
+                                       WritePool* write_pool) {
   torch::DcpWriterOptions o;
+  o.write_pool = write_pool;
   for (const auto& t : map)
     for (const auto& c : t.chunks) o.piece_rank.push_back(c.rank);
   o.bytes = std::move(bytes);
@@ -20,9 +22,9 @@ torch::DcpWriterOptions writer_options(const std::vector<DistTensor>& map, std::
 
 DistSegmentSink::DistSegmentSink(std::string dst, std::vector<DistTensor> map, std::vector<DType> dtypes,
                                  std::vector<torch::DcpBytesEntry> bytes,
-                                 std::vector<std::pair<std::string, std::string>> extra_files)
+                                 std::vector<std::pair<std::string, std::string>> extra_files, WritePool* write_pool)
     : dst_(dst), map_(std::move(map)), dtypes_(std::move(dtypes)), extra_files_(std::move(extra_files)),
-      writer_(dst, dist_sink_detail::writer_options(map_, std::move(bytes))) {
+      writer_(dst, dist_sink_detail::writer_options(map_, std::move(bytes), write_pool)) {
   for (size_t t = 0; t < map_.size(); ++t) {
     const DistTensor& d = map_[t];
     inner_tensors_.push_back(TensorMeta{d.key, dtypes_[t], d.shape});

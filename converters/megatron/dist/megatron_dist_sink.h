@@ -20,7 +20,8 @@ class DistSegmentSink final : public TensorSink {
   // `dtypes[i]`: the stored dtype of map[i]. `extra_files`: (name, bytes) written into the
   // output directory before commit (common.pt, metadata.json).
   DistSegmentSink(std::string dst, std::vector<DistTensor> map, std::vector<DType> dtypes,
-                  std::vector<torch::DcpBytesEntry> bytes, std::vector<std::pair<std::string, std::string>> extra_files);
+                  std::vector<torch::DcpBytesEntry> bytes, std::vector<std::pair<std::string, std::string>> extra_files,
+                  WritePool* write_pool = nullptr);  // the DCP files' direct writes (DcpWriterOptions::write_pool)
 
   // What begin() must be given as pieces (one per non-padding segment, chunk by chunk).
   const std::vector<Piece>& pieces() const { return pieces_; }
