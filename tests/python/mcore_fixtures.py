@@ -112,9 +112,24 @@ def _cpu_shims():
 
 
 
-def _build(tp, pp, bf16, seed=1234):
+def transformer_config_kwargs(tp, pp, layers=LAYERS, hidden=HIDDEN, heads=HEADS, groups=GROUPS, ffn=FFN):
+    """The TransformerConfig of the LLaMA-like GPTModel the megatron-core tests build (local spec,
+    RMSNorm, SwiGLU, rope, GQA, no biases, fp32 pipeline, CPU init, no fusions); callers add the
+    dtype and their pipeline's split."""
     import torch
     import torch.nn.functional as F
+    return dict(
+        num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_query_groups=groups,
+        ffn_hidden_size=ffn, kv_channels=hidden // heads, normalization="RMSNorm", layernorm_epsilon=1e-5,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, init_method_std=0.05,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+        apply_rope_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False)
+
+
+def _build(tp, pp, bf16, seed=1234):
+    import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -123,16 +138,9 @@ def _build(tp, pp, bf16, seed=1234):
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(seed + parallel_state.get_tensor_model_parallel_rank())
-    cfg = TransformerConfig(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-        ffn_hidden_size=FFN, kv_channels=HIDDEN // HEADS, normalization="RMSNorm", layernorm_epsilon=1e-5,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, init_method_std=0.05,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
-        num_layers_in_first_pipeline_stage=FIRST_STAGE_LAYERS if pp > 1 else None,
-        params_dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16, apply_rope_fusion=False,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        persist_layer_norm=False)
+    cfg = TransformerConfig(**transformer_config_kwargs(tp, pp),
+                            num_layers_in_first_pipeline_stage=FIRST_STAGE_LAYERS if pp > 1 else None,
+                            params_dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16)
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
                      vocab_size=padded_vocab(tp), max_sequence_length=SEQ * 4,
                      pre_process=parallel_state.is_pipeline_first_stage(),

@@ -13,9 +13,9 @@ then chunk 1, ...; hidden states passed by send / recv) on the tokens given:
 CLI: mcore_vpp_load.py (legacy|dist) DIR TOKENS.npy OUT.npy TP PP VPP
 """
 import argparse
-import contextlib
 import pathlib
-import zlib
+
+from mcore_fixtures import _cpu_shims, transformer_config_kwargs  # noqa: E402 (this directory: the script's sys.path[0])
 
 LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, DIVISOR, SEQ = 4, 16, 4, 2, 32, 200, 128, 16
 
@@ -25,17 +25,8 @@ def _padded_vocab(tp):
     return ((VOCAB + m - 1) // m) * m
 
 
-def _shims():
-    import torch
-    from megatron.core import tensor_parallel
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_device = lambda: "cpu"
-    tensor_parallel.random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-
-
 def _build(tp, pp, vpp):
     import torch
-    import torch.nn.functional as F
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -43,15 +34,8 @@ def _build(tp, pp, vpp):
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  virtual_pipeline_model_parallel_size=vpp)
     torch.manual_seed(99)  # every weight is loaded: the init must not matter
-    cfg = TransformerConfig(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-        ffn_hidden_size=FFN, kv_channels=HIDDEN // HEADS, normalization="RMSNorm", layernorm_epsilon=1e-5,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, init_method_std=0.05,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
-        virtual_pipeline_model_parallel_size=vpp, params_dtype=torch.float32, bf16=False, apply_rope_fusion=False,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        persist_layer_norm=False)
+    cfg = TransformerConfig(**transformer_config_kwargs(tp, pp, LAYERS, HIDDEN, HEADS, GROUPS, FFN),
+                            virtual_pipeline_model_parallel_size=vpp, params_dtype=torch.float32, bf16=False)
     chunks = []
     for c in range(vpp):
         chunks.append(GPTModel(
@@ -102,7 +86,7 @@ def main():
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state as ps
     dist.init_process_group("gloo")
-    _shims()
+    _cpu_shims()
     chunks = _build(a.tp, a.pp, a.vpp)
     d = pathlib.Path(a.dir)
     if a.kind == "legacy":
