@@ -86,7 +86,11 @@ const char* megatron_format_name(MegatronExportFormat f) {
 }
 
 nlohmann::json ExportMegatronOutcome::to_json() const {
-  return {{"out", out}, {"format", megatron_format_name(format)}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"iteration", iteration}, {"dist_opt", dist_opt}, {"dp", dp}, {"source_check", source_check}, {"io", io}};
+  return {{"out", out},       {"format", megatron_format_name(format)},
+          {"tp", tp},         {"pp", pp},
+          {"vpp", vpp},       {"iteration", iteration},
+          {"dist_opt", dist_opt}, {"dp", dp},
+          {"source_check", source_check}, {"io", io}};
 }
 
 Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronRequest& req) {

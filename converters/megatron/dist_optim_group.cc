@@ -39,7 +39,7 @@ Result<std::vector<const MegatronTensor*>> registration_order(const std::vector<
 }  // namespace dist_optim_group_detail
 
 Result<DistOptimGroup> dist_optim_group(const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
-                                        const std::string& dir, int tp_r, int pp_r) {
+                                        const std::string& dir, int tp_r, int pp_r, int vpp) {
   using namespace dist_optim_group_detail;
   DistOptimGroup out;
   CKPT_ASSIGN_OR_RETURN(out.tensors, megatron_rank_tensors(cfg, saved, tp_r, pp_r, MegatronNormNames::kLocal));
@@ -53,7 +53,8 @@ Result<DistOptimGroup> dist_optim_group(const LlamaConfig& cfg, const Layout& sa
     const bool outl = t->name == "output_layer.weight" && pp_r != 0;
     params.push_back(DistOptimParam{t->name, n, shared && (emb || outl)});
   }
-  CKPT_ASSIGN_OR_RETURN(DistOptimSettings s, dist_optim_settings(args, pp_r, 0, dir));
+  const int pp = vpp > 1 ? saved.pp / vpp : saved.pp;  // the real pipeline
+  CKPT_ASSIGN_OR_RETURN(DistOptimSettings s, dist_optim_settings(args, pp_r % pp, pp_r / pp, dir));
   CKPT_ASSIGN_OR_RETURN(out.layout, dist_optim_layout(params, s));
   for (size_t k = 0; k < out.layout.params.size(); ++k) out.slot_tensor.push_back(order[order.size() - 1 - k]);
   return out;

@@ -38,8 +38,11 @@ struct DistOptimGroup {
 // The group of rank (tp_r, pp_r) of a model saved with `saved` and the args `args` (dp, bucket
 // size: dist_optim_settings). Errors: UnsupportedDistOptim (a parameter outside the local spec's
 // known registration order), the layout's. `dir` names the checkpoint in errors.
+// A virtual pipeline (`vpp` > 1): `saved` is its plain pipeline of pp * vpp chunk stages
+// (megatron_vpp_layout) and `pp_r` a chunk stage, whose grad buffer is that chunk's (its settings
+// those of chunk pp_r / pp of pipeline rank pp_r % pp, S2).
 Result<DistOptimGroup> dist_optim_group(const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
-                                        const std::string& dir, int tp_r, int pp_r);
+                                        const std::string& dir, int tp_r, int pp_r, int vpp = 1);
 
 // Bucket by bucket, the flat segments of [0, numel_unpadded) (canonical weight names; empty =
 // zeros). `rename(weight)` gives the canonical tensor a state is read from (the weight itself for

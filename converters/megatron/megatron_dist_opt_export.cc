@@ -68,7 +68,9 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
                                                         "distributed optimizer; export without --dist-opt");
   if (!kinds[0] || !kinds[1])
     return Status::Error("MegatronOptimizerMissingMoment",
-                         "--dist-opt: source '" + src.describe() + "' holds " + (kinds[0] ? "optimizer.exp_avg.* but not optimizer.exp_avg_sq.*" : "optimizer.exp_avg_sq.* but not optimizer.exp_avg.*") +
+                         "--dist-opt: source '" + src.describe() + "' holds " +
+                             (kinds[0] ? "optimizer.exp_avg.* but not optimizer.exp_avg_sq.*"
+                                       : "optimizer.exp_avg_sq.* but not optimizer.exp_avg.*") +
                              " (Megatron's Adam state needs both)");
   if (!megatron_optimizer_fields(src.metadata()).contains("step"))
     return Status::Error("DistOptNoStep", "--dist-opt: source '" + src.describe() +

@@ -107,15 +107,11 @@ def _cpu_shims():
     from megatron.core import tensor_parallel
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"  # used as a device: .to(device=current_device())
-    tracker = tensor_parallel.random.get_cuda_rng_tracker()
-    tracker.fork = lambda *a, **k: contextlib.nullcontext()
-
+    tensor_parallel.random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
 
 
 def transformer_config_kwargs(tp, pp, layers=LAYERS, hidden=HIDDEN, heads=HEADS, groups=GROUPS, ffn=FFN):
-    """The TransformerConfig of the LLaMA-like GPTModel the megatron-core tests build (local spec,
-    RMSNorm, SwiGLU, rope, GQA, no biases, fp32 pipeline, CPU init, no fusions); callers add the
-    dtype and their pipeline's split."""
+    """TransformerConfig kwargs of the tests' LLaMA-like GPTModel (callers add dtype and split)."""
     import torch
     import torch.nn.functional as F
     return dict(

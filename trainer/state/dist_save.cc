@@ -82,7 +82,8 @@ Status DistSaver::make_plan_once() {
   p->layout_json = plan.metadata["layout"];
   // The background write's direct requests staged in a pool, several in flight (unless the caller
   // gave one, or asked for buffered writes); under --io auto the pool probes both ways per save run.
-  if (const int n = save_write_pool_buffers(p->bytes); n > 0 && !opts_.write_pool && opts_.io != IoMode::kBuffered && opts_.codec == store::Codec::kNone) {
+  const int n = save_write_pool_buffers(p->bytes);
+  if (n > 0 && !opts_.write_pool && opts_.io != IoMode::kBuffered && opts_.codec == store::Codec::kNone) {
     opts_.write_pool = std::make_shared<WritePool>(n);
     opts_.write_pool->set_auto(opts_.io == IoMode::kAuto);
   }

@@ -160,6 +160,53 @@ int64_t source_iteration(const nlohmann::json& meta) {
   return 0;
 }
 
+// The DCP tensors and their chunks of `layout` (each chunk in its rank's file). A virtual pipeline:
+// the keys and chunks are those of its plain pipeline of pp * vpp chunk stages (global layer
+// indices, megatron_vpp.h); each chunk is written by the real rank holding it.
+Result<std::vector<DistTensor>> chunk_map(const LlamaConfig& cfg, const Layout& layout, const MegatronExportOptions& opts) {
+  if (opts.vpp < 1) return Status::InvalidArgument("export-megatron --vpp " + std::to_string(opts.vpp) + ": must be >= 1");
+  if (opts.vpp > 1 && opts.dist_opt.enabled)
+    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
+                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
+                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
+  Layout stages = layout;
+  if (opts.vpp > 1) {
+    CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
+                                                                            " --vpp " + std::to_string(opts.vpp)));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages));
+  if (opts.vpp > 1)
+    for (auto& t : map)
+      for (auto& c : t.chunks) {
+        const int stage = c.rank / layout.tp;
+        c.rank = megatron_vpp_of_stage(layout.pp, stage).pp_rank * layout.tp + c.rank % layout.tp;
+      }
+  return map;
+}
+
+// Each mcore tensor's dtype (`dtypes`, by map index): the requested one (weights), else its first
+// canonical tensor's; the buckets and the masters fp32 whatever the weights. `canonical`: the
+// source tensors the map reads, by name, once each.
+void output_dtypes(const TensorSource& src, const SourceIndex& index, const std::vector<DistTensor>& map,
+                   const std::optional<DType>& dtype, std::vector<DType>& dtypes, std::vector<TensorMeta>& canonical) {
+  for (const auto& t : map) {
+    DType dt = dtype.value_or(DType::kF32);
+    const bool buckets = t.key.rfind(kDistOptimBucketPrefix, 0) == 0 ||  // fp32 whatever the weights
+                         t.key.rfind(kDistMasterParamPrefix, 0) == 0;
+    const bool keep = !buckets && (!dtype || t.key.rfind("optimizer.", 0) == 0);
+    for (const auto& c : t.chunks)
+      for (const auto& s : c.segments) {
+        auto it = s.tensor.empty() ? index.tensor_index.end() : index.tensor_index.find(s.tensor);
+        if (it == index.tensor_index.end()) continue;
+        if (keep) dt = src.tensors()[it->second].dtype;
+        canonical.push_back(src.tensors()[it->second]);
+      }
+    dtypes.push_back(buckets ? DType::kF32 : dt);
+  }
+  std::sort(canonical.begin(), canonical.end(), [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
+  canonical.erase(std::unique(canonical.begin(), canonical.end()), canonical.end());
+}
+
 }  // namespace dist_export_detail
 
 Status export_megatron_dist(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
@@ -174,25 +221,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
                                                     opts.layers_per_stage));
   layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(layout));
-  if (opts.vpp < 1) return Status::InvalidArgument("export-megatron --vpp " + std::to_string(opts.vpp) + ": must be >= 1");
-  if (opts.vpp > 1 && opts.dist_opt.enabled)
-    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
-                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
-                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
-  // A virtual pipeline: the keys and chunks are those of its plain pipeline of pp * vpp chunk stages
-  // (global layer indices, megatron_vpp.h); each chunk is written by the real rank holding it.
-  Layout stages = layout;
-  if (opts.vpp > 1) {
-    CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
-                                                                            " --vpp " + std::to_string(opts.vpp)));
-  }
-  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages));
-  if (opts.vpp > 1)
-    for (auto& t : map)
-      for (auto& c : t.chunks) {
-        const int stage = c.rank / layout.tp;
-        c.rank = megatron_vpp_of_stage(layout.pp, stage).pp_rank * layout.tp + c.rank % layout.tp;
-      }
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, chunk_map(cfg, layout, opts));
   CKPT_ASSIGN_OR_RETURN(const bool in_dcp, common_state_in_dcp(opts.megatron_version));
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
   nlohmann::json args = megatron_vpp_args(megatron_args(cfg, layout), opts.vpp);
@@ -213,25 +242,9 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   } else {
     optim = add_dist_optimizer_tensors(index, map);
   }
-  // Each mcore tensor's dtype: the requested one (weights), else its first canonical tensor's.
   std::vector<DType> dtypes;
   std::vector<TensorMeta> canonical;
-  for (const auto& t : map) {
-    DType dt = opts.dtype.value_or(DType::kF32);
-    const bool buckets = t.key.rfind(kDistOptimBucketPrefix, 0) == 0 ||  // fp32 whatever the weights
-                         t.key.rfind(kDistMasterParamPrefix, 0) == 0;
-    const bool keep = !buckets && (!opts.dtype || t.key.rfind("optimizer.", 0) == 0);
-    for (const auto& c : t.chunks)
-      for (const auto& s : c.segments) {
-        auto it = s.tensor.empty() ? index.tensor_index.end() : index.tensor_index.find(s.tensor);
-        if (it == index.tensor_index.end()) continue;
-        if (keep) dt = src.tensors()[it->second].dtype;
-        canonical.push_back(src.tensors()[it->second]);
-      }
-    dtypes.push_back(buckets ? DType::kF32 : dt);
-  }
-  std::sort(canonical.begin(), canonical.end(), [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
-  canonical.erase(std::unique(canonical.begin(), canonical.end()), canonical.end());
+  output_dtypes(src, index, map, opts.dtype, dtypes, canonical);
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) return Status::InvalidArgument("destination '" + dst + "' already exists");
   args["ckpt_format"] = "torch_dist";

@@ -7,6 +7,7 @@
 
 #include "converters/megatron/dist_optim_layout.h"
 #include "converters/megatron/megatron_segments.h"
+#include "converters/megatron/megatron_vpp.h"
 #include "formats/dtype/dtype.h"
 
 namespace ckpt {
@@ -45,9 +46,9 @@ std::optional<BucketKey> parse_bucket_key(const std::string& name) {
   return k;
 }
 
-struct Buckets {  // one model-parallel group's bucket tensors: bucket -> state -> DCP index
+struct Buckets {  // one grad buffer's bucket tensors (of a model-parallel group): bucket -> state -> DCP index
   std::map<int64_t, std::map<std::string, size_t>> by_bucket;
-  std::set<std::pair<int64_t, std::string>> gbufs;
+  std::set<std::string> dtypes;
 };
 
 Status missing_state(const std::string& dir, int64_t g, int64_t b, const std::string& state) {
@@ -94,15 +95,18 @@ void add_group_pieces(const DistOptimGroup& grp, const std::vector<std::string>&
 
 namespace dist_optim_detail {
 
-// The pieces of model-parallel group (tp_r, pp_r).
-Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout& saved, const nlohmann::json& args,
-                  const std::string& dir, int tp_r, int pp_r, const Buckets& bk, const std::vector<std::string>& states,
-                  const std::map<size_t, std::vector<size_t>>& chunks, std::set<std::pair<std::string, Shape>>& seen,
-                  DistOptimPlan& plan) {
-  const int64_t g = tp_r + int64_t{saved.tp} * pp_r;
-  CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, saved, args, dir, tp_r, pp_r));
+// The pieces of grad buffer `gbuf` of model-parallel group (tp_r, pp_r): of the model chunk `gbuf`
+// (chunk stage gbuf * pp + pp_r of `stages`, the plain pipeline of a virtual one; `stages` is the
+// saved layout and gbuf 0 without one).
+Status plan_group(const TensorSource& dcp, const LlamaConfig& cfg, const Layout& stages, int vpp, const nlohmann::json& args,
+                  const std::string& dir, int tp_r, int pp_r, int gbuf, const Buckets& bk,
+                  const std::vector<std::string>& states, const std::map<size_t, std::vector<size_t>>& chunks,
+                  std::set<std::pair<std::string, Shape>>& seen, DistOptimPlan& plan) {
+  const int pp = stages.pp / vpp;
+  const int64_t g = tp_r + int64_t{stages.tp} * pp_r;
+  CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, stages, args, dir, tp_r, gbuf * pp + pp_r, vpp));
   const DistOptimLayout& lay = grp.layout;
-  const std::string where = "'" + dir + "' dp_group_idx_" + std::to_string(g);
+  const std::string where = "'" + dir + "' dp_group_idx_" + std::to_string(g) + " gbuf_idx_" + std::to_string(gbuf);
   std::vector<int64_t> recorded;
   for (const auto& [b, st] : bk.by_bucket) {
     if (b != static_cast<int64_t>(recorded.size()))
@@ -150,13 +154,14 @@ Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp
                                                          const Layout& saved, int64_t vpp, const nlohmann::json& args,
                                                          const std::string& dir) {
   using namespace dist_optim_detail;
-  std::map<int64_t, Buckets> groups;
+  std::map<std::pair<int64_t, int64_t>, Buckets> groups;  // (dp_group_idx, gbuf_idx)
   std::map<size_t, std::vector<size_t>> chunks;
   std::set<std::string> states;
   for (size_t i = 0; i < dcp.tensors().size(); ++i)
     if (auto k = parse_bucket_key(dcp.tensors()[i].name)) {
-      groups[k->group].by_bucket[k->bucket][k->state] = i;
-      groups[k->group].gbufs.insert({k->gbuf, k->dtype});
+      Buckets& b = groups[{k->group, k->gbuf}];
+      b.by_bucket[k->bucket][k->state] = i;
+      b.dtypes.insert(k->dtype);
       states.insert(k->state);
       chunks[i];
     }
@@ -168,34 +173,45 @@ Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp
   DistOptimPlan plan;
   plan.states.assign(states.begin(), states.end());
   const std::string impl = args.value("transformer_impl", std::string());
-  if (vpp > 1) plan.not_imported_reason = "a virtual pipeline's buckets (one grad buffer per chunk) are not read yet";
-  else if (std::any_of(states.begin(), states.end(),
+  if (std::any_of(states.begin(), states.end(),
                        [](const std::string& x) { return x != "param" && x != "exp_avg" && x != "exp_avg_sq"; }))
     plan.not_imported_reason = "the buckets hold states other than param, exp_avg, exp_avg_sq";
   else if (impl != "local")
     plan.not_imported_reason = "args.transformer_impl is '" + impl +
                                "': only the local spec's parameter order (transformer_impl 'local') is known";
   if (!plan.not_imported_reason.empty()) return std::optional<DistOptimPlan>(std::move(plan));
-  if (!states.count("param")) return missing_state(dir, groups.begin()->first, 0, "param");
+  if (!states.count("param")) return missing_state(dir, groups.begin()->first.first, 0, "param");
+  // A virtual pipeline: one grad buffer per model chunk (gbuf_idx_c = chunk c of the group's
+  // pipeline rank), each laid out over its chunk stage of the plain pipeline (megatron_vpp.h).
+  const int v = static_cast<int>(std::max<int64_t>(1, vpp));
+  Layout stages = saved;
+  if (v > 1) {
+    CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(saved, v, "'" + dir + "'"));
+  }
   const int64_t ngroups = int64_t{saved.tp} * saved.pp;
-  for (const auto& [g, bk] : groups)
-    if (g >= ngroups || bk.gbufs.size() != 1 || bk.gbufs.begin()->first != 0)
-      return Status::Error("UnsupportedDistOptim", "'" + dir + "': dp_group_idx_" + std::to_string(g) +
-                                                       " is not one grad buffer (gbuf_idx_0, one dtype) of a model-parallel "
-                                                       "group of tp " + std::to_string(saved.tp) + " x pp " +
-                                                       std::to_string(saved.pp))
+  for (const auto& [key, bk] : groups)
+    if (key.first >= ngroups || key.second >= v || bk.dtypes.size() != 1)
+      return Status::Error("UnsupportedDistOptim", "'" + dir + "': dp_group_idx_" + std::to_string(key.first) + " gbuf_idx_" +
+                                                       std::to_string(key.second) +
+                                                       " is not one grad buffer (one per model chunk, one dtype) of a "
+                                                       "model-parallel group of tp " + std::to_string(saved.tp) + " x pp " +
+                                                       std::to_string(saved.pp) + " with " + std::to_string(v) +
+                                                       " model chunk(s)")
           .with_file(dir);
   std::set<std::pair<std::string, Shape>> seen;
   for (int p = 0; p < saved.pp; ++p)
-    for (int r = 0; r < saved.tp; ++r) {
-      auto it = groups.find(r + int64_t{saved.tp} * p);
-      if (it == groups.end())
-        return Status::Error("MissingDistOptimState", "'" + dir + "': no bucket tensors of dp_group_idx_" +
-                                                          std::to_string(r + int64_t{saved.tp} * p) + " (tp rank " +
-                                                          std::to_string(r) + ", pp rank " + std::to_string(p) + ")")
-            .with_file(dir);
-      CKPT_RETURN_IF_ERROR(plan_group(dcp, cfg, saved, args, dir, r, p, it->second, plan.states, chunks, seen, plan));
-    }
+    for (int r = 0; r < saved.tp; ++r)
+      for (int c = 0; c < v; ++c) {
+        const int64_t g = r + int64_t{saved.tp} * p;
+        auto it = groups.find({g, c});
+        if (it == groups.end())
+          return Status::Error("MissingDistOptimState", "'" + dir + "': no bucket tensors of dp_group_idx_" + std::to_string(g) +
+                                                            " gbuf_idx_" + std::to_string(c) + " (tp rank " + std::to_string(r) +
+                                                            ", pp rank " + std::to_string(p) + ", model chunk " +
+                                                            std::to_string(c) + ")")
+              .with_file(dir);
+        CKPT_RETURN_IF_ERROR(plan_group(dcp, cfg, stages, v, args, dir, r, p, c, it->second, plan.states, chunks, seen, plan));
+      }
   return std::optional<DistOptimPlan>(std::move(plan));
 }
 
