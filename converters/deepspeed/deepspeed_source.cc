@@ -37,6 +37,9 @@ Status not_zero(const std::string& file, const std::string& msg) {
 
 std::string dt(DType d) { return std::string(dtype_name(d)); }
 
+// The training dtype as DeepSpeed's config names it.
+std::string train_dtype(DType d) { return d == DType::kBF16 ? "bf16" : d == DType::kF16 ? "fp16" : d == DType::kF32 ? "fp32" : dt(d); }
+
 std::string kind_of(const PyObj* v) { return v == nullptr ? "nothing" : v->is(PyType::kRecord) ? v->cls : py_type_name(v->type); }
 
 bool is_step_dir(const fs::path& p) {
@@ -152,10 +155,6 @@ Status read_adam(RankOptim& r, const PyObj* opt, const std::string& key) {
       if (t == nullptr)
         return Status::Error("DeepSpeedOptimizerState", "'" + file + "': " + sw + " has no '" + m + "'").with_file(file);
       CKPT_ASSIGN_OR_RETURN(const torch::TensorRef* ref, flat_tensor(t, file, sw + "['" + m + "']"));
-      if (ref->size[0] != r.fp32[g]->size[0])
-        return Status::Error("DeepSpeedOptimizerState", "'" + file + "': " + sw + "['" + m + "'] holds " + std::to_string(ref->size[0]) +
-                                                            " elements, the fp32 partition " + std::to_string(r.fp32[g]->size[0]))
-            .with_file(file).with_tensor(m);
       (std::string(m) == "exp_avg" ? r.exp_avg : r.exp_avg_sq).push_back(ref);
     }
     CKPT_ASSIGN_OR_RETURN(double s, step_of(st->get("step"), *r.file, sw));
@@ -413,17 +412,32 @@ class DeepSpeedSource final : public TensorSource {
           return not_zero(r.path, "fp32 partition " + std::to_string(g) + " is " + dt(r.fp32[g]->storage.dtype) + ", rank 0's " +
                                       dt(r0.fp32[g]->storage.dtype));
     }
+    int failed_rank = -1;
     Result<std::vector<DsParamLayout>> layouts = [&]() -> Result<std::vector<DsParamLayout>> {
-      if (stage <= 2) return ds_zero12_layout(shapes, numel, r0.group_paddings, r0.alignment_paddings);
+      std::vector<std::vector<int64_t>> pads;
+      for (const RankOptim& r : s->ranks_) pads.push_back(r.group_paddings);
+      if (stage <= 2) return ds_zero12_layout(shapes, numel, pads, r0.alignment_paddings, &failed_rank);
       std::vector<DsParamShape> all;
       for (const auto& g : shapes) all.insert(all.end(), g.begin(), g.end());
-      return ds_zero3_layout(all, numel);
+      return ds_zero3_layout(all, numel, &failed_rank);
     }();
-    if (!layouts.ok()) return layouts.take_status().with_file(r0.path).with_context("'" + s->dir_ + "'");
+    if (!layouts.ok()) {
+      const std::string& f = failed_rank >= 0 && failed_rank < world ? s->ranks_[failed_rank].path : model_file;
+      return layouts.take_status().with_file(f).with_context("'" + f + "'");
+    }
     s->layouts_ = std::move(*layouts);
+    // The moments: of their partition's size (stages 1/2 keep the padding at the end of the moments).
     for (const RankOptim& r : s->ranks_)
-      if (r.group_paddings != r0.group_paddings)
-        return Status::Error("DeepSpeedPadding", "'" + r.path + "': group_paddings differ from rank 0's").with_file(r.path);
+      for (size_t g = 0; g < r.exp_avg.size(); ++g)
+        for (const torch::TensorRef* m : {r.exp_avg[g], r.exp_avg_sq[g]}) {
+          const int64_t part = r.fp32[g]->size[0], pad = g < r.group_paddings.size() ? r.group_paddings[g] : 0;
+          if (m->size[0] != part && m->size[0] - part != pad)
+            return Status::Error("DeepSpeedOptimizerState", "'" + r.path + "': the Adam moment " + (m == r.exp_avg[g] ? "exp_avg" : "exp_avg_sq") +
+                                                                " of param group " + std::to_string(g) + " holds " + std::to_string(m->size[0]) +
+                                                                " elements, the fp32 partition " + std::to_string(part) +
+                                                                (pad ? " (+ " + std::to_string(pad) + " padding)" : std::string()))
+                .with_file(r.path);
+        }
     // The step: one for every group of every rank.
     std::optional<double> step;
     for (const RankOptim& r : s->ranks_)
@@ -436,15 +450,15 @@ class DeepSpeedSource final : public TensorSource {
     s->add_tensors(!r0.exp_avg.empty());
     // Metadata.
     nlohmann::json ds = {{"stage", stage}, {"world", world}, {"tag", tag}, {"step_dir", s->dir_},
-                         {"dtype", rf.prefix == "bf16_" ? "bf16" : dt(r0.fp32.empty() ? DType::kF32 : r0.fp32[0]->storage.dtype)}};
+                         {"dtype", rf.prefix == "bf16_" ? "bf16" : "fp32"}};
     const PyObj* mroot = s->model_->root();
     if (const PyObj* v = mroot->get("ds_version"); v != nullptr && v->is(PyType::kStr) && v->s.size() < 64) ds["ds_version"] = v->s;
     if (const PyObj* v = mroot->get("global_steps"); v != nullptr && v->is(PyType::kInt)) ds["global_steps"] = v->i;
     if (step) ds["optimizer_step"] = static_cast<int64_t>(*step);
     if (!r0.no_state.empty()) ds["optimizer_not_imported"] = r0.no_state;
-    if (stage <= 2 && rf.prefix != "bf16_") {  // fp16 or fp32: the module's dtype says which
+    if (rf.prefix != "bf16_") {  // fp16 or fp32: the module's dtype says which
       if (const PyObj* m = mroot->get("module"); m != nullptr && m->is(PyType::kDict) && !m->entries.empty() && m->entries[0].second->is(PyType::kTensor))
-        ds["dtype"] = dt(m->entries[0].second->tensor.storage.dtype);
+        ds["dtype"] = train_dtype(m->entries[0].second->tensor.storage.dtype);
     }
     ds["detected"] = "DeepSpeed ZeRO stage " + std::to_string(stage) + " checkpoint, " + std::to_string(world) + " data-parallel ranks, " +
                      ds["dtype"].get<std::string>() + " training, tag '" + tag + "', " + std::to_string(s->layouts_.size()) + " parameters" +

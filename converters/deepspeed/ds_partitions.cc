@@ -21,54 +21,52 @@ Result<int64_t> ds_param_numel(const DsParamShape& p) {
   return n;
 }
 
-// Appends the segments of [begin, begin + n) of a flat vector split into `world` partitions of
-// `part` elements (rank r holds [r*part, (r+1)*part)), for parameter elements from `param_begin`.
-void ds_split_by_rank(int64_t begin, int64_t n, int64_t part, int world, int group, int64_t param_begin,
-                   std::vector<DsSegment>& out) {
-  while (n > 0 && part > 0) {
-    const int rank = static_cast<int>(begin / part);
-    if (rank >= world) return;  // checked by the caller (the group's size)
-    const int64_t off = begin - rank * part;
-    const int64_t take = std::min(n, part - off);
-    out.push_back({rank, group, off, param_begin, take});
-    begin += take, param_begin += take, n -= take;
-  }
-}
-
 }  // namespace
 
 Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vector<DsParamShape>>& groups,
                                                    const std::vector<std::vector<int64_t>>& partition_numel,
-                                                   const std::vector<int64_t>& group_paddings,
-                                                   const std::vector<std::vector<int64_t>>& alignment_paddings) {
+                                                   const std::vector<std::vector<int64_t>>& group_paddings,
+                                                   const std::vector<std::vector<int64_t>>& alignment_paddings, int* failed_rank) {
+  int ignored = -1;
+  int& bad = failed_rank ? *failed_rank : ignored;
   const int world = static_cast<int>(partition_numel.size());
   if (world < 1) return ds_layout_error("DeepSpeedPartitionCount", "no rank partitions");
   const size_t G = groups.size();
-  for (int r = 0; r < world; ++r)
+  if (group_paddings.size() != partition_numel.size())
+    return ds_layout_error("DeepSpeedPadding", "group_paddings of " + std::to_string(group_paddings.size()) + " ranks for " + std::to_string(world));
+  for (int r = 0; r < world; ++r) {
     if (partition_numel[r].size() != G)
-      return ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(partition_numel[r].size()) +
+      return bad = r, ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(partition_numel[r].size()) +
                                                          " fp32 partitions, param_shapes lists " + std::to_string(G) + " param groups");
-  if (group_paddings.size() != G)
-    return ds_layout_error("DeepSpeedPadding", "group_paddings lists " + std::to_string(group_paddings.size()) + " groups, param_shapes " +
-                                                std::to_string(G));
+    if (group_paddings[r].size() != G)
+      return bad = r, ds_layout_error("DeepSpeedPadding", "rank " + std::to_string(r) + "'s group_paddings lists " + std::to_string(group_paddings[r].size()) +
+                                                  " groups, param_shapes " + std::to_string(G));
+  }
   if (!alignment_paddings.empty() && alignment_paddings.size() != G)
     return ds_layout_error("DeepSpeedPadding", "param_alignment_paddings lists " + std::to_string(alignment_paddings.size()) +
                                                 " groups, param_shapes " + std::to_string(G));
   std::vector<DsParamLayout> out;
   for (size_t g = 0; g < G; ++g) {
     const std::string gname = "param group " + std::to_string(g);
-    const int64_t part = partition_numel[0][g];
-    for (int r = 0; r < world; ++r)
-      if (partition_numel[r][g] != part || part < 0)
-        return ds_layout_error("DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " +
-                                                          std::to_string(partition_numel[r][g]) + " elements, rank 0's " + std::to_string(part) +
-                                                          " (ZeRO partitions of a group are of one size)");
-    if (part > kDsMaxNumel / world) return ds_layout_error("DeepSpeedPartitionSize", gname + ": partitions beyond 2^62 elements");
-    const int64_t total = part * world;
-    const int64_t pad = group_paddings[g];
-    if (pad < 0 || pad > part)
-      return ds_layout_error("DeepSpeedPadding", gname + ": group_paddings says " + std::to_string(pad) + " elements, a partition holds " +
-                                                  std::to_string(part) + " (the padding lies in the last rank's partition)");
+    // Rank r's partition as saved: the padded partition P (one size on every rank: the largest
+    // saved one, a rank without padding) less its padding.
+    int64_t padded = 0;
+    for (int r = 0; r < world; ++r) padded = std::max(padded, partition_numel[r][g]);
+    std::vector<int64_t> begin{0};  // of each rank's partition in the group's concatenation
+    for (int r = 0; r < world; ++r) {
+      const int64_t part = partition_numel[r][g], pad = group_paddings[r][g];
+      if (part < 0 || part > kDsMaxNumel / world)
+        return bad = r, ds_layout_error("DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) + " elements");
+      if (pad < 0 || pad > padded)
+        return bad = r, ds_layout_error("DeepSpeedPadding", gname + ": rank " + std::to_string(r) + "'s group_paddings says " + std::to_string(pad) +
+                                                    " elements, more than a partition of the group holds (" + std::to_string(padded) + ")");
+      if (part + pad != padded)
+        return bad = r, ds_layout_error("DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) +
+                                                          " elements + " + std::to_string(pad) + " padding, the group's partitions " +
+                                                          std::to_string(padded) + " (ZeRO partitions of a group are of one size)");
+      begin.push_back(begin.back() + part);
+    }
+    const int64_t total = begin.back();
     if (!alignment_paddings.empty() && alignment_paddings[g].size() != groups[g].size())
       return ds_layout_error("DeepSpeedPadding", gname + ": param_alignment_paddings lists " + std::to_string(alignment_paddings[g].size()) +
                                                   " paddings for " + std::to_string(groups[g].size()) + " parameters");
@@ -78,10 +76,16 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
       CKPT_ASSIGN_OR_RETURN(int64_t n, ds_param_numel(p));
       if (n > total - offset)
         return ds_layout_error("DeepSpeedGroupSize", gname + ": parameter '" + p.name + "' (" + std::to_string(n) + " elements at " +
-                                                      std::to_string(offset) + ") runs past the group's " + std::to_string(total) +
-                                                      " elements (" + std::to_string(world) + " partitions of " + std::to_string(part) + ")");
+                                                      std::to_string(offset) + ") runs past the " + std::to_string(total) +
+                                                      " elements the ranks' partitions hold");
       DsParamLayout l{p.name, p.shape, n, {}};
-      ds_split_by_rank(offset, n, part, world, static_cast<int>(g), 0, l.segments);
+      int64_t at = offset, pb = 0, left = n;
+      while (left > 0) {  // split at the ranks' partition boundaries
+        const int r = static_cast<int>(std::upper_bound(begin.begin(), begin.end(), at) - begin.begin()) - 1;
+        const int64_t take = std::min(left, begin[r + 1] - at);
+        l.segments.push_back({r, static_cast<int>(g), at - begin[r], pb, take});
+        at += take, pb += take, left -= take;
+      }
       out.push_back(std::move(l));
       offset += n;
       if (!alignment_paddings.empty()) {
@@ -91,16 +95,18 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
         offset += a;
       }
     }
-    if (offset + pad != total)
-      return ds_layout_error("DeepSpeedGroupSize", gname + ": its parameters take " + std::to_string(offset) + " elements and group_paddings " +
-                                                    std::to_string(pad) + ", but the ranks' partitions hold " + std::to_string(total) + " (" +
-                                                    std::to_string(world) + " x " + std::to_string(part) + ")");
+    if (offset != total)
+      return ds_layout_error("DeepSpeedGroupSize", gname + ": its parameters take " + std::to_string(offset) + " elements, but the ranks' partitions hold " +
+                                                    std::to_string(total) + " (" + std::to_string(world) + " partitions of " + std::to_string(padded) +
+                                                    " less their group_paddings)");
   }
   return out;
 }
 
 Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShape>& params,
-                                                  const std::vector<std::vector<int64_t>>& flat_numel) {
+                                                  const std::vector<std::vector<int64_t>>& flat_numel, int* failed_rank) {
+  int ignored = -1;
+  int& bad = failed_rank ? *failed_rank : ignored;
   const int world = static_cast<int>(flat_numel.size());
   if (world < 1) return ds_layout_error("DeepSpeedPartitionCount", "no rank partitions");
   const std::vector<int64_t>& g0 = flat_numel[0];
@@ -111,11 +117,11 @@ Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShap
   }
   for (int r = 1; r < world; ++r) {
     if (flat_numel[r].size() != g0.size())
-      return ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(flat_numel[r].size()) +
+      return bad = r, ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(flat_numel[r].size()) +
                                                          " fp32 flat groups, rank 0 " + std::to_string(g0.size()));
     for (size_t g = 0; g < g0.size(); ++g)
       if (flat_numel[r][g] != g0[g])
-        return ds_layout_error("DeepSpeedPartitionSize", "rank " + std::to_string(r) + "'s fp32 flat group " + std::to_string(g) + " holds " +
+        return bad = r, ds_layout_error("DeepSpeedPartitionSize", "rank " + std::to_string(r) + "'s fp32 flat group " + std::to_string(g) + " holds " +
                                                           std::to_string(flat_numel[r][g]) + " elements, rank 0's " + std::to_string(g0[g]) +
                                                           " (ZeRO-3 partitions are of one size)");
   }

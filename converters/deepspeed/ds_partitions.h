@@ -4,22 +4,25 @@
 // rank's flat group tensor. The same segments address the Adam moments (exp_avg, exp_avg_sq are
 // flat tensors of the same size as the partition they belong to).
 //
-// Stages 1 and 2 (single_partition_of_fp32_groups): param group g is one flat vector cut into
-// `world` equal partitions of P_g elements, rank r holding [r*P_g, (r+1)*P_g). The group's
-// parameters (param_shapes[g], in order) lie back to back from 0, each followed by its
-// param_alignment_paddings[g][k] when the file has them; the group ends with group_paddings[g]
-// elements of padding (on the last rank). Rules, one named error each:
+// Stages 1 and 2 (single_partition_of_fp32_groups): param group g is one flat vector padded to
+// world * P_g elements and cut into `world` partitions of P_g; each rank saves its partition less
+// its group_paddings[g] (the padding: on the last rank), so the saved partitions, concatenated in
+// rank order, are the group's elements. The group's parameters (param_shapes[g], in order) lie
+// back to back from 0, each followed by its param_alignment_paddings[g][k] when the file has them.
+// (The Adam moments keep the padding at the end of the last rank's partition: the same offsets.)
+// Rules, one named error each:
 //   DeepSpeedPartitionCount  every group has a partition on every rank (as many groups per rank)
-//   DeepSpeedPartitionSize   the partitions of a group are of one size on every rank
-//   DeepSpeedPadding         a group's padding is no larger than one partition, an alignment
-//                            padding not negative
-//   DeepSpeedGroupSize       parameters + paddings fill the group's world * P_g elements exactly
+//   DeepSpeedPartitionSize   saved partition + padding is of one size P_g on every rank
+//   DeepSpeedPadding         a padding is not negative nor larger than P_g; alignment paddings
+//                            one per parameter, not negative
+//   DeepSpeedGroupSize       parameters + alignment paddings fill the saved partitions exactly
 // Stage 3 (fp32_flat_groups): every parameter is cut into ceil(numel / world) elements per rank
 // (the last rank's piece padded); each rank's flat groups, concatenated, hold the parameters'
 // pieces back to back in param_shapes order (over all groups). Rules:
 //   DeepSpeedPartitionCount, DeepSpeedPartitionSize (a rank's groups as rank 0's)
 //   DeepSpeedGroupSize       the pieces fill the ranks' concatenated groups exactly
-// Both: DeepSpeedParamShape (a negative dimension, an element count beyond 2^62).
+// Both: DeepSpeedParamShape (a negative dimension, an element count beyond 2^62). An error about
+// one rank's sizes sets *failed_rank (when given) to that rank, so the caller names its file.
 // Pure functions; thread safe.
 #pragma once
 
@@ -56,17 +59,18 @@ struct DsParamLayout {
   std::vector<DsSegment> segments;  // in param_begin order, tiling [0, numel)
 };
 
-// Stages 1/2. `groups[g]`: param_shapes[g]; `partition_numel[r][g]`: the size of rank r's
-// partition of group g; `group_paddings[g]`; `alignment_paddings` empty or [g][k] per parameter.
+// Stages 1/2. `groups[g]`: param_shapes[g]; `partition_numel[r][g]`: the size of rank r's saved
+// partition of group g; `group_paddings[r][g]` rank r's; `alignment_paddings` empty or [g][k].
 Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vector<DsParamShape>>& groups,
                                                    const std::vector<std::vector<int64_t>>& partition_numel,
-                                                   const std::vector<int64_t>& group_paddings,
-                                                   const std::vector<std::vector<int64_t>>& alignment_paddings);
+                                                   const std::vector<std::vector<int64_t>>& group_paddings,
+                                                   const std::vector<std::vector<int64_t>>& alignment_paddings,
+                                                   int* failed_rank = nullptr);
 
 // Stage 3. `params`: param_shapes over all groups, in order; `flat_numel[r][g]`: the size of rank
 // r's flat group g.
 Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShape>& params,
-                                                  const std::vector<std::vector<int64_t>>& flat_numel);
+                                                  const std::vector<std::vector<int64_t>>& flat_numel, int* failed_rank = nullptr);
 
 // Calls fn(flat_begin, out_begin, count) for each run of `sub`'s elements that is contiguous in the
 // row-major order of `shape` (trailing dimensions taken whole merged), in sub's row-major order:

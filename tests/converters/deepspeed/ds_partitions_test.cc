@@ -11,8 +11,8 @@ namespace ckpt {
 namespace {
 
 TEST(DsPartitions, Stage12SplitsAtRankBoundariesAndPadsTheLastRank) {
-  // 10 + 3 elements over 3 ranks of 5: padding 2 on rank 2.
-  auto l = ds_zero12_layout({{{"a", {2, 5}}, {"b", {3}}}}, {{5}, {5}, {5}}, {2}, {});
+  // 10 + 3 elements over 3 ranks of 5: rank 2 saves 3 (padding 2).
+  auto l = ds_zero12_layout({{{"a", {2, 5}}, {"b", {3}}}}, {{5}, {5}, {3}}, {{0}, {0}, {2}}, {});
   ASSERT_TRUE(l.ok()) << l.status().message();
   ASSERT_EQ(l->size(), 2u);
   EXPECT_EQ((*l)[0].segments, (std::vector<DsSegment>{{0, 0, 0, 0, 5}, {1, 0, 0, 5, 5}}));
@@ -20,18 +20,21 @@ TEST(DsPartitions, Stage12SplitsAtRankBoundariesAndPadsTheLastRank) {
 }
 
 TEST(DsPartitions, Stage12AlignmentPaddingsSkipElements) {
-  auto l = ds_zero12_layout({{{"a", {3}}, {"b", {2}}}}, {{3}, {3}}, {0}, {{1, 0}});
+  auto l = ds_zero12_layout({{{"a", {3}}, {"b", {2}}}}, {{3}, {3}}, {{0}, {0}}, {{1, 0}});
   ASSERT_TRUE(l.ok()) << l.status().message();
   EXPECT_EQ((*l)[1].segments, (std::vector<DsSegment>{{1, 0, 1, 0, 2}}));
 }
 
 TEST(DsPartitions, Stage12Errors) {
-  EXPECT_EQ(ds_zero12_layout({{{"a", {4}}}}, {{2}, {3}}, {0}, {}).status().code(), "DeepSpeedPartitionSize");
-  EXPECT_EQ(ds_zero12_layout({{{"a", {4}}}}, {{2}, {2, 1}}, {0}, {}).status().code(), "DeepSpeedPartitionCount");
-  EXPECT_EQ(ds_zero12_layout({{{"a", {1}}}}, {{2}, {2}}, {3}, {}).status().code(), "DeepSpeedPadding");  // larger than a partition
-  EXPECT_EQ(ds_zero12_layout({{{"a", {3}}}}, {{2}, {2}}, {0}, {}).status().code(), "DeepSpeedGroupSize");  // one element left over
-  EXPECT_EQ(ds_zero12_layout({{{"a", {5}}}}, {{2}, {2}}, {0}, {}).status().code(), "DeepSpeedGroupSize");  // runs past
-  EXPECT_EQ(ds_zero12_layout({{{"a", {-1}}}}, {{2}, {2}}, {0}, {}).status().code(), "DeepSpeedParamShape");
+  const std::vector<std::vector<int64_t>> none{{0}, {0}};
+  EXPECT_EQ(ds_zero12_layout({{{"a", {4}}}}, {{2}, {3}}, none, {}).status().code(), "DeepSpeedPartitionSize");
+  EXPECT_EQ(ds_zero12_layout({{{"a", {4}}}}, {{2}, {2, 1}}, none, {}).status().code(), "DeepSpeedPartitionCount");
+  EXPECT_EQ(ds_zero12_layout({{{"a", {1}}}}, {{2}, {0}}, {{0}, {3}}, {}).status().code(), "DeepSpeedPadding");  // larger than a partition
+  EXPECT_EQ(ds_zero12_layout({{{"a", {1}}}}, {{2}, {2}}, {{0}, {-1}}, {}).status().code(), "DeepSpeedPadding");
+  EXPECT_EQ(ds_zero12_layout({{{"a", {1}, }}}, {{2}, {2}}, {{0}}, {}).status().code(), "DeepSpeedPadding");  // one rank's paddings
+  EXPECT_EQ(ds_zero12_layout({{{"a", {3}}}}, {{2}, {2}}, none, {}).status().code(), "DeepSpeedGroupSize");  // one element left over
+  EXPECT_EQ(ds_zero12_layout({{{"a", {5}}}}, {{2}, {2}}, none, {}).status().code(), "DeepSpeedGroupSize");  // runs past
+  EXPECT_EQ(ds_zero12_layout({{{"a", {-1}}}}, {{2}, {2}}, none, {}).status().code(), "DeepSpeedParamShape");
 }
 
 TEST(DsPartitions, Stage3CutsEveryParameterOverTheRanks) {
@@ -48,6 +51,15 @@ TEST(DsPartitions, Stage3PieceSpansTwoGroups) {
   ASSERT_TRUE(l.ok()) << l.status().message();
   EXPECT_EQ((*l)[0].segments,
             (std::vector<DsSegment>{{0, 0, 0, 0, 1}, {0, 1, 0, 1, 1}, {1, 0, 0, 2, 1}, {1, 1, 0, 3, 1}}));
+}
+
+TEST(DsPartitions, ErrorsNameTheRank) {
+  int rank = -1;
+  EXPECT_EQ(ds_zero12_layout({{{"a", {1}}}}, {{2}, {0}, {1}}, {{0}, {0}, {9}}, {}, &rank).status().code(), "DeepSpeedPartitionSize");
+  EXPECT_EQ(rank, 1);
+  rank = -1;
+  EXPECT_EQ(ds_zero3_layout({{"a", {4}}}, {{2}, {2}, {1}}, &rank).status().code(), "DeepSpeedPartitionSize");
+  EXPECT_EQ(rank, 2);
 }
 
 TEST(DsPartitions, Stage3Errors) {
