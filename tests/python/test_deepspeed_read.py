@@ -234,3 +234,21 @@ def test_without_config_json_weights_export_and_layouts_ask_for_it(run_ckpt, tmp
     p = run_ckpt("reshard", d, tmp_path / "native", "--tp", 2, "--pp", 1, "--dp", 1, check=False)
     assert 0 < p.returncode < 128 and "[" in p.stderr and "config" in p.stderr.lower(), p.stderr
     assert not (tmp_path / "native").exists()
+
+
+def test_verify_checks_every_rank_file_crc(run_ckpt, tmp_path):
+    d = copy_case("zero3_w2_fp32", tmp_path / "ckpt")
+    assert run_ckpt("verify", d).returncode == 0
+    f = step_dir(d) / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with zipfile.ZipFile(f) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 1024)
+        with open(f, "rb") as fh:
+            fh.seek(info.header_offset + 26)
+            n, m = struct.unpack("<HH", fh.read(4))
+    at = info.header_offset + 30 + n + m + info.file_size // 2
+    raw = bytearray(f.read_bytes())
+    raw[at] ^= 0x01
+    f.write_bytes(bytes(raw))
+    p = run_ckpt("verify", d, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "ZipCrcMismatch" in out and f.name in out and info.filename in out, out
