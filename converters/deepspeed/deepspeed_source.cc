@@ -157,7 +157,9 @@ Status read_adam(RankOptim& r, const PyObj* opt, const std::string& key) {
       CKPT_ASSIGN_OR_RETURN(const torch::TensorRef* ref, flat_tensor(t, file, sw + "['" + m + "']"));
       (std::string(m) == "exp_avg" ? r.exp_avg : r.exp_avg_sq).push_back(ref);
     }
-    CKPT_ASSIGN_OR_RETURN(double s, step_of(st->get("step"), *r.file, sw));
+    // torch's Adam/AdamW keep the step per parameter; DeepSpeed's FusedAdam in the param group.
+    const PyObj* step = st->get("step") != nullptr ? st->get("step") : groups[g]->get("step");
+    CKPT_ASSIGN_OR_RETURN(double s, step_of(step, *r.file, sw));
     r.steps.push_back(s);
   }
   return Status::Ok();
@@ -345,6 +347,25 @@ class DeepSpeedSource final : public TensorSource {
     });
   }
 
+  // The zip entries holding piece `piece`'s runs (its segments' rank storages), CRC-checked once
+  // each (the outcome is kept).
+  Status check_piece(size_t piece) override {
+    if (piece >= src_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
+    const Src& s = src_[piece];
+    std::lock_guard<std::mutex> g(mu_);
+    for (const DsSegment& seg : layouts_[s.param].segments) {
+      torch::TorchFile& f = *ranks_[seg.rank].file;
+      const torch::TensorRef* ref = (*s.refs)[seg.rank][seg.group];
+      std::optional<size_t> entry = f.storage_entry(ref->storage.key);
+      if (!entry) return Status::Internal("no zip entry for storage '" + ref->storage.key + "'");
+      const std::pair<const void*, size_t> key{&f, *entry};
+      auto it = checked_.find(key);
+      Status st = it != checked_.end() ? it->second : (checked_[key] = f.check_entry(*entry));
+      if (!st.ok()) return std::move(st).with_tensor(pieces_[piece].tensor);
+    }
+    return Status::Ok();
+  }
+
   IntegrityInfo integrity() const override {
     return {"DeepSpeed ZeRO torch files", "zip CRC-32",
             "DeepSpeed ZeRO torch files: `latest` and the file set have no checksum; CRC-32 finds damaged bytes, not deliberate edits"};
@@ -517,7 +538,8 @@ class DeepSpeedSource final : public TensorSource {
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
   std::vector<Src> src_;
-  std::mutex mu_;
+  std::mutex mu_;  // reads and checks: one thread at a time through the libzip handles
+  std::map<std::pair<const void*, size_t>, Status> checked_;  // (file, zip entry) -> outcome of its CRC check
   nlohmann::json meta_ = nlohmann::json::object();
 };
 

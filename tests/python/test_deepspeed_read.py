@@ -236,7 +236,7 @@ def test_without_config_json_weights_export_and_layouts_ask_for_it(run_ckpt, tmp
     assert not (tmp_path / "native").exists()
 
 
-def test_verify_checks_every_rank_file_crc(run_ckpt, tmp_path):
+def test_damaged_rank_file_is_caught_by_verify_to_hf_and_reshard(run_ckpt, tmp_path):
     d = copy_case("zero3_w2_fp32", tmp_path / "ckpt")
     assert run_ckpt("verify", d).returncode == 0
     f = step_dir(d) / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
@@ -252,3 +252,9 @@ def test_verify_checks_every_rank_file_crc(run_ckpt, tmp_path):
     p = run_ckpt("verify", d, check=False)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "ZipCrcMismatch" in out and f.name in out and info.filename in out, out
+    h = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
+    assert h.returncode != 0 and "ZipCrcMismatch" in h.stderr, h.stdout + h.stderr
+    assert not (tmp_path / "hf").exists()
+    r = run_ckpt("reshard", d, tmp_path / "re", "--tp", 1, "--pp", 1, "--dp", 1, check=False)
+    assert r.returncode != 0 and "ZipCrcMismatch" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "re").exists()
