@@ -29,6 +29,10 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
                                                    const std::vector<std::vector<int64_t>>& alignment_paddings, int* failed_rank) {
   int ignored = -1;
   int& bad = failed_rank ? *failed_rank : ignored;
+  auto rank_error = [&bad](int r, const char* code, const std::string& msg) {  // an error about rank r's sizes
+    bad = r;
+    return ds_layout_error(code, msg);
+  };
   const int world = static_cast<int>(partition_numel.size());
   if (world < 1) return ds_layout_error("DeepSpeedPartitionCount", "no rank partitions");
   const size_t G = groups.size();
@@ -36,10 +40,10 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
     return ds_layout_error("DeepSpeedPadding", "group_paddings of " + std::to_string(group_paddings.size()) + " ranks for " + std::to_string(world));
   for (int r = 0; r < world; ++r) {
     if (partition_numel[r].size() != G)
-      return bad = r, ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(partition_numel[r].size()) +
+      return rank_error(r, "DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(partition_numel[r].size()) +
                                                          " fp32 partitions, param_shapes lists " + std::to_string(G) + " param groups");
     if (group_paddings[r].size() != G)
-      return bad = r, ds_layout_error("DeepSpeedPadding", "rank " + std::to_string(r) + "'s group_paddings lists " + std::to_string(group_paddings[r].size()) +
+      return rank_error(r, "DeepSpeedPadding", "rank " + std::to_string(r) + "'s group_paddings lists " + std::to_string(group_paddings[r].size()) +
                                                   " groups, param_shapes " + std::to_string(G));
   }
   if (!alignment_paddings.empty() && alignment_paddings.size() != G)
@@ -56,12 +60,12 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
     for (int r = 0; r < world; ++r) {
       const int64_t part = partition_numel[r][g], pad = group_paddings[r][g];
       if (part < 0 || part > kDsMaxNumel / world)
-        return bad = r, ds_layout_error("DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) + " elements");
+        return rank_error(r, "DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) + " elements");
       if (pad < 0 || pad > padded)
-        return bad = r, ds_layout_error("DeepSpeedPadding", gname + ": rank " + std::to_string(r) + "'s group_paddings says " + std::to_string(pad) +
+        return rank_error(r, "DeepSpeedPadding", gname + ": rank " + std::to_string(r) + "'s group_paddings says " + std::to_string(pad) +
                                                     " elements, more than a partition of the group holds (" + std::to_string(padded) + ")");
       if (part + pad != padded)
-        return bad = r, ds_layout_error("DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) +
+        return rank_error(r, "DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) +
                                                           " elements + " + std::to_string(pad) + " padding, the group's partitions " +
                                                           std::to_string(padded) + " (ZeRO partitions of a group are of one size)");
       begin.push_back(begin.back() + part);
@@ -107,6 +111,10 @@ Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShap
                                                   const std::vector<std::vector<int64_t>>& flat_numel, int* failed_rank) {
   int ignored = -1;
   int& bad = failed_rank ? *failed_rank : ignored;
+  auto rank_error = [&bad](int r, const char* code, const std::string& msg) {  // an error about rank r's sizes
+    bad = r;
+    return ds_layout_error(code, msg);
+  };
   const int world = static_cast<int>(flat_numel.size());
   if (world < 1) return ds_layout_error("DeepSpeedPartitionCount", "no rank partitions");
   const std::vector<int64_t>& g0 = flat_numel[0];
@@ -117,11 +125,11 @@ Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShap
   }
   for (int r = 1; r < world; ++r) {
     if (flat_numel[r].size() != g0.size())
-      return bad = r, ds_layout_error("DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(flat_numel[r].size()) +
+      return rank_error(r, "DeepSpeedPartitionCount", "rank " + std::to_string(r) + " holds " + std::to_string(flat_numel[r].size()) +
                                                          " fp32 flat groups, rank 0 " + std::to_string(g0.size()));
     for (size_t g = 0; g < g0.size(); ++g)
       if (flat_numel[r][g] != g0[g])
-        return bad = r, ds_layout_error("DeepSpeedPartitionSize", "rank " + std::to_string(r) + "'s fp32 flat group " + std::to_string(g) + " holds " +
+        return rank_error(r, "DeepSpeedPartitionSize", "rank " + std::to_string(r) + "'s fp32 flat group " + std::to_string(g) + " holds " +
                                                           std::to_string(flat_numel[r][g]) + " elements, rank 0's " + std::to_string(g0[g]) +
                                                           " (ZeRO-3 partitions are of one size)");
   }
