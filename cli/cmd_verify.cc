@@ -37,7 +37,8 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
   auto json_out = std::make_shared<bool>(false);
   sub.add_option("path", *path,
                  "Native checkpoint or run directory (follows 'latest'), a .safetensors file, a HuggingFace directory, a Megatron-layout "
-                 "directory (export-megatron) or a PyTorch Distributed Checkpoint directory (.metadata)")
+                 "directory (export-megatron), a Megatron-LM legacy or Megatron-Core torch_dist directory, a PyTorch Distributed Checkpoint "
+                 "directory (.metadata) or a DeepSpeed ZeRO 1/2/3 directory ('latest' + global_stepN/, or the step dir)")
       ->required();
   sub.add_flag("--json", *json_out, "Print the result as JSON");
   auto threads = std::make_shared<int>(2);

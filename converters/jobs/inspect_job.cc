@@ -87,6 +87,7 @@ std::string InspectOutcome::to_text() const {
     }
     t += "\n";
   }
+  if (summary.contains("detected") && summary["detected"].is_string()) t += "detected:   " + summary["detected"].get<std::string>() + "\n";
   for (auto it = not_imported.begin(); it != not_imported.end(); ++it)
     t += "not imported (" + it.key() + "): " + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) + "\n";
   return t;
@@ -107,6 +108,11 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
   if (md.is_object() && md.contains("megatron") && md["megatron"].is_object() && md["megatron"].contains("optimizer_not_imported"))
     out.not_imported["optimizer"] = md["megatron"]["optimizer_not_imported"];
   out.virtual_pipeline = virtual_pipeline(md);
+  if (md.is_object() && md.contains("deepspeed") && md["deepspeed"].is_object()) {  // converters/deepspeed
+    const nlohmann::json& ds = md["deepspeed"];
+    if (ds.contains("optimizer_not_imported")) out.not_imported["optimizer"] = ds["optimizer_not_imported"];
+    if (ds.contains("detected")) out.summary["detected"] = ds["detected"];
+  }
   return out;
 }
 

@@ -302,3 +302,13 @@ bool megatron_param_order_less(const std::string& a, const std::string& b) {
 }
 
 }  // namespace ckpt
+
+namespace ckpt {
+
+nlohmann::json torch_adam_hyper(const torch::PyObj* param_groups) {
+  if (param_groups == nullptr || !(param_groups->is(torch::PyType::kList) || param_groups->is(torch::PyType::kTuple)))
+    return nlohmann::json::object();
+  return megatron_optim_detail::adam_hyper(param_groups);
+}
+
+}  // namespace ckpt

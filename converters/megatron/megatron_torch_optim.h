@@ -73,6 +73,11 @@ bool megatron_no_weight_decay(const std::string& name, const Shape& shape);
 Result<MegatronLegacyOptim> megatron_legacy_optimizer(torch::TorchFile& file,
                                                       const std::vector<MegatronModelParam>& params);
 
+// lr, beta1, beta2, eps, weight_decay of a torch Adam/AdamW state_dict's param_groups (the first
+// group with weight decay, else the first; Megatron's wd_mult honoured); {} when not a list. Also
+// the DeepSpeed reader's (converters/deepspeed/).
+nlohmann::json torch_adam_hyper(const torch::PyObj* param_groups);
+
 // The mcore named_parameters() position of a parameter within its layer / model (export order:
 // embedding, layers by index and module order, final norm, output layer).
 bool megatron_param_order_less(const std::string& a, const std::string& b);

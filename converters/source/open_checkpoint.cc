@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "converters/deepspeed/deepspeed_source.h"
 #include "converters/megatron/dist/megatron_dist_source.h"
 #include "converters/megatron/megatron_dir_source.h"
 #include "converters/megatron/megatron_torch_source.h"
@@ -85,6 +86,10 @@ constexpr CheckpointKind kCheckpointKinds[] = {
      "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
      is_megatron_torch_dir, open_megatron_torch_dir},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
+    // DeepSpeed ZeRO: above "native-store", whose detect also takes a directory with `latest`.
+    {"deepspeed-zero",
+     "a DeepSpeed ZeRO 1/2/3 checkpoint (latest + global_stepN/ with *zero_pp_rank_R_mp_rank_00_optim_states.pt and *model_states.pt), or the step dir",
+     is_deepspeed_dir, open_deepspeed_dir},
     {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
     {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_hf_dir},
     {"safetensors", "a .safetensors file", is_safetensors_file, open_safetensors_file},
@@ -132,7 +137,8 @@ Result<std::unique_ptr<TensorSource>> open_checkpoint_as(const CheckpointKind& k
 }
 
 Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path) {
-  if (!is_native_store(path)) return open_checkpoint(path);
+  const CheckpointKind* k = detect_checkpoint(path);  // a row above native-store may take a dir with `latest`
+  if (k == nullptr || k->detect != &is_native_store) return open_checkpoint(path);
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_store_as_stored(path));
   return bounded(std::move(src));
 }

@@ -126,6 +126,18 @@ constexpr ErrorCodeEntry kTable[] = {
     {"BadMegatronIntegrity", kCorrupt},         // integrity.json malformed
     {"MegatronIntegrityMismatch", kSum},        // a file's SHA-256 differs from integrity.json's
     {"MegatronIntegrityMissingFile", kCorrupt}, // a file integrity.json lists is missing
+    // DeepSpeed ZeRO checkpoints (converters/deepspeed/).
+    {"DeepSpeedLatest", kCorrupt},          // `latest` unreadable or naming no step directory
+    {"DeepSpeedMissingRank", kNotFound},    // a rank's optimizer file or the model states file absent
+    {"DeepSpeedPartitionCount", kCorrupt},  // partition_count vs the rank files found; groups per rank
+    {"DeepSpeedPartitionSize", kCorrupt},   // a group's partitions not of one size over the ranks
+    {"DeepSpeedPadding", kCorrupt},         // group padding larger than a partition, alignment paddings malformed
+    {"DeepSpeedGroupSize", kCorrupt},       // parameters + paddings do not fill the partitions exactly
+    {"DeepSpeedParamShape", kCorrupt},      // a param_shapes entry with a negative or oversized shape
+    {"DeepSpeedNotZero", kCorrupt},         // a file not of DeepSpeed's structure (key, what it holds)
+    {"DeepSpeedStage", kCorrupt},           // zero_stage unknown, or ranks at different stages
+    {"DeepSpeedOptimizerState", kCorrupt},  // an Adam moment missing or not of its partition's size
+    {"DeepSpeedStepMismatch", kCorrupt},    // ranks or groups at different Adam steps
     {"BadDistOptimArgs", kCorrupt},             // distributed optimizer: args give no bucket layout (dp, bucket size)
     {"UnsupportedDistOptim", kUnsup},           // distributed optimizer form not read (instances, grad buffers)
     {"DistOptimBucketCount", kCorrupt},         // recorded buckets != derived buckets

@@ -68,6 +68,13 @@ constexpr PickleGlobalEntry kAllowedGlobals[] = {
     {"megatron.model.enums", "LayerType", GlobalKind::kRecordClass},
     {"megatron.model.enums", "AttnType", GlobalKind::kRecordClass},
     {"megatron.model.enums", "AttnMaskType", GlobalKind::kRecordClass},
+    // DeepSpeed ZeRO checkpoints (converters/deepspeed/): an enum, the loss scaler and the fragment
+    // addresses of param_slice_mappings, plain fields only; getattr only on such a class (an
+    // enum member by name).
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", GlobalKind::kPlainClass},
+    {"deepspeed.runtime.fp16.loss_scaler", "LossScaler", GlobalKind::kPlainClass},
+    {"deepspeed.utils.tensor_fragment", "fragment_address", GlobalKind::kPlainClass},
+    {"builtins", "getattr", GlobalKind::kGetattr},
     // torch.distributed.checkpoint's .metadata dataclasses.
     {"torch.distributed.checkpoint.metadata", "Metadata", GlobalKind::kRecordClass},
     {"torch.distributed.checkpoint.metadata", "TensorStorageMetadata", GlobalKind::kRecordClass},

@@ -31,12 +31,21 @@ enum class GlobalKind : uint8_t {
   kStorageClass,      // torch.FloatStorage, ...: only inside a persistent id
   kBare,              // torch dtypes, layouts, memory formats: a bare record, never called
   kRecordClass,       // REDUCE / NEWOBJ / BUILD build an inert kRecord holding args and state
+  kPlainClass,        // as kRecordClass, but args and BUILD state only plain scalars (None, bool,
+                      // int, float, str; the state a dict of str -> scalar): DeepSpeed's objects
+  kGetattr,           // builtins.getattr(<kPlainClass>, 'member'): an enum member by name (Python
+                      // 3.11+'s Enum pickling) -> a kRecord of that class with args ('member',)
 };
 
 struct AllowedGlobal {
   GlobalKind kind;
   std::string canonical;  // "module.name" with protocol-2 aliases resolved (__builtin__ -> builtins)
 };
+
+// A plain value of a kPlainClass: None, bool, int, float or str; a plain state: a dict of
+// str -> plain value (unpickler_reduce.cc).
+bool pickle_is_plain_scalar(const PyObj* o);
+bool pickle_is_plain_state(const PyObj* o);
 
 // The allow-list: the entry for module.name, or nullptr.
 std::optional<AllowedGlobal> find_allowed_global(std::string_view module, std::string_view name);

@@ -12,6 +12,14 @@ std::string pickle_clip_name(std::string_view s) {
   return s.size() > 200 ? std::string(s.substr(0, 200)) + "..." : std::string(s);
 }
 
+// A record built from a kPlainClass (its BUILD state must be plain fields).
+bool is_plain_class_record(const PyObj* o) {
+  const size_t dot = o->cls.rfind('.');
+  if (dot == std::string::npos) return false;
+  std::optional<AllowedGlobal> g = find_allowed_global(std::string_view(o->cls).substr(0, dot), std::string_view(o->cls).substr(dot + 1));
+  return g && g->kind == GlobalKind::kPlainClass;
+}
+
 }  // namespace
 
 Status Machine::push_global(std::string_view module, std::string_view name) {
@@ -80,7 +88,8 @@ Status Machine::op_object(uint8_t op, bool* handled) {
       if (!args->is(PyType::kTuple)) return fail("PickleBadReduce", "the arguments of '" + g->canonical + "' are not a tuple");
       if (kwargs != nullptr && (!kwargs->is(PyType::kDict) || !kwargs->entries.empty()))
         return fail("PickleBadReduce", "keyword arguments to '" + g->canonical + "' are not accepted");
-      if (op != kReduce && g->kind != GlobalKind::kRecordClass && g->kind != GlobalKind::kOrderedDict)
+      if (op != kReduce && g->kind != GlobalKind::kRecordClass && g->kind != GlobalKind::kPlainClass &&
+          g->kind != GlobalKind::kOrderedDict)
         return fail("PickleBadReduce", "'" + g->canonical + "' is not a class that NEWOBJ may instantiate");
       CKPT_ASSIGN_OR_RETURN(PyObj * r, reduce(*g, args));
       return push(r);
@@ -112,6 +121,9 @@ Status Machine::op_object(uint8_t op, bool* handled) {
         return fail("PickleBadReduce", "BUILD on a " +
                                            std::string(obj->is(PyType::kRecord) ? "bare global '" + obj->cls + "'" : py_type_name(obj->type)) +
                                            "; only records of allow-listed classes take a state");
+      if (is_plain_class_record(obj) && !pickle_is_plain_state(state))
+        return fail("PickleBadReduce", "BUILD on '" + obj->cls +
+                                           "' takes only a dict of plain fields (str -> None, bool, int, float, str)");
       CKPT_RETURN_IF_ERROR(nest(obj, state));
       obj->state = state;
       return Status::Ok();

@@ -36,6 +36,17 @@ bool pickle_int_tuple(const PyObj* o, std::vector<int64_t>* out) {
 
 }  // namespace
 
+bool pickle_is_plain_scalar(const PyObj* o) {
+  return o->is(PyType::kNone) || o->is(PyType::kBool) || o->is(PyType::kInt) || o->is(PyType::kFloat) || o->is(PyType::kStr);
+}
+
+bool pickle_is_plain_state(const PyObj* o) {
+  if (!o->is(PyType::kDict)) return false;
+  for (const auto& [k, v] : o->entries)
+    if (!k->is(PyType::kStr) || !pickle_is_plain_scalar(v)) return false;
+  return true;
+}
+
 // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
 // _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
 Result<PyObj*> Machine::rebuild_tensor(const PyObj* args, bool v3) {
@@ -149,6 +160,30 @@ Result<PyObj*> Machine::reduce(const AllowedGlobal& g, const PyObj* args) {
       r->cls = g.canonical;
       r->args = args;
       CKPT_RETURN_IF_ERROR(nest(r, args));
+      return r;
+    }
+    case GlobalKind::kPlainClass: {
+      for (const PyObj* x : a)
+        if (!pickle_is_plain_scalar(x)) return bad("takes only plain values (None, bool, int, float, str), got a " + std::string(py_type_name(x->type)));
+      CKPT_ASSIGN_OR_RETURN(PyObj * r, make(PyType::kRecord));
+      r->cls = g.canonical;
+      r->args = args;
+      CKPT_RETURN_IF_ERROR(nest(r, args));
+      return r;
+    }
+    case GlobalKind::kGetattr: {
+      const AllowedGlobal* cls = a.size() == 2 ? global_of(a[0]) : nullptr;
+      if (cls == nullptr || cls->kind != GlobalKind::kPlainClass)
+        return bad("takes (an allow-listed plain class, 'member') only (an enum member by name)");
+      if (!a[1]->is(PyType::kStr) || a[1]->s.empty() || a[1]->s.size() > 64 || a[1]->s[0] == '_')
+        return bad("the member of '" + cls->canonical + "' must be a public name of at most 64 characters");
+      CKPT_ASSIGN_OR_RETURN(PyObj * t, make(PyType::kTuple));
+      t->items.push_back(a[1]);
+      CKPT_RETURN_IF_ERROR(nest(t, a[1]));
+      CKPT_ASSIGN_OR_RETURN(PyObj * r, make(PyType::kRecord));
+      r->cls = cls->canonical;
+      r->args = t;
+      CKPT_RETURN_IF_ERROR(nest(r, t));
       return r;
     }
     case GlobalKind::kTensorType:

@@ -61,13 +61,47 @@ TEST(Unpickler, MemoSharesObjects) {
 
 TEST(Unpickler, ForbiddenGlobal) {
   for (auto [m, n] : {std::pair{"os", "system"}, {"builtins", "eval"}, {"subprocess", "Popen"}, {"posix", "system"},
-                      {"torch", "load"}, {"torch.serialization", "load"}, {"__builtin__", "getattr"}}) {
+                      {"torch", "load"}, {"torch.serialization", "load"}, {"builtins", "__import__"}}) {
     string p = kProto2 + global(m, n) + binunicode("touch /tmp/x") + "\x85R.";
     auto r = unpickle(p);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), "ForbiddenGlobal");
     EXPECT_NE(r.status().message().find(string(m) + "." + n), string::npos) << r.status().message();
   }
+}
+
+// builtins.getattr is a name, kept only for getattr(<allow-listed plain class>, 'member') (an enum
+// member by name, as some Python 3.11 releases pickle Enums): anything else is refused, nothing called.
+TEST(Unpickler, GetattrOnlyAnEnumMemberOfAPlainClass) {
+  const string ds = global("deepspeed.runtime.zero.config", "ZeroStageEnum");
+  auto r = unpickle(kProto2 + global("builtins", "getattr") + "(" + ds + binunicode("weights") + "tR.");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->root->is_record("deepspeed.runtime.zero.config.ZeroStageEnum"));
+  EXPECT_EQ(r->root->args->items.at(0)->s, "weights");
+  for (const string& bad : {"(" + global("argparse", "Namespace") + binunicode("x") + "t",         // not a plain class
+                            "(" + ds + binunicode("__class__") + "t",                              // a private name
+                            "(" + ds + "K\x01t", "(" + binunicode("os") + binunicode("system") + "t"}) {  // not a name; not a class
+    auto q = unpickle(kProto2 + global("__builtin__", "getattr") + bad + "R.");
+    ASSERT_FALSE(q.ok());
+    EXPECT_EQ(q.status().code(), "PickleBadReduce");
+    EXPECT_NE(q.status().message().find("builtins.getattr"), string::npos) << q.status().message();
+  }
+}
+
+// DeepSpeed's plain classes: NEWOBJ + BUILD of plain fields only.
+TEST(Unpickler, PlainClassTakesOnlyPlainFields) {
+  const string ls = global("deepspeed.runtime.fp16.loss_scaler", "LossScaler");
+  auto r = unpickle(kProto2 + ls + ")\x81}(" + binunicode("cur_scale") + "G\x3f\xf0\x00\x00\x00\x00\x00\x00"s +
+                    binunicode("dynamic") + "\x89ub.");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_NE(r->root->get("cur_scale"), nullptr);
+  EXPECT_EQ(r->root->get("cur_scale")->f, 1.0);
+  EXPECT_EQ(code_of(kProto2 + ls + ")\x81}(" + binunicode("cur_scale") + "]ub."), "PickleBadReduce");  // a list field
+  EXPECT_EQ(code_of(kProto2 + ls + ")\x81]b."), "PickleBadReduce");                                    // a list state
+  EXPECT_EQ(code_of(kProto2 + global("deepspeed.runtime.zero.config", "ZeroStageEnum") + "(]tR."), "PickleBadReduce");  // a list argument
+  auto e = unpickle(kProto2 + global("deepspeed.runtime.zero.config", "ZeroStageEnum") + "K\x02\x85R.");
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(e->root->args->items.at(0)->i, 2);
 }
 
 TEST(Unpickler, StackGlobalForbidden) {
