@@ -43,7 +43,8 @@ int run_diff(const DiffArgs& args) {
 
 CommandAction setup_diff(CLI::App& sub) {
   auto args = std::make_shared<DiffArgs>();
-  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file, Megatron-layout dir, DCP dir or DeepSpeed ZeRO dir")->required();
+  sub.add_option("A", args->a, "First checkpoint: native store dir, HF dir, .safetensors file, Megatron-layout dir, DCP dir or DeepSpeed ZeRO dir")
+      ->required();
   sub.add_option("B", args->b, "Second checkpoint (same kinds)")->required();
   sub.add_option("--atol", args->atol, "Absolute tolerance: |a-b| <= atol + rtol*|b| counts as equal")
       ->check(CLI::NonNegativeNumber);

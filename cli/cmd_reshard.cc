@@ -97,7 +97,8 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   auto a = std::make_shared<ReshardArgs>();
   a->convert = convert;
   sub.add_option("SRC", a->src,
-                 "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir, DCP dir or DeepSpeed ZeRO dir "
+                 "Source checkpoint: native store dir, run dir (follows `latest`), Megatron-layout dir (export-megatron), HF dir, DCP dir or "
+                 "DeepSpeed ZeRO dir "
                  "with a model config")
       ->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();

@@ -23,7 +23,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src,
-                 "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir, DCP dir or DeepSpeed ZeRO dir (its fp32 weights, as zero_to_fp32; ckpt inspect --help lists the kinds)")
+                 "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir, DCP dir or DeepSpeed ZeRO dir (its fp32 weights, as "
+                 "zero_to_fp32; ckpt inspect --help lists the kinds)")
       ->required();
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");

@@ -124,7 +124,8 @@ Status read_adam(RankOptim& r, const PyObj* opt, const std::string& key) {
       if (k->is(PyType::kInt) && ids[0]->is(PyType::kInt) && k->i == ids[0]->i) st = v;
     const std::string sw = key + "['state'][" + (ids[0]->is(PyType::kInt) ? std::to_string(ids[0]->i) : "?") + "]";
     if (st == nullptr || !st->is(PyType::kDict))
-      return Status::Error("DeepSpeedOptimizerState", "'" + file + "': " + sw + " is missing (param group " + std::to_string(g) + ")").with_file(file);
+      return Status::Error("DeepSpeedOptimizerState", "'" + file + "': " + sw + " is missing (param group " + std::to_string(g) + ")")
+          .with_file(file);
     for (const char* m : {"exp_avg", "exp_avg_sq"}) {
       const PyObj* t = st->get(m);
       if (t == nullptr)

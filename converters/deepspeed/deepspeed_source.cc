@@ -158,8 +158,16 @@ class DeepSpeedSource final : public TensorSource {
       return layouts.take_status().with_file(f).with_context("'" + f + "'");
     }
     s->layouts_ = std::move(*layouts);
-    // The moments: of their partition's size (stages 1/2 keep the padding at the end of the moments).
-    for (const RankOptim& r : s->ranks_)
+    CKPT_ASSIGN_OR_RETURN(const std::optional<double> step, moments_and_step(s->ranks_));
+    s->add_tensors(!r0.exp_avg.empty());
+    CKPT_RETURN_IF_ERROR(s->add_metadata(path, rf, tag, step));
+    return std::unique_ptr<TensorSource>(std::move(s));
+  }
+
+  // The moments: of their partition's size (stages 1/2 keep the padding at the end of the moments);
+  // the step: one for every group of every rank (none without Adam state).
+  static Result<std::optional<double>> moments_and_step(const std::vector<RankOptim>& ranks) {
+    for (const RankOptim& r : ranks)
       for (size_t g = 0; g < r.exp_avg.size(); ++g)
         for (const torch::TensorRef* m : {r.exp_avg[g], r.exp_avg_sq[g]}) {
           const int64_t part = r.fp32[g]->size[0], pad = g < r.group_paddings.size() ? r.group_paddings[g] : 0;
@@ -170,44 +178,51 @@ class DeepSpeedSource final : public TensorSource {
                                                                 (pad ? " (+ " + std::to_string(pad) + " padding)" : std::string()))
                 .with_file(r.path);
         }
-    // The step: one for every group of every rank.
     std::optional<double> step;
-    for (const RankOptim& r : s->ranks_)
+    for (const RankOptim& r : ranks)
       for (double v : r.steps) {
         if (step && *step != v)
-          return Status::Error("DeepSpeedStepMismatch", "'" + r.path + "': Adam step " + std::to_string(v) + ", elsewhere " +
-                                                            std::to_string(*step)).with_file(r.path);
+          return Status::Error("DeepSpeedStepMismatch", "'" + r.path + "': Adam step " + std::to_string(v) + ", elsewhere " + std::to_string(*step))
+              .with_file(r.path);
         step = v;
       }
-    s->add_tensors(!r0.exp_avg.empty());
-    // Metadata.
-    nlohmann::json ds = {{"stage", stage}, {"world", world}, {"tag", tag}, {"step_dir", s->dir_},
-                         {"dtype", rf.prefix == "bf16_" ? "bf16" : "fp32"}};
-    const PyObj* mroot = s->model_->root();
+    return step;
+  }
+
+  // The metadata: the run (stage, world, tag, dtype, DeepSpeed's version and steps, the step), the
+  // "detected" line, Adam's hyper-parameters, and config.json where the HF Trainer puts it (beside
+  // `latest`, in the step dir or its parent).
+  Status add_metadata(const std::string& path, const RankFiles& rf, const std::string& tag, std::optional<double> step) {
+    const RankOptim& r0 = ranks_.front();
+    const int stage = r0.stage, world = static_cast<int>(ranks_.size());
+    std::error_code ec;
+    nlohmann::json ds = {{"stage", stage}, {"world", world}, {"tag", tag}, {"step_dir", dir_}, {"dtype", rf.prefix == "bf16_" ? "bf16" : "fp32"}};
+    const PyObj* mroot = model_->root();
     if (const PyObj* v = mroot->get("ds_version"); v != nullptr && v->is(PyType::kStr) && v->s.size() < 64) ds["ds_version"] = v->s;
     if (const PyObj* v = mroot->get("global_steps"); v != nullptr && v->is(PyType::kInt)) ds["global_steps"] = v->i;
     if (step) ds["optimizer_step"] = static_cast<int64_t>(*step);
     if (!r0.no_state.empty()) ds["optimizer_not_imported"] = r0.no_state;
     if (rf.prefix != "bf16_") {  // fp16 or fp32: the module's dtype says which
-      if (const PyObj* m = mroot->get("module"); m != nullptr && m->is(PyType::kDict) && !m->entries.empty() && m->entries[0].second->is(PyType::kTensor))
+      if (const PyObj* m = mroot->get("module");
+          m != nullptr && m->is(PyType::kDict) && !m->entries.empty() && m->entries[0].second->is(PyType::kTensor))
         ds["dtype"] = train_dtype(m->entries[0].second->tensor.storage.dtype);
     }
     ds["detected"] = "DeepSpeed ZeRO stage " + std::to_string(stage) + " checkpoint, " + std::to_string(world) + " data-parallel ranks, " +
-                     ds["dtype"].get<std::string>() + " training, tag '" + tag + "', " + std::to_string(s->layouts_.size()) + " parameters" +
+                     ds["dtype"].get<std::string>() + " training, tag '" + tag + "', " + std::to_string(layouts_.size()) + " parameters" +
                      (r0.exp_avg.empty() ? " (no Adam state)" : " with Adam state");
-    s->meta_["deepspeed"] = ds;
+    meta_["deepspeed"] = ds;
     nlohmann::json adam = torch_adam_hyper(r0.param_groups);
-    if (!adam.empty()) s->meta_["adam"] = adam;
-    for (const std::string& d : {path, s->dir_, fs::path(path).parent_path().string()}) {
+    if (!adam.empty()) meta_["adam"] = adam;
+    for (const std::string& d : {path, dir_, fs::path(path).parent_path().string()}) {
       const std::string cfg = d + "/config.json";
       if (!fs::is_regular_file(cfg, ec)) continue;
       CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(cfg, kConfigJsonLimits, "config.json"));
       if (!j.is_object()) return Status::Error("InvalidConfig", "config.json is not a JSON object").with_file(cfg);
-      s->meta_["model_config"] = std::move(j);
-      s->meta_["deepspeed"]["config_json"] = cfg;
+      meta_["model_config"] = std::move(j);
+      meta_["deepspeed"]["config_json"] = cfg;
       break;
     }
-    return std::unique_ptr<TensorSource>(std::move(s));
+    return Status::Ok();
   }
 
  private:

@@ -60,7 +60,8 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
     for (int r = 0; r < world; ++r) {
       const int64_t part = partition_numel[r][g], pad = group_paddings[r][g];
       if (part < 0 || part > kDsMaxNumel / world)
-        return rank_error(r, "DeepSpeedPartitionSize", gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) + " elements");
+        return rank_error(r, "DeepSpeedPartitionSize",
+                          gname + ": rank " + std::to_string(r) + "'s fp32 partition holds " + std::to_string(part) + " elements");
       if (pad < 0 || pad > padded)
         return rank_error(r, "DeepSpeedPadding", gname + ": rank " + std::to_string(r) + "'s group_paddings says " + std::to_string(pad) +
                                                     " elements, more than a partition of the group holds (" + std::to_string(padded) + ")");
@@ -100,9 +101,10 @@ Result<std::vector<DsParamLayout>> ds_zero12_layout(const std::vector<std::vecto
       }
     }
     if (offset != total)
-      return ds_layout_error("DeepSpeedGroupSize", gname + ": its parameters take " + std::to_string(offset) + " elements, but the ranks' partitions hold " +
-                                                    std::to_string(total) + " (" + std::to_string(world) + " partitions of " + std::to_string(padded) +
-                                                    " less their group_paddings)");
+      return ds_layout_error("DeepSpeedGroupSize", gname + ": its parameters take " + std::to_string(offset) +
+                                                       " elements, but the ranks' partitions hold " + std::to_string(total) + " (" +
+                                                       std::to_string(world) + " partitions of " + std::to_string(padded) +
+                                                       " less their group_paddings)");
   }
   return out;
 }
@@ -159,8 +161,8 @@ Result<std::vector<DsParamLayout>> ds_zero3_layout(const std::vector<DsParamShap
     offset += part;
   }
   if (offset != avail)
-    return ds_layout_error("DeepSpeedGroupSize", "the parameters take " + std::to_string(offset) + " elements of each rank's flat groups, which hold " +
-                                                  std::to_string(avail));
+    return ds_layout_error("DeepSpeedGroupSize", "the parameters take " + std::to_string(offset) +
+                                                      " elements of each rank's flat groups, which hold " + std::to_string(avail));
   return out;
 }
 

@@ -74,21 +74,21 @@ Result<std::unique_ptr<TensorSource>> open_native_store(const std::string& path)
 
 // One row per kind, most specific first (see open_checkpoint.h).
 constexpr CheckpointKind kCheckpointKinds[] = {
-    {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)",
-     is_megatron_dir, open_megatron_dir},
+    {"megatron-safetensors", "a Megatron-layout directory written by export-megatron (megatron_args.json, mp_rank_XX[_YYY]/)", is_megatron_dir,
+     open_megatron_dir},
     // Megatron-Core torch_dist and Megatron-LM legacy per-rank torch files, above "dcp" (a
     // torch_dist directory is also a DCP directory); torch_dist first: both kinds of run dir hold
     // latest_checkpointed_iteration.txt, and only torch_dist's detect looks into the iteration.
     {"megatron-torch-dist",
      "a Megatron-Core torch_dist directory (metadata.json, .metadata, common.pt), or its run dir (latest_checkpointed_iteration.txt)",
      is_megatron_dist_dir, open_megatron_dist},
-    {"megatron-torch",
-     "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
+    {"megatron-torch", "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
      is_megatron_torch_dir, open_megatron_torch_dir},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
     // DeepSpeed ZeRO: above "native-store", whose detect also takes a directory with `latest`.
     {"deepspeed-zero",
-     "a DeepSpeed ZeRO 1/2/3 checkpoint (latest + global_stepN/ with *zero_pp_rank_R_mp_rank_00_optim_states.pt and *model_states.pt), or the step dir",
+     "a DeepSpeed ZeRO 1/2/3 checkpoint (latest + global_stepN/ with *zero_pp_rank_R_mp_rank_00_optim_states.pt and *model_states.pt), or the step "
+     "dir",
      is_deepspeed_dir, open_deepspeed_dir},
     {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
     {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_hf_dir},

@@ -164,7 +164,8 @@ Result<PyObj*> Machine::reduce(const AllowedGlobal& g, const PyObj* args) {
     }
     case GlobalKind::kPlainClass: {
       for (const PyObj* x : a)
-        if (!pickle_is_plain_scalar(x)) return bad("takes only plain values (None, bool, int, float, str), got a " + std::string(py_type_name(x->type)));
+        if (!pickle_is_plain_scalar(x))
+          return bad("takes only plain values (None, bool, int, float, str), got a " + std::string(py_type_name(x->type)));
       CKPT_ASSIGN_OR_RETURN(PyObj * r, make(PyType::kRecord));
       r->cls = g.canonical;
       r->args = args;
