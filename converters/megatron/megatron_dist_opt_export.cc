@@ -1,6 +1,7 @@
 #include "converters/megatron/megatron_dist_opt_export.h"
 
 #include "converters/megatron/megatron_torch_optim.h"
+#include "converters/megatron/megatron_vpp.h"
 
 namespace ckpt {
 
@@ -79,26 +80,28 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
   return kinds[2];
 }
 
-Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout,
-                                                          const nlohmann::json& args, bool fp32_masters,
-                                                          const std::string& where) {
+Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout, const nlohmann::json& args, bool fp32_masters,
+                                                          const std::string& where, int vpp) {
   std::vector<DistOptGroupBuffers> out;
+  Layout stages = layout;
+  if (vpp > 1) {
+    CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, vpp, where));
+  }
   for (int p = 0; p < layout.pp; ++p)
-    for (int r = 0; r < layout.tp; ++r) {
-      CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, layout, args, where, r, p));
-      DistOptGroupBuffers g;
-      g.tp_rank = r, g.pp_rank = p;
-      for (const auto& b : grp.layout.buckets) {
-        g.numel.push_back(b.end - b.start);
-        g.numel_unpadded.push_back(b.numel_unpadded);
+    for (int r = 0; r < layout.tp; ++r)
+      for (int c = 0; c < std::max(1, vpp); ++c) {
+        CKPT_ASSIGN_OR_RETURN(DistOptimGroup grp, dist_optim_group(cfg, stages, args, where, r, c * layout.pp + p, vpp));
+        DistOptGroupBuffers g;
+        g.tp_rank = r, g.pp_rank = p, g.group = p * layout.tp + r, g.chunk = c;
+        for (const auto& b : grp.layout.buckets) {
+          g.numel.push_back(b.end - b.start);
+          g.numel_unpadded.push_back(b.numel_unpadded);
+        }
+        g.states["param"] = dist_optim_bucket_segments(grp, [&](const std::string& w) { return fp32_masters ? kMegatronOptimPrefixes[2] + w : w; });
+        g.states["exp_avg"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[0] + w; });
+        g.states["exp_avg_sq"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[1] + w; });
+        out.push_back(std::move(g));
       }
-      g.states["param"] = dist_optim_bucket_segments(grp, [&](const std::string& w) {
-        return fp32_masters ? kMegatronOptimPrefixes[2] + w : w;
-      });
-      g.states["exp_avg"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[0] + w; });
-      g.states["exp_avg_sq"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[1] + w; });
-      out.push_back(std::move(g));
-    }
   return out;
 }
 
@@ -106,16 +109,24 @@ const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json
                                          std::optional<std::vector<const torch::PyObj*>> ids) {
   const double lr = adam.value("lr", 0.0);
   std::vector<std::pair<const torch::PyObj*, const torch::PyObj*>> kv = {
-      {a.str("is_expert_parallel"), a.boolean(false)}, {a.str("default_config"), a.boolean(true)},
-      {a.str("wd_mult"), a.real(no_decay ? 0.0 : 1.0)}, {a.str("lr_mult"), a.real(1.0)},
-      {a.str("is_decoupled_lr"), a.boolean(false)}, {a.str("max_lr"), a.real(adam.value("max_lr", lr))},
-      {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))}, {a.str("lr"), a.real(lr)},
+      {a.str("is_expert_parallel"), a.boolean(false)},
+      {a.str("default_config"), a.boolean(true)},
+      {a.str("wd_mult"), a.real(no_decay ? 0.0 : 1.0)},
+      {a.str("lr_mult"), a.real(1.0)},
+      {a.str("is_decoupled_lr"), a.boolean(false)},
+      {a.str("max_lr"), a.real(adam.value("max_lr", lr))},
+      {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))},
+      {a.str("lr"), a.real(lr)},
       {a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.9)), a.real(adam.value("beta2", 0.999))})},
       {a.str("eps"), a.real(adam.value("eps", 1e-8))},
-      {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))}, {a.str("amsgrad"), a.boolean(false)},
-      {a.str("maximize"), a.boolean(false)}, {a.str("foreach"), a.none()},
-      {a.str("capturable"), a.boolean(false)}, {a.str("differentiable"), a.boolean(false)},
-      {a.str("fused"), a.none()}, {a.str("decoupled_weight_decay"), a.boolean(true)}};
+      {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))},
+      {a.str("amsgrad"), a.boolean(false)},
+      {a.str("maximize"), a.boolean(false)},
+      {a.str("foreach"), a.none()},
+      {a.str("capturable"), a.boolean(false)},
+      {a.str("differentiable"), a.boolean(false)},
+      {a.str("fused"), a.none()},
+      {a.str("decoupled_weight_decay"), a.boolean(true)}};
   if (ids) kv.emplace_back(a.str("params"), a.list(std::move(*ids)));
   else kv.emplace_back(a.str("step"), a.real(static_cast<double>(adam.value("step", int64_t{0}))));
   return a.dict(std::move(kv));

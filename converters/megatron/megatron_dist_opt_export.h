@@ -55,14 +55,18 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
 // ("param" = fp32 masters, "exp_avg", "exp_avg_sq") the flat segments of [0, numel_unpadded).
 struct DistOptGroupBuffers {
   int tp_rank = 0, pp_rank = 0;
+  int group = 0;  // Megatron's dp_group_idx: pp_rank * tp + tp_rank (the file of its rank)
+  int chunk = 0;  // the model chunk whose grad buffer this is (gbuf_idx; 0 without a virtual pipeline)
   std::vector<int64_t> numel, numel_unpadded;
   std::map<std::string, std::vector<std::vector<MegatronSegment>>> states;
 };
-// Every group of `layout` (index pp_rank * tp + tp_rank = Megatron's dp_group_idx), laid out from
-// `args` (dist_opt_args) by dist_optim_group: the import's own derivation.
+// Every group of `layout` (pp_rank * tp + tp_rank = Megatron's dp_group_idx), laid out from
+// `args` (dist_opt_args) by dist_optim_group: the import's own derivation. With a virtual pipeline
+// (`vpp` > 1) one buffer per model chunk of each group (chunk c over its chunk stage of the plain
+// pipeline, megatron_vpp.h), in the order group, then chunk.
 Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout,
                                                           const nlohmann::json& args, bool fp32_masters,
-                                                          const std::string& where);
+                                                          const std::string& where, int vpp = 1);
 
 // The name of a staged legacy world buffer: distrib_optim.<state> (MegatronSink, 1-D fp32).
 inline constexpr const char* kDistOptStagedPrefix = "distrib_optim.";

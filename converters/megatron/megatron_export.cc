@@ -170,8 +170,8 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
   nlohmann::json args = megatron_vpp_args(megatron_args(plan.config, plan.layout), opts.vpp);
   if (opts.dist_opt.enabled && opts.vpp > 1)
     return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
-                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
-                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
+                                                     ": the legacy format's distrib_optim.pt of a virtual pipeline is not written "
+                                                     "yet; use --format torch_dist (one grad buffer per chunk)");
   if (opts.dist_opt.enabled) {
     if (!torch)
       return Status::Error("DistOptNeedsMegatronFormat",

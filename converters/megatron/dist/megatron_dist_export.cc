@@ -53,33 +53,43 @@ const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iterati
 
 // --dist-opt: the dp_reshardable state of every model-parallel group g (DistributedOptimizer.
 // sharded_param_state_dp_reshardable): per bucket b and state, the 1-D tensor
-// optimizer.distributed.dp_group_idx_{g}.gbuf_idx_0.dtype_{(param, grad dtype)}.bucket_idx_{b}.{state}
+// optimizer.distributed.dp_group_idx_{g}.gbuf_idx_{c}.dtype_{(param, grad dtype)}.bucket_idx_{b}.{state}
+// (c: the model chunk of a virtual pipeline, else 0)
 // of the bucket's numel_unpadded elements, one chunk in group g's file; and the ShardedObjects
 // dp_group_idx_{g}.optimizer (the param groups with the step), .per_bucket_numel and
 // .per_bucket_numel_unpadded ([{(dtypes): [sizes]}] per grad buffer).
 Status add_dp_reshardable(const std::vector<DistOptGroupBuffers>& groups, DType param_dtype, const nlohmann::json& optim,
                           std::vector<DistTensor>& map, std::vector<torch::DcpBytesEntry>& bytes) {
   const std::string dkey = dist_optim_dtype_key(torch::torch_dtype_name(param_dtype), torch::torch_dtype_name(DType::kF32));
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const std::string pre = std::string(kDistOptimBucketPrefix) + std::to_string(g);
-    const int rank = static_cast<int>(g);  // = pp_rank * tp + tp_rank, the group's file
-    for (size_t b = 0; b < groups[g].numel_unpadded.size(); ++b)
-      for (const char* st : kDistOptStates) {
-        const int64_t n = groups[g].numel_unpadded[b];
-        DistChunk c{Box{{0}, {n}}, 0, groups[g].states.at(st)[b], rank};
-        map.push_back(DistTensor{pre + ".gbuf_idx_0.dtype_" + dkey + ".bucket_idx_" + std::to_string(b) + "." + st, {n}, {std::move(c)}});
-      }
+  for (size_t first = 0; first < groups.size();) {  // one dp_group: its grad buffers (one per model chunk), in chunk order
+    size_t end = first;
+    while (end < groups.size() && groups[end].group == groups[first].group) ++end;
+    const int rank = groups[first].group;  // = pp_rank * tp + tp_rank, the group's file
+    const std::string pre = std::string(kDistOptimBucketPrefix) + std::to_string(rank);
     PyArena a;
+    std::vector<const PyObj*> per_gbuf[2];  // per_bucket_numel, per_bucket_numel_unpadded
+    for (size_t i = first; i < end; ++i) {
+      const DistOptGroupBuffers& gb = groups[i];
+      const std::string gbuf = ".gbuf_idx_" + std::to_string(gb.chunk);
+      for (size_t b = 0; b < gb.numel_unpadded.size(); ++b)
+        for (const char* st : kDistOptStates) {
+          const int64_t n = gb.numel_unpadded[b];
+          DistChunk c{Box{{0}, {n}}, 0, gb.states.at(st)[b], rank};
+          map.push_back(DistTensor{pre + gbuf + ".dtype_" + dkey + ".bucket_idx_" + std::to_string(b) + "." + st, {n}, {std::move(c)}});
+        }
+      for (int k = 0; k < 2; ++k) {
+        std::vector<const PyObj*> sizes;
+        for (int64_t v : k == 0 ? gb.numel : gb.numel_unpadded) sizes.push_back(a.integer(v));
+        per_gbuf[k].push_back(a.dict({{dist_opt_dtype_key(a, param_dtype), a.list(std::move(sizes))}}));
+      }
+    }
     CKPT_ASSIGN_OR_RETURN(std::string groups_bytes, torch::torch_save_bytes(a.list({dist_opt_param_groups(a, optim)})));
     bytes.push_back({pre + ".optimizer/shard_0_1", std::move(groups_bytes), rank});
-    for (const char* k : {"per_bucket_numel", "per_bucket_numel_unpadded"}) {
-      std::vector<const PyObj*> sizes;
-      for (int64_t v : std::string(k) == "per_bucket_numel" ? groups[g].numel : groups[g].numel_unpadded)
-        sizes.push_back(a.integer(v));
-      const PyObj* per_gbuf = a.list({a.dict({{dist_opt_dtype_key(a, param_dtype), a.list(std::move(sizes))}})});
-      CKPT_ASSIGN_OR_RETURN(std::string sb, torch::torch_save_bytes(a.list({per_gbuf})));
-      bytes.push_back({pre + "." + k + "/shard_0_1", std::move(sb), rank});
+    for (int k = 0; k < 2; ++k) {
+      CKPT_ASSIGN_OR_RETURN(std::string sb, torch::torch_save_bytes(a.list({a.list(std::move(per_gbuf[k]))})));
+      bytes.push_back({pre + "." + (k == 0 ? "per_bucket_numel" : "per_bucket_numel_unpadded") + "/shard_0_1", std::move(sb), rank});
     }
+    first = end;
   }
   return Status::Ok();
 }
@@ -165,10 +175,6 @@ int64_t source_iteration(const nlohmann::json& meta) {
 // indices, megatron_vpp.h); each chunk is written by the real rank holding it.
 Result<std::vector<DistTensor>> chunk_map(const LlamaConfig& cfg, const Layout& layout, const MegatronExportOptions& opts) {
   if (opts.vpp < 1) return Status::InvalidArgument("export-megatron --vpp " + std::to_string(opts.vpp) + ": must be >= 1");
-  if (opts.vpp > 1 && opts.dist_opt.enabled)
-    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
-                                                     ": the distributed optimizer of a virtual pipeline (one grad buffer per "
-                                                     "chunk) is not written yet; export without --vpp, or without --dist-opt");
   Layout stages = layout;
   if (opts.vpp > 1) {
     CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
@@ -236,7 +242,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
                                               {"optimizer.state.exp_avg.", "optimizer.exp_avg."},
                                               {"optimizer.state.exp_avg_sq.", "optimizer.exp_avg_sq."}});
     } else {
-      CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(cfg, layout, args, masters, src.describe()));
+      CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(cfg, layout, args, masters, src.describe(), opts.vpp));
       CKPT_RETURN_IF_ERROR(add_dp_reshardable(groups, opts.dtype.value_or(DType::kF32), optim_fields, map, bytes));
     }
   } else {
