@@ -43,7 +43,7 @@ HD = HIDDEN // HEADS
 PLAIN = ["tp2", "pp2", "vpp2_pp2"]
 DISTOPT = ["distopt_dp_reshardable", "distopt_fully_reshardable", "distopt_dp_zero_gather_scatter"]
 # One moment: a DistributedOptimizer over Lion (exp_avg only, no step; test_megatron_019_distopt.py).
-LION = ["distopt_lion_dp_reshardable"]
+LION = ["distopt_lion_dp_reshardable", "distopt_lion_legacy_torch"]
 SAVED = {"tp2": (2, 1), "pp2": (1, 2), "vpp2_pp2": (1, 2), **{k: (2, 1) for k in DISTOPT + LION + ["distopt_legacy_torch"]}}
 
 

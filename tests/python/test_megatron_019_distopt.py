@@ -218,13 +218,16 @@ def _legacy_edit(kind):
             bufs["numel_unpadded"] = 99999
         elif kind == "no_moment":
             del bufs["exp_avg"]
+        elif kind == "no_moment_sq":  # an Adam run's file without exp_avg_sq: not a one-moment state
+            del bufs["exp_avg_sq"]
         elif kind == "not_coalesced":
             o["buckets_coalesced"] = False
     return fn
 
 
 @pytest.mark.parametrize("kind,code", [("short", "DistOptimBucketMismatch"), ("past", "DistOptimBucketMismatch"),
-                                       ("no_moment", "MissingDistOptimState"), ("not_coalesced", "UnsupportedDistOptim")])
+                                       ("no_moment", "MissingDistOptimState"), ("no_moment_sq", "MissingDistOptimState"),
+                                       ("not_coalesced", "UnsupportedDistOptim")])
 def test_legacy_distrib_optim_hostile_is_named(kind, code, run_ckpt, tmp_path):
     d = _copy("distopt_legacy_torch", tmp_path)
     f = d / "iter_0000010" / "mp_rank_01" / "distrib_optim.pt"
@@ -241,22 +244,25 @@ def test_legacy_distrib_optim_hostile_is_named(kind, code, run_ckpt, tmp_path):
 LION = "distopt_lion_dp_reshardable"
 
 
-def test_lion_state_equals_megatron_core_state(run_ckpt, tmp_path):
+@pytest.mark.parametrize("name", [LION, "distopt_lion_legacy_torch"])
+def test_lion_state_equals_megatron_core_state(name, run_ckpt, tmp_path):
     """megatron-core 0.19.2's DistributedOptimizer over Lion keeps one moment (optimizer_state_keys
     ('exp_avg',)) and no step: the imported fp32 masters and exp_avg equal its
     get_parameter_state_dp_zero() element-wise (every parameter of both TP ranks), no exp_avg_sq is
-    invented, no step either, and nothing is named as not imported."""
+    invented, no step either, and nothing is named as not imported; torch_dist dp_reshardable and
+    Megatron-LM's legacy distrib_optim.pt alike."""
     from native_h5py import read_native
     native = tmp_path / "native"
-    run_ckpt("reshard", FIX / LION, native, "--tp", 1, "--pp", 1, "--dp", 1)
+    run_ckpt("reshard", FIX / name, native, "--tp", 1, "--pp", 1, "--dp", 1)
     _, got, _ = read_native(native)
     man = json.loads(next(native.rglob("manifest.json")).read_text())
-    mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
+    mg = (man["metadata"] if "metadata" in man else man).get("megatron", {})
     assert "optimizer_not_imported" not in mg and "optimizer_step" not in mg, mg
     assert not any(n.startswith("optimizer.exp_avg_sq.") for n in got)
+    assert sum(n.startswith("optimizer.exp_avg.") for n in got) == 3 + 9 * LAYERS
     compared = 0
     for r in range(TP_SAVED):
-        oracle, step = _oracle(LION, r)
+        oracle, step = _oracle(name, r)
         assert step is None
         for pname, st in oracle.items():
             assert set(st) == {"param", "exp_avg"}
@@ -299,6 +305,9 @@ def test_inspect_names_the_optimizer_and_its_moments(run_ckpt):
     adam = json.loads(run_ckpt("inspect", "--json", FIX / "distopt_dp_reshardable").stdout)["optimizer"]
     assert adam == {"optimizer": "adam", "moments": ["exp_avg", "exp_avg_sq"], "fp32_masters": False, "step": 2,
                     "sharding_type": "dp_reshardable"}, adam
+    legacy = json.loads(run_ckpt("inspect", "--json", FIX / "distopt_lion_legacy_torch").stdout)
+    assert "not_imported" not in legacy, legacy["not_imported"]
+    assert legacy["optimizer"] == {"optimizer": "lion", "moments": ["exp_avg"], "fp32_masters": False, "step": None}, legacy
     plain = json.loads(run_ckpt("inspect", "--json", FIX / "tp2").stdout)
     assert "optimizer" not in plain
 

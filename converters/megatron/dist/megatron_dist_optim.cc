@@ -177,18 +177,9 @@ Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp
                                "': only the local spec's parameter order (transformer_impl 'local') is known";
   if (!plan.not_imported_reason.empty()) return std::optional<DistOptimPlan>(std::move(plan));
   if (!states.count("param")) return missing_state(dir, groups.begin()->first, 0, "param");
-  // The moments the optimizer keeps (megatron-core's DistributedOptimizer.optimizer_state_keys):
-  // Lion exp_avg only, every other optimizer exp_avg and exp_avg_sq. A moment missing from every
-  // bucket is named, never imported as a one-moment state.
-  const std::string optim = args.contains("optimizer") && args["optimizer"].is_string() ? args["optimizer"].get<std::string>() : "adam";
-  const std::vector<std::string> moments =
-      optim == "lion" ? std::vector<std::string>{"exp_avg"} : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-  for (const std::string& m : moments)
-    if (!states.count(m))
-      return Status::Error("MissingDistOptimState", "'" + dir + "': no bucket holds '" + m + "', which args.optimizer '" + optim +
-                                                        "' keeps (megatron-core's optimizer_state_keys: " +
-                                                        (moments.size() == 1 ? "exp_avg" : "exp_avg, exp_avg_sq") + ")")
-          .with_file(dir);
+  // M1 (dist_optim_layout.h): a moment args.optimizer keeps in no bucket is named.
+  CKPT_RETURN_IF_ERROR(check_dist_optim_moments(args, [&](const std::string& m) { return states.count(m) > 0; },
+                                                "'" + dir + "' (every bucket)", dir));
   const int64_t ngroups = int64_t{saved.tp} * saved.pp;
   for (const auto& [g, bk] : groups)
     if (g >= ngroups || bk.gbufs.size() != 1 || bk.gbufs.begin()->first != 0)
