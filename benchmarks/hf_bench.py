@@ -31,16 +31,20 @@ import time
 # module, and a harness holding torch measured its idle-state children slower (docs/BENCHMARKS.md).
 
 
+def llama_config(layers: int, vocab: int = 32000):
+    """The HF config.json of the TinyLlama-shaped model (make_model's)."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": 2048,
+            "intermediate_size": 5632, "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1,
+            "eos_token_id": 2}
+
+
 def make_model(d: pathlib.Path, layers: int, seed: int = 0, vocab: int = 32000):
     import torch
     from safetensors.torch import save_file
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": 2048,
-           "intermediate_size": 5632, "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4,
-           "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-           "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1,
-           "eos_token_id": 2}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    (d / "config.json").write_text(json.dumps(llama_config(layers, vocab), indent=2))
     g = torch.Generator().manual_seed(seed)
     h, f, q, kv, v = 2048, 5632, 32 * 64, 4 * 64, vocab
     ts = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}

@@ -5,6 +5,14 @@ in the same run, for both Megatron formats:
   * legacy `torch` (iter_NNNNNNN/mp_rank_TT_PPP/model_optim_rng.pt, one torch.save zip per rank);
   * megatron-core `torch_dist` (a DCP directory: .metadata, __R_0.distcp, common.pt, metadata.json).
 
+and (--formats torch_dist_optim) with the distributed optimizer:
+
+  * megatron-core `torch_dist` with DistributedOptimizer state (dp_reshardable buckets: fp32 masters,
+    exp_avg, exp_avg_sq), written by `ckpt export-megatron --format torch_dist --tp 2 --pp 2 --dist-opt
+    --dp 2 --local-norms` (the form tests/python/test_megatron_019_distopt_export.py loads in
+    megatron-core) from a store with Adam state: one step of `ckpt train` of the TinyLlama-shaped
+    model (fp32) with --optim-layers layers (2: 219 M parameters, a 3.3 GB checkpoint).
+
 Source: a TinyLlama-shaped LLaMA (hidden 2048, FFN 5632, 32 heads / 4 KV heads, GQA, SwiGLU,
 untied, vocab 32003 so that the Megatron vocab is padded, random bf16; 22 layers = 2.2 GB; the
 generator of benchmarks/hf_bench.py), imported with `ckpt from-hf` and exported with
@@ -21,6 +29,15 @@ Timed commands (each round runs all of them, rotated; medians over --reps rounds
                      conversion in torch (unpack the per-group QKV and [gate; up] fc1, concatenate
                      the TP shards, drop the vocab padding) and safetensors.torch.save_file of the
                      HF-named result, then fsync (ckpt fsyncs its output too).
+  python (optim)     torch_dist_optim: torch.distributed.checkpoint's load (FileSystemReader, no_dist) of
+                     EVERY item of .metadata (tensors into empty tensors, bytes items unpickled), then
+                     torch.save of the whole state dict and fsync: the I/O floor of megatron-core's own
+                     load + save. megatron-core's dist_checkpointing.load itself is not run: it loads
+                     into the sharded state dict that the model and the DistributedOptimizer build, so
+                     it needs the saved model-parallel layout (tp 2 x pp 2) x dp 2 = 8 gloo processes
+                     with the CPU shims (fixtures/megatron_core_019/cpu_shims.py), each building its
+                     model shard, grad buffers and optimizer; its torch_dist strategy reads through the
+                     same DCP loader, so this child is a lower bound of its time.
 Wall time, CPU time and peak RSS by /usr/bin/time (getrusage of the child). The Python child also
 reports its phases (import torch, load, convert, save) in a JSON line on stdout.
 State: page cache warm (the sources are read before each round), memory 'hot' (--hot-gib GiB
@@ -28,6 +45,7 @@ touched and freed before each command, ../shared/LIMITS.md), load average sample
 command. Prints a table; writes docs/megatron_import_bench.json (--json to change).
 
   .venv/bin/python benchmarks/megatron_import_bench.py --ckpt build/ckpt [--reps 3] [--dir /work/bench-data/megatron_import]
+  .venv/bin/python benchmarks/megatron_import_bench.py --ckpt build/ckpt --formats torch_dist_optim [--reps 1]
 """
 import argparse
 import json
@@ -161,6 +179,33 @@ def py_dist(src: str, out: str):
     finish(res, out, phases, save_file)
 
 
+def py_dist_optim(src: str, out: str):
+    """Every item of the torch_dist checkpoint (with the distributed optimizer's buckets) loaded by
+    torch's DCP loader, then the whole state dict saved with torch.save (another layout's file)."""
+    t0 = time.perf_counter()
+    import io
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    phases = {"import": time.perf_counter() - t0}
+    t = time.perf_counter()
+    reader = dcp.FileSystemReader(str(iteration_dir(pathlib.Path(src))))
+    md = reader.read_metadata()
+    sd = {k: torch.empty(v.size, dtype=v.properties.dtype) if isinstance(v, TensorStorageMetadata) else io.BytesIO()
+          for k, v in md.state_dict_metadata.items()}
+    dcp.load(sd, storage_reader=reader, no_dist=True)
+    phases["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    torch.save(sd, out)
+    fd = os.open(out, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    phases["save"] = time.perf_counter() - t
+    tensors = [v for v in sd.values() if torch.is_tensor(v)]
+    print(json.dumps({"phases": phases, "tensors": len(tensors), "items": len(sd),
+                      "bytes": sum(x.numel() * x.element_size() for x in tensors)}))
+
+
 def finish(res, out, phases, save_file):
     t = time.perf_counter()
     save_file(res, out, metadata={"format": "pt"})
@@ -214,6 +259,27 @@ def dir_bytes(d: pathlib.Path):
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
+def make_dist_optim_source(a, root: pathlib.Path, ckpt: str):
+    """torch_dist with the distributed optimizer: one `ckpt train` step (Adam state) of the TinyLlama-
+    shaped model with --optim-layers layers, exported with --dist-opt --dp 2 (untimed)."""
+    from hf_bench import llama_config
+    mg = root / "mg_dist_optim"
+    if (mg / "metadata.json").exists():
+        return mg
+    run = root / "train"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(llama_config(a.optim_layers, a.vocab)))
+    t0 = time.perf_counter()
+    subprocess.run([ckpt, "train", "--config", run / "config.json", "--steps", "1", "--warmup", "0", "--micro-batch", "1",
+                    "--seq-len", "16", "--out", run / "run", "--sync-save"], check=True, capture_output=True)
+    subprocess.run([ckpt, "export-megatron", run / "run" / "step-00000001", mg, "--format", "torch_dist", "--tp", "2", "--pp", "2",
+                    "--dist-opt", "--dp", "2", "--local-norms"], check=True, capture_output=True)
+    shutil.rmtree(run)
+    print(f"made {mg} ({dir_bytes(mg) / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return mg
+
+
 def make_sources(a, root: pathlib.Path, ckpt: str):
     from hf_bench import make_model
     mg = {"torch": root / "mg_torch", "torch_dist": root / "mg_dist"}
@@ -255,8 +321,10 @@ def summarize(runs, base_key):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] in ("py-torch", "py-torch-mmap", "py-dist"):
+    if len(sys.argv) > 1 and sys.argv[1] in ("py-torch", "py-torch-mmap", "py-dist", "py-dist-optim"):
         kind, src, out = sys.argv[1:4]
+        if kind == "py-dist-optim":
+            return py_dist_optim(src, out)
         return py_dist(src, out) if kind == "py-dist" else py_torch(src, out, mmap=kind == "py-torch-mmap")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ckpt", default="build/ckpt")
@@ -268,7 +336,8 @@ def main():
     ap.add_argument("--low-memory", default="128M", help="the --max-memory of the bounded-memory runs")
     ap.add_argument("--hot-gib", type=float, default=4.0)
     ap.add_argument("--compare-ckpt", default="", help="another ckpt binary whose import and reshard run in the same rounds")
-    ap.add_argument("--formats", default="torch,torch_dist")
+    ap.add_argument("--formats", default="torch,torch_dist", help="of torch, torch_dist, torch_dist_optim")
+    ap.add_argument("--optim-layers", type=int, default=2, help="torch_dist_optim: the model's layers")
     ap.add_argument("--json", default=str(ROOT / "docs" / "megatron_import_bench.json"))
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     a = ap.parse_args()
@@ -276,7 +345,10 @@ def main():
     ckpt = str(pathlib.Path(a.ckpt).resolve())
     root = pathlib.Path(a.dir)
     root.mkdir(parents=True, exist_ok=True)
-    mg = make_sources(a, root, ckpt)
+    fmts = a.formats.split(",")
+    mg = make_sources(a, root, ckpt) if set(fmts) & {"torch", "torch_dist"} else {}
+    if "torch_dist_optim" in fmts:
+        mg["torch_dist_optim"] = make_dist_optim_source(a, root, ckpt)
     me = str(pathlib.Path(__file__).resolve())
     out = root / "out"
 
@@ -284,14 +356,15 @@ def main():
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(str(out) + ".partial", ignore_errors=True)
         out.with_suffix(".safetensors").unlink(missing_ok=True)
+        out.with_suffix(".pt").unlink(missing_ok=True)
         return out
 
     results = {"machine": {"uptime_before": open("/proc/loadavg").read().strip(), "mem_available_gib_before": mem_available_gib(),
                            "nproc": os.cpu_count()},
                "settings": {k: v for k, v in vars(a).items() if k not in ("json",)}, "formats": {}}
-    for fmt in a.formats.split(","):
+    for fmt in fmts:
         src = mg[fmt]
-        py_kinds = ["py-torch", "py-torch-mmap"] if fmt == "torch" else ["py-dist"]
+        py_kinds = {"torch": ["py-torch", "py-torch-mmap"], "torch_dist": ["py-dist"], "torch_dist_optim": ["py-dist-optim"]}[fmt]
         cmds = {}
         thr = ["--threads", str(a.threads)]
         cmds["ckpt import (tp2 pp2)"] = lambda: [ckpt, "reshard", src, fresh(), "--tp", "2", "--pp", "2", "--dp", "1", *thr]
@@ -306,9 +379,10 @@ def main():
             cmds["other ckpt reshard -> tp1 pp2"] = lambda: [other, "reshard", src, fresh(), "--tp", "1", "--pp", "2", "--dp", "1",
                                                              *thr]
         names = {"py-torch": "python torch.load + convert", "py-torch-mmap": "python torch.load(mmap) + convert",
-                 "py-dist": "python dcp.load + convert"}
+                 "py-dist": "python dcp.load + convert", "py-dist-optim": "python dcp.load all + torch.save"}
         for kind in py_kinds:
-            cmds[names[kind]] = lambda kind=kind: [sys.executable, me, kind, src, fresh().with_suffix(".safetensors")]
+            suffix = ".pt" if kind == "py-dist-optim" else ".safetensors"
+            cmds[names[kind]] = lambda kind=kind, suffix=suffix: [sys.executable, me, kind, src, fresh().with_suffix(suffix)]
         runs = {k: [] for k in cmds}
         order = list(cmds)
         src_bytes = dir_bytes(src)

@@ -1,5 +1,6 @@
 #include "converters/jobs/inspect_job.h"
 
+#include <string>
 #include <vector>
 
 #include "converters/megatron/megatron_vpp.h"
@@ -63,6 +64,33 @@ nlohmann::json virtual_pipeline(const nlohmann::json& md) {
   return out;
 }
 
+// InspectOutcome::optimizer of a source: its optimizer.* tensor kinds and metadata, or null.
+nlohmann::json optimizer_found(const TensorSource& src) {
+  bool has[3] = {false, false, false};
+  const char* kinds[3] = {"exp_avg", "exp_avg_sq", "fp32_param"};
+  for (const auto& t : src.tensors())
+    for (int k = 0; k < 3; ++k)
+      if (t.name.rfind(std::string("optimizer.") + kinds[k] + ".", 0) == 0) has[k] = true;
+  if (!has[0] && !has[1] && !has[2]) return nullptr;
+  nlohmann::json moments = nlohmann::json::array();
+  for (int k = 0; k < 2; ++k)
+    if (has[k]) moments.push_back(kinds[k]);
+  nlohmann::json out = {{"moments", moments}, {"fp32_masters", has[2]}, {"step", nullptr}};
+  const nlohmann::json& md = src.metadata();
+  if (!md.is_object()) return out;
+  const nlohmann::json* mg = md.contains("megatron") && md["megatron"].is_object() ? &md["megatron"] : nullptr;
+  if (mg && mg->contains("optimizer_step") && (*mg)["optimizer_step"].is_number_integer()) out["step"] = (*mg)["optimizer_step"];
+  else if (md.contains("trainer") && md["trainer"].is_object() && md["trainer"].contains("step") &&
+           md["trainer"]["step"].is_number_integer())
+    out["step"] = md["trainer"]["step"];
+  if (mg && mg->contains("optimizer_sharding_type") && (*mg)["optimizer_sharding_type"].is_string())
+    out["sharding_type"] = (*mg)["optimizer_sharding_type"];
+  if (md.contains("megatron_args") && md["megatron_args"].is_object() && md["megatron_args"].contains("optimizer") &&
+      md["megatron_args"]["optimizer"].is_string())
+    out["optimizer"] = md["megatron_args"]["optimizer"];
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json InspectOutcome::to_json() const {
@@ -71,6 +99,7 @@ nlohmann::json InspectOutcome::to_json() const {
   j["integrity"] = {{"scheme", integrity_scheme}, {"note", integrity_note}};
   if (!not_imported.empty()) j["not_imported"] = not_imported;
   if (!virtual_pipeline.is_null()) j["virtual_pipeline"] = virtual_pipeline;
+  if (!optimizer.is_null()) j["optimizer"] = optimizer;
   return j;
 }
 
@@ -88,6 +117,14 @@ std::string InspectOutcome::to_text() const {
     t += "\n";
   }
   if (summary.contains("detected") && summary["detected"].is_string()) t += "detected:   " + summary["detected"].get<std::string>() + "\n";
+  if (!optimizer.is_null()) {
+    std::string m;
+    for (const auto& k : optimizer["moments"]) m += (m.empty() ? "" : ", ") + k.get<std::string>();
+    t += "optimizer:  " + (optimizer.contains("optimizer") ? optimizer["optimizer"].get<std::string>() + ", " : std::string()) +
+         "moments " + (m.empty() ? std::string("none") : m) + (optimizer["fp32_masters"].get<bool>() ? ", fp32 masters" : "") +
+         ", step " + (optimizer["step"].is_null() ? std::string("none recorded") : optimizer["step"].dump()) +
+         (optimizer.contains("sharding_type") ? ", sharding " + optimizer["sharding_type"].get<std::string>() : std::string()) + "\n";
+  }
   for (auto it = not_imported.begin(); it != not_imported.end(); ++it)
     t += "not imported (" + it.key() + "): " + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) + "\n";
   return t;
@@ -113,6 +150,7 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
     if (ds.contains("optimizer_not_imported")) out.not_imported["optimizer"] = ds["optimizer_not_imported"];
     if (ds.contains("detected")) out.summary["detected"] = ds["detected"];
   }
+  out.optimizer = optimizer_found(*src);
   return out;
 }
 

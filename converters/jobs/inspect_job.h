@@ -37,9 +37,15 @@ struct InspectOutcome {
   // [first, last]}]} (Megatron's interleaved assignment, converters/megatron/megatron_vpp.h; chunks
   // omitted when the layers do not divide); null without one.
   nlohmann::json virtual_pipeline;
+  // The optimizer state found, null without any: {"moments": the kinds present of exp_avg,
+  // exp_avg_sq (Adam keeps both, Lion exp_avg only), "fp32_masters": optimizer.fp32_param.* present,
+  // "step" (metadata megatron.optimizer_step or trainer.step; null when none is recorded: Lion keeps
+  // none), and for Megatron sources "optimizer" (args.optimizer: adam, lion, ...) and
+  // "sharding_type" (the distributed optimizer's, when recorded)}.
+  nlohmann::json optimizer;
   // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail,
-  // "integrity": {scheme, note}, "virtual_pipeline" when there is one and, when anything is not
-  // imported, "not_imported".
+  // "integrity": {scheme, note}, "virtual_pipeline" when there is one, "optimizer" when there is
+  // optimizer state and, when anything is not imported, "not_imported".
   nlohmann::json to_json() const;
   // The text `ckpt inspect` prints (store::text_summary of to_json()).
   std::string to_text() const;

@@ -118,4 +118,18 @@ Status check_dist_optim_buckets(const DistOptimLayout& layout, const std::vector
   return Status::Ok();
 }
 
+Status check_dist_optim_moments(const nlohmann::json& args, const std::function<bool(const std::string&)>& has,
+                                const std::string& where, const std::string& file) {
+  const std::string optim = args.contains("optimizer") && args["optimizer"].is_string() ? args["optimizer"].get<std::string>() : "adam";
+  const std::vector<std::string> moments =
+      optim == "lion" ? std::vector<std::string>{"exp_avg"} : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  for (const std::string& m : moments)
+    if (!has(m))
+      return Status::Error("MissingDistOptimState", where + ": no '" + m + "' state, which args.optimizer '" + optim +
+                                                        "' keeps (megatron-core's optimizer_state_keys: " +
+                                                        (moments.size() == 1 ? "exp_avg" : "exp_avg, exp_avg_sq") + ")")
+          .with_file(file);
+  return Status::Ok();
+}
+
 }  // namespace ckpt

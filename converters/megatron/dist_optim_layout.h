@@ -25,10 +25,15 @@
 //  C1 count:  as many recorded buckets as derived: DistOptimBucketCount.
 //  C2 buffer: a recorded size past the derived padded bucket: DistOptimPastBuffer.
 //  C3 sizes:  each recorded size equal to the derived numel_unpadded: DistOptimBucketMismatch.
+// States rule (DistributedOptimizer.optimizer_state_keys):
+//  M1 moments: args.optimizer 'lion' keeps exp_avg only; every other optimizer (or none recorded)
+//              exp_avg and exp_avg_sq. A moment it keeps missing from the saved state:
+//              MissingDistOptimState (never imported as a one-moment state).
 // Pure functions; thread safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,5 +83,10 @@ Result<DistOptimSettings> dist_optim_settings(const nlohmann::json& args, int pp
 // C1..C3: `recorded` = each bucket's recorded numel_unpadded; `where` names the buffer.
 Status check_dist_optim_buckets(const DistOptimLayout& layout, const std::vector<int64_t>& recorded,
                                 const std::string& where);
+
+// M1: the moments args.optimizer keeps; `has(state)` says whether the saved state holds one;
+// `where` names the state in the message, `file` is the file (or directory) it is in.
+Status check_dist_optim_moments(const nlohmann::json& args, const std::function<bool(const std::string&)>& has,
+                                const std::string& where, const std::string& file);
 
 }  // namespace ckpt

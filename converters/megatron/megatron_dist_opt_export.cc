@@ -46,6 +46,20 @@ nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, co
   return a;
 }
 
+Status one_moment_refused(const TensorSource& src, const std::string& what) {
+  const nlohmann::json& md = src.metadata();
+  std::string kind;
+  if (md.is_object() && md.contains("megatron_args") && md["megatron_args"].is_object() &&
+      md["megatron_args"].contains("optimizer") && md["megatron_args"]["optimizer"].is_string())
+    kind = " (args.optimizer '" + md["megatron_args"]["optimizer"].get<std::string>() + "')";
+  return Status::Error("MegatronOneMomentExport",
+                       what + ": source '" + src.describe() + "' holds one optimizer moment, optimizer.exp_avg.* without " +
+                           "optimizer.exp_avg_sq.*" + kind +
+                           ": ckpt writes Megatron's Adam state (both moments, Adam's param groups) only; a one-moment "
+                           "optimizer's (Lion's) is not written yet (ckpt's store keeps it: reshard does; to-hf writes the "
+                           "weights)");
+}
+
 Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms) {
   if (o.dp < 1 || o.dp > (int64_t{1} << 20))
     return Status::Error("DistOptBadFlag", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
@@ -67,6 +81,7 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
                                                         "' holds no optimizer state (optimizer.exp_avg.* and "
                                                         "optimizer.exp_avg_sq.*): there is nothing to write as the "
                                                         "distributed optimizer; export without --dist-opt");
+  if (kinds[0] && !kinds[1]) return one_moment_refused(src, "--dist-opt");
   if (!kinds[0] || !kinds[1])
     return Status::Error("MegatronOptimizerMissingMoment",
                          "--dist-opt: source '" + src.describe() + "' holds " +

@@ -6,7 +6,8 @@
 // boxes, converters/megatron/dist_optim_group.h) and the param groups DistributedOptimizer.
 // state_dict() saves.
 // Named errors: DistOptNoOptimizerState (the source has no optimizer.exp_avg.* /
-// optimizer.exp_avg_sq.*), MegatronOptimizerMissingMoment (only one of them), DistOptNeedsLocalSpec
+// optimizer.exp_avg_sq.*), MegatronOneMomentExport (exp_avg only: a one-moment optimizer's state,
+// Lion's, not written yet), MegatronOptimizerMissingMoment (exp_avg_sq only), DistOptNeedsLocalSpec
 // (Transformer Engine names: only the local spec's parameter order is known), DistOptBadFlag (dp or
 // bucket size out of range), DistOptNoStep (no optimizer step recorded in the source),
 // UnsupportedDistOptim (a sharding type other than dp_reshardable / fully_reshardable).
@@ -50,6 +51,12 @@ nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta);
 // a step, the local spec's names, dp and bucket size in range. Returns whether the source holds
 // fp32 masters (optimizer.fp32_param.*); without them the masters are the weights.
 Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms);
+
+// MegatronOneMomentExport for `src` holding optimizer.exp_avg.* without optimizer.exp_avg_sq.* (a
+// one-moment optimizer's state, e.g. Lion imported from megatron-core; `what`: the export asked for).
+// megatron-core 0.19.2 loads such buckets only into a DistributedOptimizer over Lion (its
+// optimizer_state_keys ('exp_avg',)); ckpt writes Adam's param groups and both moments only.
+Status one_moment_refused(const TensorSource& src, const std::string& what);
 
 // One model-parallel group's buffers: per bucket the padded and unpadded sizes, and per state
 // ("param" = fp32 masters, "exp_avg", "exp_avg_sq") the flat segments of [0, numel_unpadded).

@@ -51,9 +51,9 @@ Result<MegatronDistribOptim> megatron_distrib_optim(const std::string& path, con
   std::map<std::string, torch::TensorRef> world;
   int64_t numel = -1;
   CKPT_RETURN_IF_ERROR(megatron_world_buffers(out.file->root(), path, world, numel));
-  for (const char* s : {"param", "exp_avg"})
-    if (!world.count(s))
-      return Status::Error("MissingDistOptimState", "'" + path + "' has no '" + s + "' world buffer").with_file(path);
+  if (!world.count("param"))
+    return Status::Error("MissingDistOptimState", "'" + path + "' has no 'param' world buffer").with_file(path);
+  CKPT_RETURN_IF_ERROR(check_dist_optim_moments(args, [&](const std::string& m) { return world.count(m) > 0; }, "'" + path + "'", path));
   for (const auto& [k, t] : world)
     if (k != "param" && k != "exp_avg" && k != "exp_avg_sq")
       return Status::Error("UnsupportedDistOptim", "'" + path + "': state '" + k + "' is not read").with_file(path);

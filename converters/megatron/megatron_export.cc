@@ -122,6 +122,8 @@ Status add_optimizer_tensors(const TensorSource& src, MegatronPlan& plan) {
         break;
       }
   if (kinds.empty()) return Status::Ok();
+  if (kinds[0] == kMegatronOptimPrefixes[0] && (kinds.size() < 2 || kinds[1] != kMegatronOptimPrefixes[1]))
+    return one_moment_refused(src, "--format torch");
   if (kinds[0] != kMegatronOptimPrefixes[0] || kinds.size() < 2 || kinds[1] != kMegatronOptimPrefixes[1])
     return Status::Error("MegatronOptimizerMissingMoment", "source '" + src.describe() + "' holds optimizer tensors but not both "
                          "optimizer.exp_avg.* and optimizer.exp_avg_sq.* (Megatron's Adam state needs both)");

@@ -1,8 +1,13 @@
 // The distributed optimizer's bucket layout (converters/megatron/dist_optim_layout.h): one
-// test per rule (R1..R5, S1..S3, C1..C3), and the layout megatron-core 0.19.2 itself made for the
+// test per rule (R1..R5, S1..S3, C1..C3, M1), and the layout megatron-core 0.19.2 itself made for the
 // committed fixture fixtures/megatron_core_019/distopt_dp_reshardable (optimizer_oracle_tp0.json:
 // 4 buckets of 2048, 2112 (padded 2176), 2048, 3072 elements).
 #include "converters/megatron/dist_optim_layout.h"
+
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -140,6 +145,23 @@ TEST(DistOptimLayout, EqualsMegatronCoreOnTheFixture) {
   EXPECT_EQ(l->params[2].start, 2112);   // decoder.layers.3.mlp.linear_fc2.weight
   EXPECT_EQ(l->params.back().start, 7296);  // embedding.word_embeddings.weight
   EXPECT_EQ(l->params.back().bucket, 3u);
+}
+
+TEST(DistOptimMoments, M1MomentsFollowArgsOptimizer) {
+  auto has = [](std::set<std::string> s) { return [s](const std::string& m) { return s.count(m) > 0; }; };
+  const nlohmann::json adam = {{"optimizer", "adam"}}, lion = {{"optimizer", "lion"}}, none = nlohmann::json::object();
+  EXPECT_TRUE(check_dist_optim_moments(adam, has({"exp_avg", "exp_avg_sq"}), "f", "f").ok());
+  EXPECT_TRUE(check_dist_optim_moments(lion, has({"exp_avg"}), "f", "f").ok());
+  EXPECT_TRUE(check_dist_optim_moments(none, has({"exp_avg", "exp_avg_sq"}), "f", "f").ok());  // no optimizer: Adam's
+  for (const auto& [args, states, missing] :
+       std::vector<std::tuple<nlohmann::json, std::set<std::string>, std::string>>{
+           {adam, {"exp_avg"}, "'exp_avg_sq'"}, {none, {"exp_avg"}, "'exp_avg_sq'"}, {lion, {}, "'exp_avg'"},
+           {adam, {"exp_avg_sq"}, "'exp_avg'"}}) {
+    const Status st = check_dist_optim_moments(args, has(states), "'x/distrib_optim.pt'", "x/distrib_optim.pt");
+    ASSERT_FALSE(st.ok()) << args.dump();
+    EXPECT_EQ(st.code(), "MissingDistOptimState");
+    EXPECT_NE(st.message().find(missing), std::string::npos) << st.message();
+  }
 }
 
 }  // namespace

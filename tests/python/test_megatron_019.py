@@ -42,14 +42,16 @@ VOCAB, HIDDEN, HEADS, GROUPS, FFN, LAYERS, TP_SAVED = 200, 16, 4, 2, 32, 4, 2
 HD = HIDDEN // HEADS
 PLAIN = ["tp2", "pp2", "vpp2_pp2"]
 DISTOPT = ["distopt_dp_reshardable", "distopt_fully_reshardable", "distopt_dp_zero_gather_scatter"]
-SAVED = {"tp2": (2, 1), "pp2": (1, 2), "vpp2_pp2": (1, 2), **{k: (2, 1) for k in DISTOPT + ["distopt_legacy_torch"]}}
+# One moment: a DistributedOptimizer over Lion (exp_avg only, no step; test_megatron_019_distopt.py).
+LION = ["distopt_lion_dp_reshardable", "distopt_lion_legacy_torch"]
+SAVED = {"tp2": (2, 1), "pp2": (1, 2), "vpp2_pp2": (1, 2), **{k: (2, 1) for k in DISTOPT + LION + ["distopt_legacy_torch"]}}
 
 
 def it_dir(name):
     return FIX / name / "iter_0000010"
 
 
-@pytest.mark.parametrize("name", PLAIN + DISTOPT + ["distopt_legacy_torch"])
+@pytest.mark.parametrize("name", PLAIN + DISTOPT + LION + ["distopt_legacy_torch"])
 def test_to_hf_logits_equal_megatron_core(name, run_ckpt, tmp_path):
     from transformers import LlamaForCausalLM
     out = tmp_path / "hf"
@@ -89,12 +91,14 @@ def test_inspect_plain(name, run_ckpt):
 
 def _oracle(name, tp_rank):
     """megatron-core's get_parameter_state_dp_zero() of TP rank `tp_rank`, per parameter:
-    {mcore name: {param, exp_avg, exp_avg_sq}} (local TP shards), and the step."""
+    {mcore name: {param, exp_avg, exp_avg_sq}} (local TP shards; the moments megatron-core's
+    optimizer_state_keys names: Lion's exp_avg only), and the step (None: Lion keeps none)."""
     from safetensors.numpy import load_file
     lay = json.loads((FIX / name / f"optimizer_oracle_tp{tp_rank}.json").read_text())
     world = load_file(str(FIX / name / f"optimizer_oracle_tp{tp_rank}.safetensors"))
     padded = lay["buckets"]["0"]
     (unpadded,) = lay["per_bucket_numel_unpadded"]["0"].values()
+    keys = ("param",) + tuple(lay.get("optimizer_state_keys", ("exp_avg", "exp_avg_sq")))
     out = {}
     for key, p in lay["params"].items():
         b = p["bucket"]
@@ -103,8 +107,8 @@ def _oracle(name, tp_rank):
         n = p["end"] - p["start"]
         assert w0 + n <= sum(unpadded[: b + 1]), key
         out[key.split("/", 1)[1]] = {k: next(v for kk, v in world.items() if kk.endswith("." + k))[w0:w0 + n].reshape(p["shape"])
-                                     for k in ("param", "exp_avg", "exp_avg_sq")}
-    return out, int(world["step"][0])
+                                     for k in keys}
+    return out, int(world["step"][0]) if "step" in world else None
 
 
 def _mcore_local(get, name, r, tp):
@@ -174,7 +178,7 @@ def _diff_equal(run_ckpt, a, b):
     assert rep.get("identical", rep.get("equal")) is True, rep
 
 
-@pytest.mark.parametrize("name", PLAIN + DISTOPT + ["distopt_legacy_torch"])
+@pytest.mark.parametrize("name", PLAIN + DISTOPT + LION + ["distopt_legacy_torch"])
 def test_reshard_other_layout_and_back_identical(name, run_ckpt, tmp_path):
     tp, pp = SAVED[name]
     other = ["--tp", 1, "--pp", 2, "--pp-layers", "3,1"] if tp == 2 else ["--tp", 2, "--pp", 1]

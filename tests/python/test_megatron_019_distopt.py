@@ -218,13 +218,16 @@ def _legacy_edit(kind):
             bufs["numel_unpadded"] = 99999
         elif kind == "no_moment":
             del bufs["exp_avg"]
+        elif kind == "no_moment_sq":  # an Adam run's file without exp_avg_sq: not a one-moment state
+            del bufs["exp_avg_sq"]
         elif kind == "not_coalesced":
             o["buckets_coalesced"] = False
     return fn
 
 
 @pytest.mark.parametrize("kind,code", [("short", "DistOptimBucketMismatch"), ("past", "DistOptimBucketMismatch"),
-                                       ("no_moment", "MissingDistOptimState"), ("not_coalesced", "UnsupportedDistOptim")])
+                                       ("no_moment", "MissingDistOptimState"), ("no_moment_sq", "MissingDistOptimState"),
+                                       ("not_coalesced", "UnsupportedDistOptim")])
 def test_legacy_distrib_optim_hostile_is_named(kind, code, run_ckpt, tmp_path):
     d = _copy("distopt_legacy_torch", tmp_path)
     f = d / "iter_0000010" / "mp_rank_01" / "distrib_optim.pt"
@@ -233,4 +236,117 @@ def test_legacy_distrib_optim_hostile_is_named(kind, code, run_ckpt, tmp_path):
     torch.save(o, f)
     p = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
     assert p.returncode != 0 and code in p.stderr and "distrib_optim.pt" in p.stderr, p.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+# --- one moment: a DistributedOptimizer over Lion (fixtures/megatron_core_019/README.md) ---
+
+LION = "distopt_lion_dp_reshardable"
+
+
+@pytest.mark.parametrize("name", [LION, "distopt_lion_legacy_torch"])
+def test_lion_state_equals_megatron_core_state(name, run_ckpt, tmp_path):
+    """megatron-core 0.19.2's DistributedOptimizer over Lion keeps one moment (optimizer_state_keys
+    ('exp_avg',)) and no step: the imported fp32 masters and exp_avg equal its
+    get_parameter_state_dp_zero() element-wise (every parameter of both TP ranks), no exp_avg_sq is
+    invented, no step either, and nothing is named as not imported; torch_dist dp_reshardable and
+    Megatron-LM's legacy distrib_optim.pt alike."""
+    from native_h5py import read_native
+    native = tmp_path / "native"
+    run_ckpt("reshard", FIX / name, native, "--tp", 1, "--pp", 1, "--dp", 1)
+    _, got, _ = read_native(native)
+    man = json.loads(next(native.rglob("manifest.json")).read_text())
+    mg = (man["metadata"] if "metadata" in man else man).get("megatron", {})
+    assert "optimizer_not_imported" not in mg and "optimizer_step" not in mg, mg
+    assert not any(n.startswith("optimizer.exp_avg_sq.") for n in got)
+    assert sum(n.startswith("optimizer.exp_avg.") for n in got) == 3 + 9 * LAYERS
+    compared = 0
+    for r in range(TP_SAVED):
+        oracle, step = _oracle(name, r)
+        assert step is None
+        for pname, st in oracle.items():
+            assert set(st) == {"param", "exp_avg"}
+            for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg.")):
+                want = _mcore_local(lambda n: got[prefix + n], pname, r, TP_SAVED)
+                have = st[k]
+                if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                    keep = max(0, min(have.shape[0], VOCAB - r * have.shape[0]))
+                    want, have = want[:keep], have[:keep]
+                np.testing.assert_array_equal(want, have, err_msg=f"tp{r} {pname} {k}")
+                compared += 1
+    assert compared == 2 * 2 * (3 + 6 * LAYERS)
+
+
+def test_lion_buckets_read_by_numpy_equal_oracle(run_ckpt):
+    """Second oracle: Lion's buckets (param, exp_avg; no exp_avg_sq) read by torch's DCP loader and
+    sliced with the numpy layout equal megatron-core's state."""
+    for r in range(TP_SAVED):
+        order = _registration_order(TP_SAVED)
+        where, sizes = _layout(order, 2048, 2)
+        bk = _dcp_buckets(it_dir(LION), r)
+        assert {k for _, k in bk} == {"param", "exp_avg"}
+        assert [bk[(b, "param")].shape[0] for b in range(len(sizes))] == sizes
+        oracle, _ = _oracle(LION, r)
+        for pname, n in order.items():
+            b, off = where[pname]
+            for k in ("param", "exp_avg"):
+                np.testing.assert_array_equal(bk[(b, k)][off:off + n].reshape(oracle[pname][k].shape), oracle[pname][k],
+                                              err_msg=f"tp{r} {pname} {k}")
+
+
+def test_inspect_names_the_optimizer_and_its_moments(run_ckpt):
+    """inspect says which optimizer and moments were found: Lion with exp_avg and no step, Adam with
+    both moments and step 2."""
+    info = json.loads(run_ckpt("inspect", "--json", FIX / LION).stdout)
+    assert "not_imported" not in info, info["not_imported"]
+    assert info["optimizer"] == {"optimizer": "lion", "moments": ["exp_avg"], "fp32_masters": False, "step": None,
+                                 "sharding_type": "dp_reshardable"}, info["optimizer"]
+    assert "optimizer:  lion, moments exp_avg, step none recorded, sharding dp_reshardable" in run_ckpt("inspect", FIX / LION).stdout
+    adam = json.loads(run_ckpt("inspect", "--json", FIX / "distopt_dp_reshardable").stdout)["optimizer"]
+    assert adam == {"optimizer": "adam", "moments": ["exp_avg", "exp_avg_sq"], "fp32_masters": False, "step": 2,
+                    "sharding_type": "dp_reshardable"}, adam
+    legacy = json.loads(run_ckpt("inspect", "--json", FIX / "distopt_lion_legacy_torch").stdout)
+    assert "not_imported" not in legacy, legacy["not_imported"]
+    assert legacy["optimizer"] == {"optimizer": "lion", "moments": ["exp_avg"], "fp32_masters": False, "step": None}, legacy
+    plain = json.loads(run_ckpt("inspect", "--json", FIX / "tp2").stdout)
+    assert "optimizer" not in plain
+
+
+@pytest.mark.parametrize("fmt,extra", [("torch_dist", ["--dist-opt", "--dp", 2]), ("torch", ["--dist-opt", "--dp", 2]),
+                                       ("torch", [])])
+def test_lion_export_is_refused_by_name(fmt, extra, run_ckpt, tmp_path):
+    """A one-moment store is not written as Adam's state (no exp_avg_sq invented): export-megatron
+    refuses it by name, naming the optimizer, and writes nothing; to-hf of its weights works."""
+    native = tmp_path / "native"
+    run_ckpt("reshard", FIX / LION, native, "--tp", 1, "--pp", 1, "--dp", 1)
+    out = tmp_path / "out"
+    p = run_ckpt("export-megatron", native, out, "--format", fmt, "--tp", 2, "--local-norms", *extra, check=False)
+    assert p.returncode == 5 and "MegatronOneMomentExport" in p.stderr and "'lion'" in p.stderr, p.stderr
+    assert not out.exists() or not any(out.rglob("*.distcp")) and not any(out.rglob("*.pt"))
+    run_ckpt("to-hf", native, tmp_path / "hf")
+
+
+def _drop_everywhere(state):
+    def fn(md):
+        for k in [k for k in md.state_dict_metadata if k.startswith("optimizer.distributed.") and k.endswith("." + state)]:
+            md.state_dict_metadata.pop(k)
+            for s in [s for s in md.storage_data if s.fqn == k]:
+                md.storage_data.pop(s)
+    return fn
+
+
+@pytest.mark.parametrize("name,mutate,code,what", [
+    # an Adam checkpoint whose exp_avg_sq is in no bucket: named, not imported as a one-moment state
+    ("distopt_dp_reshardable", _drop_everywhere("exp_avg_sq"), "MissingDistOptimState", "'exp_avg_sq'"),
+    # Lion's only moment in no bucket
+    (LION, _drop_everywhere("exp_avg"), "MissingDistOptimState", "'exp_avg'"),
+    # Lion's moment missing from one bucket
+    (LION, _drop(2, ("exp_avg",)), "MissingDistOptimState", "bucket 2"),
+    (LION, _drop(1, ("param",)), "MissingDistOptimState", "'param'"),
+])
+def test_moment_hostile_variants_are_named(name, mutate, code, what, run_ckpt, tmp_path):
+    d = _mutate_metadata(tmp_path, mutate, name)
+    for cmd in (["inspect", d], ["to-hf", d, tmp_path / "hf"]):
+        p = run_ckpt(*cmd, check=False)
+        assert p.returncode != 0 and code in p.stderr and what in p.stderr, (cmd, p.stderr)
     assert not (tmp_path / "hf" / "model.safetensors").exists()

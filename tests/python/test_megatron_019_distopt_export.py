@@ -213,7 +213,8 @@ def test_megatron_version_018_writes_common_pt_that_megatron_core_reads(run_ckpt
 
 @pytest.mark.parametrize("case,code", [
     ("no_optimizer", "DistOptNoOptimizerState"),
-    ("one_moment", "MegatronOptimizerMissingMoment"),
+    ("one_moment", "MegatronOneMomentExport"),  # exp_avg only: a one-moment (Lion) state, not written
+    ("sq_only", "MegatronOptimizerMissingMoment"),  # exp_avg_sq without exp_avg
     ("no_step", "DistOptNoStep"),
     ("te_names", "DistOptNeedsLocalSpec"),
     ("safetensors", "DistOptNeedsMegatronFormat"),
@@ -226,12 +227,14 @@ def test_dist_opt_hostile_requests_are_named(case, code, run_ckpt, store, tmp_pa
     from safetensors.numpy import save_file
     src = store
     args = ["--format", "torch_dist", *DIST_OPT]
-    if case in ("no_optimizer", "one_moment", "no_step"):
+    if case in ("no_optimizer", "one_moment", "sq_only", "no_step"):
         man, got, _ = read_native(store)
         cfg = (man["metadata"] if "metadata" in man else man)["model_config"]
         keep = {k: v for k, v in got.items() if not k.startswith("optimizer.")}
         if case == "one_moment":
             keep.update({k: v for k, v in got.items() if k.startswith("optimizer.exp_avg.")})
+        if case == "sq_only":
+            keep.update({k: v for k, v in got.items() if k.startswith("optimizer.exp_avg_sq.")})
         if case == "no_step":
             keep.update({k: v for k, v in got.items() if k.startswith("optimizer.")})
         src = tmp_path / "hf"

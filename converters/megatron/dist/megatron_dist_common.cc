@@ -139,16 +139,21 @@ Result<std::unique_ptr<torch::TorchFile>> open_common_state(const std::string& d
 
 // The distributed optimizer (dp_reshardable, dp_zero_gather_scatter) keeps its param_groups in
 // the ShardedObjects optimizer.distributed.dp_group_idx_<g>.optimizer (beside common.pt or
-// common_state alike): the step when all agree, and the hyper-parameters.
+// common_state alike): the step when all agree, and the hyper-parameters. Groups without a step
+// (Lion's: megatron-core saves param_groups without one under Apex / TE) are read all the same.
 Status distributed_optimizer_groups(const std::string& dir, const torch::DcpMetadata& md, MegatronDistCommon& out) {
   for (const auto& b : md.bytes) {
     if (out.optimizer_step || b.fqn.rfind("optimizer.distributed.", 0) != 0 || b.fqn.find(".optimizer/shard_") == std::string::npos)
       continue;
     CKPT_ASSIGN_OR_RETURN(auto of, open_common_state(dir, b));
     const torch::PyObj* r = of->root();
-    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1) {
+    if (r && (r->is(torch::PyType::kList) || r->is(torch::PyType::kTuple)) && r->items.size() == 1 &&
+        r->items[0]->is(torch::PyType::kDict)) {
+      const torch::PyObj* groups = r->items[0]->get("param_groups");
+      if (!groups || !groups->is(torch::PyType::kList)) continue;
+      out.groups_read = true;
       out.optimizer_step = groups_step(r->items[0]);
-      if (r->items[0]->is(torch::PyType::kDict)) out.adam = megatron_adam_hyper(r->items[0]->get("param_groups"));
+      out.adam = megatron_adam_hyper(groups);
     }
   }
   return Status::Ok();

@@ -33,6 +33,9 @@ struct MegatronDistCommon {
                                                    // optimizer.param_state_sharding_type ("" when none)
   std::string source;                              // "common.pt" or the DCP item "common_state/shard_0_1"
   nlohmann::json adam = nlohmann::json::object();  // the param groups' hyper-parameters (megatron_adam_hyper)
+  // The distributed optimizer's param_groups items (optimizer.distributed.dp_group_idx_<g>.optimizer)
+  // were read: with a step, or without one (Lion keeps no step).
+  bool groups_read = false;
 };
 
 // The DCP bytes item megatron-core 0.19 writes the common state to.

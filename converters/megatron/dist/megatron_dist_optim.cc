@@ -188,6 +188,9 @@ Result<std::optional<DistOptimPlan>> plan_dp_reshardable(const TensorSource& dcp
   if (v > 1) {
     CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(saved, v, "'" + dir + "'"));
   }
+  // M1 (dist_optim_layout.h): a moment args.optimizer keeps in no bucket is named.
+  CKPT_RETURN_IF_ERROR(check_dist_optim_moments(args, [&](const std::string& m) { return states.count(m) > 0; },
+                                                "'" + dir + "' (every bucket)", dir));
   const int64_t ngroups = int64_t{saved.tp} * saved.pp;
   for (const auto& [key, bk] : groups)
     if (key.first >= ngroups || key.second >= v || bk.dtypes.size() != 1)

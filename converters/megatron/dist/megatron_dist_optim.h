@@ -7,7 +7,8 @@
 // derived (converters/megatron/dist_optim_layout.h) from the model the args describe (the
 // local spec's parameter order) and checked against the recorded sizes; each rank parameter's
 // segments (converters/megatron/megatron_segments.h) give the canonical boxes. Replicated tensors
-// (norms) are taken from TP rank 0. Named errors: MissingDistOptimState (a bucket without a state
+// (norms) are taken from TP rank 0. Moments: those of args.optimizer (Lion: exp_avg; others: exp_avg,
+// exp_avg_sq). Named errors: MissingDistOptimState (a moment of args.optimizer in no bucket, a bucket without a state
 // the others have, or without masters), DistOptimRangeNotCovered (a parameter's elements not all
 // in the DCP chunks), UnsupportedDistOptim (several grad buffers), and the layout's.
 // Thread safety: the plan is a value; read_dist_optim uses `dcp` (one thread at a time).

@@ -71,6 +71,7 @@ Result<std::optional<DistOptimPlan>> plan_dp_zero(const torch::DcpMetadata& md, 
       int64_t numel = -1;
       CKPT_RETURN_IF_ERROR(world_tensors(tf->root(), where, world, numel));
       if (!world.count("param")) return Status::Error("MissingDistOptimState", where + ": no masters 'param'").with_file(dir);
+      CKPT_RETURN_IF_ERROR(check_dist_optim_moments(args, [&](const std::string& m) { return world.count(m) > 0; }, where, dir));
       std::vector<std::string> states;
       for (const auto& [k, t] : world) states.push_back(k);
       if (plan.states.empty()) plan.states = states;

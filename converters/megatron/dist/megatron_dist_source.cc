@@ -365,6 +365,7 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (common.iteration) mg["iteration"] = *common.iteration;
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
   if (!common.adam.empty()) mg["adam"] = common.adam;
+  if (!common.sharding_type.empty()) mg["optimizer_sharding_type"] = common.sharding_type;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
   // A virtual pipeline's stages hold interleaved chunks, which a layout cannot say: no layout then.
   if (vpp > 1) src->meta_["megatron"]["virtual_pipeline"] = vpp;
@@ -375,9 +376,10 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (const torch::DcpMetadata* md = torch::dcp_metadata_of(*src->dcp_))
     for (const auto& b : md->bytes) {
       // dp_reshardable's per_bucket_numel(_unpadded) are checked as the buckets' sizes; its
-      // param_groups item (.optimizer) gave the step (read_megatron_dist_common).
+      // param_groups items (.optimizer) gave the step, if any, and the hyper-parameters
+      // (read_megatron_dist_common).
       const bool used = bucket_masters && (b.fqn.find(".per_bucket_numel") != std::string::npos ||
-                                           (common.optimizer_step && b.fqn.find(".optimizer/shard_") != std::string::npos));
+                                           (common.groups_read && b.fqn.find(".optimizer/shard_") != std::string::npos));
       if (b.fqn.rfind("optimizer.", 0) == 0 && !used && !src->read_.count(b.fqn)) not_read.push_back(b.fqn);
     }
   src->note_not_imported(not_read, common.sharding_type, bucket_reason);
