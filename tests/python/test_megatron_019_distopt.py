@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from test_megatron_019 import (FIX, FFN, GROUPS, HD, HEADS, HIDDEN, LAYERS, TP_SAVED, VOCAB, _copy, _mcore_local,
-                               _oracle, it_dir)
+from test_megatron_019 import (FIX, FFN, GROUPS, HD, HEADS, HIDDEN, LAYERS, TP_SAVED, VOCAB, _compare_oracle_state,
+                               _copy, _mcore_local, _oracle, it_dir)
 
 
 def _rename_state(old, new):
@@ -260,20 +260,8 @@ def test_lion_state_equals_megatron_core_state(name, run_ckpt, tmp_path):
     assert "optimizer_not_imported" not in mg and "optimizer_step" not in mg, mg
     assert not any(n.startswith("optimizer.exp_avg_sq.") for n in got)
     assert sum(n.startswith("optimizer.exp_avg.") for n in got) == 3 + 9 * LAYERS
-    compared = 0
-    for r in range(TP_SAVED):
-        oracle, step = _oracle(name, r)
-        assert step is None
-        for pname, st in oracle.items():
-            assert set(st) == {"param", "exp_avg"}
-            for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg.")):
-                want = _mcore_local(lambda n: got[prefix + n], pname, r, TP_SAVED)
-                have = st[k]
-                if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                    keep = max(0, min(have.shape[0], VOCAB - r * have.shape[0]))
-                    want, have = want[:keep], have[:keep]
-                np.testing.assert_array_equal(want, have, err_msg=f"tp{r} {pname} {k}")
-                compared += 1
+    steps, compared = _compare_oracle_state(got, name, ("param", "exp_avg"))
+    assert steps == [None] * TP_SAVED
     assert compared == 2 * 2 * (3 + 6 * LAYERS)
 
 
