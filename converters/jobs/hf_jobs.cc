@@ -8,6 +8,7 @@
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
 #include "converters/jobs/reshard_job.h"
+#include "converters/quant/dequant_view.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
@@ -27,6 +28,27 @@ double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A quantized source (converters/quant/): replaced by its dequantized view (weights in `dtype`,
+// bf16 when none), or with `keep` its payloads and scales named in `keep_as_stored`. What was done,
+// for the outcome; null for a source without quantized tensors.
+Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& src, bool keep, std::optional<DType> dtype,
+                                               std::set<std::string>& keep_as_stored) {
+  auto scheme = find_quantized(src->tensors(), src->metadata());
+  if (!scheme.ok()) return scheme.take_status().with_file(src->describe());
+  if (!scheme->any()) return nlohmann::json(nullptr);
+  const DType dt = dtype.value_or(DType::kBF16);
+  nlohmann::json j = {{"scheme", scheme->describe()}, {"tensors", scheme->tensors.size()}, {"dequantized", !keep},
+                      {"stored_bytes", scheme->stored_bytes()}, {"dequantized_bytes", scheme->logical_bytes(dt)}};
+  if (keep) {
+    for (auto& n : scheme->stored_names()) keep_as_stored.insert(n);
+    return j;
+  }
+  TensorSource& inner = *src;
+  CKPT_ASSIGN_OR_RETURN(auto view, dequant_view(inner, std::move(src), *scheme, dt));
+  src = std::move(view);
+  return j;
+}
+
 Status hf_job_check_threads(int threads) {
   if (threads < 1 || threads > 64) return Status::InvalidArgument("--threads " + std::to_string(threads) + ": expected 1..64");
   return Status::Ok();
@@ -37,7 +59,7 @@ Status hf_job_check_threads(int threads) {
 nlohmann::json ToHfOutcome::to_json() const {
   return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
           {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
-          {"source_check", source_check}, {"io", io}};
+          {"source_check", source_check}, {"io", io}, {"quantization", quantization}};
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -59,6 +81,8 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   JobSourceCheck check;
   check.start(located.dir, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
+  ToHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
@@ -78,7 +102,6 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
-  ToHfOutcome out;
   out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
   out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());

@@ -42,6 +42,9 @@ struct ToHfRequest {
   IoMode io = IoMode::kAuto;         // --io: how SRC's copied ranges are read and the shards written
   bool fsync = true;
   bool no_verify = false;            // skip the check of SRC before the commit (converters/source/source_check_job.h)
+  // A quantized SRC (converters/quant/quant_scheme.h) is written dequantized, its weights in --dtype
+  // (bf16 when none); --keep-quantized writes payloads and scales as stored, quantization_config kept.
+  bool keep_quantized = false;
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
@@ -56,7 +59,9 @@ struct ToHfOutcome {
   MemoryFit memory;                   // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json source_check;        // how SRC was checked (JobSourceCheck::to_json)
   nlohmann::json io = nlohmann::json::object();  // how the shards were written (io_report, memory_fit.h)
-  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io}
+  // A quantized SRC: {scheme, tensors, dequantized (bool), stored_bytes, dequantized_bytes}; else null.
+  nlohmann::json quantization;
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, quantization}
   nlohmann::json to_json() const;
 };
 

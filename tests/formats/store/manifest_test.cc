@@ -60,7 +60,7 @@ TEST(Manifest, InvalidJson) {
 }
 
 TEST(Manifest, UnknownVersion) {
-  for (int v : {0, 4, -1}) {
+  for (int v : {0, 5, -1}) {
     json j = good();
     j["version"] = v;
     EXPECT_EQ(check(j).code(), "UnsupportedVersion") << v;
@@ -416,7 +416,7 @@ TEST(ManifestChecksum, NotAllowedBeforeVersion3) {
 
 TEST(ManifestChecksum, VersionIsCheckedFirstAndRulesStillApplyToSealedManifests) {
   json j = sealed();
-  j["version"] = 4;  // an unknown version is not judged by this version's checksum
+  j["version"] = 5;  // an unknown version is not judged by this version's checksum
   EXPECT_EQ(parse_manifest(j.dump()).status().code(), "UnsupportedVersion");
   // A sealed manifest that breaks a structural rule (a writer's bug) is still refused by the rule.
   auto m = parse_manifest(good().dump());
