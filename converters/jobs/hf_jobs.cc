@@ -122,6 +122,7 @@ nlohmann::json FromHfOutcome::to_json() const {
   nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
                       {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
                       {"io", io}};
+  if (!quantization.is_null()) j["quantization"] = quantization;
   if (!profile.empty()) {
     j["profile"] = profile;
     j["exactness"] = exactness.to_json();
@@ -188,13 +189,14 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
   check.start(located.dir, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
+  FromHfOutcome out;
+  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
   const uint64_t reserve = fit_store_writer(req.max_memory, req.threads, so, located.cold(so.io));
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
-  FromHfOutcome out;
   out.memory = memory_fit(req.max_memory, reserve, so.read_ahead.get(), so.write_pool.get());
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {

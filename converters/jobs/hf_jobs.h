@@ -78,6 +78,7 @@ struct FromHfRequest {
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   ProfileRequest profile;            // store in this profile (reshard job through the profile views)
   bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/source/source_check_job.h)
+  bool keep_quantized = false;       // a quantized SRC: store weights and scales as they are (default: dequantized, as to-hf)
   std::function<void(uint64_t, uint64_t)> progress;
   Comm* dist = nullptr;              // the world under mpirun; null: one process
 };
@@ -91,6 +92,7 @@ struct FromHfOutcome {
   std::vector<std::string> skipped;     // HF tensors not imported (inv_freq, tied lm_head)
   std::string profile;               // set when stored through a profile ...
   ExactnessReport exactness;         // ... with its exactness report
+  nlohmann::json quantization;       // a quantized SRC: as ToHfOutcome::quantization; else null
   double seconds = 0;
   MemoryFit memory;                  // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json io = nlohmann::json::object();  // how OUT was written (store_io_report, memory_fit.h)

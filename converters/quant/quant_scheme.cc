@@ -198,6 +198,21 @@ const QuantTensor* QuantScheme::find(const std::string& logical_name) const {
   return nullptr;
 }
 
+nlohmann::json QuantScheme::summary() const {
+  std::set<std::string> blocks;
+  for (const auto& q : tensors) blocks.insert(q.kind == QuantKind::kFp8Tensor ? (q.per_row ? "per-row" : "per-tensor")
+                                                                              : std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols));
+  const uint64_t stored = stored_bytes(), bf16 = logical_bytes(DType::kBF16);
+  return {{"scheme", describe()},
+          {"block_sizes", std::vector<std::string>(blocks.begin(), blocks.end())},
+          {"tensors", tensors.size()},
+          {"stored_bytes", stored},
+          {"bf16_bytes", bf16},
+          {"saved_bytes", bf16 > stored ? bf16 - stored : 0},
+          {"saved_fraction", bf16 ? static_cast<double>(bf16 > stored ? bf16 - stored : 0) / static_cast<double>(bf16) : 0.0},
+          {"quant_method", config.is_object() ? config.value("quant_method", std::string()) : std::string()}};
+}
+
 std::vector<std::string> QuantScheme::stored_names() const {
   std::vector<std::string> v;
   for (const auto& q : tensors) {

@@ -56,6 +56,9 @@ struct QuantScheme {
   const QuantTensor* find(const std::string& logical_name) const;
   // Every stored name that belongs to a quantized tensor (payloads, scales, input scales).
   std::vector<std::string> stored_names() const;
+  // For inspect: {scheme, block_sizes: ["128x128", ...], tensors, stored_bytes (payloads + scales),
+  // bf16_bytes (the same tensors dequantized to bf16), saved_bytes, saved_fraction, quant_method}.
+  nlohmann::json summary() const;
 };
 
 // The quantized tensors among `tensors` (a source's listing) with `metadata` (its model config).

@@ -10,18 +10,18 @@
 namespace ckpt::safetensors {
 namespace {
 
-std::string le64(uint64_t n) {
+std::string f4_le64(uint64_t n) {
   std::string s(8, '\0');
   for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   return s;
 }
-Result<Header> parse(const std::string& header, size_t data) {
-  const std::string bytes = le64(header.size()) + header + std::string(data, '\0');
+Result<Header> parse_f4(const std::string& header, size_t data) {
+  const std::string bytes = f4_le64(header.size()) + header + std::string(data, '\0');
   return parse_file_bytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 }
 
 TEST(SafetensorsF4, ShapeCountsValuesInTheFilePairsInCkpt) {
-  auto h = parse(R"({"a":{"dtype":"F4","shape":[3,8],"data_offsets":[0,12]},"s":{"dtype":"F8_E8M0","shape":[3],"data_offsets":[12,15]}})", 15);
+  auto h = parse_f4(R"({"a":{"dtype":"F4","shape":[3,8],"data_offsets":[0,12]},"s":{"dtype":"F8_E8M0","shape":[3],"data_offsets":[12,15]}})", 15);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   EXPECT_EQ(h->tensors[0].dtype, DType::kF4);
   EXPECT_EQ(h->tensors[0].shape, (Shape{3, 4}));
@@ -30,12 +30,12 @@ TEST(SafetensorsF4, ShapeCountsValuesInTheFilePairsInCkpt) {
 
 TEST(SafetensorsF4, OddLastDimension) {
   // [2, 3]: 6 values, 3 bytes, valid for the reference, but each row would end inside a byte.
-  auto h = parse(R"({"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3);
+  auto h = parse_f4(R"({"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3);
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), "F4OddLastDim");
-  EXPECT_EQ(parse(R"({"a":{"dtype":"F4","shape":[],"data_offsets":[0,1]}})", 1).status().code(), "F4OddLastDim");
+  EXPECT_EQ(parse_f4(R"({"a":{"dtype":"F4","shape":[],"data_offsets":[0,1]}})", 1).status().code(), "F4OddLastDim");
   // Bytes still checked against the pairs: [2, 4] is 4 bytes.
-  EXPECT_EQ(parse(R"({"a":{"dtype":"F4","shape":[2,4],"data_offsets":[0,8]}})", 8).status().code(), "TensorInvalidInfo");
+  EXPECT_EQ(parse_f4(R"({"a":{"dtype":"F4","shape":[2,4],"data_offsets":[0,8]}})", 8).status().code(), "TensorInvalidInfo");
 }
 
 TEST(SafetensorsF4, WriterDoublesTheLastDimensionAndOrdersAsTheReference) {

@@ -26,7 +26,7 @@ TEST_P(Corruption, CleanStoreVerifies) {
   EXPECT_TRUE((*r)->verify().ok());
   std::string out;
   EXPECT_EQ(ckpt_verify(dst, &out), 0);
-  EXPECT_NE(out.find("ckpt-native v3"), std::string::npos) << out;
+  EXPECT_NE(out.find("ckpt-native v4"), std::string::npos) << out;
   EXPECT_NE(out.find(std::string("checked (") + digest_algo_name(GetParam()) + ")"), std::string::npos) << out;
 }
 
