@@ -9,6 +9,7 @@
 #include "converters/hf/hf_import.h"
 #include "converters/jobs/reshard_job.h"
 #include "converters/quant/dequant_view.h"
+#include "converters/quant/quantize_view.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
@@ -49,6 +50,19 @@ Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& sr
   return j;
 }
 
+// --quantize: `src` replaced by its quantizing view, whose payloads and scales are written as they are.
+Result<nlohmann::json> quantizing_export_source(std::unique_ptr<TensorSource>& src, const std::string& flag,
+                                                std::set<std::string>& keep_as_stored) {
+  CKPT_ASSIGN_OR_RETURN(QuantizeRequest q, parse_quantize_flag(flag));
+  TensorSource& inner = *src;
+  CKPT_ASSIGN_OR_RETURN(auto view, quantize_view(inner, std::move(src), q));
+  src = std::move(view);
+  CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(src->tensors(), src->metadata()));
+  for (auto& n : scheme.stored_names()) keep_as_stored.insert(n);
+  return nlohmann::json{{"scheme", scheme.describe()}, {"tensors", scheme.tensors.size()}, {"quantized", true},
+                        {"stored_bytes", scheme.stored_bytes()}, {"rounding", "transformers FineGrainedFP8 (Fp8Quantize)"}};
+}
+
 Status hf_job_check_threads(int threads) {
   if (threads < 1 || threads > 64) return Status::InvalidArgument("--threads " + std::to_string(threads) + ": expected 1..64");
   return Status::Ok();
@@ -83,6 +97,9 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   ToHfOutcome out;
   CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored));
+  if (!req.quantize.empty()) {
+    CKPT_ASSIGN_OR_RETURN(out.quantization, quantizing_export_source(src, req.quantize, opts.keep_as_stored));
+  }
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);

@@ -45,6 +45,8 @@ struct ToHfRequest {
   // A quantized SRC (converters/quant/quant_scheme.h) is written dequantized, its weights in --dtype
   // (bf16 when none); --keep-quantized writes payloads and scales as stored, quantization_config kept.
   bool keep_quantized = false;
+  // --quantize fp8-block[:RxC]: the linear weights written as block-scaled FP8 (converters/quant/quantize_view.h)
+  std::string quantize;
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

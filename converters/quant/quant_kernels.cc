@@ -93,7 +93,9 @@ Result<float> quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int
                                                    ") of a block cannot be quantized");
       amax = std::max(amax, std::fabs(v));
     }
-  const float scale = amax > 0 ? 448.0f / amax : 1.0f;
+  // transformers writes `_FP8_MAX / max_abs`: a Python float over a tensor is torch's __rtruediv__,
+  // reciprocal(max_abs) * 448, two roundings (not one f32 division).
+  const float scale = amax > 0 ? (1.0f / amax) * 448.0f : 1.0f;
   const float inv = 1.0f / scale;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {

@@ -2,7 +2,8 @@
 //  - dequantization: fp8 x scale in f32, rounded once into the output dtype (DeepSeek's weight_dequant,
 //    transformers' _dequantize_one), MXFP4 e2m1 x 2^(e - 127);
 //  - quantization to block FP8 with transformers' FineGrainedFP8 rounding (Fp8Quantize._quantize_one):
-//    per block amax (f32), scale = 448 / amax (f32), inverse scale 1 / scale (f32, the stored
+//    per block amax (f32), scale = 448 / amax as torch computes a Python float over a tensor
+//    (reciprocal(amax) * 448, two f32 roundings), inverse scale 1 / scale (f32, the stored
 //    weight_scale_inv; 1 for an all-zero block), payload = fp8_e4m3fn(clamp(x * scale, -448, 448))
 //    rounded to nearest even.
 // Pure functions; thread safe.

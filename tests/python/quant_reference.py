@@ -6,7 +6,8 @@ sources, not from ckpt. Not a test module.
   stored into a tensor of torch's default dtype, bf16 in fp8_cast_bf16.py: one rounding to
   nearest even), with leading (expert) dimensions as independent matrices.
 - quantize_block_fp8: transformers 5.24 integrations/finegrained_fp8.py Fp8Quantize._quantize_one
-  (per block amax in f32, scales = 448 / amax, inv = 1 / scales (f32), zero blocks scale 1,
+  (per block amax in f32, scales = 448 / amax computed as torch does for a Python float over a
+  tensor: reciprocal(amax) * 448; inv = 1 / scales (f32), zero blocks scale 1,
   clamp(x * scales, -448, 448).to(float8_e4m3fn)).
 - dequant_mxfp4: gpt-oss / transformers integrations/mxfp4.py _convert_moe_packed_tensors without
   its final transpose(1, 2) (model layout): lut[idx_lo] -> [0::2], lut[idx_hi] -> [1::2],
@@ -45,7 +46,9 @@ def quantize_block_fp8(w: np.ndarray, bm: int = 128, bn: int = 128):
     r = w.astype(np.float32).reshape(m // bm, bm, n // bn, bn)
     amax = np.abs(r).max(axis=(1, 3))
     safe = np.where(amax > 0, amax, np.float32(1))
-    scales = np.where(amax > 0, np.float32(448.0) / safe, np.float32(1)).astype(np.float32)
+    # `_FP8_MAX / safe_max_abs` is a Python float over a tensor: torch's __rtruediv__ is
+    # reciprocal(tensor) * scalar, two f32 roundings (found against transformers itself).
+    scales = np.where(amax > 0, (np.float32(1.0) / safe).astype(np.float32) * np.float32(448.0), np.float32(1)).astype(np.float32)
     inv = (np.float32(1.0) / scales).astype(np.float32)
     q = np.clip(r * scales[:, None, :, None], -448, 448).astype(np.float32).astype(FP8)
     return q.reshape(m, n).view(np.uint8), inv

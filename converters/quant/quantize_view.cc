@@ -1,0 +1,172 @@
+#include "converters/quant/quantize_view.h"
+
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "converters/quant/quant_kernels.h"
+#include "converters/quant/quant_scheme.h"
+#include "reshard/executor.h"
+#include "reshard/source_index.h"
+
+namespace ckpt {
+
+namespace {
+
+struct Planned {
+  std::string weight;  // X.weight (payload name = source name)
+  Shape shape;         // [.., R, C]
+};
+
+class QuantizeView : public TensorSource {
+ public:
+  QuantizeView(TensorSource& inner, std::unique_ptr<TensorSource> owner, QuantizeRequest req, SourceIndex index)
+      : inner_(inner), owner_(std::move(owner)), req_(req), index_(std::move(index)) {
+    for (size_t i = 0; i < inner_.pieces().size(); ++i) {
+      const Piece& p = inner_.pieces()[i];
+      if (!quantized(p.tensor)) {
+        pieces_.push_back(p);
+        map_.push_back(i);
+      }
+    }
+    for (const auto& t : inner_.tensors()) {
+      if (!quantized(t.name)) {
+        tensors_.push_back(t);
+        continue;
+      }
+      Shape s = t.shape;
+      s[s.size() - 2] /= req_.block_rows;
+      s.back() /= req_.block_cols;
+      const std::string scale = t.name + "_scale_inv";
+      tensors_.push_back(TensorMeta{t.name, DType::kF8E4M3, t.shape});
+      tensors_.push_back(TensorMeta{scale, DType::kF32, s});
+      for (const auto& [n, sh, dt] : {std::tuple{t.name, t.shape, DType::kF8E4M3}, std::tuple{scale, s, DType::kF32}}) {
+        pieces_.push_back(Piece{n, Region{Box::whole(sh)}, dt});
+        map_.push_back(SIZE_MAX);
+        kind_.push_back({t.name, n == scale});
+      }
+      shape_[t.name] = t.shape;
+    }
+    meta_ = inner_.metadata();
+    if (meta_.is_object() && meta_.contains("model_config") && meta_["model_config"].is_object())
+      meta_["model_config"]["quantization_config"] = {{"quant_method", "fp8"},
+                                                      {"weight_block_size", {req_.block_rows, req_.block_cols}},
+                                                      {"fmt", "e4m3"},
+                                                      {"activation_scheme", "dynamic"}};
+  }
+
+  // Whether `name` (a source tensor) is quantized by this view.
+  bool quantized(const std::string& name) const {
+    if (!name.ends_with("_proj.weight")) return false;
+    for (const auto& t : inner_.tensors())
+      if (t.name == name)
+        return t.shape.size() >= 2 && dtype_is_float(t.dtype) && t.dtype != DType::kF4 && t.shape[t.shape.size() - 2] % req_.block_rows == 0 &&
+               t.shape.back() % req_.block_cols == 0 && t.shape.back() > 0;
+    return false;
+  }
+
+  const std::vector<TensorMeta>& tensors() const override { return tensors_; }
+  const std::vector<Piece>& pieces() const override { return pieces_; }
+  const nlohmann::json& metadata() const override { return meta_; }
+  std::string describe() const override { return inner_.describe(); }
+  IntegrityInfo integrity() const override { return inner_.integrity(); }
+  CheckReport check(const CheckOptions& o) override { return check_of_inner(inner_, o, false); }
+  void set_read_threads(int threads) override { inner_.set_read_threads(threads); }
+  uint64_t read_memory(int threads) const override { return inner_.read_memory(threads); }
+  std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
+    if (piece >= pieces_.size() || map_[piece] == SIZE_MAX) return std::nullopt;
+    return inner_.file_extent(map_[piece], sub);
+  }
+  Status check_piece(size_t piece) override {
+    if (piece < pieces_.size() && map_[piece] != SIZE_MAX) return inner_.check_piece(map_[piece]);
+    return Status::Ok();
+  }
+
+  Status read(size_t piece, const Box& sub, void* dst) override {
+    if (piece >= pieces_.size()) return Status::Internal("quantize view: piece index out of range");
+    if (map_[piece] != SIZE_MAX) return inner_.read(map_[piece], sub, dst);
+    const auto& [weight, is_scale] = kind_[piece - (pieces_.size() - kind_.size())];
+    const Shape& shape = shape_.at(weight);
+    const size_t nd = shape.size();
+    const int64_t bm = req_.block_rows, bn = req_.block_cols;
+    // The weight box of the blocks `sub` touches (a scale box: its blocks).
+    Box wide = sub;
+    for (size_t k = 0; k < 2; ++k) {
+      const size_t d = nd - 2 + k;
+      const int64_t b = k == 0 ? bm : bn;
+      const int64_t lo = is_scale ? sub.offset[d] * b : sub.offset[d] / b * b;
+      const int64_t hi = is_scale ? (sub.offset[d] + sub.extent[d]) * b : (sub.offset[d] + sub.extent[d] + b - 1) / b * b;
+      wide.offset[d] = lo;
+      wide.extent[d] = hi - lo;
+    }
+    if (sub.numel() == 0) return Status::Ok();
+    std::vector<float> x(static_cast<size_t>(wide.numel()));  // [wide] f32
+    CKPT_RETURN_IF_ERROR(read_global_box(inner_, index_, weight, wide, DType::kF32, x.data()));
+    std::vector<uint8_t> q(x.size());  // [wide] fp8
+    const int64_t rows = wide.extent[nd - 2], cols = wide.extent[nd - 1];
+    const int64_t lead = wide.numel() / (rows * cols), sr = rows / bm, sc = cols / bn;
+    std::vector<float> inv(static_cast<size_t>(lead * sr * sc));  // [lead, sr, sc]
+    for (int64_t l = 0; l < lead; ++l)
+      for (int64_t i = 0; i < sr; ++i)
+        for (int64_t j = 0; j < sc; ++j) {
+          const size_t off = static_cast<size_t>(l * rows * cols + i * bm * cols + j * bn);
+          auto s = quant::quantize_fp8_block(x.data() + off, bm, bn, cols, q.data() + off);
+          if (!s.ok()) return Status::Error(s.status().code(), "tensor '" + weight + "': " + s.status().message()).with_tensor(weight);
+          inv[static_cast<size_t>((l * sr + i) * sc + j)] = *s;
+        }
+    if (is_scale) {  // the scale box is exactly the blocks read
+      std::memcpy(dst, inv.data(), inv.size() * sizeof(float));
+      return Status::Ok();
+    }
+    copy_box(q.data(), wide, dst, sub, sub, 1);
+    return Status::Ok();
+  }
+
+ private:
+  TensorSource& inner_;
+  std::unique_ptr<TensorSource> owner_;
+  QuantizeRequest req_;
+  SourceIndex index_;
+  std::vector<TensorMeta> tensors_;
+  std::vector<Piece> pieces_;
+  std::vector<size_t> map_;
+  std::vector<std::pair<std::string, bool>> kind_;  // quantized pieces (at the end): weight, is_scale
+  std::map<std::string, Shape> shape_;
+  nlohmann::json meta_;
+};
+
+}  // namespace
+
+Result<QuantizeRequest> parse_quantize_flag(const std::string& text) {
+  QuantizeRequest r;
+  const auto bad = [&] {
+    return Status::InvalidArgument("--quantize '" + text + "': expected fp8-block or fp8-block:RxC (e.g. fp8-block:128x128)");
+  };
+  if (text == "fp8-block") return r;
+  if (text.rfind("fp8-block:", 0) != 0) return bad();
+  const std::string rc = text.substr(10);
+  const size_t x = rc.find('x');
+  if (x == std::string::npos) return bad();
+  try {
+    size_t p1 = 0, p2 = 0;
+    r.block_rows = std::stoll(rc.substr(0, x), &p1);
+    r.block_cols = std::stoll(rc.substr(x + 1), &p2);
+    if (p1 != x || p2 != rc.size() - x - 1) return bad();
+  } catch (...) {
+    return bad();
+  }
+  if (r.block_rows < 1 || r.block_cols < 1 || r.block_rows > 4096 || r.block_cols > 4096) return bad();
+  return r;
+}
+
+Result<std::unique_ptr<TensorSource>> quantize_view(TensorSource& inner, std::unique_ptr<TensorSource> owner, const QuantizeRequest& req) {
+  CKPT_ASSIGN_OR_RETURN(QuantScheme already, find_quantized(inner.tensors(), inner.metadata()));
+  if (already.any())
+    return Status::Error("QuantUnsupported", "'" + inner.describe() + "' is already quantized (" + already.describe() +
+                                                 "); --quantize takes an unquantized checkpoint");
+  CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(inner));
+  return std::unique_ptr<TensorSource>(new QuantizeView(inner, std::move(owner), req, std::move(index)));
+}
+
+}  // namespace ckpt
