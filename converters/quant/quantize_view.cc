@@ -1,10 +1,12 @@
 #include "converters/quant/quantize_view.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <tuple>
 #include <vector>
 
+#include "converters/profile/exactness.h"
 #include "converters/quant/quant_kernels.h"
 #include "converters/quant/quant_scheme.h"
 #include "reshard/executor.h"
@@ -119,11 +121,43 @@ class QuantizeView : public TensorSource {
       std::memcpy(dst, inv.data(), inv.size() * sizeof(float));
       return Status::Ok();
     }
+    if (req_.tracker) track(weight, x, q, inv, wide, sub);
     copy_box(q.data(), wide, dst, sub, sub, 1);
     return Status::Ok();
   }
 
  private:
+  // The exactness of the elements of `sub` (inside `wide`, whose f32 values `x` were quantized to
+  // `q` with inverse scales `inv` [lead, rows / bm, cols / bn]).
+  void track(const std::string& weight, const std::vector<float>& x, const std::vector<uint8_t>& q, const std::vector<float>& inv,
+             const Box& wide, const Box& sub) const {
+    const size_t nd = wide.extent.size();
+    const int64_t rows = wide.extent[nd - 2], cols = wide.extent[nd - 1], sc = cols / req_.block_cols;
+    const float* lut = quant::fp8_table(DType::kF8E4M3);
+    ExactnessEntry e{weight, "", req_.step};
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int64_t l = static_cast<int64_t>(i) / (rows * cols), r = static_cast<int64_t>(i) / cols % rows, c = static_cast<int64_t>(i) % cols;
+      bool in = true;  // inside `sub`?
+      int64_t rem = static_cast<int64_t>(i);
+      for (size_t d = nd; d-- > 0;) {
+        const int64_t g = wide.offset[d] + rem % wide.extent[d];
+        rem /= wide.extent[d];
+        in = in && g >= sub.offset[d] && g < sub.offset[d] + sub.extent[d];
+      }
+      if (!in) continue;
+      const float s = inv[static_cast<size_t>((l * (rows / req_.block_rows) + r / req_.block_rows) * sc + c / req_.block_cols)];
+      const float v = lut[q[i]] * s;
+      ++e.elements;
+      if (v != x[i]) {
+        ++e.changed;
+        const double err = std::fabs(static_cast<double>(v) - x[i]);
+        e.max_abs = std::max(e.max_abs, err);
+        if (x[i] != 0) e.max_rel = std::max(e.max_rel, err / std::fabs(static_cast<double>(x[i])));
+      }
+    }
+    req_.tracker->add(e);
+  }
+
   TensorSource& inner_;
   std::unique_ptr<TensorSource> owner_;
   QuantizeRequest req_;

@@ -17,9 +17,16 @@
 
 namespace ckpt {
 
+class ExactnessTracker;
+
 struct QuantizeRequest {
   std::string scheme = "fp8-block";
   int64_t block_rows = 128, block_cols = 128;
+  // When set, every payload read adds an entry per tensor (step `step`): the elements whose value
+  // after quantization (fp8 x its new scale, f32) differs from the value read (resharding with
+  // --requantize: the value dequantized with the old blocks). Must outlive the view.
+  ExactnessTracker* tracker = nullptr;
+  std::string step;
 };
 
 // "fp8-block" or "fp8-block:RxC" (e.g. 128x128); anything else: InvalidArgument naming --quantize.

@@ -126,3 +126,33 @@ def test_split_inside_a_block_is_refused_by_name(run_ckpt, tmp_path, fp8_llama):
     p = run_ckpt("from-hf", src, tmp_path / "tp4", "--keep-quantized", "--tp", "4", "--pp", "1", "--dp", "1", "--no-fsync", check=False)
     assert p.returncode != 0 and "[QuantSplitBlock]" in p.stderr, p.stderr
     assert not (tmp_path / "tp4").exists()
+
+
+def test_requantize_reblocks_and_reports_changed_elements(run_ckpt, tmp_path, fp8_llama):
+    """--requantize: tp 4 cuts the 128-blocks at 64 (q/k/v/gate/up rows, o/down columns): every weight
+    re-quantized with 64 x 64 blocks from its f32 dequantized values (the references: DeepSeek's
+    weight_dequant in f32, then transformers' Fp8Quantize), and the exactness report counts the
+    elements whose value changed, as numpy counts them."""
+    src, _ = fp8_llama
+    a, b = tmp_path / "tp2", tmp_path / "tp4"
+    run_ckpt("from-hf", src, a, "--keep-quantized", "--tp", "2", "--pp", "1", "--dp", "1", "--no-fsync")
+    p = run_ckpt("reshard", a, b, "--tp", "4", "--pp", "1", "--dp", "1", check=False)
+    assert p.returncode != 0 and "[QuantSplitBlock]" in p.stderr, p.stderr
+    r = json.loads(run_ckpt("reshard", a, b, "--tp", "4", "--pp", "1", "--dp", "1", "--requantize", "--json").stdout)
+    assert r["exactness"]["exact"] is False
+    report = {e["tensor"]: e for e in r["exactness"]["steps"]}
+    out = tmp_path / "hf"
+    run_ckpt("to-hf", b, out, "--keep-quantized", "--no-fsync")
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["weight_block_size"] == [64, 64]
+    with safe_open(str(out / "model.safetensors"), "pt") as f, safe_open(str(src / "model.safetensors"), "pt") as g:
+        for k in g.keys():
+            if not k.endswith("_proj.weight"):
+                continue
+            old = ref.dequant_block_fp8(g.get_tensor(k).view(torch.uint8).numpy(), g.get_tensor(k + "_scale_inv").numpy(), out=np.float32)
+            q, inv = ref.quantize_block_fp8(old, 64, 64)
+            assert np.array_equal(f.get_tensor(k).view(torch.uint8).numpy(), q), k
+            assert np.array_equal(f.get_tensor(k + "_scale_inv").numpy().view(np.uint32), inv.view(np.uint32)), k
+            new = ref.dequant_block_fp8(q, inv, 64, 64, out=np.float32)
+            e = report[k]
+            assert e["step"] == "requantize fp8-block 128x128 -> 64x64" and e["elements"] == old.size, e
+            assert e["changed"] == int(np.count_nonzero(new != old)), (k, e)
