@@ -33,7 +33,7 @@ double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
 // bf16 when none), or with `keep` its payloads and scales named in `keep_as_stored`. What was done,
 // for the outcome; null for a source without quantized tensors.
 Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& src, bool keep, std::optional<DType> dtype,
-                                               std::set<std::string>& keep_as_stored) {
+                                               std::set<std::string>& keep_as_stored, ExactnessTracker* tracker) {
   auto scheme = find_quantized(src->tensors(), src->metadata());
   if (!scheme.ok()) return scheme.take_status().with_file(src->describe());
   if (!scheme->any()) return nlohmann::json(nullptr);
@@ -45,15 +45,17 @@ Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& sr
     return j;
   }
   TensorSource& inner = *src;
-  CKPT_ASSIGN_OR_RETURN(auto view, dequant_view(inner, std::move(src), *scheme, dt));
+  CKPT_ASSIGN_OR_RETURN(auto view, dequant_view(inner, std::move(src), *scheme, dt, tracker));
   src = std::move(view);
   return j;
 }
 
 // --quantize: `src` replaced by its quantizing view, whose payloads and scales are written as they are.
 Result<nlohmann::json> quantizing_export_source(std::unique_ptr<TensorSource>& src, const std::string& flag,
-                                                std::set<std::string>& keep_as_stored) {
+                                                std::set<std::string>& keep_as_stored, ExactnessTracker* tracker) {
   CKPT_ASSIGN_OR_RETURN(QuantizeRequest q, parse_quantize_flag(flag));
+  q.tracker = tracker;
+  q.step = "quantize fp8-block " + std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols);
   TensorSource& inner = *src;
   CKPT_ASSIGN_OR_RETURN(auto view, quantize_view(inner, std::move(src), q));
   src = std::move(view);
@@ -96,9 +98,10 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   check.start(located.dir, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   ToHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored));
+  ExactnessTracker quant_report;  // what dequantizing / quantizing changed (docs/QUANTIZATION.md)
+  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
   if (!req.quantize.empty()) {
-    CKPT_ASSIGN_OR_RETURN(out.quantization, quantizing_export_source(src, req.quantize, opts.keep_as_stored));
+    CKPT_ASSIGN_OR_RETURN(out.quantization, quantizing_export_source(src, req.quantize, opts.keep_as_stored, &quant_report));
   }
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
@@ -121,6 +124,7 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
   out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  if (!out.quantization.is_null()) out.quantization["exactness"] = quant_report.snapshot().to_json();
   out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());
   out.out = req.out;
   out.tensors = plan->tensors.size();
@@ -207,7 +211,8 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   check.start(located.dir, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   FromHfOutcome out;
-  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored));
+  ExactnessTracker quant_report;
+  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
@@ -238,6 +243,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   out.skipped = plan->skipped;
   out.seconds = hf_job_seconds_since(t0);
   out.io = store_io_report(so);
+  if (!out.quantization.is_null()) out.quantization["exactness"] = quant_report.snapshot().to_json();
   return out;
 }
 

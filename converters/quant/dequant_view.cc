@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "converters/profile/exactness.h"
 #include "converters/quant/quant_kernels.h"
 #include "formats/base/checked.h"
 #include "reshard/executor.h"
@@ -16,8 +17,9 @@ namespace {
 
 class DequantView : public TensorSource {
  public:
-  DequantView(TensorSource& inner, std::unique_ptr<TensorSource> owner, QuantScheme scheme, DType out, SourceIndex index)
-      : inner_(inner), owner_(std::move(owner)), scheme_(std::move(scheme)), out_(out), index_(std::move(index)) {
+  DequantView(TensorSource& inner, std::unique_ptr<TensorSource> owner, QuantScheme scheme, DType out, SourceIndex index,
+              ExactnessTracker* tracker)
+      : inner_(inner), owner_(std::move(owner)), scheme_(std::move(scheme)), out_(out), index_(std::move(index)), tracker_(tracker) {
     std::set<std::string> hidden;
     for (const auto& q : scheme_.tensors) {
       hidden.insert(q.scale);
@@ -64,7 +66,16 @@ class DequantView : public TensorSource {
     if (piece >= pieces_.size()) return Status::Internal("dequant view: piece index out of range");
     if (map_[piece] != SIZE_MAX) return inner_.read(map_[piece], sub, dst);
     const QuantTensor& q = *quant_piece_[piece - (pieces_.size() - quant_piece_.size())];
-    return q.kind == QuantKind::kMxfp4 ? read_mxfp4(q, sub, dst) : read_fp8(q, sub, dst);
+    quant::RoundStats rs;
+    Status st = q.kind == QuantKind::kMxfp4 ? read_mxfp4(q, sub, dst, tracker_ ? &rs : nullptr) : read_fp8(q, sub, dst, tracker_ ? &rs : nullptr);
+    if (st.ok() && tracker_) {
+      const std::string kind = q.kind == QuantKind::kFp8Tensor ? "fp8-tensor"
+                                                              : std::string(quant_kind_name(q.kind)) + " " + std::to_string(q.block_rows) + "x" +
+                                                                    std::to_string(q.block_cols);
+      tracker_->add(ExactnessEntry{q.name, "", "dequantize " + kind + " -> " + std::string(dtype_name(out_)), rs.elements, rs.changed, 0,
+                                   rs.max_abs, rs.max_rel});
+    }
+    return st;
   }
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
     if (piece >= pieces_.size() || map_[piece] == SIZE_MAX) return std::nullopt;
@@ -105,7 +116,7 @@ class DequantView : public TensorSource {
     return Status::Ok();
   }
 
-  Status read_fp8(const QuantTensor& q, const Box& sub, void* dst) {
+  Status read_fp8(const QuantTensor& q, const Box& sub, void* dst, quant::RoundStats* rs) {
     const size_t nd = sub.offset.size();
     std::vector<uint8_t> payload(static_cast<size_t>(sub.numel()));  // [sub] fp8 bytes
     CKPT_RETURN_IF_ERROR(read_global_box(inner_, index_, q.payload, sub, q.payload_dtype, payload.data()));
@@ -139,12 +150,12 @@ class DequantView : public TensorSource {
     for (int64_t l = 0; l < lead; ++l) {  // leading dims (experts): one matrix each
       CKPT_RETURN_IF_ERROR(quant::dequant_fp8_box(payload.data() + l * rows * cols, q.payload_dtype, rows, cols, one ? 0 : r0,
                                                   one ? 0 : c0, one ? INT64_MAX / 2 : bm, one ? INT64_MAX / 2 : bn, s.data() + l * smat,
-                                                  scols, out_, out + static_cast<size_t>(l * rows * cols) * dtype_size(out_)));
+                                                  scols, out_, out + static_cast<size_t>(l * rows * cols) * dtype_size(out_), rs));
     }
     return Status::Ok();
   }
 
-  Status read_mxfp4(const QuantTensor& q, const Box& sub, void* dst) {
+  Status read_mxfp4(const QuantTensor& q, const Box& sub, void* dst, quant::RoundStats* rs) {
     // The 32-value blocks the box touches along its last dimension; a box that does not start and
     // end on block boundaries is dequantized whole blocks wide and cut out.
     const size_t nd = sub.offset.size();
@@ -164,9 +175,9 @@ class DequantView : public TensorSource {
       if (exps[i] == 0xFF)
         return Status::Error("QuantScaleNotFinite", "quantized tensor '" + q.name + "': scale " + std::to_string(i) + " of box " +
                                                         sbox.to_string() + " in '" + q.scale + "' is 0xFF (E8M0 NaN)").with_tensor(q.name);
-    if (wide == sub) return quant::dequant_mxfp4(blocks.data(), exps.data(), blocks.size(), out_, dst);
+    if (wide == sub) return quant::dequant_mxfp4(blocks.data(), exps.data(), blocks.size(), out_, dst, rs);
     std::vector<uint8_t> tmp(static_cast<size_t>(wide.numel()) * dtype_size(out_));  // [wide] dequantized
-    CKPT_RETURN_IF_ERROR(quant::dequant_mxfp4(blocks.data(), exps.data(), blocks.size(), out_, tmp.data()));
+    CKPT_RETURN_IF_ERROR(quant::dequant_mxfp4(blocks.data(), exps.data(), blocks.size(), out_, tmp.data(), rs));
     copy_box(tmp.data(), wide, dst, sub, sub, dtype_size(out_));
     return Status::Ok();
   }
@@ -182,23 +193,17 @@ class DequantView : public TensorSource {
   std::vector<const QuantTensor*> quant_piece_;  // the quantized pieces, at the end of pieces_
   std::map<std::string, const QuantTensor*> by_payload_, quant_of_;
   nlohmann::json meta_;
+  ExactnessTracker* tracker_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<TensorSource>> dequant_view(TensorSource& inner, std::unique_ptr<TensorSource> owner, const QuantScheme& scheme,
-                                                   DType out_dtype) {
+                                                   DType out_dtype, ExactnessTracker* tracker) {
   if (out_dtype != DType::kBF16 && out_dtype != DType::kF32 && out_dtype != DType::kF16)
     return Status::InvalidArgument("dequantized tensors are bf16, fp16 or fp32, not " + std::string(dtype_name(out_dtype)));
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(inner));
-  return std::unique_ptr<TensorSource>(new DequantView(inner, std::move(owner), scheme, out_dtype, std::move(index)));
-}
-
-Result<std::unique_ptr<TensorSource>> dequantized_if_quantized(std::unique_ptr<TensorSource> src, DType out_dtype) {
-  CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(src->tensors(), src->metadata()));
-  if (!scheme.any()) return src;
-  TensorSource& inner = *src;
-  return dequant_view(inner, std::move(src), scheme, out_dtype);
+  return std::unique_ptr<TensorSource>(new DequantView(inner, std::move(owner), scheme, out_dtype, std::move(index), tracker));
 }
 
 }  // namespace ckpt

@@ -16,11 +16,12 @@
 
 namespace ckpt {
 
-// `inner` must outlive the view unless it is `owner` (which may be null).
-Result<std::unique_ptr<TensorSource>> dequant_view(TensorSource& inner, std::unique_ptr<TensorSource> owner, const QuantScheme& scheme,
-                                                   DType out_dtype = DType::kBF16);
+class ExactnessTracker;
 
-// The view when `src` holds quantized tensors (find_quantized), else `src` itself.
-Result<std::unique_ptr<TensorSource>> dequantized_if_quantized(std::unique_ptr<TensorSource> src, DType out_dtype = DType::kBF16);
+// `inner` must outlive the view unless it is `owner` (which may be null). With `tracker`, each read
+// of a quantized tensor adds an entry (step "dequantize <scheme> -> <dtype>"): the elements whose
+// f32 value fp8 x scale the output dtype rounded (none for F32). `tracker` must outlive the view.
+Result<std::unique_ptr<TensorSource>> dequant_view(TensorSource& inner, std::unique_ptr<TensorSource> owner, const QuantScheme& scheme,
+                                                   DType out_dtype = DType::kBF16, ExactnessTracker* tracker = nullptr);
 
 }  // namespace ckpt

@@ -1,5 +1,6 @@
 #include "converters/quant/quant_kernels.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -25,18 +26,38 @@ const Tables& tables() {
 
 constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
+// Counts what rounding `v` into `out` (n elements of out_dtype) changed.
+void count_rounding(const float* v, int64_t n, DType out_dtype, const uint8_t* out, RoundStats& s) {
+  s.elements += static_cast<uint64_t>(n);
+  if (out_dtype == DType::kF32) return;
+  float back[256];
+  for (int64_t i = 0; i < n; i += 256) {
+    const int64_t m = std::min<int64_t>(256, n - i);
+    if (!cast_elements(out + static_cast<size_t>(i) * dtype_size(out_dtype), out_dtype, back, DType::kF32, static_cast<size_t>(m)).ok()) return;
+    for (int64_t k = 0; k < m; ++k) {
+      const float x = v[i + k];
+      if (back[k] == x || (std::isnan(back[k]) && std::isnan(x))) continue;
+      ++s.changed;
+      const double err = std::fabs(static_cast<double>(back[k]) - x);
+      s.max_abs = std::max(s.max_abs, err);
+      if (x != 0) s.max_rel = std::max(s.max_rel, err / std::fabs(static_cast<double>(x)));
+    }
+  }
+}
+
 // f32 row -> out dtype.
-Status store_row(const float* v, int64_t n, DType out_dtype, uint8_t* dst) {
+Status store_row(const float* v, int64_t n, DType out_dtype, uint8_t* dst, RoundStats* stats) {
+  Status st = Status::Ok();
   if (out_dtype == DType::kF32) {
     std::memcpy(dst, v, static_cast<size_t>(n) * 4);
-    return Status::Ok();
-  }
-  if (out_dtype == DType::kBF16) {
+  } else if (out_dtype == DType::kBF16) {
     auto* o = reinterpret_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(v[i]);
-    return Status::Ok();
+  } else {
+    st = cast_elements(v, DType::kF32, dst, out_dtype, static_cast<size_t>(n));
   }
-  return cast_elements(v, DType::kF32, dst, out_dtype, static_cast<size_t>(n));
+  if (st.ok() && stats) count_rounding(v, n, out_dtype, dst, *stats);
+  return st;
 }
 
 }  // namespace
@@ -44,7 +65,7 @@ Status store_row(const float* v, int64_t n, DType out_dtype, uint8_t* dst) {
 const float* fp8_table(DType t) { return t == DType::kF8E5M2 ? tables().e5m2.data() : tables().e4m3.data(); }
 
 Status dequant_fp8_box(const uint8_t* fp8, DType payload, int64_t rows, int64_t cols, int64_t r0, int64_t c0, int64_t bm,
-                       int64_t bn, const float* scales, int64_t scols, DType out_dtype, void* out) {
+                       int64_t bn, const float* scales, int64_t scols, DType out_dtype, void* out, RoundStats* stats) {
   const float* lut = fp8_table(payload);
   const size_t os = dtype_size(out_dtype);
   std::vector<float> row(static_cast<size_t>(cols));  // [cols] one output row in f32
@@ -61,12 +82,12 @@ Status dequant_fp8_box(const uint8_t* fp8, DType payload, int64_t rows, int64_t 
       for (int64_t k = c; k < end; ++k) row[static_cast<size_t>(k)] = lut[in[k]] * s;
       c = end;
     }
-    CKPT_RETURN_IF_ERROR(store_row(row.data(), cols, out_dtype, dst + static_cast<size_t>(r * cols) * os));
+    CKPT_RETURN_IF_ERROR(store_row(row.data(), cols, out_dtype, dst + static_cast<size_t>(r * cols) * os, stats));
   }
   return Status::Ok();
 }
 
-Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, DType out_dtype, void* out) {
+Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, DType out_dtype, void* out, RoundStats* stats) {
   const size_t os = dtype_size(out_dtype);
   float row[32];  // one block of 32 values
   auto* dst = static_cast<uint8_t*>(out);
@@ -78,7 +99,7 @@ Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, D
       row[2 * k] = std::ldexp(kE2M1[byte & 0xF], e);
       row[2 * k + 1] = std::ldexp(kE2M1[byte >> 4], e);
     }
-    CKPT_RETURN_IF_ERROR(store_row(row, static_cast<int64_t>(2 * n), out_dtype, dst + b * 32 * os));
+    CKPT_RETURN_IF_ERROR(store_row(row, static_cast<int64_t>(2 * n), out_dtype, dst + b * 32 * os, stats));
   }
   return Status::Ok();
 }

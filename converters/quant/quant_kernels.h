@@ -17,6 +17,13 @@
 
 namespace ckpt::quant {
 
+// What rounding the f32 products into the output dtype changed (the exactness report of a
+// dequantized export): elements, changed, the largest absolute and relative change.
+struct RoundStats {
+  uint64_t elements = 0, changed = 0;
+  double max_abs = 0, max_rel = 0;
+};
+
 // Decoded F8_E4M3 / F8_E5M2 values, exact in f32 (NaN as NaN).
 const float* fp8_table(DType t);
 
@@ -25,12 +32,12 @@ const float* fp8_table(DType t);
 // [srows, scols] block scales (f32) covering the box, starting at block (r0 / bm, c0 / bn).
 // `out_dtype` BF16 or F32 directly, others through cast_elements of an f32 row (errors: its).
 Status dequant_fp8_box(const uint8_t* fp8, DType payload, int64_t rows, int64_t cols, int64_t r0, int64_t c0, int64_t bm,
-                       int64_t bn, const float* scales, int64_t scols, DType out_dtype, void* out);
+                       int64_t bn, const float* scales, int64_t scols, DType out_dtype, void* out, RoundStats* stats = nullptr);
 
 // MXFP4: `pairs` bytes of packed e2m1 (low nibble first) times 2^(exps[k / 16] - 127) into
 // 2 * pairs values of `out_dtype` (BF16 or F32; others through cast_elements). The first byte is
 // the first of its 16-byte block.
-Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, DType out_dtype, void* out);
+Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, DType out_dtype, void* out, RoundStats* stats = nullptr);
 
 // Block-FP8 quantization of one block of `rows` x `cols` f32 values (row stride `stride`),
 // transformers' rounding (above). Writes fp8 bytes (same stride) and returns the stored inverse

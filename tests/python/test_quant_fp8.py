@@ -67,10 +67,16 @@ def test_block_fp8_dequantizes_as_weight_dequant(run_ckpt, tmp_path, block_fp8, 
     assert r["quantization"]["scheme"] == "fp8-block 128x128" and r["quantization"]["dequantized"] is True
     got = read_out(out)
     assert sorted(got) == ["a.weight", "e.weight", "norm.weight", "v.weight"]  # scales are part of their weights
+    steps = {e["tensor"]: e for e in r["quantization"]["exactness"]["steps"]}
     for name, (w, s) in refs.items():
         want = ref.dequant_block_fp8(w, s, out=np_out)
         assert got[name].shape == tuple(w.shape), name
         assert np.array_equal(bits(got[name]), want.view(np.uint16 if np_out is BF16 else np.uint32)), name
+        # The exactness report: the elements whose f32 product the output dtype rounded.
+        exact = ref.dequant_block_fp8(w, s, out=np.float32)
+        e = steps[name]
+        assert e["step"] == f"dequantize fp8-block 128x128 -> {'BF16' if np_out is BF16 else 'F32'}" and e["elements"] == w.size
+        assert e["changed"] == int(np.count_nonzero(want.astype(np.float32) != exact)), (name, e)
 
 
 def test_block_fp8_equals_transformers_dequantizer(run_ckpt, tmp_path):

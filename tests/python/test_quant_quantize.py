@@ -52,6 +52,7 @@ def test_quantize_as_transformers_fineGrainedFP8(run_ckpt, tmp_path, bf16_llama,
     out = tmp_path / "fp8"
     r = json.loads(run_ckpt("to-hf", src, out, "--quantize", flag, "--no-fsync", "--json").stdout)
     assert r["quantization"]["tensors"] == 7
+    steps = {e["tensor"]: e for e in r["quantization"]["exactness"]["steps"]}
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "fp8" and cfg["quantization_config"]["weight_block_size"] == list(block)
     got = read_all(out)
@@ -66,6 +67,8 @@ def test_quantize_as_transformers_fineGrainedFP8(run_ckpt, tmp_path, bf16_llama,
         assert got[sk].dtype == torch.float32 and torch.equal(got[sk], want[sk]), sk
         nq, ninv = ref.quantize_block_fp8(v.float().numpy(), *block)
         assert np.array_equal(nq, got[qk].view(torch.uint8).numpy()) and np.array_equal(ninv.view(np.uint32), got[sk].numpy().view(np.uint32))
+        back = ref.dequant_block_fp8(nq, ninv, *block, out=np.float32)  # what quantizing changed
+        assert steps[k]["changed"] == int(np.count_nonzero(back != v.float().numpy())) and steps[k]["elements"] == v.numel(), steps[k]
 
 
 def test_quantize_then_dequantize_equals_the_reference(run_ckpt, tmp_path, bf16_llama):
