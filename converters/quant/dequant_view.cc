@@ -34,7 +34,6 @@ class DequantView : public TensorSource {
         continue;
       }
       tensors_.push_back(TensorMeta{it->second->name, out_, it->second->shape});
-      quant_of_[it->second->name] = it->second;
     }
     for (size_t i = 0; i < inner_.pieces().size(); ++i) {
       const Piece& p = inner_.pieces()[i];
@@ -191,7 +190,7 @@ class DequantView : public TensorSource {
   std::vector<Piece> pieces_;
   std::vector<size_t> map_;  // view piece -> inner piece (SIZE_MAX: a quantized tensor's)
   std::vector<const QuantTensor*> quant_piece_;  // the quantized pieces, at the end of pieces_
-  std::map<std::string, const QuantTensor*> by_payload_, quant_of_;
+  std::map<std::string, const QuantTensor*> by_payload_;
   nlohmann::json meta_;
   ExactnessTracker* tracker_;
 };

@@ -97,7 +97,7 @@ def _pieces(store):
 
 
 def test_reshard_moves_weights_with_their_scales(run_ckpt, tmp_path, fp8_llama):
-    src, _ = fp8_llama
+    src, deq = fp8_llama
     a, b, a2 = tmp_path / "tp2", tmp_path / "tp1", tmp_path / "tp2_again"
     run_ckpt("from-hf", src, a, "--keep-quantized", "--tp", "2", "--pp", "1", "--dp", "1", "--no-fsync")
     pa = _pieces(a)
@@ -119,6 +119,11 @@ def test_reshard_moves_weights_with_their_scales(run_ckpt, tmp_path, fp8_llama):
         for k in g.keys():
             assert torch.equal(f.get_tensor(k).view(torch.uint8), g.get_tensor(k).view(torch.uint8)), k
     assert json.loads((out / "config.json").read_text())["quantization_config"] == QCFG
+    # The tp 2 store dequantized (weights and scales gathered from both ranks' pieces).
+    run_ckpt("to-hf", a, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as f:
+        for k, v in deq.items():
+            assert torch.equal(f.get_tensor(k).view(torch.int16), v.view(torch.int16)), k
 
 
 def test_split_inside_a_block_is_refused_by_name(run_ckpt, tmp_path, fp8_llama):
