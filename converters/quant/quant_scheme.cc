@@ -107,6 +107,9 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
   for (const auto& t : tensors) by[t.name] = &t;
   CKPT_ASSIGN_OR_RETURN(auto bs, block_size_of(sc.config));
   std::set<std::string> used;
+  // A scale-like name without a quantized payload: an error only in a quantized checkpoint (a
+  // quantization_config, or other weights with scales); elsewhere an ordinary tensor's name.
+  Status pending = Status::Ok();
   for (const auto& t : tensors) {
     QuantTensor q;
     std::string payload;
@@ -123,8 +126,10 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
       continue;
     }
     auto pit = by.find(payload);
-    if (pit == by.end())
-      return quant_error("QuantPayloadMissing", t.name, "scales without their payload '" + payload + "'");
+    if (pit == by.end()) {
+      if (pending.ok()) pending = quant_error("QuantPayloadMissing", t.name, "scales without their payload '" + payload + "'");
+      continue;
+    }
     const TensorMeta& w = *pit->second;
     q.payload = w.name;
     q.scale = t.name;
@@ -134,9 +139,12 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
     q.name = q.kind == QuantKind::kMxfp4 ? strip(w.name, "_blocks") : w.name;
     q.shape = w.shape;
     const bool mx = q.kind == QuantKind::kMxfp4;
-    if (mx ? (w.dtype != DType::kU8 && w.dtype != DType::kF4) : (w.dtype != DType::kF8E4M3 && w.dtype != DType::kF8E5M2))
-      return quant_error("QuantPayloadDType", w.name, std::string("payload is ") + std::string(dtype_name(w.dtype)) + ", " +
-                                                          (mx ? "MXFP4 blocks are U8 or F4" : "FP8 weights are F8_E4M3 or F8_E5M2"));
+    if (mx ? (w.dtype != DType::kU8 && w.dtype != DType::kF4) : (w.dtype != DType::kF8E4M3 && w.dtype != DType::kF8E5M2)) {
+      if (pending.ok())
+        pending = quant_error("QuantPayloadDType", w.name, std::string("payload is ") + std::string(dtype_name(w.dtype)) + ", " +
+                                                               (mx ? "MXFP4 blocks are U8 or F4" : "FP8 weights are F8_E4M3 or F8_E5M2"));
+      continue;
+    }
     if (mx ? (t.dtype != DType::kU8 && t.dtype != DType::kF8E8M0) : !scale_dtype_ok(t.dtype))
       return quant_error("QuantScaleDType", w.name, "scales '" + t.name + "' are " + std::string(dtype_name(t.dtype)) + ", expected " +
                                                         (mx ? "U8 or F8_E8M0 exponents" : "F32, BF16 or F8_E8M0"));
@@ -150,6 +158,7 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
     used.insert(w.name);
     sc.tensors.push_back(std::move(q));
   }
+  if (!pending.ok() && (sc.config.is_object() || !sc.tensors.empty())) return pending;
   // A quantized checkpoint's FP8 weights all carry scales: one without is QuantScaleMissing.
   const bool fp8_config = sc.config.is_object() && sc.config.value("quant_method", std::string()) == "fp8";
   if (fp8_config || !sc.tensors.empty()) {

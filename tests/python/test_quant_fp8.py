@@ -151,3 +151,14 @@ def test_hostile_quantized_inputs_are_refused_by_name(run_ckpt, tmp_path, case, 
     p = run_ckpt("to-hf", src, tmp_path / "out", "--no-fsync", check=False)
     assert p.returncode != 0 and f"[{code}]" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_scale_like_names_of_an_unquantized_checkpoint_are_ordinary_tensors(run_ckpt, tmp_path):
+    """No quantization_config and no FP8 weight: `X.weight_scale` beside an F32 `X.weight` (a layer
+    scale, say) is an ordinary tensor, exported as it is."""
+    ts = {"ls.weight": torch.ones(4, 4), "ls.weight_scale": torch.full((4,), 0.5), "o.weight_scale_inv": torch.ones(2)}
+    src = write(tmp_path / "w.safetensors", ts)
+    r = json.loads(run_ckpt("to-hf", src, tmp_path / "out", "--no-fsync", "--json").stdout)
+    assert r["quantization"] is None
+    got = read_out(tmp_path / "out")
+    assert sorted(got) == sorted(ts) and all(torch.equal(got[k], v) for k, v in ts.items())
