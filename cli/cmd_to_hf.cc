@@ -31,7 +31,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
   sub.add_option("--quantize", o->quantize,
                  "fp8-block[:RxC]: write the linear weights (*_proj.weight) as block-scaled FP8 with weight_scale_inv "
-                 "(default block 128x128; transformers' FineGrainedFP8 rounding) and its quantization_config");
+                 "(default block 128x128; transformers' FineGrainedFP8 rounding) and its quantization_config; mxfp4: as gpt-oss's "
+                 "_blocks / _scales (E2M1 pairs, E8M0 per 32 values; triton_kernels' downcast_to_mxfp rounding)");
   sub.add_flag("--keep-quantized", o->keep_quantized,
                "a quantized SRC (block/per-tensor FP8, MXFP4): write weights and scales as stored, quantization_config kept "
                "(default: dequantize them into --dtype, bf16 when none; docs/QUANTIZATION.md)");

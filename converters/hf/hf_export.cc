@@ -64,6 +64,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
     for (const TensorMeta& want : llama_model_tensors(cfg, cfg.dtype)) {
       wanted.insert(want.name);
       auto it = by_name.find(want.name);
+      if (it == by_name.end() && opts.stored_elsewhere.count(want.name)) continue;
       if (it == by_name.end())
         return Status::Error("MissingTensor",
                              "'" + src.describe() + "' has no tensor '" + want.name + "' " + shape_to_string(want.shape) +

@@ -33,7 +33,8 @@ double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
 // bf16 when none), or with `keep` its payloads and scales named in `keep_as_stored`. What was done,
 // for the outcome; null for a source without quantized tensors.
 Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& src, bool keep, std::optional<DType> dtype,
-                                               std::set<std::string>& keep_as_stored, ExactnessTracker* tracker) {
+                                               std::set<std::string>& keep_as_stored, ExactnessTracker* tracker,
+                                               std::set<std::string>* stored_elsewhere = nullptr) {
   auto scheme = find_quantized(src->tensors(), src->metadata());
   if (!scheme.ok()) return scheme.take_status().with_file(src->describe());
   if (!scheme->any()) return nlohmann::json(nullptr);
@@ -42,6 +43,8 @@ Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& sr
                       {"stored_bytes", scheme->stored_bytes()}, {"dequantized_bytes", scheme->logical_bytes(dt)}};
   if (keep) {
     for (auto& n : scheme->stored_names()) keep_as_stored.insert(n);
+    for (const auto& t : scheme->tensors)
+      if (stored_elsewhere && t.payload != t.name) stored_elsewhere->insert(t.name);  // MXFP4: X_blocks for X
     return j;
   }
   TensorSource& inner = *src;
@@ -52,17 +55,23 @@ Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& sr
 
 // --quantize: `src` replaced by its quantizing view, whose payloads and scales are written as they are.
 Result<nlohmann::json> quantizing_export_source(std::unique_ptr<TensorSource>& src, const std::string& flag,
-                                                std::set<std::string>& keep_as_stored, ExactnessTracker* tracker) {
+                                                std::set<std::string>& keep_as_stored, std::set<std::string>& stored_elsewhere,
+                                                ExactnessTracker* tracker) {
   CKPT_ASSIGN_OR_RETURN(QuantizeRequest q, parse_quantize_flag(flag));
   q.tracker = tracker;
-  q.step = "quantize fp8-block " + std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols);
+  q.step = q.scheme == "mxfp4" ? std::string("quantize mxfp4 1x32")
+                               : "quantize fp8-block " + std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols);
   TensorSource& inner = *src;
   CKPT_ASSIGN_OR_RETURN(auto view, quantize_view(inner, std::move(src), q));
   src = std::move(view);
   CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(src->tensors(), src->metadata()));
   for (auto& n : scheme.stored_names()) keep_as_stored.insert(n);
+  for (const auto& t : scheme.tensors)
+    if (t.payload != t.name) stored_elsewhere.insert(t.name);
   return nlohmann::json{{"scheme", scheme.describe()}, {"tensors", scheme.tensors.size()}, {"quantized", true},
-                        {"stored_bytes", scheme.stored_bytes()}, {"rounding", "transformers FineGrainedFP8 (Fp8Quantize)"}};
+                        {"stored_bytes", scheme.stored_bytes()},
+                        {"rounding", q.scheme == "mxfp4" ? "gpt-oss: triton_kernels downcast_to_mxfp (scale rounded up)"
+                                                         : "transformers FineGrainedFP8 (Fp8Quantize)"}};
 }
 
 Status hf_job_check_threads(int threads) {
@@ -99,9 +108,11 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
   ToHfOutcome out;
   ExactnessTracker quant_report;  // what dequantizing / quantizing changed (docs/QUANTIZATION.md)
-  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
+  CKPT_ASSIGN_OR_RETURN(out.quantization,
+                        quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report, &opts.stored_elsewhere));
   if (!req.quantize.empty()) {
-    CKPT_ASSIGN_OR_RETURN(out.quantization, quantizing_export_source(src, req.quantize, opts.keep_as_stored, &quant_report));
+    CKPT_ASSIGN_OR_RETURN(out.quantization,
+                          quantizing_export_source(src, req.quantize, opts.keep_as_stored, opts.stored_elsewhere, &quant_report));
   }
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);

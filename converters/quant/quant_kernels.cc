@@ -126,4 +126,43 @@ Result<float> quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int
   return inv;
 }
 
+namespace {
+
+// triton_kernels' f32 -> e2m1 bit recipe (its comments: "rounding nearest with tie breaking up").
+uint8_t e2m1_of(float q) {
+  uint32_t b;
+  std::memcpy(&b, &q, 4);
+  const uint32_t sign = b & 0x80000000u;
+  uint32_t exponents = (b >> 23) & 0xFF, mantissas = b & 0x7FFFFF;
+  if (exponents < 127) {  // below 1: the implicit bit moved into the mantissa (denormal 0.5)
+    const uint32_t adjusted = 127 - (exponents + 1);
+    mantissas = adjusted >= 32 ? 0 : (0x400000u | (mantissas >> 1)) >> adjusted;
+  }
+  exponents = std::max<uint32_t>(exponents, 126) - 126;
+  const uint32_t tmp = std::min<uint32_t>((((exponents << 2) | (mantissas >> 21)) + 1) >> 1, 7);
+  return static_cast<uint8_t>((sign >> 28) | tmp);
+}
+
+}  // namespace
+
+Result<uint8_t> quantize_mxfp4_block(const float* x, uint8_t* packed) {
+  float amax = -1.0f;
+  for (int k = 0; k < 32; ++k) {
+    if (!std::isfinite(x[k]))
+      return Status::Error("QuantNotFinite",
+                           "value " + std::to_string(x[k]) + " at " + std::to_string(k) + " of a 32-value block cannot be quantized");
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  const float dequant = amax / 6.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &dequant, 4);
+  const uint32_t exp_bits = (bits + 0x007FFFFFu) & 0x7F800000u;
+  float rounded;
+  std::memcpy(&rounded, &exp_bits, 4);
+  const float quant_scale = rounded == 0 ? 0.0f : 1.0f / rounded;
+  for (int k = 0; k < 16; ++k)
+    packed[k] = static_cast<uint8_t>(e2m1_of(x[2 * k] * quant_scale) | (e2m1_of(x[2 * k + 1] * quant_scale) << 4));
+  return static_cast<uint8_t>(exp_bits >> 23);
+}
+
 }  // namespace ckpt::quant

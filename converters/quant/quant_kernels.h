@@ -44,4 +44,12 @@ Status dequant_mxfp4(const uint8_t* packed, const uint8_t* exps, size_t pairs, D
 // scale. NaN / Inf inputs: error QuantNotFinite.
 Result<float> quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int64_t stride, uint8_t* fp8);
 
+// MXFP4 quantization of one block of 32 f32 values into 16 bytes (low nibble first), gpt-oss's
+// rounding: triton_kernels' downcast_to_mxfp (_compute_quant_and_scale, DequantScaleRoundingMode
+// ROUND_UP, the default): scale = 2^ceil(log2(amax / 6)) by adding 0x7FFFFF to the f32 bits of
+// amax / 6 and keeping the exponent; q = x * (1 / scale); E2M1 by its bit recipe (2 bits kept,
+// rounded half up in magnitude, saturated at 6). Returns the scale's exponent byte (E8M0).
+// NaN / Inf inputs: QuantNotFinite.
+Result<uint8_t> quantize_mxfp4_block(const float* x, uint8_t* packed);
+
 }  // namespace ckpt::quant

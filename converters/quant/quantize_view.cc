@@ -37,13 +37,21 @@ class QuantizeView : public TensorSource {
         tensors_.push_back(t);
         continue;
       }
-      Shape s = t.shape;
+      Shape s = t.shape, p = t.shape;
       s[s.size() - 2] /= req_.block_rows;
       s.back() /= req_.block_cols;
-      const std::string scale = t.name + "_scale_inv";
-      tensors_.push_back(TensorMeta{t.name, DType::kF8E4M3, t.shape});
-      tensors_.push_back(TensorMeta{scale, DType::kF32, s});
-      for (const auto& [n, sh, dt] : {std::tuple{t.name, t.shape, DType::kF8E4M3}, std::tuple{scale, s, DType::kF32}}) {
+      std::string payload = t.name, scale = t.name + "_scale_inv";
+      DType pdt = DType::kF8E4M3, sdt = DType::kF32;
+      if (mx()) {  // gpt-oss: X_blocks U8 [.., C / 32, 16], X_scales U8 [.., C / 32]
+        p.back() /= 32;
+        p.push_back(16);
+        payload = t.name + "_blocks";
+        scale = t.name + "_scales";
+        pdt = sdt = DType::kU8;
+      }
+      tensors_.push_back(TensorMeta{payload, pdt, p});
+      tensors_.push_back(TensorMeta{scale, sdt, s});
+      for (const auto& [n, sh, dt] : {std::tuple{payload, p, pdt}, std::tuple{scale, s, sdt}}) {
         pieces_.push_back(Piece{n, Region{Box::whole(sh)}, dt});
         map_.push_back(SIZE_MAX);
         kind_.push_back({t.name, n == scale});
@@ -51,12 +59,16 @@ class QuantizeView : public TensorSource {
       shape_[t.name] = t.shape;
     }
     meta_ = inner_.metadata();
-    if (meta_.is_object() && meta_.contains("model_config") && meta_["model_config"].is_object())
+    if (mx() && meta_.is_object() && meta_.contains("model_config") && meta_["model_config"].is_object())
+      meta_["model_config"]["quantization_config"] = {{"quant_method", "mxfp4"}};
+    else if (meta_.is_object() && meta_.contains("model_config") && meta_["model_config"].is_object())
       meta_["model_config"]["quantization_config"] = {{"quant_method", "fp8"},
                                                       {"weight_block_size", {req_.block_rows, req_.block_cols}},
                                                       {"fmt", "e4m3"},
                                                       {"activation_scheme", "dynamic"}};
   }
+
+  bool mx() const { return req_.scheme == "mxfp4"; }
 
   // Whether `name` (a source tensor) is quantized by this view.
   bool quantized(const std::string& name) const {
@@ -89,6 +101,7 @@ class QuantizeView : public TensorSource {
     if (piece >= pieces_.size()) return Status::Internal("quantize view: piece index out of range");
     if (map_[piece] != SIZE_MAX) return inner_.read(map_[piece], sub, dst);
     const auto& [weight, is_scale] = kind_[piece - (pieces_.size() - kind_.size())];
+    if (mx()) return read_mxfp4(weight, is_scale, sub, dst);
     const Shape& shape = shape_.at(weight);
     const size_t nd = shape.size();
     const int64_t bm = req_.block_rows, bn = req_.block_cols;
@@ -127,6 +140,54 @@ class QuantizeView : public TensorSource {
   }
 
  private:
+  // MXFP4: a box of X_blocks [.., G, 16] (whole 16-byte rows read, cut out after) or of X_scales
+  // [.., G]: the logical [.., G * 32] values of its blocks read in f32 and quantized.
+  Status read_mxfp4(const std::string& weight, bool is_scale, const Box& sub, void* dst) {
+    if (sub.numel() == 0) return Status::Ok();
+    Box groups = sub;  // [.., G] box
+    if (!is_scale) {
+      groups.offset.pop_back();
+      groups.extent.pop_back();
+    }
+    Box logical = groups;
+    logical.offset.back() *= 32;
+    logical.extent.back() *= 32;
+    std::vector<float> x(static_cast<size_t>(logical.numel()));  // [logical] f32
+    CKPT_RETURN_IF_ERROR(read_global_box(inner_, index_, weight, logical, DType::kF32, x.data()));
+    const size_t nblk = x.size() / 32;
+    std::vector<uint8_t> packed(nblk * 16), exps(nblk);  // [groups, 16], [groups]
+    ExactnessEntry e{weight, "", req_.step};
+    for (size_t b = 0; b < nblk; ++b) {
+      auto s = quant::quantize_mxfp4_block(x.data() + b * 32, packed.data() + b * 16);
+      if (!s.ok()) return Status::Error(s.status().code(), "tensor '" + weight + "': " + s.status().message()).with_tensor(weight);
+      exps[b] = *s;
+    }
+    if (is_scale) {
+      std::memcpy(dst, exps.data(), exps.size());
+      return Status::Ok();
+    }
+    if (req_.tracker) {  // what quantizing changed, for the groups whose bytes this read returns
+      std::vector<float> back(32);
+      for (size_t b = 0; b < nblk; ++b) {
+        (void)quant::dequant_mxfp4(packed.data() + b * 16, &exps[b], 16, DType::kF32, back.data());
+        for (int k = 0; k < 32; ++k) {
+          ++e.elements;
+          const float v = back[static_cast<size_t>(k)], xv = x[b * 32 + static_cast<size_t>(k)];
+          if (v == xv) continue;
+          ++e.changed;
+          e.max_abs = std::max(e.max_abs, std::fabs(static_cast<double>(v) - xv));
+          if (xv != 0) e.max_rel = std::max(e.max_rel, std::fabs(static_cast<double>(v) - xv) / std::fabs(static_cast<double>(xv)));
+        }
+      }
+    }
+    Box whole = sub;  // the whole 16-byte rows of the groups
+    whole.offset.back() = 0;
+    whole.extent.back() = 16;
+    copy_box(packed.data(), whole, dst, sub, sub, 1);
+    if (req_.tracker && sub.offset.back() == 0) req_.tracker->add(e);  // once per group (its first byte's read)
+    return Status::Ok();
+  }
+
   // The exactness of the elements of `sub` (inside `wide`, whose f32 values `x` were quantized to
   // `q` with inverse scales `inv` [lead, rows / bm, cols / bn]).
   void track(const std::string& weight, const std::vector<float>& x, const std::vector<uint8_t>& q, const std::vector<float>& inv,
@@ -175,9 +236,15 @@ class QuantizeView : public TensorSource {
 Result<QuantizeRequest> parse_quantize_flag(const std::string& text) {
   QuantizeRequest r;
   const auto bad = [&] {
-    return Status::InvalidArgument("--quantize '" + text + "': expected fp8-block or fp8-block:RxC (e.g. fp8-block:128x128)");
+    return Status::InvalidArgument("--quantize '" + text + "': expected fp8-block, fp8-block:RxC (e.g. fp8-block:128x128) or mxfp4");
   };
   if (text == "fp8-block") return r;
+  if (text == "mxfp4") {  // gpt-oss's packing and rounding, blocks of 32 along the last dimension
+    r.scheme = "mxfp4";
+    r.block_rows = 1;
+    r.block_cols = 32;
+    return r;
+  }
   if (text.rfind("fp8-block:", 0) != 0) return bad();
   const std::string rc = text.substr(10);
   const size_t x = rc.find('x');

@@ -29,7 +29,10 @@ struct QuantizeRequest {
   std::string step;
 };
 
-// "fp8-block" or "fp8-block:RxC" (e.g. 128x128); anything else: InvalidArgument naming --quantize.
+// "fp8-block", "fp8-block:RxC" (e.g. 128x128) or "mxfp4" (every `*_proj.weight` whose last dimension
+// divides by 32 as gpt-oss's `X_blocks` U8 [.., C / 32, 16] + `X_scales` U8 [.., C / 32] with
+// triton_kernels' downcast_to_mxfp rounding, quant_kernels.h; quantization_config {quant_method
+// mxfp4}); anything else: InvalidArgument naming --quantize.
 Result<QuantizeRequest> parse_quantize_flag(const std::string& text);
 
 // `inner` must outlive the view unless it is `owner`. A source that is already quantized is

@@ -61,3 +61,29 @@ def dequant_mxfp4(blocks: np.ndarray, scales: np.ndarray, out=ml_dtypes.bfloat16
     v[..., 0::2], v[..., 1::2] = lo, hi
     v = np.ldexp(v, scales.astype(np.int32)[..., None] - 127).astype(np.float32)
     return v.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32).astype(out)
+
+
+def quantize_mxfp4(w: np.ndarray):
+    """w: [.., C] f32 with C % 32 == 0 -> (blocks u8 [.., C/32, 16], scales u8 [.., C/32]): triton_kernels
+    numerics_details/mxfp_details/_downcast_to_mxfp.py _compute_quant_and_scale (the kernel gpt-oss's
+    quantize_to_mxfp4 calls through downcast_to_mxfp), fp4 output, DequantScaleRoundingMode.ROUND_UP:
+    dequant_scale = max|x| / 6 (f32), its exponent rounded up by adding 0x007FFFFF to its bits,
+    quant = x * (1 / 2^e), then its e2m1 bit recipe (sign, exponent rebased from 127 to 1, two
+    mantissa bits kept, + 1 >> 1: ties up, min 7), evens | odds << 4."""
+    x = w.astype(np.float32).reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    dq = (amax / np.float32(6.0)).astype(np.float32)
+    exp_bits = (dq.view(np.uint32) + np.uint32(0x007FFFFF)) & np.uint32(0x7F800000)
+    rounded = exp_bits.view(np.float32)
+    with np.errstate(divide="ignore"):
+        qs = np.where(rounded == 0, np.float32(0), (np.float32(1.0) / rounded)).astype(np.float32)
+    q = (x * qs).astype(np.float32).view(np.uint32)
+    signs, exps, mants = q & 0x80000000, (q >> 23) & 0xFF, q & 0x7FFFFF
+    adj = (126 - exps.astype(np.int64)).clip(0, 63)
+    den = np.where(adj >= 32, 0, (0x400000 | (mants >> 1)).astype(np.uint64) >> adj.astype(np.uint64)).astype(np.uint32)
+    mants = np.where(exps < 127, den, mants)
+    exps = np.maximum(exps, 126) - 126
+    tmp = np.minimum((((exps << 2) | (mants >> 21)) + 1) >> 1, 7)
+    e2m1 = ((signs >> 28) | tmp).astype(np.uint8)
+    blocks = (e2m1[..., 0::2] | (e2m1[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, (exp_bits[..., 0] >> 23).astype(np.uint8)

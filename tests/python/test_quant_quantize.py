@@ -96,3 +96,47 @@ def test_bad_quantize_flags_and_requantizing(run_ckpt, tmp_path, bf16_llama):
     run_ckpt("to-hf", tmp_path / "fp8", tmp_path / "fp8_64", "--quantize", "fp8-block:64x64", "--no-fsync")
     got = read_all(tmp_path / "fp8_64")
     assert got["model.layers.0.self_attn.q_proj.weight_scale_inv"].shape == (4, 4)
+
+
+def test_quantize_mxfp4_as_gpt_oss(run_ckpt, tmp_path, bf16_llama):
+    """--quantize mxfp4: every *_proj.weight as gpt-oss's X_blocks / X_scales with triton_kernels'
+    downcast_to_mxfp rounding (quant_reference.quantize_mxfp4, a numpy transcription: the kernel is
+    GPU-only); dequantized back, the values of gpt-oss's unpacking (quant_reference.dequant_mxfp4)."""
+    src, sd = bf16_llama
+    r = json.loads(run_ckpt("to-hf", src, tmp_path / "mx", "--quantize", "mxfp4", "--no-fsync", "--json").stdout)
+    assert r["quantization"]["scheme"] == "mxfp4 1x32" and r["quantization"]["tensors"] == 7
+    assert json.loads((tmp_path / "mx" / "config.json").read_text())["quantization_config"] == {"quant_method": "mxfp4"}
+    got = read_all(tmp_path / "mx")
+    steps = {e["tensor"]: e for e in r["quantization"]["exactness"]["steps"]}
+    for k, v in sd.items():
+        if not k.endswith("_proj.weight"):
+            assert torch.equal(got[k], v), k
+            continue
+        blocks, scales = ref.quantize_mxfp4(v.float().numpy())
+        assert np.array_equal(got[k + "_blocks"].numpy(), blocks), k
+        assert np.array_equal(got[k + "_scales"].numpy(), scales), k
+        back = ref.dequant_mxfp4(blocks, scales, out=np.float32)
+        assert steps[k]["elements"] == v.numel() and steps[k]["changed"] == int(np.count_nonzero(back != v.float().numpy())), steps[k]
+    run_ckpt("to-hf", tmp_path / "mx", tmp_path / "kept", "--keep-quantized", "--no-fsync")  # as stored, config kept
+    kept = read_all(tmp_path / "kept")
+    assert sorted(kept) == sorted(got) and all(torch.equal(kept[k], got[k]) for k in got)
+    run_ckpt("to-hf", tmp_path / "mx", tmp_path / "back", "--dtype", "bf16", "--no-fsync")
+    back = read_all(tmp_path / "back")
+    for k, v in sd.items():
+        if k.endswith("_proj.weight"):
+            blocks, scales = ref.quantize_mxfp4(v.float().numpy())
+            assert np.array_equal(back[k].view(torch.int16).numpy(), ref.dequant_mxfp4(blocks, scales).view(np.int16)), k
+
+
+def test_mxfp4_e2m1_recipe_on_ties_and_edges(run_ckpt, tmp_path):
+    """The recipe's ties go up (0.25 -> 0.5, 2.5 -> 3: not nearest-even), saturation at 6, zero blocks."""
+    from safetensors.torch import save_file
+    x = np.zeros((3, 32), np.float32)
+    x[0, :8] = [0.25, 2.5, 5.0, 0.75, -1.25, 6.0, 0.1, -6.0]
+    x[1, :] = np.linspace(-3, 3, 32)
+    save_file({"a.q_proj.weight": torch.from_numpy(x)}, str(tmp_path / "w.safetensors"))
+    run_ckpt("to-hf", tmp_path / "w.safetensors", tmp_path / "mx", "--quantize", "mxfp4", "--no-fsync")
+    got = read_all(tmp_path / "mx")
+    blocks, scales = ref.quantize_mxfp4(x)
+    assert np.array_equal(got["a.q_proj.weight_blocks"].numpy(), blocks) and np.array_equal(got["a.q_proj.weight_scales"].numpy(), scales)
+    assert scales[0, 0] == 127 and (blocks[0, 0, 0] & 0xF) == 1 and (blocks[0, 0, 0] >> 4) == 5  # 0.25 -> 0.5, 2.5 -> 3 (scale 2^0)
