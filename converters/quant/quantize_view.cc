@@ -16,15 +16,11 @@ namespace ckpt {
 
 namespace {
 
-struct Planned {
-  std::string weight;  // X.weight (payload name = source name)
-  Shape shape;         // [.., R, C]
-};
-
 class QuantizeView : public TensorSource {
  public:
   QuantizeView(TensorSource& inner, std::unique_ptr<TensorSource> owner, QuantizeRequest req, SourceIndex index)
       : inner_(inner), owner_(std::move(owner)), req_(req), index_(std::move(index)) {
+    for (const auto& t : inner_.tensors()) by_name_[t.name] = &t;
     for (size_t i = 0; i < inner_.pieces().size(); ++i) {
       const Piece& p = inner_.pieces()[i];
       if (!quantized(p.tensor)) {
@@ -72,12 +68,11 @@ class QuantizeView : public TensorSource {
 
   // Whether `name` (a source tensor) is quantized by this view.
   bool quantized(const std::string& name) const {
-    if (!name.ends_with("_proj.weight")) return false;
-    for (const auto& t : inner_.tensors())
-      if (t.name == name)
-        return t.shape.size() >= 2 && dtype_is_float(t.dtype) && t.dtype != DType::kF4 && t.shape[t.shape.size() - 2] % req_.block_rows == 0 &&
-               t.shape.back() % req_.block_cols == 0 && t.shape.back() > 0;
-    return false;
+    auto it = by_name_.find(name);
+    if (!name.ends_with("_proj.weight") || it == by_name_.end()) return false;
+    const TensorMeta& t = *it->second;
+    return t.shape.size() >= 2 && dtype_is_float(t.dtype) && t.dtype != DType::kF4 && t.shape[t.shape.size() - 2] % req_.block_rows == 0 &&
+           t.shape.back() % req_.block_cols == 0 && t.shape.back() > 0;
   }
 
   const std::vector<TensorMeta>& tensors() const override { return tensors_; }
@@ -228,6 +223,7 @@ class QuantizeView : public TensorSource {
   std::vector<size_t> map_;
   std::vector<std::pair<std::string, bool>> kind_;  // quantized pieces (at the end): weight, is_scale
   std::map<std::string, Shape> shape_;
+  std::map<std::string, const TensorMeta*> by_name_;  // inner's tensors
   nlohmann::json meta_;
 };
 
