@@ -81,6 +81,17 @@ Status LlamaConfig::validate() const {
                                        kMaxTensorElements, "elements per tensor").status());
   CKPT_RETURN_IF_ERROR(bounded_product("mlp elements (intermediate_size x hidden_size)", intermediate_size, hidden_size,
                                        kMaxTensorElements, "elements per tensor").status());
+  if (moe) {
+    if (moe->num_experts <= 0 || moe->num_experts > kMaxExperts || moe->top_k <= 0 || moe->top_k > moe->num_experts ||
+        moe->expert_intermediate <= 0 || moe->shared_intermediate < 0 ||
+        static_cast<int64_t>(moe->moe_layer.size()) != num_hidden_layers)
+      return bad("num_experts", "the MoE config is inconsistent (experts " + std::to_string(moe->num_experts) + ", top-k " +
+                                    std::to_string(moe->top_k) + ", expert width " + std::to_string(moe->expert_intermediate) + ")");
+    CKPT_ASSIGN_OR_RETURN(const int64_t ef, bounded_product("experts x moe_intermediate_size", moe->num_experts,
+                                                            moe->expert_intermediate, kMaxTensorElements, "elements"));
+    CKPT_RETURN_IF_ERROR(bounded_product("expert tensor elements (experts x moe_intermediate_size x hidden_size)", ef,
+                                         hidden_size, kMaxTensorElements, "elements per tensor").status());
+  }
   const int64_t n = parameter_count();
   if (n < 0 || n > kMaxModelParameters)
     return Status::Error("ConfigTooLarge", "config: the model has " + (n < 0 ? std::string("more than 2^63") : std::to_string(n)) +
@@ -101,14 +112,25 @@ int64_t LlamaConfig::parameter_count() const {
     overflow = overflow || !v;
     return v.value_or(0);
   };
-  int64_t layer = ok(checked_mul(int64_t{2}, h));            // two norms
-  layer = ok(checked_add(layer, ok(checked_mul(q, h))));      // q_proj
-  layer = ok(checked_add(layer, ok(checked_mul(2 * kv, h))));  // k_proj, v_proj
-  layer = ok(checked_add(layer, ok(checked_mul(h, q))));      // o_proj
-  layer = ok(checked_add(layer, ok(checked_mul(3 * f, h))));  // gate, up, down
-  if (attention_bias) layer = ok(checked_add(layer, q + 2 * kv + h));
-  if (mlp_bias) layer = ok(checked_add(layer, 2 * f + h));
-  int64_t all = ok(checked_mul(layer, num_hidden_layers));
+  int64_t attn = ok(checked_mul(int64_t{2}, h));             // two norms
+  attn = ok(checked_add(attn, ok(checked_mul(q, h))));        // q_proj
+  attn = ok(checked_add(attn, ok(checked_mul(2 * kv, h))));   // k_proj, v_proj
+  attn = ok(checked_add(attn, ok(checked_mul(h, q))));        // o_proj
+  if (attention_bias || qkv_bias) attn = ok(checked_add(attn, q + 2 * kv));
+  if (attention_bias) attn = ok(checked_add(attn, h));
+  if (qk_norm) attn = ok(checked_add(attn, 2 * head_dim));
+  int64_t dense = ok(checked_mul(3 * f, h));                  // gate, up, down
+  if (mlp_bias) dense = ok(checked_add(dense, 2 * f + h));
+  int64_t sparse = 0;                                         // an MoE layer's MLP
+  if (moe) {
+    const int64_t e = moe->num_experts, fe = moe->expert_intermediate, fs = moe->shared_intermediate;
+    sparse = ok(checked_mul(e, h));                                                      // router
+    sparse = ok(checked_add(sparse, ok(checked_mul(ok(checked_mul(3 * e, fe)), h))));    // experts
+    if (fs > 0) sparse = ok(checked_add(sparse, ok(checked_add(ok(checked_mul(3 * fs, h)), h))));  // shared + gate
+  }
+  int64_t all = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    all = ok(checked_add(all, ok(checked_add(attn, moe && moe->is_moe_layer(i) ? sparse : dense))));
   all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));  // embed_tokens
   if (!tie_word_embeddings) all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));
   all = ok(checked_add(all, h));  // model.norm
@@ -118,8 +140,7 @@ int64_t LlamaConfig::parameter_count() const {
 Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::Error("InvalidConfig", "config is not a JSON object");
   LlamaConfig c;
-  if (j.contains("model_type") && j["model_type"] != "llama")
-    return bad("model_type", "expected \"llama\", got " + j["model_type"].dump());
+  CKPT_ASSIGN_OR_RETURN(c.family, model_family_of(j));
   CKPT_ASSIGN_OR_RETURN(c.vocab_size, get_pos_int(j, "vocab_size", true, 0));
   CKPT_ASSIGN_OR_RETURN(c.hidden_size, get_pos_int(j, "hidden_size", true, 0));
   CKPT_ASSIGN_OR_RETURN(c.intermediate_size, get_pos_int(j, "intermediate_size", true, 0));
@@ -164,6 +185,15 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(get_bool("tie_word_embeddings", c.tie_word_embeddings));
   CKPT_RETURN_IF_ERROR(get_bool("attention_bias", c.attention_bias));
   CKPT_RETURN_IF_ERROR(get_bool("mlp_bias", c.mlp_bias));
+  if (c.family == ModelFamily::kQwen2Moe) {
+    c.qkv_bias = true;  // Qwen2-MoE's attention always has q/k/v biases unless the config says otherwise
+    CKPT_RETURN_IF_ERROR(get_bool("qkv_bias", c.qkv_bias));
+  }
+  c.qk_norm = c.family == ModelFamily::kQwen3Moe;
+  if (c.family != ModelFamily::kLlama) {
+    if (c.num_hidden_layers > kMaxLayers) return too_large("num_hidden_layers", c.num_hidden_layers, kMaxLayers, "layers");
+    CKPT_ASSIGN_OR_RETURN(c.moe, parse_moe_config(j, c.family, c.num_hidden_layers, c.intermediate_size));
+  }
   if (j.contains("hidden_act")) {
     if (!j["hidden_act"].is_string() || j["hidden_act"] != "silu")
       return Status::Unsupported("hidden_act " + j["hidden_act"].dump() + " (only \"silu\")");
@@ -200,8 +230,8 @@ Result<LlamaConfig> LlamaConfig::from_file(const std::string& path) {
 
 nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = extra;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {model_architecture(family)};
+  j["model_type"] = model_type_name(family);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -223,17 +253,38 @@ nlohmann::json LlamaConfig::to_json() const {
   return j;
 }
 
+Status LlamaConfig::require_dense(const std::string& what) const {
+  if (!moe) return Status::Ok();
+  return Status::Error("UnsupportedModel", what + " does not support mixture-of-experts models yet (this is a " +
+                                               model_type_name(family) + " config, " + std::to_string(moe->num_experts) +
+                                               " experts; docs/MOE.md says which commands do)");
+}
+
 std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
   std::vector<std::string> n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
-  if (c.attention_bias) n.push_back(p + "self_attn.q_proj.bias");
+  if (qkv_bias) n.push_back(p + "self_attn.q_proj.bias");
   n.push_back(p + "self_attn.k_proj.weight");
-  if (c.attention_bias) n.push_back(p + "self_attn.k_proj.bias");
+  if (qkv_bias) n.push_back(p + "self_attn.k_proj.bias");
   n.push_back(p + "self_attn.v_proj.weight");
-  if (c.attention_bias) n.push_back(p + "self_attn.v_proj.bias");
+  if (qkv_bias) n.push_back(p + "self_attn.v_proj.bias");
   n.push_back(p + "self_attn.o_proj.weight");
   if (c.attention_bias) n.push_back(p + "self_attn.o_proj.bias");
+  if (c.qk_norm) {
+    n.push_back(p + "self_attn.q_norm.weight");
+    n.push_back(p + "self_attn.k_norm.weight");
+  }
   n.push_back(p + "post_attention_layernorm.weight");
+  if (c.moe && c.moe->is_moe_layer(i)) {
+    for (const char* m : {"gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight"})
+      n.push_back(p + "mlp." + m);
+    if (c.moe->shared_intermediate > 0)
+      for (const char* m : {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
+                            "shared_experts.down_proj.weight", "shared_expert_gate.weight"})
+        n.push_back(p + "mlp." + m);
+    return n;
+  }
   for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
     n.push_back(p + "mlp." + m + ".weight");
     if (c.mlp_bias) n.push_back(p + "mlp." + m + ".bias");
@@ -252,7 +303,16 @@ std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
         return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
       };
       Shape s;
+      const int64_t e = c.moe ? c.moe->num_experts : 0, fe = c.moe ? c.moe->expert_intermediate : 0,
+                    fs = c.moe ? c.moe->shared_intermediate : 0;
       if (ends("layernorm.weight")) s = {h};
+      else if (ends("q_norm.weight") || ends("k_norm.weight")) s = {c.head_dim};
+      else if (ends("mlp.gate.weight")) s = {e, h};
+      else if (ends("mlp.experts.gate_proj.weight") || ends("mlp.experts.up_proj.weight")) s = {e, fe, h};
+      else if (ends("mlp.experts.down_proj.weight")) s = {e, h, fe};
+      else if (ends("shared_experts.gate_proj.weight") || ends("shared_experts.up_proj.weight")) s = {fs, h};
+      else if (ends("shared_experts.down_proj.weight")) s = {h, fs};
+      else if (ends("shared_expert_gate.weight")) s = {1, h};
       else if (ends("q_proj.weight")) s = {q, h};
       else if (ends("q_proj.bias")) s = {q};
       else if (ends("k_proj.weight") || ends("v_proj.weight")) s = {kv, h};
@@ -284,7 +344,8 @@ int64_t llama_layer_of(const std::string& name) {
 }
 
 bool llama_is_norm(const std::string& name) {
-  return name.find("layernorm.weight") != std::string::npos || name.ends_with("model.norm.weight");
+  return name.find("layernorm.weight") != std::string::npos || name.ends_with("model.norm.weight") ||
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
 }
 
 }  // namespace ckpt
