@@ -79,7 +79,6 @@ CommandAction setup_train(CLI::App& sub) {
   return [f]() -> int {
     auto cfg = LlamaConfig::from_file(f->config);
     if (!cfg.ok()) return report_error(cfg.status());
-    if (Status st = cfg->require_dense("ckpt train (issue 38)"); !st.ok()) return report_error(st);
     f->o.config = *cfg;
     f->o.async_save = !f->sync_save;
     auto lv = f->layout.values();
