@@ -119,6 +119,15 @@ int64_t LlamaConfig::parameter_count() const {
   if (attention_bias || qkv_bias) attn = ok(checked_add(attn, q + 2 * kv));
   if (attention_bias) attn = ok(checked_add(attn, h));
   if (qk_norm) attn = ok(checked_add(attn, 2 * head_dim));
+  if (mla) {  // replaces q/k/v/o above: two norms, the low-rank projections, o_proj
+    const int64_t H = num_attention_heads, qh = mla->qk_head_dim(), ql = mla->q_lora_rank, kl = mla->kv_lora_rank;
+    attn = ok(checked_add(ok(checked_mul(int64_t{2}, h)), kl));                                        // norms, kv_a_layernorm
+    attn = ok(checked_add(attn, ql > 0 ? ok(checked_add(ok(checked_mul(ql, h + 1)), ok(checked_mul(H * qh, ql))))
+                                       : ok(checked_mul(H * qh, h))));                                   // q
+    attn = ok(checked_add(attn, ok(checked_mul(kl + mla->qk_rope_head_dim, h))));                       // kv_a_proj_with_mqa
+    attn = ok(checked_add(attn, ok(checked_mul(H * (mla->qk_nope_head_dim + mla->v_head_dim), kl))));  // kv_b_proj
+    attn = ok(checked_add(attn, ok(checked_mul(h, H * mla->v_head_dim))));                              // o_proj
+  }
   int64_t dense = ok(checked_mul(3 * f, h));                  // gate, up, down
   if (mlp_bias) dense = ok(checked_add(dense, 2 * f + h));
   int64_t sparse = 0;                                         // an MoE layer's MLP
@@ -126,7 +135,9 @@ int64_t LlamaConfig::parameter_count() const {
     const int64_t e = moe->num_experts, fe = moe->expert_intermediate, fs = moe->shared_intermediate;
     sparse = ok(checked_mul(e, h));                                                      // router
     sparse = ok(checked_add(sparse, ok(checked_mul(ok(checked_mul(3 * e, fe)), h))));    // experts
-    if (fs > 0) sparse = ok(checked_add(sparse, ok(checked_add(ok(checked_mul(3 * fs, h)), h))));  // shared + gate
+    if (fs > 0) sparse = ok(checked_add(sparse, ok(checked_mul(3 * fs, h))));  // shared expert
+    if (fs > 0 && moe->shared_gate) sparse = ok(checked_add(sparse, h));     // its gate
+    if (moe->router_bias) sparse = ok(checked_add(sparse, e));
   }
   int64_t all = 0;
   for (int64_t i = 0; i < num_hidden_layers; ++i)
@@ -167,14 +178,14 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(get_num("rope_theta", c.rope_theta));
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const auto& rp = j["rope_parameters"];
-    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+    if (c.family == ModelFamily::kLlama && rp.contains("rope_type") && rp["rope_type"] != "default")
       return Status::Unsupported("rope_parameters.rope_type " + rp["rope_type"].dump() + " (only \"default\")");
     if (rp.contains("rope_theta")) {
       if (!rp["rope_theta"].is_number()) return bad("rope_parameters.rope_theta", "expected a number");
       c.rope_theta = rp["rope_theta"].get<double>();
     }
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+  if (c.family == ModelFamily::kLlama && j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     return Status::Unsupported("rope_scaling " + j["rope_scaling"].dump() + " is not supported");
   auto get_bool = [&](const char* key, bool& out) -> Status {
     if (!j.contains(key) || j[key].is_null()) return Status::Ok();
@@ -193,6 +204,10 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   if (c.family != ModelFamily::kLlama) {
     if (c.num_hidden_layers > kMaxLayers) return too_large("num_hidden_layers", c.num_hidden_layers, kMaxLayers, "layers");
     CKPT_ASSIGN_OR_RETURN(c.moe, parse_moe_config(j, c.family, c.num_hidden_layers, c.intermediate_size));
+  }
+  if (c.family == ModelFamily::kDeepseekV3) {
+    if (c.attention_bias) return Status::Error("UnsupportedModel", "deepseek_v3 with attention_bias (MLA projection biases) is not supported");
+    CKPT_ASSIGN_OR_RETURN(c.mla, parse_mla_config(j));
   }
   if (j.contains("hidden_act")) {
     if (!j["hidden_act"].is_string() || j["hidden_act"] != "silu")
@@ -260,10 +275,46 @@ Status LlamaConfig::require_dense(const std::string& what) const {
                                                " experts; docs/MOE.md says which commands do)");
 }
 
+namespace {
+
+// post_attention_layernorm and the MLP of layer `i` (prefix `p`): dense, or the MoE layer's.
+void llama_mlp_param_names(const LlamaConfig& c, int64_t i, const std::string& p, std::vector<std::string>& n) {
+  n.push_back(p + "post_attention_layernorm.weight");
+  if (c.moe && c.moe->is_moe_layer(i)) {
+    n.push_back(p + "mlp.gate.weight");
+    if (c.moe->router_bias) n.push_back(p + "mlp.gate.e_score_correction_bias");
+    for (const char* m : {"experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight"})
+      n.push_back(p + "mlp." + m);
+    if (c.moe->shared_intermediate > 0)
+      for (const char* m : {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight", "shared_experts.down_proj.weight"})
+        n.push_back(p + "mlp." + m);
+    if (c.moe->shared_intermediate > 0 && c.moe->shared_gate) n.push_back(p + "mlp.shared_expert_gate.weight");
+    return;
+  }
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+    n.push_back(p + "mlp." + m + ".weight");
+    if (c.mlp_bias) n.push_back(p + "mlp." + m + ".bias");
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i) {
   const std::string p = "model.layers." + std::to_string(i) + ".";
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
-  std::vector<std::string> n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
+  std::vector<std::string> n;
+  if (c.mla) {
+    n.push_back(p + "input_layernorm.weight");
+    if (c.mla->q_lora_rank > 0)
+      for (const char* m : {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"}) n.push_back(p + "self_attn." + m);
+    else
+      n.push_back(p + "self_attn.q_proj.weight");
+    for (const char* m : {"kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"})
+      n.push_back(p + "self_attn." + m);
+    llama_mlp_param_names(c, i, p, n);
+    return n;
+  }
+  n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
   if (qkv_bias) n.push_back(p + "self_attn.q_proj.bias");
   n.push_back(p + "self_attn.k_proj.weight");
   if (qkv_bias) n.push_back(p + "self_attn.k_proj.bias");
@@ -275,22 +326,30 @@ std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i
     n.push_back(p + "self_attn.q_norm.weight");
     n.push_back(p + "self_attn.k_norm.weight");
   }
-  n.push_back(p + "post_attention_layernorm.weight");
-  if (c.moe && c.moe->is_moe_layer(i)) {
-    for (const char* m : {"gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight"})
-      n.push_back(p + "mlp." + m);
-    if (c.moe->shared_intermediate > 0)
-      for (const char* m : {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
-                            "shared_experts.down_proj.weight", "shared_expert_gate.weight"})
-        n.push_back(p + "mlp." + m);
-    return n;
-  }
-  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
-    n.push_back(p + "mlp." + m + ".weight");
-    if (c.mlp_bias) n.push_back(p + "mlp." + m + ".bias");
-  }
+  llama_mlp_param_names(c, i, p, n);
   return n;
 }
+
+namespace {
+
+// The shape of an MLA attention tensor (false for other names).
+bool mla_shape(const LlamaConfig& c, const std::string& name, Shape* s) {
+  const MlaConfig& a = *c.mla;
+  const int64_t h = c.hidden_size, H = c.num_attention_heads;
+  auto is = [&](const char* sfx) { return name.ends_with(std::string("self_attn.") + sfx); };
+  if (is("q_a_proj.weight")) *s = {a.q_lora_rank, h};
+  else if (is("q_a_layernorm.weight")) *s = {a.q_lora_rank};
+  else if (is("q_b_proj.weight")) *s = {H * a.qk_head_dim(), a.q_lora_rank};
+  else if (is("q_proj.weight")) *s = {H * a.qk_head_dim(), h};
+  else if (is("kv_a_proj_with_mqa.weight")) *s = {a.kv_lora_rank + a.qk_rope_head_dim, h};
+  else if (is("kv_a_layernorm.weight")) *s = {a.kv_lora_rank};
+  else if (is("kv_b_proj.weight")) *s = {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank};
+  else if (is("o_proj.weight")) *s = {h, H * a.v_head_dim};
+  else return false;
+  return true;
+}
+
+}  // namespace
 
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
@@ -305,8 +364,10 @@ std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
       Shape s;
       const int64_t e = c.moe ? c.moe->num_experts : 0, fe = c.moe ? c.moe->expert_intermediate : 0,
                     fs = c.moe ? c.moe->shared_intermediate : 0;
-      if (ends("layernorm.weight")) s = {h};
+      if (c.mla && mla_shape(c, name, &s)) {
+      } else if (ends("layernorm.weight")) s = {h};
       else if (ends("q_norm.weight") || ends("k_norm.weight")) s = {c.head_dim};
+      else if (ends("gate.e_score_correction_bias")) s = {e};
       else if (ends("mlp.gate.weight")) s = {e, h};
       else if (ends("mlp.experts.gate_proj.weight") || ends("mlp.experts.up_proj.weight")) s = {e, fe, h};
       else if (ends("mlp.experts.down_proj.weight")) s = {e, h, fe};

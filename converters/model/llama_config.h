@@ -54,6 +54,7 @@ struct LlamaConfig {
   bool qk_norm = false;    // per-head RMSNorm of q and k (Qwen3-MoE): self_attn.{q,k}_norm.weight [head_dim]
   ModelFamily family = ModelFamily::kLlama;
   std::optional<MoeConfig> moe;  // the MoE families (docs/MOE.md); nullopt: dense
+  std::optional<MlaConfig> mla;  // DeepSeek-V3's latent attention instead of q/k/v_proj
   std::string hidden_act = "silu";
   DType dtype = DType::kF32;  // torch_dtype / dtype
   int64_t bos_token_id = 1;
@@ -84,7 +85,10 @@ struct LlamaConfig {
 // lm_head (untied only). `dtype` is the stored dtype of every tensor. An MoE layer has instead of
 // gate/up/down (docs/MOE.md): mlp.gate.weight [E, h] (the router), mlp.experts.{gate,up}_proj.weight
 // [E, F, h], mlp.experts.down_proj.weight [E, h, F], and with a shared expert
-// mlp.shared_experts.{gate,up,down}_proj.weight and mlp.shared_expert_gate.weight [1, h].
+// mlp.shared_experts.{gate,up,down}_proj.weight (and Qwen2-MoE's mlp.shared_expert_gate.weight
+// [1, h]; DeepSeek-V3's router bias mlp.gate.e_score_correction_bias [E]). An MLA layer has
+// instead of q/k/v_proj: q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
+// kv_a_layernorm, kv_b_proj (moe_config.h MlaConfig).
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dtype);
 
 // Parameter names of one decoder layer `i` (same order as llama_model_tensors).

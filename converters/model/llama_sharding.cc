@@ -155,8 +155,12 @@ Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& fu
       CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));
       boxes.push_back(dim_slice(shape, 0, v.begin, v.end));
     }
-  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias", "mlp.gate.weight", "shared_expert_gate.weight"})) {
-    boxes = replicate(shape, tp);  // norms, the MoE router and the shared expert's gate too
+  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias", "mlp.gate.weight", "shared_expert_gate.weight",
+                                         "gate.e_score_correction_bias", "q_a_proj.weight", "kv_a_proj_with_mqa.weight"})) {
+    boxes = replicate(shape, tp);  // norms, the MoE router and the shared expert's gate, MLA's down projections
+  } else if (is({"q_b_proj.weight", "kv_b_proj.weight"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 0, tp);  // MLA's up projections: rows per head
   } else if (is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
     if (shape[1] % tp != 0) return not_divisible(shape[1], "moe_intermediate_size");
     boxes = split_even(shape, 1, tp);  // [E, F, h]: every expert's F split as a dense MLP's

@@ -53,13 +53,46 @@ Result<std::vector<bool>> qwen_moe_layers(const nlohmann::json& j, int64_t layer
   return moe;
 }
 
+// DeepSeek-V3's shared experts and dense layers (the experts, top-k and width are parsed).
+Result<MoeConfig> deepseek_moe(const nlohmann::json& j, int64_t layers, MoeConfig m) {
+  CKPT_ASSIGN_OR_RETURN(const int64_t shared, moe_pos_int(j, "n_shared_experts", 1, kMaxExperts));
+  if (j.contains("n_shared_experts") && j["n_shared_experts"].is_null()) m.shared_intermediate = 0;
+  else m.shared_intermediate = shared * m.expert_intermediate;
+  int64_t first_dense = 0;
+  if (j.contains("first_k_dense_replace") && !j["first_k_dense_replace"].is_null()) {
+    const auto& v = j["first_k_dense_replace"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > layers)
+      return bad_moe_key("first_k_dense_replace", "expected a layer count in [0, " + std::to_string(layers) + "], got " + v.dump());
+    first_dense = v.get<int64_t>();
+  }
+  CKPT_ASSIGN_OR_RETURN(const int64_t freq, moe_pos_int(j, "moe_layer_freq", 1, layers));
+  m.router_bias = true;
+  m.moe_layer.assign(static_cast<size_t>(layers), false);
+  for (int64_t i = first_dense; i < layers; ++i) m.moe_layer[i] = i % freq == 0;
+  return m;
+}
+
 }  // namespace
+
+Result<MlaConfig> parse_mla_config(const nlohmann::json& j) {
+  MlaConfig a;
+  constexpr int64_t kMaxRank = int64_t{1} << 16;
+  if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null()) {
+    CKPT_ASSIGN_OR_RETURN(a.q_lora_rank, moe_pos_int(j, "q_lora_rank", 0, kMaxRank));
+  }
+  CKPT_ASSIGN_OR_RETURN(a.kv_lora_rank, moe_pos_int(j, "kv_lora_rank", 0, kMaxRank));
+  CKPT_ASSIGN_OR_RETURN(a.qk_nope_head_dim, moe_pos_int(j, "qk_nope_head_dim", 0, kMaxRank));
+  CKPT_ASSIGN_OR_RETURN(a.qk_rope_head_dim, moe_pos_int(j, "qk_rope_head_dim", 0, kMaxRank));
+  CKPT_ASSIGN_OR_RETURN(a.v_head_dim, moe_pos_int(j, "v_head_dim", 0, kMaxRank));
+  return a;
+}
 
 Result<ModelFamily> model_family_of(const nlohmann::json& j) {
   static const std::pair<const char*, ModelFamily> kTypes[] = {{"llama", ModelFamily::kLlama},
                                                                {"mixtral", ModelFamily::kMixtral},
                                                                {"qwen2_moe", ModelFamily::kQwen2Moe},
-                                                               {"qwen3_moe", ModelFamily::kQwen3Moe}};
+                                                               {"qwen3_moe", ModelFamily::kQwen3Moe},
+                                                               {"deepseek_v3", ModelFamily::kDeepseekV3}};
   std::string type;
   if (j.contains("model_type") && j["model_type"].is_string()) {
     type = j["model_type"].get<std::string>();
@@ -74,8 +107,7 @@ Result<ModelFamily> model_family_of(const nlohmann::json& j) {
     if (type == t) return f;
   return Status::Error("UnsupportedModel", "config model_type \"" + type +
                                                "\" is no model family ckpt knows (it reads llama, mixtral, qwen2_moe, "
-                                               "qwen3_moe" +
-                                               (type == "deepseek_v3" ? "; deepseek_v3's MLA attention is not supported yet" : "") + ")");
+                                               "qwen3_moe, deepseek_v3)");
 }
 
 const char* model_type_name(ModelFamily f) {
@@ -83,6 +115,7 @@ const char* model_type_name(ModelFamily f) {
     case ModelFamily::kMixtral: return "mixtral";
     case ModelFamily::kQwen2Moe: return "qwen2_moe";
     case ModelFamily::kQwen3Moe: return "qwen3_moe";
+    case ModelFamily::kDeepseekV3: return "deepseek_v3";
     default: return "llama";
   }
 }
@@ -92,13 +125,14 @@ const char* model_architecture(ModelFamily f) {
     case ModelFamily::kMixtral: return "MixtralForCausalLM";
     case ModelFamily::kQwen2Moe: return "Qwen2MoeForCausalLM";
     case ModelFamily::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case ModelFamily::kDeepseekV3: return "DeepseekV3ForCausalLM";
     default: return "LlamaForCausalLM";
   }
 }
 
 Result<MoeConfig> parse_moe_config(const nlohmann::json& j, ModelFamily family, int64_t layers, int64_t dense_intermediate) {
   MoeConfig m;
-  const char* experts = moe_first_present(j, {"num_local_experts", "num_experts"});
+  const char* experts = moe_first_present(j, {"num_local_experts", "num_experts", "n_routed_experts"});
   CKPT_ASSIGN_OR_RETURN(m.num_experts, moe_pos_int(j, experts, 0, kMaxExperts));
   CKPT_ASSIGN_OR_RETURN(m.top_k, moe_pos_int(j, "num_experts_per_tok", 0, kMaxExperts));
   if (m.top_k > m.num_experts)
@@ -109,6 +143,8 @@ Result<MoeConfig> parse_moe_config(const nlohmann::json& j, ModelFamily family, 
     return m;
   }
   CKPT_ASSIGN_OR_RETURN(m.expert_intermediate, moe_pos_int(j, "moe_intermediate_size", 0, int64_t{1} << 20));
+  if (family == ModelFamily::kDeepseekV3) return deepseek_moe(j, layers, std::move(m));
+  m.shared_gate = family == ModelFamily::kQwen2Moe;
   if (family == ModelFamily::kQwen2Moe && j.contains("shared_expert_intermediate_size") &&
       !j["shared_expert_intermediate_size"].is_null()) {
     CKPT_ASSIGN_OR_RETURN(m.shared_intermediate, moe_pos_int(j, "shared_expert_intermediate_size", 0, int64_t{1} << 20));

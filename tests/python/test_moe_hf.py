@@ -1,5 +1,5 @@
 """Mixture-of-experts models through HF both ways (issue 37, docs/MOE.md), against transformers:
-the tiny Mixtral, Qwen2-MoE and Qwen3-MoE of fixtures/moe (written by transformers' own
+the tiny Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 (MLA) of fixtures/moe (written by transformers' own
 save_pretrained, per-expert names, and the same weights under its fused in-memory names)
 -> `ckpt from-hf` -> reshard through three tp/pp/dp layouts -> `ckpt to-hf`: every tensor equals
 save_pretrained's bit for bit (safetensors reads both), transformers loads the export and gives the
@@ -19,8 +19,9 @@ from safetensors.torch import load_file, save_file
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MOE = ROOT / "fixtures" / "moe"
 FAMILIES = {"mixtral": transformers.MixtralForCausalLM, "qwen2_moe": transformers.Qwen2MoeForCausalLM,
-            "qwen3_moe": transformers.Qwen3MoeForCausalLM}
+            "qwen3_moe": transformers.Qwen3MoeForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM}
 # tp must divide the heads (4), the KV heads or be a multiple of them (2), every MLP width (24, 40, 48, 56).
+# DeepSeek-V3's MLA: q_b_proj / kv_b_proj split by heads, the low-rank down projections replicated.
 LAYOUTS = [("--tp", "2", "--pp", "2", "--dp", "1", "--pp-layers", "1,1"),
            ("--tp", "4", "--pp", "1", "--dp", "2", "--zero", "1"),
            ("--tp", "1", "--pp", "2", "--dp", "1", "--pp-layers", "1,1")]
@@ -121,14 +122,18 @@ def test_unexpected_expert_is_named(run_ckpt, tmp_path):
     _refused(run_ckpt, d, tmp_path / "o", "UnexpectedTensor", key)
 
 
-@pytest.mark.parametrize("edit,code,needle", [
-    (lambda c: c.__setitem__("num_local_experts", 1 << 40), "ConfigTooLarge", "num_local_experts"),
-    (lambda c: c.__setitem__("num_experts_per_tok", 9), "InvalidConfig", "num_experts_per_tok"),
-    (lambda c: c.__setitem__("mlp_only_layers", [7]), "InvalidConfig", "mlp_only_layers"),
-    (lambda c: c.__setitem__("model_type", "deepseek_v3"), "UnsupportedModel", "deepseek_v3"),
+@pytest.mark.parametrize("family,edit,code,needle", [
+    ("qwen3_moe", lambda c: c.__setitem__("num_local_experts", 1 << 40), "ConfigTooLarge", "num_local_experts"),
+    ("qwen3_moe", lambda c: c.__setitem__("num_experts_per_tok", 9), "InvalidConfig", "num_experts_per_tok"),
+    ("qwen3_moe", lambda c: c.__setitem__("mlp_only_layers", [7]), "InvalidConfig", "mlp_only_layers"),
+    ("qwen3_moe", lambda c: c.__setitem__("model_type", "deepseek_v4"), "UnsupportedModel", "deepseek_v4"),
+    ("qwen3_moe", lambda c: c.__setitem__("decoder_sparse_step", 0), "InvalidConfig", "decoder_sparse_step"),
+    ("deepseek_v3", lambda c: c.__setitem__("first_k_dense_replace", 9), "InvalidConfig", "first_k_dense_replace"),
+    ("deepseek_v3", lambda c: c.__setitem__("kv_lora_rank", 1 << 30), "ConfigTooLarge", "kv_lora_rank"),
+    ("deepseek_v3", lambda c: c.__setitem__("kv_lora_rank", 12), "ShapeMismatch", "kv_a_proj_with_mqa"),
 ])
-def test_bad_moe_configs_are_named(run_ckpt, tmp_path, edit, code, needle):
-    d = _copy_with(tmp_path, "qwen3_moe", edit_config=edit)
+def test_bad_moe_configs_are_named(run_ckpt, tmp_path, family, edit, code, needle):
+    d = _copy_with(tmp_path, family, edit_config=edit)
     _refused(run_ckpt, d, tmp_path / "o", code, needle)
 
 
