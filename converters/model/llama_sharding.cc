@@ -45,6 +45,50 @@ int64_t LlamaShardingRules::kv_replication(int64_t num_kv_heads, int tp) {
   return 0;  // not shardable
 }
 
+namespace {
+
+// ep / etp against the model: only an MoE model takes them; ep divides the experts, etp their width;
+// ZeRO-1 of expert parameters over the expert data-parallel group is not laid out yet.
+Status check_expert_layout(const LlamaConfig& c, const Layout& layout) {
+  if (!layout.expert_parallel()) return Status::Ok();
+  const std::string lay = "ep=" + std::to_string(layout.ep) + " etp=" + std::to_string(layout.expert_tp());
+  if (!c.moe) return refuse(lay + " for a dense model (expert parallelism needs an MoE model)");
+  if (c.moe->num_experts % layout.ep != 0)
+    return refuse("ep=" + std::to_string(layout.ep) + " does not divide the " + std::to_string(c.moe->num_experts) + " experts");
+  if (c.moe->expert_intermediate % layout.expert_tp() != 0)
+    return refuse("etp=" + std::to_string(layout.expert_tp()) + " does not divide the experts' width " +
+                  std::to_string(c.moe->expert_intermediate));
+  if (layout.zero == 1)
+    return Status::Error("LayoutUnsupported", "ZeRO-1 with " + lay +
+                                                  ": the expert parameters' shards over the expert data-parallel group are "
+                                                  "not laid out yet (docs/MOE.md); use --zero 0 or ep 1 with etp = tp");
+  return Status::Ok();
+}
+
+// The boxes of the `tp` ranks of pipeline layout.view_pipeline for a stacked expert tensor [E, ...]
+// whose width (F) is dimension `fdim`: stage-local rank r = pipeline * tp + t is expert TP rank
+// r % etp and expert-parallel rank (r / etp) % ep (Megatron-Core's expert rank order).
+Result<std::vector<Box>> expert_boxes(const Shape& shape, size_t fdim, const Layout& layout, const std::string& full) {
+  if (layout.view_pipeline < 0 || layout.view_pipeline >= layout.dp)
+    return Status::Internal("expert placement of '" + full + "' asked without its pipeline").with_tensor(full);
+  const int etp = layout.expert_tp();
+  const int64_t local = shape[0] / layout.ep, width = shape[fdim] / etp;
+  std::vector<Box> boxes;
+  for (int t = 0; t < layout.tp; ++t) {
+    const int64_t r = static_cast<int64_t>(layout.view_pipeline) * layout.tp + t;
+    const int64_t er = r % etp, xr = (r / etp) % layout.ep;
+    Box b = Box::whole(shape);
+    b.offset[0] = xr * local;
+    b.extent[0] = local;
+    b.offset[fdim] = er * width;
+    b.extent[fdim] = width;
+    boxes.push_back(std::move(b));
+  }
+  return boxes;
+}
+
+}  // namespace
+
 Status LlamaShardingRules::check_layout(const Layout& layout) const {
   const LlamaConfig& c = config_;
   const int64_t L = c.num_hidden_layers;
@@ -90,6 +134,7 @@ Status LlamaShardingRules::check_layout(const Layout& layout) const {
   if (c.moe && c.moe->shared_intermediate % tp != 0)
     return refuse("tp=" + std::to_string(tp) + " does not divide shared_expert_intermediate_size=" +
                   std::to_string(c.moe->shared_intermediate));
+  CKPT_RETURN_IF_ERROR(check_expert_layout(c, layout));
   if (layout.vocab_divisor < 1)
     return refuse("vocab_divisor must be >= 1, got " + std::to_string(layout.vocab_divisor));
   return Status::Ok();
@@ -161,6 +206,10 @@ Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& fu
   } else if (is({"q_b_proj.weight", "kv_b_proj.weight"})) {
     if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
     boxes = split_even(shape, 0, tp);  // MLA's up projections: rows per head
+  } else if (layout.expert_parallel() && is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
+    return expert_boxes(shape, 1, layout, full);
+  } else if (layout.expert_parallel() && is({"mlp.experts.down_proj.weight"})) {
+    return expert_boxes(shape, 2, layout, full);
   } else if (is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
     if (shape[1] % tp != 0) return not_divisible(shape[1], "moe_intermediate_size");
     boxes = split_even(shape, 1, tp);  // [E, F, h]: every expert's F split as a dense MLP's
