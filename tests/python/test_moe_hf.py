@@ -147,3 +147,15 @@ def test_commands_without_experts_say_so(run_ckpt, tmp_path):
     p = run_ckpt("reshard", tmp_path / "s", tmp_path / "r", "--tp", "1", "--pp", "1", "--dp", "1", "--profile", "megatron-mcore",
                  check=False)
     assert p.returncode != 0 and "[UnsupportedModel]" in p.stderr, p.stderr
+
+
+def test_export_dcp_of_expert_parallel_store_loads_in_torch(run_ckpt, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    run_ckpt("from-hf", MOE / "qwen3_moe" / "legacy", tmp_path / "s", "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "4",
+             "--etp", "1", "--pp-layers", "1,2", "--no-fsync")
+    run_ckpt("export-dcp", tmp_path / "s", tmp_path / "dcp")
+    ref = load_file(MOE / "qwen3_moe" / "legacy" / "model.safetensors")
+    sd = {k: torch.empty_like(v) for k, v in ref.items()}
+    dcp.load(sd, checkpoint_id=str(tmp_path / "dcp"))  # the per-expert names of transformers' file
+    for k, v in ref.items():
+        assert torch.equal(sd[k], v), k
