@@ -10,6 +10,10 @@ void LayoutFlags::add(CLI::App& sub, const std::string& zero_help) {
   sub.add_option("--pp-layers", pp_layers, "layers per pipeline stage, e.g. 2,3,3 for uneven stages (default: even split)");
   sub.add_option("--dp", dp, "data-parallel size");
   sub.add_option("--zero", zero, zero_help)->check(CLI::Range(0, 1));
+  sub.add_option("--ep", ep, "expert-parallel size of an MoE model: the tp x dp ranks of a stage hold its experts in ep groups "
+                             "(Megatron-Core's order; docs/MOE.md)")->check(CLI::Range(1, 1 << 16));
+  sub.add_option("--etp", etp, "expert tensor-parallel size (default: tp); etp x ep must divide tp x dp")
+      ->check(CLI::Range(1, 1 << 16));
 }
 
 void StreamFlags::add(CLI::App& sub) {

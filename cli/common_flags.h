@@ -18,13 +18,18 @@
 namespace ckpt::cli {
 
 struct LayoutFlags {
-  int tp = 0, pp = 0, dp = 0, zero = -1;
+  int tp = 0, pp = 0, dp = 0, zero = -1, ep = 0, etp = 0;
   std::string pp_layers;
 
   void add(CLI::App& sub, const std::string& zero_help);
-  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  bool given() const { return tp || pp || dp || zero >= 0 || ep || etp || !pp_layers.empty(); }
   // The values with --pp-layers parsed (errors name it).
-  Result<LayoutValues> values() const { return LayoutValues::parse(tp, pp, dp, zero, pp_layers); }
+  Result<LayoutValues> values() const {
+    CKPT_ASSIGN_OR_RETURN(LayoutValues v, LayoutValues::parse(tp, pp, dp, zero, pp_layers));
+    v.ep = ep;
+    v.etp = etp;
+    return v;
+  }
 };
 
 // --no-verify: skip the check of SRC by its format's own checks before the output is committed.

@@ -45,6 +45,50 @@ int64_t LlamaShardingRules::kv_replication(int64_t num_kv_heads, int tp) {
   return 0;  // not shardable
 }
 
+namespace {
+
+// ep / etp against the model: only an MoE model takes them; ep divides the experts, etp their width;
+// ZeRO-1 of expert parameters over the expert data-parallel group is not laid out yet.
+Status check_expert_layout(const LlamaConfig& c, const Layout& layout) {
+  if (!layout.expert_parallel()) return Status::Ok();
+  const std::string lay = "ep=" + std::to_string(layout.ep) + " etp=" + std::to_string(layout.expert_tp());
+  if (!c.moe) return refuse(lay + " for a dense model (expert parallelism needs an MoE model)");
+  if (c.moe->num_experts % layout.ep != 0)
+    return refuse("ep=" + std::to_string(layout.ep) + " does not divide the " + std::to_string(c.moe->num_experts) + " experts");
+  if (c.moe->expert_intermediate % layout.expert_tp() != 0)
+    return refuse("etp=" + std::to_string(layout.expert_tp()) + " does not divide the experts' width " +
+                  std::to_string(c.moe->expert_intermediate));
+  if (layout.zero == 1)
+    return Status::Error("LayoutUnsupported", "ZeRO-1 with " + lay +
+                                                  ": the expert parameters' shards over the expert data-parallel group are "
+                                                  "not laid out yet (docs/MOE.md); use --zero 0 or ep 1 with etp = tp");
+  return Status::Ok();
+}
+
+// The boxes of the `tp` ranks of pipeline layout.view_pipeline for a stacked expert tensor [E, ...]
+// whose width (F) is dimension `fdim`: stage-local rank r = pipeline * tp + t is expert TP rank
+// r % etp and expert-parallel rank (r / etp) % ep (Megatron-Core's expert rank order).
+Result<std::vector<Box>> expert_boxes(const Shape& shape, size_t fdim, const Layout& layout, const std::string& full) {
+  if (layout.view_pipeline < 0 || layout.view_pipeline >= layout.dp)
+    return Status::Internal("expert placement of '" + full + "' asked without its pipeline").with_tensor(full);
+  const int etp = layout.expert_tp();
+  const int64_t local = shape[0] / layout.ep, width = shape[fdim] / etp;
+  std::vector<Box> boxes;
+  for (int t = 0; t < layout.tp; ++t) {
+    const int64_t r = static_cast<int64_t>(layout.view_pipeline) * layout.tp + t;
+    const int64_t er = r % etp, xr = (r / etp) % layout.ep;
+    Box b = Box::whole(shape);
+    b.offset[0] = xr * local;
+    b.extent[0] = local;
+    b.offset[fdim] = er * width;
+    b.extent[fdim] = width;
+    boxes.push_back(std::move(b));
+  }
+  return boxes;
+}
+
+}  // namespace
+
 Status LlamaShardingRules::check_layout(const Layout& layout) const {
   const LlamaConfig& c = config_;
   const int64_t L = c.num_hidden_layers;
@@ -79,9 +123,18 @@ Status LlamaShardingRules::check_layout(const Layout& layout) const {
     return refuse("tp=" + std::to_string(tp) + " and num_key_value_heads=" + std::to_string(K) +
                   ": tp must divide the KV heads, or be a multiple of them (each KV head then replicated on tp/K "
                   "ranks)");
-  if (c.intermediate_size % tp != 0)
+  const bool dense_layers = !c.moe || std::find(c.moe->moe_layer.begin(), c.moe->moe_layer.end(), false) !=
+                                            c.moe->moe_layer.end();
+  if (dense_layers && c.intermediate_size % tp != 0)
     return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                   std::to_string(c.intermediate_size));
+  if (c.moe && c.moe->expert_intermediate % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide the experts' width " +
+                  std::to_string(c.moe->expert_intermediate) + " (moe_intermediate_size; experts split it over tp)");
+  if (c.moe && c.moe->shared_intermediate % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide shared_expert_intermediate_size=" +
+                  std::to_string(c.moe->shared_intermediate));
+  CKPT_RETURN_IF_ERROR(check_expert_layout(c, layout));
   if (layout.vocab_divisor < 1)
     return refuse("vocab_divisor must be >= 1, got " + std::to_string(layout.vocab_divisor));
   return Status::Ok();
@@ -147,8 +200,22 @@ Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& fu
       CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));
       boxes.push_back(dim_slice(shape, 0, v.begin, v.end));
     }
-  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias"})) {
-    boxes = replicate(shape, tp);
+  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias", "mlp.gate.weight", "shared_expert_gate.weight",
+                                         "gate.e_score_correction_bias", "q_a_proj.weight", "kv_a_proj_with_mqa.weight"})) {
+    boxes = replicate(shape, tp);  // norms, the MoE router and the shared expert's gate, MLA's down projections
+  } else if (is({"q_b_proj.weight", "kv_b_proj.weight"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 0, tp);  // MLA's up projections: rows per head
+  } else if (layout.expert_parallel() && is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
+    return expert_boxes(shape, 1, layout, full);
+  } else if (layout.expert_parallel() && is({"mlp.experts.down_proj.weight"})) {
+    return expert_boxes(shape, 2, layout, full);
+  } else if (is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
+    if (shape[1] % tp != 0) return not_divisible(shape[1], "moe_intermediate_size");
+    boxes = split_even(shape, 1, tp);  // [E, F, h]: every expert's F split as a dense MLP's
+  } else if (is({"mlp.experts.down_proj.weight"})) {
+    if (shape[2] % tp != 0) return not_divisible(shape[2], "moe_intermediate_size");
+    boxes = split_even(shape, 2, tp);  // [E, h, F]
   } else if (is({"q_proj.weight", "q_proj.bias"})) {
     if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
     boxes = split_even(shape, 0, tp);

@@ -85,6 +85,28 @@ std::string layout_detail_text(const json& det) {
 
 }  // namespace
 
+namespace {
+
+// "experts:    6 stacked tensors, 1.50 MiB; ep=2: 768.00 KiB per expert rank" for a checkpoint with
+// stacked MoE experts (docs/MOE.md), else "".
+std::string experts_text(const json& s) {
+  uint64_t bytes = 0, n = 0;
+  if (s.contains("tensors") && s["tensors"].is_array())
+    for (const json& t : s["tensors"])
+      if (t.is_object() && t.value("name", std::string()).find(".mlp.experts.") != std::string::npos &&
+          !t.value("name", std::string()).starts_with("optimizer.")) {
+        bytes += t.value("bytes", uint64_t{0});
+        ++n;
+      }
+  if (n == 0) return "";
+  const int64_t ep = s["layout"].is_object() ? s["layout"].value("ep", int64_t{1}) : 1;
+  std::string o = "experts:    " + std::to_string(n) + " stacked tensors, " + human_bytes(bytes);
+  if (ep > 1) o += "; ep=" + std::to_string(ep) + ": " + human_bytes(bytes / static_cast<uint64_t>(ep)) + " per expert rank";
+  return o + "\n";
+}
+
+}  // namespace
+
 std::string text_summary(const json& s, bool list_tensors) {
   std::string o;
   char buf[512];
@@ -110,12 +132,13 @@ std::string text_summary(const json& s, bool list_tensors) {
     o += layout_detail_text(det);
   } else if (s["layout"].is_object()) {
     o += "layout:    ";
-    for (const char* k : {"tp", "pp", "dp", "zero"})
+    for (const char* k : {"tp", "pp", "dp", "zero", "ep", "etp"})
       if (s["layout"].contains(k)) o += std::string(" ") + k + "=" + s["layout"][k].dump();
     o += "\n";
   } else if (!s["layout"].is_null()) {
     o += "layout:     " + s["layout"].dump() + "\n";
   }
+  o += experts_text(s);
   if (list_tensors) {
     std::snprintf(buf, sizeof buf, "%-56s %-8s %-20s %7s %12s\n", "tensor", "dtype", "shape", "pieces", "bytes");
     o += buf;

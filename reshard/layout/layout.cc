@@ -74,6 +74,11 @@ Status Layout::validate() const {
     return bad("world size tp*pp*dp overflows: tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
                " dp=" + std::to_string(dp));
   if (zero != 0 && zero != 1) return bad("zero must be 0 or 1, got " + std::to_string(zero));
+  if (ep < 1 || etp < 0 || ep > kMaxParallel || etp > kMaxParallel)
+    return bad("ep must be >= 1 and etp >= 0 (0: = tp), got ep=" + std::to_string(ep) + " etp=" + std::to_string(etp));
+  if ((static_cast<int64_t>(tp) * dp) % (static_cast<int64_t>(ep) * expert_tp()) != 0)
+    return bad("ep=" + std::to_string(ep) + " x etp=" + std::to_string(expert_tp()) + " does not divide the " +
+               std::to_string(tp * dp) + " ranks of a stage (tp=" + std::to_string(tp) + " x dp=" + std::to_string(dp) + ")");
   if (num_layers() < pp)
     return bad("pp=" + std::to_string(pp) + " pipeline stages for only " + std::to_string(num_layers()) +
                " layers (every stage needs at least one layer)");
@@ -118,6 +123,10 @@ nlohmann::json Layout::to_json() const {
                       {"profile", profile},
                       {"rank_order", "tp-dp-pp"}};
   if (!micro_batch.empty()) j["micro_batch"] = micro_batch;
+  if (expert_parallel()) {
+    j["ep"] = ep;
+    j["etp"] = expert_tp();
+  }
   return j;
 }
 
@@ -138,6 +147,9 @@ void Layout::keep_source_settings(const nlohmann::json& src) {
 
 Result<Layout> Layout::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return bad("layout must be a JSON object, got " + std::string(j.type_name()));
+  if (j.contains("pipelines") && (j.contains("ep") || j.contains("etp")))
+    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) in a layout of pipelines: only the symmetric "
+                                              "form takes it (docs/MOE.md)");
   if (j.contains("pipelines")) return general_from_json(j);
   if (j.contains("hetero_process_meshes")) return layout_from_flagscale(j);
   auto get_int = [&](const char* key, int64_t def, bool required, int64_t& out) -> Status {
@@ -154,13 +166,17 @@ Result<Layout> Layout::from_json(const nlohmann::json& j) {
       return bad(std::string("layout key '") + key + "' out of range: " + std::to_string(out));
     return Status::Ok();
   };
-  int64_t tp, pp, dp, zero, vd;
+  int64_t tp, pp, dp, zero, vd, ep, etp;
   CKPT_RETURN_IF_ERROR(get_int("tp", 1, true, tp));
   CKPT_RETURN_IF_ERROR(get_int("pp", 1, true, pp));
   CKPT_RETURN_IF_ERROR(get_int("dp", 1, false, dp));
   CKPT_RETURN_IF_ERROR(get_int("zero", 0, false, zero));
   CKPT_RETURN_IF_ERROR(get_int("vocab_divisor", 128, false, vd));
+  CKPT_RETURN_IF_ERROR(get_int("ep", 1, false, ep));
+  CKPT_RETURN_IF_ERROR(get_int("etp", 0, false, etp));
   Layout l;
+  l.ep = static_cast<int>(ep);
+  l.etp = static_cast<int>(etp);
   l.tp = static_cast<int>(tp);
   l.pp = static_cast<int>(pp);
   l.dp = static_cast<int>(dp);
@@ -220,6 +236,7 @@ std::string Layout::to_string() const {
     if (st >= 0 && st < pp) ++per[st];
   for (size_t i = 0; i < per.size(); ++i) s += (i ? "," : "") + std::to_string(per[i]);
   s += "] dp=" + std::to_string(dp) + " zero=" + std::to_string(zero);
+  if (expert_parallel()) s += " ep=" + std::to_string(ep) + " etp=" + std::to_string(expert_tp());
   return s;
 }
 

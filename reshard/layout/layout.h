@@ -58,8 +58,20 @@ struct Layout {
   int64_t vocab_divisor = 128;           // Megatron make-vocab-size-divisible-by (padding = divisor*tp)
   std::string profile = "reference";     // vendor profile name
   std::vector<PipelineSpec> pipelines;   // the general form (see the top of this file); empty: symmetric
+  // Expert parallelism (MoE layers; docs/MOE.md): the tp x dp ranks of a stage regrouped for the
+  // experts as etp x ep x edp in Megatron-Core's order (etp fastest, then ep). ep = 1 and etp = 0
+  // (= tp): experts split as a dense MLP. Symmetric form only.
+  int ep = 1;
+  int etp = 0;
+  // Set by place_in_layout on the view it gives ShardingRules::place: the pipeline (DP rank) the
+  // boxes are asked for, when they depend on it (expert parallelism); -1 otherwise. Not stored.
+  int view_pipeline = -1;
 
   bool symmetric() const { return pipelines.empty(); }
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // True when expert tensors are not placed as dense ones (ep > 1 or etp != tp): their boxes then
+  // differ between the DP ranks of a stage.
+  bool expert_parallel() const { return ep > 1 || expert_tp() != tp; }
 
   // ---- for both forms ----
   int num_pipelines() const;
@@ -111,7 +123,8 @@ struct Layout {
   // contiguous, every pipeline covering the same layers, micro_batch size, zero in {0,1} and
   // zero 1 only over uniform pipelines, world size within int). Model checks live in ShardingRules.
   Status validate() const;
-  // Symmetric: {"tp":..,"pp":..,"dp":..,"zero":..,"layers_per_stage":[..],...} (as format v1).
+  // Symmetric: {"tp":..,"pp":..,"dp":..,"zero":..,"layers_per_stage":[..],...} (as format v1), and
+  // "ep", "etp" when expert parallel.
   // General: {"pipelines":[{"micro_batch":m,"stages":[{"layers":n,"tp":t,"device":"X"},..]},..],
   //           "zero":..,"num_layers":..,"vocab_divisor":..,"profile":..,"rank_order":"tp-dp-pp"}.
   nlohmann::json to_json() const;

@@ -185,6 +185,9 @@ Result<Layout> Layout::from_pipelines(std::vector<PipelineSpec> pls, int zero, i
 
 Status validate_general(const Layout& l) {
   if (l.pipelines.empty()) return bad_general("a layout needs at least one pipeline");
+  if (l.ep != 1 || l.etp != 0)
+    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) in a layout of pipelines: only the symmetric form "
+                                              "(--tp --pp --dp --ep --etp) takes it (docs/MOE.md)");
   if (l.pipelines.size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general("too many pipelines");
   if (l.zero != 0 && l.zero != 1) return bad_general("zero must be 0 or 1, got " + std::to_string(l.zero));
   if (l.vocab_divisor < 1) return bad_general("vocab_divisor must be >= 1, got " + std::to_string(l.vocab_divisor));

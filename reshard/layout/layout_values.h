@@ -17,8 +17,9 @@ namespace ckpt {
 struct LayoutValues {
   int tp = 0, pp = 0, dp = 0, zero = -1;  // 0 / -1: not given
   std::vector<int> pp_layers;             // layers per pipeline stage; empty: an even split
+  int ep = 0, etp = 0;                    // expert parallelism (docs/MOE.md); 0: not given (ep 1, etp = tp)
 
-  bool given() const { return tp || pp || dp || zero >= 0 || !pp_layers.empty(); }
+  bool given() const { return tp || pp || dp || zero >= 0 || ep || etp || !pp_layers.empty(); }
   // Requires tp, pp, dp >= 1 (kInvalidArgument naming the flags); pp_layers, when given, must sum to
   // `num_layers` (Layout::make).
   Result<Layout> make(int64_t num_layers) const;

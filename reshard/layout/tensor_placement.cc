@@ -18,7 +18,8 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
   for (int p = 0; p < layout.num_pipelines(); ++p) {
     // Which stages hold the tensor does not depend on tp: ask stage 0's view, then each holding
     // stage's own view for its boxes.
-    const Layout v0 = layout.stage_view(p, 0);
+    Layout v0 = layout.stage_view(p, 0);
+    v0.view_pipeline = p;  // expert tensors' boxes depend on it (Layout::expert_parallel)
     auto first = rules.place(t, v0);
     if (!first.ok()) return first.take_status().with_tensor(t.name);
     std::vector<int> stages = first->stages;
@@ -32,7 +33,9 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
       if (layout.stage_tp(p, s) == v0.tp) {
         pl = *first;
       } else {
-        auto r = rules.place(t, layout.stage_view(p, s));
+        Layout vs = layout.stage_view(p, s);
+        vs.view_pipeline = p;
+        auto r = rules.place(t, vs);
         if (!r.ok()) return r.take_status().with_tensor(t.name);
         pl = std::move(r).value();
       }
@@ -45,7 +48,7 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
       }
       out.push_back({p, s, std::move(pl.tp_boxes), pl.optimizer_state});
     }
-    if (layout.symmetric()) {
+    if (layout.symmetric() && !layout.expert_parallel()) {
       // Every pipeline of the symmetric form is placed alike: copy pipeline 0's.
       const size_t n = out.size();
       for (int q = 1; q < layout.num_pipelines(); ++q)

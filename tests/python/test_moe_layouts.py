@@ -1,0 +1,163 @@
+"""Expert parallelism in layouts (issue 37, docs/MOE.md "Layouts"), checked without ckpt's code:
+random MoE layouts A and B (tp, uneven pp, dp, ep, etp; ZeRO-1 where no expert parallelism) of
+transformers' tiny Qwen3-MoE and Mixtral (fixtures/moe): HF -> A -> B -> A.
+- B read by the independent h5py reader (scripts/native_h5py.py) equals the numpy stack of
+  save_pretrained's per-expert tensors, every element held by exactly one stored piece;
+- every stored piece of an expert tensor is the box its file's rank must hold by Megatron-Core's
+  expert rank order, restated here (stage-local rank r = dp_rank * tp + tp_rank, expert TP rank
+  r % etp, expert-parallel rank (r // etp) % ep);
+- A -> B -> A gives A's pieces again, byte for byte (same regions, same digests).
+Impossible layouts are refused by name before anything is written.
+"""
+import json
+import pathlib
+import random
+
+import numpy as np
+import pytest
+from native_h5py import read_native
+from safetensors.numpy import load_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MOE = ROOT / "fixtures" / "moe"
+
+
+def _reference(family):
+    """{canonical name: numpy array} of the fixture, the experts stacked as the store holds them."""
+    hf = load_file(MOE / family / "legacy" / "model.safetensors")
+    cfg = json.loads((MOE / family / "legacy" / "config.json").read_text())
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    out, names = {}, {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    for k, v in hf.items():
+        k2 = k.replace(".block_sparse_moe.", ".mlp.")
+        parts = k2.split(".")
+        if ".mlp.experts." in k2:  # model.layers.L.mlp.experts.E.PROJ.weight
+            e, proj = int(parts[5]), names.get(parts[6], parts[6])
+            name = ".".join(parts[:5] + [proj, "weight"])
+            out.setdefault(name, np.zeros((experts,) + v.shape, v.dtype))[e] = v
+        else:
+            out[k2] = v
+    return out, experts
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _random_layout(rng, layers, experts, width):
+    tp = rng.choice([1, 2, 4])
+    dp = rng.choice([1, 2, 4])
+    pp = rng.choice([p for p in (1, 2, 3) if p <= layers])
+    cuts = sorted(rng.sample(range(1, layers), pp - 1))
+    split = [b - a for a, b in zip([0] + cuts, cuts + [layers])]
+    ep = rng.choice([d for d in _divisors(tp * dp) if experts % d == 0])
+    etp = rng.choice([d for d in _divisors(tp * dp // ep) if width % d == 0])
+    lay = dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, split=split)
+    lay["zero"] = 0 if (ep > 1 or etp != tp) else rng.choice([0, 1])
+    return lay
+
+
+def _flags(lay):
+    return ["--tp", lay["tp"], "--pp", lay["pp"], "--dp", lay["dp"], "--pp-layers", ",".join(map(str, lay["split"])),
+            "--zero", lay["zero"], "--ep", lay["ep"], "--etp", lay["etp"]]
+
+
+def _expected_box(lay, world_rank, shape, fdim):
+    """The box world rank `world_rank` holds of a stacked expert tensor (F in dimension fdim)."""
+    tp, dp, ep, etp = lay["tp"], lay["dp"], lay["ep"], lay["etp"]
+    r = world_rank % (tp * dp)  # rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+    er, xr = r % etp, (r // etp) % ep
+    off, ext = [0] * len(shape), list(shape)
+    off[0], ext[0] = xr * shape[0] // ep, shape[0] // ep
+    off[fdim], ext[fdim] = er * shape[fdim] // etp, shape[fdim] // etp
+    return off, ext
+
+
+def _check_pieces(man, lay):
+    shapes = {t["name"]: t["shape"] for t in man["tensors"]}
+    held = {n: np.zeros(s, np.int32) for n, s in shapes.items() if not n.startswith("optimizer.")}
+    for p in man["pieces"]:
+        name, off, ext = p["tensor"], p["region"]["offset"], p["region"]["extent"]
+        if name not in held:
+            continue
+        box = tuple(slice(o, o + e) for o, e in zip(off, ext))
+        held[name][box] += 1
+        if ".mlp.experts." in name:
+            rank = int(pathlib.Path(p["file"]).stem[1:])  # shards/rNNNNN.h5
+            fdim = 2 if "down_proj" in name else 1
+            assert [off, ext] == list(_expected_box(lay, rank, shapes[name], fdim)), (name, rank, off, ext, lay)
+    for n, h in held.items():
+        assert h.min() == 1 and h.max() == 1, f"{n}: elements held {h.min()}..{h.max()} times ({lay})"
+
+
+def _pieces(man):
+    return sorted((p["tensor"], json.dumps(p["region"], sort_keys=True), p["digest"]) for p in man["pieces"])
+
+
+@pytest.mark.parametrize("family,seed", [("qwen3_moe", s) for s in (1, 2, 3, 6, 7)] + [("mixtral", s) for s in (4, 5, 8)])
+def test_random_expert_layouts_against_numpy(run_ckpt, tmp_path, family, seed):
+    rng = random.Random(seed)
+    ref, experts = _reference(family)
+    cfg = json.loads((MOE / family / "legacy" / "config.json").read_text())
+    layers, width = cfg["num_hidden_layers"], cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    run_ckpt("from-hf", MOE / family / "legacy", tmp_path / "hf", "--no-fsync")
+    a, b = _random_layout(rng, layers, experts, width), _random_layout(rng, layers, experts, width)
+    run_ckpt("reshard", tmp_path / "hf", tmp_path / "A", *_flags(a))
+    run_ckpt("reshard", tmp_path / "A", tmp_path / "B", *_flags(b))
+    run_ckpt("reshard", tmp_path / "B", tmp_path / "A2", *_flags(a))
+    man_b, got, _ = read_native(tmp_path / "B")
+    assert sorted(got) == sorted(ref)
+    for k, v in ref.items():
+        assert np.array_equal(got[k], v), (k, a, b)
+    _check_pieces(man_b, b)
+    man_a = json.loads((tmp_path / "A" / "manifest.json").read_text())
+    _check_pieces(man_a, a)
+    assert _pieces(man_a) == _pieces(json.loads((tmp_path / "A2" / "manifest.json").read_text())), (a, b)
+
+
+@pytest.mark.parametrize("flags,code,needle", [
+    (["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2", "--zero", "1"], "LayoutUnsupported", "ZeRO-1"),
+    (["--tp", "2", "--pp", "1", "--dp", "1", "--ep", "4"], "BadLayout", "does not divide"),
+    (["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "LayoutRefused", "experts"),
+    (["--tp", "1", "--pp", "1", "--dp", "16", "--ep", "1", "--etp", "16", "--zero", "0"], "LayoutRefused", "width"),
+])
+def test_impossible_expert_layouts_are_refused(run_ckpt, tmp_path, flags, code, needle):
+    run_ckpt("from-hf", MOE / "qwen3_moe" / "legacy", tmp_path / "s", "--no-fsync")  # 8 experts of width 24
+    p = run_ckpt("reshard", tmp_path / "s", tmp_path / "o", *flags, check=False)
+    assert p.returncode != 0 and f"[{code}]" in p.stderr and needle in p.stderr, p.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_expert_parallelism_in_a_layout_of_pipelines_is_refused(run_ckpt, tmp_path):
+    cfg = json.loads((MOE / "qwen3_moe" / "legacy" / "config.json").read_text())
+    run_ckpt("from-hf", MOE / "qwen3_moe" / "legacy", tmp_path / "s", "--no-fsync")
+    lay = tmp_path / "general.json"
+    stage = {"layers": cfg["num_hidden_layers"], "tp": 1, "device": "A"}
+    lay.write_text(json.dumps({"pipelines": [{"micro_batch": 1, "stages": [stage]}, {"micro_batch": 2, "stages": [stage]}],
+                               "zero": 0, "ep": 2}))
+    p = run_ckpt("reshard", tmp_path / "s", tmp_path / "o", "--layout", lay, check=False)
+    assert p.returncode != 0 and "[LayoutUnsupported]" in p.stderr, p.stderr
+
+
+def test_expert_parallelism_of_a_dense_model_is_refused(run_ckpt, tmp_path):
+    import torch
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(tmp_path / "dense")
+    run_ckpt("from-hf", tmp_path / "dense", tmp_path / "s", "--no-fsync")
+    p = run_ckpt("reshard", tmp_path / "s", tmp_path / "o", "--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2", check=False)
+    assert p.returncode != 0 and "[LayoutRefused]" in p.stderr and "dense model" in p.stderr, p.stderr
+
+
+def test_inspect_shows_experts_and_bytes_per_expert_rank(run_ckpt, tmp_path):
+    run_ckpt("from-hf", MOE / "qwen3_moe" / "legacy", tmp_path / "s", "--tp", "1", "--pp", "1", "--dp", "4", "--ep", "4",
+             "--no-fsync")
+    text = run_ckpt("inspect", tmp_path / "s").stdout
+    ref, _ = _reference("qwen3_moe")
+    expert_bytes = sum(v.nbytes for k, v in ref.items() if ".mlp.experts." in k)  # computed from transformers' file
+    assert "ep=4 etp=1" in text, text
+    line = next(ln for ln in text.splitlines() if ln.startswith("experts:"))
+    assert "3 stacked tensors" in line and f"{expert_bytes / 4 / 1024:.2f} KiB per expert rank" in line, line
+    lay = json.loads(run_ckpt("inspect", tmp_path / "s", "--json").stdout)["layout"]
+    assert (lay["ep"], lay["etp"]) == (4, 1)
