@@ -17,7 +17,7 @@ namespace corruption_test {
 TEST_P(Corruption, CleanStoreVerifies) {
   auto dst = write("clean");
   const json m = manifest(dst);
-  EXPECT_EQ(m["version"], 3);
+  EXPECT_EQ(m["version"], ckpt::store::kFormatVersion);
   EXPECT_EQ(m["manifest_digest"].get<std::string>().rfind(std::string(digest_algo_name(GetParam())) + ":", 0), 0u) << m.dump();
   const std::string prefix = std::string(digest_algo_name(GetParam())) + ":";
   for (const auto& p : m["pieces"]) EXPECT_EQ(p["digest"].get<std::string>().rfind(prefix, 0), 0u) << p.dump();
