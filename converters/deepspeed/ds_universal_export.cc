@@ -62,7 +62,8 @@ Status plan_states(const std::map<std::string, const TensorMeta*>& by_name, DsUn
       const TensorMeta& t = *by_name.at(src);
       CKPT_RETURN_IF_ERROR(check_shape(t, w));
       if (!dtype_is_float(t.dtype))
-        return Status::Error("DeepSpeedNotFloat", "'" + src + "' is " + std::string(dtype_name(t.dtype)) + ", expected a float tensor").with_tensor(src);
+        return Status::Error("DeepSpeedNotFloat", "'" + src + "' is " + std::string(dtype_name(t.dtype)) + ", expected a float tensor")
+            .with_tensor(src);
       plan.copy.tensors.push_back({src, DType::kF32, t.shape});
       plan.copy.pieces.push_back({src, Region{Box::whole(t.shape)}, DType::kF32});
       plan.files.push_back(p + "/" + state + ".pt");

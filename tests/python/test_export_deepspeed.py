@@ -147,3 +147,31 @@ def test_int_step_and_existing_out(run_ckpt, tmp_path):
     assert load(out / "global_step2" / "zero" / "optimizer_state.pt")["optimizer_state_dict"]["state"][0]["step"] == 2
     p = run_ckpt("export-deepspeed", tmp_path / "src", out, check=False)
     assert p.returncode != 0 and "exists" in p.stderr
+
+
+def st_dir(tmp, name, tensors):
+    from safetensors.numpy import save_file
+    d = tmp / name
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("kind,code", [("int_weight", "DeepSpeedNotFloat"), ("partial", "DeepSpeedPartialOptimizerState"),
+                                       ("no_step", "DeepSpeedNoStep"), ("dotdot", "DeepSpeedParamName")])
+def test_refused_sources(run_ckpt, tmp_path, kind, code):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    adam = {"optimizer.exp_avg.a.weight": w, "optimizer.exp_avg_sq.a.weight": w}
+    tensors = {"int_weight": {"a.weight": w, "b.weight": np.arange(6, dtype=np.int32)},
+               "partial": {"a.weight": w, "b.weight": w, **adam},
+               "no_step": {"a.weight": w, **adam},
+               "dotdot": {"..": w}}[kind]
+    src = st_dir(tmp_path, kind, tensors)
+    p = run_ckpt("export-deepspeed", src, tmp_path / "u", "--weights-only", check=False)
+    assert p.returncode != 0 and f"[{code}]" in p.stderr and "internal error" not in p.stderr, p.stderr
+    assert not (tmp_path / "u").exists() and not (tmp_path / "u.partial").exists()
+    if kind == "no_step":  # the step given by hand
+        run_ckpt("export-deepspeed", src, tmp_path / "u", "--step", "5")
+        zero = tmp_path / "u" / "global_step5" / "zero"
+        assert float(load(zero / "a.weight" / "step.pt")) == 5
+        np.testing.assert_array_equal(load(zero / "a.weight" / "exp_avg_sq.pt")["param"].numpy(), w)
