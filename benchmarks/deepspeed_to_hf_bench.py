@@ -14,10 +14,12 @@ holding the fp32 masters and both Adam moments (2.48 GB), and the model states f
 Timed commands (each round runs both, the order alternating; medians over --reps rounds; the
 page cache is warmed by reading the checkpoint before each round, so both read from memory):
   ckpt to-hf [M]   `ckpt to-hf SRC OUT --max-memory M --no-verify`: the fp32 weights as HF
-                   safetensors, memory bounded by M (--max-memory); fsync'd.
+                   safetensors, memory bounded by M (--max-memory; one row per value given); fsync'd.
   zero_to_fp32     DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict(SRC, OUT,
                    safe_serialization=True)` in DeepSpeed's Python (the function zero_to_fp32.py
                    runs), then an fsync of its output (ckpt fsyncs its own).
+  ... imports only `import deepspeed.utils.zero_to_fp32` alone: the part of zero_to_fp32's time that is
+                   Python starting and importing torch + DeepSpeed.
 Wall time and peak RSS come from /usr/bin/time (getrusage of the child). The outputs are checked
 equal tensor for tensor once (safetensors in DeepSpeed's Python). The machine's load average is
 printed before and after each round: other processes share the 2 cores.
@@ -128,7 +130,7 @@ def main():
     ap.add_argument("--out", default="/work/bench-data/ds_bench_out")
     ap.add_argument("--ds-python", default="/work/venv-ds/bin/python")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--max-memory", default="256M")
+    ap.add_argument("--max-memory", default="256M", help="comma-separated: one ckpt row per value")
     ap.add_argument("--json")
     ap.add_argument("--gen-worker")
     a = ap.parse_args()
@@ -138,8 +140,10 @@ def main():
     make_source(data, a.ds_python)
     src_bytes = dir_bytes(data / (data / "latest").read_text().strip())
     print(f"source {data}: {src_bytes / 1e9:.2f} GB; load {load_avg():.2f}", flush=True)
-    cmds = {f"ckpt to-hf [{a.max_memory}]": [a.ckpt, "to-hf", data, out / "ckpt", "--max-memory", a.max_memory, "--no-verify"],
-            "zero_to_fp32": [a.ds_python, "-c", ZERO_TO_FP32, data, out / "ds"]}
+    mems = a.max_memory.split(",")
+    cmds = {f"ckpt to-hf [{m}]": [a.ckpt, "to-hf", data, out / "ckpt", "--max-memory", m, "--no-verify"] for m in mems}
+    cmds["zero_to_fp32"] = [a.ds_python, "-c", ZERO_TO_FP32, data, out / "ds"]
+    cmds["zero_to_fp32 imports only"] = [a.ds_python, "-c", "import deepspeed.utils.zero_to_fp32"]
     runs = {k: [] for k in cmds}
     for r in range(a.reps):
         order = list(cmds) if r % 2 == 0 else list(reversed(cmds))
@@ -154,7 +158,7 @@ def main():
         if r == 0:  # the two outputs, made once more side by side, are checked equal
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
-            for k in cmds:
+            for k in (list(cmds)[0], "zero_to_fp32"):
                 subprocess.run(list(map(str, cmds[k])), check=True, capture_output=True)
             p = subprocess.run([a.ds_python, "-c", COMPARE, str(out / "ckpt"), str(out / "ds")], capture_output=True, text=True)
             print("outputs:", p.stdout.strip() or p.stderr[-1000:], flush=True)
