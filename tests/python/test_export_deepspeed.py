@@ -17,6 +17,7 @@ fixtures/deepspeed/check_resume.py in DeepSpeed's own venv (not in CI; docs/DEEP
 import json
 import pathlib
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIX = ROOT / "fixtures" / "deepspeed"
 CASES = sorted(p.name for p in FIX.iterdir() if (p / "case.json").exists())
 WITH_UNIVERSAL = ["zero2_w2_fp32", "zero3_w3_bf16"]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from zip_damage import flip_in_entry  # noqa: E402
 
 
 def case_json(name):
@@ -175,3 +178,14 @@ def test_refused_sources(run_ckpt, tmp_path, kind, code):
         zero = tmp_path / "u" / "global_step5" / "zero"
         assert float(load(zero / "a.weight" / "step.pt")) == 5
         np.testing.assert_array_equal(load(zero / "a.weight" / "exp_avg_sq.pt")["param"].numpy(), w)
+
+
+def test_damaged_source_is_refused(run_ckpt, tmp_path):
+    """A flipped byte in a rank's optimizer file: the zip CRC-32 check before the commit refuses it."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "zero3_w2_fp32" / "ckpt", src)
+    f = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    entry = flip_in_entry(f, 0, f.stat().st_size, lambda infos: next(i for i in infos if "/data/" in i.filename and i.file_size > 1024))
+    p = run_ckpt("export-deepspeed", src, tmp_path / "u", check=False)
+    assert p.returncode != 0 and "ZipCrcMismatch" in p.stderr and entry in p.stderr, p.stderr
+    assert not (tmp_path / "u").exists() and not (tmp_path / "u.partial").exists()
