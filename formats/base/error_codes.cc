@@ -144,6 +144,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DeepSpeedNoStep", kArg},                 // Adam moments but no recorded step and no --step
     {"DeepSpeedNotFloat", kArg},               // a weight or state of an integer dtype
     {"DeepSpeedParamName", kArg},              // a parameter name that cannot be a directory under zero/
+    {"DeepSpeedUniversal", kCorrupt},          // a universal checkpoint read: missing fp32.pt, wrong size, partial moments, bad name
     {"BadDistOptimArgs", kCorrupt},             // distributed optimizer: args give no bucket layout (dp, bucket size)
     {"UnsupportedDistOptim", kUnsup},           // distributed optimizer form not read (instances, grad buffers)
     {"DistOptimBucketCount", kCorrupt},         // recorded buckets != derived buckets
