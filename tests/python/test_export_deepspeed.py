@@ -189,3 +189,19 @@ def test_damaged_source_is_refused(run_ckpt, tmp_path):
     p = run_ckpt("export-deepspeed", src, tmp_path / "u", check=False)
     assert p.returncode != 0 and "ZipCrcMismatch" in p.stderr and entry in p.stderr, p.stderr
     assert not (tmp_path / "u").exists() and not (tmp_path / "u.partial").exists()
+
+
+def test_python_module(tmp_path):
+    """ckpt.export_deepspeed (python/ckpt/commands.py) runs the same job: same files, the named error as
+    ckpt.InvalidArgumentError."""
+    ckpt = pytest.importorskip("ckpt", reason="the ckpt module: build target ckpt_python, PYTHONPATH=<build>/python")
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "zero2_w2_fp32" / "ckpt", src)
+    res = ckpt.export_deepspeed(src, tmp_path / "u", fsync=False)
+    assert res["tag"] == "global_step2" and res["params"] == 21 and res["step"] == 2 and res["fresh_adam"] is False
+    got = load(tmp_path / "u" / "global_step2" / "zero" / "model.norm.weight" / "exp_avg.pt")["param"]
+    ref = load(FIX / "zero2_w2_fp32" / "universal" / "zero" / "model.norm.weight" / "exp_avg.pt")["param"]
+    assert torch.equal(got, ref)
+    with pytest.raises(ckpt.InvalidArgumentError, match="DeepSpeedNoOptimizerState"):
+        ckpt.export_deepspeed(hf_dir(tmp_path), tmp_path / "u2")
+    assert not (tmp_path / "u2").exists()
