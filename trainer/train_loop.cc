@@ -27,6 +27,7 @@ double now_s() {
 }
 
 Status check_options(const TrainOptions& o) {
+  CKPT_RETURN_IF_ERROR(o.config.require_dense("ckpt train"));
   if (o.steps < 0) return Status::InvalidArgument("--steps must be >= 0");
   if (o.micro_batch < 1 || o.seq_len < 1 || o.grad_accum < 1)
     return Status::InvalidArgument("--micro-batch, --seq-len and --grad-accum must be >= 1");

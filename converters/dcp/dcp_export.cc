@@ -42,6 +42,8 @@ Result<HfExportPlan> plan_dcp_export(const TensorSource& src, const std::string&
   plan.config.reset();  // DCP has no place for config.json or tokenizer files
   plan.copy_files.clear();
   plan.side_files.clear();
+  if (opts.source_chunks && !plan.aliases.empty())
+    return Status::Unsupported("--source-chunks keeps the source's chunks, which an MoE model's per-expert names do not have");
   if (opts.source_chunks) plan.pieces = dcp_export_detail::source_chunk_pieces(src, plan);
   return plan;
 }

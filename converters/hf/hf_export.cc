@@ -1,5 +1,6 @@
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
+#include "converters/hf/hf_moe_names.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -85,6 +86,15 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
                                                         std::to_string(wanted.size()) + " expected) nor optimizer state")
           .with_tensor(t.name);
     }
+    if (cfg.moe) {  // the stacked experts under the family's per-expert names
+      std::vector<TensorMeta> stored;
+      for (const auto& t : plan.tensors) stored.push_back(TensorMeta{t.name, by_name[t.name]->dtype, t.shape});
+      HfAliases al = hf_moe_export_aliases(cfg, stored);
+      plan.tensors.clear();
+      for (const auto& t : al.tensors) plan.tensors.push_back(TensorMeta{t.name, out_dtype(t.dtype, opts.dtype), t.shape});
+      plan.alias_tensors = std::move(al.tensors);
+      plan.aliases = std::move(al.aliases);
+    }
     std::optional<DType> cfg_dt;
     if (out_dtypes.size() == 1 && !hf_dtype_string(*out_dtypes.begin()).empty()) cfg_dt = *out_dtypes.begin();
     CKPT_ASSIGN_OR_RETURN(auto j, hf_config_with_dtype(cfg_json, cfg_dt));
@@ -141,7 +151,9 @@ Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPl
   eo.threads = threads;
   eo.max_chunk_bytes = max_chunk_bytes;
   eo.progress = progress;
-  return execute(src, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
+  if (plan.aliases.empty()) return execute(src, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
+  CKPT_ASSIGN_OR_RETURN(auto view, make_alias_view(src, plan.alias_tensors, plan.aliases));
+  return execute(*view, sink, plan.tensors, plan.pieces, nlohmann::json::object(), eo);
 }
 
 }  // namespace ckpt

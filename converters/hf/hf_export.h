@@ -16,6 +16,7 @@
 
 #include "converters/model/llama_config.h"
 #include "formats/io/output_file.h"
+#include "formats/tensor/alias_view.h"
 #include "formats/tensor/tensor_io.h"
 
 namespace ckpt {
@@ -43,6 +44,10 @@ struct HfExportPlan {
   std::map<std::string, std::string> side_files;  // tokenizer files carried in metadata "hf_files" (name -> content)
   std::vector<std::string> skipped;       // source tensors left out (optimizer state, inv_freq, ...)
   uint64_t total_bytes = 0;
+  // An MoE family's canonical tensors under their HF per-expert names (hf_moe_names.h): the
+  // names' view tensors (stored dtypes) and aliases onto the source's; empty for a dense model.
+  std::vector<TensorMeta> alias_tensors;
+  std::vector<TensorAlias> aliases;
 };
 
 // The HF dtype string of a ckpt dtype ("bfloat16", "float16", "float32"), or "" for others.
@@ -58,8 +63,9 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
 // Writes `out` (a new directory, committed by renaming `<out>.partial`).
 Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::string& out, const HfExportOptions& opts);
 
-// Runs an export plan's region copies from `src` into `sink` (the engine's execute with the
-// plan's tensors and pieces); shared by the HF and DCP exports. `before_commit` as ExecOptions'.
+// Runs an export plan's region copies from `src` (through the plan's aliases when it has them)
+// into `sink` (the engine's execute with the plan's tensors and pieces); shared by the HF and DCP
+// exports. `before_commit` as ExecOptions'.
 Status execute_export_plan(TensorSource& src, TensorSink& sink, const HfExportPlan& plan, int threads, uint64_t max_chunk_bytes,
                            const std::function<void(uint64_t, uint64_t)>& progress,
                            const std::function<Status()>& before_commit = nullptr);

@@ -5,6 +5,7 @@
 
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
+#include "converters/hf/hf_moe_names.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/base/checked.h"
 #include "reshard/executor.h"
@@ -25,8 +26,15 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
                                                                 " layers but '" + src.describe() + "' holds only " +
                                                                 std::to_string(src.tensors().size()) + " tensors");
   std::map<std::string, const TensorMeta*> by_name;
-  for (const auto& t : src.tensors()) by_name[t.name] = &t;
   std::set<std::string> wanted;
+  if (plan.config.moe) {  // experts per expert or fused: the canonical tensors through aliases
+    CKPT_ASSIGN_OR_RETURN(HfAliases al, hf_moe_import_aliases(plan.config, llama_model_tensors(plan.config, plan.config.dtype),
+                                                              src.tensors()));
+    plan.alias_tensors = std::move(al.tensors);
+    plan.aliases = std::move(al.aliases);
+    wanted = std::move(al.used);
+  }
+  for (const auto& t : plan.config.moe ? plan.alias_tensors : src.tensors()) by_name[t.name] = &t;
   std::set<DType> dts;
   for (const TensorMeta& want : llama_model_tensors(plan.config, plan.config.dtype)) {
     wanted.insert(want.name);
@@ -77,7 +85,9 @@ namespace {
 
 class ImportView final : public TensorSource {
  public:
-  ImportView(TensorSource& src, const HfImportPlan& plan) : src_(src) {
+  // `owned`: the alias view `src` is, kept alive with this view (null: src is the caller's).
+  ImportView(TensorSource& src, const HfImportPlan& plan, std::unique_ptr<TensorSource> owned)
+      : owned_(std::move(owned)), src_(src) {
     tensors_ = plan.tensors;
     std::map<std::string, size_t> want;
     for (size_t i = 0; i < tensors_.size(); ++i) want[tensors_[i].name] = i;
@@ -111,6 +121,7 @@ class ImportView final : public TensorSource {
   uint64_t read_memory(int threads) const override { return src_.read_memory(threads); }
 
  private:
+  std::unique_ptr<TensorSource> owned_;
   TensorSource& src_;
   std::vector<TensorMeta> tensors_;
   std::vector<Piece> pieces_;
@@ -119,13 +130,16 @@ class ImportView final : public TensorSource {
 
 }  // namespace
 
-std::unique_ptr<TensorSource> make_import_view(TensorSource& src, const HfImportPlan& plan) {
-  return std::make_unique<ImportView>(src, plan);
+Result<std::unique_ptr<TensorSource>> make_import_view(TensorSource& src, const HfImportPlan& plan) {
+  if (plan.aliases.empty()) return std::unique_ptr<TensorSource>(std::make_unique<ImportView>(src, plan, nullptr));
+  CKPT_ASSIGN_OR_RETURN(auto aliased, make_alias_view(src, plan.alias_tensors, plan.aliases));
+  TensorSource& inner = *aliased;
+  return std::unique_ptr<TensorSource>(std::make_unique<ImportView>(inner, plan, std::move(aliased)));
 }
 
 Status run_hf_import_to_layout(TensorSource& src, const HfImportPlan& plan, const Layout& layout, const std::string& dst,
                                const StoreExecOptions& opts, Comm* dist) {
-  auto view = make_import_view(src, plan);
+  CKPT_ASSIGN_OR_RETURN(auto view, make_import_view(src, plan));
   LlamaShardingRules rules(plan.config);
   CKPT_ASSIGN_OR_RETURN(Plan rp, make_plan(view->tensors(), view->pieces(), plan.metadata, layout, rules, opts.exec));
   return execute_plan_to_store(*view, rp, dst, opts, dist);
@@ -137,7 +151,9 @@ Status run_hf_import(TensorSource& src, TensorSink& sink, const HfImportPlan& pl
   eo.max_chunk_bytes = opts.max_chunk_bytes;
   eo.progress = opts.progress;
   eo.before_commit = opts.before_commit;
-  return execute(src, sink, plan.tensors, plan.pieces, plan.metadata, eo);
+  if (plan.aliases.empty()) return execute(src, sink, plan.tensors, plan.pieces, plan.metadata, eo);
+  CKPT_ASSIGN_OR_RETURN(auto view, make_alias_view(src, plan.alias_tensors, plan.aliases));
+  return execute(*view, sink, plan.tensors, plan.pieces, plan.metadata, eo);
 }
 
 }  // namespace ckpt

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "converters/model/llama_config.h"
+#include "formats/tensor/alias_view.h"
 #include "formats/tensor/tensor_io.h"
 #include "reshard/layout/layout.h"
 #include "reshard/store_reshard.h"
@@ -40,18 +41,24 @@ struct HfImportPlan {
   nlohmann::json metadata;          // model_config (the HF object, dtype updated), layout, profile
   std::vector<std::string> skipped; // HF tensors not imported (rotary inv_freq; lm_head when tied)
   uint64_t total_bytes = 0;
+  // An MoE family's source seen as the canonical tensors (converters/hf/hf_moe_names.h): the
+  // view's tensors and their aliases onto the source's; empty for a dense model.
+  std::vector<TensorMeta> alias_tensors;
+  std::vector<TensorAlias> aliases;
 };
 
 // Needs metadata "model_config" (config.json). Every canonical tensor must be present with its
 // shape (MissingTensor, ShapeMismatch); any other tensor is refused (UnexpectedTensor) except
-// rotary_emb.inv_freq and, when embeddings are tied, lm_head.weight.
+// rotary_emb.inv_freq and, when embeddings are tied, lm_head.weight. An MoE family's experts may
+// be stored per expert or fused, per layer (hf_moe_names.h).
 Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptions& opts);
 
 Status run_hf_import(TensorSource& src, TensorSink& sink, const HfImportPlan& plan, const HfImportOptions& opts);
 
 // `src` as the import sees it: exactly plan.tensors (in the output dtypes), each with the source
-// pieces of that tensor (stored dtypes); reads are forwarded. `src` must outlive the view.
-std::unique_ptr<TensorSource> make_import_view(TensorSource& src, const HfImportPlan& plan);
+// pieces of that tensor (stored dtypes; an MoE source's through plan.aliases); reads are
+// forwarded. `src` must outlive the view.
+Result<std::unique_ptr<TensorSource>> make_import_view(TensorSource& src, const HfImportPlan& plan);
 
 // Imports into a new native store `dst` laid out as `layout` (LLaMA sharding rules, reshard
 // planner and store executor; `dist` for mpirun, null for one process). The layout is refused

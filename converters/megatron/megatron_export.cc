@@ -33,6 +33,7 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
                             "' carries no model config (config.json / manifest model_config); export-megatron needs it");
   MegatronPlan plan;
   CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(meta["model_config"]));
+  CKPT_RETURN_IF_ERROR(plan.config.require_dense("export-megatron"));
   const LlamaConfig& cfg = plan.config;
   if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
   CKPT_ASSIGN_OR_RETURN(plan.layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),

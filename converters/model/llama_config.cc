@@ -81,6 +81,17 @@ Status LlamaConfig::validate() const {
                                        kMaxTensorElements, "elements per tensor").status());
   CKPT_RETURN_IF_ERROR(bounded_product("mlp elements (intermediate_size x hidden_size)", intermediate_size, hidden_size,
                                        kMaxTensorElements, "elements per tensor").status());
+  if (moe) {
+    if (moe->num_experts <= 0 || moe->num_experts > kMaxExperts || moe->top_k <= 0 || moe->top_k > moe->num_experts ||
+        moe->expert_intermediate <= 0 || moe->shared_intermediate < 0 ||
+        static_cast<int64_t>(moe->moe_layer.size()) != num_hidden_layers)
+      return bad("num_experts", "the MoE config is inconsistent (experts " + std::to_string(moe->num_experts) + ", top-k " +
+                                    std::to_string(moe->top_k) + ", expert width " + std::to_string(moe->expert_intermediate) + ")");
+    CKPT_ASSIGN_OR_RETURN(const int64_t ef, bounded_product("experts x moe_intermediate_size", moe->num_experts,
+                                                            moe->expert_intermediate, kMaxTensorElements, "elements"));
+    CKPT_RETURN_IF_ERROR(bounded_product("expert tensor elements (experts x moe_intermediate_size x hidden_size)", ef,
+                                         hidden_size, kMaxTensorElements, "elements per tensor").status());
+  }
   const int64_t n = parameter_count();
   if (n < 0 || n > kMaxModelParameters)
     return Status::Error("ConfigTooLarge", "config: the model has " + (n < 0 ? std::string("more than 2^63") : std::to_string(n)) +
@@ -101,14 +112,36 @@ int64_t LlamaConfig::parameter_count() const {
     overflow = overflow || !v;
     return v.value_or(0);
   };
-  int64_t layer = ok(checked_mul(int64_t{2}, h));            // two norms
-  layer = ok(checked_add(layer, ok(checked_mul(q, h))));      // q_proj
-  layer = ok(checked_add(layer, ok(checked_mul(2 * kv, h))));  // k_proj, v_proj
-  layer = ok(checked_add(layer, ok(checked_mul(h, q))));      // o_proj
-  layer = ok(checked_add(layer, ok(checked_mul(3 * f, h))));  // gate, up, down
-  if (attention_bias) layer = ok(checked_add(layer, q + 2 * kv + h));
-  if (mlp_bias) layer = ok(checked_add(layer, 2 * f + h));
-  int64_t all = ok(checked_mul(layer, num_hidden_layers));
+  int64_t attn = ok(checked_mul(int64_t{2}, h));             // two norms
+  attn = ok(checked_add(attn, ok(checked_mul(q, h))));        // q_proj
+  attn = ok(checked_add(attn, ok(checked_mul(2 * kv, h))));   // k_proj, v_proj
+  attn = ok(checked_add(attn, ok(checked_mul(h, q))));        // o_proj
+  if (attention_bias || qkv_bias) attn = ok(checked_add(attn, q + 2 * kv));
+  if (attention_bias) attn = ok(checked_add(attn, h));
+  if (qk_norm) attn = ok(checked_add(attn, 2 * head_dim));
+  if (mla) {  // replaces q/k/v/o above: two norms, the low-rank projections, o_proj
+    const int64_t H = num_attention_heads, qh = mla->qk_head_dim(), ql = mla->q_lora_rank, kl = mla->kv_lora_rank;
+    attn = ok(checked_add(ok(checked_mul(int64_t{2}, h)), kl));                                        // norms, kv_a_layernorm
+    attn = ok(checked_add(attn, ql > 0 ? ok(checked_add(ok(checked_mul(ql, h + 1)), ok(checked_mul(H * qh, ql))))
+                                       : ok(checked_mul(H * qh, h))));                                   // q
+    attn = ok(checked_add(attn, ok(checked_mul(kl + mla->qk_rope_head_dim, h))));                       // kv_a_proj_with_mqa
+    attn = ok(checked_add(attn, ok(checked_mul(H * (mla->qk_nope_head_dim + mla->v_head_dim), kl))));  // kv_b_proj
+    attn = ok(checked_add(attn, ok(checked_mul(h, H * mla->v_head_dim))));                              // o_proj
+  }
+  int64_t dense = ok(checked_mul(3 * f, h));                  // gate, up, down
+  if (mlp_bias) dense = ok(checked_add(dense, 2 * f + h));
+  int64_t sparse = 0;                                         // an MoE layer's MLP
+  if (moe) {
+    const int64_t e = moe->num_experts, fe = moe->expert_intermediate, fs = moe->shared_intermediate;
+    sparse = ok(checked_mul(e, h));                                                      // router
+    sparse = ok(checked_add(sparse, ok(checked_mul(ok(checked_mul(3 * e, fe)), h))));    // experts
+    if (fs > 0) sparse = ok(checked_add(sparse, ok(checked_mul(3 * fs, h))));  // shared expert
+    if (fs > 0 && moe->shared_gate) sparse = ok(checked_add(sparse, h));     // its gate
+    if (moe->router_bias) sparse = ok(checked_add(sparse, e));
+  }
+  int64_t all = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    all = ok(checked_add(all, ok(checked_add(attn, moe && moe->is_moe_layer(i) ? sparse : dense))));
   all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));  // embed_tokens
   if (!tie_word_embeddings) all = ok(checked_add(all, ok(checked_mul(vocab_size, h))));
   all = ok(checked_add(all, h));  // model.norm
@@ -118,8 +151,7 @@ int64_t LlamaConfig::parameter_count() const {
 Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::Error("InvalidConfig", "config is not a JSON object");
   LlamaConfig c;
-  if (j.contains("model_type") && j["model_type"] != "llama")
-    return bad("model_type", "expected \"llama\", got " + j["model_type"].dump());
+  CKPT_ASSIGN_OR_RETURN(c.family, model_family_of(j));
   CKPT_ASSIGN_OR_RETURN(c.vocab_size, get_pos_int(j, "vocab_size", true, 0));
   CKPT_ASSIGN_OR_RETURN(c.hidden_size, get_pos_int(j, "hidden_size", true, 0));
   CKPT_ASSIGN_OR_RETURN(c.intermediate_size, get_pos_int(j, "intermediate_size", true, 0));
@@ -146,14 +178,14 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(get_num("rope_theta", c.rope_theta));
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const auto& rp = j["rope_parameters"];
-    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+    if (c.family == ModelFamily::kLlama && rp.contains("rope_type") && rp["rope_type"] != "default")
       return Status::Unsupported("rope_parameters.rope_type " + rp["rope_type"].dump() + " (only \"default\")");
     if (rp.contains("rope_theta")) {
       if (!rp["rope_theta"].is_number()) return bad("rope_parameters.rope_theta", "expected a number");
       c.rope_theta = rp["rope_theta"].get<double>();
     }
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+  if (c.family == ModelFamily::kLlama && j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     return Status::Unsupported("rope_scaling " + j["rope_scaling"].dump() + " is not supported");
   auto get_bool = [&](const char* key, bool& out) -> Status {
     if (!j.contains(key) || j[key].is_null()) return Status::Ok();
@@ -164,6 +196,19 @@ Result<LlamaConfig> LlamaConfig::from_json(const nlohmann::json& j) {
   CKPT_RETURN_IF_ERROR(get_bool("tie_word_embeddings", c.tie_word_embeddings));
   CKPT_RETURN_IF_ERROR(get_bool("attention_bias", c.attention_bias));
   CKPT_RETURN_IF_ERROR(get_bool("mlp_bias", c.mlp_bias));
+  if (c.family == ModelFamily::kQwen2Moe) {
+    c.qkv_bias = true;  // Qwen2-MoE's attention always has q/k/v biases unless the config says otherwise
+    CKPT_RETURN_IF_ERROR(get_bool("qkv_bias", c.qkv_bias));
+  }
+  c.qk_norm = c.family == ModelFamily::kQwen3Moe;
+  if (c.family != ModelFamily::kLlama) {
+    if (c.num_hidden_layers > kMaxLayers) return too_large("num_hidden_layers", c.num_hidden_layers, kMaxLayers, "layers");
+    CKPT_ASSIGN_OR_RETURN(c.moe, parse_moe_config(j, c.family, c.num_hidden_layers, c.intermediate_size));
+  }
+  if (c.family == ModelFamily::kDeepseekV3) {
+    if (c.attention_bias) return Status::Error("UnsupportedModel", "deepseek_v3 with attention_bias (MLA projection biases) is not supported");
+    CKPT_ASSIGN_OR_RETURN(c.mla, parse_mla_config(j));
+  }
   if (j.contains("hidden_act")) {
     if (!j["hidden_act"].is_string() || j["hidden_act"] != "silu")
       return Status::Unsupported("hidden_act " + j["hidden_act"].dump() + " (only \"silu\")");
@@ -200,8 +245,8 @@ Result<LlamaConfig> LlamaConfig::from_file(const std::string& path) {
 
 nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = extra;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {model_architecture(family)};
+  j["model_type"] = model_type_name(family);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -223,23 +268,88 @@ nlohmann::json LlamaConfig::to_json() const {
   return j;
 }
 
-std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i) {
-  const std::string p = "model.layers." + std::to_string(i) + ".";
-  std::vector<std::string> n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
-  if (c.attention_bias) n.push_back(p + "self_attn.q_proj.bias");
-  n.push_back(p + "self_attn.k_proj.weight");
-  if (c.attention_bias) n.push_back(p + "self_attn.k_proj.bias");
-  n.push_back(p + "self_attn.v_proj.weight");
-  if (c.attention_bias) n.push_back(p + "self_attn.v_proj.bias");
-  n.push_back(p + "self_attn.o_proj.weight");
-  if (c.attention_bias) n.push_back(p + "self_attn.o_proj.bias");
+Status LlamaConfig::require_dense(const std::string& what) const {
+  if (!moe) return Status::Ok();
+  return Status::Error("UnsupportedModel", what + " does not support mixture-of-experts models yet (this is a " +
+                                               model_type_name(family) + " config, " + std::to_string(moe->num_experts) +
+                                               " experts; docs/MOE.md says which commands do)");
+}
+
+namespace {
+
+// post_attention_layernorm and the MLP of layer `i` (prefix `p`): dense, or the MoE layer's.
+void llama_mlp_param_names(const LlamaConfig& c, int64_t i, const std::string& p, std::vector<std::string>& n) {
   n.push_back(p + "post_attention_layernorm.weight");
+  if (c.moe && c.moe->is_moe_layer(i)) {
+    n.push_back(p + "mlp.gate.weight");
+    if (c.moe->router_bias) n.push_back(p + "mlp.gate.e_score_correction_bias");
+    for (const char* m : {"experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight"})
+      n.push_back(p + "mlp." + m);
+    if (c.moe->shared_intermediate > 0)
+      for (const char* m : {"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight", "shared_experts.down_proj.weight"})
+        n.push_back(p + "mlp." + m);
+    if (c.moe->shared_intermediate > 0 && c.moe->shared_gate) n.push_back(p + "mlp.shared_expert_gate.weight");
+    return;
+  }
   for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
     n.push_back(p + "mlp." + m + ".weight");
     if (c.mlp_bias) n.push_back(p + "mlp." + m + ".bias");
   }
+}
+
+}  // namespace
+
+std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  std::vector<std::string> n;
+  if (c.mla) {
+    n.push_back(p + "input_layernorm.weight");
+    if (c.mla->q_lora_rank > 0)
+      for (const char* m : {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"}) n.push_back(p + "self_attn." + m);
+    else
+      n.push_back(p + "self_attn.q_proj.weight");
+    for (const char* m : {"kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"})
+      n.push_back(p + "self_attn." + m);
+    llama_mlp_param_names(c, i, p, n);
+    return n;
+  }
+  n = {p + "input_layernorm.weight", p + "self_attn.q_proj.weight"};
+  if (qkv_bias) n.push_back(p + "self_attn.q_proj.bias");
+  n.push_back(p + "self_attn.k_proj.weight");
+  if (qkv_bias) n.push_back(p + "self_attn.k_proj.bias");
+  n.push_back(p + "self_attn.v_proj.weight");
+  if (qkv_bias) n.push_back(p + "self_attn.v_proj.bias");
+  n.push_back(p + "self_attn.o_proj.weight");
+  if (c.attention_bias) n.push_back(p + "self_attn.o_proj.bias");
+  if (c.qk_norm) {
+    n.push_back(p + "self_attn.q_norm.weight");
+    n.push_back(p + "self_attn.k_norm.weight");
+  }
+  llama_mlp_param_names(c, i, p, n);
   return n;
 }
+
+namespace {
+
+// The shape of an MLA attention tensor (false for other names).
+bool mla_shape(const LlamaConfig& c, const std::string& name, Shape* s) {
+  const MlaConfig& a = *c.mla;
+  const int64_t h = c.hidden_size, H = c.num_attention_heads;
+  auto is = [&](const char* sfx) { return name.ends_with(std::string("self_attn.") + sfx); };
+  if (is("q_a_proj.weight")) *s = {a.q_lora_rank, h};
+  else if (is("q_a_layernorm.weight")) *s = {a.q_lora_rank};
+  else if (is("q_b_proj.weight")) *s = {H * a.qk_head_dim(), a.q_lora_rank};
+  else if (is("q_proj.weight")) *s = {H * a.qk_head_dim(), h};
+  else if (is("kv_a_proj_with_mqa.weight")) *s = {a.kv_lora_rank + a.qk_rope_head_dim, h};
+  else if (is("kv_a_layernorm.weight")) *s = {a.kv_lora_rank};
+  else if (is("kv_b_proj.weight")) *s = {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank};
+  else if (is("o_proj.weight")) *s = {h, H * a.v_head_dim};
+  else return false;
+  return true;
+}
+
+}  // namespace
 
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
@@ -252,7 +362,18 @@ std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
         return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
       };
       Shape s;
-      if (ends("layernorm.weight")) s = {h};
+      const int64_t e = c.moe ? c.moe->num_experts : 0, fe = c.moe ? c.moe->expert_intermediate : 0,
+                    fs = c.moe ? c.moe->shared_intermediate : 0;
+      if (c.mla && mla_shape(c, name, &s)) {
+      } else if (ends("layernorm.weight")) s = {h};
+      else if (ends("q_norm.weight") || ends("k_norm.weight")) s = {c.head_dim};
+      else if (ends("gate.e_score_correction_bias")) s = {e};
+      else if (ends("mlp.gate.weight")) s = {e, h};
+      else if (ends("mlp.experts.gate_proj.weight") || ends("mlp.experts.up_proj.weight")) s = {e, fe, h};
+      else if (ends("mlp.experts.down_proj.weight")) s = {e, h, fe};
+      else if (ends("shared_experts.gate_proj.weight") || ends("shared_experts.up_proj.weight")) s = {fs, h};
+      else if (ends("shared_experts.down_proj.weight")) s = {h, fs};
+      else if (ends("shared_expert_gate.weight")) s = {1, h};
       else if (ends("q_proj.weight")) s = {q, h};
       else if (ends("q_proj.bias")) s = {q};
       else if (ends("k_proj.weight") || ends("v_proj.weight")) s = {kv, h};
@@ -284,7 +405,8 @@ int64_t llama_layer_of(const std::string& name) {
 }
 
 bool llama_is_norm(const std::string& name) {
-  return name.find("layernorm.weight") != std::string::npos || name.ends_with("model.norm.weight");
+  return name.find("layernorm.weight") != std::string::npos || name.ends_with("model.norm.weight") ||
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
 }
 
 }  // namespace ckpt

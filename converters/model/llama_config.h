@@ -1,14 +1,17 @@
-// The LLaMA family's model config (an HF LlamaForCausalLM config.json) and its canonical tensors.
+// The LLaMA family's model config (an HF LlamaForCausalLM config.json) and its canonical tensors;
+// the MoE families Mixtral, Qwen2-MoE and Qwen3-MoE are LLaMA decoders with experts (moe_config.h).
 // Canonical names are HF's; shapes are HF's [out, in]. See docs/DESIGN.md "Canonical global view".
 // Pure values and functions; thread safe.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "converters/model/moe_config.h"
 #include "formats/base/status.h"
 #include "formats/dtype/dtype.h"
 #include "formats/tensor/tensor_io.h"
@@ -47,6 +50,11 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;
+  bool qkv_bias = false;   // q/k/v biases without an o_proj bias (Qwen2-MoE's qkv_bias)
+  bool qk_norm = false;    // per-head RMSNorm of q and k (Qwen3-MoE): self_attn.{q,k}_norm.weight [head_dim]
+  ModelFamily family = ModelFamily::kLlama;
+  std::optional<MoeConfig> moe;  // the MoE families (docs/MOE.md); nullopt: dense
+  std::optional<MlaConfig> mla;  // DeepSeek-V3's latent attention instead of q/k/v_proj
   std::string hidden_act = "silu";
   DType dtype = DType::kF32;  // torch_dtype / dtype
   int64_t bos_token_id = 1;
@@ -67,11 +75,20 @@ struct LlamaConfig {
   // Parameters of the whole model (llama_model_tensors' element count), checked against
   // kMaxModelParameters; validate() has passed.
   int64_t parameter_count() const;
+  // OK for a dense LLaMA config; an MoE family's is Unsupported "UnsupportedModel" naming `what`
+  // (the commands that do not know experts yet: the trainer, Megatron, profiles).
+  Status require_dense(const std::string& what) const;
 };
 
 // The canonical model tensors in a fixed order: embed_tokens, then per layer input_layernorm,
 // q/k/v/o, post_attention_layernorm, gate/up/down (plus biases when enabled), then model.norm and
-// lm_head (untied only). `dtype` is the stored dtype of every tensor.
+// lm_head (untied only). `dtype` is the stored dtype of every tensor. An MoE layer has instead of
+// gate/up/down (docs/MOE.md): mlp.gate.weight [E, h] (the router), mlp.experts.{gate,up}_proj.weight
+// [E, F, h], mlp.experts.down_proj.weight [E, h, F], and with a shared expert
+// mlp.shared_experts.{gate,up,down}_proj.weight (and Qwen2-MoE's mlp.shared_expert_gate.weight
+// [1, h]; DeepSeek-V3's router bias mlp.gate.e_score_correction_bias [E]). An MLA layer has
+// instead of q/k/v_proj: q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
+// kv_a_layernorm, kv_b_proj (moe_config.h MlaConfig).
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dtype);
 
 // Parameter names of one decoder layer `i` (same order as llama_model_tensors).
@@ -81,7 +98,7 @@ std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i
 // tensor is not inside a decoder layer. Works for optimizer names ("optimizer.exp_avg.<name>").
 int64_t llama_layer_of(const std::string& name);
 
-// True for RMSNorm weights (no weight decay; replicated under TP).
+// True for RMSNorm weights, q/k norms included (no weight decay; replicated under TP).
 bool llama_is_norm(const std::string& name);
 
 }  // namespace ckpt

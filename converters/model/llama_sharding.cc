@@ -79,9 +79,17 @@ Status LlamaShardingRules::check_layout(const Layout& layout) const {
     return refuse("tp=" + std::to_string(tp) + " and num_key_value_heads=" + std::to_string(K) +
                   ": tp must divide the KV heads, or be a multiple of them (each KV head then replicated on tp/K "
                   "ranks)");
-  if (c.intermediate_size % tp != 0)
+  const bool dense_layers = !c.moe || std::find(c.moe->moe_layer.begin(), c.moe->moe_layer.end(), false) !=
+                                            c.moe->moe_layer.end();
+  if (dense_layers && c.intermediate_size % tp != 0)
     return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                   std::to_string(c.intermediate_size));
+  if (c.moe && c.moe->expert_intermediate % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide the experts' width " +
+                  std::to_string(c.moe->expert_intermediate) + " (moe_intermediate_size; experts split it over tp)");
+  if (c.moe && c.moe->shared_intermediate % tp != 0)
+    return refuse("tp=" + std::to_string(tp) + " does not divide shared_expert_intermediate_size=" +
+                  std::to_string(c.moe->shared_intermediate));
   if (layout.vocab_divisor < 1)
     return refuse("vocab_divisor must be >= 1, got " + std::to_string(layout.vocab_divisor));
   return Status::Ok();
@@ -147,8 +155,18 @@ Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& fu
       CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));
       boxes.push_back(dim_slice(shape, 0, v.begin, v.end));
     }
-  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias"})) {
-    boxes = replicate(shape, tp);
+  } else if (llama_is_norm(name) || is({"o_proj.bias", "down_proj.bias", "mlp.gate.weight", "shared_expert_gate.weight",
+                                         "gate.e_score_correction_bias", "q_a_proj.weight", "kv_a_proj_with_mqa.weight"})) {
+    boxes = replicate(shape, tp);  // norms, the MoE router and the shared expert's gate, MLA's down projections
+  } else if (is({"q_b_proj.weight", "kv_b_proj.weight"})) {
+    if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
+    boxes = split_even(shape, 0, tp);  // MLA's up projections: rows per head
+  } else if (is({"mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"})) {
+    if (shape[1] % tp != 0) return not_divisible(shape[1], "moe_intermediate_size");
+    boxes = split_even(shape, 1, tp);  // [E, F, h]: every expert's F split as a dense MLP's
+  } else if (is({"mlp.experts.down_proj.weight"})) {
+    if (shape[2] % tp != 0) return not_divisible(shape[2], "moe_intermediate_size");
+    boxes = split_even(shape, 2, tp);  // [E, h, F]
   } else if (is({"q_proj.weight", "q_proj.bias"})) {
     if (c.num_attention_heads % tp != 0) return not_divisible(c.num_attention_heads, "num_attention_heads");
     boxes = split_even(shape, 0, tp);

@@ -219,6 +219,7 @@ Result<std::vector<ProfileTensor>> optimizer_tensors(const Profile& p, const std
 Result<std::vector<ProfileTensor>> profile_tensors(const Profile& p, const LlamaConfig& config,
                                                    const std::vector<TensorMeta>& canonical, int tp) {
   using namespace profile_tensors_detail;
+  CKPT_RETURN_IF_ERROR(config.require_dense("profile '" + p.name + "'"));
   CKPT_RETURN_IF_ERROR(check_model(p, config, tp));
   std::map<std::string, TensorMeta> model;
   std::vector<TensorMeta> order = llama_model_tensors(config, config.dtype);

@@ -119,6 +119,9 @@ constexpr ErrorCodeEntry kTable[] = {
     {"LayoutRefused", kArg},
     {"LayoutUnsupported", kUnsup},
     {"MissingTensor", kNotFound},
+    {"UnsupportedModel", kUnsup},  // a model family (or its MoE) a command does not support (docs/MOE.md)
+    {"BadAlias", kArg},            // a renamed view's boxes that do not fit (formats/tensor/alias_view.h)
+    {"MixedDtypes", kCorrupt},     // the experts of one stacked tensor stored in different dtypes
     {"NoModelConfig", kUnsup},
     {"BadMegatronArgs", kCorrupt},
     {"MissingMegatronCommonState", kCorrupt},   // torch_dist: neither common.pt nor the common_state item

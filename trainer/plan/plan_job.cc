@@ -31,6 +31,7 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto cluster, Cluster::from_file(req.cluster));
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   CKPT_ASSIGN_OR_RETURN(auto cfg, LlamaConfig::from_file(req.model));
+  CKPT_RETURN_IF_ERROR(cfg.require_dense("ckpt plan"));
   PlanEvaluation out;
   CKPT_ASSIGN_OR_RETURN(out.layout, Layout::from_file(req.evaluate));
   PlanOptions o;
@@ -84,6 +85,7 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   Result<LlamaConfig> cfg = config ? Result<LlamaConfig>(*config) : LlamaConfig::from_file(req.model);
   if (!cfg.ok()) return cfg.take_status();
+  CKPT_RETURN_IF_ERROR(cfg->require_dense("ckpt plan"));
   SearchOptions o;
   o.global_batch = req.global_batch;
   o.seq_len = req.seq_len > 0 ? req.seq_len : cfg->max_position_embeddings;

@@ -16,6 +16,7 @@ Result<ReplanSource> replan_source(const std::string& path) {
   if (cfg == md.end())
     return Status::Error("NoModelConfig", "checkpoint '" + r.checkpoint + "' has no model_config metadata: give --model CONFIG");
   CKPT_ASSIGN_OR_RETURN(r.config, LlamaConfig::from_json(*cfg));
+  CKPT_RETURN_IF_ERROR(r.config.require_dense("ckpt plan --checkpoint"));
   auto tr = md.find("trainer");
   if (tr == md.end())
     return Status::Error("BadTrainerState", "checkpoint '" + r.checkpoint +

@@ -222,6 +222,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
     return Status::NotFound("source '" + src.describe() +
                             "' carries no model config (config.json / manifest model_config); export-megatron needs it");
   CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfig::from_json(meta["model_config"]));
+  CKPT_RETURN_IF_ERROR(cfg.require_dense("export-megatron"));
   if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
   CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
                                                     opts.layers_per_stage));

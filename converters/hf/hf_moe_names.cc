@@ -1,0 +1,167 @@
+#include "converters/hf/hf_moe_names.h"
+
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "converters/model/tp_split.h"
+
+namespace ckpt {
+
+namespace {
+
+const std::string kMoeMlp = ".mlp.";
+
+// Where a canonical name's MLP part starts: "model.layers.3.mlp." -> {prefix "model.layers.3.",
+// suffix after "mlp."}; false for tensors outside an MoE layer's MLP.
+bool moe_mlp_part(const LlamaConfig& c, const std::string& name, std::string* prefix, std::string* suffix) {
+  const int64_t layer = llama_layer_of(name);
+  if (layer < 0 || !c.moe || !c.moe->is_moe_layer(layer)) return false;
+  const auto at = name.find(kMoeMlp);
+  if (at == std::string::npos) return false;
+  *prefix = name.substr(0, at + 1);
+  *suffix = name.substr(at + kMoeMlp.size());
+  return true;
+}
+
+// The HF per-expert ("legacy") name of expert `e` of canonical `experts.<proj>.weight`.
+std::string legacy_expert_name(const LlamaConfig& c, const std::string& prefix, const std::string& proj, int64_t e) {
+  if (c.family == ModelFamily::kMixtral) {
+    const char* w = proj == "gate_proj" ? "w1" : proj == "up_proj" ? "w3" : "w2";
+    return prefix + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+  }
+  return prefix + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
+}
+
+// The HF name of a canonical MoE-layer tensor that is one tensor in HF too (router, shared expert).
+std::string hf_single_name(const LlamaConfig& c, const std::string& prefix, const std::string& suffix, bool legacy) {
+  if (suffix == "gate.weight" && c.family == ModelFamily::kMixtral && legacy) return prefix + "block_sparse_moe.gate.weight";
+  if (suffix.starts_with("shared_experts.") && c.family == ModelFamily::kQwen2Moe)
+    return prefix + "mlp.shared_expert." + suffix.substr(std::string("shared_experts.").size());
+  return prefix + "mlp." + suffix;
+}
+
+Status moe_missing(const std::string& name, const Shape& shape, const std::string& why) {
+  return Status::Error("MissingTensor", "the source has no tensor '" + name + "' " + shape_to_string(shape) + " (" + why + ")")
+      .with_tensor(name);
+}
+
+Status moe_shape_mismatch(const std::string& name, const Shape& got, const Shape& want) {
+  return Status::Error("ShapeMismatch", "tensor '" + name + "' has shape " + shape_to_string(got) + ", the config expects " +
+                                            shape_to_string(want))
+      .with_tensor(name);
+}
+
+class ImportBuilder {
+ public:
+  ImportBuilder(const LlamaConfig& c, const std::vector<TensorMeta>& src) : c_(c) {
+    for (const auto& t : src) src_[t.name] = &t;
+  }
+
+  // The canonical tensor `want` from the whole HF tensor `name`.
+  Status whole(const TensorMeta& want, const std::string& name, const std::string& why) {
+    const TensorMeta* s = find(name);
+    if (!s) return moe_missing(name, want.shape, why);
+    if (s->shape != want.shape) return moe_shape_mismatch(name, s->shape, want.shape);
+    add(want, s->dtype, {TensorAlias{want.name, Box::whole(want.shape), name, Box::whole(want.shape)}}, {name});
+    return Status::Ok();
+  }
+
+  // A stacked expert tensor [E, ...] from the fused HF tensors or the per-expert ones.
+  Status experts(const TensorMeta& want, const std::string& prefix, const std::string& proj) {
+    const Shape& w = want.shape;
+    const int64_t E = w[0];
+    if (const TensorMeta* gu = find(prefix + "mlp.experts.gate_up_proj"); gu && proj != "down_proj") {
+      const Shape fused{E, 2 * w[1], w[2]};
+      if (gu->shape != fused) return moe_shape_mismatch(gu->name, gu->shape, fused);
+      const int64_t half = proj == "gate_proj" ? 0 : 1;
+      add(want, gu->dtype, {TensorAlias{want.name, Box::whole(w), gu->name, dim_slice(fused, 1, half * w[1], (half + 1) * w[1])}},
+          {gu->name});
+      return Status::Ok();
+    }
+    if (proj == "down_proj" && find(prefix + "mlp.experts.down_proj"))
+      return whole(want, prefix + "mlp.experts.down_proj", "fused experts");
+    std::vector<TensorAlias> aliases;
+    std::vector<std::string> used;
+    const Shape one{w[1], w[2]};
+    std::optional<DType> dt;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string name = legacy_expert_name(c_, prefix, proj, e);
+      const TensorMeta* s = find(name);
+      if (!s) return moe_missing(name, one, "expert " + std::to_string(e) + " of " + std::to_string(E));
+      if (s->shape != one) return moe_shape_mismatch(name, s->shape, one);
+      if (dt && *dt != s->dtype)
+        return Status::Error("MixedDtypes", "tensor '" + name + "' is " + std::string(dtype_name(s->dtype)) + " but expert 0 of '" +
+                                                want.name + "' is " + std::string(dtype_name(*dt)))
+            .with_tensor(name);
+      dt = s->dtype;
+      aliases.push_back(TensorAlias{want.name, dim_slice(w, 0, e, e + 1), name, Box::whole(one)});
+      used.push_back(name);
+    }
+    add(want, *dt, std::move(aliases), std::move(used));
+    return Status::Ok();
+  }
+
+  HfAliases take() { return std::move(out_); }
+
+ private:
+  const TensorMeta* find(const std::string& name) const {
+    auto it = src_.find(name);
+    return it == src_.end() ? nullptr : it->second;
+  }
+  void add(const TensorMeta& want, DType dt, std::vector<TensorAlias> aliases, std::vector<std::string> used) {
+    out_.tensors.push_back(TensorMeta{want.name, dt, want.shape});
+    for (auto& a : aliases) out_.aliases.push_back(std::move(a));
+    out_.used.insert(used.begin(), used.end());
+  }
+
+  const LlamaConfig& c_;
+  std::map<std::string, const TensorMeta*> src_;
+  HfAliases out_;
+};
+
+}  // namespace
+
+Result<HfAliases> hf_moe_import_aliases(const LlamaConfig& c, const std::vector<TensorMeta>& canonical,
+                                        const std::vector<TensorMeta>& src) {
+  ImportBuilder b(c, src);
+  bool has_block_sparse = false;
+  for (const auto& t : src) has_block_sparse = has_block_sparse || t.name.find(".block_sparse_moe.") != std::string::npos;
+  for (const TensorMeta& want : canonical) {
+    std::string prefix, suffix;
+    if (!moe_mlp_part(c, want.name, &prefix, &suffix)) {
+      CKPT_RETURN_IF_ERROR(b.whole(want, want.name, "required by config.json"));
+    } else if (suffix.starts_with("experts.")) {
+      const std::string proj = suffix.substr(8, suffix.size() - 8 - 7);  // experts.<proj>.weight
+      CKPT_RETURN_IF_ERROR(b.experts(want, prefix, proj));
+    } else {
+      CKPT_RETURN_IF_ERROR(b.whole(want, hf_single_name(c, prefix, suffix, has_block_sparse), "required by config.json"));
+    }
+  }
+  return b.take();
+}
+
+HfAliases hf_moe_export_aliases(const LlamaConfig& c, const std::vector<TensorMeta>& canonical) {
+  HfAliases out;
+  for (const TensorMeta& t : canonical) {
+    std::string prefix, suffix;
+    if (!moe_mlp_part(c, t.name, &prefix, &suffix) || !suffix.starts_with("experts.")) {
+      const std::string name = moe_mlp_part(c, t.name, &prefix, &suffix) ? hf_single_name(c, prefix, suffix, true) : t.name;
+      out.tensors.push_back(TensorMeta{name, t.dtype, t.shape});
+      out.aliases.push_back(TensorAlias{name, Box::whole(t.shape), t.name, Box::whole(t.shape)});
+      out.used.insert(t.name);
+      continue;
+    }
+    const std::string proj = suffix.substr(8, suffix.size() - 8 - 7);
+    const Shape one{t.shape[1], t.shape[2]};
+    for (int64_t e = 0; e < t.shape[0]; ++e) {
+      const std::string name = legacy_expert_name(c, prefix, proj, e);
+      out.tensors.push_back(TensorMeta{name, t.dtype, one});
+      out.aliases.push_back(TensorAlias{name, Box::whole(one), t.name, dim_slice(t.shape, 0, e, e + 1)});
+    }
+    out.used.insert(t.name);
+  }
+  return out;
+}
+
+}  // namespace ckpt
