@@ -5,6 +5,7 @@
 
 #include "converters/deepspeed/ds_universal_sink.h"
 #include "converters/megatron/megatron_dist_opt_export.h"
+#include "converters/model/llama_config.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/fs_util.h"
 #include "formats/torch/torch_file_writer.h"
@@ -174,6 +175,9 @@ nlohmann::json ds_universal_optimizer_fields(const nlohmann::json& meta) {
 
 Result<DsUniversalPlan> plan_ds_universal(const TensorSource& src, const DsUniversalOptions& o) {
   DsUniversalPlan plan;
+  // An MoE model's stacked experts are not the module's parameters (docs/MOE.md): refused by name.
+  if (const nlohmann::json& m = src.metadata(); m.contains("model_config") && m["model_config"].is_object())
+    if (auto cfg = LlamaConfig::from_json(m["model_config"]); cfg.ok()) CKPT_RETURN_IF_ERROR(cfg->require_dense("export-deepspeed"));
   std::map<std::string, const TensorMeta*> by_name;
   for (const TensorMeta& t : src.tensors()) by_name[t.name] = &t;
   for (const TensorMeta& t : src.tensors()) {

@@ -205,3 +205,12 @@ def test_python_module(tmp_path):
     with pytest.raises(ckpt.InvalidArgumentError, match="DeepSpeedNoOptimizerState"):
         ckpt.export_deepspeed(hf_dir(tmp_path), tmp_path / "u2")
     assert not (tmp_path / "u2").exists()
+
+
+def test_moe_model_is_refused_by_name(run_ckpt, tmp_path):
+    """A mixture-of-experts model (fixtures/moe: transformers' Mixtral): its stacked experts are no
+    module parameters, so the export refuses it by name (docs/MOE.md) and writes nothing."""
+    src = ROOT / "fixtures" / "moe" / "mixtral" / "legacy"
+    p = run_ckpt("export-deepspeed", src, tmp_path / "u", "--weights-only", check=False)
+    assert p.returncode != 0 and "UnsupportedModel" in p.stderr and "export-deepspeed" in p.stderr, p.stderr
+    assert not (tmp_path / "u").exists() and not (tmp_path / "u.partial").exists()
