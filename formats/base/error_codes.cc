@@ -141,6 +141,13 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DeepSpeedStage", kCorrupt},           // zero_stage unknown, or ranks at different stages
     {"DeepSpeedOptimizerState", kCorrupt},  // an Adam moment missing or not of its partition's size
     {"DeepSpeedStepMismatch", kCorrupt},    // ranks or groups at different Adam steps
+    // DeepSpeed universal checkpoints written (converters/deepspeed/ds_universal_export.h).
+    {"DeepSpeedNoOptimizerState", kArg},       // the source has no Adam state and --weights-only was not given
+    {"DeepSpeedPartialOptimizerState", kArg},  // Adam moments for some parameters only
+    {"DeepSpeedNoStep", kArg},                 // Adam moments but no recorded step and no --step
+    {"DeepSpeedNotFloat", kArg},               // a weight or state of an integer dtype
+    {"DeepSpeedParamName", kArg},              // a parameter name that cannot be a directory under zero/
+    {"DeepSpeedUniversal", kCorrupt},          // a universal checkpoint read: missing fp32.pt, wrong size, partial moments, bad name
     {"BadDistOptimArgs", kCorrupt},             // distributed optimizer: args give no bucket layout (dp, bucket size)
     {"UnsupportedDistOptim", kUnsup},           // distributed optimizer form not read (instances, grad buffers)
     {"DistOptimBucketCount", kCorrupt},         // recorded buckets != derived buckets
