@@ -149,6 +149,7 @@ Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool
   if (groups.size() != plan.ranks.size()) return Status::Internal("dist-opt groups differ from the ranks");
   for (size_t g = 0; g < groups.size(); ++g)
     for (const char* st : kDistOptStates) {
+      if (!groups[g].states.count(st)) continue;  // Lion: no exp_avg_sq
       MegatronTensor t;
       t.name = std::string(kDistOptStagedPrefix) + st;
       int64_t n = 0;
@@ -168,7 +169,7 @@ Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
   CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
   const bool torch = opts.format == MegatronFileFormat::kTorch;
-  const nlohmann::json optim = megatron_optimizer_fields(src.metadata());
+  nlohmann::json optim = megatron_optimizer_fields(src.metadata());
   nlohmann::json args = megatron_vpp_args(megatron_args(plan.config, plan.layout), opts.vpp);
   if (opts.dist_opt.enabled && opts.vpp > 1)
     return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
@@ -183,9 +184,10 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
       return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding " + opts.dist_opt.sharding +
                                                        ": the legacy format (--format torch) has one form, distrib_optim.pt; "
                                                        "fully_reshardable is a torch_dist form");
-    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
+    CKPT_ASSIGN_OR_RETURN(DistOptSourceState st, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
+    optim["optimizer"] = st.optimizer;
     args.update(dist_opt_args(opts.dist_opt, plan.layout.tp, plan.layout.pp, optim));
-    CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, masters, src.describe()));
+    CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, st.fp32_masters, src.describe()));
   } else if (torch && opts.vpp > 1) {
     for (const auto& t : src.tensors())
       if (t.name.rfind("optimizer.", 0) == 0)

@@ -143,6 +143,7 @@ Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std:
   int64_t numel = -1;
   for (const char* st : kDistOptStates) {
     auto it = staged.find(std::string(kDistOptStagedPrefix) + st);
+    if (it == staged.end() && std::string(st) == "exp_avg_sq") continue;  // Lion keeps exp_avg only
     if (it == staged.end()) return Status::Internal("staged file: no world buffer '" + std::string(st) + "'");
     const TensorMeta& t = sf.tensors()[it->second];
     if (t.shape.size() != 1 || t.dtype != DType::kF32 || (numel >= 0 && t.shape[0] != numel))

@@ -244,7 +244,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
     {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
     {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
-    {"MegatronOneMomentExport", kUnsup},          // export of a one-moment (Lion) optimizer state: not written yet
+    {"MegatronOneMomentExport", kUnsup},          // one-moment state without --dist-opt or without args.optimizer lion
     {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
     {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
     // The planner's calibrated cost terms (trainer/plan/cost_model.h CostCalibration).

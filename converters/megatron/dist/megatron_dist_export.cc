@@ -73,6 +73,7 @@ Status add_dp_reshardable(const std::vector<DistOptGroupBuffers>& groups, DType 
       const std::string gbuf = ".gbuf_idx_" + std::to_string(gb.chunk);
       for (size_t b = 0; b < gb.numel_unpadded.size(); ++b)
         for (const char* st : kDistOptStates) {
+          if (!gb.states.count(st)) continue;  // Lion: no exp_avg_sq
           const int64_t n = gb.numel_unpadded[b];
           DistChunk c{Box{{0}, {n}}, 0, gb.states.at(st)[b], rank};
           map.push_back(DistTensor{pre + gbuf + ".dtype_" + dkey + ".bucket_idx_" + std::to_string(b) + "." + st, {n}, {std::move(c)}});
@@ -232,10 +233,12 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
   nlohmann::json args = megatron_vpp_args(megatron_args(cfg, layout), opts.vpp);
   std::vector<torch::DcpBytesEntry> bytes;
-  const nlohmann::json optim_fields = megatron_optimizer_fields(meta);
+  nlohmann::json optim_fields = megatron_optimizer_fields(meta);
   bool optim = false;
   if (opts.dist_opt.enabled) {  // the distributed optimizer's buckets instead of per-parameter state
-    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, true));
+    CKPT_ASSIGN_OR_RETURN(DistOptSourceState st, check_dist_opt_source(src, opts.dist_opt, true));
+    const bool masters = st.fp32_masters;
+    optim_fields["optimizer"] = st.optimizer;
     args.update(dist_opt_args(opts.dist_opt, layout.tp, layout.pp, optim_fields));
     if (opts.dist_opt.sharding == "fully_reshardable") {  // per parameter, chunked like it; masters as 'param'
       add_dist_optimizer_tensors(index, map, {{kDistMasterParamPrefix, masters ? "optimizer.fp32_param." : ""},
