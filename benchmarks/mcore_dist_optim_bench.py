@@ -14,9 +14,11 @@ read before every command; each output deleted after its command):
                              DDP + DistributedOptimizer, dist_checkpointing.load of their sharded state dict
                              (dp_reshardable), load_state_dict, dist_checkpointing.save as `fully_reshardable`
                              (the sharding type megatron-core reshards to another tp / pp on load).
+  ckpt export-megatron SRC   `ckpt export-megatron SRC OUT --format torch_dist --tp 2 --dist-opt --dp 1
+                             --dist-opt-sharding fully_reshardable --local-norms`: the same conversion in one pass
+                             (the source opened as any ckpt source; masters, moments, step and param groups carried).
   ckpt import + export       `ckpt reshard SRC STORE --tp 2 --pp 1 --dp 1` (the native store: masters, both moments,
-                             step) then `ckpt export-megatron STORE OUT --format torch_dist --tp 2 --dist-opt --dp 1
-                             --dist-opt-sharding fully_reshardable --local-norms`: the same target as megatron-core's.
+                             step) then `ckpt export-megatron STORE OUT` with the same flags: two passes via the store.
   ckpt import                the first of those alone.
   ckpt reshard -> tp1        `ckpt reshard SRC OUT --tp 1 --pp 1 --dp 1`: straight to a layout megatron-core's
                              dp_reshardable cannot load into.
@@ -100,14 +102,15 @@ def commands(a, src, work):
     ck = a.ckpt
     store, out = work / "store", work / "out"
     mc_env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    export = [ck, "export-megatron", store, out, "--format", "torch_dist", "--tp", "2", "--dist-opt", "--dp", "1",
-              "--dist-opt-sharding", "fully_reshardable", "--local-norms", "--threads", str(a.threads)]
+    export = ["--format", "torch_dist", "--tp", "2", "--dist-opt", "--dp", "1", "--dist-opt-sharding", "fully_reshardable",
+              "--local-norms"]
     return {
         "megatron-core load + save (fully_reshardable)": [
             ([a.mcore_python, WORKER, "load-save", src, out, "--tp", "2", "--layers", str(a.layers)], mc_env)],
+        "ckpt export-megatron SRC (fully_reshardable)": [([ck, "export-megatron", src, out, *export], None)],
         "ckpt import + export (fully_reshardable)": [
             ([ck, "reshard", src, store, "--tp", "2", "--pp", "1", "--dp", "1", "--threads", str(a.threads)], None),
-            (export, None)],
+            ([ck, "export-megatron", store, out, *export], None)],
         "ckpt import (tp2)": [([ck, "reshard", src, store, "--tp", "2", "--pp", "1", "--dp", "1", "--threads", str(a.threads)], None)],
         "ckpt reshard -> tp1": [([ck, "reshard", src, out, "--tp", "1", "--pp", "1", "--dp", "1", "--threads", str(a.threads)], None)],
     }

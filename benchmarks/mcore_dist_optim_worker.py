@@ -3,10 +3,10 @@ nothing here runs in CI). Two commands, each started under `torchrun --nproc-per
 shims of fixtures/megatron_core_019/cpu_shims.py):
 
   make DIR       builds the TinyLlama-shaped GPTModel (hidden 2048, FFN 5632, 32 heads / 4 query groups, SwiGLU,
-                 RMSNorm, rotary, untied, vocab 32003 padded by Megatron to 32256, bf16 parameters, --layers
+                 RMSNorm, rotary, untied, vocab 32003 padded by Megatron to 32256, fp32 parameters (--bf16: bf16), --layers
                  layers; get_gpt_layer_local_spec) at tp = TP, wraps it in megatron-core's DDP (grad_reduce_in_fp32,
                  Megatron-LM's defaults: no overlap_grad_reduce, so one bucket) and its DistributedOptimizer
-                 (Adam, bf16 with fp32 masters), takes ONE step on seeded gradients and saves model + optimizer as
+                 (Adam; with --bf16 fp32 masters), takes ONE step on seeded gradients and saves model + optimizer as
                  Megatron-LM's save_checkpoint does with --ckpt-format torch_dist (dp_reshardable, the default):
                  DIR/iter_0000001, latest_checkpointed_iteration.txt.
   load-save SRC DST --sharding S
@@ -42,6 +42,11 @@ def padded_vocab(tp):
     return (VOCAB + m - 1) // m * m
 
 
+def dtype(a):
+    import torch
+    return torch.bfloat16 if a.bf16 else torch.float32
+
+
 def megatron_args(a, sharding):
     import torch
     return argparse.Namespace(
@@ -50,8 +55,8 @@ def megatron_args(a, sharding):
         group_query_attention=True, kv_channels=HIDDEN // HEADS, vocab_size=VOCAB, padded_vocab_size=padded_vocab(a.tp),
         make_vocab_size_divisible_by=128, swiglu=True, untie_embeddings_and_output_weights=True, add_bias_linear=False,
         add_qkv_bias=False, rotary_base=10000, rotary_percent=1.0, norm_epsilon=1e-5, normalization="RMSNorm",
-        position_embedding_type="rope", max_position_embeddings=SEQ, seq_length=SEQ, params_dtype=torch.bfloat16,
-        fp16=False, bf16=True, transformer_impl="local", ckpt_format="torch_dist", use_distributed_optimizer=True,
+        position_embedding_type="rope", max_position_embeddings=SEQ, seq_length=SEQ, params_dtype=dtype(a),
+        fp16=False, bf16=a.bf16, transformer_impl="local", ckpt_format="torch_dist", use_distributed_optimizer=True,
         ddp_bucket_size=None, overlap_grad_reduce=False, overlap_param_gather=False, grad_reduce_in_fp32=True,
         dist_ckpt_optim_fully_reshardable=sharding == "fully_reshardable", optimizer="adam", adam_beta1=0.9,
         adam_beta2=0.95, adam_eps=1e-8, weight_decay=WD, lr=LR, min_lr=LR, iteration=ITERATION, world_size=a.tp,
@@ -75,7 +80,7 @@ def build(a, init):
         kv_channels=HIDDEN // HEADS, normalization="RMSNorm", layernorm_epsilon=1e-5, gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, perform_initialization=init, init_method_std=0.02, tensor_model_parallel_size=a.tp,
-        pipeline_model_parallel_size=1, pipeline_dtype=torch.bfloat16, params_dtype=torch.bfloat16, bf16=True,
+        pipeline_model_parallel_size=1, pipeline_dtype=dtype(a), params_dtype=dtype(a), bf16=a.bf16,
         apply_rope_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False)
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
@@ -84,7 +89,7 @@ def build(a, init):
     ddp = DDP(config=cfg, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True),
               module=model)
     ocfg = OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=WD, adam_beta1=0.9, adam_beta2=0.95,
-                           adam_eps=1e-8, use_distributed_optimizer=True, bf16=True, fp16=False, params_dtype=torch.bfloat16,
+                           adam_eps=1e-8, use_distributed_optimizer=True, bf16=a.bf16, fp16=False, params_dtype=dtype(a),
                            clip_grad=0.0)
     return ddp, get_megatron_optimizer(ocfg, [ddp])
 
@@ -173,6 +178,8 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sharding", default="fully_reshardable")
+    ap.add_argument("--bf16", action="store_true", help="bf16 parameters (the local spec keeps its RMSNorm weights fp32: "
+                    "two grad buffers, which ckpt does not import yet)")
     a = ap.parse_args()
     if os.environ.get("MCORE_BENCH_WORKER") == "1":
         return worker(a)
