@@ -196,7 +196,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronVppNeedsPipeline", kArg},           // a virtual pipeline with pp = 1
     {"MegatronVppUneven", kUnsup},                // uneven first/last stages or a layout with a virtual pipeline
     {"MegatronVppFormat", kArg},                  // --vpp with an export format that has no chunks (safetensors)
-    {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp of a source with optimizer state
+    {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp, optimizer state without --dist-opt
     // formats/torch (unpickler, torch zip).
     {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
     {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP

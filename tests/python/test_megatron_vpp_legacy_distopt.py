@@ -92,3 +92,46 @@ def test_legacy_vpp_distrib_optim_hostile(case, code, run_ckpt, tmp_path):
     assert not (tmp_path / "out").exists()
     if case != "third_gbuf":
         assert "grad buffer 1" in p.stderr or case == "drop_gbuf1", p.stderr
+
+
+def test_legacy_vpp_dist_opt_export_equals_megatron_core_files(run_ckpt, tmp_path):
+    """The import exported as the legacy format with --pp 2 --vpp 2 --dist-opt --dp 2 --ddp-bucket-size
+    2048 (the run's settings): per pipeline rank, distrib_optim.pt holds grad buffers 0 and 1 of
+    megatron-core's sizes and every parameter's slice equal to megatron-core's own file bit for bit
+    (placed by megatron-core's param_index_map in the oracle JSON; not compared: the alignment gaps,
+    torch.empty in megatron-core, and the vocabulary padding rows, which must be zeros here); the
+    rank file's optimizer entry (DistributedOptimizer.state_dict(): param groups, step) equals
+    megatron-core's; the export imports back equal to the store."""
+    store = tmp_path / "store"
+    run_ckpt("reshard", FIX / NAME, store, "--tp", 1, "--pp", 1, "--dp", 1)
+    out = tmp_path / "lg"
+    run_ckpt("export-megatron", store, out, "--format", "torch", "--pp", 2, "--vpp", 2, "--dist-opt", "--dp", 2,
+             "--ddp-bucket-size", 2048, "--local-norms", "--iteration", 10)
+    compared = 0
+    for p in (0, 1):
+        rank, ref_rank = (d / "iter_0000010" / f"mp_rank_00_{p:03d}" for d in (out, FIX / NAME))
+        mine, ref = (torch.load(d / "distrib_optim.pt", weights_only=False) for d in (rank, ref_rank))
+        assert list(mine) == list(ref) == ["buckets_coalesced", 0, 1]
+        lay = json.loads((FIX / NAME / f"optimizer_oracle_tp0_pp{p}.json").read_text())
+        for key, q in lay["params"].items():
+            g, b = q["gbuf"], q["bucket"]
+            ((dk, m),), ((rk, r),) = mine[g].items(), ref[g].items()
+            assert dk == rk and m["numel_unpadded"] == r["numel_unpadded"] and list(m) == list(r)
+            (unpadded,) = lay["per_bucket_numel_unpadded"][str(g)].values()
+            lo = q["start"] - sum(lay["buckets"][str(g)][:b]) + sum(unpadded[:b])
+            n = q["end"] - q["start"]
+            pad = None
+            if key.endswith(("embedding.word_embeddings.weight", "output_layer.weight")):
+                n, pad = VOCAB * q["shape"][1], q["end"] - q["start"]
+            for st in ("param", "exp_avg", "exp_avg_sq"):
+                np.testing.assert_array_equal(m[st][lo:lo + n].numpy(), r[st][lo:lo + n].numpy(), err_msg=f"pp{p} {key} {st}")
+                if pad is not None:
+                    assert not m[st][lo + n:lo + pad].any(), f"pp{p} {key} {st}: vocabulary padding not zero"
+                compared += 1
+        mo, ro = (torch.load(d / "model_optim_rng.pt", weights_only=False) for d in (rank, ref_rank))
+        assert mo["optimizer"] == ro["optimizer"]
+        assert mo["args"].virtual_pipeline_model_parallel_size == 2 and mo["args"].use_distributed_optimizer
+    assert compared == 3 * (3 + 6 * LAYERS)
+    back = tmp_path / "back"
+    run_ckpt("reshard", out, back, "--tp", 1, "--pp", 1, "--dp", 1)
+    _diff_equal(run_ckpt, store, back)
