@@ -27,6 +27,9 @@ Wall time; peak RSS of the command's whole process tree (psutil, the sum over th
 children). Load average before every command, uptime before and after.
 
     .venv/bin/python benchmarks/mcore_dist_optim_bench.py --ckpt build/ckpt [--reps 3] [--dir /work/bench-data/m35mc]
+
+Writes its report under the key megatron_core_load_save of --json (docs/megatron_import_optim_bench.json, which
+keeps the Python comparison of benchmarks/megatron_import_bench.py --formats torch_dist_optim beside it).
 """
 import argparse
 import json
@@ -181,7 +184,10 @@ def main():
         if any("phases" in x for x in runs):
             summary[k]["phases_median"] = {p: statistics.median(x["phases"][p] for x in runs) for p in runs[0]["phases"]}
     report["summary"] = summary
-    pathlib.Path(a.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    out = pathlib.Path(a.json)  # beside the issue-35 Python comparison in the same file: key megatron_core_load_save
+    merged = json.loads(out.read_text()) if out.exists() else {}
+    merged["megatron_core_load_save"] = report
+    out.write_text(json.dumps(merged, indent=1, default=str) + "\n")
     print(f"\nsource {report['source_bytes'] / 1e9:.2f} GB, {a.reps} rounds")
     print(f"{'command':48} {'median s':>9} {'vs mcore':>9} {'CPU s':>7} {'tree peak MiB':>14}")
     for k, s in summary.items():

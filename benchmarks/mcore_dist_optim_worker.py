@@ -178,8 +178,9 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sharding", default="fully_reshardable")
-    ap.add_argument("--bf16", action="store_true", help="bf16 parameters (the local spec keeps its RMSNorm weights fp32: "
-                    "two grad buffers, which ckpt does not import yet)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 parameters, WITHOUT Megatron-LM's Float16Module: the local "
+                    "spec's RMSNorm weights stay fp32, a second grad buffer per model chunk (ckpt reads one: "
+                    "UnsupportedDistOptim); Megatron-LM's get_model casts them to bf16 (one buffer)")
     a = ap.parse_args()
     if os.environ.get("MCORE_BENCH_WORKER") == "1":
         return worker(a)
