@@ -13,6 +13,8 @@ nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta) {
     if (m.contains("adam") && m["adam"].is_object())
       for (const auto& [k, v] : m["adam"].items())
         if (v.is_number()) o[k] = v;
+    if (m.contains("opt_param_scheduler") && m["opt_param_scheduler"].is_object() && !m["opt_param_scheduler"].empty())
+      o["opt_param_scheduler"] = m["opt_param_scheduler"];  // the imported OptimizerParamScheduler state, written back
   }
   if (meta.contains("trainer") && meta["trainer"].is_object()) {
     const auto& t = meta["trainer"];

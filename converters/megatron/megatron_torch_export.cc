@@ -220,6 +220,10 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
     models.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
     CKPT_RETURN_IF_ERROR(write_distrib_optim(rcs, files, fs::path(out).parent_path().string() + "/distrib_optim.pt", dtype, wo));
   }
+  // Megatron-LM saves the scheduler beside the optimizer: the imported one, written back as read
+  if (!models.empty() && models.back().first->is(torch::PyType::kStr) && models.back().first->s == "optimizer" &&
+      optim.contains("opt_param_scheduler"))
+    models.emplace_back(a.str("opt_param_scheduler"), torch::json_to_pyobj(a, optim["opt_param_scheduler"]));
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), args_namespace(a, args, dtype)},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)}};

@@ -26,7 +26,8 @@ using torch::PyObj;
 // sharded_state_dict leaves outside the sharded tensors besides the param groups), with the
 // distributed optimizer (`dist_opt`: its sharding type) 'optimizer': {'param_state_sharding_type': T}
 // (fully_reshardable: and 'optimizer': {'param_groups': ...}) and 'content_metadata' (what
-// Megatron-LM's save_checkpoint passes to dist_checkpointing.save).
+// Megatron-LM's save_checkpoint passes to dist_checkpointing.save); with optimizer state and an imported
+// scheduler (optim["opt_param_scheduler"]) 'opt_param_scheduler'.
 const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step,
                          const std::string& dist_opt, const nlohmann::json& optim) {
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
@@ -48,6 +49,9 @@ const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iterati
     root.emplace_back(a.str("optimizer"),
                       a.dict({{a.str("state"), a.dict({{a.str("common_step"), a.integer(*step)}})}}));
   }
+  // Megatron-LM saves the scheduler beside the optimizer: the imported one, written back as read
+  if ((!dist_opt.empty() || step) && optim.contains("opt_param_scheduler"))
+    root.emplace_back(a.str("opt_param_scheduler"), torch::json_to_pyobj(a, optim["opt_param_scheduler"]));
   return a.dict(std::move(root));
 }
 
