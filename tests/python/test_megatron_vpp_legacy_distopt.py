@@ -9,6 +9,8 @@ megatron-core's own save_parameter_state's distrib_optim.pt beside it: {buckets_
     step is 2, nothing is named not imported; the import equals the torch_dist import of the same run
     (distopt_vpp2_pp2) tensor for tensor; HF logits equal megatron-core's; reshard to tp 2 and back is
     byte-identical.
+  * dp_zero_gather_scatter of the same run (distopt_zero_vpp2_pp2: param_state with grad buffers 0, 1):
+    equal to megatron-core's state and to the dp_reshardable import.
   * hostile distrib_optim.pt: a grad buffer missing, a third one, numel_unpadded that does not add up, a
     moment missing in chunk 1's buffer -> named errors, nothing written.
 """
@@ -135,3 +137,31 @@ def test_legacy_vpp_dist_opt_export_equals_megatron_core_files(run_ckpt, tmp_pat
     back = tmp_path / "back"
     run_ckpt("reshard", out, back, "--tp", 1, "--pp", 1, "--dp", 1)
     _diff_equal(run_ckpt, store, back)
+
+
+def test_dp_zero_gather_scatter_vpp_equals_megatron_core_state(run_ckpt, tmp_path):
+    """distopt_zero_vpp2_pp2 (megatron-core 0.19.2: the same interleaved run saved with the deprecated
+    dp_zero_gather_scatter: per pipeline rank the ShardedObject param_state = get_parameter_state_dp_zero(),
+    grad buffers 0 and 1): masters and moments equal megatron-core's state of every chunk, nothing named not
+    imported, and the import equals the dp_reshardable one of the same run tensor for tensor."""
+    from native_h5py import read_native
+    from test_megatron_019 import _mcore_local
+    name = "distopt_zero_vpp2_pp2"
+    native = tmp_path / "native"
+    run_ckpt("reshard", FIX / name, native, "--tp", 1, "--pp", 1, "--dp", 1)
+    _, got, _ = read_native(native)
+    man = json.loads(next(native.rglob("manifest.json")).read_text())
+    mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
+    assert "optimizer_not_imported" not in mg and mg["optimizer_sharding_type"] == "dp_zero_gather_scatter", mg
+    oracle, step = _vpp_oracle(name, 2, 2)
+    assert mg["optimizer_step"] == step == 2 and len(oracle) == 3 + 6 * LAYERS
+    for pname, st in oracle.items():
+        for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg."), ("exp_avg_sq", "optimizer.exp_avg_sq.")):
+            want, have = _mcore_local(lambda n: got[prefix + n], pname, 0, 1), st[k]
+            if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                want, have = want[:VOCAB], have[:VOCAB]
+            np.testing.assert_array_equal(want, have, err_msg=f"{pname} {k}")
+    other = tmp_path / "td"
+    run_ckpt("reshard", FIX / "distopt_vpp2_pp2", other, "--tp", 1, "--pp", 1, "--dp", 1)
+    rep = json.loads(run_ckpt("diff", native, other, "--json").stdout)
+    assert rep["equal"] is True and rep["counts"]["identical"] == 117, rep["counts"]
