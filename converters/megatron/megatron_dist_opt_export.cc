@@ -98,10 +98,6 @@ Result<DistOptSourceState> check_dist_opt_source(const TensorSource& src, const 
   out.fp32_masters = kinds[2];
   if (kinds[0] && !kinds[1]) {  // one moment: Lion's (megatron-core's optimizer_state_keys ('exp_avg',)), which keeps no step
     if (source_optimizer(src) != "lion") return one_moment_refused(src, "--dist-opt");
-    if (o.sharding != "dp_reshardable")
-      return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding " + o.sharding + ": source '" + src.describe() +
-                                                       "' holds Lion's state (one moment); ckpt writes it as dp_reshardable "
-                                                       "buckets (torch_dist) or distrib_optim.pt (torch) only");
     out.optimizer = "lion";
     return out;
   }

@@ -117,16 +117,12 @@ def test_lion_export_reimports_equal_to_the_store(fmt, run_ckpt, store, tmp_path
 @pytest.mark.parametrize("case,code", [
     ("no_dist_opt", "MegatronOneMomentExport"),  # FP32Optimizer's per-parameter Lion state: not written
     ("not_lion", "MegatronOneMomentExport"),  # exp_avg only, no args.optimizer 'lion' recorded: which optimizer?
-    ("fully_reshardable", "UnsupportedDistOptim"),  # Lion in fully_reshardable: not checked against megatron-core
 ])
 def test_lion_export_refusals_are_named(case, code, run_ckpt, store, tmp_path):
     src = store
     args = ["--format", "torch_dist", *DIST_OPT]
     if case == "no_dist_opt":
         args = ["--format", "torch", "--tp", 2, "--local-norms"]
-    if case == "fully_reshardable":
-        args = ["--format", "torch_dist", "--tp", 2, "--dist-opt", "--dp", 2, "--dist-opt-sharding", "fully_reshardable",
-                "--local-norms"]
     if case == "not_lion":  # the same tensors as HF safetensors + config.json: no megatron_args recorded
         from native_h5py import read_native
         from safetensors.numpy import save_file
@@ -138,3 +134,62 @@ def test_lion_export_refusals_are_named(case, code, run_ckpt, store, tmp_path):
     p = run_ckpt("export-megatron", src, tmp_path / "out", *args, check=False)
     assert p.returncode != 0 and code in p.stderr and "internal error" not in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _local_shard(g, name, r, tp=2):
+    """TP rank r's shard of mcore parameter `name` (decoder.layers.<i>. ... or not) from the global
+    fully_reshardable tensor `g` of its stacked key (layer index first for decoder.layers.*)."""
+    if name.startswith("decoder.layers."):
+        i, rest = name[len("decoder.layers."):].split(".", 1)
+        t = g[int(i)]
+    else:
+        rest, t = name, g
+    def rows(a):
+        n = a.shape[0] // tp
+        return a[r * n:(r + 1) * n]
+    if rest.endswith(("linear_qkv.weight",)) or name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return rows(t)
+    if rest.endswith("linear_fc1.weight"):  # [gate; up], each split by rows
+        half = t.shape[0] // 2
+        return np.concatenate([rows(t[:half]), rows(t[half:])])
+    if rest.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        n = t.shape[1] // tp
+        return t[:, r * n:(r + 1) * n]
+    return t  # norms: replicated
+
+
+def test_lion_fully_reshardable_equals_megatron_core_buckets(run_ckpt, store, tmp_path):
+    """--dist-opt-sharding fully_reshardable of the Lion store: optimizer.state.{param,exp_avg}.<key> (no
+    exp_avg_sq), each parameter's TP shard equal to its slice of megatron-core's own dp_reshardable buckets
+    (distopt_lion_dp_reshardable, placed by the numpy layout); Lion's param groups (no step) in the common
+    state. megatron-core 0.19.2 loads it and resumes bit for bit (check_resume.py --form fully_reshardable
+    --optimizer lion against the uninterrupted run: README.md there)."""
+    from test_megatron_019_distopt_export import _dcp_tensors
+    d = tmp_path / "fr"
+    run_ckpt("export-megatron", store, d, "--format", "torch_dist", "--tp", 2, "--dist-opt", "--dp", 2,
+             "--dist-opt-sharding", "fully_reshardable", "--local-norms")
+    got = _dcp_tensors(d, "optimizer.state.")
+    assert {k.split(".")[2] for k in got} == {"param", "exp_avg"} and len(got) == 2 * 9
+    order = _registration_order(TP_SAVED)
+    where, _ = _layout(order, 2048, 2)
+    compared = 0
+    for r in range(TP_SAVED):
+        theirs = _dcp_buckets(FIX / SRC / "iter_0000010", r)
+        for name, n in order.items():
+            key = name if not name.startswith("decoder.layers.") else "decoder.layers." + name.split(".", 3)[3]
+            # the sharded keys name the norms as Transformer Engine does, local spec or not
+            key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight")
+            key = key.replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+            b, off = where[name]
+            for st in ("param", "exp_avg"):
+                mine = _local_shard(got[f"optimizer.state.{st}.{key}"], name, r).reshape(-1)
+                want = theirs[(b, st)][off:off + n]
+                assert mine.shape == want.shape, (name, st)
+                keep = n if name not in ("embedding.word_embeddings.weight", "output_layer.weight") else \
+                    max(0, min(n // HIDDEN, VOCAB - r * (n // HIDDEN))) * HIDDEN
+                np.testing.assert_array_equal(mine[:keep], want[:keep], err_msg=f"tp{r} {name} {st}")
+                compared += 1
+    assert compared == 2 * 2 * len(order)
+    (common,) = _bytes_item(d, "common_state/shard_0_1")
+    (theirs_groups,) = _bytes_item(FIX / SRC / "iter_0000010", "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1")
+    assert common["optimizer"]["optimizer"] == theirs_groups and common["optimizer"]["param_state_sharding_type"] == "fully_reshardable"
