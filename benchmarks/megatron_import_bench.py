@@ -37,7 +37,8 @@ Timed commands (each round runs all of them, rotated; medians over --reps rounds
                      it needs the saved model-parallel layout (tp 2 x pp 2) x dp 2 = 8 gloo processes
                      with the CPU shims (fixtures/megatron_core_019/cpu_shims.py), each building its
                      model shard, grad buffers and optimizer; its torch_dist strategy reads through the
-                     same DCP loader, so this child is a lower bound of its time.
+                     same DCP loader, so this child is a lower bound of its time. megatron-core's own load +
+                     save is measured by benchmarks/mcore_dist_optim_bench.py.
 Wall time, CPU time and peak RSS by /usr/bin/time (getrusage of the child). The Python child also
 reports its phases (import torch, load, convert, save) in a JSON line on stdout.
 State: page cache warm (the sources are read before each round), memory 'hot' (--hot-gib GiB

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "converters/jobs/diff_job.h"
+#include "converters/jobs/export_deepspeed_job.h"
 #include "converters/jobs/export_jobs.h"
 #include "converters/jobs/hf_jobs.h"
 #include "converters/jobs/inspect_job.h"
@@ -224,6 +225,24 @@ nb::object py_export_dcp(const std::string& src, const std::string& out, nb::dic
   return json_to_py(r.to_json());
 }
 
+nb::object py_export_deepspeed(const std::string& src, const std::string& out, nb::dict opts, nb::object progress_cb) {
+  CommandOptions o("export_deepspeed", std::move(opts));
+  ExportDeepSpeedRequest req;
+  req.src = src;
+  req.out = out;
+  req.weights_only = o.get<bool>("weights_only");
+  req.int_step = o.get<bool>("int_step");
+  if (const int64_t step = o.get<int64_t>("step"); step >= 0) req.step = step;  // -1: the source's
+  req.threads = o.get<int>("threads");
+  auto max_memory = o.max_memory();
+  req.fsync = o.get<bool>("fsync");
+  req.no_verify = !o.get<bool>("verify_source");
+  o.done();
+  req.max_memory = o.parse(std::move(max_memory));
+  ExportDeepSpeedOutcome r = run_job(std::move(progress_cb), req, run_export_deepspeed_job);
+  return json_to_py(r.to_json());
+}
+
 nb::object py_export_megatron(const std::string& src, const std::string& dst, nb::dict opts, nb::object progress_cb) {
   CommandOptions o("export_megatron", std::move(opts));
   ExportMegatronRequest req;
@@ -301,6 +320,7 @@ void bind_commands(nb::module_& m) {
   m.def("_plan", &py_plan, nb::arg("cluster"), nb::arg("opts"));
   m.def("_inspect", &py_inspect, nb::arg("path"));
   m.def("_export_dcp", &py_export_dcp, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
+  m.def("_export_deepspeed", &py_export_deepspeed, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_export_megatron", &py_export_megatron, nb::arg("src"), nb::arg("dst"), nb::arg("opts"),
         nb::arg("progress").none());
 }

@@ -264,6 +264,9 @@ Result<Plan> make_plan(const std::vector<TensorMeta>& src_tensors, const std::ve
                         {"buffer", "per (pipeline stage, tp rank, optimizer kind): TP-local boxes of the stage's "
                                    "optimizer tensors of that kind in tensor-list order, flattened row-major, "
                                    "concatenated, zero-padded at the end, split evenly over dp ranks"}};
+  if (target.zero == 1 && target.expert_parallel())
+    lj["zero_shard"]["expert_buffer"] = "per (pipeline stage, group of ranks holding the same expert boxes, optimizer kind): "
+                                        "as buffer, over the group's ranks in stage-local rank order (docs/MOE.md)";
   plan.metadata["layout"] = lj;
   return plan;
 }

@@ -50,6 +50,8 @@ Status not_zero(const std::string& file, const std::string& msg);
 std::string dt(DType d);
 std::string train_dtype(DType d);
 
+// The Adam step `v` (`what` in `f`): an int (FusedAdam), a float, or a 0-d tensor (torch AdamW) read from `f`.
+Result<double> step_of(const torch::PyObj* v, torch::TorchFile& f, const std::string& what);
 // One rank's [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt.
 Result<RankOptim> read_rank_optim(const std::string& path);
 // param_shapes of a model states file: per param group, the parameters in order (frozen and

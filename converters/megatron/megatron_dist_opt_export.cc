@@ -13,6 +13,8 @@ nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta) {
     if (m.contains("adam") && m["adam"].is_object())
       for (const auto& [k, v] : m["adam"].items())
         if (v.is_number()) o[k] = v;
+    if (m.contains("opt_param_scheduler") && m["opt_param_scheduler"].is_object() && !m["opt_param_scheduler"].empty())
+      o["opt_param_scheduler"] = m["opt_param_scheduler"];  // the imported OptimizerParamScheduler state, written back
   }
   if (meta.contains("trainer") && meta["trainer"].is_object()) {
     const auto& t = meta["trainer"];
@@ -28,6 +30,7 @@ nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta) {
 
 nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim_in) {
   const nlohmann::json optim = optim_in.is_object() ? optim_in : nlohmann::json::object();
+  const std::string kind = optim.value("optimizer", std::string("adam"));
   nlohmann::json a = {{"use_distributed_optimizer", true},
                       {"data_parallel_size", o.dp},
                       {"world_size", int64_t{tp} * pp * o.dp},
@@ -35,32 +38,42 @@ nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, co
                       {"overlap_grad_reduce", o.bucket_size.has_value()},
                       {"grad_reduce_in_fp32", true},
                       {"transformer_impl", "local"},
-                      {"optimizer", "adam"}};
+                      {"optimizer", kind}};
   const double lr = optim.value("lr", 0.0);
   a["lr"] = lr;
   a["min_lr"] = optim.value("min_lr", lr);
   a["weight_decay"] = optim.value("weight_decay", 0.0);
+  if (kind == "lion") {  // OptimizerConfig's lion_beta1 / lion_beta2 (the param groups' betas)
+    a["lion_beta1"] = optim.value("beta1", 0.95);
+    a["lion_beta2"] = optim.value("beta2", 0.98);
+    return a;
+  }
   a["adam_beta1"] = optim.value("beta1", 0.9);
   a["adam_beta2"] = optim.value("beta2", 0.999);
   a["adam_eps"] = optim.value("eps", 1e-8);
   return a;
 }
 
-Status one_moment_refused(const TensorSource& src, const std::string& what) {
+std::string source_optimizer(const TensorSource& src) {
   const nlohmann::json& md = src.metadata();
-  std::string kind;
   if (md.is_object() && md.contains("megatron_args") && md["megatron_args"].is_object() &&
       md["megatron_args"].contains("optimizer") && md["megatron_args"]["optimizer"].is_string())
-    kind = " (args.optimizer '" + md["megatron_args"]["optimizer"].get<std::string>() + "')";
+    return md["megatron_args"]["optimizer"].get<std::string>();
+  return "";
+}
+
+Status one_moment_refused(const TensorSource& src, const std::string& what) {
+  const std::string optim = source_optimizer(src);
+  const std::string kind = optim.empty() ? " (no args.optimizer recorded)" : " (args.optimizer '" + optim + "')";
   return Status::Error("MegatronOneMomentExport",
                        what + ": source '" + src.describe() + "' holds one optimizer moment, optimizer.exp_avg.* without " +
                            "optimizer.exp_avg_sq.*" + kind +
-                           ": ckpt writes Megatron's Adam state (both moments, Adam's param groups) only; a one-moment "
-                           "optimizer's (Lion's) is not written yet (ckpt's store keeps it: reshard does; to-hf writes the "
-                           "weights)");
+                           ": ckpt writes a one-moment state as Lion's distributed optimizer only (--dist-opt, a source "
+                           "recording args.optimizer 'lion'); otherwise Megatron's Adam state (both moments) only (ckpt's "
+                           "store keeps it: reshard does; to-hf writes the weights)");
 }
 
-Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms) {
+Result<DistOptSourceState> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms) {
   if (o.dp < 1 || o.dp > (int64_t{1} << 20))
     return Status::Error("DistOptBadFlag", "--dp " + std::to_string(o.dp) + ": the data-parallel size must be 1..2^20");
   if (o.bucket_size && (*o.bucket_size < 1 || *o.bucket_size > (int64_t{1} << 40)))
@@ -81,7 +94,13 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
                                                         "' holds no optimizer state (optimizer.exp_avg.* and "
                                                         "optimizer.exp_avg_sq.*): there is nothing to write as the "
                                                         "distributed optimizer; export without --dist-opt");
-  if (kinds[0] && !kinds[1]) return one_moment_refused(src, "--dist-opt");
+  DistOptSourceState out;
+  out.fp32_masters = kinds[2];
+  if (kinds[0] && !kinds[1]) {  // one moment: Lion's (megatron-core's optimizer_state_keys ('exp_avg',)), which keeps no step
+    if (source_optimizer(src) != "lion") return one_moment_refused(src, "--dist-opt");
+    out.optimizer = "lion";
+    return out;
+  }
   if (!kinds[0] || !kinds[1])
     return Status::Error("MegatronOptimizerMissingMoment",
                          "--dist-opt: source '" + src.describe() + "' holds " +
@@ -92,7 +111,7 @@ Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOp
     return Status::Error("DistOptNoStep", "--dist-opt: source '" + src.describe() +
                                               "' records no optimizer step (megatron.optimizer_step or trainer.step): "
                                               "Adam's bias correction needs it");
-  return kinds[2];
+  return out;
 }
 
 Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg, const Layout& layout, const nlohmann::json& args, bool fp32_masters,
@@ -114,7 +133,8 @@ Result<std::vector<DistOptGroupBuffers>> dist_opt_buffers(const LlamaConfig& cfg
         }
         g.states["param"] = dist_optim_bucket_segments(grp, [&](const std::string& w) { return fp32_masters ? kMegatronOptimPrefixes[2] + w : w; });
         g.states["exp_avg"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[0] + w; });
-        g.states["exp_avg_sq"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[1] + w; });
+        if (args.value("optimizer", std::string("adam")) != "lion")  // M1: Lion keeps exp_avg only
+          g.states["exp_avg_sq"] = dist_optim_bucket_segments(grp, [](const std::string& w) { return kMegatronOptimPrefixes[1] + w; });
         out.push_back(std::move(g));
       }
   return out;
@@ -131,7 +151,14 @@ const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json
       {a.str("is_decoupled_lr"), a.boolean(false)},
       {a.str("max_lr"), a.real(adam.value("max_lr", lr))},
       {a.str("min_lr"), a.real(adam.value("min_lr", 0.0))},
-      {a.str("lr"), a.real(lr)},
+      {a.str("lr"), a.real(lr)}};
+  if (adam.value("optimizer", std::string("adam")) == "lion") {  // emerging_optimizers' Lion: betas, weight_decay; no step
+    kv.emplace_back(a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.95)), a.real(adam.value("beta2", 0.98))}));
+    kv.emplace_back(a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0)));
+    if (ids) kv.emplace_back(a.str("params"), a.list(std::move(*ids)));
+    return a.dict(std::move(kv));
+  }
+  kv.insert(kv.end(), {
       {a.str("betas"), a.tuple({a.real(adam.value("beta1", 0.9)), a.real(adam.value("beta2", 0.999))})},
       {a.str("eps"), a.real(adam.value("eps", 1e-8))},
       {a.str("weight_decay"), a.real(adam.value("weight_decay", 0.0))},
@@ -141,7 +168,7 @@ const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json
       {a.str("capturable"), a.boolean(false)},
       {a.str("differentiable"), a.boolean(false)},
       {a.str("fused"), a.none()},
-      {a.str("decoupled_weight_decay"), a.boolean(true)}};
+      {a.str("decoupled_weight_decay"), a.boolean(true)}});
   if (ids) kv.emplace_back(a.str("params"), a.list(std::move(*ids)));
   else kv.emplace_back(a.str("step"), a.real(static_cast<double>(adam.value("step", int64_t{0}))));
   return a.dict(std::move(kv));

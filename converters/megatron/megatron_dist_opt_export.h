@@ -6,8 +6,9 @@
 // boxes, converters/megatron/dist_optim_group.h) and the param groups DistributedOptimizer.
 // state_dict() saves.
 // Named errors: DistOptNoOptimizerState (the source has no optimizer.exp_avg.* /
-// optimizer.exp_avg_sq.*), MegatronOneMomentExport (exp_avg only: a one-moment optimizer's state,
-// Lion's, not written yet), MegatronOptimizerMissingMoment (exp_avg_sq only), DistOptNeedsLocalSpec
+// optimizer.exp_avg_sq.*), MegatronOneMomentExport (exp_avg only, and the source's args.optimizer is
+// not 'lion': which one-moment optimizer is not known), MegatronOptimizerMissingMoment (exp_avg_sq
+// only), DistOptNeedsLocalSpec
 // (Transformer Engine names: only the local spec's parameter order is known), DistOptBadFlag (dp or
 // bucket size out of range), DistOptNoStep (no optimizer step recorded in the source),
 // UnsupportedDistOptim (a sharding type other than dp_reshardable / fully_reshardable).
@@ -38,28 +39,41 @@ struct MegatronDistOptOptions {
 
 // The args fields of the distributed optimizer (use_distributed_optimizer, data_parallel_size,
 // world_size = tp * pp * dp, ddp_bucket_size, overlap_grad_reduce, grad_reduce_in_fp32,
-// transformer_impl "local") and the optimizer's hyper-parameters (lr, min_lr, weight_decay,
-// adam_beta1/2, adam_eps) from `optim` (megatron_optimizer_fields).
+// transformer_impl "local", optimizer) and the optimizer's hyper-parameters (lr, min_lr,
+// weight_decay, and adam_beta1/2, adam_eps, or for `optim["optimizer"]` 'lion' lion_beta1/2) from
+// `optim` (megatron_optimizer_fields).
 nlohmann::json dist_opt_args(const MegatronDistOptOptions& o, int tp, int pp, const nlohmann::json& optim);
 
-// The source's Adam state as Megatron writes it: {"step", "lr", "min_lr", "max_lr", "beta1",
+// The source's optimizer state as Megatron writes it: {"step", "lr", "min_lr", "max_lr", "beta1",
 // "beta2", "eps", "weight_decay"} from its metadata (imported Megatron checkpoint: megatron.
-// optimizer_step / megatron.adam; ckpt's trainer: trainer.step / adamw / lr_schedule).
+// optimizer_step / megatron.adam, the param groups' values whatever the optimizer; ckpt's trainer:
+// trainer.step / adamw / lr_schedule).
 nlohmann::json megatron_optimizer_fields(const nlohmann::json& meta);
 
-// The checks of a --dist-opt export of `src` (before anything is written): both moments present,
-// a step, the local spec's names, dp and bucket size in range. Returns whether the source holds
-// fp32 masters (optimizer.fp32_param.*); without them the masters are the weights.
-Result<bool> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms);
+// What a --dist-opt export writes of the source's state: whether it holds fp32 masters
+// (optimizer.fp32_param.*; without them the masters are the weights) and which optimizer's state it
+// is: "adam" (exp_avg and exp_avg_sq, a step) or "lion" (exp_avg only, no step: megatron-core 0.19's
+// DistributedOptimizer over emerging_optimizers' Lion, optimizer_state_keys ('exp_avg',)).
+struct DistOptSourceState {
+  bool fp32_masters = false;
+  std::string optimizer = "adam";
+};
+// The checks of a --dist-opt export of `src` (before anything is written): the moments its
+// optimizer keeps (Adam both, a step; exp_avg alone only with args.optimizer 'lion' recorded in the
+// source's megatron_args), the local spec's names, dp and bucket size in range.
+Result<DistOptSourceState> check_dist_opt_source(const TensorSource& src, const MegatronDistOptOptions& o, bool local_norms);
 
 // MegatronOneMomentExport for `src` holding optimizer.exp_avg.* without optimizer.exp_avg_sq.* (a
-// one-moment optimizer's state, e.g. Lion imported from megatron-core; `what`: the export asked for).
-// megatron-core 0.19.2 loads such buckets only into a DistributedOptimizer over Lion (its
-// optimizer_state_keys ('exp_avg',)); ckpt writes Adam's param groups and both moments only.
+// one-moment optimizer's state; `what`: the export asked for) where it cannot be written: without
+// --dist-opt (FP32Optimizer's per-parameter state of Lion: not written yet), or when the source does
+// not record args.optimizer 'lion' (which one-moment optimizer is not known).
 Status one_moment_refused(const TensorSource& src, const std::string& what);
+// The source's recorded args.optimizer (metadata megatron_args.optimizer), "" when none.
+std::string source_optimizer(const TensorSource& src);
 
 // One model-parallel group's buffers: per bucket the padded and unpadded sizes, and per state
-// ("param" = fp32 masters, "exp_avg", "exp_avg_sq") the flat segments of [0, numel_unpadded).
+// ("param" = fp32 masters, "exp_avg", "exp_avg_sq"; args.optimizer 'lion': no exp_avg_sq) the flat
+// segments of [0, numel_unpadded).
 struct DistOptGroupBuffers {
   int tp_rank = 0, pp_rank = 0;
   int group = 0;  // Megatron's dp_group_idx: pp_rank * tp + tp_rank (the file of its rank)
@@ -81,11 +95,13 @@ inline constexpr const char* kDistOptStagedPrefix = "distrib_optim.";
 inline constexpr const char* kDistOptStates[] = {"param", "exp_avg", "exp_avg_sq"};
 
 // One param group as megatron-core's _get_param_groups + torch AdamW leave it in state_dict()
-// (`ids`: the 'params' entry; DistributedOptimizer.state_dict() drops it and adds 'step').
+// (`ids`: the 'params' entry; DistributedOptimizer.state_dict() drops it and adds 'step'). With
+// optim["optimizer"] 'lion': emerging_optimizers' Lion group as megatron-core 0.19.2 saves it (the
+// _get_param_groups keys, lr, betas, weight_decay; no step, no eps).
 const torch::PyObj* megatron_param_group(torch::PyArena& a, const nlohmann::json& optim, bool no_decay,
                                          std::optional<std::vector<const torch::PyObj*>> ids);
 // DistributedOptimizer.state_dict()'s 'optimizer': {'param_groups': [decay, no decay]}, each with
-// 'step' (a float, as torch AdamW without Apex/TE keeps it) and no 'params'.
+// 'step' (a float, as torch AdamW without Apex/TE keeps it; none for Lion) and no 'params'.
 const torch::PyObj* dist_opt_param_groups(torch::PyArena& a, const nlohmann::json& optim);
 // The dtype key (torch.<param dtype>, torch.float32) of the grad buffer (grad_reduce_in_fp32).
 const torch::PyObj* dist_opt_dtype_key(torch::PyArena& a, DType param_dtype);

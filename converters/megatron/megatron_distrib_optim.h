@@ -23,23 +23,29 @@
 
 namespace ckpt {
 
-// The world buffers of grad buffer 0 (one dtype) of `d` (the state dict): {state: 1-D tensor} and
-// numel_unpadded. Named errors: BadDistOptimState (structure), UnsupportedDistOptim (not
-// buckets_coalesced: the pre-2024 layout; several grad buffers), DistOptimBucketMismatch (a buffer
-// not numel_unpadded long). `where` names the file / item.
+// The world buffers of grad buffer `gbuf` of `d` (the state dict; `gbufs` grad buffers expected:
+// keys 0 .. gbufs-1, one per model chunk of a virtual pipeline, each of one dtype): {state: 1-D
+// tensor} and numel_unpadded. Named errors: BadDistOptimState (structure), UnsupportedDistOptim (not
+// buckets_coalesced: the pre-2024 layout; grad buffers other than 0 .. gbufs-1, e.g. several dtypes),
+// DistOptimBucketMismatch (a buffer not numel_unpadded long). `where` names the file / item.
 Status megatron_world_buffers(const torch::PyObj* d, const std::string& where,
-                              std::map<std::string, torch::TensorRef>& out, int64_t& numel);
+                              std::map<std::string, torch::TensorRef>& out, int64_t& numel, int gbuf = 0, int gbufs = 1);
 
 struct MegatronDistribOptim {
   std::unique_ptr<torch::TorchFile> file;   // distrib_optim.pt
   std::deque<torch::TensorRef> views;       // per parameter and state: a view of a world buffer
   std::vector<MegatronOptimTensor> tensors; // refs into `views`
+  std::vector<int> chunk_of;                // per tensor: the model chunk (grad buffer) it belongs to
 };
 
-// Reads `path` for the rank at pipeline stage `pp_rank` whose model parameters are `params` and
-// whose args are `args`. Errors as megatron_world_buffers, plus MissingDistOptimState (no 'param'
-// or 'exp_avg'), the layout's (BadDistOptimArgs, DistOptimBucketMismatch: the sizes do not add up).
-Result<MegatronDistribOptim> megatron_distrib_optim(const std::string& path, const std::vector<MegatronModelParam>& params,
+// Reads `path` for the rank at pipeline stage `pp_rank` whose model parameters are `params` (one
+// list per model chunk: model0 .. model{v-1} of a virtual pipeline, else one) and whose args are
+// `args`. Grad buffer c is chunk c's, laid out over its parameters with the settings of (pp_rank, c)
+// (dist_optim_layout.h S2: Megatron-LM buckets only chunk 0 of pipeline rank 0). Errors as
+// megatron_world_buffers, plus MissingDistOptimState (no 'param' or a moment args.optimizer keeps),
+// the layout's (BadDistOptimArgs, DistOptimBucketMismatch: the sizes do not add up).
+Result<MegatronDistribOptim> megatron_distrib_optim(const std::string& path,
+                                                    const std::vector<std::vector<MegatronModelParam>>& params,
                                                     const nlohmann::json& args, int pp_rank);
 
 }  // namespace ckpt

@@ -145,15 +145,20 @@ Status add_optimizer_tensors(const TensorSource& src, MegatronPlan& plan) {
 // --dist-opt: each rank's world buffers (every bucket's [0, numel_unpadded) concatenated, per
 // state) become 1-D tensors distrib_optim.<state> of the staged file, whose flat segments read the
 // canonical weights / masters and moments.
-Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool fp32_masters, const std::string& where) {
-  CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(plan.config, plan.layout, args, fp32_masters, where));
+// With a virtual pipeline, grad buffer c of pipeline rank p goes to the staged rank of chunk stage c * pp + p.
+Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool fp32_masters, const std::string& where, int vpp) {
+  CKPT_ASSIGN_OR_RETURN(auto groups, dist_opt_buffers(plan.config, plan.layout, args, fp32_masters, where, vpp));
   if (groups.size() != plan.ranks.size()) return Status::Internal("dist-opt groups differ from the ranks");
-  for (size_t g = 0; g < groups.size(); ++g)
+  for (size_t gi = 0; gi < groups.size(); ++gi)
     for (const char* st : kDistOptStates) {
+      const DistOptGroupBuffers& grp = groups[gi];
+      const size_t g = static_cast<size_t>(megatron_vpp_virtual_stage(plan.layout.pp, grp.pp_rank, grp.chunk)) *
+                           static_cast<size_t>(plan.layout.tp) + static_cast<size_t>(grp.tp_rank);
+      if (!grp.states.count(st)) continue;  // Lion: no exp_avg_sq
       MegatronTensor t;
       t.name = std::string(kDistOptStagedPrefix) + st;
       int64_t n = 0;
-      for (const auto& bucket : groups[g].states.at(st))
+      for (const auto& bucket : grp.states.at(st))
         for (const auto& sg : bucket) {
           t.segments.push_back(sg);
           n += sg.rows();
@@ -169,12 +174,8 @@ Status add_dist_opt_tensors(MegatronPlan& plan, const nlohmann::json& args, bool
 Status export_megatron(TensorSource& src, const std::string& dst, const MegatronExportOptions& opts) {
   CKPT_ASSIGN_OR_RETURN(MegatronPlan plan, plan_layout(src, opts));
   const bool torch = opts.format == MegatronFileFormat::kTorch;
-  const nlohmann::json optim = megatron_optimizer_fields(src.metadata());
+  nlohmann::json optim = megatron_optimizer_fields(src.metadata());
   nlohmann::json args = megatron_vpp_args(megatron_args(plan.config, plan.layout), opts.vpp);
-  if (opts.dist_opt.enabled && opts.vpp > 1)
-    return Status::Error("MegatronVppOptimizer", "export-megatron --dist-opt --vpp " + std::to_string(opts.vpp) +
-                                                     ": the legacy format's distrib_optim.pt of a virtual pipeline is not written "
-                                                     "yet; use --format torch_dist (one grad buffer per chunk)");
   if (opts.dist_opt.enabled) {
     if (!torch)
       return Status::Error("DistOptNeedsMegatronFormat",
@@ -184,9 +185,10 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
       return Status::Error("UnsupportedDistOptim", "--dist-opt-sharding " + opts.dist_opt.sharding +
                                                        ": the legacy format (--format torch) has one form, distrib_optim.pt; "
                                                        "fully_reshardable is a torch_dist form");
-    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
+    CKPT_ASSIGN_OR_RETURN(DistOptSourceState st, check_dist_opt_source(src, opts.dist_opt, opts.norms == MegatronNormNames::kLocal));
+    optim["optimizer"] = st.optimizer;
     args.update(dist_opt_args(opts.dist_opt, plan.layout.tp, plan.layout.pp, optim));
-    CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, masters, src.describe()));
+    CKPT_RETURN_IF_ERROR(add_dist_opt_tensors(plan, args, st.fp32_masters, src.describe(), opts.vpp));
   } else if (torch && opts.vpp > 1) {
     for (const auto& t : src.tensors())
       if (t.name.rfind("optimizer.", 0) == 0)

@@ -31,7 +31,8 @@ struct MegatronExportOptions {
   // Virtual pipeline (kTorch and torch_dist): vpp interleaved chunks per stage, chunk c of stage p
   // holding Megatron's interleaved layers (converters/megatron/megatron_vpp.h); 1 = none. Needs
   // num_layers % (pp * vpp) == 0 and an even split (else MegatronVppLayersNotDivisible);
-  // kSafetensors refuses it (MegatronVppFormat), kTorch a source with optimizer state (MegatronVppOptimizer).
+  // kSafetensors refuses it (MegatronVppFormat), kTorch a source with optimizer state without --dist-opt (MegatronVppOptimizer;
+  // with --dist-opt distrib_optim.pt holds one grad buffer per chunk).
   int vpp = 1;
   int64_t vocab_divisor = 128;        // make-vocab-size-divisible-by
   std::optional<DType> dtype;         // output dtype; default: each canonical tensor's own

@@ -130,36 +130,41 @@ const PyObj* optimizer_entry(PyArena& a, RankContent& rc, const nlohmann::json& 
                  {a.str("fp32_from_fp16_params"), a.list({a.list(std::move(master_lists[0])), a.list(std::move(master_lists[1]))})}});
 }
 
-// <dir>/distrib_optim.pt from the staged world buffers distrib_optim.<state> (the layout of
-// converters/megatron/megatron_distrib_optim.h, what save_parameter_state writes):
-// {'buckets_coalesced': True, 0: {(torch.<dtype>, torch.float32): {'param', 'exp_avg', 'exp_avg_sq',
-// 'numel_unpadded'}}}.
-Status write_distrib_optim(safetensors::SafetensorsFile& sf, const std::map<std::string, size_t>& staged,
+// <dir>/distrib_optim.pt from the staged world buffers distrib_optim.<state> of each model chunk's
+// staged file (the layout of converters/megatron/megatron_distrib_optim.h, what save_parameter_state
+// writes): {'buckets_coalesced': True, c: {(torch.<dtype>, torch.float32): {'param', 'exp_avg',
+// 'exp_avg_sq' (Lion: no exp_avg_sq), 'numel_unpadded'}}}, grad buffer c = model chunk c.
+Status write_distrib_optim(const std::vector<RankContent>& chunks, const std::vector<std::unique_ptr<safetensors::SafetensorsFile>>& files,
                            const std::string& out, DType param_dtype, const torch::TorchWriteOptions& wo) {
   PyArena a;
   std::vector<torch::TorchStorage> storages;
-  std::vector<std::pair<const PyObj*, const PyObj*>> state;
-  std::vector<size_t> order;
-  int64_t numel = -1;
-  for (const char* st : kDistOptStates) {
-    auto it = staged.find(std::string(kDistOptStagedPrefix) + st);
-    if (it == staged.end()) return Status::Internal("staged file: no world buffer '" + std::string(st) + "'");
-    const TensorMeta& t = sf.tensors()[it->second];
-    if (t.shape.size() != 1 || t.dtype != DType::kF32 || (numel >= 0 && t.shape[0] != numel))
-      return Status::Internal("staged world buffer '" + t.name + "' is not 1-D fp32 of one size");
-    numel = t.shape[0];
-    storages.push_back({std::to_string(storages.size()), DType::kF32, numel});
-    state.emplace_back(a.str(st), a.tensor(dense_ref(storages.back().key, DType::kF32, t.shape, numel)));
-    order.push_back(it->second);
+  std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("buckets_coalesced"), a.boolean(true)}};
+  std::vector<std::pair<safetensors::SafetensorsFile*, size_t>> order;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    safetensors::SafetensorsFile& sf = *files[c];
+    std::vector<std::pair<const PyObj*, const PyObj*>> state;
+    int64_t numel = -1;
+    for (const char* st : kDistOptStates) {
+      auto it = chunks[c].staged.find(std::string(kDistOptStagedPrefix) + st);
+      if (it == chunks[c].staged.end() && std::string(st) == "exp_avg_sq") continue;  // Lion keeps exp_avg only
+      if (it == chunks[c].staged.end()) return Status::Internal("staged file: no world buffer '" + std::string(st) + "'");
+      const TensorMeta& t = sf.tensors()[it->second];
+      if (t.shape.size() != 1 || t.dtype != DType::kF32 || (numel >= 0 && t.shape[0] != numel))
+        return Status::Internal("staged world buffer '" + t.name + "' is not 1-D fp32 of one size");
+      numel = t.shape[0];
+      storages.push_back({std::to_string(storages.size()), DType::kF32, numel});
+      state.emplace_back(a.str(st), a.tensor(dense_ref(storages.back().key, DType::kF32, t.shape, numel)));
+      order.emplace_back(&sf, it->second);
+    }
+    state.emplace_back(a.str("numel_unpadded"), a.integer(numel));
+    root.emplace_back(a.integer(static_cast<int64_t>(c)), a.dict({{dist_opt_dtype_key(a, param_dtype), a.dict(std::move(state))}}));
   }
-  state.emplace_back(a.str("numel_unpadded"), a.integer(numel));
-  const PyObj* root = a.dict({{a.str("buckets_coalesced"), a.boolean(true)},
-                              {a.integer(0), a.dict({{dist_opt_dtype_key(a, param_dtype), a.dict(std::move(state))}})}});
   torch::TorchFileWriter w(out, wo);
-  CKPT_RETURN_IF_ERROR(w.begin(root, storages));
+  CKPT_RETURN_IF_ERROR(w.begin(a.dict(std::move(root)), storages));
   for (size_t k = 0; k < order.size(); ++k) {
-    const TensorMeta& t = sf.tensors()[order[k]];
-    auto ext = sf.file_extent(order[k], Box::whole(t.shape));
+    const auto& [sf, i] = order[k];
+    const TensorMeta& t = sf->tensors()[i];
+    auto ext = sf->file_extent(i, Box::whole(t.shape));
     if (!ext) return Status::Internal("staged world buffer '" + t.name + "' has no file extent");
     CKPT_RETURN_IF_ERROR(w.write_from_file(k, ext->fd, ext->offset, ext->bytes));
   }
@@ -200,22 +205,25 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
     }
     const std::string key = staged.size() == 1 ? "model" : "model" + std::to_string(c);
     models.emplace_back(a.str(key), a.ordered_dict(std::move(model)));
-    if (staged.size() == 1) {  // the optimizer entry takes storages after the model's
-      const bool dist_opt = rc.staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0]) > 0;
+    const bool dist_opt = rc.staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0]) > 0;
+    if (staged.size() == 1 && !dist_opt) {  // the optimizer entry takes storages after the model's
       bool masters = false;
       for (const auto& n : rc.params)
         masters = masters || (rc.dtype_of(n) != DType::kF32 && rc.staged.count(kMegatronOptimPrefixes[2] + n) > 0);
-      if (dist_opt) {  // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt
-        models.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
-        const std::string dir = fs::path(out).parent_path().string();
-        CKPT_RETURN_IF_ERROR(write_distrib_optim(*sf, rc.staged, dir + "/distrib_optim.pt", dtype, wo));
-      } else if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) {
-        models.emplace_back(a.str("optimizer"), o);
-      }
+      if (const PyObj* o = optimizer_entry(a, rc, optim, masters)) models.emplace_back(a.str("optimizer"), o);
     }
     storages.insert(storages.end(), rc.storages.begin(), rc.storages.end());
     files.push_back(std::move(sf));
   }
+  if (rcs.front().staged.count(std::string(kDistOptStagedPrefix) + kDistOptStates[0])) {
+    // DistributedOptimizer.state_dict(): the param groups; the state is in distrib_optim.pt (one grad buffer per chunk)
+    models.emplace_back(a.str("optimizer"), a.dict({{a.str("optimizer"), dist_opt_param_groups(a, optim)}}));
+    CKPT_RETURN_IF_ERROR(write_distrib_optim(rcs, files, fs::path(out).parent_path().string() + "/distrib_optim.pt", dtype, wo));
+  }
+  // Megatron-LM saves the scheduler beside the optimizer: the imported one, written back as read
+  if (!models.empty() && models.back().first->is(torch::PyType::kStr) && models.back().first->s == "optimizer" &&
+      optim.contains("opt_param_scheduler"))
+    models.emplace_back(a.str("opt_param_scheduler"), torch::json_to_pyobj(a, optim["opt_param_scheduler"]));
   std::vector<std::pair<const PyObj*, const PyObj*>> root = {{a.str("args"), args_namespace(a, args, dtype)},
                                                              {a.str("checkpoint_version"), a.real(3.0)},
                                                              {a.str("iteration"), a.integer(iteration)}};

@@ -108,16 +108,7 @@ class TorchRankFile final : public TensorSource {
       f->chunk_of_.resize(f->pieces_.size(), static_cast<int>(c));
     }
     f->chunks_ = static_cast<int>(models.size());
-    if (f->chunks_ == 1) {
-      CKPT_RETURN_IF_ERROR(f->add_optimizer());
-    } else {
-      std::error_code ec;
-      const bool distrib = fs::is_regular_file(fs::path(path).parent_path() / "distrib_optim.pt", ec);
-      if (root->get("optimizer") != nullptr || distrib)
-        f->optim_.not_imported = std::string("a virtual pipeline's optimizer state (") +
-                                 (distrib ? "distrib_optim.pt" : "'optimizer'") +
-                                 " over model0..model" + std::to_string(f->chunks_ - 1) + ") is not read yet";
-    }
+    CKPT_RETURN_IF_ERROR(f->add_optimizer());
     return f;
   }
 
@@ -193,34 +184,51 @@ class TorchRankFile final : public TensorSource {
   }
 
   // The optimizer tensors (converters/megatron/megatron_torch_optim.h), named <prefix><mcore name>: the
-  // model parameters are the 'model' tensors in order (TransformerEngine _extra_state excluded).
+  // model parameters are the 'model' tensors in order (TransformerEngine _extra_state excluded). A
+  // virtual pipeline's: distrib_optim.pt only (one grad buffer per chunk, each over its chunk's
+  // parameters); its non-distributed 'optimizer' state is named not imported.
   Status add_optimizer() {
     std::vector<MegatronModelParam> params;
+    std::vector<std::vector<MegatronModelParam>> per_chunk(static_cast<size_t>(chunks_));
     const std::string extra = "._extra_state";
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const TensorMeta& t = tensors_[i];
-      if (t.name.size() < extra.size() || t.name.compare(t.name.size() - extra.size(), extra.size(), extra) != 0)
+      if (t.name.size() < extra.size() || t.name.compare(t.name.size() - extra.size(), extra.size(), extra) != 0) {
         params.push_back({t.name, t.shape, t.dtype, refs_[i]});
+        per_chunk[static_cast<size_t>(chunk_of_[i])].push_back(params.back());
+      }
     }
-    CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
     const std::string beside = (fs::path(file_->path()).parent_path() / "distrib_optim.pt").string();
     std::error_code ec;
+    const bool distrib = fs::is_regular_file(beside, ec);
+    const std::string vpp_note = "a virtual pipeline's optimizer state over model0..model" + std::to_string(chunks_ - 1) +
+                                 " is read from distrib_optim.pt only (the distributed optimizer)";
+    if (chunks_ > 1 && !distrib) {
+      if (file_->root()->get("optimizer") != nullptr) optim_.not_imported = vpp_note;
+      return Status::Ok();
+    }
+    CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
     const std::vector<MegatronOptimTensor>* ts = &optim_.tensors;
-    if (optim_.tensors.empty() && optim_.not_imported.find("distrib_optim.pt") != std::string::npos &&
-        fs::is_regular_file(beside, ec)) {  // the distributed optimizer's state
+    if (optim_.tensors.empty() && optim_.not_imported.find("distrib_optim.pt") != std::string::npos && distrib) {
       CKPT_ASSIGN_OR_RETURN(nlohmann::json args, args_json(file_->root(), file_->path()));
       const std::string dir = fs::path(file_->path()).parent_path().filename().string();  // mp_rank_TT[_PPP]
       const int pp_rank = dir.size() == 14 ? std::atoi(dir.c_str() + 11) : 0;
-      CKPT_ASSIGN_OR_RETURN(distrib_, megatron_distrib_optim(beside, params, args, pp_rank));
+      CKPT_ASSIGN_OR_RETURN(distrib_, megatron_distrib_optim(beside, per_chunk, args, pp_rank));
       optim_.not_imported.clear();
       distrib_first_ = pieces_.size();
       ts = &distrib_.tensors;
+    } else if (chunks_ > 1) {  // distrib_optim.pt beside an 'optimizer' that is not DistributedOptimizer's
+      optim_.tensors.clear();
+      optim_.not_imported = vpp_note;
+      return Status::Ok();
     }
-    for (const MegatronOptimTensor& o : *ts) {
+    for (size_t k = 0; k < ts->size(); ++k) {
+      const MegatronOptimTensor& o = (*ts)[k];
       const Shape shape(o.ref->size.begin(), o.ref->size.end());
       tensors_.push_back({o.name, o.ref->storage.dtype, shape});
       pieces_.push_back({o.name, Region{Box::whole(shape)}, o.ref->storage.dtype});
       refs_.push_back(o.ref);
+      chunk_of_.push_back(ts == &distrib_.tensors ? distrib_.chunk_of[k] : 0);
     }
     return Status::Ok();
   }
@@ -243,7 +251,7 @@ class TorchRankFile final : public TensorSource {
   std::vector<Piece> pieces_;
   std::vector<const torch::TensorRef*> refs_;
   int chunks_ = 1;
-  std::vector<int> chunk_of_;  // per model piece (the optimizer's pieces follow, chunks_ == 1 only)
+  std::vector<int> chunk_of_;  // per piece: the model chunk (model and optimizer pieces)
   nlohmann::json meta_ = nlohmann::json::object();
 };
 

@@ -160,7 +160,7 @@ nlohmann::json megatron_meta(const PyObj* root, const MegatronLegacyOptim& optim
   }
   if (!optim.not_imported.empty()) m["optimizer_not_imported"] = optim.not_imported;
   if (optim.step) m["optimizer_step"] = *optim.step;
-  if (!optim.tensors.empty() && !optim.adam.empty()) m["adam"] = optim.adam;
+  if (!optim.adam.empty() && optim.not_imported.empty()) m["adam"] = optim.adam;  // per-parameter state or distrib_optim.pt read
   if (const PyObj* s = root->get("opt_param_scheduler"); s != nullptr && s->is(PyType::kDict)) {
     nlohmann::json sj = nlohmann::json::object();
     for (const auto& [k, v] : s->entries) {

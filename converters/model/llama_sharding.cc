@@ -48,7 +48,7 @@ int64_t LlamaShardingRules::kv_replication(int64_t num_kv_heads, int tp) {
 namespace {
 
 // ep / etp against the model: only an MoE model takes them; ep divides the experts, etp their width;
-// ZeRO-1 of expert parameters over the expert data-parallel group is not laid out yet.
+// ZeRO-1 shards expert parameters over the expert data-parallel group (TensorPlacement::expert).
 Status check_expert_layout(const LlamaConfig& c, const Layout& layout) {
   if (!layout.expert_parallel()) return Status::Ok();
   const std::string lay = "ep=" + std::to_string(layout.ep) + " etp=" + std::to_string(layout.expert_tp());
@@ -58,10 +58,6 @@ Status check_expert_layout(const LlamaConfig& c, const Layout& layout) {
   if (c.moe->expert_intermediate % layout.expert_tp() != 0)
     return refuse("etp=" + std::to_string(layout.expert_tp()) + " does not divide the experts' width " +
                   std::to_string(c.moe->expert_intermediate));
-  if (layout.zero == 1)
-    return Status::Error("LayoutUnsupported", "ZeRO-1 with " + lay +
-                                                  ": the expert parameters' shards over the expert data-parallel group are "
-                                                  "not laid out yet (docs/MOE.md); use --zero 0 or ep 1 with etp = tp");
   return Status::Ok();
 }
 
@@ -269,6 +265,7 @@ Result<TensorPlacement> LlamaShardingRules::place(const TensorMeta& tensor, cons
   p.optimizer_state = optimizer;
   CKPT_ASSIGN_OR_RETURN(p.stages, stages_of(config_, full, name, layout));
   CKPT_ASSIGN_OR_RETURN(p.tp_boxes, tp_boxes_of(config_, full, name, shape, layout));
+  p.expert = layout.expert_parallel() && name.find(".mlp.experts.") != std::string::npos;
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "converters/deepspeed/deepspeed_source.h"
+#include "converters/deepspeed/ds_universal_source.h"
 #include "converters/megatron/dist/megatron_dist_source.h"
 #include "converters/megatron/megatron_dir_source.h"
 #include "converters/megatron/megatron_torch_source.h"
@@ -85,6 +86,11 @@ constexpr CheckpointKind kCheckpointKinds[] = {
     {"megatron-torch", "a Megatron-LM legacy checkpoint (latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt)",
      is_megatron_torch_dir, open_megatron_torch_dir},
     {"dcp", "a PyTorch Distributed Checkpoint directory (.metadata, __R_K.distcp)", is_dcp, torch::open_dcp_dir},
+    // DeepSpeed universal: above "deepspeed-zero" (its step directory also holds mp_rank_00_model_states.pt).
+    {"deepspeed-universal",
+     "a DeepSpeed universal checkpoint (latest_universal + a step dir with zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, "
+     "zero/optimizer_state.pt and a model states file), or the step dir",
+     is_deepspeed_universal_dir, open_deepspeed_universal},
     // DeepSpeed ZeRO: above "native-store", whose detect also takes a directory with `latest`.
     {"deepspeed-zero",
      "a DeepSpeed ZeRO 1/2/3 checkpoint (latest + global_stepN/ with *zero_pp_rank_R_mp_rank_00_optim_states.pt and *model_states.pt), or the step "

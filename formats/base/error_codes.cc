@@ -154,6 +154,13 @@ constexpr ErrorCodeEntry kTable[] = {
     {"DeepSpeedStage", kCorrupt},           // zero_stage unknown, or ranks at different stages
     {"DeepSpeedOptimizerState", kCorrupt},  // an Adam moment missing or not of its partition's size
     {"DeepSpeedStepMismatch", kCorrupt},    // ranks or groups at different Adam steps
+    // DeepSpeed universal checkpoints written (converters/deepspeed/ds_universal_export.h).
+    {"DeepSpeedNoOptimizerState", kArg},       // the source has no Adam state and --weights-only was not given
+    {"DeepSpeedPartialOptimizerState", kArg},  // Adam moments for some parameters only
+    {"DeepSpeedNoStep", kArg},                 // Adam moments but no recorded step and no --step
+    {"DeepSpeedNotFloat", kArg},               // a weight or state of an integer dtype
+    {"DeepSpeedParamName", kArg},              // a parameter name that cannot be a directory under zero/
+    {"DeepSpeedUniversal", kCorrupt},          // a universal checkpoint read: missing fp32.pt, wrong size, partial moments, bad name
     {"BadDistOptimArgs", kCorrupt},             // distributed optimizer: args give no bucket layout (dp, bucket size)
     {"UnsupportedDistOptim", kUnsup},           // distributed optimizer form not read (instances, grad buffers)
     {"DistOptimBucketCount", kCorrupt},         // recorded buckets != derived buckets
@@ -212,7 +219,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronVppNeedsPipeline", kArg},           // a virtual pipeline with pp = 1
     {"MegatronVppUneven", kUnsup},                // uneven first/last stages or a layout with a virtual pipeline
     {"MegatronVppFormat", kArg},                  // --vpp with an export format that has no chunks (safetensors)
-    {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp of a source with optimizer state
+    {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp, optimizer state without --dist-opt
     // formats/torch (unpickler, torch zip).
     {"ForbiddenGlobal", kCorrupt},          // a pickle names a global not on the allow-list
     {"PickleTruncated", kCorrupt},          // the pickle ends inside an opcode or before STOP
@@ -260,7 +267,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronOptimizerState", kCorrupt},         // 'optimizer' entry malformed (no param_groups, ids not ints...)
     {"MegatronOptimizerParams", kCorrupt},        // param groups' sizes / kinds do not match the model's parameters
     {"MegatronOptimizerUnknownParam", kCorrupt},  // 'state' holds an id that no param group lists
-    {"MegatronOneMomentExport", kUnsup},          // export of a one-moment (Lion) optimizer state: not written yet
+    {"MegatronOneMomentExport", kUnsup},          // one-moment state without --dist-opt or without args.optimizer lion
     {"MegatronOptimizerMissingMoment", kCorrupt}, // a parameter (or rank) without exp_avg / exp_avg_sq / state
     {"MegatronOptimizerStep", kCorrupt},          // parameters of one rank at different Adam steps
     // The planner's calibrated cost terms (trainer/plan/cost_model.h CostCalibration).

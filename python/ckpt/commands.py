@@ -32,7 +32,8 @@ Path = Union[str, "os.PathLike[str]"]
 Size = Union[int, str]
 Progress = Optional[Callable[[int, int], Any]]
 
-__all__ = ["verify", "inspect", "diff", "reshard", "convert", "to_hf", "from_hf", "export_dcp", "export_megatron", "plan"]
+__all__ = ["verify", "inspect", "diff", "reshard", "convert", "to_hf", "from_hf", "export_dcp", "export_deepspeed", "export_megatron",
+           "plan"]
 
 
 def _path(p: Path) -> str:
@@ -210,6 +211,23 @@ def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int 
     opts = {"dtype": dtype or "", "files": files, "source_chunks": source_chunks, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "fsync": fsync, "verify_source": verify_source}
     return _ckpt._export_dcp(_path(src), _path(out), opts, progress)
+
+
+def export_deepspeed(src: Path, out: Path, *, weights_only: bool = False, int_step: bool = False, step: Optional[int] = None,
+                     threads: int = 2, max_memory: Size = "256M", fsync: bool = True, verify_source: bool = True,
+                     progress: Progress = None) -> Dict[str, Any]:
+    """Writes a checkpoint (any kind) as a DeepSpeed universal checkpoint ``out`` (its ``load_dir``:
+    ``latest_universal``, ``global_stepN/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt``, the model
+    states files, ``zero/optimizer_state.pt``) that DeepSpeed resumes from with ``"checkpoint":
+    {"load_universal": true}`` at any ZeRO stage and world size, the Adam state included. A source
+    without Adam state is refused (DeepSpeedNoOptimizerState) unless ``weights_only``: zero moments
+    and step 0, a fresh Adam. ``int_step``: the step as a Python int (DeepSpeed's FusedAdam);
+    ``step``: the Adam step to write (None: the source's). docs/DEEPSPEED.md.
+
+    Returns ``{out, tag, params, files, bytes, step, fresh_adam, source_check, memory}``."""
+    opts = {"weights_only": weights_only, "int_step": int_step, "step": -1 if step is None else step, "threads": threads,
+            "max_memory": _size(max_memory, "max_memory"), "fsync": fsync, "verify_source": verify_source}
+    return _ckpt._export_deepspeed(_path(src), _path(out), opts, progress)
 
 
 def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers: Union[None, str, Sequence[int]] = None,

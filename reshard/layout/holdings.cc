@@ -35,7 +35,8 @@ Result<std::vector<Holding>> layout_holdings(const std::vector<TensorMeta>& tens
     size_t k = 0;  // first segment that may intersect the shard
     for (int d = 0; d < zb.dp; ++d) {
       const auto [lo, hi] = zb.range(d);
-      const int r = layout.rank_of(zb.stage, d, zb.tp_rank);
+      const auto [pipeline, tp_rank] = zb.holder(d);
+      const int r = layout.rank_of(zb.stage, pipeline, tp_rank);
       while (k < segs.size() && segs[k].offset + segs[k].numel <= lo) ++k;
       for (size_t j = k; j < segs.size() && segs[j].offset < hi; ++j) {
         const int64_t a = std::max(lo, segs[j].offset) - segs[j].offset;

@@ -20,6 +20,10 @@ struct TensorPlacement {
                                // of the padded split clipped to the real vocab, possibly empty;
                                // KV heads replicated when tp > K: several ranks share one box)
   bool optimizer_state = false;  // an optimizer tensor: flat-sharded over DP when layout.zero == 1
+  // An expert tensor under an expert-parallel layout (Layout::expert_parallel): its boxes differ
+  // between the DP ranks of a stage, and ZeRO-1 flat-shards it over the ranks holding the same box
+  // (the expert data-parallel group) instead of over DP (reshard/layout/zero_layout.h).
+  bool expert = false;
 };
 
 class ShardingRules {

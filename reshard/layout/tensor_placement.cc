@@ -46,7 +46,7 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
         Status st = validate_box(b, t.shape);
         if (!st.ok()) return bad_stage_placement(t, st.message());
       }
-      out.push_back({p, s, std::move(pl.tp_boxes), pl.optimizer_state});
+      out.push_back({p, s, std::move(pl.tp_boxes), pl.optimizer_state, pl.expert});
     }
     if (layout.symmetric() && !layout.expert_parallel()) {
       // Every pipeline of the symmetric form is placed alike: copy pipeline 0's.

@@ -21,6 +21,7 @@ struct StagePlacement {
   int stage = 0;
   std::vector<Box> tp_boxes;     // size stage_tp(pipeline, stage): the box of each TP rank
   bool optimizer_state = false;  // an optimizer tensor (ZeRO-1 flat-shards it when layout.zero == 1)
+  bool expert = false;           // TensorPlacement::expert
 };
 
 // Every (pipeline, stage) of `layout` that holds `tensor`, pipelines in order, then stages in

@@ -38,6 +38,48 @@ Result<ZeroBuffer> one_buffer(const std::vector<const std::vector<Box>*>& boxes,
   return zb;
 }
 
+// The expert buffers of stage `s` (see zero_buffers): the ranks (pipeline, tp rank) grouped by the
+// boxes they hold of every expert optimizer tensor on the stage.
+Status expert_buffers(const std::vector<std::vector<StagePlacement>>& placed, const std::vector<std::string>& kind_of,
+                      const std::vector<std::string>& kinds, const Layout& layout, int s, std::vector<ZeroBuffer>& out) {
+  std::vector<size_t> on_stage;
+  std::vector<std::vector<const StagePlacement*>> by_pipeline(placed.size());
+  for (size_t i = 0; i < placed.size(); ++i) {
+    if (kind_of[i].empty()) continue;
+    by_pipeline[i].assign(static_cast<size_t>(layout.num_pipelines()), nullptr);
+    for (const StagePlacement& sp : placed[i])
+      if (sp.stage == s) by_pipeline[i][static_cast<size_t>(sp.pipeline)] = &sp;
+    if (by_pipeline[i][0]) on_stage.push_back(i);
+  }
+  if (on_stage.empty()) return Status::Ok();
+  const int tp = layout.stage_tp(0, s);
+  std::vector<std::vector<std::pair<int, int>>> groups;  // members, in stage-local rank order
+  std::vector<std::vector<Box>> keys;                    // the boxes every member of a group holds
+  for (int p = 0; p < layout.num_pipelines(); ++p)
+    for (int t = 0; t < tp; ++t) {
+      std::vector<Box> key;
+      for (size_t i : on_stage) key.push_back(by_pipeline[i][static_cast<size_t>(p)]->tp_boxes[static_cast<size_t>(t)]);
+      auto it = std::find(keys.begin(), keys.end(), key);
+      if (it == keys.end()) {
+        keys.push_back(std::move(key));
+        groups.push_back({{p, t}});
+      } else {
+        groups[static_cast<size_t>(it - keys.begin())].push_back({p, t});
+      }
+    }
+  for (const auto& members : groups) {
+    std::vector<const std::vector<Box>*> boxes(placed.size(), nullptr);
+    for (size_t i : on_stage) boxes[i] = &by_pipeline[i][static_cast<size_t>(members[0].first)]->tp_boxes;
+    for (const std::string& kind : kinds) {
+      CKPT_ASSIGN_OR_RETURN(ZeroBuffer zb, one_buffer(boxes, kind_of, static_cast<int>(members.size()), s,
+                                                      members[0].second, kind));
+      zb.members = members;
+      if (zb.total > 0) out.push_back(std::move(zb));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string zero_kind(const std::string& name) {
@@ -54,11 +96,12 @@ Result<std::vector<ZeroBuffer>> zero_buffers(const std::vector<TensorMeta>& tens
     return Status::Unsupported("ZeRO-1 flat buffers need every pipeline to hold the same layers at the same tp on "
                                "each stage: " + layout.to_string());
   std::vector<std::string> kinds;
-  std::vector<std::string> kind_of(tensors.size());
+  std::vector<std::string> kind_of(tensors.size()), expert_kind_of(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (placed[i].empty() || !placed[i].front().optimizer_state) continue;
-    kind_of[i] = zero_kind(tensors[i].name);
-    if (std::find(kinds.begin(), kinds.end(), kind_of[i]) == kinds.end()) kinds.push_back(kind_of[i]);
+    (placed[i].front().expert ? expert_kind_of : kind_of)[i] = zero_kind(tensors[i].name);
+    const std::string& k = zero_kind(tensors[i].name);
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
   }
   std::vector<ZeroBuffer> out;
   std::vector<const std::vector<Box>*> boxes(tensors.size());
@@ -73,6 +116,7 @@ Result<std::vector<ZeroBuffer>> zero_buffers(const std::vector<TensorMeta>& tens
         CKPT_ASSIGN_OR_RETURN(ZeroBuffer zb, one_buffer(boxes, kind_of, layout.num_pipelines(), s, t, kind));
         if (zb.total > 0) out.push_back(std::move(zb));
       }
+    CKPT_RETURN_IF_ERROR(expert_buffers(placed, expert_kind_of, kinds, layout, s, out));
   }
   return out;
 }

@@ -46,7 +46,13 @@ struct ZeroBuffer {
   int64_t total = 0;                  // sum of the segments' numel
   int64_t padded = 0;                 // total rounded up to a multiple of kZeroPadElements * dp
   int dp = 1;
+  // An expert buffer's holders (TensorPlacement::expert): shard d is held by (pipeline, tp rank)
+  // members[d], the ranks of the stage holding the same expert boxes, in stage-local rank order
+  // (pipeline * tp + tp rank); tp_rank is members[0]'s. Empty for a dense buffer: shard d is
+  // (pipeline d, tp_rank).
+  std::vector<std::pair<int, int>> members;
 
+  std::pair<int, int> holder(int d) const { return members.empty() ? std::pair<int, int>{d, tp_rank} : members[d]; }
   int64_t shard() const { return padded / dp; }
   // DP rank d's elements [lo, hi) of the buffer.
   std::pair<int64_t, int64_t> range(int d) const { return {d * shard(), (d + 1) * shard()}; }
@@ -56,7 +62,10 @@ struct ZeroBuffer {
 std::string zero_kind(const std::string& name);
 
 // Every non-empty flat buffer of `layout` (whatever layout.zero says; either form), ordered by
-// stage, then TP rank (of that stage's tp), then kind (kinds in the order of their first tensor).
+// stage, then TP rank (of that stage's tp), then kind (kinds in the order of their first tensor);
+// then the stage's expert buffers (expert tensors of an expert-parallel layout, left out of the
+// dense ones): per group of ranks holding the same expert boxes (the expert data-parallel group,
+// groups in the order of their first rank), per kind, dp = the group's size.
 // `placed[i]` is tensor i's place_in_layout (reshard/layout/tensor_placement.h); pipeline 0's placements
 // define the buffers; only tensors with optimizer_state take part; dp = num_pipelines().
 // Errors: Unsupported when the pipelines are not uniform (ZeRO-1 has no DP group there),

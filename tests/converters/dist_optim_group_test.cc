@@ -81,6 +81,21 @@ TEST(DistOptGroupBuffers, BucketsTileWhatMegatronCoreRecorded) {
   EXPECT_EQ(s->bucket_size, std::optional<int64_t>(2048));
 }
 
+TEST(DistOptGroupBuffers, LionKeepsOneMomentAndLionArgs) {
+  MegatronDistOptOptions o{true, 2, 2048};
+  const nlohmann::json args = dist_opt_args(o, 2, 1, {{"optimizer", "lion"}, {"beta1", 0.95}, {"beta2", 0.98}, {"lr", 1e-3}});
+  EXPECT_EQ(args["optimizer"], "lion");
+  EXPECT_EQ(args["lion_beta1"], 0.95);
+  EXPECT_EQ(args["lion_beta2"], 0.98);
+  EXPECT_FALSE(args.contains("adam_beta1"));
+  auto groups = dist_opt_buffers(fixture_config(), tp2(), args, false, "test");
+  ASSERT_TRUE(groups.ok()) << groups.status().message();
+  for (const auto& g : *groups) {
+    EXPECT_TRUE(g.states.count("param") && g.states.count("exp_avg"));
+    EXPECT_FALSE(g.states.count("exp_avg_sq"));
+  }
+}
+
 TEST(DistOptGroupBuffers, FirstBucketOpensWithOutputLayerAndVocabPaddingIsZeros) {
   MegatronDistOptOptions o{true, 2, 2048};
   auto groups = dist_opt_buffers(fixture_config(), tp2(), dist_opt_args(o, 2, 1, {}), true, "test");
@@ -123,7 +138,7 @@ MemorySource listing(const std::vector<std::string>& prefixes, nlohmann::json me
 TEST(DistOptExportChecks, OneNamedErrorPerRule) {
   const nlohmann::json step = {{"megatron", {{"optimizer_step", 2}}}};
   const std::vector<std::string> both = {kMegatronOptimPrefixes[0], kMegatronOptimPrefixes[1]};
-  auto code = [](const Result<bool>& r) { return r.ok() ? std::string("ok") : r.status().code(); };
+  auto code = [](const Result<DistOptSourceState>& r) { return r.ok() ? std::string("ok") : r.status().code(); };
   EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 0, 2048}, true)), "DistOptBadFlag");
   EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 2, 0}, true)), "DistOptBadFlag");
   EXPECT_EQ(code(check_dist_opt_source(listing(both, step), {true, 2, 2048, "fully_sharded_model_space"}, true)),
@@ -135,12 +150,26 @@ TEST(DistOptExportChecks, OneNamedErrorPerRule) {
   EXPECT_EQ(code(check_dist_opt_source(listing(both, nlohmann::json::object()), {true, 2, 2048}, true)), "DistOptNoStep");
   auto no_masters = check_dist_opt_source(listing(both, step), {true, 2, 2048}, true);
   ASSERT_TRUE(no_masters.ok());
-  EXPECT_FALSE(*no_masters);
+  EXPECT_FALSE(no_masters->fp32_masters);
+  EXPECT_EQ(no_masters->optimizer, "adam");
+  // One moment: Lion's only where the source records args.optimizer 'lion' (no step needed)
+  const nlohmann::json lion = {{"megatron_args", {{"optimizer", "lion"}}}};
+  EXPECT_EQ(code(check_dist_opt_source(listing({kMegatronOptimPrefixes[0]}, step), {true, 2, 2048}, true)),
+            "MegatronOneMomentExport");
+  EXPECT_EQ(code(check_dist_opt_source(listing({kMegatronOptimPrefixes[0]}, {{"megatron_args", {{"optimizer", "sgd"}}}}),
+                                       {true, 2, 2048}, true)),
+            "MegatronOneMomentExport");
+  EXPECT_EQ(code(check_dist_opt_source(listing({kMegatronOptimPrefixes[0]}, lion), {true, 2, std::nullopt, "fully_reshardable"},
+                                       true)),
+            "ok");
+  auto l = check_dist_opt_source(listing({kMegatronOptimPrefixes[0]}, lion), {true, 2, 2048}, true);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  EXPECT_EQ(l->optimizer, "lion");
   auto masters = check_dist_opt_source(listing({kMegatronOptimPrefixes[0], kMegatronOptimPrefixes[1], kMegatronOptimPrefixes[2]},
                                                {{"trainer", {{"step", 5}}}}),
                                        {true, 2, std::nullopt, "fully_reshardable"}, true);
   ASSERT_TRUE(masters.ok()) << masters.status().message();
-  EXPECT_TRUE(*masters);
+  EXPECT_TRUE(masters->fp32_masters);
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ def case(request, tmp_path_factory, ckpt_bin):
 
 
 def test_fixture_set_is_complete():
-    assert len(CASES) == 12
+    assert len(CASES) == 13  # the 12 below, and zero2_w2_fp32_fusedadam (DeepSpeed's FusedAdam: an int step)
+    assert [n for n in CASES if case_json(n).get("optimizer") == "FusedAdam"] == ["zero2_w2_fp32_fusedadam"]
     assert {(c["stage"], c["world"], c["dtype"]) for c in map(case_json, CASES)} == {
         (s, w, t) for s in (1, 2, 3) for w in (2, 3) for t in ("fp32", "bf16")}
 

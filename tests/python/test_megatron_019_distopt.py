@@ -300,11 +300,11 @@ def test_inspect_names_the_optimizer_and_its_moments(run_ckpt):
     assert "optimizer" not in plain
 
 
-@pytest.mark.parametrize("fmt,extra", [("torch_dist", ["--dist-opt", "--dp", 2]), ("torch", ["--dist-opt", "--dp", 2]),
-                                       ("torch", [])])
+@pytest.mark.parametrize("fmt,extra", [("torch", [])])
 def test_lion_export_is_refused_by_name(fmt, extra, run_ckpt, tmp_path):
-    """A one-moment store is not written as Adam's state (no exp_avg_sq invented): export-megatron
-    refuses it by name, naming the optimizer, and writes nothing; to-hf of its weights works."""
+    """A one-moment store is not written as Adam's per-parameter state (no exp_avg_sq invented): export-megatron
+    without --dist-opt refuses it by name, naming the optimizer, and writes nothing; to-hf of its weights works.
+    (With --dist-opt it is written as Lion's distributed optimizer: test_megatron_019_lion_export.py.)"""
     native = tmp_path / "native"
     run_ckpt("reshard", FIX / LION, native, "--tp", 1, "--pp", 1, "--dp", 1)
     out = tmp_path / "out"

@@ -230,7 +230,7 @@ def test_export_vpp_refusals_are_named(run_ckpt, tmp_path):
           "--pp-layers", "1,3", "--vpp", 2)
     fails("MegatronVppFormat", FIX / NAME, tmp_path / "x", "--pp", 2, "--vpp", 2)
     fails("MegatronVppNeedsPipeline", FIX / NAME, tmp_path / "x", "--format", "torch_dist", "--pp", 1, "--vpp", 2)
-    # Legacy files of a virtual pipeline with optimizer state are not written yet: refused, not dropped.
+    # Legacy files of a virtual pipeline with per-parameter optimizer state (no --dist-opt): refused, not dropped.
     fails("MegatronVppOptimizer", FIX / "distopt_legacy_torch", tmp_path / "x", "--format", "torch", "--tp", 2,
           "--pp", 2, "--vpp", 2)
 
@@ -246,7 +246,7 @@ def test_python_export_vpp(tmp_path, run_ckpt):
 
 
 def test_legacy_vpp_optimizer_named_as_not_imported(run_ckpt, tmp_path):
-    """A virtual pipeline's optimizer entry is not read yet: inspect says so, the weights still import."""
+    """A virtual pipeline's non-distributed optimizer entry is not read: inspect says so, the weights still import."""
     def edit(st):
         st["optimizer"] = {"optimizer": {"state": {}, "param_groups": []}}
     d = _edit(tmp_path, [0, 1], edit)

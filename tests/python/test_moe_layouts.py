@@ -53,7 +53,7 @@ def _random_layout(rng, layers, experts, width):
     ep = rng.choice([d for d in _divisors(tp * dp) if experts % d == 0])
     etp = rng.choice([d for d in _divisors(tp * dp // ep) if width % d == 0])
     lay = dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, split=split)
-    lay["zero"] = 0 if (ep > 1 or etp != tp) else rng.choice([0, 1])
+    lay["zero"] = rng.choice([0, 1])
     return lay
 
 
@@ -116,7 +116,6 @@ def test_random_expert_layouts_against_numpy(run_ckpt, tmp_path, family, seed):
 
 
 @pytest.mark.parametrize("flags,code,needle", [
-    (["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2", "--zero", "1"], "LayoutUnsupported", "ZeRO-1"),
     (["--tp", "2", "--pp", "1", "--dp", "1", "--ep", "4"], "BadLayout", "does not divide"),
     (["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "LayoutRefused", "experts"),
     (["--tp", "1", "--pp", "1", "--dp", "16", "--ep", "1", "--etp", "16", "--zero", "0"], "LayoutRefused", "width"),
@@ -161,3 +160,41 @@ def test_inspect_shows_experts_and_bytes_per_expert_rank(run_ckpt, tmp_path):
     assert "3 stacked tensors" in line and f"{expert_bytes / 4 / 1024:.2f} KiB per expert rank" in line, line
     lay = json.loads(run_ckpt("inspect", tmp_path / "s", "--json").stdout)["layout"]
     assert (lay["ep"], lay["etp"]) == (4, 1)
+
+
+@pytest.mark.parametrize("flags", [
+    ("--tp", "1", "--pp", "1", "--dp", "4", "--ep", "2", "--zero", "1"),                                  # edp 2
+    ("--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--etp", "1", "--pp-layers", "1,2", "--zero", "1"),  # edp 2
+    ("--tp", "2", "--pp", "1", "--dp", "2", "--ep", "1", "--etp", "1", "--zero", "1"),                     # edp 4
+])
+def test_zero1_shards_expert_state_over_the_expert_data_parallel_group(tool, run_ckpt, tmp_path, flags):
+    """Adam state of an MoE store (written by store_write_tool from numpy) resharded to ZeRO-1 with expert
+    parallelism: h5py reads back every optimizer tensor exactly; each expert optimizer element is held once, by a
+    rank whose expert box it is (the box restated in _expected_box), and the ranks of one box's group share it."""
+    import megatron_reference as ref
+    ref_t, _ = _reference("qwen3_moe")
+    tensors = ref.with_optimizer_state(ref_t, np.random.default_rng(0))
+    cfg = json.loads((MOE / "qwen3_moe" / "legacy" / "config.json").read_text())
+    ref.write_native_store(tool("store_write_tool"), tmp_path / "spec", tmp_path / "src", cfg, tensors)
+    run_ckpt("reshard", tmp_path / "src", tmp_path / "z", *flags)
+    man, got, _ = read_native(tmp_path / "z")
+    for k, v in tensors.items():
+        assert np.array_equal(got[k], v), k
+    f = dict(zip(flags[::2], flags[1::2]))
+    lay = dict(tp=int(f["--tp"]), dp=int(f["--dp"]), ep=int(f["--ep"]), etp=int(f.get("--etp", f["--tp"])))
+    shapes = {t["name"]: t["shape"] for t in man["tensors"]}
+    held, holders = {}, {}
+    for p in man["pieces"]:
+        name = p["tensor"]
+        if not (name.startswith("optimizer.") and ".mlp.experts." in name):
+            continue
+        off, ext, rank = p["region"]["offset"], p["region"]["extent"], int(pathlib.Path(p["file"]).stem[1:])
+        fdim = 2 if "down_proj" in name else 1
+        assert [off, ext] == list(_expected_box(lay, rank, shapes[name], fdim)), (name, rank)
+        a, b = p["region"].get("flat", [0, int(np.prod(ext))])
+        h = held.setdefault((name, tuple(off)), np.zeros(int(np.prod(ext)), np.int32))
+        h[a:b] += 1
+        holders.setdefault((name.split(".")[1], name.split(".")[4], tuple(off)), set()).add(rank)  # kind, layer, box
+    assert held and all(h.min() == 1 and h.max() == 1 for h in held.values())
+    edp = lay["tp"] * lay["dp"] // (lay["ep"] * lay["etp"])
+    assert max(len(r) for r in holders.values()) == edp  # sharded over the whole expert data-parallel group

@@ -87,6 +87,7 @@ def test_verify_checks_the_digests_of_every_store(run_ckpt, bad, kind):
     ["export-megatron", "--tp", "1", "--pp", "1", "--format", "torch_dist"],
     ["reshard", "--tp", "2", "--pp", "1", "--dp", "1"],
     ["convert", "--profile", "megatron-mcore"],
+    ["export-deepspeed", "--weights-only"],
 ], ids=lambda c: "-".join(c[:1] + c[-1:]) if isinstance(c, list) else c)
 def test_every_command_refuses_a_corrupt_store(run_ckpt, bad, tmp_path, kind, command):
     out = tmp_path / "out"

@@ -26,12 +26,12 @@ Status bad_common(const std::string& file, const std::string& msg) {
 }
 
 // The scalar attributes of an args Namespace (nested values and tensors left out).
-nlohmann::json namespace_to_json(const torch::PyObj* ns) {
+// The scalar entries (bool, int, float, str, None) of the dict `st` with string keys (at most 4096).
+nlohmann::json scalar_dict_to_json(const torch::PyObj* st) {
   nlohmann::json j = nlohmann::json::object();
-  const torch::PyObj* st = ns->state;
-  if (st && st->is(torch::PyType::kTuple) && !st->items.empty()) st = st->items[0];
   if (!st || !st->is(torch::PyType::kDict)) return j;
   for (const auto& [k, v] : st->entries) {
+    if (j.size() >= 4096) break;
     if (!k->is(torch::PyType::kStr)) continue;
     switch (v->type) {
       case torch::PyType::kBool: j[k->s] = v->b; break;
@@ -43,6 +43,12 @@ nlohmann::json namespace_to_json(const torch::PyObj* ns) {
     }
   }
   return j;
+}
+
+nlohmann::json namespace_to_json(const torch::PyObj* ns) {
+  const torch::PyObj* st = ns->state;
+  if (st && st->is(torch::PyType::kTuple) && !st->items.empty()) st = st->items[0];
+  return scalar_dict_to_json(st);
 }
 
 Result<int64_t> arg_int(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi,
@@ -95,6 +101,8 @@ Result<MegatronDistCommon> common_from_root(torch::TorchFile& tf, const torch::P
     out.args = namespace_to_json(a);
   }
   if (const torch::PyObj* it = root->get("iteration"); it && it->is(torch::PyType::kInt)) out.iteration = it->i;
+  if (const torch::PyObj* s = root->get("opt_param_scheduler"); s && s->is(torch::PyType::kDict))
+    out.opt_param_scheduler = scalar_dict_to_json(s);
   const torch::PyObj* opt = root->get("optimizer");
   const torch::PyObj* state = opt ? opt->get("state") : nullptr;
   const torch::PyObj* step = state ? state->get("common_step") : nullptr;

@@ -36,6 +36,9 @@ struct MegatronDistCommon {
   // The distributed optimizer's param_groups items (optimizer.distributed.dp_group_idx_<g>.optimizer)
   // were read: with a step, or without one (Lion keeps no step).
   bool groups_read = false;
+  // Megatron-LM's OptimizerParamScheduler.state_dict() (max_lr, min_lr, lr_warmup_steps, lr_decay_steps,
+  // lr_decay_style, num_steps, ...): its scalar entries; empty when the common state has none.
+  nlohmann::json opt_param_scheduler = nlohmann::json::object();
 };
 
 // The DCP bytes item megatron-core 0.19 writes the common state to.

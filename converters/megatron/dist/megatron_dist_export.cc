@@ -26,7 +26,8 @@ using torch::PyObj;
 // sharded_state_dict leaves outside the sharded tensors besides the param groups), with the
 // distributed optimizer (`dist_opt`: its sharding type) 'optimizer': {'param_state_sharding_type': T}
 // (fully_reshardable: and 'optimizer': {'param_groups': ...}) and 'content_metadata' (what
-// Megatron-LM's save_checkpoint passes to dist_checkpointing.save).
+// Megatron-LM's save_checkpoint passes to dist_checkpointing.save); with optimizer state and an imported
+// scheduler (optim["opt_param_scheduler"]) 'opt_param_scheduler'.
 const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iteration, std::optional<int64_t> step,
                          const std::string& dist_opt, const nlohmann::json& optim) {
   std::vector<std::pair<const PyObj*, const PyObj*>> attrs;
@@ -48,6 +49,9 @@ const PyObj* common_root(PyArena& a, const nlohmann::json& args, int64_t iterati
     root.emplace_back(a.str("optimizer"),
                       a.dict({{a.str("state"), a.dict({{a.str("common_step"), a.integer(*step)}})}}));
   }
+  // Megatron-LM saves the scheduler beside the optimizer: the imported one, written back as read
+  if ((!dist_opt.empty() || step) && optim.contains("opt_param_scheduler"))
+    root.emplace_back(a.str("opt_param_scheduler"), torch::json_to_pyobj(a, optim["opt_param_scheduler"]));
   return a.dict(std::move(root));
 }
 
@@ -73,6 +77,7 @@ Status add_dp_reshardable(const std::vector<DistOptGroupBuffers>& groups, DType 
       const std::string gbuf = ".gbuf_idx_" + std::to_string(gb.chunk);
       for (size_t b = 0; b < gb.numel_unpadded.size(); ++b)
         for (const char* st : kDistOptStates) {
+          if (!gb.states.count(st)) continue;  // Lion: no exp_avg_sq
           const int64_t n = gb.numel_unpadded[b];
           DistChunk c{Box{{0}, {n}}, 0, gb.states.at(st)[b], rank};
           map.push_back(DistTensor{pre + gbuf + ".dtype_" + dkey + ".bucket_idx_" + std::to_string(b) + "." + st, {n}, {std::move(c)}});
@@ -233,10 +238,12 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   CKPT_ASSIGN_OR_RETURN(SourceIndex index, SourceIndex::build(src));
   nlohmann::json args = megatron_vpp_args(megatron_args(cfg, layout), opts.vpp);
   std::vector<torch::DcpBytesEntry> bytes;
-  const nlohmann::json optim_fields = megatron_optimizer_fields(meta);
+  nlohmann::json optim_fields = megatron_optimizer_fields(meta);
   bool optim = false;
   if (opts.dist_opt.enabled) {  // the distributed optimizer's buckets instead of per-parameter state
-    CKPT_ASSIGN_OR_RETURN(bool masters, check_dist_opt_source(src, opts.dist_opt, true));
+    CKPT_ASSIGN_OR_RETURN(DistOptSourceState st, check_dist_opt_source(src, opts.dist_opt, true));
+    const bool masters = st.fp32_masters;
+    optim_fields["optimizer"] = st.optimizer;
     args.update(dist_opt_args(opts.dist_opt, layout.tp, layout.pp, optim_fields));
     if (opts.dist_opt.sharding == "fully_reshardable") {  // per parameter, chunked like it; masters as 'param'
       add_dist_optimizer_tensors(index, map, {{kDistMasterParamPrefix, masters ? "optimizer.fp32_param." : ""},

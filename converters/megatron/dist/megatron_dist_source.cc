@@ -365,6 +365,7 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
   if (common.iteration) mg["iteration"] = *common.iteration;
   if (common.optimizer_step) mg["optimizer_step"] = *common.optimizer_step;
   if (!common.adam.empty()) mg["adam"] = common.adam;
+  if (!common.opt_param_scheduler.empty()) mg["opt_param_scheduler"] = common.opt_param_scheduler;
   if (!common.sharding_type.empty()) mg["optimizer_sharding_type"] = common.sharding_type;
   src->meta_ = {{"model_config", cfg.to_json()}, {"megatron_args", common.args}, {"megatron", mg}};
   // A virtual pipeline's stages hold interleaved chunks, which a layout cannot say: no layout then.
