@@ -24,7 +24,7 @@ struct FromHfArgs {
   LayoutFlags layout;
   StreamFlags stream;
   IoFlags io;
-  bool no_fsync = false, json = false, no_verify = false;
+  bool no_fsync = false, json = false, no_verify = false, keep_quantized = false;
   ProfileRequest profile;
 };
 
@@ -40,6 +40,7 @@ Result<FromHfRequest> from_hf_request(const FromHfArgs& a) {
   CKPT_ASSIGN_OR_RETURN(req.layout, a.layout.values());
   req.threads = a.stream.threads;
   req.no_verify = a.no_verify;
+  req.keep_quantized = a.keep_quantized;
   req.profile = a.profile;
   return req;
 }
@@ -87,6 +88,9 @@ CommandAction setup_from_hf(CLI::App& sub) {
   a->io.add(sub);
   sub.add_flag("--no-fsync", a->no_fsync, "skip fsync (tests, benchmarks)");
   add_no_verify_flag(sub, a->no_verify);
+  sub.add_flag("--keep-quantized", a->keep_quantized,
+               "a quantized SRC (block/per-tensor FP8): store weights and scales as they are, split with their blocks "
+               "(default: dequantized into --dtype, bf16 when none; docs/QUANTIZATION.md)");
   sub.add_flag("--json", a->json, "Print the result as JSON: out, layout, tensors, bytes, side_files, skipped, seconds (+ profile, exactness)");
   sub.add_option("--profile", a->profile.profile, "store in this built-in profile (docs/PROFILES.md); tokenizer files are not carried");
   sub.add_option("--profile-file", a->profile.profile_file, "store in the profile of this JSON file");

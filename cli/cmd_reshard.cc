@@ -25,7 +25,7 @@ struct ReshardArgs {
   LayoutFlags layout;
   StreamFlags stream;
   IoFlags io;
-  bool dry_run = false, json = false, no_verify = false;
+  bool dry_run = false, json = false, no_verify = false, requantize = false;
   ProfileRequest profile;
   bool convert = false;  // ckpt convert: a profile is required, the layout flags optional
 };
@@ -64,6 +64,7 @@ Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   req.threads = a.stream.threads;
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
+  req.requantize = a.requantize;
   req.profile = a.profile;
   return req;
 }
@@ -112,6 +113,9 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   sub.add_option("--digest", a->digest, store::kDigestFlagHelp);
   sub.add_flag("--json", a->json, "Print the plan / result as JSON");
   add_no_verify_flag(sub, a->no_verify);
+  sub.add_flag("--requantize", a->requantize,
+               "a block-quantized SRC split inside its blocks by the target layout: re-quantize with the largest block the "
+               "splits allow (the exactness report counts the changed elements; default: QuantSplitBlock)");
   sub.add_option("--profile", a->profile.profile,
                  "Convert to this built-in profile in the same pass (hf, megatron-mcore, megatron-legacy, paddlenlp, "
                  "libai, reference; docs/PROFILES.md)");

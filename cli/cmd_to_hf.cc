@@ -16,10 +16,10 @@ namespace {
 
 CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
-    std::string src, out, dtype, max_shard = "5GB";
+    std::string src, out, dtype, max_shard = "5GB", quantize;
     StreamFlags stream;
     IoFlags io;
-    bool no_fsync = false, json = false, no_verify = false;
+    bool no_fsync = false, json = false, no_verify = false, keep_quantized = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src,
@@ -29,6 +29,13 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
   sub.add_option("--max-shard-size", o->max_shard, "largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)");
+  sub.add_option("--quantize", o->quantize,
+                 "fp8-block[:RxC]: write the linear weights (*_proj.weight) as block-scaled FP8 with weight_scale_inv "
+                 "(default block 128x128; transformers' FineGrainedFP8 rounding) and its quantization_config; mxfp4: as gpt-oss's "
+                 "_blocks / _scales (E2M1 pairs, E8M0 per 32 values; triton_kernels' downcast_to_mxfp rounding)");
+  sub.add_flag("--keep-quantized", o->keep_quantized,
+               "a quantized SRC (block/per-tensor FP8, MXFP4): write weights and scales as stored, quantization_config kept "
+               "(default: dequantize them into --dtype, bf16 when none; docs/QUANTIZATION.md)");
   o->stream.add(sub);
   o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
@@ -50,6 +57,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
       req.threads = o->stream.threads;
       req.fsync = !o->no_fsync;
       req.no_verify = o->no_verify;
+      req.keep_quantized = o->keep_quantized;
+      req.quantize = o->quantize;
       return req;
     }();
     if (!parsed.ok()) return report_error(parsed.status());

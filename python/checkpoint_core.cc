@@ -27,6 +27,7 @@ constexpr PyDTypeName kPyDTypeNames[] = {
     {DType::kU32, "uint32"},        {DType::kI64, "int64"},    {DType::kU64, "uint64"},
     {DType::kF16, "float16"},       {DType::kBF16, "bfloat16"}, {DType::kF32, "float32"},
     {DType::kF64, "float64"},       {DType::kF8E4M3, "float8_e4m3fn"}, {DType::kF8E5M2, "float8_e5m2"},
+    {DType::kF8E8M0, "float8_e8m0fnu"}, {DType::kF4, "float4_e2m1fn_x2"},  // F4: packed pairs (uint8 in numpy)
 };
 
 // Reads `region` of `tensor` (validated) from `src` into dst, box after box in storage order.

@@ -167,6 +167,8 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   const std::string io = o.str("io");
   req.fsync = o.get<bool>("fsync");
   req.no_verify = !o.get<bool>("verify_source");
+  req.keep_quantized = o.get<bool>("keep_quantized");
+  req.quantize = o.str("quantize");
   o.done();
   req.io = o.parse(parse_io_flag(io));
   req.dtype = o.parse(float_dtype_flag(dtype));

@@ -35,6 +35,8 @@ double element_as_double(const unsigned char* p, DType t, size_t i) {
     case DType::kF64: return ld(double{});
     case DType::kF8E4M3: return f8e4m3_to_f32(p[i]);
     case DType::kF8E5M2: return f8e5m2_to_f32(p[i]);
+    case DType::kF8E8M0: return f8e8m0_to_f32(p[i]);
+    case DType::kF4: return p[i];  // a packed pair: compared as its byte
   }
   return 0.0;
 }

@@ -1,13 +1,13 @@
 """Reads a ckpt native checkpoint with h5py + numpy only (no ckpt code).
 
 The independent reader of the interop tests and of scripts/check_hf_export.py: it follows
-manifest.json (format versions 1 to 3; version 3's "manifest_digest" is checked here against the
+manifest.json (format versions 1 to 4; version 3's and 4's "manifest_digest" is checked here against the
 canonical text of the rest of the manifest: manifest_digest()), reads every piece's dataset with h5py (hdf5plugin decodes
 zstd, filter 32015), checks it against the manifest's digest (version 2: "digest":
 "xxh3-128:<hex>" with the xxhash package or "sha256:<hex>" with hashlib, as in version 3; version 1: "sha256":
 "<hex>") and places it in its global tensor (box regions and flat ranges of a box).
 Half-precision and 8-bit floats come back as their raw bits (uint16 / uint8), as the store holds
-them.
+them; version 4's F8_E8M0 too, and F4 as its packed bytes (the shape counts pairs, docs/STORE_FORMAT.md).
 """
 import hashlib
 import json
@@ -20,7 +20,7 @@ import xxhash
 
 RAW = {"F64": np.float64, "F32": np.float32, "F16": np.uint16, "BF16": np.uint16, "I64": np.int64,
        "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.uint8,
-       "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+       "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8, "F4": np.uint8}
 
 
 HASHERS = {"sha256": lambda b: hashlib.sha256(b).hexdigest(), "xxh3-128": xxhash.xxh3_128_hexdigest}
@@ -63,8 +63,8 @@ def read_native(ckpt, skip=lambda name: False):
     tensor when a piece does not match the manifest (dtype, shape, digest, dataset attribute)."""
     ckpt = pathlib.Path(ckpt)
     man = json.loads((ckpt / "manifest.json").read_text())
-    if man.get("format") != "ckpt-native" or man.get("version") not in (1, 2, 3):
-        raise ValueError(f"{ckpt}: not a ckpt-native v1, v2 or v3 manifest")
+    if man.get("format") != "ckpt-native" or man.get("version") not in (1, 2, 3, 4):
+        raise ValueError(f"{ckpt}: not a ckpt-native v1 to v4 manifest")
     if man["version"] >= 3:
         algo = man.get("manifest_digest", "").partition(":")[0]
         if algo not in HASHERS or manifest_digest(man, algo) != man["manifest_digest"]:

@@ -43,6 +43,7 @@ bool skipped_name(const std::string& n) {
 }
 
 DType out_dtype(DType src, const std::optional<DType>& want) { return want && dtype_is_float(src) ? *want : src; }
+DType out_dtype(const TensorMeta& t, const HfExportOptions& o) { return o.keep_as_stored.count(t.name) ? t.dtype : out_dtype(t.dtype, o.dtype); }
 
 }  // namespace
 
@@ -64,6 +65,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
     for (const TensorMeta& want : llama_model_tensors(cfg, cfg.dtype)) {
       wanted.insert(want.name);
       auto it = by_name.find(want.name);
+      if (it == by_name.end() && opts.stored_elsewhere.count(want.name)) continue;
       if (it == by_name.end())
         return Status::Error("MissingTensor",
                              "'" + src.describe() + "' has no tensor '" + want.name + "' " + shape_to_string(want.shape) +
@@ -72,12 +74,16 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                        ", the model config expects " + shape_to_string(want.shape))
             .with_tensor(want.name);
-      DType dt = out_dtype(it->second->dtype, opts.dtype);
+      DType dt = out_dtype(*it->second, opts);
       plan.tensors.push_back(TensorMeta{want.name, dt, want.shape});
-      out_dtypes.insert(dt);
+      if (!opts.keep_as_stored.count(want.name)) out_dtypes.insert(dt);
     }
     for (const auto& t : src.tensors()) {
       if (wanted.count(t.name)) continue;
+      if (opts.keep_as_stored.count(t.name)) {  // a quantized weight's scales, kept as stored
+        plan.tensors.push_back(t);
+        continue;
+      }
       if (skipped_name(t.name) || (cfg.tie_word_embeddings && t.name == "lm_head.weight")) {
         plan.skipped.push_back(t.name);
         continue;
@@ -105,7 +111,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         plan.skipped.push_back(t.name);
         continue;
       }
-      plan.tensors.push_back(TensorMeta{t.name, out_dtype(t.dtype, opts.dtype), t.shape});
+      plan.tensors.push_back(TensorMeta{t.name, out_dtype(t, opts), t.shape});
     }
   }
   for (const auto& t : plan.tensors) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,12 @@ namespace ckpt {
 
 struct HfExportOptions {
   std::optional<DType> dtype;                  // cast float tensors to this; nullopt keeps each tensor's dtype
+  // Tensors written as stored, never cast, and allowed beside a model config's tensors: a quantized
+  // checkpoint's payloads and scales under --keep-quantized (converters/quant/quant_scheme.h).
+  std::set<std::string> keep_as_stored;
+  // Model weights of the config stored under other names (MXFP4: X_blocks + X_scales for X), so
+  // their absence is not MissingTensor; their stored tensors are in keep_as_stored.
+  std::set<std::string> stored_elsewhere;
   uint64_t max_shard_size = 5'000'000'000ull;  // "5GB"
   int threads = 2;
   uint64_t max_chunk_bytes = 64ull << 20;  // executor chunk (output bytes); see exec_chunk_bytes()

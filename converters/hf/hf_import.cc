@@ -1,4 +1,5 @@
 #include "converters/hf/hf_import.h"
+#include "converters/quant/quant_sharding.h"
 
 #include <map>
 #include <set>
@@ -46,8 +47,9 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     if (it->second->shape != want.shape)
       return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                      ", config.json expects " + shape_to_string(want.shape)).with_tensor(want.name);
-    DType dt = opts.dtype && dtype_is_float(it->second->dtype) ? *opts.dtype : it->second->dtype;
-    dts.insert(dt);
+    const bool keep = opts.keep_as_stored.count(want.name) > 0;
+    DType dt = !keep && opts.dtype && dtype_is_float(it->second->dtype) ? *opts.dtype : it->second->dtype;
+    if (!keep) dts.insert(dt);
     plan.tensors.push_back(TensorMeta{want.name, dt, want.shape});
     plan.pieces.push_back(Piece{want.name, Region{Box::whole(want.shape)}, dt});
     auto n = checked_numel(want.shape);
@@ -58,6 +60,12 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
   }
   for (const auto& t : src.tensors()) {
     if (wanted.count(t.name)) continue;
+    if (opts.keep_as_stored.count(t.name)) {  // a quantized weight's scales, as stored
+      plan.tensors.push_back(t);
+      plan.pieces.push_back(Piece{t.name, Region{Box::whole(t.shape)}, t.dtype});
+      plan.total_bytes += static_cast<uint64_t>(checked_numel(t.shape).value_or(0)) * dtype_size(t.dtype);
+      continue;
+    }
     if (t.name.ends_with(".rotary_emb.inv_freq") || (plan.config.tie_word_embeddings && t.name == "lm_head.weight")) {
       plan.skipped.push_back(t.name);
       continue;
@@ -140,7 +148,11 @@ Result<std::unique_ptr<TensorSource>> make_import_view(TensorSource& src, const 
 Status run_hf_import_to_layout(TensorSource& src, const HfImportPlan& plan, const Layout& layout, const std::string& dst,
                                const StoreExecOptions& opts, Comm* dist) {
   CKPT_ASSIGN_OR_RETURN(auto view, make_import_view(src, plan));
-  LlamaShardingRules rules(plan.config);
+  LlamaShardingRules llama(plan.config);
+  // A quantized weight kept as stored moves with its scales (converters/quant/quant_sharding.h).
+  CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(view->tensors(), plan.metadata));
+  QuantShardingRules quant(llama, scheme);
+  const ShardingRules& rules = scheme.any() ? static_cast<const ShardingRules&>(quant) : llama;
   CKPT_ASSIGN_OR_RETURN(Plan rp, make_plan(view->tensors(), view->pieces(), plan.metadata, layout, rules, opts.exec));
   return execute_plan_to_store(*view, rp, dst, opts, dist);
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct HfImportOptions {
   // Called after every byte is written, before the commit (the check of SRC: a DCP's zip CRC-32;
   // converters/source/source_check_job.h).
   std::function<Status()> before_commit;
+  // Tensors imported as stored, never cast, beside the config's: a quantized checkpoint's payloads
+  // and scales under --keep-quantized (converters/quant/quant_scheme.h).
+  std::set<std::string> keep_as_stored;
 };
 
 struct HfImportPlan {

@@ -8,6 +8,8 @@
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
 #include "converters/jobs/reshard_job.h"
+#include "converters/quant/dequant_view.h"
+#include "converters/quant/quantize_view.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
@@ -27,6 +29,51 @@ double hf_job_seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A quantized source (converters/quant/): replaced by its dequantized view (weights in `dtype`,
+// bf16 when none), or with `keep` its payloads and scales named in `keep_as_stored`. What was done,
+// for the outcome; null for a source without quantized tensors.
+Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& src, bool keep, std::optional<DType> dtype,
+                                               std::set<std::string>& keep_as_stored, ExactnessTracker* tracker,
+                                               std::set<std::string>* stored_elsewhere = nullptr) {
+  auto scheme = find_quantized(src->tensors(), src->metadata());
+  if (!scheme.ok()) return scheme.take_status().with_file(src->describe());
+  if (!scheme->any()) return nlohmann::json(nullptr);
+  const DType dt = dtype.value_or(DType::kBF16);
+  nlohmann::json j = {{"scheme", scheme->describe()}, {"tensors", scheme->tensors.size()}, {"dequantized", !keep},
+                      {"stored_bytes", scheme->stored_bytes()}, {"dequantized_bytes", scheme->logical_bytes(dt)}};
+  if (keep) {
+    for (auto& n : scheme->stored_names()) keep_as_stored.insert(n);
+    for (const auto& t : scheme->tensors)
+      if (stored_elsewhere && t.payload != t.name) stored_elsewhere->insert(t.name);  // MXFP4: X_blocks for X
+    return j;
+  }
+  TensorSource& inner = *src;
+  CKPT_ASSIGN_OR_RETURN(auto view, dequant_view(inner, std::move(src), *scheme, dt, tracker));
+  src = std::move(view);
+  return j;
+}
+
+// --quantize: `src` replaced by its quantizing view, whose payloads and scales are written as they are.
+Result<nlohmann::json> quantizing_export_source(std::unique_ptr<TensorSource>& src, const std::string& flag,
+                                                std::set<std::string>& keep_as_stored, std::set<std::string>& stored_elsewhere,
+                                                ExactnessTracker* tracker) {
+  CKPT_ASSIGN_OR_RETURN(QuantizeRequest q, parse_quantize_flag(flag));
+  q.tracker = tracker;
+  q.step = q.scheme == "mxfp4" ? std::string("quantize mxfp4 1x32")
+                               : "quantize fp8-block " + std::to_string(q.block_rows) + "x" + std::to_string(q.block_cols);
+  TensorSource& inner = *src;
+  CKPT_ASSIGN_OR_RETURN(auto view, quantize_view(inner, std::move(src), q));
+  src = std::move(view);
+  CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(src->tensors(), src->metadata()));
+  for (auto& n : scheme.stored_names()) keep_as_stored.insert(n);
+  for (const auto& t : scheme.tensors)
+    if (t.payload != t.name) stored_elsewhere.insert(t.name);
+  return nlohmann::json{{"scheme", scheme.describe()}, {"tensors", scheme.tensors.size()}, {"quantized", true},
+                        {"stored_bytes", scheme.stored_bytes()},
+                        {"rounding", q.scheme == "mxfp4" ? "gpt-oss: triton_kernels downcast_to_mxfp (scale rounded up)"
+                                                         : "transformers FineGrainedFP8 (Fp8Quantize)"}};
+}
+
 Status hf_job_check_threads(int threads) {
   if (threads < 1 || threads > 64) return Status::InvalidArgument("--threads " + std::to_string(threads) + ": expected 1..64");
   return Status::Ok();
@@ -37,7 +84,7 @@ Status hf_job_check_threads(int threads) {
 nlohmann::json ToHfOutcome::to_json() const {
   return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
           {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
-          {"source_check", source_check}, {"io", io}};
+          {"source_check", source_check}, {"io", io}, {"quantization", quantization}};
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -59,6 +106,14 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   JobSourceCheck check;
   check.start(located.dir, opts.io, req.threads, req.no_verify, /*in_child=*/!check_copy);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
+  ToHfOutcome out;
+  ExactnessTracker quant_report;  // what dequantizing / quantizing changed (docs/QUANTIZATION.md)
+  CKPT_ASSIGN_OR_RETURN(out.quantization,
+                        quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report, &opts.stored_elsewhere));
+  if (!req.quantize.empty()) {
+    CKPT_ASSIGN_OR_RETURN(out.quantization,
+                          quantizing_export_source(src, req.quantize, opts.keep_as_stored, opts.stored_elsewhere, &quant_report));
+  }
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_export(*src, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
@@ -78,9 +133,9 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
-  ToHfOutcome out;
   out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
   CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  if (!out.quantization.is_null()) out.quantization["exactness"] = quant_report.snapshot().to_json();
   out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());
   out.out = req.out;
   out.tensors = plan->tensors.size();
@@ -99,6 +154,7 @@ nlohmann::json FromHfOutcome::to_json() const {
   nlohmann::json j = {{"out", out},           {"layout", layout},   {"tensors", tensors}, {"bytes", bytes},
                       {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
                       {"io", io}};
+  if (!quantization.is_null()) j["quantization"] = quantization;
   if (!profile.empty()) {
     j["profile"] = profile;
     j["exactness"] = exactness.to_json();
@@ -165,13 +221,15 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
   check.start(located.dir, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
+  FromHfOutcome out;
+  ExactnessTracker quant_report;
+  CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
   opts.before_commit = check.before_commit(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.
   const uint64_t reserve = fit_store_writer(req.max_memory, req.threads, so, located.cold(so.io));
   opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
-  FromHfOutcome out;
   out.memory = memory_fit(req.max_memory, reserve, so.read_ahead.get(), so.write_pool.get());
   out.layout = "tp=1 pp=1 dp=1";
   if (req.layout.given()) {
@@ -196,6 +254,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   out.skipped = plan->skipped;
   out.seconds = hf_job_seconds_since(t0);
   out.io = store_io_report(so);
+  if (!out.quantization.is_null()) out.quantization["exactness"] = quant_report.snapshot().to_json();
   return out;
 }
 

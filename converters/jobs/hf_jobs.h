@@ -42,6 +42,11 @@ struct ToHfRequest {
   IoMode io = IoMode::kAuto;         // --io: how SRC's copied ranges are read and the shards written
   bool fsync = true;
   bool no_verify = false;            // skip the check of SRC before the commit (converters/source/source_check_job.h)
+  // A quantized SRC (converters/quant/quant_scheme.h) is written dequantized, its weights in --dtype
+  // (bf16 when none); --keep-quantized writes payloads and scales as stored, quantization_config kept.
+  bool keep_quantized = false;
+  // --quantize fp8-block[:RxC]: the linear weights written as block-scaled FP8 (converters/quant/quantize_view.h)
+  std::string quantize;
   std::function<void(uint64_t, uint64_t)> progress;
 };
 
@@ -56,7 +61,9 @@ struct ToHfOutcome {
   MemoryFit memory;                   // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json source_check;        // how SRC was checked (JobSourceCheck::to_json)
   nlohmann::json io = nlohmann::json::object();  // how the shards were written (io_report, memory_fit.h)
-  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io}
+  // A quantized SRC: {scheme, tensors, dequantized (bool), stored_bytes, dequantized_bytes}; else null.
+  nlohmann::json quantization;
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, quantization}
   nlohmann::json to_json() const;
 };
 
@@ -73,6 +80,7 @@ struct FromHfRequest {
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   ProfileRequest profile;            // store in this profile (reshard job through the profile views)
   bool no_verify = false;            // skip the check of a DCP SRC's zip CRC-32 (converters/source/source_check_job.h)
+  bool keep_quantized = false;       // a quantized SRC: store weights and scales as they are (default: dequantized, as to-hf)
   std::function<void(uint64_t, uint64_t)> progress;
   Comm* dist = nullptr;              // the world under mpirun; null: one process
 };
@@ -86,6 +94,7 @@ struct FromHfOutcome {
   std::vector<std::string> skipped;     // HF tensors not imported (inv_freq, tied lm_head)
   std::string profile;               // set when stored through a profile ...
   ExactnessReport exactness;         // ... with its exactness report
+  nlohmann::json quantization;       // a quantized SRC: as ToHfOutcome::quantization; else null
   double seconds = 0;
   MemoryFit memory;                  // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json io = nlohmann::json::object();  // how OUT was written (store_io_report, memory_fit.h)

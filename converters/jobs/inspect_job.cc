@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "converters/megatron/megatron_vpp.h"
+#include "converters/quant/quant_scheme.h"
 #include "converters/source/open_checkpoint.h"
 #include "formats/store/summary.h"
 #include "reshard/layout/layout.h"
@@ -100,6 +101,7 @@ nlohmann::json InspectOutcome::to_json() const {
   if (!not_imported.empty()) j["not_imported"] = not_imported;
   if (!virtual_pipeline.is_null()) j["virtual_pipeline"] = virtual_pipeline;
   if (!optimizer.is_null()) j["optimizer"] = optimizer;
+  if (!quantization.is_null()) j["quantization"] = quantization;
   return j;
 }
 
@@ -125,6 +127,11 @@ std::string InspectOutcome::to_text() const {
          ", step " + (optimizer["step"].is_null() ? std::string("none recorded") : optimizer["step"].dump()) +
          (optimizer.contains("sharding_type") ? ", sharding " + optimizer["sharding_type"].get<std::string>() : std::string()) + "\n";
   }
+  if (quantization.contains("error")) t += "quantized:  " + quantization["error"].get<std::string>() + "\n";
+  else if (!quantization.is_null())
+    t += "quantized:  " + quantization["scheme"].get<std::string>() + " (" + quantization["tensors"].dump() + " tensors), " +
+         quantization["stored_bytes"].dump() + " bytes stored vs " + quantization["bf16_bytes"].dump() + " in bf16 (saves " +
+         std::to_string(static_cast<int>(quantization["saved_fraction"].get<double>() * 100 + 0.5)) + "%)\n";
   for (auto it = not_imported.begin(); it != not_imported.end(); ++it)
     t += "not imported (" + it.key() + "): " + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) + "\n";
   return t;
@@ -151,6 +158,9 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
     if (ds.contains("detected")) out.summary["detected"] = ds["detected"];
   }
   out.optimizer = optimizer_found(*src);
+  auto quant = find_quantized(src->tensors(), md);
+  if (!quant.ok()) out.quantization = {{"error", quant.status().to_string()}};
+  else if (quant->any()) out.quantization = quant->summary();
   return out;
 }
 

@@ -43,9 +43,12 @@ struct InspectOutcome {
   // none), and for Megatron sources "optimizer" (args.optimizer: adam, lion, ...) and
   // "sharding_type" (the distributed optimizer's, when recorded)}.
   nlohmann::json optimizer;
+  // Quantized weights (converters/quant/quant_scheme.h QuantScheme::summary, or {"error": ...} for
+  // a quantized checkpoint whose scales do not fit); null when there are none.
+  nlohmann::json quantization;
   // The JSON of `ckpt inspect --json`: the summary's fields, layout_detail,
   // "integrity": {scheme, note}, "virtual_pipeline" when there is one, "optimizer" when there is
-  // optimizer state and, when anything is not imported, "not_imported".
+  // optimizer state, "quantization" when quantized and, when anything is not imported, "not_imported".
   nlohmann::json to_json() const;
   // The text `ckpt inspect` prints (store::text_summary of to_json()).
   std::string to_text() const;

@@ -9,6 +9,8 @@
 #include "converters/jobs/memory_fit.h"
 #include "converters/model/llama_sharding.h"
 #include "converters/profile/profile_view.h"
+#include "converters/quant/quant_sharding.h"
+#include "converters/quant/requantize.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "reshard/dist/comm.h"
@@ -46,13 +48,15 @@ struct PlannedReshard {
   bool skip_check = false;  // --no-verify, --dry-run, or another rank's to check
   bool from_copy = false;   // checked from the copies' own direct reads (CopyVerify)
   std::unique_ptr<TensorSource> src;
-  std::unique_ptr<ShardingRules> llama_rules;
+  std::unique_ptr<ShardingRules> model_rules;  // the LLaMA rules ...
+  std::unique_ptr<ShardingRules> llama_rules;  // ... or, for a quantized SRC, them keeping weights and scales together
+  std::unique_ptr<Requantized> requant;        // --requantize: SRC re-blocked (converters/quant/requantize.h)
   std::unique_ptr<ProfileConversion> conv;  // the profile views, when the job goes through them
   ExecOptions exec;
   std::chrono::steady_clock::time_point t0;  // the plan's start
   ReshardOutcome out;
 
-  TensorSource& plan_source() { return conv ? conv->source() : *src; }
+  TensorSource& plan_source() { return conv ? conv->source() : requant ? *requant->view : *src; }
   const ShardingRules& rules() const { return conv ? conv->rules() : *llama_rules; }
 };
 
@@ -99,6 +103,15 @@ Status plan_model_and_chunks(const ReshardRequest& r, PlannedReshard& p) {
   for (const auto& piece : src.pieces()) max_src = std::max(max_src, dtype_size(piece.dtype));
   p.exec.max_chunk_bytes = chunk_bytes_within(r.max_memory, r.threads, max_src, min_out, p.reserve);
   p.llama_rules = std::make_unique<LlamaShardingRules>(cfg);
+  CKPT_ASSIGN_OR_RETURN(QuantScheme scheme, find_quantized(src.tensors(), meta));
+  if (scheme.any()) {  // converters/quant/quant_sharding.h
+    p.model_rules = std::move(p.llama_rules);
+    if (r.requantize) {
+      CKPT_ASSIGN_OR_RETURN(p.requant, requantize_for_layout(src, scheme, *p.model_rules, p.out.layout));
+      if (p.requant) scheme = p.requant->scheme;
+    }
+    p.llama_rules = std::make_unique<QuantShardingRules>(*p.model_rules, std::move(scheme));
+  }
   if (!needs_profile_views(meta, r.profile)) return Status::Ok();
   const bool root = !r.dist || r.dist->rank() == 0;
   CKPT_ASSIGN_OR_RETURN(p.conv, ProfileConversion::prepare(src, r.profile, cfg, p.out.layout, root, kProfileTileBytes));
@@ -159,6 +172,7 @@ Status execute_reshard(const ReshardRequest& r, PlannedReshard& p) {
     p.out.from_profile = conv->from().name;
     p.out.exactness = conv->report();
   }
+  if (p.requant) p.out.exactness = p.requant->tracker->snapshot();
   return Status::Ok();
 }
 

@@ -40,6 +40,10 @@ struct ReshardRequest {
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
   bool dry_run = false;    // plan only: nothing is written
   bool no_verify = false;  // skip checking SRC before commit
+  // A block-quantized SRC whose target layout splits inside blocks (QuantSplitBlock otherwise):
+  // re-quantize every quantized weight with the largest block the splits allow
+  // (converters/quant/requantize.h); the exactness report counts the elements that changed.
+  bool requantize = false;
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes done, total) while executing; may be empty
   Comm* dist = nullptr;    // the world under mpirun (Comm::world()); null: a single process
   ProfileRequest profile;  // --profile / --profile-file / --saturate (converters/profile/profile_view_job.h)

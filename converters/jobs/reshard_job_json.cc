@@ -18,6 +18,8 @@ nlohmann::json ReshardOutcome::to_json(const std::string& dst, bool dry_run) con
     j["profile"] = profile;
     j["from_profile"] = from_profile;
     j["exactness"] = exactness.to_json();
+  } else if (!exactness.empty()) {  // --requantize (converters/quant/requantize.h)
+    j["exactness"] = exactness.to_json();
   }
   return j;
 }

@@ -131,6 +131,8 @@ std::string exactness_max_finite(DType t) {
     case DType::kF32: return "3.40282347e38";
     case DType::kF8E4M3: return "448";
     case DType::kF8E5M2: return "57344";
+    case DType::kF8E8M0: return "1.70141183e38";
+    case DType::kF4: return "6";
     default: return "(none)";
   }
 }

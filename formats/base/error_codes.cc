@@ -33,6 +33,19 @@ constexpr ErrorCodeEntry kTable[] = {
     {"CastNaN", kOver},
     {"CastInexact", kOver},
     {"CastInvalidBool", kCorrupt},
+    {"F4Packed", kUnsup},  // a cast between F4 (packed pairs) and another dtype (f4_unpack / f4_pack instead)
+    {"F4OddLastDim", kUnsup},  // an F4 tensor whose last dimension is odd: its rows would split bytes
+    // Quantized weights (converters/quant/, docs/QUANTIZATION.md).
+    {"QuantScaleMissing", kCorrupt},    // an FP8 weight of a quantized checkpoint without its scales
+    {"QuantPayloadMissing", kCorrupt},  // scales without their weight
+    {"QuantScaleShape", kCorrupt},      // scales whose shape does not match the weight's blocks
+    {"QuantScaleDType", kCorrupt},
+    {"QuantPayloadDType", kCorrupt},
+    {"QuantBlockSize", kCorrupt},       // quantization_config.weight_block_size malformed
+    {"QuantScaleNotFinite", kCorrupt},  // a NaN / Inf scale (E8M0: 0xFF)
+    {"QuantNotFinite", kOver},          // quantizing a NaN / Inf value
+    {"QuantSplitBlock", kUnsup},        // a reshard split inside a quantization block (--requantize to allow)
+    {"QuantUnsupported", kUnsup},       // a quantization request ckpt cannot do (tensor kind, dtype, shape)
     // Regions and shapes (formats/tensor/region.h).
     {"ShapeOverflow", kCorrupt},
     {"RegionOutOfBounds", kCorrupt},

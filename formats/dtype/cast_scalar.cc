@@ -39,7 +39,30 @@ CKPT_TR(kF32, float, kFloat)
 CKPT_TR(kF64, double, kFloat)
 CKPT_TR(kF8E4M3, uint8_t, kFloat)
 CKPT_TR(kF8E5M2, uint8_t, kFloat)
+CKPT_TR(kF8E8M0, uint8_t, kFloat)
 #undef CKPT_TR
+
+// F8_E8M0 (float8_e8m0fnu): unsigned, exponent only, bias 127, 0xFF NaN.
+inline double decode_e8m0(uint8_t b) {
+  return b == 0xFF ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, static_cast<int>(b) - 127);
+}
+// Rounds a non-NaN double into E8M0 (dtype.h: m * 2^e becomes 2^(e+1) when m >= 1.5, torch's and
+// ml_dtypes' rule). kUnrepresentable for zero and negatives (stored as NaN), kOverflow beyond 2^127.
+inline Enc encode_e8m0(double d, uint8_t* out) {
+  *out = 0xFF;
+  if (!(d > 0)) return Enc::kUnrepresentable;
+  if (std::isinf(d)) return Enc::kOverflow;
+  if (d < 0x1p-126) {  // torch's rule on f32 subnormals: above 2^-127 rounds up
+    *out = d > 0x1p-127 ? 1 : 0;
+    return Enc::kOk;
+  }
+  int e2 = 0;
+  const double m = std::frexp(d, &e2);  // d = m * 2^e2, 0.5 <= m < 1
+  const int code = (e2 - 1) + 127 + (m >= 0.75 ? 1 : 0);
+  if (code > 254) return Enc::kOverflow;
+  *out = static_cast<uint8_t>(code);
+  return Enc::kOk;
+}
 
 template <DType T> constexpr const NarrowFmt* narrow_fmt() {
   if constexpr (T == DType::kF16) return &kFmtF16;
@@ -59,6 +82,7 @@ template <DType T> inline void store(uint8_t* p, typename Tr<T>::S v) { std::mem
 // Exact value of a float element as a double (NaN payload embedded).
 template <DType F> inline double load_float(const uint8_t* p) {
   if constexpr (F == DType::kF64) return load<F>(p);
+  else if constexpr (F == DType::kF8E8M0) return decode_e8m0(*p);
   else if constexpr (F == DType::kF32) return f32_to_f64_exact(load<F>(p));
   else return decode_narrow(load<F>(p), *narrow_fmt<F>());
 }
@@ -69,11 +93,13 @@ template <typename S> constexpr __int128 int_max() { return static_cast<__int128
 // Largest finite value of a float dtype, as a double.
 template <DType T> inline double max_finite() {
   if constexpr (T == DType::kF64) return std::numeric_limits<double>::max();
+  else if constexpr (T == DType::kF8E8M0) return 0x1p127;
   else if constexpr (T == DType::kF32) return std::numeric_limits<float>::max();
   else return decode_narrow(narrow_fmt<T>()->max_finite(), *narrow_fmt<T>());
 }
 template <DType T> inline int significand_bits() {
   if constexpr (T == DType::kF64) return 53;
+  else if constexpr (T == DType::kF8E8M0) return 1;
   else if constexpr (T == DType::kF32) return 24;
   else return narrow_fmt<T>()->mb + 1;
 }
@@ -85,6 +111,9 @@ template <DType T> inline Enc store_float(uint8_t* p, double d) {
   Enc enc = Enc::kOk;
   if constexpr (T == DType::kF64) {
     store<T>(p, d);
+  } else if constexpr (T == DType::kF8E8M0) {
+    if (!std::isnan(d)) enc = encode_e8m0(d, p);
+    else *p = 0xFF;
   } else if constexpr (T == DType::kF32) {
     if (std::isnan(d)) { store<T>(p, f64_nan_to_f32(d)); return enc; }
     const float f = static_cast<float>(d);
@@ -100,6 +129,9 @@ template <DType T> inline Enc store_float(uint8_t* p, double d) {
 template <DType T> inline void store_saturated(uint8_t* p, bool negative) {
   if constexpr (T == DType::kF64 || T == DType::kF32) {
     store<T>(p, negative ? -std::numeric_limits<typename Tr<T>::S>::max() : std::numeric_limits<typename Tr<T>::S>::max());
+  } else if constexpr (T == DType::kF8E8M0) {
+    (void)negative;
+    store<T>(p, uint8_t{254});
   } else {
     const NarrowFmt& f = *narrow_fmt<T>();
     store<T>(p, static_cast<typename Tr<T>::S>((negative ? f.sign_bit() : 0) | f.max_finite()));
@@ -138,9 +170,12 @@ CKPT_SCALAR_INLINE void cast_float_element(const uint8_t* s, uint8_t* d, int64_t
       (void)store_float<T>(d, v);
       return;
     }
-    if (store_float<T>(d, v) == Enc::kOverflow) {
+    const Enc enc = store_float<T>(d, v);
+    if (enc == Enc::kOverflow) {
       note_overflow(c, idx, v);
       if (sat) store_saturated<T>(d, std::signbit(v));
+    } else if (enc == Enc::kUnrepresentable) {
+      note_inexact(c, idx, v);
     }
   } else {  // float -> integer or bool: exact or an error
     using S = typename Tr<T>::S;
@@ -208,9 +243,12 @@ CKPT_SCALAR_INLINE void cast_int_element(const uint8_t* s, uint8_t* d, int64_t i
       (void)store_float<T>(d, dv);
       return;
     }
-    if (store_float<T>(d, dv) == Enc::kOverflow) {  // max finite rounding boundary
+    const Enc enc = store_float<T>(d, dv);
+    if (enc == Enc::kOverflow) {  // max finite rounding boundary
       note_overflow(c, idx, dv);
       if (sat) store_saturated<T>(d, neg);
+    } else if (enc == Enc::kUnrepresentable) {  // zero or negative into F8_E8M0
+      note_inexact(c, idx, dv);
     }
   } else {
     using S = typename Tr<T>::S;
@@ -269,6 +307,8 @@ BlockFn block_fn_to(DType to) {
     case DType::kF64: return cast_block<F, DType::kF64>;
     case DType::kF8E4M3: return cast_block<F, DType::kF8E4M3>;
     case DType::kF8E5M2: return cast_block<F, DType::kF8E5M2>;
+    case DType::kF8E8M0: return cast_block<F, DType::kF8E8M0>;
+    case DType::kF4: return nullptr;  // packed pairs: f4_unpack / f4_pack
   }
   return nullptr;
 }
@@ -292,6 +332,8 @@ BlockFn block_fn(DType from, DType to) {
     case DType::kF64: return block_fn_to<DType::kF64>(to);
     case DType::kF8E4M3: return block_fn_to<DType::kF8E4M3>(to);
     case DType::kF8E5M2: return block_fn_to<DType::kF8E5M2>(to);
+    case DType::kF8E8M0: return block_fn_to<DType::kF8E8M0>(to);
+    case DType::kF4: return nullptr;
   }
   return nullptr;
 }
@@ -304,6 +346,7 @@ void count_nans(DType t, const uint8_t* src, size_t n, Counters& c) {
     case DType::kF64: count_nans_of<DType::kF64>(src, n, c); break;
     case DType::kF8E4M3: count_nans_of<DType::kF8E4M3>(src, n, c); break;
     case DType::kF8E5M2: count_nans_of<DType::kF8E5M2>(src, n, c); break;
+    case DType::kF8E8M0: count_nans_of<DType::kF8E8M0>(src, n, c); break;
     default: break;
   }
 }
@@ -316,6 +359,8 @@ double max_finite_of(DType t) {
     case DType::kF64: return max_finite<DType::kF64>();
     case DType::kF8E4M3: return max_finite<DType::kF8E4M3>();
     case DType::kF8E5M2: return max_finite<DType::kF8E5M2>();
+    case DType::kF8E8M0: return max_finite<DType::kF8E8M0>();
+    case DType::kF4: return 6.0;
     default: return 0;
   }
 }

@@ -20,7 +20,8 @@ constexpr std::array<DTypeInfo, kNumDTypes> kInfo = {{
     {DType::kU64, "U64", 8, false},   {DType::kF16, "F16", 2, true},
     {DType::kBF16, "BF16", 2, true},  {DType::kF32, "F32", 4, true},
     {DType::kF64, "F64", 8, true},    {DType::kF8E4M3, "F8_E4M3", 1, true},
-    {DType::kF8E5M2, "F8_E5M2", 1, true},
+    {DType::kF8E5M2, "F8_E5M2", 1, true},  {DType::kF8E8M0, "F8_E8M0", 1, true},
+    {DType::kF4, "F4", 1, true},  // a packed pair of E2M1 values (dtype.h)
 }};
 }  // namespace
 

@@ -16,15 +16,29 @@ namespace ckpt {
 enum class DType : uint8_t {
   kBool, kU8, kI8, kI16, kU16, kI32, kU32, kI64, kU64,
   kF16, kBF16, kF32, kF64, kF8E4M3, kF8E5M2,
+  kF8E8M0,  // float8_e8m0fnu: a power of two 2^(b-127), b = 0..254; 0xFF is NaN; no sign, zero or Inf
+  kF4,      // float4_e2m1fn, TWO per byte: see "F4" below
 };
-inline constexpr int kNumDTypes = 15;
+inline constexpr int kNumDTypes = 17;
 
-// Safetensors spelling: "BOOL", "U8", ..., "F8_E4M3", "F8_E5M2".
+// F4 (E2M1: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no Inf, no NaN) packs two values per byte, the first in
+// the low nibble (safetensors' "F4", torch.float4_e2m1fn_x2, gpt-oss's MXFP4 blocks). Inside ckpt an
+// F4 *element* is that byte, a packed pair, as torch.float4_e2m1fn_x2 counts it: an F4 tensor's shape
+// counts pairs along its last dimension, dtype_size(kF4) == 1, and every byte, box and region
+// computation of the engine stays exact (no box can split a byte). Only the edges see single values:
+// the safetensors header (its F4 shapes count values; an odd last dimension is F4OddLastDim there),
+// f4_unpack / f4_pack below, and the Python module. cast_elements refuses F4 <-> another dtype
+// (F4Packed): a cast would change the element count.
+
+// Safetensors spelling: "BOOL", "U8", ..., "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4".
 std::string_view dtype_name(DType t);
 // Exact, case-sensitive match against the safetensors names; also accepts the lower-case CLI
 // spellings "bf16", "fp16", "fp32", "fp64" when `cli_aliases` is true.
 Result<DType> dtype_from_name(std::string_view name, bool cli_aliases = false);
+// Bytes per element (kF4: 1, a packed pair).
 size_t dtype_size(DType t);
+// Values per element: 2 for kF4, 1 for every other dtype.
+inline int dtype_values_per_element(DType t) { return t == DType::kF4 ? 2 : 1; }
 bool dtype_is_float(DType t);
 
 enum class OverflowPolicy : uint8_t { kError, kSaturate };
@@ -63,6 +77,11 @@ struct CastStats {
 //   on all 65536 patterns) and sets the lowest payload bit if none is left (numpy's f16 rule);
 //   F8_E4M3 has one NaN per sign.
 //   allow_nan == false turns NaN inputs into an error (kOverflow, "CastNaN").
+//   Into F8_E8M0 (positive powers of two): a value m * 2^e (1 <= m < 2) becomes 2^(e+1) when
+//   m >= 1.5, else 2^e (torch's and ml_dtypes' rule: round to nearest on the exponent, ties up);
+//   below 2^-126 values above 2^-127 become 2^-126, the rest 2^-127; beyond 2^127 (and +Inf)
+//   overflows (kSaturate: 2^127); zero and negatives cannot be held: CastInexact (ml_dtypes makes
+//   them NaN, torch drops the sign).
 // - Float -> integer/BOOL: strict, no rounding: a non-integral value is an error (CastInexact,
 //   whatever the policy); NaN is an error (CastNaN); a value out of the target's range (+-Inf
 //   included) overflows (error, or with kSaturate clamped to the target's min/max).
@@ -89,6 +108,20 @@ float f8e5m2_to_f32(uint8_t b);
 // (E5M2), or +-max finite when `saturate`; NaN keeps its sign.
 uint8_t f32_to_f8e4m3(float f, bool saturate = false);
 uint8_t f32_to_f8e5m2(float f, bool saturate = false);
+// F8_E8M0 (float8_e8m0fnu): b == 0xFF is NaN, else 2^(b-127).
+float f8e8m0_to_f32(uint8_t b);
+// F4 (E2M1) value of the low nibble of `nibble`.
+float f4_to_f32(uint8_t nibble);
+
+// F4 <-> other dtypes, one value per output element: unpacks `pairs` bytes of packed F4 into
+// 2 * pairs elements of `to` (exact for every float dtype but F8_E8M0, which refuses zero and
+// negatives), or packs 2 * pairs elements of `from` into `pairs` bytes (rounding to nearest even;
+// beyond +-6 overflows: error, or +-6 with kSaturate, as ml_dtypes does; NaN is always CastNaN:
+// F4 has none). Errors as cast_elements'.
+Status f4_unpack(const uint8_t* src, size_t pairs, void* dst, DType to, const CastOptions& opts = {},
+                 CastStats* stats = nullptr);
+Status f4_pack(const void* src, DType from, size_t pairs, uint8_t* dst, const CastOptions& opts = {},
+               CastStats* stats = nullptr);
 
 // Testing hook: when true, cast_elements uses only its portable loops (no AVX2/F16C kernels), so
 // tests can check both code paths on one machine. Process-wide; thread safe.

@@ -151,6 +151,10 @@ uint16_t f32_to_f16(float f) {
 float f8e4m3_to_f32(uint8_t b) { return static_cast<float>(cd::decode_narrow(b, cd::kFmtE4M3)); }
 float f8e5m2_to_f32(uint8_t b) { return f16_to_f32(static_cast<uint16_t>(b << 8)); }
 
+float f8e8m0_to_f32(uint8_t b) {
+  return b == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, static_cast<int>(b) - 127);
+}
+
 uint8_t f32_to_f8e4m3(float f, bool saturate) {
   const double d = cd::f32_to_f64_exact(f);
   if (std::isnan(d)) return static_cast<uint8_t>(cd::encode_nan(d, cd::kFmtE4M3));
@@ -177,6 +181,9 @@ Status cast_elements(const void* src_v, DType from, void* dst_v, DType to, size_
     return Status::InvalidArgument("cast_elements: invalid dtype value " +
                                    std::to_string(static_cast<int>(valid_dtype(from) ? to : from)));
   const std::string pair = "cast " + std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to));
+  if (from != to && (from == DType::kF4 || to == DType::kF4))
+    return Status::Error("F4Packed", pair + ": an F4 element is a packed pair of values, so this cast would change the "
+                                            "element count; unpack or pack with f4_unpack / f4_pack (formats/dtype/dtype.h)");
   const auto in_bytes = checked_mul(uint64_t{n}, uint64_t{dtype_size(from)});
   const auto out_bytes = checked_mul(uint64_t{n}, uint64_t{dtype_size(to)});
   if (!in_bytes || !out_bytes || n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))

@@ -39,7 +39,7 @@ inline constexpr NarrowFmt kFmtBF16{8, 7, false};
 inline constexpr NarrowFmt kFmtE4M3{4, 3, true};
 inline constexpr NarrowFmt kFmtE5M2{5, 2, false};
 
-enum class Enc : uint8_t { kOk, kOverflow };
+enum class Enc : uint8_t { kOk, kOverflow, kUnrepresentable };  // kUnrepresentable: zero/negative into F8_E8M0
 
 // Rounds a non-NaN double once, to nearest even, into `f`. Returns the bits (without saturation:
 // overflow gives the Inf pattern for IEEE-like formats, or the NaN pattern for fn formats) and

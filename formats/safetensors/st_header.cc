@@ -19,7 +19,7 @@ Status err(const char* code, const std::string& msg) { return Status::Error(code
 
 // Names the reference knows that ckpt does not handle (yet): valid files, refused as unsupported.
 bool reference_only_dtype(std::string_view n) {
-  static const char* kNames[] = {"C64", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2"};
+  static const char* kNames[] = {"C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2"};
   for (const char* k : kNames)
     if (n == k) return true;
   return false;
@@ -231,7 +231,7 @@ Result<Header> parse_header(std::string_view js, uint64_t file_size) {
     return a.name < b.name;
   });
   uint64_t start = 0;
-  for (const auto& t : h.tensors) {
+  for (auto& t : h.tensors) {
     if (t.begin != start || t.end < t.begin) {
       std::string why = t.end < t.begin ? "end is before begin"
                         : t.begin > start ? "gap: expected begin " + std::to_string(start)
@@ -240,6 +240,13 @@ Result<Header> parse_header(std::string_view js, uint64_t file_size) {
                                       std::to_string(t.end) + "]: " + why).with_tensor(t.name);
     }
     start = t.end;
+    if (t.dtype == DType::kF4) {  // the header counts values; ckpt counts packed pairs (formats/dtype/dtype.h)
+      if (t.shape.empty() || t.shape.back() % 2 != 0)
+        return Status::Error("F4OddLastDim", "safetensors: tensor '" + t.name + "' (F4 " + shape_to_string(t.shape) +
+                                                 "): ckpt holds F4 as packed pairs along the last dimension, which must be even")
+            .with_tensor(t.name);
+      t.shape.back() /= 2;
+    }
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       auto m = checked_mul(numel, static_cast<uint64_t>(d));
@@ -274,20 +281,22 @@ Result<Header> parse_file_bytes(const uint8_t* data, size_t size) {
 int dtype_write_rank(DType t) {
   switch (t) {
     case DType::kBool: return 0;
-    case DType::kU8: return 1;
-    case DType::kI8: return 2;
-    case DType::kF8E5M2: return 3;
-    case DType::kF8E4M3: return 4;
-    case DType::kI16: return 5;
-    case DType::kU16: return 6;
-    case DType::kF16: return 7;
-    case DType::kBF16: return 8;
-    case DType::kI32: return 9;
-    case DType::kU32: return 10;
-    case DType::kF32: return 11;
-    case DType::kF64: return 12;
-    case DType::kI64: return 13;
-    case DType::kU64: return 14;
+    case DType::kF4: return 1;
+    case DType::kU8: return 2;
+    case DType::kI8: return 3;
+    case DType::kF8E5M2: return 4;
+    case DType::kF8E4M3: return 5;
+    case DType::kF8E8M0: return 6;
+    case DType::kI16: return 7;
+    case DType::kU16: return 8;
+    case DType::kF16: return 9;
+    case DType::kBF16: return 10;
+    case DType::kI32: return 11;
+    case DType::kU32: return 12;
+    case DType::kF32: return 13;
+    case DType::kF64: return 14;
+    case DType::kI64: return 15;
+    case DType::kU64: return 16;
   }
   return 0;
 }
@@ -352,7 +361,12 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors, const std::m
     t.end = *end;
     off = *end;
     j += (first ? "" : ",") + json_quote(t.name) + ":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[";
-    for (size_t d = 0; d < t.shape.size(); ++d) j += (d ? "," : "") + std::to_string(t.shape[d]);
+    if (t.dtype == DType::kF4 && t.shape.empty())
+      return Status::Error("F4OddLastDim", "safetensors: F4 tensor '" + t.name + "' has no dimension to pack pairs along");
+    for (size_t d = 0; d < t.shape.size(); ++d) {  // F4: values, twice the packed pairs of the last dimension
+      const int64_t v = (t.dtype == DType::kF4 && d + 1 == t.shape.size()) ? 2 * t.shape[d] : t.shape[d];
+      j += (d ? "," : "") + std::to_string(v);
+    }
     j += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
     first = false;
   }

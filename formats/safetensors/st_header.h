@@ -51,7 +51,11 @@ Result<Header> parse_header(std::string_view json, uint64_t file_size);
 Result<Header> parse_file_bytes(const uint8_t* data, size_t size);
 
 // Reference write order: dtype rank descending (U64 I64 F64 F32 U32 I32 BF16 F16 U16 I16
-// F8_E4M3 F8_E5M2 I8 U8 BOOL), then name (bytewise).
+// F8_E8M0 F8_E4M3 F8_E5M2 I8 U8 F4 BOOL), then name (bytewise).
+//
+// F4: the header's shape counts values (two per byte); TensorEntry::shape counts packed pairs
+// (formats/dtype/dtype.h): parse_header halves the last dimension (odd or no dimension:
+// F4OddLastDim), build_header doubles it.
 int dtype_write_rank(DType t);
 
 // Assigns data_offsets in reference write order and returns the header bytes, padded with spaces

@@ -99,6 +99,14 @@ Result<DigestValue> digest_field(const json& j, int version, const std::string& 
   if (!is_digest_hex(DigestAlgo::kSha256, hex)) return bad(where + ": sha256 must be 64 lower-case hex digits");
   return DigestValue{DigestAlgo::kSha256, hex};
 }
+// F8_E8M0 and F4 came with version 4 (manifest.h).
+bool dtype_in_version(DType t, int version) {
+  return version >= kFirstLowPrecisionVersion || (t != DType::kF8E8M0 && t != DType::kF4);
+}
+std::string version_note(const Result<DType>& d, int version) {
+  if (!d.ok()) return "";
+  return " in a version " + std::to_string(version) + " manifest (it came with version " + std::to_string(kFirstLowPrecisionVersion) + ")";
+}
 }  // namespace
 
 Result<PieceRecord> piece_record_from_json(const json& j, int version) {
@@ -110,7 +118,8 @@ Result<PieceRecord> piece_record_from_json(const json& j, int version) {
   CKPT_ASSIGN_OR_RETURN(r.dataset, str_field(j, "dataset", where));
   CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(j, "dtype", where));
   auto d = dtype_from_name(dt);
-  if (!d.ok()) return Status::Error("UnknownDType", where + ": unknown dtype '" + dt + "'").with_tensor(r.piece.tensor);
+  if (!d.ok() || !dtype_in_version(*d, version))
+    return Status::Error("UnknownDType", where + ": unknown dtype '" + dt + "'" + version_note(d, version)).with_tensor(r.piece.tensor);
   r.piece.dtype = *d;
   auto rit = j.find("region");
   if (rit == j.end() || !rit->is_object()) return bad(where + ": field 'region' missing or not an object");
@@ -220,7 +229,9 @@ Result<Manifest> manifest_from_json(json& j) {
     CKPT_ASSIGN_OR_RETURN(meta.name, str_field(t, "name", "tensor"));
     CKPT_ASSIGN_OR_RETURN(std::string dt, str_field(t, "dtype", "tensor '" + meta.name + "'"));
     auto d = dtype_from_name(dt);
-    if (!d.ok()) return Status::Error("UnknownDType", "tensor '" + meta.name + "': unknown dtype '" + dt + "'").with_tensor(meta.name);
+    if (!d.ok() || !dtype_in_version(*d, m.version))
+      return Status::Error("UnknownDType", "tensor '" + meta.name + "': unknown dtype '" + dt + "'" + version_note(d, m.version))
+          .with_tensor(meta.name);
     meta.dtype = *d;
     auto sit = t.find("shape");
     if (sit == t.end()) return bad("tensor '" + meta.name + "': field 'shape' missing");

@@ -27,7 +27,10 @@
 namespace ckpt::store {
 
 inline constexpr const char* kFormatName = "ckpt-native";
-inline constexpr int kFormatVersion = 3;          // the version every writer writes
+inline constexpr int kFormatVersion = 4;          // the version every writer writes
+// Version 4 is version 3 plus the dtypes F8_E8M0 and F4 (an F4 shape counts packed pairs along its
+// last dimension, formats/dtype/dtype.h); a version 1-3 manifest naming them is UnknownDType.
+inline constexpr int kFirstLowPrecisionVersion = 4;
 inline constexpr int kOldestReadableVersion = 1;  // readers accept kOldestReadableVersion..kFormatVersion
 inline constexpr uint64_t kMaxManifestBytes = kManifestJsonLimits.max_bytes;  // larger manifests are refused
 inline constexpr size_t kMaxRank = 32;                      // dimensions of a tensor
@@ -52,7 +55,7 @@ struct PieceRecord {
 };
 
 struct Manifest {
-  int version = kFormatVersion;  // as read (1, 2 or 3); manifest_to_json always writes kFormatVersion
+  int version = kFormatVersion;  // as read (1 to 4); manifest_to_json always writes kFormatVersion
   // The manifest checksum: as read and checked (version 3; empty hex for 1 and 2); its algorithm
   // is the one manifest_to_json writes with (StoreWriter::finalize: the pieces' algorithm).
   DigestValue manifest_digest;

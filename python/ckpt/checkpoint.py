@@ -22,7 +22,10 @@ import numpy as np
 
 from . import _ckpt
 
-_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+# F4 (E2M1) is held two values per byte, as torch.float4_e2m1fn_x2 counts it: numpy sees the packed
+# bytes (uint8, the last dimension counting pairs); unpack_f4 gives ml_dtypes.float4_e2m1fn values.
+_PACKED_DTYPES = {"float4_e2m1fn_x2": "uint8"}
 _OPTIMIZER_PREFIX = "optimizer."
 
 
@@ -39,6 +42,8 @@ def numpy_dtype(name) -> np.dtype:
     if not isinstance(name, str):
         return np.dtype(name)
     name = _ckpt._dtype_name(name)
+    if name in _PACKED_DTYPES:
+        return np.dtype(_PACKED_DTYPES[name])
     if name in _ML_DTYPES:
         import ml_dtypes
         return np.dtype(getattr(ml_dtypes, name))
@@ -129,9 +134,26 @@ def to_torch(arr: np.ndarray):
     name = arr.dtype.name
     if name == "bfloat16":
         return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
-    if name in ("float8_e4m3fn", "float8_e5m2"):
+    if name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
         return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, name))
     return torch.from_numpy(arr)
+
+
+def unpack_f4(packed: np.ndarray) -> np.ndarray:
+    """F4 bytes (ckpt's and torch's float4_e2m1fn_x2: two E2M1 values per byte, the first in the low
+    nibble) as ml_dtypes.float4_e2m1fn values, the last dimension twice as long."""
+    import ml_dtypes
+    b = np.ascontiguousarray(packed).view(np.uint8)
+    out = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], 2 * b.shape[-1]) if b.ndim else b
+    return out.view(ml_dtypes.float4_e2m1fn)
+
+
+def pack_f4(values: np.ndarray) -> np.ndarray:
+    """ml_dtypes.float4_e2m1fn values (last dimension even) packed two per byte, the first in the low nibble."""
+    v = np.ascontiguousarray(values).view(np.uint8) & 0xF
+    if v.ndim == 0 or v.shape[-1] % 2:
+        raise _invalid(f"pack_f4: the last dimension must be even, got shape {tuple(v.shape)}")
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)
 
 
 def _finish(arr, framework):

@@ -157,7 +157,7 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
 
 def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: Size = "5GB", threads: int = 2,
           max_memory: Size = "256M", io: str = "auto", fsync: bool = True, verify_source: bool = True,
-          progress: Progress = None) -> Dict[str, Any]:
+          keep_quantized: bool = False, quantize: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
     """Exports a checkpoint's model weights (any kind, any layout) as a HuggingFace directory
     ``out``: safetensors shards of at most ``max_shard_size``, the index when sharded,
     config.json and tokenizer files carried in the checkpoint. ``dtype``: cast float weights to
@@ -166,9 +166,14 @@ def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: 
     SRC is checked by its format's own checks before anything is committed, unless
     ``verify_source`` is False.
 
-    Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory, source_check}``."""
+    A quantized SRC (block / per-tensor FP8, MXFP4; docs/QUANTIZATION.md) is dequantized into
+    ``dtype`` (bf16 when None) unless ``keep_quantized``; ``quantize="fp8-block[:RxC]"`` writes the
+    linear weights as block-scaled FP8.
+
+    Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory, source_check, quantization}``."""
     opts = {"dtype": dtype or "", "max_shard_size": _size(max_shard_size, "max_shard_size"), "threads": threads,
-            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync, "verify_source": verify_source}
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync, "verify_source": verify_source,
+            "keep_quantized": keep_quantized, "quantize": quantize or ""}
     return _ckpt._to_hf(_path(src), _path(out), opts, progress)
 
 

@@ -44,7 +44,7 @@ def cast(arr: np.ndarray, frm: str, to: str, *flags, tmp_path):
 
 
 RAW = {"F64": np.uint64, "F32": np.uint32, "F16": np.uint16, "BF16": np.uint16,
-       "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "I64": np.int64, "I32": np.int32,
+       "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8, "F4": np.uint8, "I64": np.int64, "I32": np.int32,
        "I16": np.int16, "I8": np.int8, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32,
        "U64": np.uint64, "BOOL": np.uint8}
 ISA_MODES = [(), ("--portable",)]

@@ -183,7 +183,7 @@ def test_verify_reports_flipped_bit(tmp_path, native):
     good = ckpt.verify(src)
     man = json.loads((src / "manifest.json").read_text())
     assert good["ok"] and good["checksums"] and good["pieces"] == len(man["pieces"]) and good["failures"] == []
-    assert good["digests"] == ["xxh3-128"] and good["format"] == "ckpt-native v3"
+    assert good["digests"] == ["xxh3-128"] and good["format"] == "ckpt-native v4"
     bad = tmp_path / "bad"
     shutil.copytree(src, bad)
     idx = next(i for i, p in enumerate(man["pieces"]) if p["tensor"] == "model.layers.2.mlp.up_proj.weight")

@@ -106,7 +106,7 @@ def test_verify_bad_manifest(run_ckpt, clean_store, tmp_path, edit, code, rc):
     man = json.loads((dst / "manifest.json").read_text())
     emb = [p for p in man["pieces"] if p["tensor"] == "model.embed_tokens.weight"]
     if edit == "version":
-        man["version"] = 4
+        man["version"] = 5
     elif edit == "unknown_digest":
         emb[0]["digest"] = "blake3:" + "0" * 64
     elif edit == "v1_field":  # version 2 records "digest", not version 1's "sha256"

@@ -29,7 +29,7 @@ def algos(ckpt):
     """The set of digest algorithms of `ckpt`'s pieces; read_native raises if any digest differs
     from Python's hash of the bytes h5py reads."""
     man, _, _ = read_native(ckpt)
-    assert man["version"] == 3
+    assert man["version"] == 4
     return {p["digest"].split(":")[0] for p in man["pieces"]}
 
 

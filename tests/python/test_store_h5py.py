@@ -78,7 +78,7 @@ def test_h5py_reads_ckpt_shards(tool, run_ckpt, tmp_path, codec, digest):
     sources = make_sources(rng)
     dst = write_with_tool(tool, tmp_path, sources, codec, digest=digest)
     man, got, filters = read_native(dst)  # raises if a digest differs from Python's
-    assert man["version"] == 3
+    assert man["version"] == 4
     with h5py.File(dst / man["pieces"][0]["file"], "r") as f:  # and checked here too, explicitly
         for p in (q for q in man["pieces"] if q["file"] == man["pieces"][0]["file"]):
             raw = np.ascontiguousarray(f[p["dataset"]][...]).tobytes()

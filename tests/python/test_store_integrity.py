@@ -98,7 +98,7 @@ def test_lowered_layout_size_is_named_by_reshard_and_verify(run_ckpt, native, tm
 
 def test_written_manifest_is_v3_sealed_over_its_canonical_text(native):
     man = json.loads((native / "manifest.json").read_text())
-    assert man["version"] == 3
+    assert man["version"] == 4
     assert man["manifest_digest"] == manifest_digest(man, "xxh3-128")  # Python's json + xxhash
     read_native(native)  # and every piece digest
 
@@ -199,7 +199,7 @@ def test_v2_fixture_is_genuine_v2_reads_and_verifies(run_ckpt):
 
 def test_v2_fixture_reshards_to_v3_with_equal_values(v3_bf16, run_ckpt):
     man = json.loads((v3_bf16 / "manifest.json").read_text())
-    assert man["version"] == 3 and man["manifest_digest"] == manifest_digest(man)
+    assert man["version"] == 4 and man["manifest_digest"] == manifest_digest(man)
     _, a, _ = read_native(V2)
     _, b, _ = read_native(v3_bf16)
     assert a.keys() == b.keys()

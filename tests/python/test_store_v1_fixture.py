@@ -56,7 +56,7 @@ def test_v1_reshards_to_v3_and_resumes(run_ckpt, tmp_path):
     out = tmp_path / "tp2"
     run_ckpt("reshard", V1, out, "--tp", 2, "--pp", 2, "--dp", 1)
     man = json.loads((out / "manifest.json").read_text())
-    assert man["version"] == 3 and all(p["digest"].startswith("xxh3-128:") for p in man["pieces"])
+    assert man["version"] == 4 and all(p["digest"].startswith("xxh3-128:") for p in man["pieces"])
     _, a, _ = read_native(V1)
     _, b, _ = read_native(out)
     assert a.keys() == b.keys()

@@ -1,6 +1,6 @@
 // cast_tool: runs ckpt::cast_elements over a raw file, for tests/python/test_casts.py and test_casts_int.py.
 //   cast_tool FROM TO IN OUT [--saturate] [--no-nan] [--portable]
-// FROM/TO are safetensors dtype names (F32, BF16, F8_E4M3, ...). IN holds raw little-endian
+// FROM/TO are safetensors dtype names (F32, BF16, F8_E4M3, F8_E8M0, F4 (packed pairs: f4_unpack / f4_pack), ...). IN holds raw little-endian
 // elements. Writes OUT (via OUT.tmp + rename) even when the cast reports an error, and prints one
 // JSON line of stats: {"ok":..,"code":..,"overflowed":..,"nans":..,"inexact":..,
 // "invalid_bool":..,"first_bad":..}. Exit: 0 ok, 3 the cast failed (message on stderr),
@@ -43,10 +43,17 @@ int main(int argc, char** argv) {
   if (src.size() % fs != 0)
     return usage(("input size " + std::to_string(src.size()) + " is not a multiple of " +
                   std::to_string(fs)).c_str());
-  const size_t n = src.size() / fs;
-  std::vector<char> dst(n * ts);  // [n] elements of TO
+  size_t n = src.size() / fs;
+  // F4 holds two values per byte: FROM F4 unpacks (2n values), TO F4 packs (n must be even).
+  const bool unpack = *from == ckpt::DType::kF4 && *to != ckpt::DType::kF4, pack = *to == ckpt::DType::kF4 && *from != ckpt::DType::kF4;
+  if (pack && n % 2 != 0) return usage("packing into F4 takes an even number of values");
+  std::vector<char> dst(unpack ? 2 * n * ts : pack ? n / 2 : n * ts);  // [n] elements of TO (F4: pairs)
   ckpt::CastStats stats;
-  ckpt::Status st = ckpt::cast_elements(src.data(), *from, dst.data(), *to, n, opts, &stats);
+  const auto* s8 = reinterpret_cast<const uint8_t*>(src.data());
+  auto* d8 = reinterpret_cast<uint8_t*>(dst.data());
+  ckpt::Status st = unpack ? ckpt::f4_unpack(s8, n, d8, *to, opts, &stats)
+                    : pack ? ckpt::f4_pack(s8, *from, n / 2, d8, opts, &stats)
+                           : ckpt::cast_elements(src.data(), *from, dst.data(), *to, n, opts, &stats);
   const std::string tmp = std::string(argv[4]) + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

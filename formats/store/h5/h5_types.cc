@@ -9,7 +9,9 @@ hid_t h5_type_for(DType t) {
     case DType::kBool:
     case DType::kU8:
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return H5T_STD_U8LE;
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+    case DType::kF4: return H5T_STD_U8LE;  // a packed pair of E2M1 values per byte
     case DType::kI8: return H5T_STD_I8LE;
     case DType::kI16: return H5T_STD_I16LE;
     case DType::kU16:

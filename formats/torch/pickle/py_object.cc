@@ -62,6 +62,8 @@ constexpr TorchDTypeNames kTorchDTypes[] = {
     {DType::kF64, "float64", "DoubleStorage"},
     {DType::kF8E4M3, "float8_e4m3fn", nullptr},
     {DType::kF8E5M2, "float8_e5m2", nullptr},
+    {DType::kF8E8M0, "float8_e8m0fnu", nullptr},
+    {DType::kF4, "float4_e2m1fn_x2", nullptr},  // torch's packed pair, as ckpt's F4 element
 };
 
 // Aliases torch also accepts as attribute names of the same dtype objects (torch.float is

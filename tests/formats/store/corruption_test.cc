@@ -17,7 +17,7 @@ namespace corruption_test {
 TEST_P(Corruption, CleanStoreVerifies) {
   auto dst = write("clean");
   const json m = manifest(dst);
-  EXPECT_EQ(m["version"], 3);
+  EXPECT_EQ(m["version"], ckpt::store::kFormatVersion);
   EXPECT_EQ(m["manifest_digest"].get<std::string>().rfind(std::string(digest_algo_name(GetParam())) + ":", 0), 0u) << m.dump();
   const std::string prefix = std::string(digest_algo_name(GetParam())) + ":";
   for (const auto& p : m["pieces"]) EXPECT_EQ(p["digest"].get<std::string>().rfind(prefix, 0), 0u) << p.dump();
@@ -26,7 +26,7 @@ TEST_P(Corruption, CleanStoreVerifies) {
   EXPECT_TRUE((*r)->verify().ok());
   std::string out;
   EXPECT_EQ(ckpt_verify(dst, &out), 0);
-  EXPECT_NE(out.find("ckpt-native v3"), std::string::npos) << out;
+  EXPECT_NE(out.find("ckpt-native v4"), std::string::npos) << out;
   EXPECT_NE(out.find(std::string("checked (") + digest_algo_name(GetParam()) + ")"), std::string::npos) << out;
 }
 

@@ -60,7 +60,7 @@ TEST(Manifest, InvalidJson) {
 }
 
 TEST(Manifest, UnknownVersion) {
-  for (int v : {0, 4, -1}) {
+  for (int v : {0, 5, -1}) {
     json j = good();
     j["version"] = v;
     EXPECT_EQ(check(j).code(), "UnsupportedVersion") << v;
@@ -89,9 +89,9 @@ TEST(Manifest, Version1Sha256IsReadAsSha256Digest) {
   EXPECT_EQ(m->version, 1);
   EXPECT_EQ(m->pieces[0].digest.algo, DigestAlgo::kSha256);
   EXPECT_EQ(m->pieces[0].digest.hex, std::string(64, 'b'));
-  // Written back, it is a version 3 manifest with "digest": "sha256:<hex>".
+  // Written back, it is a version 4 manifest with "digest": "sha256:<hex>".
   json out = manifest_to_json(*m);
-  EXPECT_EQ(out["version"], 3);
+  EXPECT_EQ(out["version"], kFormatVersion);
   EXPECT_EQ(out["pieces"][0]["digest"], "sha256:" + std::string(64, 'b'));
   EXPECT_FALSE(out["pieces"][0].contains("sha256"));
   auto again = parse_manifest(out.dump());
@@ -337,14 +337,14 @@ TEST(ManifestChecksum, CanonicalTextIsSortedCompactAndOmitsTheChecksum) {
 
 TEST(ManifestChecksum, WriterSealsVersion3WithTheDigestOfTheCanonicalText) {
   const json out = sealed();
-  EXPECT_EQ(out["version"], 3);
+  EXPECT_EQ(out["version"], kFormatVersion);
   ASSERT_TRUE(out.contains("manifest_digest"));
   json rest = out;
   rest.erase("manifest_digest");
   EXPECT_EQ(out["manifest_digest"], "xxh3-128:" + xxh3_hex(rest.dump()));
   auto back = parse_manifest(out.dump(1));  // whitespace is not part of the canonical text
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->version, 3);
+  EXPECT_EQ(back->version, kFormatVersion);
   EXPECT_EQ(back->manifest_digest.to_string(), out["manifest_digest"]);
   EXPECT_TRUE(validate_manifest(*back).ok());
   EXPECT_FALSE(back->metadata.contains("manifest_digest"));  // a format key, not metadata
@@ -416,7 +416,7 @@ TEST(ManifestChecksum, NotAllowedBeforeVersion3) {
 
 TEST(ManifestChecksum, VersionIsCheckedFirstAndRulesStillApplyToSealedManifests) {
   json j = sealed();
-  j["version"] = 4;  // an unknown version is not judged by this version's checksum
+  j["version"] = 5;  // an unknown version is not judged by this version's checksum
   EXPECT_EQ(parse_manifest(j.dump()).status().code(), "UnsupportedVersion");
   // A sealed manifest that breaks a structural rule (a writer's bug) is still refused by the rule.
   auto m = parse_manifest(good().dump());
