@@ -1,5 +1,6 @@
 #include "converters/hf/hf_moe_names.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <utility>
@@ -71,6 +72,7 @@ class ImportBuilder {
   Status experts(const TensorMeta& want, const std::string& prefix, const std::string& proj) {
     const Shape& w = want.shape;
     const int64_t E = w[0];
+    if (find(want.name)) return whole(want, want.name, "stacked experts");  // a source already in the canonical view
     if (const TensorMeta* gu = find(prefix + "mlp.experts.gate_up_proj"); gu && proj != "down_proj") {
       const Shape fused{E, 2 * w[1], w[2]};
       if (gu->shape != fused) return moe_shape_mismatch(gu->name, gu->shape, fused);
@@ -135,10 +137,28 @@ Result<HfAliases> hf_moe_import_aliases(const LlamaConfig& c, const std::vector<
       const std::string proj = suffix.substr(8, suffix.size() - 8 - 7);  // experts.<proj>.weight
       CKPT_RETURN_IF_ERROR(b.experts(want, prefix, proj));
     } else {
-      CKPT_RETURN_IF_ERROR(b.whole(want, hf_single_name(c, prefix, suffix, has_block_sparse), "required by config.json"));
+      const bool canonical = std::any_of(src.begin(), src.end(), [&](const TensorMeta& t) { return t.name == want.name; });
+      CKPT_RETURN_IF_ERROR(b.whole(want, canonical ? want.name : hf_single_name(c, prefix, suffix, has_block_sparse),
+                                   "required by config.json"));
     }
   }
   return b.take();
+}
+
+Result<std::unique_ptr<TensorSource>> hf_moe_canonical_source(std::unique_ptr<TensorSource> src) {
+  const nlohmann::json& md = src->metadata();
+  if (!md.is_object() || !md.contains("model_config")) return src;
+  auto cfg = LlamaConfig::from_json(md["model_config"]);
+  if (!cfg.ok() || !cfg->moe) return src;
+  auto al = hf_moe_import_aliases(*cfg, llama_model_tensors(*cfg, cfg->dtype), src->tensors());
+  if (!al.ok()) return src;
+  std::vector<TensorMeta> tensors = std::move(al->tensors);
+  for (const auto& t : src->tensors())  // tensors the aliases do not read stay as they are (inv_freq, ...)
+    if (!al->used.count(t.name)) {
+      tensors.push_back(t);
+      al->aliases.push_back(TensorAlias{t.name, Box::whole(t.shape), t.name, Box::whole(t.shape)});
+    }
+  return make_alias_view(std::move(src), std::move(tensors), std::move(al->aliases));
 }
 
 HfAliases hf_moe_export_aliases(const LlamaConfig& c, const std::vector<TensorMeta>& canonical) {

@@ -34,4 +34,10 @@ Result<HfAliases> hf_moe_import_aliases(const LlamaConfig& c, const std::vector<
 // `canonical`: the store's model tensors in canonical order (names, shapes, stored dtypes).
 HfAliases hf_moe_export_aliases(const LlamaConfig& c, const std::vector<TensorMeta>& canonical);
 
+// An HF source (directory or file) of an MoE family seen as the canonical tensors (the stacked
+// experts), so that every command reads it as it reads a native store; `src` itself when its config
+// is no MoE family, or when its tensors do not map (the command that needs them then names what is
+// missing, e.g. from-hf's MissingTensor). Errors: the view's (BadAlias; not expected).
+Result<std::unique_ptr<TensorSource>> hf_moe_canonical_source(std::unique_ptr<TensorSource> src);
+
 }  // namespace ckpt

@@ -4,6 +4,7 @@
 
 #include "converters/deepspeed/deepspeed_source.h"
 #include "converters/deepspeed/ds_universal_source.h"
+#include "converters/hf/hf_moe_names.h"
 #include "converters/megatron/dist/megatron_dist_source.h"
 #include "converters/megatron/megatron_dir_source.h"
 #include "converters/megatron/megatron_torch_source.h"
@@ -44,14 +45,15 @@ bool is_dcp(const std::string& p) {
   return fs::is_directory(p, ec) && torch::is_dcp_dir(p);
 }
 
+// An MoE family's HF files open in the canonical view (stacked experts, converters/hf/hf_moe_names.h).
 Result<std::unique_ptr<TensorSource>> open_hf_dir(const std::string& path) {
   CKPT_ASSIGN_OR_RETURN(auto s, safetensors::HfDirSource::open(path));
-  return std::unique_ptr<TensorSource>(std::move(s));
+  return hf_moe_canonical_source(std::unique_ptr<TensorSource>(std::move(s)));
 }
 
 Result<std::unique_ptr<TensorSource>> open_safetensors_file(const std::string& path) {
   CKPT_ASSIGN_OR_RETURN(auto s, safetensors::HfDirSource::open_file(path));
-  return std::unique_ptr<TensorSource>(std::move(s));
+  return hf_moe_canonical_source(std::unique_ptr<TensorSource>(std::move(s)));
 }
 
 Result<std::unique_ptr<TensorSource>> open_store_as_stored(const std::string& path) {

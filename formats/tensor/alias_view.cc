@@ -62,7 +62,8 @@ Box alias_to_src(const AliasMapped& m, const Box& v) {
 
 class AliasView final : public TensorSource {
  public:
-  AliasView(TensorSource& inner, std::vector<TensorMeta> tensors) : inner_(inner), tensors_(std::move(tensors)) {}
+  AliasView(TensorSource& inner, std::vector<TensorMeta> tensors, std::unique_ptr<TensorSource> owned = nullptr)
+      : owned_(std::move(owned)), inner_(inner), tensors_(std::move(tensors)) {}
 
   Status build(std::vector<TensorAlias> aliases);
 
@@ -94,6 +95,7 @@ class AliasView final : public TensorSource {
   uint64_t read_memory(int threads) const override { return inner_.read_memory(threads); }
 
  private:
+  std::unique_ptr<TensorSource> owned_;  // inner_ when the view owns it
   TensorSource& inner_;
   std::vector<TensorMeta> tensors_;
   std::vector<AliasMapped> mapped_;
@@ -151,6 +153,14 @@ Status AliasView::build(std::vector<TensorAlias> aliases) {
 Result<std::unique_ptr<TensorSource>> make_alias_view(TensorSource& inner, std::vector<TensorMeta> tensors,
                                                       std::vector<TensorAlias> aliases) {
   auto view = std::make_unique<AliasView>(inner, std::move(tensors));
+  CKPT_RETURN_IF_ERROR(view->build(std::move(aliases)));
+  return std::unique_ptr<TensorSource>(std::move(view));
+}
+
+Result<std::unique_ptr<TensorSource>> make_alias_view(std::unique_ptr<TensorSource> inner, std::vector<TensorMeta> tensors,
+                                                      std::vector<TensorAlias> aliases) {
+  TensorSource& ref = *inner;
+  auto view = std::make_unique<AliasView>(ref, std::move(tensors), std::move(inner));
   CKPT_RETURN_IF_ERROR(view->build(std::move(aliases)));
   return std::unique_ptr<TensorSource>(std::move(view));
 }

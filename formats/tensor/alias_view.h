@@ -34,5 +34,8 @@ struct TensorAlias {
 // `inner` must outlive the view. `tensors` are the view's tensors, in the view's order.
 Result<std::unique_ptr<TensorSource>> make_alias_view(TensorSource& inner, std::vector<TensorMeta> tensors,
                                                       std::vector<TensorAlias> aliases);
+// The same view owning its inner source.
+Result<std::unique_ptr<TensorSource>> make_alias_view(std::unique_ptr<TensorSource> inner, std::vector<TensorMeta> tensors,
+                                                      std::vector<TensorAlias> aliases);
 
 }  // namespace ckpt

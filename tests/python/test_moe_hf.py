@@ -159,3 +159,15 @@ def test_export_dcp_of_expert_parallel_store_loads_in_torch(run_ckpt, tmp_path):
     dcp.load(sd, checkpoint_id=str(tmp_path / "dcp"))  # the per-expert names of transformers' file
     for k, v in ref.items():
         assert torch.equal(sd[k], v), k
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_command_reads_an_moe_hf_directory_in_the_canonical_view(run_ckpt, tmp_path, family):
+    # both namings are the same checkpoint in global view
+    assert run_ckpt("diff", MOE / family / "legacy", MOE / family / "fused").returncode == 0
+    run_ckpt("reshard", MOE / family / "fused", tmp_path / "r", "--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--etp", "1")
+    run_ckpt("to-hf", tmp_path / "r", tmp_path / "hf", "--no-fsync")
+    _assert_same_tensors(tmp_path / "hf", family)
+    run_ckpt("to-hf", MOE / family / "fused", tmp_path / "hf2", "--no-fsync")  # HF -> HF: fused -> per-expert names
+    _assert_same_tensors(tmp_path / "hf2", family)
+    assert "stacked tensors" in run_ckpt("inspect", MOE / family / "legacy").stdout
