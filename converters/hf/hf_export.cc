@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "converters/model/weight_dtype.h"
 #include "formats/base/checked.h"
 #include "formats/safetensors/st_dir.h"
 #include "reshard/executor.h"
@@ -71,6 +72,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                        ", the model config expects " + shape_to_string(want.shape))
             .with_tensor(want.name);
+      CKPT_RETURN_IF_ERROR(check_float_weight(*it->second, src.describe()));
       DType dt = out_dtype(it->second->dtype, opts.dtype);
       plan.tensors.push_back(TensorMeta{want.name, dt, want.shape});
       out_dtypes.insert(dt);
@@ -95,6 +97,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         plan.skipped.push_back(t.name);
         continue;
       }
+      if (is_weight_name(t.name)) CKPT_RETURN_IF_ERROR(check_float_weight(t, src.describe()));
       plan.tensors.push_back(TensorMeta{t.name, out_dtype(t.dtype, opts.dtype), t.shape});
     }
   }

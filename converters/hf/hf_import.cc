@@ -6,6 +6,7 @@
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
 #include "converters/model/llama_sharding.h"
+#include "converters/model/weight_dtype.h"
 #include "formats/base/checked.h"
 #include "reshard/executor.h"
 #include "reshard/layout/layout.h"
@@ -38,6 +39,7 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     if (it->second->shape != want.shape)
       return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                      ", config.json expects " + shape_to_string(want.shape)).with_tensor(want.name);
+    CKPT_RETURN_IF_ERROR(check_float_weight(*it->second, src.describe()));
     DType dt = opts.dtype && dtype_is_float(it->second->dtype) ? *opts.dtype : it->second->dtype;
     dts.insert(dt);
     plan.tensors.push_back(TensorMeta{want.name, dt, want.shape});

@@ -131,7 +131,8 @@ std::string InspectOutcome::to_text() const {
 }
 
 Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
-  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint_as_stored(req.path));
+  CKPT_ASSIGN_OR_RETURN(auto src, req.source_profile.empty() ? open_checkpoint_as_stored(req.path)
+                                                             : open_checkpoint_in_profile(req.path, req.source_profile));
   const IntegrityInfo integrity = src->integrity();
   const CheckpointKind* kind = detect_checkpoint(req.path);
   const std::string format = !integrity.format.empty() ? integrity.format : kind ? kind->name : "";
