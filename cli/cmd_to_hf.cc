@@ -16,7 +16,7 @@ namespace {
 
 CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
-    std::string src, out, dtype, max_shard = "5GB", source_profile;
+    std::string src, out, dtype, max_shard = "5GB", source_profile, profile;
     StreamFlags stream;
     IoFlags io;
     bool no_fsync = false, json = false, no_verify = false;
@@ -34,6 +34,10 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   add_no_verify_flag(sub, o->no_verify);
   add_source_profile_flag(sub, o->source_profile);
+  sub.add_option("--profile", o->profile,
+                 "write another stack's files: paddlenlp or paddlenlp-fused (what PaddleNLP's from_pretrained loads: llama.* names, [in, out] "
+                 "linears, bf16 as U16, safetensors format np, its config.json; docs/PADDLENLP.md); default hf")
+      ->check(CLI::IsMember({"hf", "paddlenlp", "paddlenlp-fused"}));
   sub.add_flag("--json", o->json, "Print the result as JSON: out, tensors, bytes, config, files, skipped, seconds, memory, source_check");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
@@ -44,6 +48,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
       ToHfRequest req;
       req.src = o->src;
       req.source_profile = o->source_profile;
+      req.profile = o->profile;
       req.out = o->out;
       CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
       CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));

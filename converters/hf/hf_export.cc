@@ -97,7 +97,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         plan.skipped.push_back(t.name);
         continue;
       }
-      if (is_weight_name(t.name)) CKPT_RETURN_IF_ERROR(check_float_weight(t, src.describe()));
+      if (is_weight_name(t.name) && !opts.integer_weights) CKPT_RETURN_IF_ERROR(check_float_weight(t, src.describe()));
       plan.tensors.push_back(TensorMeta{t.name, out_dtype(t.dtype, opts.dtype), t.shape});
     }
   }
@@ -130,6 +130,7 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.read_ahead = opts.read_ahead.get();
   so.write_pool = opts.write_pool.get();
   so.copy_files = plan.copy_files;
+  so.shard_metadata = opts.shard_metadata;
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);

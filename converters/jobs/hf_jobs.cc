@@ -8,6 +8,7 @@
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
 #include "converters/jobs/reshard_job.h"
+#include "converters/paddle/paddlenlp_write.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
@@ -39,6 +40,7 @@ nlohmann::json ToHfOutcome::to_json() const {
           {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
           {"source_check", source_check}, {"io", io}};
   if (!source.is_null()) j["source"] = source;
+  if (!profile.empty()) j["profile"] = profile;
   return j;
 }
 
@@ -64,10 +66,20 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   opts.before_commit = check.before_commit(*src);
   ToHfOutcome out;
   out.source = source_detected_of(*src);
-  auto plan = plan_hf_export(*src, req.src, opts);
+  std::optional<PaddleNlpExport> paddle;  // --profile paddlenlp[-fused]: PaddleNLP's files
+  if (!req.profile.empty() && req.profile != "hf") {
+    CKPT_ASSIGN_OR_RETURN(paddle, paddlenlp_export_view(*src, req.profile, req.dtype));
+    opts.dtype.reset();  // cast by the view
+    opts.shard_metadata = {{"format", "np"}};
+    opts.integer_weights = true;  // bf16 as U16, PaddleNLP's convention
+    out.profile = paddle->profile;
+  }
+  TensorSource& written = paddle ? *paddle->view : *src;
+  auto plan = plan_hf_export(written, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
+  if (paddle) plan->config = paddle->config;
   // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
-  const uint64_t decode = source_decode_reserve(*src, req.threads);
+  const uint64_t decode = source_decode_reserve(written, req.threads);
   uint64_t reserve = kToHfReserveBytes + decode;
   // As reshard's store writer (fit_copy_io): copied file ranges read direct and ahead through one
   // SourceBlocks with --io direct, and with auto when the source is cold (mapped reads of it fill
@@ -81,9 +93,9 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
     reserve += fit.bytes;
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
-  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
+  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, written, plan->pieces, reserve);
   out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
-  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  CKPT_RETURN_IF_ERROR(run_hf_export(written, *plan, req.out, opts));
   out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());
   out.out = req.out;
   out.tensors = plan->tensors.size();

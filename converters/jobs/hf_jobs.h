@@ -37,6 +37,9 @@ struct ToHfRequest {
   std::string src, out;
   std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   std::optional<DType> dtype;        // --dtype: a float dtype; none keeps each tensor's dtype
+  // --profile: "" or "hf" writes HF's files; paddlenlp / paddlenlp-fused PaddleNLP's
+  // (converters/paddle/paddlenlp_write.h: llama.* names, [in, out], bf16 as U16, format np, its config.json).
+  std::string profile;
   uint64_t max_shard_size = kDefaultMaxShardSize;  // bytes of --max-shard-size
   int threads = 2;                   // 1..64
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
@@ -58,7 +61,8 @@ struct ToHfOutcome {
   nlohmann::json source_check;        // how SRC was checked (JobSourceCheck::to_json)
   nlohmann::json io = nlohmann::json::object();  // how the shards were written (io_report, memory_fit.h)
   nlohmann::json source;              // what SRC was detected as (source_detected_of), null for plain kinds
-  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, source?}
+  std::string profile;                // the profile written when not HF's (paddlenlp, paddlenlp-fused)
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, source?, profile?}
   nlohmann::json to_json() const;
 };
 

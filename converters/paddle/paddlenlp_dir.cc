@@ -78,13 +78,13 @@ Result<std::unique_ptr<TensorSource>> open_raw_in_profile(const std::string& pat
   if (!hf.ok()) return hf.take_status().with_file(path);
   md["model_config"] = *hf;
   md["paddlenlp_config"] = paddle_cfg;
-  auto rel = std::make_unique<RelabeledSource>(std::move(raw), bf16, nlohmann::json::object());
+  auto rel = std::make_unique<RelabeledSource>(std::move(raw), DType::kU16, bf16 ? DType::kBF16 : DType::kU16, nlohmann::json::object());
   detected["profile"] = p.name;
   detected["dtype"] = rel->relabeled() ? "bfloat16 (stored as U16, config dtype bfloat16)"
                                        : (paddle_cfg.contains("dtype") && paddle_cfg["dtype"].is_string() ? paddle_cfg["dtype"].get<std::string>()
                                                                                                           : "float32 (no dtype in config.json)");
   md["source_detected"] = detected;
-  auto with_md = std::make_unique<RelabeledSource>(std::move(rel), false, std::move(md));
+  auto with_md = std::make_unique<RelabeledSource>(std::move(rel), DType::kU16, DType::kU16, std::move(md));
   TensorSource& ref = *with_md;
   auto view = canonical_view(ref, std::move(with_md), p);
   if (!view.ok()) return view.take_status().with_context("read in profile '" + p.name + "'");

@@ -1,6 +1,7 @@
-// A source whose U16 tensors are read as BF16 (the same bytes): PaddleNLP stores bf16 as numpy
-// uint16 and says so only in config.json ("dtype": "bfloat16"). Everything else is forwarded
-// (reads, file extents, checks, storage); metadata is the wrapper's own.
+// A source whose tensors of one dtype are presented as another of the same size (the same bytes):
+// PaddleNLP stores bf16 as numpy uint16 and says so only in config.json ("dtype": "bfloat16"), so
+// its U16 is read as BF16 and BF16 is written as U16. Everything else is forwarded (reads, file
+// extents, checks, storage); metadata is the wrapper's own.
 // Thread safety: as the inner source.
 #pragma once
 
@@ -13,8 +14,8 @@ namespace ckpt {
 
 class RelabeledSource final : public TensorSource {
  public:
-  // `u16_as_bf16`: U16 tensors become BF16; `metadata` replaces the inner source's.
-  RelabeledSource(std::unique_ptr<TensorSource> inner, bool u16_as_bf16, nlohmann::json metadata);
+  // Tensors of dtype `from` become `to` (same size; from == to: none); `metadata` replaces the inner source's.
+  RelabeledSource(std::unique_ptr<TensorSource> inner, DType from, DType to, nlohmann::json metadata);
 
   const std::vector<TensorMeta>& tensors() const override { return metas_; }
   const std::vector<Piece>& pieces() const override { return pieces_; }

@@ -221,6 +221,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"PdparamsBadNameMap", kCorrupt},     // StructuredToParameterName@@ not a dict of str -> str
     {"NonFloatWeight", kUnsup},           // an integer / U16 tensor where a float weight is expected
     {"PaddleNlpConfig", kCorrupt},        // a PaddleNLP config.json asking for what ckpt cannot map (alibi, rope scaling, a dtype)
+    {"PaddleNlpMixedDtypes", kUnsup},     // writing PaddleNLP files from weights in several dtypes without --dtype
     {"SourceProfileUnsupported", kUnsup}, // --source-profile on a kind that records its own conventions
     {"IntTooLarge", kUnsup},                // an integer beyond int64
     {"TorchNotZip", kCorrupt},              // not a zip (nor a ZIP64) archive

@@ -25,7 +25,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import profile_refs
 
 PROFILES = ["reference", "hf", "megatron-mcore", "megatron-legacy", "paddlenlp", "paddlenlp-fused"]
-BF16_PROFILES = {"megatron-mcore", "megatron-legacy", "paddlenlp", "paddlenlp-fused"}
+BF16_PROFILES = {"megatron-mcore", "megatron-legacy"}
+KEEP_PROFILES = {"hf", "paddlenlp", "paddlenlp-fused"}  # "keep": the source's dtype (issue 36: PaddleNLP saves fp32 too)
 IDS = torch.tensor([[1, 5, 9, 33, 77, 96, 2, 64]])
 
 
@@ -54,7 +55,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def _stored_dtype_is_bf16(profile, src_bf16):
-    return profile in BF16_PROFILES or (profile == "hf" and src_bf16)
+    return profile in BF16_PROFILES or (profile in KEEP_PROFILES and src_bf16)
 
 
 def _steps(report):
