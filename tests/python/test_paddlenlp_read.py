@@ -144,3 +144,22 @@ def test_u16_weights_refused_by_name(cmd, run_ckpt, tmp_path):
     if cmd == "from-hf":
         run_ckpt("to-hf", tmp_path / "ok", tmp_path / "ok_hf", "--no-fsync")
     _check_hf_dir("bf16_unfused_safetensors", tmp_path / ("ok" if cmd == "to-hf" else "ok_hf"))
+
+
+def test_paddlenlp_profile_keeps_the_dtype_unless_asked(run_ckpt, tmp_path):
+    """An fp32 PaddleNLP save stored in the paddlenlp profile stays F32 (the built-in forced BF16
+    before issue 36); --dtype bf16 asks for bf16: numpy's rounding of the same numbers."""
+    from native_h5py import read_native
+
+    src = case_dir("fp32_unfused_safetensors") / "model"
+    ref = {("llama." + k[len("model."):] if k.startswith("model.") else k): (v.T if v.ndim == 2 and "embed" not in k else v)
+           for k, v in hf_reference("fp32_unfused_safetensors").items()}
+    for extra, cast in (((), lambda x: x), (("--dtype", "bf16"), bf16_round)):
+        out = tmp_path / ("keep" if not extra else "bf16")
+        run_ckpt("from-hf", src, out, "--profile", "paddlenlp", *extra, "--no-fsync")
+        _, got, _ = read_native(out)
+        assert sorted(got) == sorted(ref)
+        for k, v in ref.items():
+            g = got[k] if not extra else (got[k].astype(np.uint32) << 16).view(np.float32)
+            assert got[k].dtype == (np.float32 if not extra else np.uint16), k
+            np.testing.assert_array_equal(g, cast(v), err_msg=k)
