@@ -151,6 +151,11 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
     if (ds.contains("optimizer_not_imported")) out.not_imported["optimizer"] = ds["optimizer_not_imported"];
     if (ds.contains("detected")) out.summary["detected"] = ds["detected"];
   }
+  if (md.is_object() && md.contains("source_detected") && md["source_detected"].is_object()) {  // converters/paddle, --source-profile
+    const nlohmann::json& d = md["source_detected"];
+    out.summary["detected"] = d.value("kind", "") + " " + d.value("files", "") + ", read in profile " + d.value("profile", "") + ", " +
+                              d.value("dtype", "") + " (" + d.value("why", "") + ")";
+  }
   out.optimizer = optimizer_found(*src);
   return out;
 }

@@ -71,6 +71,7 @@ def test_reshard_and_inspect_read_paddle(run_ckpt, tmp_path):
     _check_hf_dir(case, tmp_path / "hf")
     ins = json.loads(run_ckpt("inspect", case_dir(case) / "model", "--json").stdout)
     assert "model.layers.0.self_attn.q_proj.weight" in json.dumps(ins)
+    assert "paddlenlp-fused" in ins["detected"] and "U16" in ins["detected"], ins.get("detected")
     v = run_ckpt("verify", case_dir(case) / "model", "--json")
     assert json.loads(v.stdout)["ok"]
 
