@@ -58,9 +58,6 @@ Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   ReshardRequest req;
   req.src = a.src;
   req.source_profile = a.source_profile;
-  CKPT_ASSIGN_OR_RETURN(req.profile.dtype, float_dtype_flag(a.dtype));
-  if (req.profile.dtype && !req.profile.given())
-    return Status::InvalidArgument("--dtype needs --profile or --profile-file (it sets that profile's weight dtypes)");
   req.dst = a.dst;
   CKPT_ASSIGN_OR_RETURN(req.store, parse_store_flags(a.compress, a.digest, a.io.io));
   CKPT_ASSIGN_OR_RETURN(req.max_memory, a.stream.max_memory_bytes());
@@ -70,6 +67,9 @@ Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   req.dry_run = a.dry_run;
   req.no_verify = a.no_verify;
   req.profile = a.profile;
+  CKPT_ASSIGN_OR_RETURN(req.profile.dtype, float_dtype_flag(a.dtype));
+  if (req.profile.dtype && !req.profile.given())
+    return Status::InvalidArgument("--dtype needs --profile or --profile-file (it sets that profile's weight dtypes)");
   return req;
 }
 

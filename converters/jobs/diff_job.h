@@ -17,9 +17,9 @@ namespace ckpt {
 
 struct DiffRequest {
   std::string a, b;
-  std::string a_profile, b_profile;  // --source-profile / --b-source-profile: A / B stored in this profile
   DiffOptions options;
   bool no_verify = false;
+  std::string a_profile = {}, b_profile = {};  // --source-profile / --b-source-profile: A / B stored in this profile
 };
 
 struct DiffOutcome {
