@@ -19,6 +19,7 @@ struct DiffArgs {
   bool ignore_dtype = false;
   std::string max_memory = "256M";
   bool no_verify = false;
+  std::string a_profile, b_profile;
 };
 
 int run_diff(const DiffArgs& args) {
@@ -27,6 +28,8 @@ int run_diff(const DiffArgs& args) {
   DiffRequest req;
   req.a = args.a;
   req.b = args.b;
+  req.a_profile = args.a_profile;
+  req.b_profile = args.b_profile;
   req.options.atol = args.atol;
   req.options.rtol = args.rtol;
   req.options.max_memory = static_cast<int64_t>(*mem);
@@ -53,6 +56,8 @@ CommandAction setup_diff(CLI::App& sub) {
   sub.add_flag("--ignore-dtype", args->ignore_dtype, "Compare values only: a dtype difference alone is not a difference");
   sub.add_option("--max-memory", args->max_memory, "Chunk buffer budget, e.g. 64M, 1G (default 256M)");
   add_no_verify_flag(sub, args->no_verify);
+  add_source_profile_flag(sub, args->a_profile);
+  sub.add_option("--b-source-profile", args->b_profile, "the profile B's tensors are stored in (as --source-profile for A)");
   sub.footer(
       "Both checkpoints are checked by their formats' own checks (native piece digests, torch zip CRC-32) while they are\n"
       "compared; a corrupt side is an error (exit 3), not a verdict. Exit code 0 when every tensor is identical or\n"

@@ -16,7 +16,7 @@ namespace {
 
 CommandAction setup_export_dcp(CLI::App& sub) {
   struct Opts {
-    std::string src, out, dtype;
+    std::string src, out, dtype, source_profile;
     int files = 1;
     StreamFlags stream;
     IoFlags io;
@@ -34,6 +34,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
   o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   add_no_verify_flag(sub, o->no_verify);
+  add_source_profile_flag(sub, o->source_profile);
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
   sub.footer(
       "Writes what torch.distributed.checkpoint.save (FileSystemWriter, torch_save items) writes for a model's\n"
@@ -46,6 +47,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
     auto parsed = [&]() -> Result<ExportDcpRequest> {  // the flag text parsed once (errors name the flag)
       ExportDcpRequest req;
       req.src = o->src;
+      req.source_profile = o->source_profile;
       req.out = o->out;
       CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
       CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());

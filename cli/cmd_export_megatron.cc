@@ -92,6 +92,7 @@ CommandAction setup_export_megatron(CLI::App& sub) {
                  "loads it correctly with one bucket only)")
       ->check(CLI::IsMember({"dp_reshardable", "fully_reshardable"}));
   add_no_verify_flag(sub, a->req.no_verify);
+  add_source_profile_flag(sub, a->req.source_profile);
   sub.add_flag("--json", a->json, "Print the result as JSON: out, format, tp, pp, vpp, iteration, dist_opt, dp, source_check");
   return [a] { return run_export(*a); };
 }

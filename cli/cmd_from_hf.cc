@@ -25,6 +25,7 @@ struct FromHfArgs {
   StreamFlags stream;
   IoFlags io;
   bool no_fsync = false, json = false, no_verify = false, keep_quantized = false;
+  std::string source_profile;
   ProfileRequest profile;
 };
 
@@ -32,6 +33,7 @@ struct FromHfArgs {
 Result<FromHfRequest> from_hf_request(const FromHfArgs& a) {
   FromHfRequest req;
   req.src = a.src;
+  req.source_profile = a.source_profile;
   req.out = a.out;
   CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(a.dtype));
   CKPT_ASSIGN_OR_RETURN(req.store, parse_store_flags(a.compress, a.digest, a.io.io));
@@ -91,6 +93,7 @@ CommandAction setup_from_hf(CLI::App& sub) {
   sub.add_flag("--keep-quantized", a->keep_quantized,
                "a quantized SRC (block/per-tensor FP8): store weights and scales as they are, split with their blocks "
                "(default: dequantized into --dtype, bf16 when none; docs/QUANTIZATION.md)");
+  add_source_profile_flag(sub, a->source_profile);
   sub.add_flag("--json", a->json, "Print the result as JSON: out, layout, tensors, bytes, side_files, skipped, seconds (+ profile, exactness)");
   sub.add_option("--profile", a->profile.profile, "store in this built-in profile (docs/PROFILES.md); tokenizer files are not carried");
   sub.add_option("--profile-file", a->profile.profile_file, "store in the profile of this JSON file");

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "converters/jobs/inspect_job.h"
 
 namespace ckpt::cli {
@@ -21,8 +22,10 @@ CKPT_REGISTER_COMMAND("inspect", "Summarize a checkpoint: layout, tensors, piece
                  "directory (.metadata) or a DeepSpeed ZeRO 1/2/3 directory ('latest' + global_stepN/, or the step dir)")
       ->required();
   sub.add_flag("--json", *json_out, "Print the summary as JSON");
-  return CommandAction([path, json_out]() -> int {
-    auto r = run_inspect_job(InspectRequest{*path});
+  auto profile = std::make_shared<std::string>();
+  add_source_profile_flag(sub, *profile);
+  return CommandAction([path, json_out, profile]() -> int {
+    auto r = run_inspect_job(InspectRequest{*path, *profile});
     if (!r.ok()) return report_error(r.status());
     if (*json_out) std::printf("%s\n", r->to_json().dump(2).c_str());
     else std::fputs(r->to_text().c_str(), stdout);

@@ -26,6 +26,7 @@ struct ReshardArgs {
   StreamFlags stream;
   IoFlags io;
   bool dry_run = false, json = false, no_verify = false, requantize = false;
+  std::string source_profile, dtype;
   ProfileRequest profile;
   bool convert = false;  // ckpt convert: a profile is required, the layout flags optional
 };
@@ -56,6 +57,7 @@ void print_result(const ReshardArgs& a, const ReshardOutcome& r) {
 Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   ReshardRequest req;
   req.src = a.src;
+  req.source_profile = a.source_profile;
   req.dst = a.dst;
   CKPT_ASSIGN_OR_RETURN(req.store, parse_store_flags(a.compress, a.digest, a.io.io));
   CKPT_ASSIGN_OR_RETURN(req.max_memory, a.stream.max_memory_bytes());
@@ -66,6 +68,9 @@ Result<ReshardRequest> reshard_request(const ReshardArgs& a) {
   req.no_verify = a.no_verify;
   req.requantize = a.requantize;
   req.profile = a.profile;
+  CKPT_ASSIGN_OR_RETURN(req.profile.dtype, float_dtype_flag(a.dtype));
+  if (req.profile.dtype && !req.profile.given())
+    return Status::InvalidArgument("--dtype needs --profile or --profile-file (it sets that profile's weight dtypes)");
   return req;
 }
 
@@ -116,6 +121,9 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
   sub.add_flag("--requantize", a->requantize,
                "a block-quantized SRC split inside its blocks by the target layout: re-quantize with the largest block the "
                "splits allow (the exactness report counts the changed elements; default: QuantSplitBlock)");
+  add_source_profile_flag(sub, a->source_profile);
+  sub.add_option("--dtype", a->dtype, "with --profile: store weights, norms and embeddings as bf16|fp16|fp32 (default: the profile's; "
+                                      "paddlenlp and hf keep SRC's)");
   sub.add_option("--profile", a->profile.profile,
                  "Convert to this built-in profile in the same pass (hf, megatron-mcore, megatron-legacy, paddlenlp, "
                  "libai, reference; docs/PROFILES.md)");

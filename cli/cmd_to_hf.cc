@@ -16,15 +16,15 @@ namespace {
 
 CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
-    std::string src, out, dtype, max_shard = "5GB", quantize;
+    std::string src, out, dtype, max_shard = "5GB", quantize, source_profile, profile;
     StreamFlags stream;
     IoFlags io;
     bool no_fsync = false, json = false, no_verify = false, keep_quantized = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src,
-                 "native store dir, HuggingFace dir, .safetensors file, Megatron-layout dir, DCP dir or DeepSpeed ZeRO dir (its fp32 weights, as "
-                 "zero_to_fp32; ckpt inspect --help lists the kinds)")
+                 "native store dir, HuggingFace dir, .safetensors file, PaddleNLP dir or .pdparams file, Megatron-layout dir, DCP dir or "
+                 "DeepSpeed ZeRO dir (its fp32 weights, as zero_to_fp32; ckpt inspect --help lists the kinds)")
       ->required();
   sub.add_option("OUT", o->out, "output directory (must not exist, or be empty)")->required();
   sub.add_option("--dtype", o->dtype, "cast float weights to bf16|fp16|fp32 (default: keep)");
@@ -40,6 +40,11 @@ CommandAction setup_to_hf(CLI::App& sub) {
   o->io.add(sub);
   sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
   add_no_verify_flag(sub, o->no_verify);
+  add_source_profile_flag(sub, o->source_profile);
+  sub.add_option("--profile", o->profile,
+                 "write another stack's files: paddlenlp or paddlenlp-fused (what PaddleNLP's from_pretrained loads: llama.* names, [in, out] "
+                 "linears, bf16 as U16, safetensors format np, its config.json; docs/PADDLENLP.md); default hf")
+      ->check(CLI::IsMember({"hf", "paddlenlp", "paddlenlp-fused"}));
   sub.add_flag("--json", o->json, "Print the result as JSON: out, tensors, bytes, config, files, skipped, seconds, memory, source_check");
   sub.footer(
       "SRC may be a native checkpoint of any layout (tp/pp/dp/zero): every output tensor is assembled chunk by chunk\n"
@@ -49,6 +54,8 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto parsed = [&]() -> Result<ToHfRequest> {  // the flag text parsed once (errors name the flag)
       ToHfRequest req;
       req.src = o->src;
+      req.source_profile = o->source_profile;
+      req.profile = o->profile;
       req.out = o->out;
       CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
       CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
@@ -73,6 +80,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
       std::printf("%s\n", r->to_json().dump(2).c_str());
       return 0;
     }
+    if (!r->source.is_null()) std::printf("read %s as %s: %s\n", o->src.c_str(), r->source.value("profile", "").c_str(), r->source.dump().c_str());
     std::printf("wrote %zu tensors (%llu bytes)%s to %s", r->tensors, static_cast<unsigned long long>(r->bytes),
                 r->config ? " + config.json" : "", o->out.c_str());
     if (!r->skipped.empty()) std::printf("; left out %zu non-model tensors", r->skipped.size());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "cli/progress.h"
 #include "converters/jobs/verify_job.h"
 #include "formats/base/byte_size.h"
@@ -43,9 +44,11 @@ CKPT_REGISTER_COMMAND("verify", "Check a checkpoint's structure and every checks
   sub.add_flag("--json", *json_out, "Print the result as JSON");
   auto threads = std::make_shared<int>(2);
   sub.add_option("--threads", *threads, "pieces hashed at a time (native checkpoints; default 2)")->check(CLI::Range(1, 64));
-  return CommandAction([path, json_out, threads]() -> int {
+  auto profile = std::make_shared<std::string>();
+  add_source_profile_flag(sub, *profile);
+  return CommandAction([path, json_out, threads, profile]() -> int {
     ProgressBar bar("verify", stderr_is_tty() && !*json_out);
-    auto r = verify_checkpoint(*path, *threads, bar.callback());
+    auto r = verify_checkpoint(*path, *threads, bar.callback(), *profile);
     bar.finish();
     if (!r.ok()) return open_failure(*path, r.status(), *json_out);
     if (*json_out) {

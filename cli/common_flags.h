@@ -39,6 +39,16 @@ inline void add_no_verify_flag(CLI::App& sub, bool& no_verify) {
                "formats without checksums, such as safetensors, are read but cannot be checked)");
 }
 
+// --source-profile NAME: SRC's tensors are stored in that built-in profile (an HF or PaddleNLP
+// directory, a .safetensors or .pdparams file; converters/source/open_checkpoint.h
+// open_checkpoint_in_profile). PaddleNLP directories are detected without it.
+inline void add_source_profile_flag(CLI::App& sub, std::string& profile, const std::string& name = "--source-profile") {
+  sub.add_option(name, profile,
+                 "the profile SRC's tensors are stored in (paddlenlp, paddlenlp-fused, megatron-mcore, ...; docs/PROFILES.md): names, "
+                 "packing and orientation read back to HF's, U16 read as bf16 when config.json says \"dtype\": \"bfloat16\" "
+                 "(default: detected; PaddleNLP directories are)");
+}
+
 struct StreamFlags {
   int threads = 2;
   std::string max_memory = "256M";

@@ -55,7 +55,7 @@ class CommandOptions {
     const int tp = get<int>("tp"), pp = get<int>("pp"), dp = get<int>("dp"), zero = get<int>("zero");
     return LayoutValues::parse(tp, pp, dp, zero, str("pp_layers"));
   }
-  ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate")}; }
+  ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate"), std::nullopt}; }
   // max_memory (--max-memory).
   Result<uint64_t> max_memory() { return parse_max_memory(str("max_memory")); }
   // compress, digest and io of an output store (--compress --digest --io).
@@ -123,7 +123,7 @@ nb::object py_diff(const std::string& a, const std::string& b, nb::dict opts) {
   o.done();
   PyProgress none{nb::none()};
   DiffOutcome rep = run_released(none, [&]() -> Result<DiffOutcome> {
-    DiffRequest req{a, b, d, no_verify};
+    DiffRequest req{a, b, d, no_verify, "", ""};
     CKPT_ASSIGN_OR_RETURN(req.options.max_memory, parse_byte_size(max_memory, "--max-memory"));
     return run_diff_job(req);
   });
@@ -202,7 +202,7 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
 
 nb::object py_inspect(const std::string& path) {
   PyProgress none{nb::none()};
-  InspectOutcome r = run_released(none, [&] { return run_inspect_job(InspectRequest{path}); });
+  InspectOutcome r = run_released(none, [&] { return run_inspect_job(InspectRequest{path, ""}); });
   return json_to_py(r.to_json());
 }
 

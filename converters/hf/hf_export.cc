@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "converters/model/weight_dtype.h"
 #include "formats/base/checked.h"
 #include "formats/safetensors/st_dir.h"
 #include "reshard/executor.h"
@@ -74,6 +75,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                        ", the model config expects " + shape_to_string(want.shape))
             .with_tensor(want.name);
+      CKPT_RETURN_IF_ERROR(check_float_weight(*it->second, src.describe()));
       DType dt = out_dtype(*it->second, opts);
       plan.tensors.push_back(TensorMeta{want.name, dt, want.shape});
       if (!opts.keep_as_stored.count(want.name)) out_dtypes.insert(dt);
@@ -111,6 +113,7 @@ Result<HfExportPlan> plan_hf_export(const TensorSource& src, const std::string& 
         plan.skipped.push_back(t.name);
         continue;
       }
+      if (is_weight_name(t.name) && !opts.integer_weights) CKPT_RETURN_IF_ERROR(check_float_weight(t, src.describe()));
       plan.tensors.push_back(TensorMeta{t.name, out_dtype(t, opts), t.shape});
     }
   }
@@ -143,6 +146,7 @@ Status run_hf_export(TensorSource& src, const HfExportPlan& plan, const std::str
   so.read_ahead = opts.read_ahead.get();
   so.write_pool = opts.write_pool.get();
   so.copy_files = plan.copy_files;
+  so.shard_metadata = opts.shard_metadata;
   so.extra_files = plan.side_files;
   if (plan.config) so.extra_files["config.json"] = plan.config->dump(2) + "\n";
   safetensors::ShardedSafetensorsSink sink(out, so);

@@ -41,6 +41,11 @@ struct HfExportOptions {
   // Called after every byte is written, before the commit (the job's check of its SRC,
   // converters/source/source_check_job.h): an error leaves nothing at the destination.
   std::function<Status()> before_commit;
+  // The safetensors header metadata of every shard ({"format": "np"} for PaddleNLP, which refuses "pt").
+  std::map<std::string, std::string> shard_metadata = {{"format", "pt"}};
+  // Integer tensors named like weights are written as they are (a stack whose convention stores
+  // floats as integers: PaddleNLP's bf16 as U16); default: refused (NonFloatWeight).
+  bool integer_weights = false;
 };
 
 struct HfExportPlan {

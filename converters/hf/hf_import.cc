@@ -8,6 +8,7 @@
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_moe_names.h"
 #include "converters/model/llama_sharding.h"
+#include "converters/model/weight_dtype.h"
 #include "formats/base/checked.h"
 #include "reshard/executor.h"
 #include "reshard/layout/layout.h"
@@ -47,6 +48,7 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     if (it->second->shape != want.shape)
       return Status::Error("ShapeMismatch", "tensor '" + want.name + "' has shape " + shape_to_string(it->second->shape) +
                                                      ", config.json expects " + shape_to_string(want.shape)).with_tensor(want.name);
+    CKPT_RETURN_IF_ERROR(check_float_weight(*it->second, src.describe()));
     const bool keep = opts.keep_as_stored.count(want.name) > 0;
     DType dt = !keep && opts.dtype && dtype_is_float(it->second->dtype) ? *opts.dtype : it->second->dtype;
     if (!keep) dts.insert(dt);

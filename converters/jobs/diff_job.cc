@@ -17,9 +17,9 @@ Result<DiffOutcome> run_diff_job(const DiffRequest& req) {
   JobSourceCheck check_a, check_b;  // forked before this process opens A and B
   check_a.start(req.a, IoMode::kBuffered, 1, req.no_verify);
   check_b.start(req.b, IoMode::kBuffered, 1, req.no_verify);
-  auto sa = open_checkpoint(req.a);
+  auto sa = req.a_profile.empty() ? open_checkpoint(req.a) : open_checkpoint_in_profile(req.a, req.a_profile);
   if (!sa.ok()) return sa.take_status().with_context("opening A");
-  auto sb = open_checkpoint(req.b);
+  auto sb = req.b_profile.empty() ? open_checkpoint(req.b) : open_checkpoint_in_profile(req.b, req.b_profile);
   if (!sb.ok()) return sb.take_status().with_context("opening B");
   auto rep = diff_sources(**sa, **sb, req.options);
   // The checks' verdicts come first: a comparison of corrupt bytes says nothing.

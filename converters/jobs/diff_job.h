@@ -19,6 +19,7 @@ struct DiffRequest {
   std::string a, b;
   DiffOptions options;
   bool no_verify = false;
+  std::string a_profile = {}, b_profile = {};  // --source-profile / --b-source-profile: A / B stored in this profile
 };
 
 struct DiffOutcome {

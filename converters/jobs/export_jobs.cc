@@ -41,7 +41,7 @@ Result<ExportDcpOutcome> run_export_dcp_job(const ExportDcpRequest& req) {
   opts.source_chunks = req.source_chunks;
   opts.progress = req.progress;
   opts.dtype = req.dtype;
-  const JobSource located = JobSource::locate(req.src);
+  const JobSource located = JobSource::locate(req.src, req.source_profile);
   JobSourceCheck check;  // forked before this process opens SRC
   check.start(located.dir, IoMode::kBuffered, opts.threads, req.no_verify);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());
@@ -122,7 +122,7 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
     CKPT_RETURN_IF_ERROR(export_flag_in_range("--dp", req.dp, 1, int64_t{1} << 20));
     if (req.ddp_bucket_size) CKPT_RETURN_IF_ERROR(export_flag_in_range("--ddp-bucket-size", *req.ddp_bucket_size, 1, int64_t{1} << 40));
   }
-  const JobSource located = JobSource::locate(req.src);
+  const JobSource located = JobSource::locate(req.src, req.source_profile);
   JobSourceCheck check;  // forked before this process opens SRC
   check.start(located.dir, IoMode::kBuffered, 2, req.no_verify);
   CKPT_ASSIGN_OR_RETURN(auto src, located.open());

@@ -26,6 +26,7 @@ namespace ckpt {
 
 struct ExportDcpRequest {
   std::string src, out;
+  std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   std::optional<DType> dtype;  // --dtype: cast float tensors to it; none keeps each tensor's dtype
   int files = 1;               // __R_0.distcp files (writer ranks), 1..4096
   bool source_chunks = false;  // one chunk per distinct box of the source's pieces (else one per tensor)
@@ -65,6 +66,7 @@ const char* megatron_format_name(MegatronExportFormat f);
 
 struct ExportMegatronRequest {
   std::string src, dst;
+  std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   MegatronExportFormat format = MegatronExportFormat::kSafetensors;
   int tp = 1, pp = 1;                  // 1..65536
   std::vector<int> pp_layers;          // layers per pipeline stage; empty: even split

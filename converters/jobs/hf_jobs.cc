@@ -10,6 +10,7 @@
 #include "converters/jobs/reshard_job.h"
 #include "converters/quant/dequant_view.h"
 #include "converters/quant/quantize_view.h"
+#include "converters/paddle/paddlenlp_write.h"
 #include "converters/source/job_source.h"
 #include "converters/source/source_check_job.h"
 #include "formats/io/output_file.h"
@@ -82,9 +83,12 @@ Status hf_job_check_threads(int threads) {
 }  // namespace
 
 nlohmann::json ToHfOutcome::to_json() const {
-  return {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
+  nlohmann::json j = {{"out", out},         {"tensors", tensors}, {"bytes", bytes},     {"config", config},
           {"files", files},     {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
           {"source_check", source_check}, {"io", io}, {"quantization", quantization}};
+  if (!source.is_null()) j["source"] = source;
+  if (!profile.empty()) j["profile"] = profile;
+  return j;
 }
 
 Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
@@ -100,7 +104,7 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
   // SRC's check: from the copies' own direct reads where they read SRC direct (a cold source, or
   // --io direct) and it is copied as stored (CopyVerify: SRC read once); else in a child process
   // forked before this process opens SRC.
-  const JobSource located = JobSource::locate(req.src);
+  const JobSource located = JobSource::locate(req.src, req.source_profile);
   const bool direct_reads = opts.io == IoMode::kDirect || located.cold(opts.io);
   const bool check_copy = !req.no_verify && direct_reads && located.copy_checkable();
   JobSourceCheck check;
@@ -115,10 +119,21 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
                           quantizing_export_source(src, req.quantize, opts.keep_as_stored, opts.stored_elsewhere, &quant_report));
   }
   opts.before_commit = check.before_commit(*src);
-  auto plan = plan_hf_export(*src, req.src, opts);
+  out.source = source_detected_of(*src);
+  std::optional<PaddleNlpExport> paddle;  // --profile paddlenlp[-fused]: PaddleNLP's files
+  if (!req.profile.empty() && req.profile != "hf") {
+    CKPT_ASSIGN_OR_RETURN(paddle, paddlenlp_export_view(*src, req.profile, req.dtype));
+    opts.dtype.reset();  // cast by the view
+    opts.shard_metadata = {{"format", "np"}};
+    opts.integer_weights = true;  // bf16 as U16, PaddleNLP's convention
+    out.profile = paddle->profile;
+  }
+  TensorSource& written = paddle ? *paddle->view : *src;
+  auto plan = plan_hf_export(written, req.src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
+  if (paddle) plan->config = paddle->config;
   // The process itself and a compressed source's decoding threads (the executor's) come out of the budget.
-  const uint64_t decode = source_decode_reserve(*src, req.threads);
+  const uint64_t decode = source_decode_reserve(written, req.threads);
   uint64_t reserve = kToHfReserveBytes + decode;
   // As reshard's store writer (fit_copy_io): copied file ranges read direct and ahead through one
   // SourceBlocks with --io direct, and with auto when the source is cold (mapped reads of it fill
@@ -132,9 +147,9 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req) {
     reserve += fit.bytes;
   }
   if (check_copy && opts.read_ahead) check.from_copy(*src, *opts.read_ahead);  // else inline at the end
-  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, *src, plan->pieces, reserve);
+  opts.max_chunk_bytes = chunk_bytes_for_copy(req.max_memory, req.threads, written, plan->pieces, reserve);
   out.memory = memory_fit(req.max_memory, reserve, opts.read_ahead.get(), opts.write_pool.get());
-  CKPT_RETURN_IF_ERROR(run_hf_export(*src, *plan, req.out, opts));
+  CKPT_RETURN_IF_ERROR(run_hf_export(written, *plan, req.out, opts));
   if (!out.quantization.is_null()) out.quantization["exactness"] = quant_report.snapshot().to_json();
   out.io = io_report(opts.io, opts.read_ahead.get(), opts.write_pool.get());
   out.out = req.out;
@@ -155,6 +170,7 @@ nlohmann::json FromHfOutcome::to_json() const {
                       {"side_files", side_files}, {"skipped", skipped}, {"seconds", seconds}, {"memory", memory.to_json()},
                       {"io", io}};
   if (!quantization.is_null()) j["quantization"] = quantization;
+  if (!source.is_null()) j["source"] = source;
   if (!profile.empty()) {
     j["profile"] = profile;
     j["exactness"] = exactness.to_json();
@@ -167,16 +183,16 @@ namespace {
 // from-hf with a profile: the reshard job from the HF directory (canonical names) into the
 // profile's view, in one pass (converters/profile/profile_view_job.h); the layout defaults to tp=pp=dp=1.
 Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chrono::steady_clock::time_point t0) {
-  if (req.dtype)
-    return Status::InvalidArgument("--dtype and --profile exclude each other (the profile sets the dtypes)");
   ReshardRequest rr;
   rr.src = req.src;
+  rr.source_profile = req.source_profile;
   rr.dst = req.out;
   rr.layout = req.layout.given() ? req.layout : LayoutValues{1, 1, 1, -1, {}};
   rr.store = req.store;
   rr.threads = req.threads;
   rr.max_memory = req.max_memory;
   rr.profile = req.profile;
+  if (req.dtype) rr.profile.dtype = req.dtype;  // the profile's model dtypes, asked for
   rr.progress = req.progress;
   rr.dist = req.dist;
   rr.no_verify = req.no_verify;
@@ -188,6 +204,7 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
   out.tensors = r.plan.tensors.size();
   out.profile = r.profile;
   out.exactness = r.exactness;
+  out.source = r.source;
   out.memory = r.memory;
   out.io = r.io;
   out.seconds = hf_job_seconds_since(t0);
@@ -197,8 +214,10 @@ Result<FromHfOutcome> run_from_hf_profile_job(const FromHfRequest& req, std::chr
 // The HF names come in from a HuggingFace directory or file, or a DCP directory of an HF
 // model's state_dict; tokenizer files beside it are carried.
 Result<std::string> hf_side_files_dir(const JobSource& s) {
-  const bool file = s.kind && s.kind->detect == &is_safetensors_file;
-  if (!file && !(s.kind && s.kind->detect == &is_hf_dir) && !torch::is_dcp_dir(s.path))
+  std::error_code ec;
+  const bool file = std::filesystem::is_regular_file(s.path, ec);
+  const bool paddle = s.kind && std::string_view(s.kind->name) == "paddlenlp";
+  if (!file && !paddle && !(s.kind && s.kind->detect == &is_hf_dir) && !torch::is_dcp_dir(s.path))
     return Status::InvalidArgument("'" + s.path + "' is not a HuggingFace directory (no model.safetensors[.index.json]) "
                                    "nor a DCP directory (.metadata)");
   auto dir = file ? std::filesystem::path(s.path).parent_path() : std::filesystem::path(s.path);
@@ -216,7 +235,7 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   opts.progress = req.progress;
   opts.dtype = req.dtype;
   store::StoreOptions so = req.store;
-  const JobSource located = JobSource::locate(req.src);
+  const JobSource located = JobSource::locate(req.src, req.source_profile);
   CKPT_ASSIGN_OR_RETURN(opts.side_files_dir, hf_side_files_dir(located));
   JobSourceCheck check;  // a DCP's CRC-32 (safetensors has no checksums), forked before SRC is opened
   check.start(located.dir, so.io, req.threads, req.no_verify || (req.dist && req.dist->rank() != 0), !req.dist);
@@ -225,6 +244,8 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   ExactnessTracker quant_report;
   CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
   opts.before_commit = check.before_commit(*src);
+  FromHfOutcome out;
+  out.source = source_detected_of(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
   // Part of the budget goes to the store writer (HDF5, copies, compressed chunks), as in `ckpt reshard`.

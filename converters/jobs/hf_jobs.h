@@ -35,7 +35,11 @@ inline constexpr uint64_t kDefaultMaxShardSize = 5'000'000'000;
 
 struct ToHfRequest {
   std::string src, out;
+  std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   std::optional<DType> dtype;        // --dtype: a float dtype; none keeps each tensor's dtype
+  // --profile: "" or "hf" writes HF's files; paddlenlp / paddlenlp-fused PaddleNLP's
+  // (converters/paddle/paddlenlp_write.h: llama.* names, [in, out], bf16 as U16, format np, its config.json).
+  std::string profile;
   uint64_t max_shard_size = kDefaultMaxShardSize;  // bytes of --max-shard-size
   int threads = 2;                   // 1..64
   uint64_t max_memory = kDefaultMaxMemory;  // bytes of --max-memory
@@ -63,7 +67,9 @@ struct ToHfOutcome {
   nlohmann::json io = nlohmann::json::object();  // how the shards were written (io_report, memory_fit.h)
   // A quantized SRC: {scheme, tensors, dequantized (bool), stored_bytes, dequantized_bytes}; else null.
   nlohmann::json quantization;
-  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, quantization}
+  nlohmann::json source;              // what SRC was detected as (source_detected_of), null for plain kinds
+  std::string profile;                // the profile written when not HF's (paddlenlp, paddlenlp-fused)
+  // {out, tensors, bytes, config, files, skipped, seconds, memory, source_check, io, quantization, source?, profile?}
   nlohmann::json to_json() const;
 };
 
@@ -71,7 +77,8 @@ Result<ToHfOutcome> run_to_hf_job(const ToHfRequest& req);
 
 struct FromHfRequest {
   std::string src, out;
-  std::optional<DType> dtype;        // --dtype: none keeps the HF dtypes; excludes `profile`
+  std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
+  std::optional<DType> dtype;        // --dtype: none keeps the HF dtypes; with `profile`: its model dtypes
   // Of OUT: codec and level (--compress), digest (--digest), how shards are written (--io), fsync
   // (--no-fsync). The job fits hash_threads, chunk_memory and read_ahead to max_memory.
   store::StoreOptions store;
@@ -98,7 +105,8 @@ struct FromHfOutcome {
   double seconds = 0;
   MemoryFit memory;                  // --max-memory against the job's floor (converters/jobs/memory_fit.h)
   nlohmann::json io = nlohmann::json::object();  // how OUT was written (store_io_report, memory_fit.h)
-  // {out, layout, tensors, bytes, side_files, skipped, seconds, memory, io, profile?, exactness?}
+  nlohmann::json source;             // what SRC was detected as (source_detected_of), null for plain kinds
+  // {source?, out, layout, tensors, bytes, side_files, skipped, seconds, memory, io, profile?, exactness?}
   nlohmann::json to_json() const;
 };
 

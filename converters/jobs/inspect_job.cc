@@ -138,7 +138,8 @@ std::string InspectOutcome::to_text() const {
 }
 
 Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
-  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint_as_stored(req.path));
+  CKPT_ASSIGN_OR_RETURN(auto src, req.source_profile.empty() ? open_checkpoint_as_stored(req.path)
+                                                             : open_checkpoint_in_profile(req.path, req.source_profile));
   const IntegrityInfo integrity = src->integrity();
   const CheckpointKind* kind = detect_checkpoint(req.path);
   const std::string format = !integrity.format.empty() ? integrity.format : kind ? kind->name : "";
@@ -156,6 +157,11 @@ Result<InspectOutcome> run_inspect_job(const InspectRequest& req) {
     const nlohmann::json& ds = md["deepspeed"];
     if (ds.contains("optimizer_not_imported")) out.not_imported["optimizer"] = ds["optimizer_not_imported"];
     if (ds.contains("detected")) out.summary["detected"] = ds["detected"];
+  }
+  if (md.is_object() && md.contains("source_detected") && md["source_detected"].is_object()) {  // converters/paddle, --source-profile
+    const nlohmann::json& d = md["source_detected"];
+    out.summary["detected"] = d.value("kind", "") + " " + d.value("files", "") + ", read in profile " + d.value("profile", "") + ", " +
+                              d.value("dtype", "") + " (" + d.value("why", "") + ")";
   }
   out.optimizer = optimizer_found(*src);
   auto quant = find_quantized(src->tensors(), md);

@@ -16,6 +16,7 @@ namespace ckpt {
 
 struct InspectRequest {
   std::string path;  // any kind open_checkpoint reads; a run directory follows `latest`
+  std::string source_profile = {};  // --source-profile: PATH read in this profile (its canonical view)
 };
 
 struct InspectOutcome {

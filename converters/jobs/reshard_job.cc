@@ -68,7 +68,7 @@ struct PlannedReshard {
 // auto) and an uncompressed native SRC is copied as stored, from the copies' own reads
 // (CopyVerify: SRC read once).
 Status open_reshard_source(const ReshardRequest& r, PlannedReshard& p) {
-  p.located = JobSource::locate(r.src);
+  p.located = JobSource::locate(r.src, r.source_profile);
   p.store = r.store;
   p.reserve = fit_store_writer(r.max_memory, r.threads, p.store, !r.dry_run && p.located.cold(p.store.io));
   p.skip_check = r.no_verify || r.dry_run || (r.dist && r.dist->rank() != 0);
@@ -139,6 +139,7 @@ Status plan_reshard(const ReshardRequest& r, PlannedReshard& p) {
   p.out.memory = memory_fit(r.max_memory, p.reserve, p.store.read_ahead.get(), p.store.write_pool.get());
   CKPT_RETURN_IF_ERROR(plan_model_and_chunks(r, p));
   p.out.src_description = p.src->describe();
+  p.out.source = source_detected_of(*p.src);
   p.out.processes = r.dist ? r.dist->size() : 1;
   TensorSource& plan_src = p.plan_source();
   p.t0 = std::chrono::steady_clock::now();

@@ -31,6 +31,7 @@ class Comm;
 
 struct ReshardRequest {
   std::string src, dst;
+  std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   std::optional<Layout> layout_file;  // --layout FILE, parsed; excludes `layout`
   LayoutValues layout;                // --tp --pp --dp --zero --pp-layers
   // Of DST: codec and level (--compress), digest of every piece (--digest), how shards are
@@ -63,6 +64,7 @@ struct ReshardOutcome {
   Plan plan;
   Layout layout;
   std::string src_description;  // TensorSource::describe() of SRC
+  nlohmann::json source;        // what SRC was detected as (source_detected_of), null for plain kinds
   double plan_seconds = 0;      // making the plan
   double seconds = 0;           // plan and execution (0 for a dry run)
   int processes = 1;

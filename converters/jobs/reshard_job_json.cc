@@ -8,6 +8,7 @@ nlohmann::json ReshardOutcome::to_json(const std::string& dst, bool dry_run) con
   nlohmann::json j = plan.to_json();
   j["plan_seconds"] = plan_seconds;
   j["memory"] = memory.to_json();
+  if (!source.is_null()) j["source"] = source;
   if (dry_run) return j;
   j["dst"] = dst;
   j["seconds"] = seconds;

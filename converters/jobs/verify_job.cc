@@ -23,10 +23,11 @@ nlohmann::json VerifyOutcome::to_json() const {
 }
 
 Result<VerifyOutcome> verify_checkpoint(const std::string& path, int threads,
-                                        const std::function<void(uint64_t, uint64_t)>& progress) {
+                                        const std::function<void(uint64_t, uint64_t)>& progress,
+                                        const std::string& source_profile) {
   if (threads < 1 || threads > 64)
     return Status::InvalidArgument("threads " + std::to_string(threads) + ": expected 1..64");
-  CKPT_ASSIGN_OR_RETURN(auto src, open_checkpoint(path));
+  CKPT_ASSIGN_OR_RETURN(auto src, source_profile.empty() ? open_checkpoint(path) : open_checkpoint_in_profile(path, source_profile));
   const IntegrityInfo info = src->integrity();
   CheckOptions o;
   o.threads = threads;

@@ -44,7 +44,9 @@ struct VerifyOutcome {
   nlohmann::json to_json() const;
 };
 
+// `source_profile` (--source-profile): PATH read in that profile (open_checkpoint_in_profile).
 Result<VerifyOutcome> verify_checkpoint(const std::string& path, int threads = 2,
-                                        const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+                                        const std::function<void(uint64_t, uint64_t)>& progress = nullptr,
+                                        const std::string& source_profile = "");
 
 }  // namespace ckpt

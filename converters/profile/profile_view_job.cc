@@ -13,6 +13,7 @@ Result<Profile> load_requested_profile(const ProfileRequest& r) {
   if (!p.ok())
     return p.take_status().with_context(r.profile_file.empty() ? "--profile " + r.profile
                                                                : "--profile-file " + r.profile_file);
+  if (r.dtype) p->dtype_weight = p->dtype_norm = p->dtype_embedding = *r.dtype;  // asked for: the profile's "keep" or its own dtype overridden
   return p;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct ProfileRequest {
   std::string profile;       // a built-in profile name (--profile); empty: keep the source's
   std::string profile_file;  // a profile JSON file (--profile-file); excludes `profile`
   bool saturate = false;     // clamp values beyond the target dtype's range (reported) instead of failing
+  std::optional<DType> dtype;  // --dtype with a profile: its weight, norm and embedding dtypes set to this
 
   bool given() const { return !profile.empty() || !profile_file.empty(); }
 };

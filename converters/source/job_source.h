@@ -19,14 +19,22 @@
 
 namespace ckpt {
 
+// What a source says it was detected as (a PaddleNLP directory, a source read in a
+// --source-profile): its metadata's "source_detected" ({kind, files, profile, dtype, why}); null
+// for the kinds that need no such word.
+nlohmann::json source_detected_of(const TensorSource& src);
+
 struct JobSource {
   std::string path;                      // SRC as given (messages)
   std::string dir;                       // what is opened: a native store's checkpoint dir, else `path`
   const CheckpointKind* kind = nullptr;  // null: no kind recognises `path` (open() says why)
   Status resolved;                       // a native store whose checkpoint cannot be resolved: why (open() returns it)
+  std::string source_profile;            // --source-profile: SRC's tensors are stored in this profile
 
   // Detects the kind of `path` and resolves a native store's checkpoint; never fails (open() does).
-  static JobSource locate(const std::string& path);
+  // `source_profile` (--source-profile NAME, may be empty): open() reads SRC in that profile
+  // (open_checkpoint_in_profile).
+  static JobSource locate(const std::string& path, const std::string& source_profile = "");
 
   bool native_store() const;
   // --io auto (`io` kAuto): whether SRC is mostly out of the page cache (page_cache_share < 0.5),
@@ -38,7 +46,8 @@ struct JobSource {
   // the manifest.
   bool copy_checkable(const ProfileRequest& asked = {}) const;
   // Opens SRC as its kind (open_checkpoint's source: a native store in a profile as its canonical
-  // view), or with `as_stored` a native store as stored. Errors as open_checkpoint's.
+  // view), or with `as_stored` a native store as stored; with a source_profile in that profile
+  // (open_checkpoint_in_profile). Errors as open_checkpoint's.
   Result<std::unique_ptr<TensorSource>> open(bool as_stored = false) const;
 };
 

@@ -9,6 +9,7 @@
 #include "converters/megatron/megatron_dir_source.h"
 #include "converters/megatron/megatron_torch_source.h"
 #include "converters/model/llama_config.h"
+#include "converters/paddle/paddlenlp_dir.h"
 #include "converters/profile/profile_view.h"
 #include "formats/safetensors/st_dir.h"
 #include "formats/store/store_reader.h"
@@ -99,6 +100,12 @@ constexpr CheckpointKind kCheckpointKinds[] = {
      "dir",
      is_deepspeed_dir, open_deepspeed_dir},
     {"native-store", "a native checkpoint or run directory (manifest.json, or 'latest')", is_native_store, open_native_store},
+    // PaddleNLP's save_pretrained: above "hf-dir" (its model.safetensors looks like HF's; the
+    // config's PaddleNLP keys tell them apart).
+    {"paddlenlp",
+     "a PaddleNLP directory (model_state.pdparams[.index.json], or model.safetensors[.index.json] with a config.json holding fuse_attention_qkv, "
+     "tensor_parallel_output, ...)",
+     is_paddlenlp_dir, open_paddlenlp_dir},
     {"hf-dir", "a HuggingFace directory (model.safetensors or model.safetensors.index.json)", is_hf_dir, open_hf_dir},
     {"safetensors", "a .safetensors file", is_safetensors_file, open_safetensors_file},
 };
@@ -141,6 +148,34 @@ Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path) {
 Result<std::unique_ptr<TensorSource>> open_checkpoint_as(const CheckpointKind& kind, const std::string& path, bool as_stored) {
   const bool stored = as_stored && kind.detect == &is_native_store;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, stored ? open_store_as_stored(path) : kind.open(path));
+  return bounded(std::move(src));
+}
+
+Result<std::unique_ptr<TensorSource>> open_checkpoint_in_profile(const std::string& path, const std::string& profile) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::NotFound("no such file or directory '" + path + "'");
+  CKPT_ASSIGN_OR_RETURN(Profile p, load_profile(profile));
+  const CheckpointKind* k = detect_checkpoint(path);
+  if (k != nullptr && k->detect == &is_native_store) {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_store_as_stored(path));
+    const nlohmann::json& md = src->metadata();
+    const bool named = md.contains("profile") && md["profile"].is_string();
+    const std::string stored = named ? md["profile"].get<std::string>() : "reference";
+    if (stored != p.name)
+      return Status::Error("SourceProfileUnsupported", "--source-profile " + p.name + ": '" + path +
+                                                           "' is a native store that records its profile ('" + stored + "'); name none, or that one");
+    return open_checkpoint(path);
+  }
+  const bool takes =
+      k != nullptr && (k->detect == &is_paddlenlp_dir || k->detect == &is_hf_dir || k->detect == &is_safetensors_file);
+  if (!takes) {
+    const std::string what =
+        k ? std::string("a ") + k->name + " checkpoint, whose files record their own conventions" : "no checkpoint kind ckpt reads";
+    return Status::Error("SourceProfileUnsupported",
+                         "--source-profile " + p.name + ": '" + path + "' is " + what +
+                             "; --source-profile applies to HF / PaddleNLP directories and .safetensors / .pdparams files");
+  }
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, open_in_profile(path, p));
   return bounded(std::move(src));
 }
 

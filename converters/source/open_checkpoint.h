@@ -52,6 +52,13 @@ Result<std::unique_ptr<TensorSource>> open_checkpoint(const std::string& path);
 // view): for `inspect`.
 Result<std::unique_ptr<TensorSource>> open_checkpoint_as_stored(const std::string& path);
 
+// Opens `path` with its tensors taken as stored in profile `profile` (--source-profile NAME, a
+// built-in profile): an HF or PaddleNLP directory, a .safetensors or .pdparams file opens as the
+// canonical view of that profile (converters/paddle/paddlenlp_dir.h open_in_profile: U16 read as
+// BF16 when the config's dtype is bfloat16). A native store must record that profile (it records
+// its own); other kinds are refused (SourceProfileUnsupported), as is an unknown name (ProfileUnknown).
+Result<std::unique_ptr<TensorSource>> open_checkpoint_in_profile(const std::string& path, const std::string& profile);
+
 // Opens `path` as kind `kind` (detect_checkpoint's answer, for a caller that looks at the path
 // before it opens it: converters/source/job_source.h), bounded as open_checkpoint; with `as_stored`
 // a native store as stored, as open_checkpoint_as_stored.

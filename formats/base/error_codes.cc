@@ -235,6 +235,17 @@ constexpr ErrorCodeEntry kTable[] = {
     {"PickleBadPersistentId", kCorrupt},    // not ('storage', torch.XStorage, key, location, numel)
     {"PickleBadReduce", kCorrupt},          // REDUCE / NEWOBJ / BUILD on what may not be called
     {"PickleBadTensor", kCorrupt},          // tensor rebuild arguments not as torch.save writes them
+    // PaddleNLP model_state.pdparams (formats/paddle/pdparams.h) and directories (converters/paddle).
+    {"PdparamsNotStateDict", kCorrupt},   // the pickle's root is not a dict of str keys
+    {"PdparamsBadArray", kCorrupt},       // a value that is not a plain numpy array (names what it is)
+    {"PdparamsBadDtype", kUnsup},         // a numpy dtype ckpt does not map, or big-endian
+    {"PdparamsFortranOrder", kUnsup},     // an array stored in Fortran order
+    {"PdparamsSizeMismatch", kCorrupt},   // data bytes != numel * itemsize (truncated / wrong shape)
+    {"PdparamsBadNameMap", kCorrupt},     // StructuredToParameterName@@ not a dict of str -> str
+    {"NonFloatWeight", kUnsup},           // an integer / U16 tensor where a float weight is expected
+    {"PaddleNlpConfig", kCorrupt},        // a PaddleNLP config.json asking for what ckpt cannot map (alibi, rope scaling, a dtype)
+    {"PaddleNlpMixedDtypes", kUnsup},     // writing PaddleNLP files from weights in several dtypes without --dtype
+    {"SourceProfileUnsupported", kUnsup}, // --source-profile on a kind that records its own conventions
     {"IntTooLarge", kUnsup},                // an integer beyond int64
     {"TorchNotZip", kCorrupt},              // not a zip (nor a ZIP64) archive
     {"TorchZipCorrupt", kCorrupt},          // libzip refuses the archive or an entry's data

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (safetensors header and index parsers, the store manifest parser,
-# the restricted unpickler of formats/torch, the DCP .metadata parser, profile and cluster files), seeded with valid files
+# the restricted unpickler of formats/torch, the .pdparams parser of formats/paddle, the DCP .metadata parser, profile and cluster files), seeded with valid files
 # and a dictionary of the format's tokens. The libraries are built with coverage instrumentation
 # (-fsanitize=fuzzer-no-link,address,undefined, see CMakeLists.txt CKPT_FUZZ) so libFuzzer is not blind.
 #   tests/fuzz/run_fuzz.sh [seconds]          # smoke (scripts/test.sh: 5 s per target)
@@ -23,9 +23,9 @@ if [ ! -f "$bdir/CMakeCache.txt" ]; then
     -DCKPT_BUILD_PYTHON=OFF -DCKPT_WERROR=OFF >/dev/null
 fi
 ninja -C "$bdir" -j2 safetensors_header_fuzz safetensors_index_fuzz store_manifest_fuzz unpickler_fuzz dcp_metadata_fuzz \
-  profile_fuzz cluster_fuzz >/dev/null
+  profile_fuzz cluster_fuzz pdparams_fuzz >/dev/null
 out="$(mktemp -d /tmp/ckpt_fuzz.XXXXXX)"
-mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/unpickle" "$out/dcp_metadata" "$out/profile" "$out/cluster"
+mkdir -p "$out/header" "$out/index" "$out/manifest" "$out/unpickle" "$out/dcp_metadata" "$out/profile" "$out/cluster" "$out/pdparams"
 # Profile seeds: the shipped profiles; cluster seeds: the example cluster files.
 cp "$here/profiles/"*.json "$out/profile/"
 cp "$here/fixtures/clusters/"*.json "$here/fixtures/demo/cluster_"*.json "$out/cluster/"
@@ -47,6 +47,10 @@ printf '{"format":"ckpt-native","version":2,"layout":{"pipelines":[{"micro_batch
 echo 'gAJ9cQAoWAEAAAB3cQFjdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3RlbnNvcl92MgpxAigoWAcAAABzdG9yYWdlcQNjdG9yY2gKRmxvYXRTdG9yYWdlCnEEWAEAAAAwcQVYAwAAAGNwdXEGSwZ0cQdRSwBLA0sChnEISwFLA4ZxCYljY29sbGVjdGlvbnMKT3JkZXJlZERpY3QKcQopUnELdHEMUnENWAEAAABwcQ5jdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3BhcmFtZXRlcgpxD2gCKChoA2gEWAEAAAAxcRBoBksCdHERUUsASwKFcRJLAYVxE4loCilScRR0cRVScRaIaAopUnEXh3EYUnEZWAEAAAB1cRpjdG9yY2guX3V0aWxzCl9yZWJ1aWxkX3RlbnNvcl92MwpxGygoaANjdG9yY2guc3RvcmFnZQpVbnR5cGVkU3RvcmFnZQpxHFgBAAAAMnEdaAZLBHRxHlFLAEsChXEfSwGFcSCJaAopUnEhY3RvcmNoCnVpbnQxNgpxInRxI1JxJHUu' | base64 -d > "$out/unpickle/tensors"
 echo 'gAJ9cQAoWAQAAABhcmdzcQFjYXJncGFyc2UKTmFtZXNwYWNlCnECKYFxA31xBChYAQAAAGFxBUsBWAIAAABkdHEGY3RvcmNoCmJmbG9hdDE2CnEHdWJYAQAAAG9xCGNjb2xsZWN0aW9ucwpPcmRlcmVkRGljdApxCSlScQpYAQAAAGtxC11xDChLAUdABAAAAAAAAE6IY19jb2RlY3MKZW5jb2RlCnENWAEAAAB4cQ5YBgAAAGxhdGluMXEPhnEQUnERZXN1Lg==' | base64 -d > "$out/unpickle/args"
 echo 'gASVLwAAAAAAAAB9lCiMAWGUSwGKBgAAAAAAAYaUjAFzlI+UKEsBkIwBZpQokZSMAWKUQwJ4eZR1Lg==' | base64 -d > "$out/unpickle/proto4"
+# .pdparams seeds: paddle.save-style pickles of numpy arrays (numpy 1.26: numpy.core, with the name map;
+# numpy 2: numpy._core, an empty array).
+echo 'gASVHgEAAAAAAAB9lCiMAWGUjBVudW1weS5jb3JlLm11bHRpYXJyYXmUjAxfcmVjb25zdHJ1Y3SUk5SMBW51bXB5lIwHbmRhcnJheZSTlEsAhZRDAWKUh5RSlChLAUsCSwKGlGgFjAVkdHlwZZSTlIwCZjSUiYiHlFKUKEsDjAE8lE5OTkr/////Sv////9LAHSUYolDEAAAAAAAAIA/AAAAQAAAQECUdJRijAFilGgEaAdLAIWUaAmHlFKUKEsBSwOFlGgOjAJ1MpSJiIeUUpQoSwNoEk5OTkr/////Sv////9LAHSUYolDBgEAAQABAJR0lGKMG1N0cnVjdHVyZWRUb1BhcmFtZXRlck5hbWVAQJR9lGgBjAxsaW5lYXJfMC53XzCUc3Uu' | base64 -d > "$out/pdparams/np1"
+echo 'gASV4QAAAAAAAAB9lCiMAWGUjBZudW1weS5fY29yZS5tdWx0aWFycmF5lIwMX3JlY29uc3RydWN0lJOUjAVudW1weZSMB25kYXJyYXmUk5RLAIWUQwFilIeUUpQoSwFLAksChpRoBYwFZHR5cGWUk5SMAmYylImIh5RSlChLA4wBPJROTk5K/////0r/////SwB0lGKJQwgAAAA8AEAAQpR0lGKMAWWUaARoB0sAhZRoCYeUUpQoSwFLAEsDhpRoDowCZjSUiYiHlFKUKEsDaBJOTk5K/////0r/////SwB0lGKJQwCUdJRidS4=' | base64 -d > "$out/pdparams/np2"
 cat > "$out/dict" <<'EOF'
 "{"
 "}"
@@ -98,6 +102,10 @@ cat > "$out/dict" <<'EOF'
 "sha256:"
 "_rebuild_tensor_v2"
 "collections\x0aOrderedDict\x0a"
+"numpy.core.multiarray"
+"_reconstruct"
+"ndarray"
+"StructuredToParameterName@@"
 "torch\x0aFloatStorage\x0a"
 "storage"
 "codec"
@@ -152,7 +160,7 @@ EOF
 status=0
 fuzz_bin() {
   case "$1" in
-    manifest) echo store_manifest_fuzz ;; unpickle) echo unpickler_fuzz ;; dcp_metadata | profile | cluster) echo "$1_fuzz" ;;
+    manifest) echo store_manifest_fuzz ;; unpickle) echo unpickler_fuzz ;; dcp_metadata | profile | cluster | pdparams) echo "$1_fuzz" ;;
     *) echo "safetensors_$1_fuzz" ;;
   esac
 }
@@ -182,7 +190,7 @@ fuzz_one() {
 # CKPT_FUZZ_JOBS, whose -fork already uses that many cores per target).
 par=${CKPT_FUZZ_PARALLEL:-2}
 if [ -n "${CKPT_FUZZ_JOBS:-}" ]; then par=${CKPT_FUZZ_PARALLEL:-1}; fi
-targets=(header index manifest unpickle dcp_metadata profile cluster)
+targets=(header index manifest unpickle dcp_metadata profile cluster pdparams)
 running=0
 for t in "${targets[@]}"; do
   if [ "$running" -ge "$par" ]; then wait -n || true; running=$((running - 1)); fi

@@ -25,7 +25,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import profile_refs
 
 PROFILES = ["reference", "hf", "megatron-mcore", "megatron-legacy", "paddlenlp", "paddlenlp-fused"]
-BF16_PROFILES = {"megatron-mcore", "megatron-legacy", "paddlenlp", "paddlenlp-fused"}
+BF16_PROFILES = {"megatron-mcore", "megatron-legacy"}
+KEEP_PROFILES = {"hf", "paddlenlp", "paddlenlp-fused"}  # "keep": the source's dtype (issue 36: PaddleNLP saves fp32 too)
 IDS = torch.tensor([[1, 5, 9, 33, 77, 96, 2, 64]])
 
 
@@ -54,7 +55,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def _stored_dtype_is_bf16(profile, src_bf16):
-    return profile in BF16_PROFILES or (profile == "hf" and src_bf16)
+    return profile in BF16_PROFILES or (profile in KEEP_PROFILES and src_bf16)
 
 
 def _steps(report):
@@ -133,13 +134,13 @@ def test_every_ordered_pair_with_a_layout_change(run_ckpt, stores):
 def test_paddlenlp_tensors_equal_the_numpy_reference(stores):
     d = stores["dir"]
     cfg = stores["model"].config.to_dict()
-    bf = {k: _bf16(v) for k, v in stores["vals"].items()}
+    vals = stores["vals"]  # fp32: the paddlenlp profiles keep the source's dtype (issue 36)
     for p, fused in (("paddlenlp", False), ("paddlenlp-fused", True)):
         _, got, _ = read_native(d / p)
-        want = profile_refs.to_paddlenlp(bf, cfg, fused=fused, tp=2)
+        want = profile_refs.to_paddlenlp(vals, cfg, fused=fused, tp=2)
         assert set(got) == set(want), (p, set(got) ^ set(want))
         for k, v in want.items():
-            assert np.array_equal(got[k], _bf16_bits(v)), (p, k)
+            assert got[k].dtype == np.float32 and np.array_equal(got[k], v), (p, k)
 
 
 def test_libai_tensors_equal_the_numpy_reference_and_gqa_is_refused(run_ckpt, stores, tmp_path):

@@ -74,7 +74,7 @@ TEST(TrainProfile, EveryRankNamingOneProfileSavesInIt) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->active);
   EXPECT_EQ(r->named, "paddlenlp");
-  EXPECT_EQ(r->profile.name, "paddlenlp.fp32");
+  EXPECT_EQ(r->profile.name, "paddlenlp");
   EXPECT_EQ(r->stored_layout.pp, 2);
 }
 

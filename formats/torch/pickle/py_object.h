@@ -65,6 +65,10 @@ struct PyObj {
   const PyObj* args = nullptr;
   const PyObj* state = nullptr;
   bool newobj = false;    // kRecord: built by NEWOBJ (cls.__new__(cls, *args)) rather than REDUCE
+  // kBytes longer than UnpickleLimits::bytes_by_reference_over: not copied (`s` empty), kept as
+  // the range [ref_offset, ref_offset + ref_size) of the unpickled input (a numpy array's data).
+  bool by_ref = false;
+  uint64_t ref_offset = 0, ref_size = 0;
 
   bool is(PyType t) const { return type == t; }
   bool is_record(std::string_view c) const { return type == PyType::kRecord && cls == c; }

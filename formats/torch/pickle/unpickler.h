@@ -24,6 +24,10 @@ struct UnpickleLimits {
   uint64_t max_string = 1ull << 30;     // bytes of one str/bytes
   uint64_t max_items = 1u << 24;        // elements of one list/tuple/dict
   uint64_t max_stack = 1u << 20;        // values on the stack
+  // SHORT_BINBYTES / BINBYTES / BINBYTES8 payloads longer than this are kept by reference (PyObj::by_ref: their
+  // offset and size in the input, not copied and not bound by max_string; the input is bounded):
+  // for pickles of numpy arrays (PaddleNLP's .pdparams) whose data stays in the file.
+  uint64_t bytes_by_reference_over = UINT64_MAX;
 };
 
 struct Pickle {

@@ -75,7 +75,9 @@ std::optional<std::string> py_key_identity(const PyObj* k) {
       return "f" + std::to_string(bits);
     }
     case PyType::kStr: return "s" + std::to_string(k->s.size()) + ":" + k->s;
-    case PyType::kBytes: return "b" + std::to_string(k->s.size()) + ":" + k->s;
+    case PyType::kBytes:
+      if (k->by_ref) break;  // by reference: equal to itself only
+      return "b" + std::to_string(k->s.size()) + ":" + k->s;
     case PyType::kTuple: {
       std::string out = "t" + std::to_string(k->items.size()) + "(";
       for (const PyObj* e : k->items) {

@@ -177,6 +177,15 @@ Status Machine::op_string(uint8_t op, bool* handled) {
   }
   CKPT_ASSIGN_OR_RETURN(uint64_t n, take_le(len_bytes));
   if (op == kBinString && n > INT32_MAX) return fail("PickleBadValue", "a negative BINSTRING length");
+  if ((op == kShortBinBytes || op == kBinBytes || op == kBinBytes8) && n > limits_.bytes_by_reference_over) {
+    const uint64_t at = pos_;
+    CKPT_RETURN_IF_ERROR(take(n, "the bytes").status());
+    CKPT_ASSIGN_OR_RETURN(PyObj * o, make(PyType::kBytes));
+    o->by_ref = true;
+    o->ref_offset = at;
+    o->ref_size = n;
+    return push(o);
+  }
   if (n > limits_.max_string)
     return fail("PickleTooLarge", "a string of " + std::to_string(n) + " bytes exceeds the bound " + std::to_string(limits_.max_string));
   CKPT_ASSIGN_OR_RETURN(std::string_view s, take(n, "the string"));

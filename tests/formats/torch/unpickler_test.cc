@@ -313,5 +313,30 @@ TEST(Unpickler, NegativeStrideRefused) {
 }
 TEST(Unpickler, StopInsideMark) { EXPECT_EQ(code_of(kProto2 + "(N."), "PickleBadValue"); }
 
+// bytes_by_reference_over (PaddleNLP's .pdparams, formats/paddle): longer bytes payloads are kept as
+// their offset and size in the input, not copied; shorter ones and the default copy as before.
+TEST(Unpickler, BytesByReference) {
+  // [b'yz', b'0123456789' (BINBYTES), b'']
+  const string p = kProto2 + "](C\x02yzB"s + le32(10) + "0123456789" + "C\x00"s + "e.";
+  UnpickleLimits lim;
+  lim.bytes_by_reference_over = 2;
+  auto r = unpickle(p, lim);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const auto& it = r->root->items;
+  ASSERT_EQ(it.size(), 3u);
+  EXPECT_FALSE(it[0]->by_ref);
+  EXPECT_EQ(it[0]->s, "yz");
+  ASSERT_TRUE(it[1]->by_ref);
+  EXPECT_TRUE(it[1]->s.empty());
+  EXPECT_EQ(p.substr(it[1]->ref_offset, it[1]->ref_size), "0123456789");
+  EXPECT_FALSE(it[2]->by_ref);
+  auto copied = unpickle(p);
+  ASSERT_TRUE(copied.ok());
+  EXPECT_FALSE(copied->root->items[1]->by_ref);
+  EXPECT_EQ(copied->root->items[1]->s, "0123456789");
+  // A payload cut short is still PickleTruncated, by reference or not.
+  EXPECT_EQ(code_of(kProto2 + "B"s + le32(10) + "01234", lim), "PickleTruncated");
+}
+
 }  // namespace
 }  // namespace ckpt::torch
