@@ -244,7 +244,6 @@ Result<FromHfOutcome> run_from_hf_job(const FromHfRequest& req) {
   ExactnessTracker quant_report;
   CKPT_ASSIGN_OR_RETURN(out.quantization, quantized_export_source(src, req.keep_quantized, req.dtype, opts.keep_as_stored, &quant_report));
   opts.before_commit = check.before_commit(*src);
-  FromHfOutcome out;
   out.source = source_detected_of(*src);
   auto plan = plan_hf_import(*src, opts);
   if (!plan.ok()) return plan.take_status().with_file(req.src);
