@@ -135,9 +135,10 @@ class UniversalSource final : public TensorSource {
         continue;
       }
       const std::string tensor = piece == CheckFailure::kNoPiece ? "" : pieces_[piece].tensor;
+      const size_t owner = piece;  // clang 14 captures no structured binding
       torch::check_zip_entries(**f, o, &unit, path, "", [&](const std::string& key) {
         (void)key;
-        return torch::ZipEntryOwner{piece, tensor};
+        return torch::ZipEntryOwner{owner, tensor};
       }, on_bytes, rep);
     }
     return rep;
