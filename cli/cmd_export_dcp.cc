@@ -18,9 +18,8 @@ CommandAction setup_export_dcp(CLI::App& sub) {
   struct Opts {
     std::string src, out, dtype, source_profile;
     int files = 1;
-    StreamFlags stream;
-    IoFlags io;
-    bool no_fsync = false, json = false, source_chunks = false, no_verify = false;
+    WriteFlags write;
+    bool json = false, source_chunks = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "any checkpoint ckpt opens: native store, HuggingFace dir or .safetensors file, ...")->required();
@@ -30,10 +29,7 @@ CommandAction setup_export_dcp(CLI::App& sub) {
       ->check(CLI::Range(1, 4096));
   sub.add_flag("--source-chunks", o->source_chunks,
                "one DCP chunk per distinct box of the source's pieces (e.g. the tp shards of a native checkpoint) instead of one per tensor");
-  o->stream.add(sub);
-  o->io.add(sub);
-  sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
-  add_no_verify_flag(sub, o->no_verify);
+  o->write.add(sub);
   add_source_profile_flag(sub, o->source_profile);
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
   sub.footer(
@@ -50,13 +46,9 @@ CommandAction setup_export_dcp(CLI::App& sub) {
       req.source_profile = o->source_profile;
       req.out = o->out;
       CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
-      CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());
+      CKPT_RETURN_IF_ERROR(o->write.fill(req));
       req.files = o->files;
       req.source_chunks = o->source_chunks;
-      req.threads = o->stream.threads;
-      CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
-      req.fsync = !o->no_fsync;
-      req.no_verify = o->no_verify;
       return req;
     }();
     if (!parsed.ok()) return report_error(parsed.status());

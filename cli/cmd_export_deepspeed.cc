@@ -18,9 +18,8 @@ CommandAction setup_export_deepspeed(CLI::App& sub) {
   struct Opts {
     std::string src, out;
     int64_t step = -1;
-    StreamFlags stream;
-    IoFlags io;
-    bool weights_only = false, int_step = false, no_fsync = false, json = false, no_verify = false;
+    WriteFlags write;
+    bool weights_only = false, int_step = false, json = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src, "any checkpoint ckpt opens: DeepSpeed ZeRO dir, native store, Megatron, HuggingFace dir, ...")->required();
@@ -30,10 +29,7 @@ CommandAction setup_export_deepspeed(CLI::App& sub) {
   sub.add_flag("--int-step", o->int_step, "write the Adam step as a Python int (DeepSpeed's FusedAdam / DeepSpeedCPUAdam) instead "
                                           "of the 0-d float tensor torch's Adam/AdamW keep");
   sub.add_option("--step", o->step, "the Adam step to write (default: the one SRC records)")->check(CLI::Range(int64_t{0}, int64_t{1} << 62));
-  o->stream.add(sub);
-  o->io.add(sub);
-  sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
-  add_no_verify_flag(sub, o->no_verify);
+  o->write.add(sub);
   sub.add_flag("--json", o->json, "print a JSON summary on stdout");
   sub.footer(
       "Writes what DeepSpeed's ds_to_universal.py writes: OUT/latest_universal, OUT/global_stepN/ with\n"
@@ -50,11 +46,7 @@ CommandAction setup_export_deepspeed(CLI::App& sub) {
       req.weights_only = o->weights_only;
       req.int_step = o->int_step;
       if (o->step >= 0) req.step = o->step;
-      CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());
-      req.threads = o->stream.threads;
-      CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
-      req.fsync = !o->no_fsync;
-      req.no_verify = o->no_verify;
+      CKPT_RETURN_IF_ERROR(o->write.fill(req));
       return req;
     }();
     if (!parsed.ok()) return report_error(parsed.status());
@@ -64,7 +56,7 @@ CommandAction setup_export_deepspeed(CLI::App& sub) {
     auto r = run_export_deepspeed_job(req);
     bar.finish();
     if (!r.ok()) return report_error(r.status());
-    o->stream.print_memory_note(r->memory);
+    o->write.stream.print_memory_note(r->memory);
     if (o->json) {
       std::printf("%s\n", r->to_json().dump().c_str());
     } else {

@@ -17,9 +17,8 @@ namespace {
 CommandAction setup_to_hf(CLI::App& sub) {
   struct Opts {
     std::string src, out, dtype, max_shard = "5GB", quantize, source_profile, profile;
-    StreamFlags stream;
-    IoFlags io;
-    bool no_fsync = false, json = false, no_verify = false, keep_quantized = false;
+    WriteFlags write;
+    bool json = false, keep_quantized = false;
   };
   auto o = std::make_shared<Opts>();
   sub.add_option("SRC", o->src,
@@ -36,10 +35,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
   sub.add_flag("--keep-quantized", o->keep_quantized,
                "a quantized SRC (block/per-tensor FP8, MXFP4): write weights and scales as stored, quantization_config kept "
                "(default: dequantize them into --dtype, bf16 when none; docs/QUANTIZATION.md)");
-  o->stream.add(sub);
-  o->io.add(sub);
-  sub.add_flag("--no-fsync", o->no_fsync, "skip fsync (tests, benchmarks)");
-  add_no_verify_flag(sub, o->no_verify);
+  o->write.add(sub);
   add_source_profile_flag(sub, o->source_profile);
   sub.add_option("--profile", o->profile,
                  "write another stack's files: paddlenlp or paddlenlp-fused (what PaddleNLP's from_pretrained loads: llama.* names, [in, out] "
@@ -57,13 +53,9 @@ CommandAction setup_to_hf(CLI::App& sub) {
       req.source_profile = o->source_profile;
       req.profile = o->profile;
       req.out = o->out;
-      CKPT_ASSIGN_OR_RETURN(req.io, o->io.mode());
+      CKPT_RETURN_IF_ERROR(o->write.fill(req));
       CKPT_ASSIGN_OR_RETURN(req.dtype, float_dtype_flag(o->dtype));
       CKPT_ASSIGN_OR_RETURN(req.max_shard_size, parse_max_shard_size(o->max_shard));
-      CKPT_ASSIGN_OR_RETURN(req.max_memory, o->stream.max_memory_bytes());
-      req.threads = o->stream.threads;
-      req.fsync = !o->no_fsync;
-      req.no_verify = o->no_verify;
       req.keep_quantized = o->keep_quantized;
       req.quantize = o->quantize;
       return req;
@@ -75,7 +67,7 @@ CommandAction setup_to_hf(CLI::App& sub) {
     auto r = run_to_hf_job(req);
     bar.finish();
     if (!r.ok()) return report_error(r.status());
-    o->stream.print_memory_note(r->memory);
+    o->write.stream.print_memory_note(r->memory);
     if (o->json) {
       std::printf("%s\n", r->to_json().dump(2).c_str());
       return 0;

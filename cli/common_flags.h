@@ -68,4 +68,28 @@ struct IoFlags {
   Result<IoMode> mode() const { return parse_io_flag(io); }
 };
 
+// The flags of a job that writes a new checkpoint from SRC: --max-memory --threads, --io, --no-fsync,
+// --no-verify; fill() copies them into a request with the fields of that name (errors name the flag).
+struct WriteFlags {
+  StreamFlags stream;
+  IoFlags io;
+  bool no_fsync = false, no_verify = false;
+
+  void add(CLI::App& sub) {
+    stream.add(sub);
+    io.add(sub);
+    sub.add_flag("--no-fsync", no_fsync, "skip fsync (tests, benchmarks)");
+    add_no_verify_flag(sub, no_verify);
+  }
+  template <class Request>
+  Status fill(Request& req) const {
+    CKPT_ASSIGN_OR_RETURN(req.max_memory, stream.max_memory_bytes());
+    CKPT_ASSIGN_OR_RETURN(req.io, io.mode());
+    req.threads = stream.threads;
+    req.fsync = !no_fsync;
+    req.no_verify = no_verify;
+    return Status::Ok();
+  }
+};
+
 }  // namespace ckpt::cli

@@ -65,13 +65,7 @@ class DeepSpeedSource final : public TensorSource {
     const Src& s = src_[piece];
     std::lock_guard<std::mutex> g(mu_);
     for (const DsSegment& seg : layouts_[s.param].segments) {
-      torch::TorchFile& f = *ranks_[seg.rank].file;
-      const torch::TensorRef* ref = (*s.refs)[seg.rank][seg.group];
-      std::optional<size_t> entry = f.storage_entry(ref->storage.key);
-      if (!entry) return Status::Internal("no zip entry for storage '" + ref->storage.key + "'");
-      const std::pair<const void*, size_t> key{&f, *entry};
-      auto it = checked_.find(key);
-      Status st = it != checked_.end() ? it->second : (checked_[key] = f.check_entry(*entry));
+      Status st = checks_.check(*ranks_[seg.rank].file, (*s.refs)[seg.rank][seg.group]->storage.key);
       if (!st.ok()) return std::move(st).with_tensor(pieces_[piece].tensor);
     }
     return Status::Ok();
@@ -82,16 +76,10 @@ class DeepSpeedSource final : public TensorSource {
             "DeepSpeed ZeRO torch files: `latest` and the file set have no checksum; CRC-32 finds damaged bytes, not deliberate edits"};
   }
   CheckReport check(const CheckOptions& o) override {
-    CheckReport rep;
-    uint64_t unit = 0, done = 0;
-    auto on_bytes = [&](uint64_t n) {
-      done += n;
-      if (o.progress) o.progress(done, 0);
-    };
+    std::vector<torch::ZipCheckFile> files;
+    for (torch::TorchFile* f : all_files()) files.push_back({f, "", {}});
     std::lock_guard<std::mutex> g(mu_);
-    for (torch::TorchFile* f : all_files())
-      torch::check_zip_entries(*f, o, &unit, f->path(), "", [](const std::string&) { return torch::ZipEntryOwner{}; }, on_bytes, rep);
-    return rep;
+    return torch::check_zip_files(files, o);
   }
 
   static Result<std::unique_ptr<TensorSource>> open(const std::string& path_in) {
@@ -265,7 +253,7 @@ class DeepSpeedSource final : public TensorSource {
   std::vector<Piece> pieces_;
   std::vector<Src> src_;
   std::mutex mu_;  // reads and checks: one thread at a time through the libzip handles
-  std::map<std::pair<const void*, size_t>, Status> checked_;  // (file, zip entry) -> outcome of its CRC check
+  torch::StorageChecks checks_;
   nlohmann::json meta_ = nlohmann::json::object();
 };
 

@@ -103,13 +103,9 @@ class UniversalSource final : public TensorSource {
   Status check_piece(size_t piece) override {
     if (piece >= items_.size()) return Status::InvalidArgument("piece index " + std::to_string(piece) + " out of range");
     std::lock_guard<std::mutex> g(mu_);
-    if (auto it = checked_.find(piece); it != checked_.end()) return it->second;
     CKPT_ASSIGN_OR_RETURN(TorchFile * f, file(piece));
-    std::optional<size_t> entry = f->storage_entry(items_[piece].ref.storage.key);
-    if (!entry) return Status::Internal("no zip entry for storage '" + items_[piece].ref.storage.key + "'");
-    Status st = f->check_entry(*entry);
-    if (!st.ok()) st = std::move(st).with_tensor(pieces_[piece].tensor);
-    return checked_[piece] = st;
+    Status st = checks_.check(*f, items_[piece].ref.storage.key);
+    return st.ok() ? st : std::move(st).with_tensor(pieces_[piece].tensor);
   }
 
   IntegrityInfo integrity() const override {
@@ -118,30 +114,11 @@ class UniversalSource final : public TensorSource {
   }
 
   CheckReport check(const CheckOptions& o) override {
-    CheckReport rep;
-    uint64_t unit = 0, done = 0;
-    auto on_bytes = [&](uint64_t n) {
-      done += n;
-      if (o.progress) o.progress(done, 0);
-    };
+    std::vector<torch::ZipCheckFile> files;  // each item's file, then the side files (no piece)
+    for (size_t i = 0; i < items_.size(); ++i) files.push_back({nullptr, items_[i].path, {i, pieces_[i].tensor}});
+    for (const std::string& f : side_files_) files.push_back({nullptr, f, {}});
     std::lock_guard<std::mutex> g(mu_);
-    std::vector<std::pair<std::string, size_t>> files;  // path, piece (kNoPiece: a side file)
-    for (size_t i = 0; i < items_.size(); ++i) files.emplace_back(items_[i].path, i);
-    for (const std::string& f : side_files_) files.emplace_back(f, CheckFailure::kNoPiece);
-    for (const auto& [path, piece] : files) {
-      auto f = TorchFile::open(path);
-      if (!f.ok()) {
-        rep.failures.push_back({piece, f.status(), piece == CheckFailure::kNoPiece ? "" : pieces_[piece].tensor, path, ""});
-        continue;
-      }
-      const std::string tensor = piece == CheckFailure::kNoPiece ? "" : pieces_[piece].tensor;
-      const size_t owner = piece;  // clang 14 captures no structured binding
-      torch::check_zip_entries(**f, o, &unit, path, "", [&](const std::string& key) {
-        (void)key;
-        return torch::ZipEntryOwner{owner, tensor};
-      }, on_bytes, rep);
-    }
-    return rep;
+    return torch::check_zip_files(files, o);
   }
 
   static Result<std::unique_ptr<TensorSource>> open(const std::string& path_in) {
@@ -283,7 +260,7 @@ class UniversalSource final : public TensorSource {
   std::mutex mu_;
   std::map<size_t, std::unique_ptr<TorchFile>> open_;
   std::deque<size_t> lru_;
-  std::map<size_t, Status> checked_;
+  torch::StorageChecks checks_;
 };
 
 }  // namespace ds_universal_detail

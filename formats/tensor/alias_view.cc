@@ -17,7 +17,8 @@ Status bad_alias(const std::string& view, const std::string& what) {
 // (-1 for the view's unit dimensions); view and source agree once unit dimensions are dropped.
 struct AliasMapped {
   TensorAlias a;
-  std::vector<int> src_dim;  // size view rank
+  std::vector<int> src_dim;   // size view rank: the source dimension each view dimension follows, -1: none (extent 1)
+  std::vector<int> view_dim;  // size source rank: the reverse
 };
 
 Result<AliasMapped> alias_pair_dims(TensorAlias a) {
@@ -31,34 +32,29 @@ Result<AliasMapped> alias_pair_dims(TensorAlias a) {
   if (!same)
     return bad_alias(a.view, "box " + a.view_box.to_string() + " and box " + a.src_box.to_string() + " of '" + a.src +
                                  "' differ in more than dimensions of extent 1");
-  AliasMapped m{std::move(a), std::vector<int>(0)};
+  AliasMapped m{std::move(a), {}, {}};
   m.src_dim.assign(m.a.view_box.ndim(), -1);
-  for (size_t k = 0; k < vs.size(); ++k) m.src_dim[vs[k]] = static_cast<int>(ss[k]);
+  m.view_dim.assign(m.a.src_box.ndim(), -1);
+  for (size_t k = 0; k < vs.size(); ++k) m.src_dim[vs[k]] = static_cast<int>(ss[k]), m.view_dim[ss[k]] = static_cast<int>(vs[k]);
   return m;
 }
 
-// The view box of the source box `b` (inside m.a.src_box), and the reverse.
-Box alias_to_view(const AliasMapped& m, const Box& b) {
-  Box v = m.a.view_box;
-  for (size_t d = 0; d < v.ndim(); ++d) {
-    if (m.src_dim[d] < 0) continue;
-    const size_t s = static_cast<size_t>(m.src_dim[d]);
-    v.offset[d] = m.a.view_box.offset[d] + (b.offset[s] - m.a.src_box.offset[s]);
-    v.extent[d] = b.extent[s];
+// Box `b` inside `from` carried to its place inside `to`: dimension d of `to` follows dimension
+// follow[d] of `from` (offset relative to the base boxes, same extent); -1 keeps `to`'s.
+Box carry_box(const Box& from, const Box& to, const std::vector<int>& follow, const Box& b) {
+  Box r = to;
+  for (size_t d = 0; d < r.ndim(); ++d) {
+    if (follow[d] < 0) continue;
+    const size_t s = static_cast<size_t>(follow[d]);
+    r.offset[d] = to.offset[d] + (b.offset[s] - from.offset[s]);
+    r.extent[d] = b.extent[s];
   }
-  return v;
+  return r;
 }
 
-Box alias_to_src(const AliasMapped& m, const Box& v) {
-  Box b = m.a.src_box;
-  for (size_t d = 0; d < v.ndim(); ++d) {
-    if (m.src_dim[d] < 0) continue;
-    const size_t s = static_cast<size_t>(m.src_dim[d]);
-    b.offset[s] = m.a.src_box.offset[s] + (v.offset[d] - m.a.view_box.offset[d]);
-    b.extent[s] = v.extent[d];
-  }
-  return b;
-}
+// The view box of the source box `b` (inside m.a.src_box), and the reverse.
+Box alias_to_view(const AliasMapped& m, const Box& b) { return carry_box(m.a.src_box, m.a.view_box, m.src_dim, b); }
+Box alias_to_src(const AliasMapped& m, const Box& v) { return carry_box(m.a.view_box, m.a.src_box, m.view_dim, v); }
 
 class AliasView final : public TensorSource {
  public:

@@ -204,6 +204,39 @@ void check_zip_entries(TorchFile& f, const CheckOptions& o, uint64_t* unit, cons
   }
 }
 
+CheckReport check_zip_files(const std::vector<ZipCheckFile>& files, const CheckOptions& o, uint64_t total) {
+  CheckReport rep;
+  uint64_t unit = 0, done = 0;
+  auto on_bytes = [&](uint64_t n) {
+    done += n;
+    if (o.progress) o.progress(done, total);
+  };
+  for (const ZipCheckFile& z : files) {
+    std::unique_ptr<TorchFile> opened;
+    TorchFile* f = z.file;
+    if (!f) {
+      auto r = TorchFile::open(z.path);
+      if (!r.ok()) {
+        rep.failures.push_back({z.owner.piece, r.take_status(), z.owner.tensor, z.path, ""});
+        continue;
+      }
+      f = (opened = std::move(*r)).get();
+    }
+    const ZipEntryOwner& who = z.owner;
+    check_zip_entries(*f, o, &unit, f->path(), "", [&who](const std::string&) { return who; }, on_bytes, rep);
+  }
+  return rep;
+}
+
+Status StorageChecks::check(TorchFile& f, const std::string& key) {
+  std::optional<size_t> entry = f.storage_entry(key);
+  if (!entry) return Status::Internal("no zip entry for storage '" + key + "' in '" + f.path() + "'");
+  std::lock_guard<std::mutex> g(mu_);
+  auto [it, fresh] = done_.try_emplace({f.path(), *entry});
+  if (fresh) it->second = f.check_entry(*entry);
+  return it->second;
+}
+
 std::optional<size_t> TorchFile::storage_entry(const std::string& key) const {
   auto it = impl_->storages.find(key);
   if (it == impl_->storages.end()) return std::nullopt;

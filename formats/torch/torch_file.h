@@ -15,9 +15,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "formats/base/status.h"
 #include "formats/tensor/region.h"
@@ -90,5 +93,30 @@ struct ZipEntryOwner {
 void check_zip_entries(TorchFile& f, const CheckOptions& o, uint64_t* unit, const std::string& file, const std::string& context,
                        const std::function<ZipEntryOwner(const std::string&)>& owner,
                        const std::function<void(uint64_t)>& on_bytes, CheckReport& rep);
+
+// One file of check_zip_files: an open file, or (file null) a path opened for the check alone;
+// every storage of the file belongs to `owner` (a failure to open it too).
+struct ZipCheckFile {
+  TorchFile* file = nullptr;
+  std::string path;
+  ZipEntryOwner owner;
+};
+
+// check_zip_entries over `files` in order (units counted on across them); o.progress hears the bytes
+// hashed so far, of `total` (0: unknown).
+CheckReport check_zip_files(const std::vector<ZipCheckFile>& files, const CheckOptions& o, uint64_t total = 0);
+
+// The CRC-32 checks of storages' zip entries for a source's check_piece: each (file path, entry)
+// checked once, its outcome kept for every later call. Thread-safe; the caller holds whatever lock
+// guards `f`'s libzip handle.
+class StorageChecks {
+ public:
+  // Status::Internal when the pickle of `f` names no storage `key` (the source's own index is wrong).
+  Status check(TorchFile& f, const std::string& key);
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<std::string, size_t>, Status> done_;
+};
 
 }  // namespace ckpt::torch

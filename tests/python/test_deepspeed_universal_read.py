@@ -20,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIX = ROOT / "fixtures" / "deepspeed"
 sys.path.insert(0, str(ROOT / "scripts"))
 from native_h5py import read_native  # noqa: E402
+from zip_damage import assert_refused, flip_in_entry  # noqa: E402
 
 KINDS = {"fp32": "", "exp_avg": "optimizer.exp_avg.", "exp_avg_sq": "optimizer.exp_avg_sq."}
 
@@ -115,3 +116,16 @@ def test_hostile_parameter_name_is_refused(run_ckpt, tmp_path):
     torch.save({"param_shapes": [OrderedDict([("../../x", torch.Size([2]))])], "global_steps": 1}, d / "mp_rank_00_model_states.pt")
     p = run_ckpt("to-hf", d, tmp_path / "hf", check=False)
     assert p.returncode != 0 and "DeepSpeedUniversal" in p.stderr and "../../x" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("name", ["zero2_w2_fp32", "zero3_w3_bf16"])
+def test_damaged_byte_in_a_parameter_file_is_caught(run_ckpt, tmp_path, name):
+    """One byte flipped inside a stored tensor of one parameter's exp_avg.pt: verify names the file and its
+    entry (zip CRC-32), to-hf and reshard refuse it and leave nothing (DeepSpeed's files carry no other checksum)."""
+    d = ds_universal(name, tmp_path / "x")
+    assert run_ckpt("verify", d).returncode == 0
+    f = d / "zero" / "model.embed_tokens.weight" / "exp_avg.pt"
+    entry = flip_in_entry(f, 0, f.stat().st_size, lambda infos: next(i for i in infos if "/data/" in i.filename))
+    v = run_ckpt("verify", d, check=False)
+    assert "model.embed_tokens.weight" in v.stdout + v.stderr, v.stdout + v.stderr
+    assert_refused(run_ckpt, d, entry, tmp_path)

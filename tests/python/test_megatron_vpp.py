@@ -300,15 +300,12 @@ def _vpp_oracle(name, pp, vpp):
     return out, step
 
 
-def test_distopt_vpp_state_equals_megatron_core_state(run_ckpt, tmp_path):
-    """distopt_vpp2_pp2 (megatron-core 0.19.2: pp 2 x vpp 2 x dp 2, DistributedOptimizer
-    dp_reshardable, one grad buffer per model chunk, bucketing only on chunk 0 of pipeline rank 0 as
-    Megatron-LM wraps them): the imported fp32 masters and Adam moments equal megatron-core's
-    get_parameter_state_dp_zero() of every chunk element-wise, the step is the param_groups'; its HF
-    export gives megatron-core's logits; reshard to tp 2 and back is byte-identical."""
+def _import_equals_vpp_oracle(run_ckpt, name, tmp_path):
+    """Fixture `name` (pp 2 x vpp 2) imported into one rank: nothing named not imported, the step is the
+    oracle's, every chunk's fp32 masters and Adam moments equal megatron-core's get_parameter_state_dp_zero()
+    (_vpp_oracle) element-wise. Returns the native dir, its tensors and the manifest's megatron record."""
     from native_h5py import read_native
     from test_megatron_019 import _mcore_local
-    name = "distopt_vpp2_pp2"
     native = tmp_path / "native"
     run_ckpt("reshard", FIX / name, native, "--tp", 1, "--pp", 1, "--dp", 1)
     _, got, _ = read_native(native)
@@ -316,7 +313,7 @@ def test_distopt_vpp_state_equals_megatron_core_state(run_ckpt, tmp_path):
     mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
     assert "optimizer_not_imported" not in mg, mg
     oracle, step = _vpp_oracle(name, 2, 2)
-    assert mg["optimizer_step"] == step == 2
+    assert mg["optimizer_step"] == step
     assert len(oracle) == 3 + 6 * LAYERS  # every parameter of every chunk
     for pname, st in oracle.items():
         for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg."), ("exp_avg_sq", "optimizer.exp_avg_sq.")):
@@ -324,6 +321,18 @@ def test_distopt_vpp_state_equals_megatron_core_state(run_ckpt, tmp_path):
             if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
                 want, have = want[:VOCAB], have[:VOCAB]
             np.testing.assert_array_equal(want, have, err_msg=f"{pname} {k}")
+    return native, got, mg
+
+
+def test_distopt_vpp_state_equals_megatron_core_state(run_ckpt, tmp_path):
+    """distopt_vpp2_pp2 (megatron-core 0.19.2: pp 2 x vpp 2 x dp 2, DistributedOptimizer
+    dp_reshardable, one grad buffer per model chunk, bucketing only on chunk 0 of pipeline rank 0 as
+    Megatron-LM wraps them): the imported fp32 masters and Adam moments equal megatron-core's
+    get_parameter_state_dp_zero() of every chunk element-wise, the step is the param_groups'; its HF
+    export gives megatron-core's logits; reshard to tp 2 and back is byte-identical."""
+    name = "distopt_vpp2_pp2"
+    native, _, mg = _import_equals_vpp_oracle(run_ckpt, name, tmp_path)
+    assert mg["optimizer_step"] == 2
     run_ckpt("to-hf", FIX / name, tmp_path / "hf")
     logits = _hf_logits(tmp_path / "hf", np.load(FIX / name / "tokens.npy"))
     assert _rel(logits, np.load(FIX / name / "logits.npy")[..., :VOCAB]) <= 1e-5

@@ -21,29 +21,14 @@ import numpy as np
 import pytest
 import torch
 
-from test_megatron_vpp import FIX, LAYERS, VOCAB, _diff_equal, _hf_logits, _rel, _vpp_oracle
+from test_megatron_vpp import FIX, LAYERS, VOCAB, _diff_equal, _hf_logits, _import_equals_vpp_oracle, _rel
 
 NAME = "distopt_legacy_vpp2_pp2"
 
 
 def test_legacy_vpp_distopt_state_equals_megatron_core(run_ckpt, tmp_path):
-    from native_h5py import read_native
-    from test_megatron_019 import _mcore_local
-    native = tmp_path / "native"
-    run_ckpt("reshard", FIX / NAME, native, "--tp", 1, "--pp", 1, "--dp", 1)
-    _, got, _ = read_native(native)
-    man = json.loads(next(native.rglob("manifest.json")).read_text())
-    mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
-    assert "optimizer_not_imported" not in mg, mg
-    oracle, step = _vpp_oracle(NAME, 2, 2)
-    assert mg["optimizer_step"] == step == 2
-    assert len(oracle) == 3 + 6 * LAYERS
-    for pname, st in oracle.items():
-        for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg."), ("exp_avg_sq", "optimizer.exp_avg_sq.")):
-            want, have = _mcore_local(lambda n: got[prefix + n], pname, 0, 1), st[k]
-            if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                want, have = want[:VOCAB], have[:VOCAB]
-            np.testing.assert_array_equal(want, have, err_msg=f"{pname} {k}")
+    native, got, mg = _import_equals_vpp_oracle(run_ckpt, NAME, tmp_path)
+    assert mg["optimizer_step"] == 2
     # the same run saved as torch_dist (dp_reshardable buckets per chunk) imports to the same tensors
     other = tmp_path / "td"
     run_ckpt("reshard", FIX / "distopt_vpp2_pp2", other, "--tp", 1, "--pp", 1, "--dp", 1)
@@ -144,23 +129,8 @@ def test_dp_zero_gather_scatter_vpp_equals_megatron_core_state(run_ckpt, tmp_pat
     dp_zero_gather_scatter: per pipeline rank the ShardedObject param_state = get_parameter_state_dp_zero(),
     grad buffers 0 and 1): masters and moments equal megatron-core's state of every chunk, nothing named not
     imported, and the import equals the dp_reshardable one of the same run tensor for tensor."""
-    from native_h5py import read_native
-    from test_megatron_019 import _mcore_local
-    name = "distopt_zero_vpp2_pp2"
-    native = tmp_path / "native"
-    run_ckpt("reshard", FIX / name, native, "--tp", 1, "--pp", 1, "--dp", 1)
-    _, got, _ = read_native(native)
-    man = json.loads(next(native.rglob("manifest.json")).read_text())
-    mg = man["metadata"]["megatron"] if "metadata" in man else man["megatron"]
-    assert "optimizer_not_imported" not in mg and mg["optimizer_sharding_type"] == "dp_zero_gather_scatter", mg
-    oracle, step = _vpp_oracle(name, 2, 2)
-    assert mg["optimizer_step"] == step == 2 and len(oracle) == 3 + 6 * LAYERS
-    for pname, st in oracle.items():
-        for k, prefix in (("param", ""), ("exp_avg", "optimizer.exp_avg."), ("exp_avg_sq", "optimizer.exp_avg_sq.")):
-            want, have = _mcore_local(lambda n: got[prefix + n], pname, 0, 1), st[k]
-            if pname in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                want, have = want[:VOCAB], have[:VOCAB]
-            np.testing.assert_array_equal(want, have, err_msg=f"{pname} {k}")
+    native, _, mg = _import_equals_vpp_oracle(run_ckpt, "distopt_zero_vpp2_pp2", tmp_path)
+    assert mg["optimizer_sharding_type"] == "dp_zero_gather_scatter" and mg["optimizer_step"] == 2, mg
     other = tmp_path / "td"
     run_ckpt("reshard", FIX / "distopt_vpp2_pp2", other, "--tp", 1, "--pp", 1, "--dp", 1)
     rep = json.loads(run_ckpt("diff", native, other, "--json").stdout)
