@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include "formats/base/json_read.h"
+
 namespace ckpt {
 
 namespace deepspeed_detail {
@@ -285,6 +287,20 @@ Result<RankFiles> rank_files(const std::string& dir) {
 }
 
 // The TensorSource: per tensor one whole piece, read by gathering its segments' runs.
+Status read_config_beside(const std::vector<std::string>& dirs, nlohmann::json& meta) {
+  std::error_code ec;
+  for (const std::string& d : dirs) {
+    const std::string cfg = d + "/config.json";
+    if (!fs::is_regular_file(cfg, ec)) continue;
+    CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(cfg, kConfigJsonLimits, "config.json"));
+    if (!j.is_object()) return Status::Error("InvalidConfig", "config.json is not a JSON object").with_file(cfg);
+    meta["model_config"] = std::move(j);
+    meta["deepspeed"]["config_json"] = cfg;
+    break;
+  }
+  return Status::Ok();
+}
+
 }  // namespace deepspeed_detail
 
 }  // namespace ckpt

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "converters/deepspeed/ds_partitions.h"
+#include <nlohmann/json.hpp>
+
 #include "formats/base/status.h"
 #include "formats/torch/torch_file.h"
 
@@ -62,5 +64,8 @@ Result<std::string> step_dir_of(const std::string& path, std::string* tag);
 // The optimizer rank files of step directory `dir`, ranks 0..n-1 (DeepSpeedMissingRank;
 // tensor- and expert-parallel files: Unsupported).
 Result<RankFiles> rank_files(const std::string& dir);
+// The model's config.json from the first of `dirs` holding one, into meta["model_config"] (its path
+// in meta["deepspeed"]["config_json"]); none: meta unchanged. DeepSpeed keeps no config of its own.
+Status read_config_beside(const std::vector<std::string>& dirs, nlohmann::json& meta);
 
 }  // namespace ckpt::deepspeed_detail

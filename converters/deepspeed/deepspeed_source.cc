@@ -201,15 +201,7 @@ class DeepSpeedSource final : public TensorSource {
     meta_["deepspeed"] = ds;
     nlohmann::json adam = torch_adam_hyper(r0.param_groups);
     if (!adam.empty()) meta_["adam"] = adam;
-    for (const std::string& d : {path, dir_, fs::path(path).parent_path().string()}) {
-      const std::string cfg = d + "/config.json";
-      if (!fs::is_regular_file(cfg, ec)) continue;
-      CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(cfg, kConfigJsonLimits, "config.json"));
-      if (!j.is_object()) return Status::Error("InvalidConfig", "config.json is not a JSON object").with_file(cfg);
-      meta_["model_config"] = std::move(j);
-      meta_["deepspeed"]["config_json"] = cfg;
-      break;
-    }
+    CKPT_RETURN_IF_ERROR(read_config_beside({path, dir_, fs::path(path).parent_path().string()}, meta_));
     return Status::Ok();
   }
 

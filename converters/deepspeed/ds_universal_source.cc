@@ -237,16 +237,7 @@ class UniversalSource final : public TensorSource {
       if (const PyObj* osd = opt->root()->get("optimizer_state_dict"); osd != nullptr) groups = osd->get("param_groups");
     nlohmann::json hyper = torch_adam_hyper(groups);
     if (!hyper.empty()) meta_["adam"] = hyper;
-    std::error_code ec;
-    for (const std::string& d : {path, dir_, fs::path(dir_).parent_path().string()}) {
-      const std::string cfg = d + "/config.json";
-      if (!fs::is_regular_file(cfg, ec)) continue;
-      CKPT_ASSIGN_OR_RETURN(nlohmann::json j, read_json_file(cfg, kConfigJsonLimits, "config.json"));
-      if (!j.is_object()) return Status::Error("InvalidConfig", "config.json is not a JSON object").with_file(cfg);
-      meta_["model_config"] = std::move(j);
-      meta_["deepspeed"]["config_json"] = cfg;
-      break;
-    }
+    CKPT_RETURN_IF_ERROR(deepspeed_detail::read_config_beside({path, dir_, fs::path(dir_).parent_path().string()}, meta_));
     return Status::Ok();
   }
 
