@@ -209,9 +209,10 @@ class OutputFile::Stage {
         st_.pool->submit(st_.writes, buf_, filled_ - flushed_, [st, b = buf_, base = base_, x = flushed_, y = filled_](WritePool::Route r) {
           if (r == WritePool::Route::kDirect) return write_staged(*st, b, base, x, y);
           CKPT_RETURN_IF_ERROR(pwrite_full(st->fd.get(), b + (x - base), y - x, x, st->path));
-          // auto's probe of the page cache: its writeback waited for, as the final fsync would
-          if (r == WritePool::Route::kBufferedProbe &&
-              ::sync_file_range(st->fd.get(), static_cast<off_t>(x), static_cast<off_t>(y - x),
+          // through the page cache (auto's probe, and the run when the probe chose it): the request's
+          // writeback started and waited for here, as the probe measured it, so that the run goes at
+          // the probe's rate instead of leaving the dirty pages to the kernel's flusher and the fsync
+          if (::sync_file_range(st->fd.get(), static_cast<off_t>(x), static_cast<off_t>(y - x),
                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
             return Status::FromErrno("writeback failed", st->path, errno);
           return Status::Ok();

@@ -26,10 +26,11 @@
 //    probe's rate its bytes over the time it had a request in flight, with nothing else in flight
 //    (a submit that would start the next probe or pass the second waits until the probe before it
 //    is done); every later request goes the faster way (choice()), buffered only when its probe was
-//    kBufferedMargin times faster: the probe waits for its writeback, the rest of a buffered run
-//    leaves it to the kernel and the final fsync, which the probe does not predict (3.08 GB reshard,
-//    hot, 2026-11-28: runs whose probes chose buffered at 1.0-1.4x took 6.0-7.9 s, runs that chose
-//    direct 2.0-2.9 s, --io buffered 3.4-5.5 s). Without set_auto every request
+//    kBufferedMargin times faster; a buffered request of the run waits for its writeback as the
+//    probe's did (OutputFile), so that the probe predicts the run: left to the kernel's flusher and
+//    the final fsync, the dirty pages of a buffered run were written far slower than the probe
+//    measured (3.34 GB MoE reshard, 2026-11-28: a probe at 0.98 GB/s buffered vs 0.50 GB/s direct
+//    chose buffered, whose write then took 15.8 s; runs that chose direct 2.5-4 s). Without set_auto every request
 //    is kDirect (the file writes direct where it can). Bytes are the same either way.
 // Thread safety: every method from any thread; a WriteGroup must outlive its writes (wait() first).
 #pragma once
