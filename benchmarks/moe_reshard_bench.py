@@ -8,7 +8,9 @@ Source: a Mixtral-shaped bf16 model (default 10 layers, hidden 1536, 16 experts 
     the rank's experts stacked ([E/ep, F/etp, h], canonical names) and the dense tensors once (in rank 0's file
     only: the least a Python converter has to read), each file with the global offsets of its tensors.
 Timed, in interleaved rounds (--rounds, the order rotated each round), each command in the same state:
-  ckpt    `ckpt reshard` to ep2 tp2 pp2 (etp 1, dp 1, stages 5,5), source check on (the default), fsync'd;
+  ckpt    `ckpt reshard` to ep2 tp2 pp2 (etp 1, dp 1, stages 5,5), source check on (the default), fsync'd, --io auto
+          (its default; ckpt_direct, ckpt_buffered: --io direct / buffered, in --commands when asked); its --json
+          says which way auto wrote (io.writes) and how the source was checked, both kept in the row;
   cp      `cp -r` of the ckpt store + sync: the plain copy of the same bytes;
   python  the Python way: torch.load of every source rank file, each tensor copied into its global tensor
           (one at a time, file freed after use), then for every target rank its boxes sliced, cloned and
@@ -218,27 +220,47 @@ def fresh(p: pathlib.Path):
 
 
 def summarize(rows, states, src_bytes):
-    """Per state: medians, paired per-round ratios and the goals."""
+    """Per state: medians of every command, and per ckpt command its ratios (of the medians, and the median of each
+    round's ratio) to cp and to the Python way."""
     out = {}
     for st in states:
-        med = {}
-        for cmd in ("ckpt", "cp", "python"):
+        med, ratios = {}, {}
+        for cmd in dict.fromkeys(r["cmd"] for r in rows):
             rs = [r for r in rows if r["state"] == st and r["cmd"] == cmd]
-            if rs:
-                med[cmd] = {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_rss_mib", "cpu_s")}
-        paired = {}
-        for base in ("cp", "python"):
-            pairs = [(r, c) for r in rows for c in rows if r["state"] == c["state"] == st and r["round"] == c["round"]
-                     and r["cmd"] == base and c["cmd"] == "ckpt"]
-            paired[f"{base}/ckpt"] = statistics.median(r["seconds"] / c["seconds"] for r, c in pairs) if pairs else None
-        s = {"medians": med, "paired_median_ratio": paired, "ckpt_GBps": src_bytes / med["ckpt"]["seconds"] / 1e9}
-        if "cp" in med:
-            s["cp_over_ckpt"] = med["cp"]["seconds"] / med["ckpt"]["seconds"]
-        if "python" in med:
-            s["python_over_ckpt"] = med["python"]["seconds"] / med["ckpt"]["seconds"]
-            s["ckpt_rss_fraction_of_python"] = med["ckpt"]["peak_rss_mib"] / med["python"]["peak_rss_mib"]
-        out[st] = s
+            med[cmd] = {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_rss_mib", "cpu_s")}
+        for ck in (c for c in med if c.startswith("ckpt")):
+            for base in ("cp", "python"):
+                pairs = [(r["seconds"], c["seconds"]) for r in rows for c in rows if r["state"] == c["state"] == st
+                         and r["round"] == c["round"] and r["cmd"] == base and c["cmd"] == ck]
+                if pairs:
+                    ratios[f"{base}/{ck}"] = {"of_medians": med[base]["seconds"] / med[ck]["seconds"],
+                                              "paired_median": statistics.median(x / y for x, y in pairs)}
+            if "python" in med:
+                ratios[f"rss {ck}/python"] = med[ck]["peak_rss_mib"] / med["python"]["peak_rss_mib"]
+            med[ck]["GBps"] = src_bytes / med[ck]["seconds"] / 1e9
+        out[st] = {"medians": med, "ratios": ratios}
     return out
+
+
+def run_round(rnd, a, cmds, st, root):
+    """One round: every command once per state, the order rotated by the round; returns the rows."""
+    names, rows = a.commands.split(","), []
+    for state in a.states.split(","):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            make, source = cmds[name]
+            cmd = make()
+            st.enter(state, [source])
+            with open(root / "cmd_stdout.txt", "w") as out:
+                s, rss, cpu = timed(cmd, sync=True, stdout=out)
+            row = {"round": rnd, "state": state, "cmd": name, "seconds": s, "peak_rss_mib": rss, "cpu_s": cpu,
+                   "loadavg": open("/proc/loadavg").read().split()[:3]}
+            if name.startswith("ckpt"):  # its --json: how it wrote (--io auto's choice) and checked the source
+                j = json.loads((root / "cmd_stdout.txt").read_text())
+                row.update(writes=j["io"]["writes"], source_check=j["source_check"]["how"], bytes_written=j["bytes_written"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            fresh(root / f"o_{name}")
+    return rows
 
 
 def main():
@@ -252,7 +274,7 @@ def main():
     ap.add_argument("--states", default="hot")
     ap.add_argument("--hot-gib", type=float, default=8.0)
     ap.add_argument("--idle-sleep", type=float, default=30.0)
-    ap.add_argument("--commands", default="ckpt,cp,python")
+    ap.add_argument("--commands", default="ckpt,cp,python", help="of ckpt (--io auto), ckpt_direct, ckpt_buffered, cp, python")
     ap.add_argument("--max-memory", default="", help="ckpt --max-memory ('' = its default)")
     for k, v in (("layers", 10), ("hidden", 1536), ("ffn", 2048), ("experts", 16), ("heads", 12), ("kv", 4), ("vocab", 32000)):
         ap.add_argument(f"--{k}", type=int, default=v)
@@ -263,10 +285,12 @@ def main():
     print(json.dumps({"source_bytes": src_bytes, "torch_source_bytes": dir_bytes(ranks), "model": vars(a)}), flush=True)
     mm = ["--max-memory", a.max_memory] if a.max_memory else []
     per = ",".join(map(str, dst["per"]))
-    cmds = {"ckpt": (lambda: [ckpt, "reshard", store, fresh(root / "o_ckpt"), "--tp", "2", "--pp", "2", "--pp-layers", per,
-                              "--dp", "1", "--ep", "2", "--etp", "1", *mm], store),
-            "cp": (lambda: ["cp", "-r", store, fresh(root / "o_cp")], store),
+    cmds = {"cp": (lambda: ["cp", "-r", store, fresh(root / "o_cp")], store),
             "python": (lambda: [a.python, root / "py_way.py", "reshard", cfg, ranks, fresh(root / "o_py")], ranks)}
+    for io in ("auto", "direct", "buffered"):  # ckpt = its default (--io auto); ckpt_direct, ckpt_buffered
+        cmds["ckpt" if io == "auto" else f"ckpt_{io}"] = (
+            lambda io=io: [ckpt, "reshard", store, fresh(root / ("o_ckpt" if io == "auto" else f"o_ckpt_{io}")), "--tp", "2",
+                           "--pp", "2", "--pp-layers", per, "--dp", "1", "--ep", "2", "--etp", "1", "--io", io, "--json", *mm], store)
     if a.check:
         cmd = cmds["ckpt"][0]()
         subprocess.run(cmd, check=True, capture_output=True)
@@ -274,27 +298,14 @@ def main():
         print(subprocess.run([a.python, root / "py_way.py", "check", cfg, root / "o_py", cmd[3]], check=True, capture_output=True,
                              text=True).stdout.strip(), flush=True)
         fresh(root / "o_py"), fresh(root / "o_ckpt")
-    names = a.commands.split(",")
     st = State(types.SimpleNamespace(hot_gib=a.hot_gib, idle_sleep=a.idle_sleep, drop_method="drop_caches"))
-    states, rows = a.states.split(","), []
+    rows = []
     for rnd in range(a.rounds):
         print(json.dumps({"round": rnd, "machine": machine_state(root, brief=rnd > 0)}), flush=True)
-        for state in states:
-            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-                make, source = cmds[name]
-                cmd = make()
-                st.enter(state, [source])
-                s, rss, cpu = timed(cmd, sync=True)
-                row = {"round": rnd, "state": state, "cmd": name, "seconds": s, "peak_rss_mib": rss, "cpu_s": cpu,
-                       "loadavg": open("/proc/loadavg").read().split()[:3]}
-                if name != "cp":
-                    row["bytes_written"] = dir_bytes(pathlib.Path(cmd[-1] if name == "python" else cmd[3]))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                fresh(root / f"o_{name}")
+        rows += run_round(rnd, a, cmds, st, root)
     if not rows:  # --rounds 0: the sources only
         return
-    res = summarize(rows, states, src_bytes)
+    res = summarize(rows, a.states.split(","), src_bytes)
     print(json.dumps({"summary": res, "machine_after": machine_state(root, brief=True)}, indent=1), flush=True)
 
 
