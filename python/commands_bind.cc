@@ -50,10 +50,17 @@ class CommandOptions {
   std::string str(const char* key) { return get<std::string>(key); }
   // The text of the options is parsed as the CLI parses its flags (converters/jobs/job_flags.h:
   // errors name the flag); parse() raises the first error after done().
-  // tp, pp, dp, zero, pp_layers (--tp --pp --dp --zero --pp-layers).
+  // tp, pp, dp, zero, pp_layers, ep, etp (--tp --pp --dp --zero --pp-layers --ep --etp; ep/etp 0: not given).
   Result<LayoutValues> layout() {
     const int tp = get<int>("tp"), pp = get<int>("pp"), dp = get<int>("dp"), zero = get<int>("zero");
-    return LayoutValues::parse(tp, pp, dp, zero, str("pp_layers"));
+    const int ep = get<int>("ep"), etp = get<int>("etp");
+    CKPT_ASSIGN_OR_RETURN(LayoutValues v, LayoutValues::parse(tp, pp, dp, zero, str("pp_layers")));
+    if (ep < 0 || ep > (1 << 16) || etp < 0 || etp > (1 << 16))
+      return Status::InvalidArgument(std::string(command_) + ": ep and etp must be in 1..65536 (0: not given), got ep=" +
+                                     std::to_string(ep) + " etp=" + std::to_string(etp));
+    v.ep = ep;
+    v.etp = etp;
+    return v;
   }
   ProfileRequest profile() { return {str("profile"), str("profile_file"), get<bool>("saturate"), std::nullopt}; }
   // max_memory (--max-memory).

@@ -166,9 +166,9 @@ def _finish(arr, framework):
 
 def parse_layout(layout) -> dict:
     """A layout as the engine takes it (reshard/layout/layout.h), from a dict ({"tp": 2, "pp": 2, "dp": 1,
-    "zero": 1, "pp_layers": [1, 3]}, or any layout JSON: "layers_per_stage", "pipelines"...), a
+    "zero": 1, "pp_layers": [1, 3]}, or any layout JSON: "layers_per_stage", "pipelines", "ep", "etp"...), a
     layout file's path, a JSON string, or the CLI's flags as a string ("tp=2 pp=2 dp=1
-    pp_layers=1,3" or "--tp 2 --pp 2 --pp-layers 1,3")."""
+    pp_layers=1,3 ep=2 etp=1" or "--tp 2 --pp 2 --pp-layers 1,3 --ep 2")."""
     if isinstance(layout, dict):
         return dict(layout)
     if not isinstance(layout, str):
@@ -187,12 +187,12 @@ def parse_layout(layout) -> dict:
         key = key.lstrip("-").replace("-", "_")
         if key in ("pp_layers", "layers_per_stage"):
             out["layers_per_stage"] = [int(x) for x in value.split(",")]
-        elif key in ("tp", "pp", "dp", "zero", "vocab_divisor"):
+        elif key in ("tp", "pp", "dp", "zero", "ep", "etp", "vocab_divisor"):
             out[key] = int(value)
         elif key == "profile":
             out[key] = value
         else:
-            raise _invalid(f"layout {layout!r}: unknown key {key!r} (tp, pp, dp, zero, pp_layers, "
+            raise _invalid(f"layout {layout!r}: unknown key {key!r} (tp, pp, dp, zero, pp_layers, ep, etp, "
                                              "vocab_divisor, profile)")
     return out
 

@@ -104,9 +104,10 @@ def _layout_file(layout):
         os.unlink(f.name)
 
 
-def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
                   threads, max_memory, io, dry_run, verify_source, convert):
     return {"layout": _opt_path(layout), "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
+            "ep": ep, "etp": etp,
             "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
             "compress": compress, "digest": digest, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "dry_run": dry_run,
@@ -114,7 +115,8 @@ def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, profile, profile_file, sa
 
 
 def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
-            zero: int = -1, pp_layers: Optional[str] = None, profile: Optional[str] = None,
+            zero: int = -1, pp_layers: Optional[str] = None, ep: int = 0, etp: int = 0,
+            profile: Optional[str] = None,
             profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
             digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
             dry_run: bool = False, verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
@@ -124,7 +126,8 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
 
     The layout is ``layout=`` (a layout JSON file, a dict such as ``ckpt.plan(...)["best"]["layout"]``,
     JSON text, or a flag string like ``"tp=2 pp=2 dp=1 pp_layers=1,3"``: see ``ckpt.parse_layout``)
-    or ``tp``/``pp``/``dp``/``zero``/``pp_layers`` (values left at 0 / -1 / None keep the source's). ``verify_source=False`` skips re-hashing the
+    or ``tp``/``pp``/``dp``/``zero``/``pp_layers`` (values left at 0 / -1 / None keep the source's); ``ep``/``etp``:
+    expert parallelism of an MoE model as ``--ep``/``--etp`` (docs/MOE.md; 0: not given). ``verify_source=False`` skips re-hashing the
     source before committing. ``dry_run=True`` only plans.
 
     Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
@@ -134,14 +137,15 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
     ``bytes_from_copy`` and ``bytes_reread``, or "process", "inline", "none") and for a profile
     conversion ``{profile, from_profile, exactness}``."""
     with _layout_file(layout) as lay:
-        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
                              threads, max_memory, io, dry_run, verify_source, False)
         return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
 
 def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file: Optional[Path] = None,
             saturate: bool = False, layout: Union[None, Path, dict] = None, tp: int = 0, pp: int = 0, dp: int = 0,
-            zero: int = -1, pp_layers: Optional[str] = None, compress: str = "none", digest: str = "xxh3-128",
+            zero: int = -1, pp_layers: Optional[str] = None, ep: int = 0, etp: int = 0, compress: str = "none",
+            digest: str = "xxh3-128",
             threads: int = 2, max_memory: Size = "256M", io: str = "auto", dry_run: bool = False,
             verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
     """Converts a checkpoint to another vendor/framework profile (``profile="megatron-mcore"``,
@@ -150,7 +154,7 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
     ``ckpt.CastOverflowError`` naming the tensors (nothing written) unless ``saturate=True``.
     Returns :func:`reshard`'s fields with ``exactness`` (the report also stored in the manifest)."""
     with _layout_file(layout) as lay:
-        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, profile, profile_file, saturate, compress, digest,
+        opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
                              threads, max_memory, io, dry_run, verify_source, True)
         return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
@@ -178,17 +182,19 @@ def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: 
 
 
 def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, pp: int = 0, dp: int = 0,
-            zero: int = -1, pp_layers: Optional[str] = None, profile: Optional[str] = None,
+            zero: int = -1, pp_layers: Optional[str] = None, ep: int = 0, etp: int = 0,
+            profile: Optional[str] = None,
             profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
             digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
             fsync: bool = True, progress: Progress = None) -> Dict[str, Any]:
     """Imports a HuggingFace LLaMA directory (or .safetensors file with config.json beside it, or a
     DCP directory of an HF state_dict) into a new native store ``dst``, laid out for
-    ``tp``/``pp``/``dp`` when given (else tp=pp=dp=1), in ``profile`` when given.
+    ``tp``/``pp``/``dp`` when given (else tp=pp=dp=1), with expert parallelism ``ep``/``etp`` for an MoE model
+    (docs/MOE.md; 0: not given), in ``profile`` when given.
 
     Returns ``{out, layout, tensors, bytes, side_files, skipped, seconds, memory}`` (+ ``profile``,
     ``exactness`` with a profile)."""
-    opts = {"dtype": dtype or "", "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
+    opts = {"dtype": dtype or "", "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "", "ep": ep, "etp": etp,
             "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
             "compress": compress, "digest": digest, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}

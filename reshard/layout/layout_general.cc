@@ -275,6 +275,9 @@ Status known_keys(const nlohmann::json& j, std::initializer_list<const char*> ke
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : keys) ok = ok || it.key() == k;
+    if (!ok && (it.key() == "ep" || it.key() == "etp"))  // per-stage expert parallelism: docs/MOE.md "Layouts"
+      return Status::Error("LayoutUnsupported", ctx + " gives '" + it.key() + "': expert parallelism per stage or pipeline is "
+                                                "not supported; only the symmetric form (--tp --pp --dp --ep --etp) takes it (docs/MOE.md)");
     if (!ok) return bad_general(ctx + " has an unknown key '" + it.key() + "'");
   }
   return Status::Ok();

@@ -1,6 +1,7 @@
 """Expert parallelism in layouts (issue 37, docs/MOE.md "Layouts"), checked without ckpt's code:
-random MoE layouts A and B (tp, uneven pp, dp, ep, etp; ZeRO-1 where no expert parallelism) of
-transformers' tiny Qwen3-MoE and Mixtral (fixtures/moe): HF -> A -> B -> A.
+random MoE layouts A and B (tp, uneven pp, dp, ep, etp, zero) of transformers' tiny Qwen3-MoE and Mixtral
+(fixtures/moe): HF -> A -> B -> A (weights), and with Adam state (store_write_tool from numpy) src -> A -> B -> A
+with ZeRO-1 drawn together with ep/etp, every piece checked against tests/python/moe_reference.py.
 - B read by the independent h5py reader (scripts/native_h5py.py) equals the numpy stack of
   save_pretrained's per-expert tensors, every element held by exactly one stored piece;
 - every stored piece of an expert tensor is the box its file's rank must hold by Megatron-Core's
@@ -15,29 +16,16 @@ import random
 
 import numpy as np
 import pytest
+from moe_reference import fixture_tensors
 from native_h5py import read_native
-from safetensors.numpy import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MOE = ROOT / "fixtures" / "moe"
 
 
 def _reference(family):
-    """{canonical name: numpy array} of the fixture, the experts stacked as the store holds them."""
-    hf = load_file(MOE / family / "legacy" / "model.safetensors")
-    cfg = json.loads((MOE / family / "legacy" / "config.json").read_text())
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
-    out, names = {}, {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-    for k, v in hf.items():
-        k2 = k.replace(".block_sparse_moe.", ".mlp.")
-        parts = k2.split(".")
-        if ".mlp.experts." in k2:  # model.layers.L.mlp.experts.E.PROJ.weight
-            e, proj = int(parts[5]), names.get(parts[6], parts[6])
-            name = ".".join(parts[:5] + [proj, "weight"])
-            out.setdefault(name, np.zeros((experts,) + v.shape, v.dtype))[e] = v
-        else:
-            out[k2] = v
-    return out, experts
+    """({canonical name: numpy array} of the fixture, the experts stacked as the store holds them; expert count)."""
+    return fixture_tensors(MOE / family / "legacy")
 
 
 def _divisors(n):
@@ -115,6 +103,43 @@ def test_random_expert_layouts_against_numpy(run_ckpt, tmp_path, family, seed):
     assert _pieces(man_a) == _pieces(json.loads((tmp_path / "A2" / "manifest.json").read_text())), (a, b)
 
 
+def _random_zero_layouts(rng, layers, experts, width):
+    """Two random layouts, at least one of them ZeRO-1 with expert parallelism (ep or etp > 1)."""
+    while True:
+        a, b = _random_layout(rng, layers, experts, width), _random_layout(rng, layers, experts, width)
+        if any(x["zero"] and x["ep"] * x["etp"] > 1 for x in (a, b)):
+            return a, b
+
+
+@pytest.mark.parametrize("family,seed", [("qwen3_moe", s) for s in (11, 12, 13, 14)] + [("mixtral", s) for s in (15, 16, 17)])
+def test_random_expert_layouts_with_zero1_adam_state(tool, run_ckpt, tmp_path, family, seed):
+    """Weights + Adam state (written by store_write_tool from numpy) through random layouts A -> B -> A, ZeRO-1 drawn
+    with ep/etp: B read by h5py equals the numpy tensors; every stored piece of A and B lies in what its rank holds
+    by Megatron-Core's rules restated in moe_reference (expert boxes, the dense flat buffers over dp and the expert
+    ones over the expert data-parallel group, 128 * group padding, even split), every element stored once; A again
+    byte for byte."""
+    import megatron_reference as ref
+    import moe_reference
+    rng = random.Random(seed)
+    cfg = json.loads((MOE / family / "legacy" / "config.json").read_text())
+    ref_t, experts = _reference(family)
+    tensors = ref.with_optimizer_state(ref_t, np.random.default_rng(seed))
+    ref.write_native_store(tool("store_write_tool"), tmp_path / "spec", tmp_path / "src", cfg, tensors)
+    layers, width = cfg["num_hidden_layers"], cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    a, b = _random_zero_layouts(rng, layers, experts, width)
+    run_ckpt("reshard", tmp_path / "src", tmp_path / "A", *_flags(a))
+    run_ckpt("reshard", tmp_path / "A", tmp_path / "B", *_flags(b))
+    run_ckpt("reshard", tmp_path / "B", tmp_path / "A2", *_flags(a))
+    man_b, got, _ = read_native(tmp_path / "B")
+    assert sorted(got) == sorted(tensors)
+    for k, v in tensors.items():
+        assert np.array_equal(got[k], v), (k, a, b)
+    assert moe_reference.check_pieces(man_b, cfg, b)
+    man_a = json.loads((tmp_path / "A" / "manifest.json").read_text())
+    assert moe_reference.check_pieces(man_a, cfg, a)
+    assert _pieces(man_a) == _pieces(json.loads((tmp_path / "A2" / "manifest.json").read_text())), (a, b)
+
+
 @pytest.mark.parametrize("flags,code,needle", [
     (["--tp", "2", "--pp", "1", "--dp", "1", "--ep", "4"], "BadLayout", "does not divide"),
     (["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "LayoutRefused", "experts"),
@@ -127,15 +152,18 @@ def test_impossible_expert_layouts_are_refused(run_ckpt, tmp_path, flags, code, 
     assert not (tmp_path / "o").exists()
 
 
-def test_expert_parallelism_in_a_layout_of_pipelines_is_refused(run_ckpt, tmp_path):
+@pytest.mark.parametrize("where", ["layout", "stage", "pipeline"])
+def test_expert_parallelism_in_a_layout_of_pipelines_is_refused(run_ckpt, tmp_path, where):
     cfg = json.loads((MOE / "qwen3_moe" / "legacy" / "config.json").read_text())
     run_ckpt("from-hf", MOE / "qwen3_moe" / "legacy", tmp_path / "s", "--no-fsync")
     lay = tmp_path / "general.json"
-    stage = {"layers": cfg["num_hidden_layers"], "tp": 1, "device": "A"}
-    lay.write_text(json.dumps({"pipelines": [{"micro_batch": 1, "stages": [stage]}, {"micro_batch": 2, "stages": [stage]}],
-                               "zero": 0, "ep": 2}))
+    stage = {"layers": cfg["num_hidden_layers"], "tp": 2, "device": "A"}
+    pipe = {"micro_batch": 1, "stages": [dict(stage, ep=2) if where == "stage" else stage]}
+    j = {"pipelines": [dict(pipe, etp=1) if where == "pipeline" else pipe, pipe], "zero": 0}
+    lay.write_text(json.dumps(dict(j, ep=2) if where == "layout" else j))
     p = run_ckpt("reshard", tmp_path / "s", tmp_path / "o", "--layout", lay, check=False)
-    assert p.returncode != 0 and "[LayoutUnsupported]" in p.stderr, p.stderr
+    assert p.returncode != 0 and "[LayoutUnsupported]" in p.stderr and "expert parallelism" in p.stderr, p.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_expert_parallelism_of_a_dense_model_is_refused(run_ckpt, tmp_path):
