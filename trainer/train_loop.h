@@ -32,6 +32,8 @@ struct TrainOptions {
   int64_t save_every = 0;       // 0: save only at the end (when out_dir is set)
   std::string out_dir;          // run dir (checkpoints, train_log.jsonl); empty: no output
   std::string resume;           // "", "latest" (out_dir/latest), or a checkpoint / run dir
+  std::string init;             // "" or a checkpoint whose model weights start the run (step 0, new
+                                // optimizer state; e.g. `ckpt from-hf` of an HF model)
   uint64_t seed = 1234;
   double lr = 3e-3;             // peak LR
   int64_t warmup = 20;
@@ -131,6 +133,7 @@ class Trainer {
  private:
   Trainer();
   Status resume(const std::string& path);
+  Status init_weights(const std::string& path);  // --init
 
   TrainOptions opt_s_;
   Layout layout_;
