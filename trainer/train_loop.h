@@ -72,6 +72,7 @@ struct StepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
   double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
+  double router_load = 0;       // MoE: max / mean tokens per expert of the most unbalanced layer (0: dense)
   // Parallel runs: the step's compute, communication (collectives) and pipeline-idle (waiting for
   // a neighbouring stage) seconds, each the maximum over ranks.
   double compute_s = 0, comm_s = 0, idle_s = 0;

@@ -9,7 +9,8 @@ trainer_dump writes it), loss = cross-entropy + router_aux_loss_coef * aux_loss
 (output_router_logits): every step's loss within 1e-5 relative. The step-N checkpoint holds the
 store's canonical MoE tensors (the same names and shapes `from-hf` wrote), `ckpt to-hf` of it loads
 in transformers, and its weights are torch's after N steps within a tenth of lr (float32 Adam noise,
-as the dense test bounds it). A multi-rank MoE run is refused by name.
+as the dense test bounds it). A resume from the step-2 checkpoint repeats steps 3..N bit for bit;
+the step line reports the router's load. A multi-rank MoE run is refused by name.
 """
 import json
 import subprocess
@@ -98,12 +99,17 @@ def test_train_from_hf_moe_import_equals_torch(tmp_path, name):
     cfg = _make_hf(tmp_path, name)
     _ckpt("from-hf", tmp_path / "hf", tmp_path / "store", "--no-fsync")
     run = tmp_path / "run"
-    _ckpt("train", "--config", tmp_path / "hf" / "config.json", "--init", tmp_path / "store", "--steps", STEPS,
-          "--out", run, "--seed", SEED, "--micro-batch", B, "--seq-len", T, "--lr", LR, "--warmup", WARMUP,
-          "--threads", 1, "--sync-save")
+    common = ["--config", tmp_path / "hf" / "config.json", "--steps", STEPS, "--seed", SEED, "--micro-batch", B,
+              "--seq-len", T, "--lr", LR, "--warmup", WARMUP, "--threads", 1, "--sync-save"]
+    p = _ckpt("train", *common, "--init", tmp_path / "store", "--out", run, "--save-every", 2)
+    assert "router max/mean" in p.stdout, p.stdout
     log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines() if x.strip()]
     ours = [r["loss"] for r in log if "loss" in r]
-    assert len(ours) == STEPS, log
+    assert len(ours) == STEPS and all(r["router_load"] >= 1 for r in log if "loss" in r), log
+    # Resumed from step 2 in a new launch: the same steps 3..N, bit for bit.
+    _ckpt("train", *common, "--resume", run / "step-00000002", "--out", tmp_path / "run_b")
+    log_b = [json.loads(x) for x in (tmp_path / "run_b" / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["loss"] for r in log_b if "loss" in r] == ours[2:]
     losses, final = _torch_run(tmp_path, MODELS[name][1], _batches(tmp_path), cfg["vocab_size"])
     print(f"{name}: losses ours {ours}, torch {losses}")
     np.testing.assert_allclose(ours, losses, rtol=1e-5)

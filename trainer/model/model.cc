@@ -202,6 +202,14 @@ void Model<T>::zero_grad() {
 }
 
 template <class T>
+double Model<T>::take_router_load() {
+  double worst = 0;
+  for (auto& l : layers_)
+    if (l.is_moe()) worst = std::max(worst, l.moe.take_load());
+  return worst;
+}
+
+template <class T>
 int64_t Model<T>::num_params() const {
   int64_t n = 0;
   for (auto* p : const_cast<Model*>(this)->params()) n += p->numel();
@@ -306,6 +314,7 @@ Status Model<T>::check_stage_call(int slot, const int32_t* tokens, const T* x_in
   template Status Model<T>::init(uint64_t);                                                                 \
   template void Model<T>::zero_grad();                                                                      \
   template int64_t Model<T>::num_params() const;                                                            \
+  template double Model<T>::take_router_load();                                                            \
   template double Model<T>::train_flops_per_token(int64_t) const;                                           \
   template Status Model<T>::check_batch(const int32_t*, const int32_t*, int64_t, int64_t) const;            \
   template Status Model<T>::check_stage_call(int, const int32_t*, const T*, const int32_t*, int64_t,        \

@@ -82,6 +82,9 @@ class Model {
   // MoE: the load-balancing loss (transformers' aux_loss, before its coefficient) of the last
   // forward; 0 for a dense model.
   double last_aux_loss() const { return last_aux_; }
+  // MoE: the router's load since the last call, max / mean tokens per expert of the most
+  // unbalanced MoE layer (0 for a dense model); restarts the count.
+  double take_router_load();
   int tp_rank() const { return tp_.rank; }
 
   // Every parameter held, in canonical order (llama_model_tensors). With tied embeddings the

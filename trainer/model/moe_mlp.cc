@@ -126,12 +126,25 @@ void MoeMlp<T>::forward(int slot, const T* x, T* y, int64_t n, RouterTotals* tot
     }
   }
   if (Fs_ > 0) shared_forward(a, x, y, n);
+  load_.resize(static_cast<size_t>(E_), 0);
+  for (int64_t e = 0; e < E_; ++e) load_[e] += a.first[e + 1] - a.first[e];
   if (totals) {
     for (int64_t e = 0; e < E_; ++e) totals->count[e] += static_cast<double>(a.first[e + 1] - a.first[e]);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t e = 0; e < E_; ++e) totals->psum[e] += static_cast<double>(a.probs[t * E_ + e]);
     totals->rows += n;
   }
+}
+
+template <class T>
+double MoeMlp<T>::take_load() {
+  int64_t mx = 0, sum = 0;
+  for (int64_t c : load_) {
+    mx = std::max(mx, c);
+    sum += c;
+  }
+  std::fill(load_.begin(), load_.end(), 0);
+  return sum == 0 ? 0.0 : static_cast<double>(mx) * static_cast<double>(E_) / static_cast<double>(sum);
 }
 
 // y[n, D] += gate * down(silu(gate_proj x) * up_proj x); gate = sigmoid(x w_s^T) or 1.

@@ -68,6 +68,9 @@ class MoeMlp {
   MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string, Shape>>& specs);
 
   bool active() const { return E_ > 0; }
+  // max / mean of the tokens routed to each expert since the last call (1: balanced; 0 when
+  // nothing was routed), then restarts the count.
+  double take_load();
   int64_t experts() const { return E_; }
   std::vector<Param<T>*> params();
   void set_slots(int k) { acts_.resize(static_cast<size_t>(k)); }
@@ -100,6 +103,7 @@ class MoeMlp {
   bool renorm_ = false, has_shared_gate_ = false;
   std::vector<MoeActs<T>> acts_ = std::vector<MoeActs<T>>(1);
   std::vector<T> dye_, dh_, dg_, du_, dxg_, dw_, dlog_;  // backward scratch
+  std::vector<int64_t> load_;                           // [E] picks per expert since take_load
 };
 
 }  // namespace ckpt::trainer
