@@ -1,7 +1,7 @@
 """`ckpt train` on an MoE model imported from HF (issue 38, one process).
 
-transformers makes a tiny Qwen3-MoE (a dense layer between MoE ones, q/k norms) and a Mixtral with
-seeded random weights and saves them as released checkpoints are (`save_pretrained`, one tensor
+transformers makes a tiny Qwen3-MoE (a dense layer between MoE ones, q/k norms), a Qwen2-MoE (shared
+expert and its gate, q/k/v biases) and a Mixtral with seeded random weights and saves them as released checkpoints are (`save_pretrained`, one tensor
 per expert); `ckpt from-hf` imports them; `ckpt train --init` trains N steps from those weights.
 Oracle: transformers + torch.optim.AdamW (the documented defaults, test_trainer_vs_torch.py's
 schedule) from the same HF weights on the same batches (the token stream of the same seed, as
@@ -28,6 +28,10 @@ MODELS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=48, moe_intermediate_size=24, num_hidden_layers=3, mlp_only_layers=[1],
                        decoder_sparse_step=1, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=40,
+                       num_hidden_layers=2, mlp_only_layers=[], decoder_sparse_step=1, num_experts=4,
+                       num_experts_per_tok=2, norm_topk_prob=False)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(intermediate_size=40, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
 }
