@@ -23,9 +23,21 @@ struct TrainFlags {
   std::string digest = "xxh3-128";
 };
 
+constexpr const char* kTrainFooter =
+      "Parallel runs: mpirun -np N ckpt train ... --tp T --pp P [--pp-layers a,b,..] --dp D [--micro-batches a,b,..] [--zero 1]\n"
+      "with N = T*P*D. Ranks follow Megatron-LM: rank = (pp_rank*dp + dp_rank)*tp + tp_rank. Every DP rank runs\n"
+      "--grad-accum micro-batches of its own size per step; the global batch is grad-accum * sum(micro-batches)\n"
+      "and the update equals the one-process update for the same global batch. --resume accepts a checkpoint of\n"
+      "any layout (the global batch and seq-len must match). A general --layout FILE (per-stage tp, per-pipeline\n"
+      "stage splits and micro-batches) runs on N = the sum of its stages' tp ranks (docs/TRAINER.md).\n"
+      "Mixture-of-experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) train in one process, with the load-balancing loss;\n"
+      "--init STORE starts from an imported HF model (`ckpt from-hf`).";
+
 CommandAction setup_train(CLI::App& sub) {
   auto f = std::make_shared<TrainFlags>();
-  sub.add_option("--config", f->config, "HF LlamaForCausalLM config.json (e.g. fixtures/tiny_llama.json)")->required();
+  sub.add_option("--config", f->config,
+                 "HF config.json: LlamaForCausalLM, or Mixtral / Qwen2-MoE / Qwen3-MoE in one process (e.g. fixtures/tiny_llama.json)")
+      ->required();
   sub.add_option("--steps", f->o.steps, "Train until this many optimizer steps are done")->capture_default_str();
   sub.add_option("--total-steps", f->o.total_steps, "LR schedule horizon (default: --steps)");
   sub.add_option("--save-every", f->o.save_every, "Checkpoint every K steps (0: only at the end)")->capture_default_str();
@@ -33,6 +45,9 @@ CommandAction setup_train(CLI::App& sub) {
   sub.add_option("--resume", f->o.resume,
                  "Resume from a checkpoint or run dir, or 'latest' (of --out); any layout and any profile (converted "
                  "on the way in)");
+  sub.add_option("--init", f->o.init,
+                 "Start a new run (step 0, new optimizer state) from the weights of a checkpoint with this config, "
+                 "e.g. `ckpt from-hf` of an HF model (Mixtral / Qwen-MoE included)");
   sub.add_option("--seed", f->o.seed, "Seed of the initialization and the data stream")->capture_default_str();
   sub.add_option("--lr", f->o.lr, "Peak learning rate")->capture_default_str();
   sub.add_option("--warmup", f->o.warmup, "Linear warm-up steps")->capture_default_str();
@@ -69,13 +84,7 @@ CommandAction setup_train(CLI::App& sub) {
                  "--micro-batch on every rank");
   sub.add_option("--dump-grads", f->o.dump_grads,
                  "Write the first step's gradients (global view, after the DP reduction, before clipping) as a checkpoint to DIR");
-  sub.footer(
-      "Parallel runs: mpirun -np N ckpt train ... --tp T --pp P [--pp-layers a,b,..] --dp D [--micro-batches a,b,..] [--zero 1]\n"
-      "with N = T*P*D. Ranks follow Megatron-LM: rank = (pp_rank*dp + dp_rank)*tp + tp_rank. Every DP rank runs\n"
-      "--grad-accum micro-batches of its own size per step; the global batch is grad-accum * sum(micro-batches)\n"
-      "and the update equals the one-process update for the same global batch. --resume accepts a checkpoint of\n"
-      "any layout (the global batch and seq-len must match). A general --layout FILE (per-stage tp, per-pipeline\n"
-      "stage splits and micro-batches) runs on N = the sum of its stages' tp ranks (docs/TRAINER.md).");
+  sub.footer(kTrainFooter);
   return [f]() -> int {
     auto cfg = LlamaConfig::from_file(f->config);
     if (!cfg.ok()) return report_error(cfg.status());

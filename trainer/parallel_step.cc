@@ -164,6 +164,7 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   st.seconds = step_clock_s() - t0;
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * sums[2];
+  st.router_load = model.take_router_load();
   return st;
 }
 

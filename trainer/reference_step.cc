@@ -67,6 +67,7 @@ Result<StepStats> optimizer_step(Model<T>& model, BasicAdamW<T>& opt, const Toke
   st.seconds = ref_now_s() - t0;
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * model.train_flops_per_token(S);
+  st.router_load = model.take_router_load();
   return st;
 }
 

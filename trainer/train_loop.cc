@@ -27,7 +27,6 @@ double now_s() {
 }
 
 Status check_options(const TrainOptions& o) {
-  CKPT_RETURN_IF_ERROR(o.config.require_dense("ckpt train"));
   if (o.steps < 0) return Status::InvalidArgument("--steps must be >= 0");
   if (o.micro_batch < 1 || o.seq_len < 1 || o.grad_accum < 1)
     return Status::InvalidArgument("--micro-batch, --seq-len and --grad-accum must be >= 1");
@@ -50,6 +49,8 @@ Status check_options(const TrainOptions& o) {
     return Status::InvalidArgument("vocab_size " + std::to_string(o.config.vocab_size) +
                                    " is smaller than the byte tokenizer's " + std::to_string(kMinVocab));
   if (o.resume == "latest" && o.out_dir.empty()) return Status::InvalidArgument("--resume latest needs --out RUN_DIR");
+  if (!o.resume.empty() && !o.init.empty())
+    return Status::InvalidArgument("--init starts a new run from a checkpoint's weights, --resume continues one: give one");
   return Status::Ok();
 }
 
@@ -100,6 +101,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   CKPT_RETURN_IF_ERROR(check_options(o));
   TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
   CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
+  if (o.config.moe && world.size() > 1)
+    return Status::Error("LayoutRefused", std::string("a ") + model_type_name(o.config.family) + " model (" +
+                                              std::to_string(o.config.moe->num_experts) + " experts) trains in one "
+                                              "process for now: expert parallelism (--ep) is not implemented, and "
+                                              "tp, pp and dp are refused with MoE layers (" +
+                                              std::to_string(world.size()) + " ranks given)");
   CKPT_RETURN_IF_ERROR(check_batch(layout, o));
   std::string mem_check;  // before any allocation: the cluster file and every rank's memory estimate
   CKPT_RETURN_IF_ERROR(check_cluster_memory(
@@ -145,6 +152,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   s.micro_batch = layout.pipeline_micro_batch(0);
   s.global_batch = global_batch(layout, o.grad_accum);
   if (!o.resume.empty()) CKPT_RETURN_IF_ERROR(t->resume(o.resume == "latest" ? o.out_dir : o.resume));
+  if (!o.init.empty()) CKPT_RETURN_IF_ERROR(t->init_weights(o.init));
   if (o.data_path.empty()) {
     t->data_ = TokenStream::procedural(s.seed);
   } else {
@@ -205,6 +213,15 @@ Status Trainer::resume(const std::string& path) {
   return Status::Ok();
 }
 
+Status Trainer::init_weights(const std::string& path) {
+  std::vector<HeldRegion> held;
+  for (HeldRegion& h : parts_->opt->held_regions())
+    if (!h.tensor.starts_with("optimizer.")) held.push_back(std::move(h));
+  auto meta = dist_load(Comm::world(), path, opt_s_.config, layout_, held, true);
+  if (!meta.ok()) return meta.take_status().with_context("--init from '" + path + "'");
+  return Status::Ok();
+}
+
 Result<StepStats> Trainer::train_step() {
   Parts& p = *parts_;
   GradDump<float> dump;
@@ -246,6 +263,10 @@ std::string Trainer::format_line(const StepStats& s) {
     std::snprintf(buf, sizeof buf, " | comm %.0f%% idle %.0f%%", 100 * s.comm_s / s.seconds, 100 * s.idle_s / s.seconds);
     line += buf;
   }
+  if (s.router_load > 0) {
+    std::snprintf(buf, sizeof buf, " | router max/mean %.2f", s.router_load);
+    line += buf;
+  }
   if (s.save_blocked_s > 0) {
     std::snprintf(buf, sizeof buf, " | save blocked %.1f ms", s.save_blocked_s * 1e3);
     line += buf;
@@ -259,6 +280,7 @@ nlohmann::json Trainer::to_json(const StepStats& s) {
           {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"flops_per_s", s.flops_per_s},
           {"save_blocked_s", s.save_blocked_s}, {"compute_s", s.compute_s}, {"comm_s", s.comm_s},
           {"idle_s", s.idle_s}};
+  if (s.router_load > 0) j["router_load"] = s.router_load;
   if (!s.emulation.empty()) {
     j["emulated"] = s.emulation_factors;
     j["rank_compute_s"] = s.rank_compute_s;

@@ -32,6 +32,8 @@ struct TrainOptions {
   int64_t save_every = 0;       // 0: save only at the end (when out_dir is set)
   std::string out_dir;          // run dir (checkpoints, train_log.jsonl); empty: no output
   std::string resume;           // "", "latest" (out_dir/latest), or a checkpoint / run dir
+  std::string init;             // "" or a checkpoint whose model weights start the run (step 0, new
+                                // optimizer state; e.g. `ckpt from-hf` of an HF model)
   uint64_t seed = 1234;
   double lr = 3e-3;             // peak LR
   int64_t warmup = 20;
@@ -70,6 +72,7 @@ struct StepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
   double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
+  double router_load = 0;       // MoE: max / mean tokens per expert of the most unbalanced layer (0: dense)
   // Parallel runs: the step's compute, communication (collectives) and pipeline-idle (waiting for
   // a neighbouring stage) seconds, each the maximum over ranks.
   double compute_s = 0, comm_s = 0, idle_s = 0;
@@ -131,6 +134,7 @@ class Trainer {
  private:
   Trainer();
   Status resume(const std::string& path);
+  Status init_weights(const std::string& path);  // --init
 
   TrainOptions opt_s_;
   Layout layout_;

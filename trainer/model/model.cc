@@ -17,10 +17,27 @@ constexpr int64_t kMaxParamElems = int64_t{4} << 30;       // 4 Gi elements per 
 constexpr int64_t kMaxActivationElems = int64_t{2} << 30;  // per buffer
 
 
-// The model checks of this trainer (no biases, even head_dim, sizes that fit memory and int64).
+// The MoE families this trainer runs: Mixtral, Qwen2-MoE, Qwen3-MoE (not DeepSeek-V3's MLA and
+// biased router).
+Status check_moe_config(const LlamaConfig& c) {
+  if (c.mla || (c.moe && c.moe->router_bias))
+    return Status::Error("UnsupportedModel", std::string("ckpt train does not support ") + model_type_name(c.family) +
+                                                 " models (multi-head latent attention, the router's score bias); it "
+                                                 "trains llama, mixtral, qwen2_moe and qwen3_moe");
+  if (!c.moe) return Status::Ok();
+  CKPT_RETURN_IF_ERROR(router_aux_loss_coef(c).status());
+  const int64_t rows = c.moe->top_k * std::max(c.moe->expert_intermediate, c.hidden_size);
+  if (rows > kMaxActivationElems)
+    return Status::InvalidArgument("model config: num_experts_per_tok x expert width too large for the trainer");
+  return Status::Ok();
+}
+
+// The model checks of this trainer (no biases but Qwen2-MoE's q/k/v, even head_dim, sizes that
+// fit memory and int64).
 Status check_config(const LlamaConfig& c) {
   if (c.attention_bias || c.mlp_bias)
     return Status::Unsupported("the reference trainer has no bias support (attention_bias / mlp_bias must be false)");
+  CKPT_RETURN_IF_ERROR(check_moe_config(c));
   if (c.hidden_act != "silu")
     return Status::Unsupported("hidden_act '" + c.hidden_act + "': the reference trainer implements silu only");
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 ||
@@ -66,6 +83,10 @@ Status check_shard(const LlamaConfig& c, const ModelShard& s) {
       return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                     std::to_string(c.intermediate_size));
   }
+  if ((c.moe || c.qk_norm || c.qkv_bias) && (tp > 1 || l.pp > 1))
+    return refuse(std::string("a ") + model_type_name(c.family) + " model trains in one process for now (tp=" +
+                  std::to_string(tp) + ", pp=" + std::to_string(l.pp) +
+                  "): its MoE layers, q/k norms and q/k/v biases have no tensor- or pipeline-parallel kernels yet");
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(l));
   if (s.pp_rank < 0 || s.pp_rank >= l.pp || s.tp_rank < 0 || s.tp_rank >= tp)
     return Status::InvalidArgument("model shard pp_rank=" + std::to_string(s.pp_rank) + " tp_rank=" +
@@ -118,13 +139,17 @@ Result<Model<T>> Model<T>::build(const LlamaConfig& c, int64_t begin, int64_t en
   m.holds_embed_ = m.has_embedding() || (m.has_head() && c.tie_word_embeddings);
   if (m.holds_embed_) m.embed_.allocate("model.embed_tokens.weight", vshape, vbox, true);
   m.layers_.reserve(static_cast<size_t>(end - begin));
+  const auto specs = DecoderLayer<T>::layer_specs(c);
   for (int64_t i = begin; i < end; ++i) {
     std::vector<Box> boxes;
-    for (const auto& [name, shape] : DecoderLayer<T>::param_specs(c, i)) {
+    for (const auto& [name, shape] : specs[static_cast<size_t>(i)]) {
       CKPT_ASSIGN_OR_RETURN(Box b, box_of(name, shape));
       boxes.push_back(std::move(b));
     }
-    m.layers_.emplace_back(c, i, m.tp_, boxes);
+    m.layers_.emplace_back(c, i, m.tp_, boxes, specs[static_cast<size_t>(i)]);
+  }
+  if (c.moe) {
+    CKPT_ASSIGN_OR_RETURN(m.aux_coef_, router_aux_loss_coef(c));
   }
   if (m.has_head()) {
     m.norm_.allocate("model.norm.weight", {c.hidden_size}, false);
@@ -177,6 +202,14 @@ void Model<T>::zero_grad() {
 }
 
 template <class T>
+double Model<T>::take_router_load() {
+  double worst = 0;
+  for (auto& l : layers_)
+    if (l.is_moe()) worst = std::max(worst, l.moe.take_load());
+  return worst;
+}
+
+template <class T>
 int64_t Model<T>::num_params() const {
   int64_t n = 0;
   for (auto* p : const_cast<Model*>(this)->params()) n += p->numel();
@@ -190,7 +223,16 @@ double Model<T>::train_flops_per_token(int64_t seq) const {
   const double Q = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double KV = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double L = static_cast<double>(layer_end_ - layer_begin_);
-  double linear = L * (D * Q + 2 * D * KV + Q * D + 3 * D * F);
+  double linear = L * (D * Q + 2 * D * KV + Q * D);
+  for (int64_t i = layer_begin_; i < layer_end_; ++i) {
+    if (!c.moe || !c.moe->is_moe_layer(i)) {
+      linear += 3 * D * F;
+      continue;
+    }
+    // Router, the top-k experts each token runs, the shared expert (and its gate).
+    const MoeConfig& m = *c.moe;
+    linear += D * static_cast<double>(m.num_experts + 3 * m.top_k * m.expert_intermediate + 3 * m.shared_intermediate);
+  }
   if (has_head()) linear += static_cast<double>(c.vocab_size) * D;
   return 6.0 * linear + 12.0 * L * static_cast<double>(seq) * Q;
 }
@@ -217,7 +259,8 @@ Status check_sizes(const LlamaConfig& c, int64_t b, int64_t seq) {
                                    c.num_attention_heads * c.head_dim});
   auto a1 = n ? checked_mul(*n, widest) : std::nullopt;
   auto a2 = n ? checked_mul(*n, c.num_attention_heads * seq) : std::nullopt;
-  if (!a1 || !a2 || *a1 > kMaxActivationElems || *a2 > kMaxActivationElems)
+  auto a3 = n && c.moe ? checked_mul(*n, c.moe->top_k * std::max(c.moe->expert_intermediate, c.hidden_size)) : a1;
+  if (!a1 || !a2 || !a3 || *a1 > kMaxActivationElems || *a2 > kMaxActivationElems || *a3 > kMaxActivationElems)
     return Status::InvalidArgument("micro-batch " + std::to_string(b) + " x " + std::to_string(seq) +
                                    " needs activation buffers beyond the trainer's limit");
   return Status::Ok();
@@ -271,6 +314,7 @@ Status Model<T>::check_stage_call(int slot, const int32_t* tokens, const T* x_in
   template Status Model<T>::init(uint64_t);                                                                 \
   template void Model<T>::zero_grad();                                                                      \
   template int64_t Model<T>::num_params() const;                                                            \
+  template double Model<T>::take_router_load();                                                            \
   template double Model<T>::train_flops_per_token(int64_t) const;                                           \
   template Status Model<T>::check_batch(const int32_t*, const int32_t*, int64_t, int64_t) const;            \
   template Status Model<T>::check_stage_call(int, const int32_t*, const T*, const int32_t*, int64_t,        \

@@ -79,6 +79,12 @@ class Model {
   // Vocabulary rows of the embedding / head held here (the whole vocabulary when tp == 1).
   VocabRange vocab_range() const { return vocab_; }
   int tp_size() const { return tp_.size; }
+  // MoE: the load-balancing loss (transformers' aux_loss, before its coefficient) of the last
+  // forward; 0 for a dense model.
+  double last_aux_loss() const { return last_aux_; }
+  // MoE: the router's load since the last call, max / mean tokens per expert of the most
+  // unbalanced MoE layer (0 for a dense model); restarts the count.
+  double take_router_load();
   int tp_rank() const { return tp_.rank; }
 
   // Every parameter held, in canonical order (llama_model_tensors). With tied embeddings the
@@ -104,7 +110,8 @@ class Model {
                          std::vector<T>* logits);
 
   // Model FLOPs of one training token (forward + backward = 3 x forward matmul FLOPs):
-  // 6 * (linear weights incl. head) + 12 * layers * seq * H * hd (scores and P*V, full square).
+  // 6 * (linear weights a token runs through, incl. head; an MoE layer: router, top-k experts, shared
+  // expert) + 12 * layers * seq * H * hd (scores and P*V, full square).
   // Counts this stage's layers (and head) whole: with tp > 1, the FLOPs of all its TP ranks together.
   double train_flops_per_token(int64_t seq) const;
 
@@ -117,6 +124,8 @@ class Model {
     std::vector<T> resid;         // [(layers + 1) * n * D] the residual stream at every layer boundary
     std::vector<T> xf, rstdf;     // [n, D], [n] final norm output (last stage)
     std::vector<T> logits;        // [n, Vl] (last stage; dlogits after stage_forward with grads)
+    RouterTotals router;          // MoE: router statistics over the stage's MoE layers
+    std::vector<T> aux_dp;        // [E] MoE: d(loss)/d(router probability) of the load-balancing loss
   };
 
   Model() = default;
@@ -128,11 +137,14 @@ class Model {
   Result<double> run_forward(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets, int64_t b,
                              int64_t seq, T loss_scale, T* x_out, bool grads);
   Status head_backward(SlotActs& s, T* dx);  // dx [n, D] = d(loss)/d(last layer output)
+  double moe_aux(SlotActs& s, T loss_scale);  // the slot's load-balancing loss term (sum form)
   Status tp_sum(T* buf, int64_t n);
   void ensure_rope(int64_t seq);
   Param<T>& head() { return cfg_.tie_word_embeddings ? embed_ : lm_head_; }
 
   LlamaConfig cfg_;
+  double aux_coef_ = 0;             // MoE: router_aux_loss_coef
+  double last_aux_ = 0;             // MoE: the load-balancing loss of the last forward
   int64_t layer_begin_ = 0, layer_end_ = 0;
   TpPart tp_;
   VocabRange vocab_;                // rows of the embedding / head held here

@@ -38,10 +38,11 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
   } else {
     std::copy(x_in, x_in + n * D, x);
   }
+  if (cfg_.moe) s.router.reset(cfg_.moe->num_experts);
   for (int64_t i = 0; i < nl; ++i) {
     T* out = (i + 1 == nl && !has_head()) ? x_out : x + (i + 1) * n * D;
-    CKPT_RETURN_IF_ERROR(
-        layers_[static_cast<size_t>(i)].forward(slot, x + i * n * D, out, b, seq, cos_.data(), sin_.data()));
+    CKPT_RETURN_IF_ERROR(layers_[static_cast<size_t>(i)].forward(slot, x + i * n * D, out, b, seq, cos_.data(),
+                                                                 sin_.data(), &s.router));
   }
   if (!has_head()) {
     s.live = grads;
@@ -58,9 +59,28 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
     CKPT_ASSIGN_OR_RETURN(loss, vocab_parallel_cross_entropy<T>(s.logits.data(), vocab_, targets,
                                                                 grads ? s.logits.data() : nullptr, n,
                                                                 loss_scale, tp_.comm));
+    loss += moe_aux(s, loss_scale);
   }
   s.live = grads;
   return loss;
+}
+
+// The load-balancing loss of the slot's micro-batch (one stage holds every MoE layer), as a sum
+// over its n tokens: coef * aux * n, so that the step's mean loss is transformers' loss +
+// router_aux_loss_coef * aux_loss. Keeps d(loss_scale * that)/d(p[t, e]) =
+// loss_scale * n * coef * E * count_e / rows^2 for the backward (rows = n x MoE layers).
+template <class T>
+double Model<T>::moe_aux(SlotActs& s, T loss_scale) {
+  s.aux_dp.clear();
+  last_aux_ = 0;
+  if (!cfg_.moe || s.router.rows == 0) return 0.0;
+  last_aux_ = s.router.aux_loss();
+  const double n = static_cast<double>(s.b * s.seq), rows = static_cast<double>(s.router.rows);
+  const double E = static_cast<double>(cfg_.moe->num_experts);
+  s.aux_dp.resize(s.router.count.size());
+  for (size_t e = 0; e < s.aux_dp.size(); ++e)
+    s.aux_dp[e] = static_cast<T>(static_cast<double>(loss_scale) * n * aux_coef_ * E * s.router.count[e] / (rows * rows));
+  return aux_coef_ * last_aux_ * n;
 }
 
 template <class T>
@@ -108,7 +128,8 @@ Status Model<T>::stage_backward(int slot, const T* dx_out, T* dx_in) {
     T* out = (g == ws_.dres0.data()) ? ws_.dres1.data() : ws_.dres0.data();
     if (i == 0 && !has_embedding()) out = dx_in;
     CKPT_RETURN_IF_ERROR(layers_[static_cast<size_t>(i)].backward(slot, s.resid.data() + i * n * D, g, out, s.b,
-                                                                  s.seq, ws_, cos_.data(), sin_.data()));
+                                                                  s.seq, ws_, cos_.data(), sin_.data(),
+                                                                  s.aux_dp.empty() ? nullptr : s.aux_dp.data()));
     g = out;
   }
   if (has_embedding()) vocab_parallel_embedding_backward<T>(embed_.g.data(), vocab_, s.tokens.data(), n, D, g);
@@ -143,6 +164,7 @@ Result<double> Model<T>::forward_backward(const int32_t* tokens, const int32_t* 
   template Result<double> Model<T>::stage_forward(int, const int32_t*, const T*, const int32_t*, int64_t,   \
                                                   int64_t, T, T*);                                          \
   template Status Model<T>::head_backward(SlotActs&, T*);                                                   \
+  template double Model<T>::moe_aux(SlotActs&, T);                                                   \
   template Status Model<T>::stage_backward(int, const T*, T*);                                              \
   template Result<double> Model<T>::forward(const int32_t*, const int32_t*, int64_t, int64_t,               \
                                             std::vector<T>*);                                               \

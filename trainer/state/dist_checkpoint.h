@@ -114,8 +114,10 @@ class DistSaver {
 // shape; verifies the pieces' digests (split over the ranks by bytes); then reads exactly the
 // held regions. Every rank gets the same error (naming the piece, tensor or file) or the
 // checkpoint's metadata (model_config, layout, trainer, ...).
-// `layout`: the run's layout (world.size() must equal its world size).
+// `layout`: the run's layout (world.size() must equal its world size). weights_only (`ckpt train
+// --init`): any checkpoint with a model_config equal to `cfg` and the model tensors (`from-hf`'s
+// output), no 'trainer' metadata or optimizer tensors needed; `held` names model tensors only.
 Result<nlohmann::json> dist_load(Comm& world, const std::string& path, const LlamaConfig& cfg, const Layout& layout,
-                                 const std::vector<HeldRegion>& held);
+                                 const std::vector<HeldRegion>& held, bool weights_only = false);
 
 }  // namespace ckpt::trainer

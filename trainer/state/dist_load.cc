@@ -23,18 +23,19 @@ std::vector<size_t> my_verify_share(const store::Manifest& m, int rank, int nran
   return balanced_share(sizes, nranks, rank);
 }
 
-// `reader`: the store, or its canonical view when it is stored in another profile.
-Status check_config(const TensorSource& reader, const LlamaConfig& cfg) {
+// `reader`: the store, or its canonical view when it is stored in another profile. weights_only:
+// no 'trainer' metadata needed, only the model tensors.
+Status check_config(const TensorSource& reader, const LlamaConfig& cfg, bool weights_only) {
   const auto& md = reader.metadata();
   const std::string where = reader.describe();
-  if (!md.is_object() || !md.contains("model_config") || !md.contains("trainer"))
+  if (!md.is_object() || !md.contains("model_config") || (!weights_only && !md.contains("trainer")))
     return Status::Error("NotTrainerCheckpoint", "checkpoint '" + where + "' has no 'trainer' or 'model_config' metadata")
         .with_file(where);
   CKPT_ASSIGN_OR_RETURN(LlamaConfig stored, LlamaConfig::from_json(md.at("model_config")));
   if (stored.to_json() != cfg.to_json())
     return Status::InvalidArgument("checkpoint '" + where + "' model_config " + stored.to_json().dump() +
                                    " differs from the training config " + cfg.to_json().dump());
-  const std::vector<TensorMeta> want = trainer_tensors(cfg);
+  const std::vector<TensorMeta> want = weights_only ? llama_model_tensors(cfg, DType::kF32) : trainer_tensors(cfg);
   for (const TensorMeta& t : want) {
     auto it = std::find_if(reader.tensors().begin(), reader.tensors().end(),
                            [&](const TensorMeta& x) { return x.name == t.name; });
@@ -89,7 +90,7 @@ Status open_resume_view(store::StoreReader& reader, std::unique_ptr<CanonicalVie
 }  // namespace
 
 Result<nlohmann::json> dist_load(Comm& world, const std::string& path, const LlamaConfig& cfg, const Layout& layout,
-                                 const std::vector<HeldRegion>& held) {
+                                 const std::vector<HeldRegion>& held, bool weights_only) {
   Status st;
   if (world.size() != layout.world_size())
     st = Status::Error("WorldSizeMismatch", "the world has " + std::to_string(world.size()) + " ranks, the layout " +
@@ -107,7 +108,7 @@ Result<nlohmann::json> dist_load(Comm& world, const std::string& path, const Lla
     st = open_resume_view(*reader, canon);
   }
   TensorSource* src = canon ? static_cast<TensorSource*>(canon.get()) : reader.get();
-  if (st.ok()) st = check_config(*src, cfg);
+  if (st.ok()) st = check_config(*src, cfg, weights_only);
   CKPT_RETURN_IF_ERROR(world.agree(st));
   CKPT_RETURN_IF_ERROR(world.agree(verify_share(*reader, world.rank(), world.size())));
   CKPT_RETURN_IF_ERROR(world.agree(read_held(*src, held)));
