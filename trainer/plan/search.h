@@ -36,7 +36,12 @@ struct SearchOptions {
   int exhaustive_groups = 6;   // enumerate every arrangement up to this many TP groups
   bool allow_zero = true;
   CostCalibration calibration;  // measured terms (cost_model.h); default none
+  MemoryModel memory_model = MemoryModel::kMegatron;  // memory_model.h
+  const LlamaConfig* config = nullptr;                // kEmbedded: the model's config
 };
+
+// The options evaluate() takes for a candidate of the search on `placement`.
+PlanOptions plan_options_of(const SearchOptions& opt, std::vector<int> placement);
 
 struct PlanCandidate {
   Layout layout;
