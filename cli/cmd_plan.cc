@@ -89,8 +89,8 @@ int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
     std::printf("hand-written layout (tp = devices per node, even split, equal micro-batches): %s: %.6g s%s; predicted gain %.2fx\n",
                 trainer::layout_text(out->hand->layout).c_str(), out->hand->cost.step_time_s, out->hand->cost.feasible ? "" : " (does not fit)",
                 out->predicted_gain);
-  std::printf("searched %lld arrangements x micro-batch counts (%lld layouts evaluated, %s) in %.3f s\n",
-              static_cast<long long>(r.arrangements), static_cast<long long>(r.evaluated),
+  std::printf("searched %lld arrangements x micro-batch counts, %lld valued below the bound (%lld layouts evaluated, %s) in %.3f s\n",
+              static_cast<long long>(r.arrangements), static_cast<long long>(r.visited), static_cast<long long>(r.evaluated),
               r.exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r.seconds);
   if (!f.out.empty()) std::printf("wrote %s (ckpt train --layout / ckpt reshard --layout)\n", f.out.c_str());
   return 0;

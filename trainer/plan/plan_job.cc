@@ -70,6 +70,7 @@ nlohmann::json PlanSearchOutcome::to_json() const {
   const auto& best = result.best[0];
   nlohmann::json j = {{"best", plan_job_candidate_json(best)}, {"seconds", result.seconds},
                       {"arrangements", result.arrangements}, {"evaluated", result.evaluated},
+                      {"visited", result.visited},
                       {"exhaustive", result.exhaustive},     {"cross_node_tp", result.cross_node_tp},
                       {"memory_model", best.cost.memory_model}};
   j["next"] = nlohmann::json::array();

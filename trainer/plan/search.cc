@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
+#include <tuple>
 
 #include "trainer/memory_estimate.h"
 #include "trainer/plan/search_arranged.h"
@@ -122,6 +124,7 @@ Status search_one(SearchState& st, Arranged& x, int64_t m) {
   if (!(P > 1 && st.opt->allow_zero && x.classes() == 1)) return Status::Ok();
   x.zero_ways = static_cast<int>(P);  // ZeRO-1: identical pipelines, one split (the largest b's)
   x.memo.clear();
+  x.cutoff = st.kth() * (1 + 1e-9);
   std::vector<int64_t> bz(P, B / static_cast<int64_t>(P));
   for (size_t p = 0; p < static_cast<size_t>(B % static_cast<int64_t>(P)); ++p) ++bz[p];
   if (bz.back() < 1) return Status::Ok();
@@ -143,7 +146,7 @@ struct SearchSpace {
   std::vector<std::vector<int>> tp_of;                       // per combo
   std::vector<std::vector<search_detail::Arrangement>> arr;  // per combo: listed arrangements (small)
   std::vector<std::vector<int>> orders;                      // permutations of the used types
-  std::map<size_t, std::vector<TpGroup>> cache;              // groups of recently visited combos
+  std::map<size_t, std::shared_ptr<const std::vector<TpGroup>>> cache;  // groups of recently visited combos
   std::vector<SearchItem> items;
 };
 
@@ -189,13 +192,20 @@ void search_add_combo(const SearchState& st, const std::vector<TpGroup>& g, size
 }
 
 // The groups of combo ci (rebuilt when not cached: the cache keeps a few combos).
-const std::vector<TpGroup>& search_groups(const Cluster& cluster, const std::vector<int>& types, bool cross_node, size_t ci,
-                                          SearchSpace& sp) {
+std::shared_ptr<const std::vector<TpGroup>> search_groups(const Cluster& cluster, const std::vector<int>& types, bool cross_node,
+                                                          size_t ci, SearchSpace& sp) {
   auto it = sp.cache.find(ci);
   if (it != sp.cache.end()) return it->second;
   if (sp.cache.size() >= 8) sp.cache.erase(sp.cache.begin());
-  return sp.cache.emplace(ci, search_detail::make_groups(cluster, types, sp.tp_of[ci], cross_node)).first->second;
+  auto g = std::make_shared<const std::vector<TpGroup>>(search_detail::make_groups(cluster, types, sp.tp_of[ci], cross_node));
+  return sp.cache.emplace(ci, std::move(g)).first->second;
 }
+
+// A visited arrangement with its classes (the same for every m), kept for the next m.
+struct SearchArranged {
+  std::shared_ptr<const std::vector<TpGroup>> groups;
+  Arranged x;
+};
 
 // Every (arrangement, m) of one tp choice per type, visited by bound; stops at the K-th best.
 Status search_pass(SearchState& st, bool cross_node, SearchResult& res, EmbeddedStageMemory* embedded) {
@@ -214,23 +224,32 @@ Status search_pass(SearchState& st, bool cross_node, SearchResult& res, Embedded
     for (size_t i = 0; i < types.size(); ++i) tp_of.push_back(choices[i][idx[i]]);
     sp.tp_of.push_back(tp_of);
     sp.arr.emplace_back();
-    search_add_combo(st, search_groups(cluster, types, cross_node, sp.tp_of.size() - 1, sp), sp.tp_of.size() - 1, sp, res);
+    search_add_combo(st, *search_groups(cluster, types, cross_node, sp.tp_of.size() - 1, sp), sp.tp_of.size() - 1, sp, res);
     size_t i = 0;
     while (i < idx.size() && ++idx[i] == choices[i].size()) idx[i++] = 0;
     if (i == idx.size()) break;
   }
   std::stable_sort(sp.items.begin(), sp.items.end(), [](const SearchItem& a, const SearchItem& b) { return a.bound < b.bound; });
   res.arrangements += static_cast<int64_t>(sp.items.size());
+  std::map<std::tuple<size_t, int, int, int>, SearchArranged> visited;  // the last arrangements visited
   for (const SearchItem& it : sp.items) {
     if (it.bound >= st.kth()) break;  // admissible: no later item can enter the top K
-    Arranged x;
-    x.model = &model;
-    x.groups = &search_groups(cluster, types, cross_node, it.combo, sp);
-    x.embedded = embedded;
-    x.a = it.arr >= 0 ? sp.arr[it.combo][static_cast<size_t>(it.arr)]
-                      : search_detail::uniform_arrangement(*x.groups, it.P, sp.orders[static_cast<size_t>(it.order)]);
-    x.s = st.opt->seq_len;
-    search_detail::make_classes(cluster, st.opt->calibration, cross_node, x);
+    ++res.visited;
+    const auto key = std::make_tuple(it.combo, it.arr, it.P, it.order);
+    auto found = visited.find(key);
+    if (found == visited.end()) {
+      if (visited.size() >= 64) visited.clear();
+      SearchArranged v;
+      v.groups = search_groups(cluster, types, cross_node, it.combo, sp);
+      Arranged& x = v.x;
+      x.model = &model, x.groups = v.groups.get(), x.embedded = embedded, x.s = st.opt->seq_len;
+      x.a = it.arr >= 0 ? sp.arr[it.combo][static_cast<size_t>(it.arr)]
+                        : search_detail::uniform_arrangement(*x.groups, it.P, sp.orders[static_cast<size_t>(it.order)]);
+      search_detail::make_classes(cluster, st.opt->calibration, cross_node, x);
+      found = visited.emplace(key, std::move(v)).first;
+    }
+    Arranged& x = found->second.x;
+    x.cutoff = st.kth() * (1 + 1e-9);
     CKPT_RETURN_IF_ERROR(search_one(st, x, it.m));
   }
   return Status::Ok();

@@ -52,6 +52,7 @@ struct PlanCandidate {
 struct SearchResult {
   std::vector<PlanCandidate> best;  // by step time, at most `top`
   int64_t arrangements = 0, evaluated = 0;
+  int64_t visited = 0;  // (arrangement, m) pairs valued: those whose bound is below the K-th best found
   bool exhaustive = false, cross_node_tp = false;
   double seconds = 0;
 };

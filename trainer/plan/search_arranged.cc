@@ -18,13 +18,21 @@ const SplitResult& Arranged::pipeline(size_t k, int64_t b) {
   const auto key = std::make_pair(k, b);
   auto it = memo.find(key);
   if (it != memo.end()) return it->second;
-  const int S = static_cast<int>(places[k].size());
-  auto time = [&](int st, int n) {
-    const StageCost c = cost(k, st, n, b);
-    return c.memory() > c.capacity ? kInfeasible : c.time_s();
-  };
-  SplitResult r = best_split(static_cast<int>(model->layers), S, static_cast<double>(m - 1), time,
-                             [&](int st, int n) { return cost(k, st, n, b).dp_sync_s; });
+  const int S = static_cast<int>(places[k].size()), L = static_cast<int>(model->layers);
+  // Every stage cost once: [stage][layers] time (infinite when it does not fit) and sync.
+  std::vector<std::vector<std::pair<double, double>>> tab(static_cast<size_t>(S));
+  for (int st = 0; st < S; ++st)
+    for (int n = 0; n <= L - S + 1; ++n) {
+      if (n == 0) {
+        tab[static_cast<size_t>(st)].push_back({kInfeasible, kInfeasible});
+        continue;
+      }
+      const StageCost c = cost(k, st, n, b);
+      tab[static_cast<size_t>(st)].push_back({c.memory() > c.capacity ? kInfeasible : c.time_s(), c.dp_sync_s});
+    }
+  auto at = [&tab](int st, int n) { return tab[static_cast<size_t>(st)][static_cast<size_t>(n)]; };
+  SplitResult r = best_split(L, S, static_cast<double>(m - 1), [&](int st, int n) { return at(st, n).first; },
+                             [&](int st, int n) { return at(st, n).second; }, cutoff);
   return memo.emplace(key, std::move(r)).first->second;
 }
 

@@ -29,6 +29,9 @@ struct Arranged {
   std::vector<std::vector<int>> tps;            // per class, per stage
   int64_t s = 1, m = 1;
   int zero_ways = 1;
+  // Splits valued at or above it are not looked for (stage_split.h best_split): the search sets the
+  // K-th best step time found; the allocation below is exact whenever its result is below it.
+  double cutoff = kInfeasible;
   std::map<std::pair<size_t, int64_t>, SplitResult> memo;
 
   size_t classes() const { return places.size(); }
