@@ -38,13 +38,6 @@ const SplitResult& Arranged::pipeline(size_t k, int64_t b) {
 
 namespace {
 
-struct ArrStageKey {
-  int node_cls = 0, type = 0, tp = 1, prev = -1, next = -1;
-  double dp_bw = 0, dp_lat = 0;
-  int unique = 0;
-  auto operator<=>(const ArrStageKey&) const = default;
-};
-
 // A node's class: its intra-node link override and its device count (every device is used: the
 // calibration's ranks per node).
 std::vector<int> arr_node_classes(const Cluster& c) {
@@ -87,32 +80,33 @@ void make_classes(const Cluster& c, const CostCalibration& cal, bool cross_node,
   size_t shortest = SIZE_MAX;
   for (const auto& pl : x.a) shortest = std::min(shortest, pl.size());
   std::map<size_t, LinkSpec> dp_cache;
-  std::map<ArrStageKey, int> stage_ids;
-  std::map<std::vector<int>, int> class_ids;
-  std::vector<std::vector<LinkSpec>> dp_of;  // per class, per stage (its representative's)
+  std::map<std::pair<double, double>, uint64_t> dp_ids;  // distinct data-parallel links
+  std::map<std::vector<uint64_t>, int> class_ids;
   x.cls.assign(P, 0);
   x.members.clear(), x.places.clear(), x.tps.clear(), x.memo.clear();
-  int unique = 0;
+  std::vector<uint64_t> key;
+  std::vector<LinkSpec> dps;
+  int max_tp = 0;
+  for (const TpGroup& grp : g) max_tp = std::max(max_tp, grp.tp);
+  const bool packable = !cross_node && node_cls.size() < (1u << 16) && c.types.size() < 500 && max_tp < 1024;
   for (size_t p = 0; p < P; ++p) {
     const auto& pl = x.a[p];
-    std::vector<int> key;
-    std::vector<LinkSpec> dps;
+    key.clear(), dps.clear();
     for (size_t st = 0; st < pl.size(); ++st) {
       const TpGroup& grp = g[static_cast<size_t>(pl[st])];
-      auto nb = [&](size_t other) {
+      auto nb = [&](size_t other) {  // 1 + the neighbour's type * 2 + whether it shares the node; 0: none
         const TpGroup& o = g[static_cast<size_t>(pl[other])];
-        return o.type * 2 + (c.node_of(o.ranks[0]) == grp.node ? 1 : 0);
+        return static_cast<uint64_t>(1 + o.type * 2 + (o.node == grp.node ? 1 : 0));
       };
-      ArrStageKey k;
-      k.node_cls = node_cls[static_cast<size_t>(grp.node)], k.type = grp.type, k.tp = grp.tp;
-      k.prev = st > 0 ? nb(st - 1) : -1;
-      k.next = st + 1 < pl.size() ? nb(st + 1) : -1;
       const LinkSpec dp = P > 1 ? arr_dp_link(c, x, p, st, shortest, dp_cache) : LinkSpec{};
-      k.dp_bw = dp.bytes_per_s, k.dp_lat = dp.latency_s;
-      k.unique = cross_node ? ++unique : 0;
-      key.push_back(stage_ids.emplace(k, static_cast<int>(stage_ids.size())).first->second);
+      const uint64_t dp_id = dp_ids.emplace(std::make_pair(dp.bytes_per_s, dp.latency_s), dp_ids.size()).first->second;
+      // One word per stage: node class, type, tp, neighbours, data-parallel link (fields of 10-16 bits).
+      key.push_back(static_cast<uint64_t>(node_cls[static_cast<size_t>(grp.node)]) | static_cast<uint64_t>(grp.type) << 16 |
+                    static_cast<uint64_t>(grp.tp) << 26 | (st > 0 ? nb(st - 1) : 0) << 36 | (st + 1 < pl.size() ? nb(st + 1) : 0) << 46 |
+                    dp_id << 56);
       dps.push_back(dp);
     }
+    if (!packable || dp_ids.size() > 256) key.push_back(p);  // never merged: groups across nodes, or a field out of its bits
     const auto [it, fresh] = class_ids.emplace(key, static_cast<int>(class_ids.size()));
     x.cls[p] = it->second;
     if (!fresh) {

@@ -87,13 +87,18 @@ SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& 
   if (stages < 1 || num_layers < stages) return best;
   best.value = cutoff;
   const Table t = split_table(num_layers, stages, time), y = split_table(num_layers, stages, sync);
-  std::vector<double> thetas, caps;
-  for (const auto& row : y)
-    for (double v : row)
-      if (v < kInfeasible) thetas.push_back(v);
-  std::sort(thetas.begin(), thetas.end());
-  thetas.erase(std::unique(thetas.begin(), thetas.end()), thetas.end());
-  double theta = thetas.empty() ? 0 : thetas.back();
+  std::vector<double> caps;
+  // The largest finite sync value below `below` (the sync values are scanned, not sorted: most
+  // calls stop at the first theta).
+  auto sync_below = [&y](double below, double& out) {
+    bool found = false;
+    for (const auto& row : y)
+      for (double v : row)
+        if (v < kInfeasible && v < below && (!found || v > out)) out = v, found = true;
+    return found;
+  };
+  double theta = 0;
+  if (!sync_below(kInfeasible, theta)) theta = 0;
   while (true) {
     Table tr = t;  // stages with sync <= theta
     caps.clear();
@@ -121,9 +126,7 @@ SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& 
       if (k <= 0 || *it >= ms.max_time) break;
     }
     // Next theta: the largest sync value below every split found here (above it nothing changes).
-    auto it = std::lower_bound(thetas.begin(), thetas.end(), std::min(found_sync, theta));
-    if (it == thetas.begin()) break;
-    theta = *(it - 1);
+    if (!sync_below(std::min(found_sync, theta), theta)) break;
   }
   if (best.layers.empty()) return SplitResult{};  // nothing below the cutoff
   return best;
