@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,16 +32,17 @@ using search_detail::TpGroup;
 
 Status plan_search_bad(const std::string& msg) { return Status::Error("BadPlan", msg); }
 
-// The layout and placement of an arrangement with its splits (per pipeline) and micro-batches.
-Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluster, const SearchOptions& opt, const Arranged& x,
-                                   const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero) {
-  const auto& g = *x.groups;
+// The layout and placement of arrangement `a` of groups `g` with its splits (per pipeline) and
+// micro-batches.
+Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluster, const SearchOptions& opt, const std::vector<TpGroup>& g,
+                                   const search_detail::Arrangement& a, const std::vector<std::vector<int>>& splits,
+                                   const std::vector<int64_t>& b, int zero) {
   std::vector<PipelineSpec> pls;
-  for (size_t p = 0; p < x.a.size(); ++p) {
+  for (size_t p = 0; p < a.size(); ++p) {
     PipelineSpec ps;
     ps.micro_batch = static_cast<int>(b[p]);
-    for (size_t st = 0; st < x.a[p].size(); ++st) {
-      const TpGroup& grp = g[static_cast<size_t>(x.a[p][st])];
+    for (size_t st = 0; st < a[p].size(); ++st) {
+      const TpGroup& grp = g[static_cast<size_t>(a[p][st])];
       ps.stages.push_back({splits[p][st], grp.tp, cluster.types[static_cast<size_t>(grp.type)].name});
     }
     pls.push_back(std::move(ps));
@@ -49,9 +51,9 @@ Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluste
   CKPT_ASSIGN_OR_RETURN(c.layout, Layout::from_pipelines(std::move(pls), zero));
   c.placement.assign(static_cast<size_t>(c.layout.world_size()), -1);
   const std::vector<std::vector<int>> first = layout_first_ranks(c.layout);
-  for (size_t p = 0; p < x.a.size(); ++p)
-    for (size_t st = 0; st < x.a[p].size(); ++st) {
-      const TpGroup& grp = g[static_cast<size_t>(x.a[p][st])];
+  for (size_t p = 0; p < a.size(); ++p)
+    for (size_t st = 0; st < a[p].size(); ++st) {
+      const TpGroup& grp = g[static_cast<size_t>(a[p][st])];
       for (int j = 0; j < grp.tp; ++j) c.placement[static_cast<size_t>(first[p][st] + j)] = grp.ranks[static_cast<size_t>(j)];
     }
   CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, plan_options_of(opt, c.placement)));
@@ -64,13 +66,17 @@ struct SearchState {
   const SearchOptions* opt;
   std::vector<PlanCandidate> best;
   int64_t evaluated = 0;
+  // The groups and arrangement of the item being valued (built again only for a candidate).
+  std::function<std::pair<std::shared_ptr<const std::vector<TpGroup>>, search_detail::Arrangement>()> arrangement;
   double kth() const { return static_cast<int>(best.size()) < opt->top ? kInfeasible : best.back().cost.step_time_s; }
   // `predicted`: the search's value of the layout (evaluate() gives the same up to rounding): one
   // that cannot enter the top K is not built.
   Status offer(const Arranged& x, const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero, double predicted) {
     ++evaluated;
     if (predicted > kth() * (1 + 1e-9)) return Status::Ok();
-    CKPT_ASSIGN_OR_RETURN(PlanCandidate c, search_build(*model, *cluster, *opt, x, splits, b, zero));
+    (void)x;
+    const auto [g, a] = arrangement();
+    CKPT_ASSIGN_OR_RETURN(PlanCandidate c, search_build(*model, *cluster, *opt, *g, a, splits, b, zero));
     if (!c.cost.feasible || c.cost.step_time_s >= kth()) return Status::Ok();
     for (const PlanCandidate& o : best)
       if (o.placement == c.placement && o.layout.to_json() == c.layout.to_json()) return Status::Ok();
@@ -111,7 +117,7 @@ std::vector<double> search_group_speeds(const Cluster& cluster, const SearchOpti
 
 Status search_one(SearchState& st, Arranged& x, int64_t m) {
   const int64_t B = st.opt->global_batch / m;
-  const size_t P = x.a.size();
+  const size_t P = x.cls.size();
   x.m = m;
   x.zero_ways = 1;
   x.memo.clear();
@@ -201,11 +207,11 @@ std::shared_ptr<const std::vector<TpGroup>> search_groups(const Cluster& cluster
   return sp.cache.emplace(ci, std::move(g)).first->second;
 }
 
-// A visited arrangement with its classes (the same for every m), kept for the next m.
-struct SearchArranged {
-  std::shared_ptr<const std::vector<TpGroup>> groups;
-  Arranged x;
-};
+// The arrangement of an item.
+search_detail::Arrangement search_arrangement(const SearchSpace& sp, const SearchItem& it, const std::vector<TpGroup>& g) {
+  return it.arr >= 0 ? sp.arr[it.combo][static_cast<size_t>(it.arr)]
+                     : search_detail::uniform_arrangement(g, it.P, sp.orders[static_cast<size_t>(it.order)]);
+}
 
 // Every (arrangement, m) of one tp choice per type, visited by bound; stops at the K-th best.
 Status search_pass(SearchState& st, bool cross_node, SearchResult& res, EmbeddedStageMemory* embedded) {
@@ -231,26 +237,32 @@ Status search_pass(SearchState& st, bool cross_node, SearchResult& res, Embedded
   }
   std::stable_sort(sp.items.begin(), sp.items.end(), [](const SearchItem& a, const SearchItem& b) { return a.bound < b.bound; });
   res.arrangements += static_cast<int64_t>(sp.items.size());
-  std::map<std::tuple<size_t, int, int, int>, SearchArranged> visited;  // the last arrangements visited
+  // Arrangements visited, with their classes only (the same for every m; small: no groups).
+  std::map<std::tuple<size_t, int, int, int>, Arranged> visited;
   for (const SearchItem& it : sp.items) {
     if (it.bound >= st.kth()) break;  // admissible: no later item can enter the top K
     ++res.visited;
     const auto key = std::make_tuple(it.combo, it.arr, it.P, it.order);
     auto found = visited.find(key);
     if (found == visited.end()) {
-      if (visited.size() >= 64) visited.clear();
-      SearchArranged v;
-      v.groups = search_groups(cluster, types, cross_node, it.combo, sp);
-      Arranged& x = v.x;
-      x.model = &model, x.groups = v.groups.get(), x.embedded = embedded, x.s = st.opt->seq_len;
-      x.a = it.arr >= 0 ? sp.arr[it.combo][static_cast<size_t>(it.arr)]
-                        : search_detail::uniform_arrangement(*x.groups, it.P, sp.orders[static_cast<size_t>(it.order)]);
+      if (visited.size() >= 8192) visited.clear();
+      const auto g = search_groups(cluster, types, cross_node, it.combo, sp);
+      Arranged x;
+      x.model = &model, x.groups = g.get(), x.embedded = embedded, x.s = st.opt->seq_len;
+      x.a = search_arrangement(sp, it, *g);
       search_detail::make_classes(cluster, st.opt->calibration, cross_node, x);
-      found = visited.emplace(key, std::move(v)).first;
+      x.groups = nullptr, x.a = {};
+      found = visited.emplace(key, std::move(x)).first;
     }
-    Arranged& x = found->second.x;
+    st.arrangement = [&]() {
+      auto g = search_groups(cluster, types, cross_node, it.combo, sp);
+      auto a = search_arrangement(sp, it, *g);
+      return std::make_pair(std::move(g), std::move(a));
+    };
+    Arranged& x = found->second;
     x.cutoff = st.kth() * (1 + 1e-9);
     CKPT_RETURN_IF_ERROR(search_one(st, x, it.m));
+    x.memo.clear();
   }
   return Status::Ok();
 }
@@ -274,7 +286,7 @@ Result<SearchResult> search_layouts(const ModelSpec& model, const Cluster& clust
   if (opt.memory_model == MemoryModel::kEmbedded && !opt.config) return plan_search_bad("the embedded memory model needs the model's config");
   std::optional<EmbeddedStageMemory> embedded;
   if (opt.memory_model == MemoryModel::kEmbedded) embedded.emplace(*opt.config, cluster.world_size());
-  SearchState st{&model, &cluster, &opt, {}, 0};
+  SearchState st{&model, &cluster, &opt, {}, 0, {}};
   CKPT_RETURN_IF_ERROR(search_pass(st, false, res, embedded ? &*embedded : nullptr));
   if (st.best.empty()) {
     res.cross_node_tp = true;

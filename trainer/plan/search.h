@@ -16,6 +16,10 @@
 // of a lower bound (compute at full speed with the 1F1B fill, docs/PLAN.md) and the search stops
 // when the bound reaches the K-th best step time found (admissible: it never exceeds the true value;
 // the calibrated terms only add time, except the concurrency factor, which the bound applies).
+// At scale (docs/PLAN.md "Search at scale"): the pipelines of an arrangement with equal stage
+// places form classes valued once (search_arranged.h); splits are looked for only below the K-th
+// best step time; a candidate is built (layout, placement, evaluate()) only when its predicted step
+// time can enter the top K. Memory: the plan's memory model (memory_model.h).
 // Pure functions; thread safe.
 #pragma once
 

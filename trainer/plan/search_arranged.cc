@@ -10,7 +10,7 @@ namespace ckpt::trainer::search_detail {
 StageCost Arranged::cost(size_t k, int st, int n, int64_t b) const {
   const int S = static_cast<int>(places[k].size());
   const StageShape shape{n, tps[k][static_cast<size_t>(st)], st == 0, st == S - 1};
-  return stage_cost(*model, places[k][static_cast<size_t>(st)], shape, b, s, m, st, S, static_cast<int>(a.size()), zero_ways,
+  return stage_cost(*model, places[k][static_cast<size_t>(st)], shape, b, s, m, st, S, static_cast<int>(cls.size()), zero_ways,
                     embedded);
 }
 
@@ -142,7 +142,7 @@ int64_t arr_cap(Arranged& x, size_t k, int64_t hi, double t) {
 }
 
 Allocation arr_balanced(Arranged& x, int64_t B) {
-  const int64_t P = static_cast<int64_t>(x.a.size());
+  const int64_t P = static_cast<int64_t>(x.cls.size());
   Allocation out;
   out.b.assign(static_cast<size_t>(P), B / P);
   for (int64_t p = 0; p < B % P; ++p) ++out.b[static_cast<size_t>(p)];
@@ -155,7 +155,7 @@ Allocation arr_balanced(Arranged& x, int64_t B) {
 }  // namespace
 
 Allocation allocate(Arranged& x, int64_t B) {
-  const int64_t P = static_cast<int64_t>(x.a.size());
+  const int64_t P = static_cast<int64_t>(x.cls.size());
   const int64_t bmax = B - P + 1;
   if (bmax < 1) return {};
   if (x.classes() == 1) return arr_balanced(x, B);

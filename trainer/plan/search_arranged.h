@@ -20,9 +20,11 @@ namespace ckpt::trainer::search_detail {
 
 struct Arranged {
   const ModelSpec* model = nullptr;
+  // The groups and the arrangement (pipelines of group indices): make_classes reads them; the
+  // search may drop them afterwards (the classes below are all the valuing needs).
   const std::vector<TpGroup>* groups = nullptr;
+  Arrangement a;
   EmbeddedStageMemory* embedded = nullptr;      // memory model embedded; null: the formula
-  Arrangement a;                                // pipelines of group indices
   std::vector<int> cls;                         // per pipeline: its class
   std::vector<int64_t> members;                 // per class: its pipelines
   std::vector<std::vector<StagePlace>> places;  // per class, per stage
