@@ -234,6 +234,17 @@ TEST(PlanSearchScale, LayoutTextWritesRunsOfIdenticalPipelinesOnce) {
   ASSERT_TRUE(l.ok()) << l.status().message();
   EXPECT_EQ(layout_text(*l), "5 pipelines: 3 x mb=1 [3 tp2 A | 5 tp4 B], mb=2 [4 tp2 A | 4 tp4 B], mb=1 [3 tp2 A | 5 tp4 B] zero=0");
   EXPECT_EQ(l->to_string().find(" x "), std::string::npos);  // the layout's own text lists every pipeline
+  // The report prints each run of equal pipelines once, with its range.
+  Cluster c;
+  c.types = {{"A", "", uint64_t{64} << 30, 1e14, 1e11, "bf16", 0.5, ""}, {"B", "", uint64_t{64} << 30, 5e13, 1e11, "bf16", 0.5, ""}};
+  for (int p = 0; p < 5; ++p) c.rank_type.insert(c.rank_type.end(), {0, 0, 1, 1, 1, 1});
+  auto cost = evaluate(ModelSpec{8, 256, 512, 4, 4, 64, 256, false}, c, *l, PlanOptions{36, 64, {}, {}});
+  ASSERT_TRUE(cost.ok()) << cost.status().message();
+  const std::string text = cost->to_text();
+  EXPECT_NE(text.find("\npipelines 0..2 (3 x): micro-batch 1 x 6, 2 stages"), std::string::npos) << text;
+  EXPECT_NE(text.find("\npipeline 3: micro-batch 2 x 6"), std::string::npos) << text;
+  EXPECT_NE(text.find("\npipeline 4: micro-batch 1 x 6"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\npipeline 1:"), std::string::npos) << text;
 }
 
 }  // namespace plan_search_scale_test
