@@ -106,7 +106,8 @@ double naive_search(const ModelSpec& model, const Cluster& c, const SearchOption
   return best;
 }
 
-// Nodes of one type each (2, 4 or 6 devices), 2-3 types, 3-6 nodes, per-node link overrides.
+// Nodes of one type each (2, 4 or 6 devices; in half the clusters one count per type), 2-3 types,
+// 3-6 nodes, per-node link overrides.
 Cluster random_multi_node(std::mt19937& rng) {
   Cluster c;
   const int ntypes = 2 + static_cast<int>(rng() % 2);
@@ -121,8 +122,10 @@ Cluster random_multi_node(std::mt19937& rng) {
   }
   c.topology = true;
   const int nodes = 3 + static_cast<int>(rng() % 4);
+  const bool same_counts = rng() % 2;  // every node of a type alike: pipelines cross nodes at different stages
   for (int n = 0; n < nodes; ++n) {
-    const int t = n < ntypes ? n : static_cast<int>(rng() % ntypes), count = 2 * (1 + static_cast<int>(rng() % 3));
+    const int t = n < ntypes ? n : static_cast<int>(rng() % ntypes);
+    const int count = same_counts ? 2 * (1 + t % 3) : 2 * (1 + static_cast<int>(rng() % 3));
     NodeSpec ns{"n" + std::to_string(n), c.world_size(), count, {}};
     if (rng() % 3 == 0) ns.intra = LinkSpec{1e9 * (1 + rng() % 30), -1};
     for (int k = 0; k < count; ++k) c.rank_type.push_back(t), c.rank_node.push_back(n);
