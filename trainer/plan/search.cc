@@ -71,10 +71,9 @@ struct SearchState {
   double kth() const { return static_cast<int>(best.size()) < opt->top ? kInfeasible : best.back().cost.step_time_s; }
   // `predicted`: the search's value of the layout (evaluate() gives the same up to rounding): one
   // that cannot enter the top K is not built.
-  Status offer(const Arranged& x, const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero, double predicted) {
+  Status offer(const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero, double predicted) {
     ++evaluated;
     if (predicted > kth() * (1 + 1e-9)) return Status::Ok();
-    (void)x;
     const auto [g, a] = arrangement();
     CKPT_ASSIGN_OR_RETURN(PlanCandidate c, search_build(*model, *cluster, *opt, *g, a, splits, b, zero));
     if (!c.cost.feasible || c.cost.step_time_s >= kth()) return Status::Ok();
@@ -125,7 +124,7 @@ Status search_one(SearchState& st, Arranged& x, int64_t m) {
   if (!al.b.empty()) {
     std::vector<std::vector<int>> splits;
     for (size_t p = 0; p < P; ++p) splits.push_back(x.pipeline(static_cast<size_t>(x.cls[p]), al.b[p]).layers);
-    CKPT_RETURN_IF_ERROR(st.offer(x, splits, al.b, 0, al.value));
+    CKPT_RETURN_IF_ERROR(st.offer(splits, al.b, 0, al.value));
   }
   if (!(P > 1 && st.opt->allow_zero && x.classes() == 1)) return Status::Ok();
   x.zero_ways = static_cast<int>(P);  // ZeRO-1: identical pipelines, one split (the largest b's)
@@ -136,7 +135,7 @@ Status search_one(SearchState& st, Arranged& x, int64_t m) {
   if (bz.back() < 1) return Status::Ok();
   const SplitResult& r = x.pipeline(0, bz[0]);
   if (!r.ok) return Status::Ok();
-  return st.offer(x, std::vector<std::vector<int>>(P, r.layers), bz, 1, r.value);
+  return st.offer(std::vector<std::vector<int>>(P, r.layers), bz, 1, r.value);
 }
 
 // One point of the space: a tp choice (combo), and either a listed arrangement (arr >= 0) or the
