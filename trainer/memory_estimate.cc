@@ -238,7 +238,8 @@ Status check_memory(const std::vector<RankMemory>& est, const Cluster& cluster) 
                              std::to_string(m.place.tp_rank) + ") on device type '" + d.name +
                              "' needs an estimated " + human_bytes(m.total()) + " (" + m.breakdown() +
                              ") but the device has " + human_bytes(d.memory_bytes) +
-                             ": give it fewer layers, a larger tp or a smaller micro-batch, or ZeRO-1");
+                             ": give it fewer layers, a larger tp or a smaller micro-batch, or ZeRO-1 (`ckpt plan "
+                             "--memory-model embedded` plans with this estimate)");
   }
   return Status::Ok();
 }

@@ -43,7 +43,8 @@ std::string PlanCost::to_text() const {
   out += buf;
   out += "memory model: " + memory_model +
          (memory_model == "embedded" ? " (`ckpt train`'s own estimate: fp32, workspace, buffers, checkpoint staging, process constant)\n"
-                                     : " (real precision: weights and gradients in the device dtype, fp32 Adam; no process constant)\n");
+                                     : " (real precision: weights and gradients in the device dtype, fp32 Adam; no process constant; "
+                                       "for `ckpt train`: --memory-model embedded)\n");
   for (const std::string& p : problems) out += "  does not fit: " + p + "\n";
   // Each pipeline's block; consecutive equal blocks are printed once ("pipelines 0..63 (64 x)").
   std::vector<std::string> blocks(pipelines.size());
