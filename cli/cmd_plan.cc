@@ -19,7 +19,7 @@ namespace ckpt::cli {
 namespace {
 
 struct PlanFlags {
-  std::string cluster, model, out, evaluate, from, reshard, calibration;
+  std::string cluster, model, out, evaluate, from, reshard, calibration, memory_model = "megatron";
   int64_t global_batch = 0, seq_len = 0;
   int top = 3;
   bool explain = false, json = false, calibrate = false, trainer_memory = false;
@@ -44,6 +44,7 @@ trainer::PlanRequest plan_request(const PlanFlags& f) {
   trainer::PlanRequest r;
   r.cluster = f.cluster, r.model = f.model, r.evaluate = f.evaluate, r.calibration = f.calibration;
   r.global_batch = f.global_batch, r.seq_len = f.seq_len, r.top = f.top, r.trainer_memory = f.trainer_memory;
+  r.memory_model = f.memory_model;
   return r;
 }
 
@@ -53,7 +54,7 @@ int plan_evaluate(const PlanFlags& f) {
   if (f.json)
     std::printf("%s\n", ev->to_json().dump(2).c_str());
   else
-    std::printf("layout %s\n%s", ev->layout.to_string().c_str(), ev->cost.to_text().c_str());
+    std::printf("layout %s\n%s", trainer::layout_text(ev->layout).c_str(), ev->cost.to_text().c_str());
   return 0;
 }
 
@@ -73,23 +74,23 @@ int plan_search(const PlanFlags& f, const LlamaConfig* given = nullptr) {
     std::printf("%s\n", out->to_json().dump(2).c_str());
     return 0;
   }
-  std::printf("best layout: %s\n%s", best.layout.to_string().c_str(), best.cost.to_text().c_str());
+  std::printf("best layout: %s\n%s", trainer::layout_text(best.layout).c_str(), best.cost.to_text().c_str());
   if (f.explain)
     for (const auto& rc : best.cost.ranks)
       std::printf("  rank %d -> cluster rank %d (%s, %s): memory %.3f / %.3f GiB, compute %.1f%% of peak\n", rc.rank, rc.cluster_rank,
                   rc.node.c_str(), rc.device.c_str(), static_cast<double>(rc.memory) / 1073741824.0,
                   static_cast<double>(rc.capacity) / 1073741824.0, 100 * rc.compute_fraction);
   for (size_t i = 1; i < r.best.size(); ++i) {
-    std::printf("next %zu: %s: %.6g s, %s\n", i, r.best[i].layout.to_string().c_str(), r.best[i].cost.step_time_s,
+    std::printf("next %zu: %s: %.6g s, %s\n", i, trainer::layout_text(r.best[i].layout).c_str(), r.best[i].cost.step_time_s,
                 trainer::why_slower(r.best[i], best).c_str());
     if (f.explain) std::printf("%s", r.best[i].cost.to_text().c_str());
   }
   if (out->hand)
     std::printf("hand-written layout (tp = devices per node, even split, equal micro-batches): %s: %.6g s%s; predicted gain %.2fx\n",
-                out->hand->layout.to_string().c_str(), out->hand->cost.step_time_s, out->hand->cost.feasible ? "" : " (does not fit)",
+                trainer::layout_text(out->hand->layout).c_str(), out->hand->cost.step_time_s, out->hand->cost.feasible ? "" : " (does not fit)",
                 out->predicted_gain);
-  std::printf("searched %lld arrangements x micro-batch counts (%lld layouts evaluated, %s) in %.3f s\n",
-              static_cast<long long>(r.arrangements), static_cast<long long>(r.evaluated),
+  std::printf("searched %lld arrangements x micro-batch counts, %lld valued below the bound (%lld layouts evaluated, %s) in %.3f s\n",
+              static_cast<long long>(r.arrangements), static_cast<long long>(r.visited), static_cast<long long>(r.evaluated),
               r.exhaustive ? "exhaustive" : "pipelines of equal composition, bound-pruned", r.seconds);
   if (!f.out.empty()) std::printf("wrote %s (ckpt train --layout / ckpt reshard --layout)\n", f.out.c_str());
   return 0;
@@ -152,6 +153,10 @@ CommandAction setup_plan(CLI::App& sub) {
   sub.add_option("--top", f->top, "How many layouts to show (the best and the next ones, with why they lose)")->capture_default_str();
   sub.add_flag("--explain", f->explain, "Print every shown layout's per-stage times and per-rank memory");
   sub.add_flag("--json", f->json, "Print JSON (step_time_s, tokens_per_s, stages, pipelines, ranks, feasible, problems)");
+  sub.add_option("--memory-model", f->memory_model,
+                 "Whose memory the plan assumes: 'megatron' (a real-precision stack: dtype weights and gradients, fp32 Adam) or "
+                 "'embedded' (`ckpt train`'s own estimate, trainer/memory_estimate.h: a plan that `ckpt train --cluster` accepts)")
+      ->capture_default_str();
   sub.add_flag("--trainer-memory", f->trainer_memory,
                "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): "
                "ranks[].trainer_memory_bytes");

@@ -290,6 +290,7 @@ nb::object py_plan(const std::string& cluster, nb::dict opts) {
   req.seq_len = o.get<int64_t>("seq_len");
   req.top = o.get<int>("top");
   req.trainer_memory = o.get<bool>("trainer_memory");
+  req.memory_model = o.str("memory_model");
   const std::string from = o.str("from_checkpoint");
   o.done();
   PyProgress none{nb::none()};

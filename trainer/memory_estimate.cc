@@ -80,18 +80,19 @@ ActBytes activation_bytes(const MemoryInputs& in, const RankPlace& place, int64_
   return a;
 }
 
-RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t staging, int64_t largest_piece) {
+// One rank's estimate at `place` with `slots` activation slots (pipe_slots for a run).
+RankMemory rank_memory(const MemoryInputs& in, int rank, const RankPlace& place, int slots, const Held& h, int64_t staging,
+                       int64_t largest_piece) {
   const Layout& l = in.layout;
   RankMemory m;
   m.rank = rank;
-  m.place = l.place_of_rank(rank);
+  m.place = place;
   const int p = m.place.pipeline, s = m.place.stage;
   m.device = l.stage_device(p, s);
   m.weights = kF * u(h.weights);
   m.grads = m.weights;
   m.optimizer = kF * u(h.optimizer);
   const ActBytes a = activation_bytes(in, m.place, h.vocab_rows);
-  const int slots = pipe_slots(s, l.num_stages(p), static_cast<int>(std::min<int64_t>(in.grad_accum, 1 << 20)));
   m.activations = a.per_slot * static_cast<uint64_t>(slots);
   m.workspace = a.workspace;
   if (l.zero == 1)
@@ -102,6 +103,23 @@ RankMemory rank_memory(const MemoryInputs& in, int rank, const Held& h, int64_t 
   m.checkpoint = kF * u(staging) + save_write_pool_touched(kF * u(staging), kF * u(largest_piece));  // + the write pool's pages
   m.process = process_bytes(in.mpi, l.world_size());
   return m;
+}
+
+// The saver's share: the elements the planner gives each rank to write, under the real layout
+// (replicas in other pipelines share the writing, also when the pipelines split differently), and
+// each rank's largest piece; zeros without checkpoints.
+Status staging_of(const MemoryInputs& in, const std::vector<TensorMeta>& tensors, const LlamaShardingRules& rules,
+                  std::vector<int64_t>& staging, std::vector<int64_t>& largest) {
+  staging.assign(static_cast<size_t>(in.layout.world_size()), 0);
+  largest.assign(staging.size(), 0);
+  if (!in.checkpoints) return Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(tensors, in.layout, rules));
+  for (const auto& t : placed)
+    for (const RankRegion& rr : t) {
+      staging.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
+      largest[static_cast<size_t>(rr.rank)] = std::max(largest[static_cast<size_t>(rr.rank)], rr.region.numel());
+    }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -135,17 +153,8 @@ Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in) {
   // Uniform pipelines hold the same on every pipeline.
   const bool per_pipeline = !in.layout.uniform_pipelines();
   std::map<std::tuple<int, int, int>, Held> cache;
-  // The saver's share: the elements the planner gives each rank to write, under the real layout
-  // (replicas in other pipelines share the writing, also when the pipelines split differently).
-  std::vector<int64_t> staging(static_cast<size_t>(in.layout.world_size()), 0), largest(staging.size(), 0);
-  if (in.checkpoints) {
-    CKPT_ASSIGN_OR_RETURN(auto placed, place_tensors(tensors, in.layout, rules));
-    for (const auto& t : placed)
-      for (const RankRegion& rr : t) {
-        staging.at(static_cast<size_t>(rr.rank)) += rr.region.numel();
-        largest[static_cast<size_t>(rr.rank)] = std::max(largest[static_cast<size_t>(rr.rank)], rr.region.numel());
-      }
-  }
+  std::vector<int64_t> staging, largest;
+  CKPT_RETURN_IF_ERROR(staging_of(in, tensors, rules, staging, largest));
   std::vector<RankMemory> out;
   for (int r = 0; r < in.layout.world_size(); ++r) {
     const RankPlace pl = in.layout.place_of_rank(r);
@@ -159,9 +168,61 @@ Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in) {
                                              ")");
       it = cache.emplace(key, *h).first;
     }
-    out.push_back(rank_memory(in, r, it->second, staging[static_cast<size_t>(r)], largest[static_cast<size_t>(r)]));
+    const int slots = pipe_slots(pl.stage, in.layout.num_stages(pl.pipeline), static_cast<int>(std::min<int64_t>(in.grad_accum, 1 << 20)));
+    out.push_back(rank_memory(in, r, pl, slots, it->second, staging[static_cast<size_t>(r)], largest[static_cast<size_t>(r)]));
   }
   return out;
+}
+
+namespace {
+
+// One pipeline holding the stage of `q` between a 1-tp stage of the layers before it (unless
+// first) and one of the layers after it (unless last); zero_ways copies under ZeRO-1.
+Result<Layout> stage_query_layout(const LlamaConfig& c, const StageMemoryQuery& q, int& index) {
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const int after = q.last ? 0 : (q.first ? L - q.layers : 1);
+  const int before = q.first ? 0 : L - q.layers - after;
+  if (q.layers < 1 || q.tp < 1 || q.micro_batch < 1 || (!q.first && before < 1) || (!q.last && after < 1) || before + q.layers + after != L)
+    return Status::InvalidArgument("memory estimate: a stage of " + std::to_string(q.layers) + " layers (first " +
+                                   std::to_string(q.first) + ", last " + std::to_string(q.last) + ") in a model of " +
+                                   std::to_string(L) + " layers");
+  PipelineSpec ps;
+  ps.micro_batch = static_cast<int>(q.micro_batch);
+  if (before) ps.stages.push_back({before, 1, ""});
+  index = static_cast<int>(ps.stages.size());
+  ps.stages.push_back({q.layers, q.tp, ""});
+  if (after) ps.stages.push_back({after, 1, ""});
+  const bool zero = q.zero_ways > 1;
+  return Layout::from_pipelines(std::vector<PipelineSpec>(static_cast<size_t>(zero ? q.zero_ways : 1), ps), zero ? 1 : 0);
+}
+
+}  // namespace
+
+Result<RankMemory> estimate_stage_memory(const LlamaConfig& config, const StageMemoryQuery& q) {
+  int index = 0;
+  MemoryInputs in;
+  in.config = config;
+  CKPT_ASSIGN_OR_RETURN(in.layout, stage_query_layout(config, q, index));
+  in.seq_len = q.seq_len;
+  in.checkpoints = q.checkpoints;
+  in.mpi = q.mpi;
+  CKPT_RETURN_IF_ERROR(in.layout.validate());
+  const LlamaShardingRules rules(config);
+  const std::vector<TensorMeta> tensors = trainer_tensors(config);
+  std::vector<int64_t> staging, largest;
+  CKPT_RETURN_IF_ERROR(staging_of(in, tensors, rules, staging, largest));
+  RankMemory worst;
+  for (int j = 0; j < q.tp; ++j) {
+    const RankPlace pl{0, index, j};
+    CKPT_ASSIGN_OR_RETURN(Held h, held_of(in, pl, tensors, rules));
+    const int r = in.layout.rank_of(index, 0, j);
+    RankMemory m = rank_memory(in, r, pl, static_cast<int>(std::max<int64_t>(q.slots, 1)), h, staging[static_cast<size_t>(r)],
+                               largest[static_cast<size_t>(r)]);
+    if (q.zero_ways <= 1) m.buffers = q.pipelines > 1 ? m.grads : 0;  // the packed gradients of the replica sum
+    m.process = process_bytes(q.mpi, q.world_size);
+    if (j == 0 || m.total() > worst.total()) worst = m;
+  }
+  return worst;
 }
 
 Status check_memory(const std::vector<RankMemory>& est, const Cluster& cluster) {
@@ -177,7 +238,8 @@ Status check_memory(const std::vector<RankMemory>& est, const Cluster& cluster) 
                              std::to_string(m.place.tp_rank) + ") on device type '" + d.name +
                              "' needs an estimated " + human_bytes(m.total()) + " (" + m.breakdown() +
                              ") but the device has " + human_bytes(d.memory_bytes) +
-                             ": give it fewer layers, a larger tp or a smaller micro-batch, or ZeRO-1");
+                             ": give it fewer layers, a larger tp or a smaller micro-batch, or ZeRO-1 (`ckpt plan "
+                             "--memory-model embedded` plans with this estimate)");
   }
   return Status::Ok();
 }

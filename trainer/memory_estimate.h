@@ -73,6 +73,25 @@ struct RankMemory {
 // heads...), as the trainer would report them.
 Result<std::vector<RankMemory>> estimate_memory(const MemoryInputs& in);
 
+// One stage of a layout the planner weighs (trainer/plan: `ckpt plan --memory-model embedded`):
+// `layers` layers at tensor-parallel size tp, holding the embedding (first) and / or the head
+// (last), micro-batches of `micro_batch` sequences, `slots` of them in flight (pipe_slots),
+// `pipelines` replicas, ZeRO-1 over zero_ways of them (1: none), in a world of world_size ranks.
+struct StageMemoryQuery {
+  int layers = 1, tp = 1;
+  bool first = true, last = true;
+  int64_t micro_batch = 1, seq_len = 1, slots = 1;
+  int zero_ways = 1, pipelines = 1, world_size = 1;
+  bool checkpoints = true, mpi = false;
+};
+
+// The largest estimate among the stage's TP ranks, by the same code as estimate_memory (held
+// parameters, activations, workspace, buffers, process constant). Checkpoint staging: under ZeRO-1
+// as in the layout of `pipelines` identical pipelines; without, as if this rank wrote everything it
+// holds (replicas share the writing in a real layout: an upper bound). Errors: a stage that does
+// not fit the model's layers, the layout's rules (tp not dividing the heads...).
+Result<RankMemory> estimate_stage_memory(const LlamaConfig& config, const StageMemoryQuery& q);
+
 // The first rank whose estimate exceeds its device type's memory: RankOutOfMemory naming the rank,
 // its (pipeline, stage, tp rank), the device type, the estimate with its breakdown and the
 // capacity. `est` comes from estimate_memory for a layout that check_cluster_layout accepted.

@@ -270,7 +270,7 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
 
 def plan(cluster: Path, *, model: Optional[Path] = None, global_batch: int = 0, seq_len: int = 0, top: int = 3,
          evaluate: Optional[Path] = None, calibration: Optional[Path] = None, trainer_memory: bool = False,
-         from_checkpoint: Optional[Path] = None) -> Dict[str, Any]:
+         from_checkpoint: Optional[Path] = None, memory_model: str = "megatron") -> Dict[str, Any]:
     """The cost-model planner (``ckpt plan``, docs/PLAN.md) for the cluster file ``cluster``.
 
     Search (``model`` = a LlamaForCausalLM config.json, ``global_batch`` >= 1): returns ``{best,
@@ -281,8 +281,9 @@ def plan(cluster: Path, *, model: Optional[Path] = None, global_batch: int = 0, 
     ``next`` ones also ``why_slower``. ``from_checkpoint``: the model, batch and sequence length
     of a trainer checkpoint (result also has ``from``). ``evaluate``: a layout file's predicted
     cost instead (``trainer_memory=True`` adds ``ranks[].trainer_memory_bytes``).
-    ``calibration``: the file of ``ckpt plan --calibrate -o FILE``."""
+    ``calibration``: the file of ``ckpt plan --calibrate -o FILE``. ``memory_model``: "megatron" (a
+    real-precision stack) or "embedded" (``ckpt train``'s own estimate: a plan it accepts)."""
     opts = {"model": _opt_path(model), "global_batch": int(global_batch), "seq_len": int(seq_len), "top": int(top),
             "evaluate": _opt_path(evaluate), "calibration": _opt_path(calibration),
-            "trainer_memory": trainer_memory, "from_checkpoint": _opt_path(from_checkpoint)}
+            "trainer_memory": trainer_memory, "from_checkpoint": _opt_path(from_checkpoint), "memory_model": memory_model}
     return _ckpt._plan(_path(cluster), opts)

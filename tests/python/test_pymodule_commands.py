@@ -356,6 +356,11 @@ def test_plan_equals_cli_and_naive_flops(tmp_path):
     cli = json.loads(run_cli("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", 8, "--seq-len", 32,
                              "--top", 2, "--json").stdout)
     assert {k: v for k, v in res.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
+    emb = ckpt.plan(cl, model=CONFIG, global_batch=8, seq_len=32, top=2, memory_model="embedded")
+    cli = json.loads(run_cli("plan", "--cluster", cl, "--model", CONFIG, "--global-batch", 8, "--seq-len", 32,
+                             "--top", 2, "--json", "--memory-model", "embedded").stdout)
+    assert emb["memory_model"] == "embedded" and res["memory_model"] == "megatron"
+    assert {k: v for k, v in emb.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
     best = res["best"]
     assert best["feasible"] and best["flops_per_step"] == pytest.approx(
         naive_step_flops(json.loads(pathlib.Path(CONFIG).read_text()), 8, 32), rel=1e-12)

@@ -31,6 +31,7 @@
 #include "formats/base/status.h"
 #include "reshard/dist/cluster.h"
 #include "reshard/layout/layout.h"
+#include "trainer/plan/memory_model.h"
 
 namespace ckpt::trainer {
 
@@ -79,6 +80,8 @@ struct PlanOptions {
   int64_t seq_len = 1;
   std::vector<int> placement;  // layout rank -> cluster rank; empty: assign_placement()
   CostCalibration calibration;
+  MemoryModel memory_model = MemoryModel::kMegatron;  // memory_model.h
+  const LlamaConfig* config = nullptr;                // kEmbedded: the model's config (the trainer's estimate needs it)
 };
 
 // What one stage of one pipeline costs per micro-batch (forward + backward), per rank.
@@ -88,8 +91,10 @@ struct StageCost {
   double flops = 0;        // per rank per micro-batch
   double compute_s = 0, tp_comm_s = 0, p2p_s = 0, overhead_s = 0, dp_sync_s = 0;
   double time_s() const { return compute_s + tp_comm_s + p2p_s + overhead_s; }
-  uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, capacity = 0;
-  uint64_t memory() const { return weights + grads + optimizer + activations; }
+  // other: the embedded trainer's workspace, buffers, checkpoint staging and process constant (0
+  // under the megatron memory model).
+  uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, other = 0, capacity = 0;
+  uint64_t memory() const { return weights + grads + optimizer + activations + other; }
 };
 
 struct PipelineCost {
@@ -113,12 +118,17 @@ struct PlanCost {
   std::vector<std::string> problems;  // what does not fit, by how much
   double step_time_s = 0, tokens_per_s = 0, flops_per_step = 0, mfu = 0;
   int64_t global_batch = 0, seq_len = 0;
+  std::string memory_model = "megatron";  // memory_model_name of the model the memory terms follow
   std::vector<StageCost> stages;      // pipeline by pipeline, stage by stage
   std::vector<PipelineCost> pipelines;
   std::vector<RankCost> ranks;        // layout rank order
   nlohmann::json to_json() const;
   std::string to_text() const;
 };
+
+// Layout::to_string with runs of identical consecutive pipelines written once as "64 x mb=1 [...]"
+// (a symmetric layout: to_string).
+std::string layout_text(const Layout& l);
 
 // Bytes per element of a device type's dtype (bf16/fp16 2, fp32 4).
 int dtype_bytes_of(const DeviceType& d);
@@ -173,9 +183,17 @@ std::vector<int> ranks_per_node(const Cluster& c, const std::vector<int>& used);
 double pipeline_1f1b_s(const std::vector<double>& stage_times, int64_t m);
 
 // Every term of one stage (stage `stage` of `stages`, m micro-batches of b sequences, `pipelines`
-// replicas, ZeRO-1 over `zero_ways`). pipeline / first_layer are left 0.
+// replicas, ZeRO-1 over `zero_ways`). pipeline / first_layer are left 0. Memory: the formula
+// (stage_rank_memory), or with `embedded` the embedded trainer's estimate (memory_model.h).
 StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const StageShape& shape, int64_t b, int64_t s,
-                     int64_t m, int stage, int stages, int pipelines, int zero_ways);
+                     int64_t m, int stage, int stages, int pipelines, int zero_ways, EmbeddedStageMemory* embedded = nullptr);
+
+// Cluster::slowest_link(ranks) in O(n log n) (the same link: the pairs' links only depend on their
+// nodes and device types; the cluster method compares every pair of distinct (node, type)).
+LinkSpec slowest_link_of(const Cluster& c, const std::vector<int>& ranks);
+// Layout::rank_of(s, p, 0) for every pipeline p and stage s ([p][s]) in O(ranks) (rank_of of a
+// general layout walks the pipelines: quadratic over a whole layout).
+std::vector<std::vector<int>> layout_first_ranks(const Layout& l);
 
 // The cluster rank of every layout rank: the identity when the layout covers the cluster and names
 // matching device types (check_cluster_layout), else every TP group (stage by stage, pipeline by

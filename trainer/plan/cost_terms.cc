@@ -1,6 +1,7 @@
 // The per-stage terms of the cost model (trainer/plan/cost_model.h; formulas in docs/PLAN.md).
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "trainer/plan/cost_model.h"
 
@@ -131,7 +132,7 @@ StagePlace make_stage_place(const Cluster& c, const std::vector<int>& ranks, con
 }
 
 StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const StageShape& shape, int64_t b, int64_t s,
-                     int64_t m, int stage, int stages, int pipelines, int zero_ways) {
+                     int64_t m, int stage, int stages, int pipelines, int zero_ways, EmbeddedStageMemory* embedded) {
   StageCost c;
   c.stage = stage;
   c.layers = shape.layers;
@@ -145,11 +146,56 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
   const double act = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(model.hidden) * ab;
   if (place.has_next) c.p2p_s += act / place.next_link.bytes_per_s + place.next_link.latency_s;
   if (place.has_prev) c.p2p_s += act / place.prev_link.bytes_per_s + place.prev_link.latency_s;
-  const MemoryTerms mem = stage_rank_memory(model, shape, b, s, ab, std::min<int64_t>(stages - stage, m), zero_ways);
-  c.weights = mem.weights, c.grads = mem.grads, c.optimizer = mem.optimizer, c.activations = mem.activations;
+  const int64_t slots = std::min<int64_t>(stages - stage, m);
+  if (embedded) {
+    const StageMemoryBytes e = embedded->get(shape.layers, shape.tp, shape.first, shape.last, b, s, slots, zero_ways, pipelines);
+    c.weights = e.weights, c.grads = e.grads, c.optimizer = e.optimizer, c.activations = e.activations, c.other = e.other;
+  } else {
+    const MemoryTerms mem = stage_rank_memory(model, shape, b, s, ab, slots, zero_ways);
+    c.weights = mem.weights, c.grads = mem.grads, c.optimizer = mem.optimizer, c.activations = mem.activations;
+  }
   c.capacity = place.capacity;
   if (pipelines > 1) c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape)) * ab, pipelines, place.dp_link);
   return c;
+}
+
+LinkSpec slowest_link_of(const Cluster& c, const std::vector<int>& ranks) {
+  if (ranks.size() < 3) return c.slowest_link(ranks);
+  // One rank per distinct (node, type); per type up to two ranks on distinct nodes (a pair across
+  // nodes exists for two types unless both sit on one same node only).
+  std::vector<std::pair<std::pair<int, int>, int>> keys;
+  keys.reserve(ranks.size());
+  for (int r : ranks) keys.push_back({{c.node_of(r), c.rank_type.at(static_cast<size_t>(r))}, r});
+  std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  keys.erase(std::unique(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first == b.first; }), keys.end());
+  LinkSpec worst = c.link(ranks[0], ranks[0]);
+  auto take = [&worst](const LinkSpec& l) {
+    if (l.bytes_per_s < worst.bytes_per_s || (l.bytes_per_s == worst.bytes_per_s && l.latency_s > worst.latency_s)) worst = l;
+  };
+  std::map<int, std::vector<int>> two;  // type -> up to 2 ranks on distinct nodes
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (size_t k = i; k < keys.size() && keys[k].first.first == keys[i].first.first; ++k) take(c.link(keys[i].second, keys[k].second));
+    auto& v = two[keys[i].first.second];
+    if (v.size() < 2 && (v.empty() || c.node_of(v[0]) != keys[i].first.first)) v.push_back(keys[i].second);
+  }
+  for (auto& [ta, va] : two)
+    for (auto& [tb, vb] : two)
+      for (int a : va)
+        for (int b : vb)
+          if (c.node_of(a) != c.node_of(b)) take(c.link(a, b));
+  return worst;
+}
+
+std::vector<std::vector<int>> layout_first_ranks(const Layout& l) {
+  std::vector<std::vector<int>> out(static_cast<size_t>(l.num_pipelines()));
+  int r = 0;
+  for (int s = 0; s < l.max_stages(); ++s)
+    for (int p = 0; p < l.num_pipelines(); ++p) {
+      if (s >= l.num_stages(p)) continue;
+      out[static_cast<size_t>(p)].push_back(r);
+      r += l.stage_tp(p, s);
+    }
+  return out;
 }
 
 }  // namespace ckpt::trainer

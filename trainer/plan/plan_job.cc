@@ -38,12 +38,15 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   o.global_batch = req.global_batch;
   o.seq_len = req.seq_len > 0 ? req.seq_len : cfg.max_position_embeddings;
   o.calibration = cal;
+  CKPT_ASSIGN_OR_RETURN(o.memory_model, parse_memory_model(req.memory_model));
+  o.config = &cfg;
   auto cost = evaluate(ModelSpec::from_config(cfg), cluster, out.layout, o);
   if (!cost.ok()) return cost.take_status().with_file(req.evaluate);
   out.cost = std::move(cost).value();
   if (req.trainer_memory) {  // the reference trainer's own allocation (trainer/memory_estimate.h), fp32
     MemoryInputs mi;
     mi.config = cfg, mi.layout = out.layout, mi.seq_len = o.seq_len, mi.mpi = out.layout.world_size() > 1;
+    mi.checkpoints = true;  // a run directory, as the embedded memory model assumes
     mi.grad_accum = out.cost.pipelines.empty() ? 1 : out.cost.pipelines[0].micro_batches;
     CKPT_ASSIGN_OR_RETURN(auto est, estimate_memory(mi));
     for (const auto& r : est) out.trainer_memory.push_back(r.total());
@@ -56,7 +59,7 @@ namespace {
 nlohmann::json plan_job_candidate_json(const PlanCandidate& c) {
   nlohmann::json j = c.cost.to_json();
   j["layout"] = c.layout.to_json();
-  j["layout_text"] = c.layout.to_string();
+  j["layout_text"] = layout_text(c.layout);
   j["placement"] = c.placement;
   return j;
 }
@@ -67,7 +70,9 @@ nlohmann::json PlanSearchOutcome::to_json() const {
   const auto& best = result.best[0];
   nlohmann::json j = {{"best", plan_job_candidate_json(best)}, {"seconds", result.seconds},
                       {"arrangements", result.arrangements}, {"evaluated", result.evaluated},
-                      {"exhaustive", result.exhaustive},     {"cross_node_tp", result.cross_node_tp}};
+                      {"visited", result.visited},
+                      {"exhaustive", result.exhaustive},     {"cross_node_tp", result.cross_node_tp},
+                      {"memory_model", best.cost.memory_model}};
   j["next"] = nlohmann::json::array();
   for (size_t i = 1; i < result.best.size(); ++i) {
     nlohmann::json c = plan_job_candidate_json(result.best[i]);
@@ -91,6 +96,8 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   o.seq_len = req.seq_len > 0 ? req.seq_len : cfg->max_position_embeddings;
   o.top = std::max(1, req.top);
   o.calibration = cal;
+  CKPT_ASSIGN_OR_RETURN(o.memory_model, parse_memory_model(req.memory_model));
+  o.config = &*cfg;
   const auto model = ModelSpec::from_config(*cfg);
   PlanSearchOutcome out;
   CKPT_ASSIGN_OR_RETURN(out.result, search_layouts(model, cluster, o));

@@ -28,6 +28,7 @@ struct PlanRequest {
   int64_t seq_len = 0;      // 0: the model's max_position_embeddings
   int top = 3;
   bool trainer_memory = false;  // evaluate: also each rank's memory as `ckpt train` allocates it
+  std::string memory_model = "megatron";  // memory_model.h: "megatron" | "embedded" (`ckpt train`)
 };
 
 // The measured cost terms of a calibration file (none for an empty name).
@@ -49,7 +50,8 @@ struct PlanSearchOutcome {
   std::optional<PlanCandidate> hand;   // the hand-written layout (tp = devices per node), if it exists
   double predicted_gain = 0;           // hand step time / best step time (0: no feasible hand layout)
   // {best, next (with why_slower), seconds, arrangements, evaluated, exhaustive, cross_node_tp,
-  //  hand_written?, predicted_gain?}; each candidate: cost.to_json() with layout, layout_text, placement.
+  //  memory_model, hand_written?, predicted_gain?}; each candidate: cost.to_json() with layout (in
+  //  full: what `ckpt train --layout` reads), layout_text (layout_text: "64 x ..."), placement.
   nlohmann::json to_json() const;
 };
 

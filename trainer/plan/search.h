@@ -16,6 +16,10 @@
 // of a lower bound (compute at full speed with the 1F1B fill, docs/PLAN.md) and the search stops
 // when the bound reaches the K-th best step time found (admissible: it never exceeds the true value;
 // the calibrated terms only add time, except the concurrency factor, which the bound applies).
+// At scale (docs/PLAN.md "Search at scale"): the pipelines of an arrangement with equal stage
+// places form classes valued once (search_arranged.h); splits are looked for only below the K-th
+// best step time; a candidate is built (layout, placement, evaluate()) only when its predicted step
+// time can enter the top K. Memory: the plan's memory model (memory_model.h).
 // Pure functions; thread safe.
 #pragma once
 
@@ -36,7 +40,12 @@ struct SearchOptions {
   int exhaustive_groups = 6;   // enumerate every arrangement up to this many TP groups
   bool allow_zero = true;
   CostCalibration calibration;  // measured terms (cost_model.h); default none
+  MemoryModel memory_model = MemoryModel::kMegatron;  // memory_model.h
+  const LlamaConfig* config = nullptr;                // kEmbedded: the model's config
 };
+
+// The options evaluate() takes for a candidate of the search on `placement`.
+PlanOptions plan_options_of(const SearchOptions& opt, std::vector<int> placement);
 
 struct PlanCandidate {
   Layout layout;
@@ -47,6 +56,7 @@ struct PlanCandidate {
 struct SearchResult {
   std::vector<PlanCandidate> best;  // by step time, at most `top`
   int64_t arrangements = 0, evaluated = 0;
+  int64_t visited = 0;  // (arrangement, m) pairs valued: those whose bound is below the K-th best found
   bool exhaustive = false, cross_node_tp = false;
   double seconds = 0;
 };

@@ -50,13 +50,14 @@ Result<PlanCandidate> hand_written_layout(const ModelSpec& model, const Cluster&
     PlanCandidate c;
     CKPT_ASSIGN_OR_RETURN(c.layout, Layout::from_pipelines(pls, 0));
     c.placement.assign(static_cast<size_t>(c.layout.world_size()), -1);
+    const std::vector<std::vector<int>> first = layout_first_ranks(c.layout);
     for (int p = 0; p < P; ++p) {
       size_t k = 0;
       for (int s = 0; s < S; ++s)
         for (int j = 0; j < c.layout.stage_tp(p, s); ++j)
-          c.placement[static_cast<size_t>(c.layout.rank_of(s, p, j))] = ranks[static_cast<size_t>(p)][k++];
+          c.placement[static_cast<size_t>(first[static_cast<size_t>(p)][static_cast<size_t>(s)] + j)] = ranks[static_cast<size_t>(p)][k++];
     }
-    CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, PlanOptions{opt.global_batch, opt.seq_len, c.placement, opt.calibration}));
+    CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, plan_options_of(opt, c.placement)));
     if (c.cost.feasible) return c;
     if (!last.ok()) last = std::move(c);
   }

@@ -97,29 +97,48 @@ void all_arrangements(const std::vector<TpGroup>& g, int max_stages, std::vector
   space_recurse(g, 0, max_stages, cur, seen, out);
 }
 
-void uniform_arrangements(const std::vector<TpGroup>& g, int num_types, int max_stages, std::vector<Arrangement>& out) {
-  std::map<int, std::vector<int>> by_type;  // type -> group ids in rank order
-  for (size_t i = 0; i < g.size(); ++i) by_type[g[i].type].push_back(static_cast<int>(i));
-  std::vector<int> types;
+std::vector<int> group_types(const std::vector<TpGroup>& g) {
+  std::vector<int> t;
+  for (const TpGroup& x : g) t.push_back(x.type);
+  std::sort(t.begin(), t.end());
+  t.erase(std::unique(t.begin(), t.end()), t.end());
+  return t;
+}
+
+std::vector<int> uniform_pipeline_counts(const std::vector<TpGroup>& g, int max_stages) {
+  std::map<int, int> count;  // type -> groups
+  for (const TpGroup& x : g) ++count[x.type];
   int common = 0;
-  for (auto& [t, ids] : by_type) types.push_back(t), common = std::gcd(common, static_cast<int>(ids.size()));
-  (void)num_types;
+  for (auto& [t, n] : count) common = std::gcd(common, n);
+  std::vector<int> out;
   for (int P = 1; P <= common; ++P) {
     if (common % P) continue;
     int stages = 0;
-    for (auto& [t, ids] : by_type) stages += static_cast<int>(ids.size()) / P;
-    if (stages > max_stages) continue;
-    std::vector<int> order = types;
-    do {
-      Arrangement a(static_cast<size_t>(P));
-      for (int p = 0; p < P; ++p)
-        for (int t : order) {
-          const std::vector<int>& ids = by_type[t];
-          const size_t k = ids.size() / static_cast<size_t>(P);
-          for (size_t i = 0; i < k; ++i) a[static_cast<size_t>(p)].push_back(ids[static_cast<size_t>(p) * k + i]);
-        }
-      out.push_back(std::move(a));
-    } while (std::next_permutation(order.begin(), order.end()));
+    for (auto& [t, n] : count) stages += n / P;
+    if (stages <= max_stages) out.push_back(P);
+  }
+  return out;
+}
+
+Arrangement uniform_arrangement(const std::vector<TpGroup>& g, int P, const std::vector<int>& order) {
+  std::map<int, std::vector<int>> by_type;  // type -> group ids in rank order
+  for (size_t i = 0; i < g.size(); ++i) by_type[g[i].type].push_back(static_cast<int>(i));
+  Arrangement a(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p)
+    for (int t : order) {
+      const std::vector<int>& ids = by_type[t];
+      const size_t k = ids.size() / static_cast<size_t>(P);
+      for (size_t i = 0; i < k; ++i) a[static_cast<size_t>(p)].push_back(ids[static_cast<size_t>(p) * k + i]);
+    }
+  return a;
+}
+
+void uniform_arrangements(const std::vector<TpGroup>& g, int num_types, int max_stages, std::vector<Arrangement>& out) {
+  (void)num_types;
+  for (int P : uniform_pipeline_counts(g, max_stages)) {
+    std::vector<int> order = group_types(g);
+    do out.push_back(uniform_arrangement(g, P, order));
+    while (std::next_permutation(order.begin(), order.end()));
   }
 }
 

@@ -31,5 +31,14 @@ void all_arrangements(const std::vector<TpGroup>& g, int max_stages, std::vector
 // Pipelines of equal composition: P divides every type's group count; each pipeline takes its
 // share of each type's groups (in rank order), the types in blocks, in every order of the types.
 void uniform_arrangements(const std::vector<TpGroup>& g, int num_types, int max_stages, std::vector<Arrangement>& out);
+// The same space described instead of listed (the search builds an arrangement when it visits
+// it): the pipeline counts P (ascending), the types of the groups (ascending; every permutation is
+// an order), and the arrangement of one P and order.
+std::vector<int> uniform_pipeline_counts(const std::vector<TpGroup>& g, int max_stages);
+std::vector<int> group_types(const std::vector<TpGroup>& g);
+Arrangement uniform_arrangement(const std::vector<TpGroup>& g, int P, const std::vector<int>& order);
+// The search's hook for the MoE expert-parallel dimension (issue 38, later work): a tp choice per
+// type is one point of the space today; an ep per stage would multiply the choices here and
+// enter the stage cost (all-to-all, expert memory), not the arrangement of the groups.
 
 }  // namespace ckpt::trainer::search_detail

@@ -23,23 +23,29 @@ template <class Combine>
 SplitResult split_dp(const Table& cost, int num_layers, double cap, Combine combine) {
   SplitResult r;
   const size_t L = static_cast<size_t>(num_layers), S = cost.size();
-  std::vector<std::vector<double>> best(S + 1, std::vector<double>(L + 1, kInfeasible));
-  std::vector<std::vector<size_t>> from(S + 1, std::vector<size_t>(L + 1, 0));
-  best[0][0] = 0;
-  for (size_t k = 1; k <= S; ++k)
-    for (size_t j = k; j + (S - k) <= L; ++j)
+  const size_t W = L + 1;  // row width of the flat [stage][layers] tables
+  std::vector<double> best((S + 1) * W, kInfeasible);
+  std::vector<size_t> from((S + 1) * W, 0);
+  best[0] = 0;
+  for (size_t k = 1; k <= S; ++k) {
+    const double* prev = &best[(k - 1) * W];
+    const std::vector<double>& row = cost[k - 1];
+    for (size_t j = k; j + (S - k) <= L; ++j) {
+      double& out = best[k * W + j];
       for (size_t i = k - 1; i < j; ++i) {
-        const double c = cost[k - 1][j - i];
-        if (!(c <= cap) || !(best[k - 1][i] < kInfeasible)) continue;
-        const double v = combine(best[k - 1][i], c);
-        if (v < best[k][j]) best[k][j] = v, from[k][j] = i;  // ties: the earliest cut (fewer layers in front)
+        const double c = row[j - i];
+        if (!(c <= cap) || !(prev[i] < kInfeasible)) continue;
+        const double v = combine(prev[i], c);
+        if (v < out) out = v, from[k * W + j] = i;  // ties: the earliest cut (fewer layers in front)
       }
-  if (!(best[S][L] < kInfeasible)) return r;
+    }
+  }
+  if (!(best[S * W + L] < kInfeasible)) return r;
   r.ok = true;
   r.layers.assign(S, 0);
   for (size_t k = S, j = L; k > 0; --k) {
-    r.layers[k - 1] = static_cast<int>(j - from[k][j]);
-    j = from[k][j];
+    r.layers[k - 1] = static_cast<int>(j - from[k * W + j]);
+    j = from[k * W + j];
   }
   r.max_time = 0;
   r.sum_time = 0;
@@ -50,8 +56,15 @@ SplitResult split_dp(const Table& cost, int num_layers, double cap, Combine comb
   return r;
 }
 
-double split_max(double a, double b) { return std::max(a, b); }
-double split_sum(double a, double b) { return a + b; }
+// Function objects (not function pointers): the DP's inner loop inlines them.
+struct SplitMax {
+  double operator()(double a, double b) const { return std::max(a, b); }
+};
+struct SplitSum {
+  double operator()(double a, double b) const { return a + b; }
+};
+inline constexpr SplitMax split_max{};
+inline constexpr SplitSum split_sum{};
 
 }  // namespace split_detail
 
@@ -68,18 +81,24 @@ SplitResult min_max_split(int num_layers, int stages, const StageCostFn& time) {
 // optimum up; the value of each is evaluated exactly. Bounds (admissible): under a cap c' >= c the
 // value is at least minsum + k c (minsum: the uncapped minimum sum at this theta), and at any lower
 // theta at least minsum + k minmax (both only grow as theta falls).
-SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& time, const StageCostFn& sync) {
+SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& time, const StageCostFn& sync, double cutoff) {
   using namespace split_detail;
   SplitResult best;
   if (stages < 1 || num_layers < stages) return best;
+  best.value = cutoff;
   const Table t = split_table(num_layers, stages, time), y = split_table(num_layers, stages, sync);
-  std::vector<double> thetas, caps;
-  for (const auto& row : y)
-    for (double v : row)
-      if (v < kInfeasible) thetas.push_back(v);
-  std::sort(thetas.begin(), thetas.end());
-  thetas.erase(std::unique(thetas.begin(), thetas.end()), thetas.end());
-  double theta = thetas.empty() ? 0 : thetas.back();
+  std::vector<double> caps;
+  // The largest finite sync value below `below` (the sync values are scanned, not sorted: most
+  // calls stop at the first theta).
+  auto sync_below = [&y](double below, double& out) {
+    bool found = false;
+    for (const auto& row : y)
+      for (double v : row)
+        if (v < kInfeasible && v < below && (!found || v > out)) out = v, found = true;
+    return found;
+  };
+  double theta = 0;
+  if (!sync_below(kInfeasible, theta)) theta = 0;
   while (true) {
     Table tr = t;  // stages with sync <= theta
     caps.clear();
@@ -107,10 +126,9 @@ SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& 
       if (k <= 0 || *it >= ms.max_time) break;
     }
     // Next theta: the largest sync value below every split found here (above it nothing changes).
-    auto it = std::lower_bound(thetas.begin(), thetas.end(), std::min(found_sync, theta));
-    if (it == thetas.begin()) break;
-    theta = *(it - 1);
+    if (!sync_below(std::min(found_sync, theta), theta)) break;
   }
+  if (best.layers.empty()) return SplitResult{};  // nothing below the cutoff
   return best;
 }
 

@@ -32,6 +32,9 @@ struct SplitResult {
 using StageCostFn = std::function<double(int stage, int layers)>;
 
 SplitResult min_max_split(int num_layers, int stages, const StageCostFn& time);
-SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& time, const StageCostFn& sync);
+// cutoff: only splits valued below it are looked for (none: ok false); the bounds above then stop
+// both loops early (the search passes the K-th best step time found).
+SplitResult best_split(int num_layers, int stages, double k, const StageCostFn& time, const StageCostFn& sync,
+                       double cutoff = kInfeasible);
 
 }  // namespace ckpt::trainer
