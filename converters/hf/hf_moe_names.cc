@@ -16,10 +16,11 @@ const std::string kMoeMlp = ".mlp.";
 const char* const kMoeScaleSuffixes[] = {"_scale_inv", "_scale"};
 
 // Where a canonical name's MLP part starts: "model.layers.3.mlp." -> {prefix "model.layers.3.",
-// suffix after "mlp."}; false for tensors outside an MoE layer's MLP.
+// suffix after "mlp."}; false for tensors outside an MoE layer's MLP, and for gpt-oss, whose HF
+// names are the canonical ones (moe_config.h).
 bool moe_mlp_part(const LlamaConfig& c, const std::string& name, std::string* prefix, std::string* suffix) {
   const int64_t layer = llama_layer_of(name);
-  if (layer < 0 || !c.moe || !c.moe->is_moe_layer(layer)) return false;
+  if (layer < 0 || !c.moe || !c.moe->is_moe_layer(layer) || c.family == ModelFamily::kGptOss) return false;
   const auto at = name.find(kMoeMlp);
   if (at == std::string::npos) return false;
   *prefix = name.substr(0, at + 1);
