@@ -189,7 +189,7 @@ Result<std::unique_ptr<TensorSource>> hf_moe_canonical_source(std::unique_ptr<Te
   const nlohmann::json& md = src->metadata();
   if (!md.is_object() || !md.contains("model_config")) return src;
   auto cfg = LlamaConfig::from_json(md["model_config"]);
-  if (!cfg.ok() || !cfg->moe) return src;
+  if (!cfg.ok() || !cfg->moe || cfg->family == ModelFamily::kGptOss) return src;  // gpt-oss: HF names are canonical
   auto al = hf_moe_import_aliases(*cfg, llama_model_tensors(*cfg, cfg->dtype), src->tensors());
   if (!al.ok()) return src;
   std::vector<TensorMeta> tensors = std::move(al->tensors);

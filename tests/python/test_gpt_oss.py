@@ -12,7 +12,8 @@ rest bf16, quantization_config mxfp4 with gpt-oss's modules_to_not_convert.
   then its transpose) bit for bit, and transformers the logits of transformers' own MXFP4 load.
   transformers 5.24 on this CPU loads MXFP4 only dequantized (`Mxfp4Config(dequantize=True)`; a
   plain load wants accelerate and then triton kernels), so that is the reference model.
-- `--keep-quantized` writes the blocks and scales back byte for byte.
+- `--keep-quantized` writes the blocks and scales back byte for byte; kept quantized they reshard
+  with expert and expert-tensor parallelism on 32-value block boundaries (QuantSplitBlock inside).
 """
 import json
 
@@ -115,3 +116,40 @@ def test_mxfp4_keep_quantized_writes_blocks_back(run_ckpt, tmp_path, gpt_oss):
         for k in g.keys():
             assert torch.equal(f.get_tensor(k).view(torch.uint8), g.get_tensor(k).view(torch.uint8)), k
     assert json.loads((out / "config.json").read_text())["quantization_config"] == QCFG
+
+
+def _pieces(store):
+    man = json.loads((store / "manifest.json").read_text())
+    return {(p["tensor"], tuple(p["region"]["offset"]), tuple(p["region"]["extent"])): p for p in man["pieces"]}
+
+
+def test_mxfp4_kept_quantized_reshards_on_block_boundaries(run_ckpt, tmp_path, gpt_oss):
+    """from-hf --keep-quantized with ep 2 x etp 2: each rank holds the blocks and scales of its experts'
+    box of the model's tensor (gate_up_proj [E, h, 2F] split along 2F = the stored rows; down_proj
+    [E, F, h] along F = the stored packed dim, 32 | F / 2); -> ep 4 -> back: byte-identical, the
+    source's bytes exported, the ep 4 store dequantizes to the reference; tp 4 (experts split F over tp: 16) cuts 32-blocks."""
+    _, mx, deq = gpt_oss
+    a, b, a2 = tmp_path / "ep2", tmp_path / "ep4", tmp_path / "ep2_again"
+    lay2 = ("--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--etp", "2")
+    run_ckpt("from-hf", mx, a, "--keep-quantized", *lay2, "--no-fsync")
+    pa = _pieces(a)
+    g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"  # E 4, h 64, F 64
+    assert (g + "_blocks", (2, 64, 0, 0), (2, 64, 2, 16)) in pa and (g + "_scales", (2, 64, 0), (2, 64, 2)) in pa
+    assert (d + "_blocks", (0, 0, 1, 0), (2, 64, 1, 16)) in pa and (d + "_scales", (0, 0, 1), (2, 64, 1)) in pa
+    run_ckpt("reshard", a, b, "--tp", "1", "--pp", "1", "--dp", "4", "--ep", "4")
+    run_ckpt("reshard", b, a2, *lay2)
+    pa2 = _pieces(a2)
+    assert pa.keys() == pa2.keys()
+    for k in pa:
+        assert pa[k]["digest"] == pa2[k]["digest"], k
+    run_ckpt("to-hf", a2, tmp_path / "kept", "--keep-quantized", "--no-fsync")
+    with safe_open(str(tmp_path / "kept" / "model.safetensors"), "pt") as f, safe_open(str(mx / "model.safetensors"), "pt") as h:
+        assert sorted(f.keys()) == sorted(h.keys())
+        for k in h.keys():
+            assert torch.equal(f.get_tensor(k).view(torch.uint8), h.get_tensor(k).view(torch.uint8)), k
+    run_ckpt("to-hf", b, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")
+    got = _tensors(tmp_path / "bf16")
+    for k, v in deq.items():
+        assert torch.equal(got[k].view(torch.int16), v.view(torch.int16)), k
+    p = run_ckpt("reshard", a, tmp_path / "tp4", "--tp", "4", "--pp", "1", "--dp", "1", check=False)  # F / 4 = 16
+    assert p.returncode != 0 and "[QuantSplitBlock]" in p.stderr and "down_proj" in p.stderr, p.stderr
