@@ -160,3 +160,29 @@ def test_expert_scales_missing_or_misshapen_are_named(run_ckpt, tmp_path, fp8_mo
     code = "[QuantScaleMissing]" if case == "missing" else "[QuantScaleShape]"  # the expert's own weight and scales named
     assert p.returncode != 0 and code in p.stderr and k in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_fused_fp8_experts_dequantize_to_the_same_model(run_ckpt, tmp_path):
+    """transformers' in-memory (fused) naming quantized as its FP8Experts holds it: `mlp.experts.gate_up_proj`
+    [E, 2F, h] + `gate_up_proj_scale_inv` per expert's blocks, `down_proj` + `down_proj_scale_inv`: dequantized,
+    then seen as the stacked experts, the same tensors as the per-expert checkpoint's reference (F = 24 is
+    a multiple of the 8-block, so the blocks are the same). Kept quantized, its blocks could straddle gate
+    and up: refused by name."""
+    deq = _quantized(tmp_path / "legacy_fp8", "qwen3_moe")
+    d = tmp_path / "fused_fp8"
+    d.mkdir()
+    (d / "config.json").write_text((tmp_path / "legacy_fp8" / "config.json").read_text())
+    tensors = {}
+    for k, v in load_file(MOE / "qwen3_moe" / "fused" / "model.safetensors").items():
+        if k.startswith("model.layers.") and (k.endswith("_proj.weight") or k.endswith(("experts.gate_up_proj", "experts.down_proj"))):
+            qs = [ref.quantize_block_fp8(m.numpy(), 8, 8) for m in (v if v.dim() == 3 else [v])]
+            q, inv = (np.stack([a for a, _ in qs]), np.stack([b for _, b in qs])) if v.dim() == 3 else qs[0]
+            tensors[k] = torch.from_numpy(q).view(torch.float8_e4m3fn)
+            tensors[k + "_scale_inv"] = torch.from_numpy(inv.astype(ml_dtypes.bfloat16).view(np.int16)).view(torch.bfloat16)
+        else:
+            tensors[k] = v.to(torch.bfloat16)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    run_ckpt("to-hf", d, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")
+    _assert_reference(tmp_path / "bf16", deq)
+    p = run_ckpt("from-hf", d, tmp_path / "kept", "--keep-quantized", "--no-fsync", check=False)
+    assert p.returncode != 0 and "[QuantUnsupported]" in p.stderr and "gate_up_proj" in p.stderr, p.stderr
