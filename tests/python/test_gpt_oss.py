@@ -14,6 +14,7 @@ rest bf16, quantization_config mxfp4 with gpt-oss's modules_to_not_convert.
   plain load wants accelerate and then triton kernels), so that is the reference model.
 - `--keep-quantized` writes the blocks and scales back byte for byte; kept quantized they reshard
   with expert and expert-tensor parallelism on 32-value block boundaries (QuantSplitBlock inside).
+- Hostile files: a missing tensor, MXFP4 scales of the wrong shape, experts of the wrong width: named.
 """
 import json
 
@@ -153,3 +154,29 @@ def test_mxfp4_kept_quantized_reshards_on_block_boundaries(run_ckpt, tmp_path, g
         assert torch.equal(got[k].view(torch.int16), v.view(torch.int16)), k
     p = run_ckpt("reshard", a, tmp_path / "tp4", "--tp", "4", "--pp", "1", "--dp", "1", check=False)  # F / 4 = 16
     assert p.returncode != 0 and "[QuantSplitBlock]" in p.stderr and "down_proj" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("case", ["sinks_missing", "scales_shape", "experts_width"])
+def test_hostile_gpt_oss_is_named(run_ckpt, tmp_path, gpt_oss, case):
+    """A missing sinks tensor (from-hf of the bf16 model): MissingTensor; MXFP4 scales of another shape
+    than their blocks: QuantScaleShape; MXFP4 experts whose width is not the config's: ShapeMismatch."""
+    src, mx, _ = gpt_oss
+    base = src if case == "sinks_missing" else mx
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((base / "config.json").read_text())
+    t = _tensors(base)
+    g = "model.layers.1.mlp.experts.gate_up_proj"
+    if case == "sinks_missing":
+        del t["model.layers.1.self_attn.sinks"]
+    elif case == "scales_shape":
+        t[g + "_scales"] = t[g + "_scales"][:, :, :1].contiguous()
+    else:  # 2F = 128 rows -> 96
+        t[g + "_blocks"], t[g + "_scales"] = t[g + "_blocks"][:, :96].contiguous(), t[g + "_scales"][:, :96].contiguous()
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    cmd = ("from-hf", bad, tmp_path / "out") if case == "sinks_missing" else ("to-hf", bad, tmp_path / "out", "--dtype", "bf16")
+    p = run_ckpt(*cmd, "--no-fsync", check=False)
+    code = {"sinks_missing": "[MissingTensor]", "scales_shape": "[QuantScaleShape]", "experts_width": "[ShapeMismatch]"}[case]
+    assert p.returncode != 0 and code in p.stderr, p.stderr
+    assert ("sinks" if case == "sinks_missing" else "gate_up_proj") in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
