@@ -1,5 +1,6 @@
 #include "converters/quant/quantize_view.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -15,6 +16,9 @@
 namespace ckpt {
 
 namespace {
+
+// MXFP4 reads go in bands of this many values (or one row, when longer): 64 Ki values, 0.6 MiB.
+constexpr int64_t kMxBandValues = int64_t{1} << 16;
 
 class QuantizeView : public TensorSource {
  public:
@@ -118,12 +122,13 @@ class QuantizeView : public TensorSource {
     return Status::Ok();
   }
 
-  // Per concurrent read: a block row of the widest quantized weight in f32 (and as read, up to 4
-  // bytes), and its FP8 bytes.
+  // Per concurrent read: a block row of the widest quantized weight (MXFP4: a band of kMxBandValues
+  // values, or a row) in f32 (and as read, up to 4 bytes), and its FP8 / packed bytes.
   uint64_t read_memory(int threads) const override {
     int64_t widest = 0;
     for (const auto& [name, shape] : shape_) widest = std::max(widest, shape.back());
-    const uint64_t band = static_cast<uint64_t>(mx() ? 1 : req_.block_rows) * static_cast<uint64_t>(widest) * (4 + 4 + 1);
+    const uint64_t band = mx() ? static_cast<uint64_t>(std::max(kMxBandValues, widest)) * (4 + 4 + 1)
+                               : static_cast<uint64_t>(req_.block_rows) * static_cast<uint64_t>(widest) * (4 + 4 + 1);
     return inner_.read_memory(threads) + static_cast<uint64_t>(exec_pipeline_depth(threads)) * band;
   }
 
@@ -175,6 +180,28 @@ class QuantizeView : public TensorSource {
       groups.offset.pop_back();
       groups.extent.pop_back();
     }
+    // In bands of rows (one leading index, kMxBandValues values or one row), as read() for FP8.
+    const size_t nd = groups.offset.size();
+    const int64_t G = groups.extent[nd - 1], r0 = groups.offset[nd - 2], r1 = r0 + groups.extent[nd - 2];
+    const int64_t step = std::max<int64_t>(1, kMxBandValues / (G * 32)), lead = groups.numel() / (groups.extent[nd - 2] * G);
+    for (int64_t l = 0; l < lead; ++l) {
+      Box band = groups;
+      for (size_t d = nd - 2, rem = static_cast<size_t>(l); d-- > 0;) {
+        band.offset[d] = groups.offset[d] + static_cast<int64_t>(rem % static_cast<size_t>(groups.extent[d]));
+        band.extent[d] = 1;
+        rem /= static_cast<size_t>(groups.extent[d]);
+      }
+      for (int64_t r = r0; r < r1; r += step) {
+        band.offset[nd - 2] = r;
+        band.extent[nd - 2] = std::min(r1, r + step) - r;
+        CKPT_RETURN_IF_ERROR(read_mxfp4_band(weight, is_scale, band, sub, dst));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The groups `groups` (a band of `sub`'s) quantized into their place in `dst`, laid out as `sub`.
+  Status read_mxfp4_band(const std::string& weight, bool is_scale, const Box& groups, const Box& sub, void* dst) {
     Box logical = groups;
     logical.offset.back() *= 32;
     logical.extent.back() *= 32;
@@ -189,7 +216,7 @@ class QuantizeView : public TensorSource {
       exps[b] = *s;
     }
     if (is_scale) {
-      std::memcpy(dst, exps.data(), exps.size());
+      copy_box(exps.data(), groups, dst, sub, groups, 1);
       return Status::Ok();
     }
     if (req_.tracker) {  // what quantizing changed, for the groups whose bytes this read returns
@@ -206,10 +233,12 @@ class QuantizeView : public TensorSource {
         }
       }
     }
-    Box whole = sub;  // the whole 16-byte rows of the groups
-    whole.offset.back() = 0;
-    whole.extent.back() = 16;
-    copy_box(packed.data(), whole, dst, sub, sub, 1);
+    Box whole = groups, part = groups;  // the whole 16-byte rows of the groups, and sub's bytes of them
+    whole.offset.push_back(0);
+    whole.extent.push_back(16);
+    part.offset.push_back(sub.offset.back());
+    part.extent.push_back(sub.extent.back());
+    copy_box(packed.data(), whole, dst, sub, part, 1);
     if (req_.tracker && sub.offset.back() == 0) req_.tracker->add(e);  // once per group (its first byte's read)
     return Status::Ok();
   }

@@ -1,10 +1,12 @@
-"""Peak memory of `ckpt to-hf --quantize fp8-block` (issue 39, docs/QUANTIZATION.md "Memory") with
-`--max-memory 64M` on a bf16 LLaMA whose MLP weights are [8192, 2048] (32 MiB each, 130 MB in all):
-the quantizing view reads one block row of a weight at a time (128 x 2048 in f32) and counts it
-in the budget. Before, a scale tensor's read quantized every block of its weight at once (64 MiB of
-f32 + 16 MiB of FP8 for a 256 B scale chunk), beyond the budget. The peak resident set (wait4's
-ru_maxrss, as tests/python/test_memory.py measures it) stays within the budget, and the output is
-the reference quantizer's (transformers' Fp8Quantize in numpy) bit for bit.
+"""Peak memory of `ckpt to-hf --quantize fp8-block|mxfp4` (issue 39, docs/QUANTIZATION.md "Memory")
+with `--max-memory 64M` on a bf16 LLaMA whose MLP weights are [8192, 2048] (32 MiB each, 130 MB in
+all): the quantizing view reads one band at a time (fp8-block: a block row, 128 x 2048 in f32;
+mxfp4: 64 Ki values) and counts it in the budget. Before, a scale tensor's read quantized every
+block of its weight at once (64 MiB of f32 + 16 MiB of FP8 for a 256 B scale chunk) and an MXFP4
+read its chunk's values in f32 (17 bytes per output byte): 130 and 136 MiB peaks. The peak resident
+set (wait4's ru_maxrss, as tests/python/test_memory.py measures it) stays within the budget, and
+the output is the reference quantizer's bit for bit (transformers' Fp8Quantize, triton_kernels'
+downcast_to_mxfp, both in numpy).
 """
 import json
 import os
@@ -42,16 +44,28 @@ def _bf16_llama(d):
     return tensors
 
 
-def test_quantize_peak_within_budget(ckpt_bin, tmp_path):
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quant_memory") / "bf16"
+    return d, _bf16_llama(d)
+
+
+@pytest.mark.parametrize("scheme", ["fp8-block", "mxfp4"])
+def test_quantize_peak_within_budget(ckpt_bin, tmp_path, bf16_model, scheme):
     if os.environ.get("CKPT_SANITIZE") == "ON":
         pytest.skip("ASan's shadow memory and quarantine are not ckpt's")
-    tensors = _bf16_llama(tmp_path / "bf16")
-    peak = _peak_mib(ckpt_bin, "to-hf", tmp_path / "bf16", tmp_path / "fp8", "--quantize", "fp8-block", "--max-memory", "64M",
-                     "--no-fsync")
-    print(f"to-hf --quantize fp8-block --max-memory 64M: peak RSS {peak:.1f} MiB")
+    src, tensors = bf16_model
+    peak = _peak_mib(ckpt_bin, "to-hf", src, tmp_path / "q", "--quantize", scheme, "--max-memory", "64M", "--no-fsync")
+    print(f"to-hf --quantize {scheme} --max-memory 64M: peak RSS {peak:.1f} MiB")
     assert peak <= BUDGET_MIB, f"peak RSS {peak:.1f} MiB > {BUDGET_MIB} MiB"
     k = "model.layers.0.mlp.down_proj.weight"
-    q, inv = ref.quantize_block_fp8(tensors[k].astype(np.float32))
-    with safe_open(str(tmp_path / "fp8" / "model.safetensors"), "pt") as f:
+    w = tensors[k].astype(np.float32)
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), "pt") as f:
+        if scheme == "mxfp4":
+            blocks, scales = ref.quantize_mxfp4(w)
+            assert np.array_equal(f.get_tensor(k + "_blocks").numpy(), blocks)
+            assert np.array_equal(f.get_tensor(k + "_scales").numpy(), scales)
+            return
+        q, inv = ref.quantize_block_fp8(w)
         assert np.array_equal(f.get_tensor(k + "_scale_inv").numpy().view(np.uint32), inv.view(np.uint32))
         assert np.array_equal(f.get_tensor(k).view(torch.uint8).numpy(), q)
