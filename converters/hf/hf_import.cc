@@ -29,18 +29,27 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
                                                                 std::to_string(src.tensors().size()) + " tensors");
   std::map<std::string, const TensorMeta*> by_name;
   std::set<std::string> wanted;
-  if (plan.config.moe) {  // experts per expert or fused: the canonical tensors through aliases
+  if (plan.config.moe && plan.config.family != ModelFamily::kGptOss) {  // experts per expert or fused: the canonical tensors
     CKPT_ASSIGN_OR_RETURN(HfAliases al, hf_moe_import_aliases(plan.config, llama_model_tensors(plan.config, plan.config.dtype),
                                                               src.tensors()));
+    // Scales kept as stored (--keep-quantized) that the aliases do not carry: as they are.
+    std::set<std::string> viewed;
+    for (const auto& t : al.tensors) viewed.insert(t.name);
+    for (const auto& t : src.tensors())
+      if (!al.used.count(t.name) && !viewed.count(t.name) && opts.keep_as_stored.count(t.name)) {
+        al.tensors.push_back(t);
+        al.aliases.push_back(TensorAlias{t.name, Box::whole(t.shape), t.name, Box::whole(t.shape)});
+      }
     plan.alias_tensors = std::move(al.tensors);
     plan.aliases = std::move(al.aliases);
     wanted = std::move(al.used);
   }
-  for (const auto& t : plan.config.moe ? plan.alias_tensors : src.tensors()) by_name[t.name] = &t;
+  for (const auto& t : plan.aliases.empty() ? src.tensors() : plan.alias_tensors) by_name[t.name] = &t;
   std::set<DType> dts;
   for (const TensorMeta& want : llama_model_tensors(plan.config, plan.config.dtype)) {
     wanted.insert(want.name);
     auto it = by_name.find(want.name);
+    if (it == by_name.end() && opts.keep_as_stored.count(want.name + "_blocks")) continue;  // MXFP4 kept as stored
     if (it == by_name.end())
       return Status::Error("MissingTensor",
                            "'" + src.describe() + "' has no tensor '" + want.name + "' " + shape_to_string(want.shape) +
@@ -60,7 +69,12 @@ Result<HfImportPlan> plan_hf_import(const TensorSource& src, const HfImportOptio
     if (!tot) return Status::Error("ShapeOverflow", "tensor '" + want.name + "' size overflows");
     plan.total_bytes = *tot;
   }
-  for (const auto& t : src.tensors()) {
+  std::vector<TensorMeta> rest = src.tensors();
+  std::set<std::string> in_src;
+  for (const auto& t : rest) in_src.insert(t.name);
+  for (const auto& t : plan.alias_tensors)  // stacked expert scales (hf_moe_names.h)
+    if (!in_src.count(t.name)) rest.push_back(t);
+  for (const auto& t : rest) {
     if (wanted.count(t.name)) continue;
     if (opts.keep_as_stored.count(t.name)) {  // a quantized weight's scales, as stored
       plan.tensors.push_back(t);

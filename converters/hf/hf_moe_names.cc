@@ -12,12 +12,15 @@ namespace ckpt {
 namespace {
 
 const std::string kMoeMlp = ".mlp.";
+// The scales beside a quantized `X.weight` (converters/quant/quant_scheme.h): block FP8, per tensor.
+const char* const kMoeScaleSuffixes[] = {"_scale_inv", "_scale"};
 
 // Where a canonical name's MLP part starts: "model.layers.3.mlp." -> {prefix "model.layers.3.",
-// suffix after "mlp."}; false for tensors outside an MoE layer's MLP.
+// suffix after "mlp."}; false for tensors outside an MoE layer's MLP, and for gpt-oss, whose HF
+// names are the canonical ones (moe_config.h).
 bool moe_mlp_part(const LlamaConfig& c, const std::string& name, std::string* prefix, std::string* suffix) {
   const int64_t layer = llama_layer_of(name);
-  if (layer < 0 || !c.moe || !c.moe->is_moe_layer(layer)) return false;
+  if (layer < 0 || !c.moe || !c.moe->is_moe_layer(layer) || c.family == ModelFamily::kGptOss) return false;
   const auto at = name.find(kMoeMlp);
   if (at == std::string::npos) return false;
   *prefix = name.substr(0, at + 1);
@@ -59,12 +62,17 @@ class ImportBuilder {
     for (const auto& t : src) src_[t.name] = &t;
   }
 
-  // The canonical tensor `want` from the whole HF tensor `name`.
+  // The canonical tensor `want` from the whole HF tensor `name`; a renamed quantized weight's scales
+  // (`name_scale_inv`, `name_scale`) follow it under the canonical name.
   Status whole(const TensorMeta& want, const std::string& name, const std::string& why) {
     const TensorMeta* s = find(name);
     if (!s) return moe_missing(name, want.shape, why);
     if (s->shape != want.shape) return moe_shape_mismatch(name, s->shape, want.shape);
     add(want, s->dtype, {TensorAlias{want.name, Box::whole(want.shape), name, Box::whole(want.shape)}}, {name});
+    for (const char* suf : kMoeScaleSuffixes)
+      if (const TensorMeta* sc = find(name + suf); sc && name != want.name)
+        add(TensorMeta{want.name + suf, sc->dtype, sc->shape}, sc->dtype,
+            {TensorAlias{want.name + suf, Box::whole(sc->shape), sc->name, Box::whole(sc->shape)}}, {sc->name});
     return Status::Ok();
   }
 
@@ -76,6 +84,10 @@ class ImportBuilder {
     if (const TensorMeta* gu = find(prefix + "mlp.experts.gate_up_proj"); gu && proj != "down_proj") {
       const Shape fused{E, 2 * w[1], w[2]};
       if (gu->shape != fused) return moe_shape_mismatch(gu->name, gu->shape, fused);
+      if (find(gu->name + kMoeScaleSuffixes[0]))  // its blocks may straddle gate and up: not split here
+        return Status::Error("QuantUnsupported", "fused FP8 experts '" + gu->name + "' with '" + gu->name + kMoeScaleSuffixes[0] +
+                                                     "': ckpt reads block-FP8 experts per expert (experts.{e}.gate_proj.weight)")
+            .with_tensor(gu->name);
       const int64_t half = proj == "gate_proj" ? 0 : 1;
       add(want, gu->dtype, {TensorAlias{want.name, Box::whole(w), gu->name, dim_slice(fused, 1, half * w[1], (half + 1) * w[1])}},
           {gu->name});
@@ -101,6 +113,34 @@ class ImportBuilder {
       used.push_back(name);
     }
     add(want, *dt, std::move(aliases), std::move(used));
+    return expert_scales(want, prefix, proj);
+  }
+
+  // Block-FP8 experts as DeepSeek-V3 and Qwen3-FP8 ship them: `experts.{e}.<proj>.weight_scale_inv`
+  // per expert, stacked as `experts.<proj>.weight_scale_inv` [E, ..] beside the stacked weight
+  // (converters/quant reads the pair). Either every expert has scales of one shape and dtype or none.
+  Status expert_scales(const TensorMeta& want, const std::string& prefix, const std::string& proj) {
+    const int64_t E = want.shape[0];
+    const TensorMeta* first = nullptr;
+    for (int64_t e = 0; e < E && !first; ++e) first = find(legacy_expert_name(c_, prefix, proj, e) + kMoeScaleSuffixes[0]);
+    if (!first) return Status::Ok();
+    Shape stacked{E};
+    stacked.insert(stacked.end(), first->shape.begin(), first->shape.end());
+    std::vector<TensorAlias> aliases;
+    std::vector<std::string> used;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string name = legacy_expert_name(c_, prefix, proj, e) + kMoeScaleSuffixes[0];
+      const TensorMeta* s = find(name);
+      if (!s) return moe_missing(name, first->shape, "the scales of expert " + std::to_string(e) + ": " + first->name + " has them");
+      if (s->shape != first->shape) return moe_shape_mismatch(name, s->shape, first->shape);
+      if (s->dtype != first->dtype)
+        return Status::Error("MixedDtypes", "scales '" + name + "' are " + std::string(dtype_name(s->dtype)) + " but '" + first->name +
+                                                "' are " + std::string(dtype_name(first->dtype)))
+            .with_tensor(name);
+      aliases.push_back(TensorAlias{want.name + kMoeScaleSuffixes[0], dim_slice(stacked, 0, e, e + 1), name, Box::whole(s->shape)});
+      used.push_back(name);
+    }
+    add(TensorMeta{want.name + kMoeScaleSuffixes[0], first->dtype, stacked}, first->dtype, std::move(aliases), std::move(used));
     return Status::Ok();
   }
 
@@ -149,7 +189,7 @@ Result<std::unique_ptr<TensorSource>> hf_moe_canonical_source(std::unique_ptr<Te
   const nlohmann::json& md = src->metadata();
   if (!md.is_object() || !md.contains("model_config")) return src;
   auto cfg = LlamaConfig::from_json(md["model_config"]);
-  if (!cfg.ok() || !cfg->moe) return src;
+  if (!cfg.ok() || !cfg->moe || cfg->family == ModelFamily::kGptOss) return src;  // gpt-oss: HF names are canonical
   auto al = hf_moe_import_aliases(*cfg, llama_model_tensors(*cfg, cfg->dtype), src->tensors());
   if (!al.ok()) return src;
   std::vector<TensorMeta> tensors = std::move(al->tensors);
@@ -164,18 +204,25 @@ Result<std::unique_ptr<TensorSource>> hf_moe_canonical_source(std::unique_ptr<Te
 HfAliases hf_moe_export_aliases(const LlamaConfig& c, const std::vector<TensorMeta>& canonical) {
   HfAliases out;
   for (const TensorMeta& t : canonical) {
+    // A quantized weight's scales kept as stored (--keep-quantized) go where the weight goes.
+    std::string base = t.name, scale;
+    for (const char* suf : kMoeScaleSuffixes)
+      if (scale.empty() && t.name.ends_with(std::string(".weight") + suf)) {
+        scale = suf;
+        base = t.name.substr(0, t.name.size() - scale.size());
+      }
     std::string prefix, suffix;
-    if (!moe_mlp_part(c, t.name, &prefix, &suffix) || !suffix.starts_with("experts.")) {
-      const std::string name = moe_mlp_part(c, t.name, &prefix, &suffix) ? hf_single_name(c, prefix, suffix, true) : t.name;
+    if (!moe_mlp_part(c, base, &prefix, &suffix) || !suffix.starts_with("experts.")) {
+      const std::string name = moe_mlp_part(c, base, &prefix, &suffix) ? hf_single_name(c, prefix, suffix, true) + scale : t.name;
       out.tensors.push_back(TensorMeta{name, t.dtype, t.shape});
       out.aliases.push_back(TensorAlias{name, Box::whole(t.shape), t.name, Box::whole(t.shape)});
       out.used.insert(t.name);
       continue;
     }
     const std::string proj = suffix.substr(8, suffix.size() - 8 - 7);
-    const Shape one{t.shape[1], t.shape[2]};
+    const Shape one(t.shape.begin() + 1, t.shape.end());
     for (int64_t e = 0; e < t.shape[0]; ++e) {
-      const std::string name = legacy_expert_name(c, prefix, proj, e);
+      const std::string name = legacy_expert_name(c, prefix, proj, e) + scale;
       out.tensors.push_back(TensorMeta{name, t.dtype, one});
       out.aliases.push_back(TensorAlias{name, Box::whole(one), t.name, dim_slice(t.shape, 0, e, e + 1)});
     }

@@ -7,6 +7,7 @@
 #include "converters/hf/hf_export.h"
 #include "converters/hf/hf_files.h"
 #include "converters/hf/hf_import.h"
+#include "converters/hf/hf_moe_names.h"
 #include "converters/jobs/reshard_job.h"
 #include "converters/quant/dequant_view.h"
 #include "converters/quant/quantize_view.h"
@@ -50,6 +51,13 @@ Result<nlohmann::json> quantized_export_source(std::unique_ptr<TensorSource>& sr
   }
   TensorSource& inner = *src;
   CKPT_ASSIGN_OR_RETURN(auto view, dequant_view(inner, std::move(src), *scheme, dt, tracker));
+  // Fused FP8 experts (`mlp.experts.gate_up_proj` + `_scale_inv`, whose blocks may straddle gate and
+  // up) map onto the canonical stacked experts once dequantized: the MoE view on top of this one.
+  const bool fused = std::any_of(view->tensors().begin(), view->tensors().end(),
+                                 [](const TensorMeta& t) { return t.name.ends_with(".mlp.experts.gate_up_proj"); });
+  if (fused) {
+    CKPT_ASSIGN_OR_RETURN(view, hf_moe_canonical_source(std::move(view)));
+  }
   src = std::move(view);
   return j;
 }

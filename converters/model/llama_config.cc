@@ -138,7 +138,9 @@ int64_t LlamaConfig::parameter_count() const {
     if (fs > 0) sparse = ok(checked_add(sparse, ok(checked_mul(3 * fs, h))));  // shared expert
     if (fs > 0 && moe->shared_gate) sparse = ok(checked_add(sparse, h));     // its gate
     if (moe->router_bias) sparse = ok(checked_add(sparse, e));
+    if (family == ModelFamily::kGptOss) sparse = ok(checked_add(sparse, ok(checked_mul(e, 2 * fe + h))));  // expert biases
   }
+  if (family == ModelFamily::kGptOss) attn = ok(checked_add(attn, num_attention_heads));  // sinks
   int64_t all = 0;
   for (int64_t i = 0; i < num_hidden_layers; ++i)
     all = ok(checked_add(all, ok(checked_add(attn, moe && moe->is_moe_layer(i) ? sparse : dense))));
@@ -280,6 +282,12 @@ namespace {
 // post_attention_layernorm and the MLP of layer `i` (prefix `p`): dense, or the MoE layer's.
 void llama_mlp_param_names(const LlamaConfig& c, int64_t i, const std::string& p, std::vector<std::string>& n) {
   n.push_back(p + "post_attention_layernorm.weight");
+  if (c.family == ModelFamily::kGptOss) {  // every layer: router and experts with biases (moe_config.h)
+    for (const char* m : {"router.weight", "router.bias", "experts.gate_up_proj", "experts.gate_up_proj_bias", "experts.down_proj",
+                          "experts.down_proj_bias"})
+      n.push_back(p + "mlp." + m);
+    return;
+  }
   if (c.moe && c.moe->is_moe_layer(i)) {
     n.push_back(p + "mlp.gate.weight");
     if (c.moe->router_bias) n.push_back(p + "mlp.gate.e_score_correction_bias");
@@ -322,6 +330,7 @@ std::vector<std::string> llama_layer_param_names(const LlamaConfig& c, int64_t i
   if (qkv_bias) n.push_back(p + "self_attn.v_proj.bias");
   n.push_back(p + "self_attn.o_proj.weight");
   if (c.attention_bias) n.push_back(p + "self_attn.o_proj.bias");
+  if (c.family == ModelFamily::kGptOss) n.push_back(p + "self_attn.sinks");
   if (c.qk_norm) {
     n.push_back(p + "self_attn.q_norm.weight");
     n.push_back(p + "self_attn.k_norm.weight");
@@ -349,6 +358,20 @@ bool mla_shape(const LlamaConfig& c, const std::string& name, Shape* s) {
   return true;
 }
 
+// The shape of a gpt-oss tensor of its own (false for the LLaMA-named ones).
+bool gpt_oss_shape(const LlamaConfig& c, const std::string& name, Shape* s) {
+  const int64_t e = c.moe->num_experts, f = c.moe->expert_intermediate, h = c.hidden_size;
+  if (name.ends_with("self_attn.sinks")) *s = {c.num_attention_heads};
+  else if (name.ends_with("mlp.router.weight")) *s = {e, h};
+  else if (name.ends_with("mlp.router.bias")) *s = {e};
+  else if (name.ends_with("mlp.experts.gate_up_proj")) *s = {e, h, 2 * f};
+  else if (name.ends_with("mlp.experts.gate_up_proj_bias")) *s = {e, 2 * f};
+  else if (name.ends_with("mlp.experts.down_proj")) *s = {e, f, h};
+  else if (name.ends_with("mlp.experts.down_proj_bias")) *s = {e, h};
+  else return false;
+  return true;
+}
+
 }  // namespace
 
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
@@ -365,6 +388,7 @@ std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dt) {
       const int64_t e = c.moe ? c.moe->num_experts : 0, fe = c.moe ? c.moe->expert_intermediate : 0,
                     fs = c.moe ? c.moe->shared_intermediate : 0;
       if (c.mla && mla_shape(c, name, &s)) {
+      } else if (c.family == ModelFamily::kGptOss && gpt_oss_shape(c, name, &s)) {
       } else if (ends("layernorm.weight")) s = {h};
       else if (ends("q_norm.weight") || ends("k_norm.weight")) s = {c.head_dim};
       else if (ends("gate.e_score_correction_bias")) s = {e};

@@ -1,5 +1,6 @@
 // The LLaMA family's model config (an HF LlamaForCausalLM config.json) and its canonical tensors;
-// the MoE families Mixtral, Qwen2-MoE and Qwen3-MoE are LLaMA decoders with experts (moe_config.h).
+// the MoE families Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and gpt-oss are LLaMA decoders with
+// experts (moe_config.h).
 // Canonical names are HF's; shapes are HF's [out, in]. See docs/DESIGN.md "Canonical global view".
 // Pure values and functions; thread safe.
 #pragma once
@@ -88,7 +89,9 @@ struct LlamaConfig {
 // mlp.shared_experts.{gate,up,down}_proj.weight (and Qwen2-MoE's mlp.shared_expert_gate.weight
 // [1, h]; DeepSeek-V3's router bias mlp.gate.e_score_correction_bias [E]). An MLA layer has
 // instead of q/k/v_proj: q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa,
-// kv_a_layernorm, kv_b_proj (moe_config.h MlaConfig).
+// kv_a_layernorm, kv_b_proj (moe_config.h MlaConfig). A gpt-oss layer adds self_attn.sinks [H] and
+// has its own MLP tensors: mlp.router.{weight,bias}, mlp.experts.gate_up_proj [E, h, 2F] (+ _bias
+// [E, 2F]), mlp.experts.down_proj [E, F, h] (+ _bias [E, h]) (moe_config.h).
 std::vector<TensorMeta> llama_model_tensors(const LlamaConfig& c, DType dtype);
 
 // Parameter names of one decoder layer `i` (same order as llama_model_tensors).

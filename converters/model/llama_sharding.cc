@@ -1,6 +1,7 @@
 #include "converters/model/llama_sharding.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <string_view>
 #include <utility>
@@ -62,13 +63,15 @@ Status check_expert_layout(const LlamaConfig& c, const Layout& layout) {
 }
 
 // The boxes of the `tp` ranks of pipeline layout.view_pipeline for a stacked expert tensor [E, ...]
-// whose width (F) is dimension `fdim`: stage-local rank r = pipeline * tp + t is expert TP rank
+// whose width (F) is dimension `fdim` (kNoWidth: none, whole on every etp rank): stage-local rank r = pipeline * tp + t is expert TP rank
 // r % etp and expert-parallel rank (r / etp) % ep (Megatron-Core's expert rank order).
+constexpr size_t kNoWidth = SIZE_MAX;
+
 Result<std::vector<Box>> expert_boxes(const Shape& shape, size_t fdim, const Layout& layout, const std::string& full) {
   if (layout.view_pipeline < 0 || layout.view_pipeline >= layout.dp)
     return Status::Internal("expert placement of '" + full + "' asked without its pipeline").with_tensor(full);
   const int etp = layout.expert_tp();
-  const int64_t local = shape[0] / layout.ep, width = shape[fdim] / etp;
+  const int64_t local = shape[0] / layout.ep, width = fdim == kNoWidth ? 0 : shape[fdim] / etp;
   std::vector<Box> boxes;
   for (int t = 0; t < layout.tp; ++t) {
     const int64_t r = static_cast<int64_t>(layout.view_pipeline) * layout.tp + t;
@@ -76,8 +79,10 @@ Result<std::vector<Box>> expert_boxes(const Shape& shape, size_t fdim, const Lay
     Box b = Box::whole(shape);
     b.offset[0] = xr * local;
     b.extent[0] = local;
-    b.offset[fdim] = er * width;
-    b.extent[fdim] = width;
+    if (fdim != kNoWidth) {
+      b.offset[fdim] = er * width;
+      b.extent[fdim] = width;
+    }
     boxes.push_back(std::move(b));
   }
   return boxes;
@@ -175,6 +180,29 @@ Result<std::vector<int>> stages_of(const LlamaConfig& c, const std::string& full
   return std::vector<int>{last};  // model.norm.weight, lm_head.weight
 }
 
+// gpt-oss's own tensors (moe_config.h): the sinks split by heads, the router replicated, the experts
+// as the stacked experts of the other families, their width split over etp (tp without expert
+// parallelism): gate_up_proj [E, h, 2F] along its last dim, where gate and up are interleaved, so
+// a contiguous range holds the gate and up rows of the same features; the down projection's
+// bias [E, h] whole on every etp rank (added after the reduction, as a dense o_proj's bias).
+Result<std::vector<Box>> gpt_oss_boxes(const LlamaConfig& c, const std::string& full, const std::string& name, const Shape& shape,
+                                       const Layout& layout) {
+  const int tp = layout.tp;
+  if (name.ends_with("self_attn.sinks")) {
+    if (c.num_attention_heads % tp != 0)
+      return Status::Error("LayoutRefused", "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide the heads").with_tensor(full);
+    return split_even(shape, 0, tp);
+  }
+  if (name.ends_with("mlp.router.weight") || name.ends_with("mlp.router.bias")) return replicate(shape, tp);
+  const size_t fdim = name.ends_with("gate_up_proj") ? 2 : name.ends_with("down_proj_bias") ? kNoWidth : 1;
+  if (layout.expert_parallel()) return expert_boxes(shape, fdim, layout, full);
+  if (fdim == kNoWidth) return replicate(shape, tp);
+  if (c.moe->expert_intermediate % tp != 0)  // F: gate_up_proj's 2F then splits into whole gate/up pairs
+    return Status::Error("LayoutRefused", "tensor '" + full + "': tp=" + std::to_string(tp) + " does not divide the experts' width")
+        .with_tensor(full);
+  return split_even(shape, fdim, tp);
+}
+
 // The box of each TP rank of parameter `name` (tensor `full`, HF shape `shape`).
 Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& full, const std::string& name,
                                      const Shape& shape, const Layout& layout) {
@@ -191,6 +219,9 @@ Result<std::vector<Box>> tp_boxes_of(const LlamaConfig& c, const std::string& fu
     return false;
   };
   std::vector<Box> boxes;
+  if (c.family == ModelFamily::kGptOss && is({"self_attn.sinks", "mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
+                                              "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj", "mlp.experts.down_proj_bias"}))
+    return gpt_oss_boxes(c, full, name, shape, layout);
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
     for (int r = 0; r < tp; ++r) {
       CKPT_ASSIGN_OR_RETURN(VocabPart v, vocab_parallel_part(shape[0], layout.padded_vocab(shape[0]), tp, r));

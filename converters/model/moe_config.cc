@@ -92,7 +92,8 @@ Result<ModelFamily> model_family_of(const nlohmann::json& j) {
                                                                {"mixtral", ModelFamily::kMixtral},
                                                                {"qwen2_moe", ModelFamily::kQwen2Moe},
                                                                {"qwen3_moe", ModelFamily::kQwen3Moe},
-                                                               {"deepseek_v3", ModelFamily::kDeepseekV3}};
+                                                               {"deepseek_v3", ModelFamily::kDeepseekV3},
+                                                               {"gpt_oss", ModelFamily::kGptOss}};
   std::string type;
   if (j.contains("model_type") && j["model_type"].is_string()) {
     type = j["model_type"].get<std::string>();
@@ -107,7 +108,7 @@ Result<ModelFamily> model_family_of(const nlohmann::json& j) {
     if (type == t) return f;
   return Status::Error("UnsupportedModel", "config model_type \"" + type +
                                                "\" is no model family ckpt knows (it reads llama, mixtral, qwen2_moe, "
-                                               "qwen3_moe, deepseek_v3)");
+                                               "qwen3_moe, deepseek_v3, gpt_oss)");
 }
 
 const char* model_type_name(ModelFamily f) {
@@ -116,6 +117,7 @@ const char* model_type_name(ModelFamily f) {
     case ModelFamily::kQwen2Moe: return "qwen2_moe";
     case ModelFamily::kQwen3Moe: return "qwen3_moe";
     case ModelFamily::kDeepseekV3: return "deepseek_v3";
+    case ModelFamily::kGptOss: return "gpt_oss";
     default: return "llama";
   }
 }
@@ -126,6 +128,7 @@ const char* model_architecture(ModelFamily f) {
     case ModelFamily::kQwen2Moe: return "Qwen2MoeForCausalLM";
     case ModelFamily::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case ModelFamily::kDeepseekV3: return "DeepseekV3ForCausalLM";
+    case ModelFamily::kGptOss: return "GptOssForCausalLM";
     default: return "LlamaForCausalLM";
   }
 }
@@ -137,8 +140,9 @@ Result<MoeConfig> parse_moe_config(const nlohmann::json& j, ModelFamily family, 
   CKPT_ASSIGN_OR_RETURN(m.top_k, moe_pos_int(j, "num_experts_per_tok", 0, kMaxExperts));
   if (m.top_k > m.num_experts)
     return bad_moe_key("num_experts_per_tok", std::to_string(m.top_k) + " is more than the " + std::to_string(m.num_experts) + " experts");
-  if (family == ModelFamily::kMixtral) {
+  if (family == ModelFamily::kMixtral || family == ModelFamily::kGptOss) {
     m.expert_intermediate = dense_intermediate;
+    m.router_bias = family == ModelFamily::kGptOss;  // mlp.router.bias [E]
     m.moe_layer.assign(static_cast<size_t>(layers), true);
     return m;
   }

@@ -11,6 +11,11 @@
 //              (one shared MLP of n_shared x moe_intermediate_size, no gate), first_k_dense_replace
 //              and moe_layer_freq (layer i is MoE when i >= k and i % freq == 0), the router's
 //              e_score_correction_bias; and its attention, MLA (MlaConfig below).
+//   gpt_oss    num_local_experts, num_experts_per_tok, intermediate_size (the experts' width); every
+//              layer MoE; its own tensors (docs/MOE.md "gpt-oss"): mlp.router.{weight,bias},
+//              mlp.experts.gate_up_proj [E, h, 2F] (gate and up interleaved along the last dim,
+//              kept so: one canonical tensor) + _bias [E, 2F], mlp.experts.down_proj [E, F, h] +
+//              _bias [E, h], self_attn.sinks [H]; attention biases.
 // Pure values and functions; thread safe.
 #pragma once
 
@@ -28,7 +33,7 @@ namespace ckpt {
 // routed experts, top-8, width 2048), small enough that a hostile config builds nothing large.
 inline constexpr int64_t kMaxExperts = int64_t{1} << 14;
 
-enum class ModelFamily { kLlama, kMixtral, kQwen2Moe, kQwen3Moe, kDeepseekV3 };
+enum class ModelFamily { kLlama, kMixtral, kQwen2Moe, kQwen3Moe, kDeepseekV3, kGptOss };
 
 struct MoeConfig {
   int64_t num_experts = 0;            // E
@@ -61,11 +66,11 @@ struct MlaConfig {
 Result<MlaConfig> parse_mla_config(const nlohmann::json& config);
 
 // The family of a config.json object by its model_type (or, without one, its architectures):
-// llama (or none), mixtral, qwen2_moe, qwen3_moe, deepseek_v3. Others: Unsupported "UnsupportedModel" naming
+// llama (or none), mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss. Others: Unsupported "UnsupportedModel" naming
 // the model_type and what ckpt reads.
 Result<ModelFamily> model_family_of(const nlohmann::json& config);
 
-// "llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3" (config.json's model_type) and the HF class name.
+// "llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss" (config.json's model_type) and the HF class name.
 const char* model_type_name(ModelFamily f);
 const char* model_architecture(ModelFamily f);
 

@@ -1,6 +1,7 @@
 #include "converters/quant/dequant_view.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <vector>
@@ -154,7 +155,27 @@ class DequantView : public TensorSource {
     return Status::Ok();
   }
 
+  // gpt-oss's experts (QuantTensor::transposed): the stored box is `sub` with its last two dims
+  // swapped, dequantized, then transposed into `dst`.
   Status read_mxfp4(const QuantTensor& q, const Box& sub, void* dst, quant::RoundStats* rs) {
+    if (!q.transposed) return read_mxfp4_stored(q, sub, dst, rs);
+    const size_t nd = sub.offset.size(), es = dtype_size(out_);
+    Box t = sub;
+    std::swap(t.offset[nd - 1], t.offset[nd - 2]);
+    std::swap(t.extent[nd - 1], t.extent[nd - 2]);
+    if (sub.numel() == 0) return Status::Ok();
+    std::vector<uint8_t> tmp(static_cast<size_t>(t.numel()) * es);  // [.., R, C] as stored
+    CKPT_RETURN_IF_ERROR(read_mxfp4_stored(q, t, tmp.data(), rs));
+    const int64_t R = t.extent[nd - 2], C = t.extent[nd - 1], lead = t.numel() / (R * C);
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int64_t l = 0; l < lead; ++l)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c)
+          std::memcpy(out + static_cast<size_t>((l * C + c) * R + r) * es, tmp.data() + static_cast<size_t>((l * R + r) * C + c) * es, es);
+    return Status::Ok();
+  }
+
+  Status read_mxfp4_stored(const QuantTensor& q, const Box& sub, void* dst, quant::RoundStats* rs) {
     // The 32-value blocks the box touches along its last dimension; a box that does not start and
     // end on block boundaries is dequantized whole blocks wide and cut out.
     const size_t nd = sub.offset.size();

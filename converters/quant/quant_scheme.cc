@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "formats/base/checked.h"
 
@@ -106,6 +107,8 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
   std::map<std::string, const TensorMeta*> by;
   for (const auto& t : tensors) by[t.name] = &t;
   CKPT_ASSIGN_OR_RETURN(auto bs, block_size_of(sc.config));
+  const bool gpt_oss = metadata.is_object() && metadata.contains("model_config") && metadata["model_config"].is_object() &&
+                       metadata["model_config"].value("model_type", nlohmann::json()) == "gpt_oss";
   std::set<std::string> used;
   // A scale-like name without a quantized payload: an error only in a quantized checkpoint (a
   // quantization_config, or other weights with scales); elsewhere an ordinary tensor's name.
@@ -154,6 +157,10 @@ Result<QuantScheme> find_quantized(const std::vector<TensorMeta>& tensors, const
     if (q.kind == QuantKind::kFp8Tensor) {
       const std::string in = strip(w.name, "weight") + "input_scale";
       if (by.count(in)) q.input_scale = in;
+    }
+    if (mx && gpt_oss && q.shape.size() >= 2 && q.name.find(".mlp.experts.") != std::string::npos) {
+      std::swap(q.shape[q.shape.size() - 1], q.shape[q.shape.size() - 2]);
+      q.transposed = true;
     }
     used.insert(w.name);
     sc.tensors.push_back(std::move(q));

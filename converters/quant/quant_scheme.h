@@ -10,7 +10,7 @@
 //    with it, left out of a dequantized export.
 //  - mxfp4 (gpt-oss): `X_blocks` U8 (or F4) [.., G, 16] (32 E2M1 values per row of 16 bytes, the
 //    first in the low nibble) and `X_scales` U8 / F8_E8M0 [.., G]; value = e2m1 * 2^(scale - 127);
-//    the logical tensor `X` is [.., G * 32].
+//    the logical tensor `X` is [.., G * 32], or its transpose for gpt-oss's experts (`transposed`).
 // Found by tensor names and dtypes, and checked against the model config's quantization_config
 // (metadata "model_config"). Errors, one per rule: QuantScaleMissing (a payload of a quantized
 // checkpoint without its scales), QuantPayloadMissing (scales without their payload), QuantScaleShape,
@@ -42,6 +42,10 @@ struct QuantTensor {
   DType payload_dtype = DType::kF8E4M3, scale_dtype = DType::kF32;
   int64_t block_rows = 1, block_cols = 1;  // fp8-block: bm x bn; fp8-tensor: R x C (or 1 x C per row); mxfp4: 1 x 32
   bool per_row = false;     // fp8-tensor: one scale per row
+  // mxfp4 experts of gpt-oss (model_type gpt_oss): the files hold [.., out, in] (X_blocks [E, out,
+  // in / 32, 16]), the model's parameter is [.., in, out] (gate_up_proj [E, h, 2F]); the logical
+  // tensor `shape` is the model's, the stored blocks its transpose.
+  bool transposed = false;
 };
 
 struct QuantScheme {

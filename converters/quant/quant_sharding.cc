@@ -1,5 +1,7 @@
 #include "converters/quant/quant_sharding.h"
 
+#include <utility>
+
 namespace ckpt {
 
 namespace {
@@ -11,6 +13,32 @@ Status split_block(const QuantTensor& q, const Box& b, size_t dim, int64_t block
                                               " (block " + std::to_string(block) + "): its scale would belong to two ranks; "
                                               "choose a layout that splits on block boundaries")
       .with_tensor(q.name);
+}
+
+// MXFP4 (payload [.., out, G, 16], scales [.., out, G]): the logical tensor `q.name` is placed by
+// the model's rules (gpt-oss's experts in the model's orientation, QuantTensor::transposed); each of
+// its boxes becomes the stored box (its last two dims swapped back when transposed), whose `in`
+// range must start and end on a 32-value block, then the payload / scale box of those blocks.
+Result<TensorPlacement> place_mxfp4(const ShardingRules& inner, const QuantTensor& q, bool scale, const Layout& layout) {
+  CKPT_ASSIGN_OR_RETURN(TensorPlacement p, inner.place(TensorMeta{q.name, DType::kBF16, q.shape}, layout));
+  for (Box& b : p.tp_boxes) {
+    Box s = b;
+    const size_t nd = s.offset.size();
+    if (q.transposed) {
+      std::swap(s.offset[nd - 1], s.offset[nd - 2]);
+      std::swap(s.extent[nd - 1], s.extent[nd - 2]);
+    }
+    const int64_t lo = s.offset[nd - 1], hi = lo + s.extent[nd - 1];
+    if (s.extent[nd - 1] > 0 && (lo % 32 != 0 || hi % 32 != 0)) return split_block(q, b, q.transposed ? nd - 2 : nd - 1, 32);
+    s.offset[nd - 1] = lo / 32;
+    s.extent[nd - 1] = s.extent[nd - 1] / 32;
+    if (!scale) {
+      s.offset.push_back(0);
+      s.extent.push_back(16);
+    }
+    b = std::move(s);
+  }
+  return p;
 }
 
 }  // namespace
@@ -64,9 +92,7 @@ Result<TensorPlacement> QuantShardingRules::place(const TensorMeta& tensor, cons
   auto iit = by_input_.find(tensor.name);
   if (pit == by_payload_.end() && sit == by_scale_.end() && iit == by_input_.end()) return inner_.place(tensor, layout);
   const QuantTensor& q = *(pit != by_payload_.end() ? pit->second : sit != by_scale_.end() ? sit->second : iit->second);
-  if (q.kind == QuantKind::kMxfp4)
-    return Status::Error("QuantUnsupported", "quantized tensor '" + q.name + "': MXFP4 expert tensors are not placed by the " +
-                                                 "LLaMA rules; reshard them through a dequantized export").with_tensor(q.name);
+  if (q.kind == QuantKind::kMxfp4) return place_mxfp4(inner_, q, sit != by_scale_.end(), layout);
   // The weight's placement: the model's rules see the payload as the weight it stands for.
   CKPT_ASSIGN_OR_RETURN(TensorPlacement p, inner_.place(TensorMeta{q.payload, tensor.dtype, q.shape}, layout));
   if (iit != by_input_.end()) {

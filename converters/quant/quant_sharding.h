@@ -5,8 +5,10 @@
 // or ends inside a block along a blocked dimension (not at 0, the tensor's end or a multiple of
 // the block size) would share a block's scale between ranks: QuantSplitBlock, naming the tensor,
 // the rank's box and the block size. Per-tensor scales and input scales are replicated; per-row
-// scales follow the payload's rows. Model knowledge stays in the wrapped rules; the engine only
-// sees boxes. Thread safe (const).
+// scales follow the payload's rows. MXFP4 blocks and scales follow the box of their logical tensor
+// (gpt-oss's experts: in the model's orientation, QuantTensor::transposed) when its range along
+// the packed dimension is whole 32-value blocks; the leading (expert) dimensions split freely.
+// Model knowledge stays in the wrapped rules; the engine only sees boxes. Thread safe (const).
 #pragma once
 
 #include <map>

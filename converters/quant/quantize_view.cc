@@ -1,5 +1,6 @@
 #include "converters/quant/quantize_view.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -15,6 +16,9 @@
 namespace ckpt {
 
 namespace {
+
+// MXFP4 reads go in bands of this many values (or one row, when longer): 64 Ki values, 0.6 MiB.
+constexpr int64_t kMxBandValues = int64_t{1} << 16;
 
 class QuantizeView : public TensorSource {
  public:
@@ -82,7 +86,6 @@ class QuantizeView : public TensorSource {
   IntegrityInfo integrity() const override { return inner_.integrity(); }
   CheckReport check(const CheckOptions& o) override { return check_of_inner(inner_, o, false); }
   void set_read_threads(int threads) override { inner_.set_read_threads(threads); }
-  uint64_t read_memory(int threads) const override { return inner_.read_memory(threads); }
   std::optional<FileExtent> file_extent(size_t piece, const Box& sub) override {
     if (piece >= pieces_.size() || map_[piece] == SIZE_MAX) return std::nullopt;
     return inner_.file_extent(map_[piece], sub);
@@ -97,20 +100,54 @@ class QuantizeView : public TensorSource {
     if (map_[piece] != SIZE_MAX) return inner_.read(map_[piece], sub, dst);
     const auto& [weight, is_scale] = kind_[piece - (pieces_.size() - kind_.size())];
     if (mx()) return read_mxfp4(weight, is_scale, sub, dst);
+    if (sub.numel() == 0) return Status::Ok();
+    // One band at a time: one index of the leading dims and one block row (a scale box: one scale
+    // row), so a read holds one block row of its width in f32 whatever the chunk (read_memory).
+    const size_t nd = sub.offset.size();
+    const int64_t step = is_scale ? 1 : req_.block_rows, r0 = sub.offset[nd - 2], r1 = r0 + sub.extent[nd - 2];
+    const int64_t lead = sub.numel() / (sub.extent[nd - 2] * sub.extent[nd - 1]);
+    for (int64_t l = 0; l < lead; ++l) {
+      Box band = sub;
+      for (size_t d = nd - 2, rem = static_cast<size_t>(l); d-- > 0;) {
+        band.offset[d] = sub.offset[d] + static_cast<int64_t>(rem % static_cast<size_t>(sub.extent[d]));
+        band.extent[d] = 1;
+        rem /= static_cast<size_t>(sub.extent[d]);
+      }
+      for (int64_t r = r0; r < r1; r = (r / step + 1) * step) {
+        band.offset[nd - 2] = r;
+        band.extent[nd - 2] = std::min(r1, (r / step + 1) * step) - r;
+        CKPT_RETURN_IF_ERROR(read_band(weight, is_scale, band, sub, dst));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Per concurrent read: a block row of the widest quantized weight (MXFP4: a band of kMxBandValues
+  // values, or a row) in f32 (and as read, up to 4 bytes), and its FP8 / packed bytes.
+  uint64_t read_memory(int threads) const override {
+    int64_t widest = 0;
+    for (const auto& [name, shape] : shape_) widest = std::max(widest, shape.back());
+    const uint64_t band = mx() ? static_cast<uint64_t>(std::max(kMxBandValues, widest)) * (4 + 4 + 1)
+                               : static_cast<uint64_t>(req_.block_rows) * static_cast<uint64_t>(widest) * (4 + 4 + 1);
+    return inner_.read_memory(threads) + static_cast<uint64_t>(exec_pipeline_depth(threads)) * band;
+  }
+
+ private:
+  // `band` of a payload (the weight box of the blocks it touches) or of a scale tensor (its blocks),
+  // quantized into its place in `dst`, laid out as `sub`.
+  Status read_band(const std::string& weight, bool is_scale, const Box& band, const Box& sub, void* dst) {
     const Shape& shape = shape_.at(weight);
     const size_t nd = shape.size();
     const int64_t bm = req_.block_rows, bn = req_.block_cols;
-    // The weight box of the blocks `sub` touches (a scale box: its blocks).
-    Box wide = sub;
+    Box wide = band;
     for (size_t k = 0; k < 2; ++k) {
       const size_t d = nd - 2 + k;
       const int64_t b = k == 0 ? bm : bn;
-      const int64_t lo = is_scale ? sub.offset[d] * b : sub.offset[d] / b * b;
-      const int64_t hi = is_scale ? (sub.offset[d] + sub.extent[d]) * b : (sub.offset[d] + sub.extent[d] + b - 1) / b * b;
+      const int64_t lo = is_scale ? band.offset[d] * b : band.offset[d] / b * b;
+      const int64_t hi = is_scale ? (band.offset[d] + band.extent[d]) * b : (band.offset[d] + band.extent[d] + b - 1) / b * b;
       wide.offset[d] = lo;
       wide.extent[d] = hi - lo;
     }
-    if (sub.numel() == 0) return Status::Ok();
     std::vector<float> x(static_cast<size_t>(wide.numel()));  // [wide] f32
     CKPT_RETURN_IF_ERROR(read_global_box(inner_, index_, weight, wide, DType::kF32, x.data()));
     std::vector<uint8_t> q(x.size());  // [wide] fp8
@@ -125,16 +162,15 @@ class QuantizeView : public TensorSource {
           if (!s.ok()) return Status::Error(s.status().code(), "tensor '" + weight + "': " + s.status().message()).with_tensor(weight);
           inv[static_cast<size_t>((l * sr + i) * sc + j)] = *s;
         }
-    if (is_scale) {  // the scale box is exactly the blocks read
-      std::memcpy(dst, inv.data(), inv.size() * sizeof(float));
+    if (is_scale) {  // the band's scales are exactly the blocks read
+      copy_box(inv.data(), band, dst, sub, band, sizeof(float));
       return Status::Ok();
     }
-    if (req_.tracker) track(weight, x, q, inv, wide, sub);
-    copy_box(q.data(), wide, dst, sub, sub, 1);
+    if (req_.tracker) track(weight, x, q, inv, wide, band);
+    copy_box(q.data(), wide, dst, sub, band, 1);
     return Status::Ok();
   }
 
- private:
   // MXFP4: a box of X_blocks [.., G, 16] (whole 16-byte rows read, cut out after) or of X_scales
   // [.., G]: the logical [.., G * 32] values of its blocks read in f32 and quantized.
   Status read_mxfp4(const std::string& weight, bool is_scale, const Box& sub, void* dst) {
@@ -144,6 +180,28 @@ class QuantizeView : public TensorSource {
       groups.offset.pop_back();
       groups.extent.pop_back();
     }
+    // In bands of rows (one leading index, kMxBandValues values or one row), as read() for FP8.
+    const size_t nd = groups.offset.size();
+    const int64_t G = groups.extent[nd - 1], r0 = groups.offset[nd - 2], r1 = r0 + groups.extent[nd - 2];
+    const int64_t step = std::max<int64_t>(1, kMxBandValues / (G * 32)), lead = groups.numel() / (groups.extent[nd - 2] * G);
+    for (int64_t l = 0; l < lead; ++l) {
+      Box band = groups;
+      for (size_t d = nd - 2, rem = static_cast<size_t>(l); d-- > 0;) {
+        band.offset[d] = groups.offset[d] + static_cast<int64_t>(rem % static_cast<size_t>(groups.extent[d]));
+        band.extent[d] = 1;
+        rem /= static_cast<size_t>(groups.extent[d]);
+      }
+      for (int64_t r = r0; r < r1; r += step) {
+        band.offset[nd - 2] = r;
+        band.extent[nd - 2] = std::min(r1, r + step) - r;
+        CKPT_RETURN_IF_ERROR(read_mxfp4_band(weight, is_scale, band, sub, dst));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The groups `groups` (a band of `sub`'s) quantized into their place in `dst`, laid out as `sub`.
+  Status read_mxfp4_band(const std::string& weight, bool is_scale, const Box& groups, const Box& sub, void* dst) {
     Box logical = groups;
     logical.offset.back() *= 32;
     logical.extent.back() *= 32;
@@ -158,7 +216,7 @@ class QuantizeView : public TensorSource {
       exps[b] = *s;
     }
     if (is_scale) {
-      std::memcpy(dst, exps.data(), exps.size());
+      copy_box(exps.data(), groups, dst, sub, groups, 1);
       return Status::Ok();
     }
     if (req_.tracker) {  // what quantizing changed, for the groups whose bytes this read returns
@@ -175,10 +233,12 @@ class QuantizeView : public TensorSource {
         }
       }
     }
-    Box whole = sub;  // the whole 16-byte rows of the groups
-    whole.offset.back() = 0;
-    whole.extent.back() = 16;
-    copy_box(packed.data(), whole, dst, sub, sub, 1);
+    Box whole = groups, part = groups;  // the whole 16-byte rows of the groups, and sub's bytes of them
+    whole.offset.push_back(0);
+    whole.extent.push_back(16);
+    part.offset.push_back(sub.offset.back());
+    part.extent.push_back(sub.extent.back());
+    copy_box(packed.data(), whole, dst, sub, part, 1);
     if (req_.tracker && sub.offset.back() == 0) req_.tracker->add(e);  // once per group (its first byte's read)
     return Status::Ok();
   }

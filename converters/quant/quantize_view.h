@@ -3,8 +3,9 @@
 // every nn.Linear but lm_head) whose last two dimensions divide by the block as block-scaled FP8:
 // `X.weight` F8_E4M3 and `X.weight_scale_inv` F32 [R / bm, C / bn], quantized with transformers'
 // Fp8Quantize rounding (quant_kernels.h). Weights that do not divide stay as they are, as
-// transformers leaves them. Each read reads the whole blocks it touches (in f32) and quantizes
-// them, so memory stays bounded by the chunk; a scale box reads its blocks' weights. The model
+// transformers leaves them. A read goes one band at a time (one leading index, one block row; a
+// scale box: one scale row), reading the band's whole blocks in f32 and quantizing them, so a read
+// holds a block row of its weight whatever the chunk (read_memory() reports it). The model
 // config in the metadata gains quantization_config {quant_method fp8, weight_block_size, fmt e4m3,
 // activation_scheme dynamic}. NaN / Inf weights: QuantNotFinite naming the tensor.
 // Thread safety: read() may be called from several threads when inner's read may.
