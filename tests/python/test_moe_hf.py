@@ -141,8 +141,10 @@ def test_commands_without_experts_say_so(run_ckpt, tmp_path):
     run_ckpt("from-hf", MOE / "mixtral" / "legacy", tmp_path / "s", "--no-fsync")
     p = run_ckpt("export-megatron", tmp_path / "s", tmp_path / "m", check=False)
     assert p.returncode != 0 and "[UnsupportedModel]" in p.stderr and "export-megatron" in p.stderr, p.stderr
-    p = run_ckpt("train", "--config", MOE / "mixtral" / "legacy" / "config.json", "--steps", "1", "--out", tmp_path / "t",
-                 check=False)
+    cfg = json.loads((MOE / "deepseek_v3" / "legacy" / "config.json").read_text())  # the trainer has no MLA
+    cfg["vocab_size"] = 512  # past the byte tokenizer's 258
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    p = run_ckpt("train", "--config", tmp_path / "ds.json", "--steps", "1", "--out", tmp_path / "t", check=False)
     assert p.returncode != 0 and "[UnsupportedModel]" in p.stderr and "ckpt train" in p.stderr, p.stderr
     p = run_ckpt("reshard", tmp_path / "s", tmp_path / "r", "--tp", "1", "--pp", "1", "--dp", "1", "--profile", "megatron-mcore",
                  check=False)
