@@ -111,10 +111,11 @@ nb::object py_verify(const std::string& path, nb::dict opts, nb::object progress
   CommandOptions o("verify", std::move(opts));
   const int threads = o.get<int>("threads");
   const bool strict = o.get<bool>("strict");
+  const std::string source_profile = o.str("source_profile");
   o.done();
   PyProgress progress(std::move(progress_cb));
   auto fn = progress.fn();
-  VerifyOutcome r = run_released(progress, [&] { return verify_checkpoint(path, threads, fn); });
+  VerifyOutcome r = run_released(progress, [&] { return verify_checkpoint(path, threads, fn, source_profile); });
   if (strict && !r.ok()) raise_status(r.failures.front().status);
   return json_to_py(r.to_json());
 }
@@ -127,10 +128,11 @@ nb::object py_diff(const std::string& a, const std::string& b, nb::dict opts) {
   d.ignore_dtype = o.get<bool>("ignore_dtype");
   const bool no_verify = !o.get<bool>("verify_source");
   const std::string max_memory = o.str("max_memory");
+  const std::string profile_a = o.str("source_profile_a"), profile_b = o.str("source_profile_b");
   o.done();
   PyProgress none{nb::none()};
   DiffOutcome rep = run_released(none, [&]() -> Result<DiffOutcome> {
-    DiffRequest req{a, b, d, no_verify, "", ""};
+    DiffRequest req{a, b, d, no_verify, profile_a, profile_b};
     CKPT_ASSIGN_OR_RETURN(req.options.max_memory, parse_byte_size(max_memory, "--max-memory"));
     return run_diff_job(req);
   });
@@ -142,6 +144,7 @@ nb::object py_reshard(const std::string& src, const std::string& dst, nb::dict o
   CommandOptions o("reshard", std::move(opts));
   ReshardRequest req;
   req.src = src;
+  req.source_profile = o.str("source_profile");
   req.dst = dst;
   const std::string layout_file = o.str("layout");
   auto layout = o.layout();
@@ -167,6 +170,7 @@ nb::object py_to_hf(const std::string& src, const std::string& out, nb::dict opt
   CommandOptions o("to_hf", std::move(opts));
   ToHfRequest req;
   req.src = src;
+  req.source_profile = o.str("source_profile");
   req.out = out;
   const std::string dtype = o.str("dtype"), max_shard_size = o.str("max_shard_size");
   req.threads = o.get<int>("threads");
@@ -189,6 +193,7 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   CommandOptions o("from_hf", std::move(opts));
   FromHfRequest req;
   req.src = src;
+  req.source_profile = o.str("source_profile");
   req.out = dst;
   const std::string dtype = o.str("dtype");
   auto layout = o.layout();
@@ -207,9 +212,12 @@ nb::object py_from_hf(const std::string& src, const std::string& dst, nb::dict o
   return json_to_py(r.to_json());
 }
 
-nb::object py_inspect(const std::string& path) {
+nb::object py_inspect(const std::string& path, nb::dict opts) {
+  CommandOptions o("inspect", std::move(opts));
+  const std::string source_profile = o.str("source_profile");
+  o.done();
   PyProgress none{nb::none()};
-  InspectOutcome r = run_released(none, [&] { return run_inspect_job(InspectRequest{path, ""}); });
+  InspectOutcome r = run_released(none, [&] { return run_inspect_job(InspectRequest{path, source_profile}); });
   return json_to_py(r.to_json());
 }
 
@@ -217,6 +225,7 @@ nb::object py_export_dcp(const std::string& src, const std::string& out, nb::dic
   CommandOptions o("export_dcp", std::move(opts));
   ExportDcpRequest req;
   req.src = src;
+  req.source_profile = o.str("source_profile");
   req.out = out;
   const std::string dtype = o.str("dtype");
   req.files = o.get<int>("files");
@@ -254,6 +263,7 @@ nb::object py_export_megatron(const std::string& src, const std::string& dst, nb
   CommandOptions o("export_megatron", std::move(opts));
   ExportMegatronRequest req;
   req.src = src;
+  req.source_profile = o.str("source_profile");
   req.dst = dst;
   const std::string format = o.str("format");
   req.tp = o.get<int>("tp");
@@ -326,7 +336,7 @@ void bind_commands(nb::module_& m) {
   m.def("_to_hf", &py_to_hf, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_from_hf", &py_from_hf, nb::arg("src"), nb::arg("dst"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_plan", &py_plan, nb::arg("cluster"), nb::arg("opts"));
-  m.def("_inspect", &py_inspect, nb::arg("path"));
+  m.def("_inspect", &py_inspect, nb::arg("path"), nb::arg("opts"));
   m.def("_export_dcp", &py_export_dcp, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_export_deepspeed", &py_export_deepspeed, nb::arg("src"), nb::arg("out"), nb::arg("opts"), nb::arg("progress").none());
   m.def("_export_megatron", &py_export_megatron, nb::arg("src"), nb::arg("dst"), nb::arg("opts"),

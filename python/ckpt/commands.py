@@ -50,29 +50,33 @@ def _opt_path(p: Optional[Path]) -> str:
     return "" if p is None else os.fspath(p)
 
 
-def verify(path: Path, *, threads: int = 2, strict: bool = False, progress: Progress = None) -> Dict[str, Any]:
+def verify(path: Path, *, threads: int = 2, strict: bool = False, source_profile: Optional[str] = None,
+           progress: Progress = None) -> Dict[str, Any]:
     """Checks a checkpoint: a native store's structure and every piece's digest; any other kind
     (safetensors, HF directory, Megatron, DCP) structurally, reading every byte.
 
     Returns ``{path, format, ok, structure_ok, checksums, pieces, bytes, seconds, failures,
     digests | note}``; each failure is ``{code, piece, tensor, file, dataset?, message}``.
     A path that cannot be opened raises. ``strict=True`` raises the first failure instead of
-    returning it (a ``ckpt.ChecksumError`` for a flipped bit)."""
-    return _ckpt._verify(_path(path), {"threads": threads, "strict": strict}, progress)
+    returning it (a ``ckpt.ChecksumError`` for a flipped bit). ``source_profile``: the profile the
+    checkpoint's tensors are stored in, as ``--source-profile`` (an HF or PaddleNLP directory, a
+    .safetensors or .pdparams file; docs/PROFILES.md; None: detected)."""
+    return _ckpt._verify(_path(path), {"threads": threads, "strict": strict, "source_profile": source_profile or ""}, progress)
 
 
-def inspect(path: Path) -> Dict[str, Any]:
+def inspect(path: Path, *, source_profile: Optional[str] = None) -> Dict[str, Any]:
     """Summarizes a checkpoint of any kind as stored (a native store in a profile shows its
     profile's tensors): the dict ``ckpt inspect --json`` prints, ``{path, format, layout,
     layout_detail, profile, step, tensors, totals, integrity, codecs?}``; each tensor is ``{name,
     dtype, shape, pieces, bytes, stored_bytes?}``, ``layout_detail`` describes the layout's
     pipelines and stages (None without a layout), ``integrity`` is ``{scheme, note}``: what
-    :func:`verify` checks and what the format cannot check."""
-    return _ckpt._inspect(_path(path))
+    :func:`verify` checks and what the format cannot check. ``source_profile``: as :func:`verify`'s."""
+    return _ckpt._inspect(_path(path), {"source_profile": source_profile or ""})
 
 
 def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype: bool = False,
-         max_memory: Size = "256M", verify_source: bool = True) -> Dict[str, Any]:
+         max_memory: Size = "256M", verify_source: bool = True, source_profile_a: Optional[str] = None,
+         source_profile_b: Optional[str] = None) -> Dict[str, Any]:
     """Compares two checkpoints tensor by tensor in global view (any layouts, any formats).
 
     Returns ``{a, b, equal, atol, rtol, counts, tensors}``; ``tensors`` lists every tensor as
@@ -81,9 +85,11 @@ def diff(a: Path, b: Path, *, atol: float = 0.0, rtol: float = 0.0, ignore_dtype
     different, only_in_a, only_in_b, shape_mismatch, dtype_mismatch). Elements are close when
     ``|a - b| <= atol + rtol * |b|``. Both are checked by their formats' own checks (piece digests,
     zip CRC-32) unless ``verify_source`` is False: a corrupt side raises, with ``source_check``
-    saying how each was checked."""
+    saying how each was checked. ``source_profile_a`` / ``_b``: the profile each side is stored in, as
+    ``--source-profile`` / ``--b-source-profile`` (None: detected)."""
     opts = {"atol": float(atol), "rtol": float(rtol), "ignore_dtype": ignore_dtype,
-            "max_memory": _size(max_memory, "max_memory"), "verify_source": verify_source}
+            "max_memory": _size(max_memory, "max_memory"), "verify_source": verify_source,
+            "source_profile_a": source_profile_a or "", "source_profile_b": source_profile_b or ""}
     return _ckpt._diff(_path(a), _path(b), opts)
 
 
@@ -105,9 +111,9 @@ def _layout_file(layout):
 
 
 def _reshard_opts(layout, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
-                  threads, max_memory, io, dry_run, verify_source, convert):
-    return {"layout": _opt_path(layout), "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "",
-            "ep": ep, "etp": etp,
+                  threads, max_memory, io, dry_run, verify_source, convert, source_profile):
+    return {"source_profile": source_profile or "", "layout": _opt_path(layout), "tp": tp, "pp": pp, "dp": dp, "zero": zero,
+            "pp_layers": pp_layers or "", "ep": ep, "etp": etp,
             "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
             "compress": compress, "digest": digest, "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "dry_run": dry_run,
@@ -119,7 +125,8 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
             profile: Optional[str] = None,
             profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
             digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
-            dry_run: bool = False, verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
+            dry_run: bool = False, verify_source: bool = True, source_profile: Optional[str] = None,
+            progress: Progress = None) -> Dict[str, Any]:
     """Re-splits a checkpoint (native store, Megatron-layout, HF or DCP directory with a model
     config) for another TP/PP/DP(ZeRO) layout into a new native store ``dst``; with ``profile``
     it also converts to that profile in the same pass (see :func:`convert`).
@@ -128,7 +135,9 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
     JSON text, or a flag string like ``"tp=2 pp=2 dp=1 pp_layers=1,3"``: see ``ckpt.parse_layout``)
     or ``tp``/``pp``/``dp``/``zero``/``pp_layers`` (values left at 0 / -1 / None keep the source's); ``ep``/``etp``:
     expert parallelism of an MoE model as ``--ep``/``--etp`` (docs/MOE.md; 0: not given). ``verify_source=False`` skips re-hashing the
-    source before committing. ``dry_run=True`` only plans.
+    source before committing. ``dry_run=True`` only plans. ``source_profile``: the profile SRC's tensors are
+    stored in, as ``--source-profile`` (an HF or PaddleNLP directory, a .safetensors or .pdparams file;
+    docs/PROFILES.md; None: detected); the same keyword on every command that reads a checkpoint.
 
     Returns the plan summary ``{layout, tensors, pieces, source_bytes, bytes_read, bytes_written,
     peak_buffer, files: [{rank, file, pieces, bytes_read, bytes_written}], plan_seconds, memory}``
@@ -138,7 +147,7 @@ def reshard(src: Path, dst: Path, *, layout: Union[None, Path, dict] = None, tp:
     conversion ``{profile, from_profile, exactness}``."""
     with _layout_file(layout) as lay:
         opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
-                             threads, max_memory, io, dry_run, verify_source, False)
+                             threads, max_memory, io, dry_run, verify_source, False, source_profile)
         return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
 
@@ -147,7 +156,7 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
             zero: int = -1, pp_layers: Optional[str] = None, ep: int = 0, etp: int = 0, compress: str = "none",
             digest: str = "xxh3-128",
             threads: int = 2, max_memory: Size = "256M", io: str = "auto", dry_run: bool = False,
-            verify_source: bool = True, progress: Progress = None) -> Dict[str, Any]:
+            verify_source: bool = True, source_profile: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
     """Converts a checkpoint to another vendor/framework profile (``profile="megatron-mcore"``,
     ``"paddlenlp"``, ``"hf"``, ... or ``profile_file=``), optionally changing its layout in the
     same pass: :func:`reshard` with the profile required. A narrowing cast that overflows raises
@@ -155,13 +164,14 @@ def convert(src: Path, dst: Path, *, profile: Optional[str] = None, profile_file
     Returns :func:`reshard`'s fields with ``exactness`` (the report also stored in the manifest)."""
     with _layout_file(layout) as lay:
         opts = _reshard_opts(lay, tp, pp, dp, zero, pp_layers, ep, etp, profile, profile_file, saturate, compress, digest,
-                             threads, max_memory, io, dry_run, verify_source, True)
+                             threads, max_memory, io, dry_run, verify_source, True, source_profile)
         return _ckpt._reshard(_path(src), _path(dst), opts, progress)
 
 
 def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: Size = "5GB", threads: int = 2,
           max_memory: Size = "256M", io: str = "auto", fsync: bool = True, verify_source: bool = True,
-          keep_quantized: bool = False, quantize: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
+          keep_quantized: bool = False, quantize: Optional[str] = None, source_profile: Optional[str] = None,
+          progress: Progress = None) -> Dict[str, Any]:
     """Exports a checkpoint's model weights (any kind, any layout) as a HuggingFace directory
     ``out``: safetensors shards of at most ``max_shard_size``, the index when sharded,
     config.json and tokenizer files carried in the checkpoint. ``dtype``: cast float weights to
@@ -177,7 +187,7 @@ def to_hf(src: Path, out: Path, *, dtype: Optional[str] = None, max_shard_size: 
     Returns ``{out, tensors, bytes, config, files, skipped, seconds, memory, source_check, quantization}``."""
     opts = {"dtype": dtype or "", "max_shard_size": _size(max_shard_size, "max_shard_size"), "threads": threads,
             "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync, "verify_source": verify_source,
-            "keep_quantized": keep_quantized, "quantize": quantize or ""}
+            "keep_quantized": keep_quantized, "quantize": quantize or "", "source_profile": source_profile or ""}
     return _ckpt._to_hf(_path(src), _path(out), opts, progress)
 
 
@@ -186,7 +196,7 @@ def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, p
             profile: Optional[str] = None,
             profile_file: Optional[Path] = None, saturate: bool = False, compress: str = "none",
             digest: str = "xxh3-128", threads: int = 2, max_memory: Size = "256M", io: str = "auto",
-            fsync: bool = True, progress: Progress = None) -> Dict[str, Any]:
+            fsync: bool = True, source_profile: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
     """Imports a HuggingFace LLaMA directory (or .safetensors file with config.json beside it, or a
     DCP directory of an HF state_dict) into a new native store ``dst``, laid out for
     ``tp``/``pp``/``dp`` when given (else tp=pp=dp=1), with expert parallelism ``ep``/``etp`` for an MoE model
@@ -197,13 +207,13 @@ def from_hf(src: Path, dst: Path, *, dtype: Optional[str] = None, tp: int = 0, p
     opts = {"dtype": dtype or "", "tp": tp, "pp": pp, "dp": dp, "zero": zero, "pp_layers": pp_layers or "", "ep": ep, "etp": etp,
             "profile": profile or "", "profile_file": _opt_path(profile_file), "saturate": saturate,
             "compress": compress, "digest": digest, "threads": threads,
-            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync}
+            "max_memory": _size(max_memory, "max_memory"), "io": io, "fsync": fsync, "source_profile": source_profile or ""}
     return _ckpt._from_hf(_path(src), _path(dst), opts, progress)
 
 
 def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int = 1, source_chunks: bool = False,
                threads: int = 2, max_memory: Size = "256M", fsync: bool = True, verify_source: bool = True,
-               progress: Progress = None) -> Dict[str, Any]:
+               source_profile: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
     """Exports a checkpoint's model weights (any kind, any layout) as a torchtitan-style PyTorch
     Distributed Checkpoint ``out`` under the HuggingFace names, which
     ``torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=out)`` reads: ``files``
@@ -215,7 +225,8 @@ def export_dcp(src: Path, out: Path, *, dtype: Optional[str] = None, files: int 
 
     Returns ``{out, tensors, chunks, bytes, files, skipped, source_check}``."""
     opts = {"dtype": dtype or "", "files": files, "source_chunks": source_chunks, "threads": threads,
-            "max_memory": _size(max_memory, "max_memory"), "fsync": fsync, "verify_source": verify_source}
+            "max_memory": _size(max_memory, "max_memory"), "fsync": fsync, "verify_source": verify_source,
+            "source_profile": source_profile or ""}
     return _ckpt._export_dcp(_path(src), _path(out), opts, progress)
 
 
@@ -241,7 +252,7 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
                     local_norms: bool = False, iteration: int = 0, dist_opt: bool = False, dp: int = 1,
                     ddp_bucket_size: Optional[int] = None, dist_opt_sharding: str = "dp_reshardable",
                     megatron_version: Optional[str] = None, verify_source: bool = True,
-                    progress: Progress = None) -> Dict[str, Any]:
+                    source_profile: Optional[str] = None, progress: Progress = None) -> Dict[str, Any]:
     """Writes a checkpoint's model weights (any kind with a model config, in global view) as
     Megatron checkpoints for ``tp`` x ``pp`` ranks in the new directory ``dst``: ``format``
     ``"safetensors"`` (per-rank safetensors + megatron_args.json, which ckpt reads back),
@@ -264,7 +275,8 @@ def export_megatron(src: Path, dst: Path, *, tp: int = 1, pp: int = 1, pp_layers
     opts = {"format": format, "tp": tp, "pp": pp, "pp_layers": [int(x) for x in (pp_layers or [])], "vpp": vpp,
             "vocab_divisor": vocab_divisor, "dtype": dtype or "", "local_norms": local_norms, "iteration": iteration,
             "dist_opt": dist_opt, "dp": dp, "ddp_bucket_size": int(ddp_bucket_size or 0),
-            "dist_opt_sharding": dist_opt_sharding, "megatron_version": megatron_version or "", "verify_source": verify_source}
+            "dist_opt_sharding": dist_opt_sharding, "megatron_version": megatron_version or "", "verify_source": verify_source,
+            "source_profile": source_profile or ""}
     return _ckpt._export_megatron(_path(src), _path(dst), opts, progress)
 
 
