@@ -228,6 +228,21 @@ Result<std::pair<int64_t, int64_t>> dist_shapes(const TensorSource& dcp, const s
     if (t.name == "embedding.word_embeddings.weight" && t.shape.size() == 2) padded = t.shape[0];
     if (t.name == "decoder.layers.self_attention.linear_qkv.weight" && t.shape.size() == 3) layers = t.shape[0];
   }
+  // An MoE model: one key per layer, decoder.layers.<l>.self_attention.linear_qkv.weight.
+  const std::string pre = "decoder.layers.", post = ".self_attention.linear_qkv.weight";
+  for (const auto& t : dcp.tensors())
+    if (layers < 0 && t.shape.size() == 2 && t.name.size() > pre.size() + post.size() && t.name.rfind(pre, 0) == 0 &&
+        t.name.compare(t.name.size() - post.size(), post.size(), post) == 0) {
+      const std::string num = t.name.substr(pre.size(), t.name.size() - pre.size() - post.size());
+      if (num.empty() || num.size() > 7 || num.find_first_not_of("0123456789") != std::string::npos) continue;
+      int64_t n = 0;
+      for (const auto& u : dcp.tensors())
+        if (u.name.rfind(pre, 0) == 0 && u.name.size() > pre.size() + post.size() &&
+            u.name.compare(u.name.size() - post.size(), post.size(), post) == 0)
+          ++n;
+      layers = n;
+      break;
+    }
   if (layers < 1 || padded < 1)
     return Status::Error("NotMegatronDist", "'" + dir +
                                                 "' has no stacked decoder.layers.self_attention.linear_qkv.weight "

@@ -1,0 +1,160 @@
+"""Megatron-Core mixture-of-experts checkpoints read and written (issue 37, docs/MOE.md step 3), against
+the real megatron-core 0.16.1 files of fixtures/megatron_core_moe (ep2, tp2 x ep2 with etp 1, pp2 uneven
+with dense layers and a gated shared expert; legacy per-rank files mp_rank_TT[_PPP][_EEE]):
+- `to-hf` of each gives megatron-core's own forward logits in transformers (Mixtral for the all-MoE
+  cases, Qwen2-MoE for the shared expert), and every expert / router / shared tensor of the export
+  equals the one torch.load reads from megatron-core's rank file (the global expert
+  ep_rank * E/ep + j of local expert j);
+- hostile files are refused by name: a missing expert, a wrong expert shape, an expert count that
+  disagrees with expert_model_parallel_size, routing no HF family has.
+"""
+import argparse
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FX = ROOT / "fixtures" / "megatron_core_moe"
+VOCAB, E, F, FS = 100, 4, 24, 40
+# case -> (HF class, tp, pp, ep, the rank directories in (tp_rank, pp_rank, ep_rank) order)
+CASES = {
+    "ep2": (transformers.MixtralForCausalLM, 1, 1, 2, {(0, 0, 0): "mp_rank_00_000", (0, 0, 1): "mp_rank_00_001"}),
+    "tp2_ep2": (transformers.MixtralForCausalLM, 2, 1, 2, {(0, 0, 0): "mp_rank_00_000", (1, 0, 1): "mp_rank_01_001"}),
+    "pp2_shared": (transformers.Qwen2MoeForCausalLM, 1, 2, 1, {(0, 0, 0): "mp_rank_00_000", (0, 1, 0): "mp_rank_00_001"}),
+}
+ITER = "iter_0000005"
+
+
+def _rank_models(case, kind="legacy"):
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    return {k: torch.load(FX / case / kind / ITER / d / "model_optim_rng.pt", weights_only=False)["model"]
+            for k, d in CASES[case][4].items()}
+
+
+def _hf_tensors(d):
+    out = {}
+    for f in sorted(pathlib.Path(d).glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _logits(cls, d, case):
+    m = cls.from_pretrained(str(d), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(torch.from_numpy(np.load(FX / case / "tokens.npy"))).logits.numpy()
+
+
+def _expected_experts(case):
+    """HF per-expert tensors from megatron-core's rank files, by Megatron-Core's rules (local expert j
+    of EP rank r is global r * E/ep + j; linear_fc1 = [gate; up]; stages restart layer indices)."""
+    cls, tp, pp, ep, dirs = CASES[case]
+    models = _rank_models(case)
+    mixtral = cls is transformers.MixtralForCausalLM
+    out, first_layer = {}, {0: 0, 1: 1}  # pp2_shared: stage 0 holds layer 0, stage 1 layers 1..3
+    for (tp_r, pp_r, ep_r), sd in models.items():
+        if tp_r != 0 and ep == 1:
+            continue
+        for k, v in sd.items():
+            if ".mlp." not in k or not torch.is_tensor(v):
+                continue
+            parts = k.split(".")
+            layer = int(parts[2]) + (first_layer[pp_r] if pp > 1 else 0)
+            pre = f"model.layers.{layer}." + ("block_sparse_moe." if mixtral else "mlp.")
+            if ".local_experts." in k:
+                g = ep_r * (E // ep) + int(parts[6])
+                names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+                if k.endswith("linear_fc1.weight"):
+                    out[f"{pre}experts.{g}.{names[0]}.weight"] = v[:F]
+                    out[f"{pre}experts.{g}.{names[1]}.weight"] = v[F:]
+                elif k.endswith("linear_fc2.weight"):
+                    out[f"{pre}experts.{g}.{names[2]}.weight"] = v
+            elif k.endswith("mlp.router.weight"):
+                out[pre + "gate.weight"] = v
+            elif k.endswith("shared_experts.linear_fc1.weight"):
+                out[pre + "shared_expert.gate_proj.weight"] = v[:FS]
+                out[pre + "shared_expert.up_proj.weight"] = v[FS:]
+            elif k.endswith("shared_experts.linear_fc2.weight"):
+                out[pre + "shared_expert.down_proj.weight"] = v
+            elif k.endswith("shared_experts.gate_weight"):
+                out[pre + "shared_expert_gate.weight"] = v
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_legacy_to_hf_gives_megatron_core_logits(case, run_ckpt, tmp_path):
+    cls = CASES[case][0]
+    run_ckpt("to-hf", FX / case / "legacy", tmp_path / "hf", "--no-fsync")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == [cls.__name__]
+    got = _hf_tensors(tmp_path / "hf")
+    want = _expected_experts(case)
+    assert want and set(want) <= set(got), sorted(set(want) - set(got))[:5]
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    ref = np.load(FX / case / "logits.npy")[:, :, :VOCAB]  # megatron-core's forward over the padded vocab
+    out = _logits(cls, tmp_path / "hf", case)
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def _copy(case, tmp_path):
+    d = tmp_path / case
+    shutil.copytree(FX / case / "legacy", d)
+    return d
+
+
+def _resave(f, edit):
+    ck = torch.load(f, weights_only=False)
+    edit(ck)
+    torch.save(ck, f)
+
+
+def test_missing_expert_is_named(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    name = "decoder.layers.2.mlp.experts.local_experts.1.linear_fc2.weight"
+    _resave(d / ITER / "mp_rank_00_001/model_optim_rng.pt", lambda ck: ck["model"].pop(name))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "MissingTensor" in p.stderr and name in p.stderr and "mp_rank_00_001" in p.stderr, p.stderr
+
+
+def test_wrong_expert_shape_is_named(run_ckpt, tmp_path):
+    d = _copy("tp2_ep2", tmp_path)
+    name = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"
+    _resave(d / ITER / "mp_rank_01_001/model_optim_rng.pt",
+            lambda ck: ck["model"].__setitem__(name, ck["model"][name][:-2].clone()))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "ShapeMismatch" in p.stderr and name in p.stderr, p.stderr
+
+
+def test_expert_count_disagreeing_with_ep_is_named(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+
+    def extra(ck):
+        for k in [k for k in ck["model"] if ".local_experts.1." in k]:
+            ck["model"][k.replace(".local_experts.1.", ".local_experts.2.")] = ck["model"][k]
+    _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", extra)
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "MegatronExpertCountMismatch" in p.stderr and "local_experts.2" in p.stderr, p.stderr
+
+
+def test_ep_args_disagreeing_with_directories_is_named(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", lambda ck: setattr(ck["args"], "expert_model_parallel_size", 1))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode != 0 and "BadMegatronArgs" in p.stderr and "expert_model_parallel_size" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("key,value", [("moe_router_enable_expert_bias", True), ("moe_router_score_function", "sigmoid"),
+                                       ("moe_router_pre_softmax", True)])
+def test_routing_without_hf_family_is_refused(key, value, run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", lambda ck: setattr(ck["args"], key, value))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode == 5 and "UnsupportedModel" in p.stderr and key in p.stderr, p.stderr
