@@ -270,9 +270,11 @@ class MegatronRankSource final : public TensorSource {
 
   // A file holding more local experts than num_experts / ep (another expert parallel size).
   static Status check_local_experts(const TensorSource& f, const std::string& name, int64_t local) {
-    const std::string key = ".mlp.experts.local_experts.";
     for (const auto& t : f.tensors()) {
-      const size_t at = t.name.find(key);
+      std::string key = ".mlp.experts.local_experts.";  // SequentialMLP, or TEGroupedMLP's linear_fc{1,2}.weight{j}
+      size_t at = t.name.find(key);
+      for (const char* g : {".mlp.experts.linear_fc1.weight", ".mlp.experts.linear_fc2.weight"})
+        if (at == std::string::npos && (at = t.name.find(g)) != std::string::npos) key = g;
       if (at == std::string::npos) continue;
       const size_t b = at + key.size(), e = t.name.find('.', b);
       const std::string num = t.name.substr(b, e == std::string::npos ? std::string::npos : e - b);

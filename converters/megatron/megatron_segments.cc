@@ -102,10 +102,12 @@ void append_moe_mlp(const LlamaConfig& c, const Layout& layout, int tp_rank, con
     for (int64_t j = 0; j < local; ++j) {
       const int64_t g = part.ep_rank * local + j;
       const std::string le = mg + "mlp.experts.local_experts." + std::to_string(j) + ".";
-      out.push_back(make(le + "linear_fc1.weight", {h},
+      const std::string te = mg + "mlp.experts.linear_fc", js = std::to_string(j);
+      out.push_back(make(part.te_grouped ? te + "1.weight" + js : le + "linear_fc1.weight", {h},
                          {expert_seg(hf + "mlp.experts.gate_proj.weight", {g, f0, 0}, {1, fp, h}),
                           expert_seg(hf + "mlp.experts.up_proj.weight", {g, f0, 0}, {1, fp, h})}));
-      out.push_back(make(le + "linear_fc2.weight", {fp}, {expert_seg(hf + "mlp.experts.down_proj.weight", {g, 0, f0}, {1, h, fp})}));
+      out.push_back(make(part.te_grouped ? te + "2.weight" + js : le + "linear_fc2.weight", {fp},
+                         {expert_seg(hf + "mlp.experts.down_proj.weight", {g, 0, f0}, {1, h, fp})}));
     }
   }
   if (part.dense && m.shared_intermediate > 0) {

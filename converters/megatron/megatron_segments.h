@@ -56,6 +56,9 @@ struct MegatronRankPart {
   int etp_rank = 0;
   bool dense = true;
   bool experts = true;
+  // TEGroupedMLP's legacy names: mlp.experts.linear_fc1.weight{j} / linear_fc2.weight{j} instead of
+  // SequentialMLP's mlp.experts.local_experts.{j}.linear_fc1.weight (same shapes, j local).
+  bool te_grouped = false;
 };
 
 // The Megatron tensors of rank (tp_rank, pp_rank) in legacy per-rank naming (layer index

@@ -245,9 +245,13 @@ Result<std::unique_ptr<TensorSource>> open_moe(const std::string& path, nlohmann
   const std::string first = dir + "/" + megatron_rank_dir(names, 0, 0, 0) + "/model_optim_rng.pt";
   if (f0->chunks() != 1)
     return Status::Error("UnsupportedModel", "'" + first + "': a virtual pipeline of an MoE model is not read").with_file(first);
-  if (j.contains("moe_grouped_gemm") && j["moe_grouped_gemm"] == true)
-    return Status::Error("UnsupportedModel", "'" + first + "': Megatron-Core MoE with moe_grouped_gemm: the legacy files of "
-                                             "GroupedMLP / TEGroupedMLP are not read (their torch_dist form is; docs/MOE.md)")
+  // moe_grouped_gemm: TEGroupedMLP's names are read (linear_fc1.weight{j}), GroupedMLP's weight1 / weight2 not.
+  bool te_grouped = false;
+  for (const auto& t : f0->tensors()) te_grouped = te_grouped || t.name.find(".mlp.experts.linear_fc1.weight0") != std::string::npos;
+  if (j.contains("moe_grouped_gemm") && j["moe_grouped_gemm"] == true && !te_grouped)
+    return Status::Error("UnsupportedModel", "'" + first + "': Megatron-Core MoE with moe_grouped_gemm and no TEGroupedMLP "
+                                             "names (mlp.experts.linear_fc1.weight0): GroupedMLP's legacy weight1 / weight2 "
+                                             "are not read (its torch_dist form is; docs/MOE.md)")
         .with_file(first);
   const int tp = names.tp, pp = names.pp, ep = names.ep;
   const auto et = j.find("expert_tensor_parallel_size");
@@ -259,7 +263,7 @@ Result<std::unique_ptr<TensorSource>> open_moe(const std::string& path, nlohmann
     std::set<int> dense;
     std::set<std::pair<int, int>> experts;
     for (int r = 0; r < std::max(tp, ep * etp); ++r) {
-      MegatronFilePart fp{r % tp, p, {(r / etp) % ep, r % etp, false, false}};
+      MegatronFilePart fp{r % tp, p, {(r / etp) % ep, r % etp, false, false, te_grouped}};
       fp.part.dense = dense.insert(fp.tp_rank).second;
       fp.part.experts = experts.insert({fp.part.ep_rank, fp.part.etp_rank}).second;
       if (!fp.part.dense && !fp.part.experts) continue;

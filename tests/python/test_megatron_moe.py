@@ -158,3 +158,90 @@ def test_routing_without_hf_family_is_refused(key, value, run_ckpt, tmp_path):
     _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", lambda ck: setattr(ck["args"], key, value))
     p = run_ckpt("inspect", d, check=False)
     assert p.returncode == 5 and "UnsupportedModel" in p.stderr and key in p.stderr, p.stderr
+
+
+EXPORT_FLAGS = {"ep2": ["--tp", "1", "--ep", "2"], "tp2_ep2": ["--tp", "2", "--ep", "2", "--etp", "1"],
+                "pp2_shared": ["--pp", "2", "--pp-layers", "1,3"]}
+VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _assert_same_model(want, got, where, tp_rank=0):
+    """megatron-core's tensors == ckpt's; the vocab padding rows (megatron-core initialises them, ckpt
+    writes zeros: they hold no token) compared on the real vocabulary only (TP rank r holds rows
+    [r * n, (r + 1) * n) of the padded vocabulary)."""
+    tw = {k for k, v in want.items() if torch.is_tensor(v)}
+    assert tw == {k for k, v in got.items() if torch.is_tensor(v)}, where
+    for k in tw:
+        if k.split("/")[0] in VOCAB_ROWS:
+            real = max(0, min(got[k].shape[0], VOCAB - tp_rank * got[k].shape[0]))
+            assert torch.equal(want[k][:real], got[k][:real]) and not got[k][real:].any(), (where, k)
+        else:
+            assert torch.equal(want[k], got[k]), (where, k)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_export_of_import_is_megatron_cores_legacy_files(case, run_ckpt, tmp_path):
+    run_ckpt("export-megatron", FX / case / "legacy", tmp_path / "out", "--format", "torch", "--iteration", "5",
+             "--vocab-divisor", "16", "--local-norms", *EXPORT_FLAGS[case])
+    want = FX / case / "legacy" / ITER
+    got = tmp_path / "out" / ITER
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    for d in sorted(want.iterdir()):
+        ck = torch.load(got / d.name / "model_optim_rng.pt", weights_only=True)
+        _assert_same_model(torch.load(d / "model_optim_rng.pt", weights_only=False)["model"], ck["model"], d.name,
+                           int(d.name.split("_")[2]))
+        a = ck["args"]
+        assert (a.num_experts, a.moe_router_topk, a.expert_model_parallel_size, a.moe_ffn_hidden_size) == \
+            (E, 2, CASES[case][3], F)
+
+
+def _dcp_tensors(d, tmp):
+    """Every tensor of a DCP directory as torch's own reader gives it (and the _extra_state keys)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = tmp / (d.name + str(len(list(tmp.glob("*.pt")))) + ".pt")
+    dcp_to_torch_save(str(d), str(out))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_export_of_import_is_megatron_cores_torch_dist(case, run_ckpt, tmp_path):
+    run_ckpt("export-megatron", FX / case / "dist", tmp_path / "out", "--format", "torch_dist", "--megatron-version", "0.16",
+             "--vocab-divisor", "16", *EXPORT_FLAGS[case])
+    want = _dcp_tensors(FX / case / "dist" / ITER, tmp_path)
+    got = _dcp_tensors(tmp_path / "out", tmp_path)
+    _assert_same_model(want, got, case)
+    assert {k for k in want if "_extra_state" in k} == {k for k in got if "_extra_state" in k}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_torch_dist_and_legacy_read_alike(case, run_ckpt):
+    assert run_ckpt("diff", FX / case / "legacy", FX / case / "dist").returncode == 0
+
+
+def _te_grouped(ck):
+    """CONSTRUCTED, not written by megatron-core (TEGroupedMLP needs Transformer Engine, absent here): the
+    rank's model under TEGroupedMLP's names as its state_dict has them (experts.py: linear_fc1.weight{j},
+    linear_fc2.weight{j}, j local; the same [2F, h] / [h, F] tensors as SequentialMLP's)."""
+    ck["args"].moe_grouped_gemm = True
+    m = ck["model"]
+    for k in [k for k in m if ".mlp.experts.local_experts." in k]:
+        head, tail = k.split(".mlp.experts.local_experts.")
+        j, rest = tail.split(".", 1)
+        v = m.pop(k)
+        if rest.endswith(".weight"):
+            m[f"{head}.mlp.experts.{rest[:-len('.weight')]}.weight{j}"] = v
+
+
+def test_te_grouped_names_read_as_sequential(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    for f in (d / ITER).glob("*/model_optim_rng.pt"):
+        _resave(f, _te_grouped)
+    assert run_ckpt("diff", d, FX / "ep2" / "legacy").returncode == 0
+
+
+def test_grouped_mlp_weight1_is_refused(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", lambda ck: setattr(ck["args"], "moe_grouped_gemm", True))
+    p = run_ckpt("inspect", d, check=False)
+    assert p.returncode == 5 and "UnsupportedModel" in p.stderr and "weight1" in p.stderr, p.stderr
