@@ -200,6 +200,9 @@ class MegatronRankSource final : public TensorSource {
       }
     if (!src->tensors_.empty()) c.dtype = src->tensors_.front().dtype;
     src->meta_ = {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"megatron_args", a.json}};
+    if (src->moe_optimizer_skipped_)
+      src->meta_["megatron_moe_optimizer_not_imported"] =
+          "the optimizer state of a mixture-of-experts model is not imported yet (weights only; docs/MOE.md)";
     if (extra_meta.is_object())
       for (auto& [k, v] : extra_meta.items()) {
         if (v.is_null()) src->meta_.erase(k);
@@ -251,6 +254,10 @@ class MegatronRankSource final : public TensorSource {
       in_file[f.tensors()[k].name] = k;
       for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
         if (f.tensors()[k].name.rfind(kMegatronOptimPrefixes[o], 0) == 0) kinds |= 1u << o;
+    }
+    if (c.moe && kinds != 0) {  // an MoE model's optimizer state is not imported (docs/MOE.md): weights only
+      moe_optimizer_skipped_ = true;
+      kinds = 0;
     }
     if (fi == 0) kinds_ = kinds;
     if (kinds != kinds_)
@@ -343,6 +350,7 @@ class MegatronRankSource final : public TensorSource {
   std::vector<Map> map_;
   IntegrityInfo integrity_;
   unsigned kinds_ = 0;  // bit k: every rank file holds kMegatronOptimPrefixes[k] tensors
+  bool moe_optimizer_skipped_ = false;
   nlohmann::json meta_;
 };
 

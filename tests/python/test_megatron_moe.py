@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
+torch.serialization.add_safe_globals([argparse.Namespace])  # Megatron-LM's args, as Megatron-LM registers it
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "megatron_core_moe"
 VOCAB, E, F, FS = 100, 4, 24, 40
@@ -245,3 +247,21 @@ def test_grouped_mlp_weight1_is_refused(run_ckpt, tmp_path):
     _resave(d / ITER / "mp_rank_00_000/model_optim_rng.pt", lambda ck: setattr(ck["args"], "moe_grouped_gemm", True))
     p = run_ckpt("inspect", d, check=False)
     assert p.returncode == 5 and "UnsupportedModel" in p.stderr and "weight1" in p.stderr, p.stderr
+
+
+def test_reshard_then_export_is_megatron_cores_files(run_ckpt, tmp_path):
+    run_ckpt("reshard", FX / "ep2" / "legacy", tmp_path / "s", "--tp", "2", "--pp", "2", "--pp-layers", "3,1", "--dp", "1",
+             "--ep", "2", "--etp", "1")
+    run_ckpt("export-megatron", tmp_path / "s", tmp_path / "out", "--format", "torch", "--iteration", "5",
+             "--vocab-divisor", "16", "--local-norms", *EXPORT_FLAGS["ep2"])
+    for d in sorted((FX / "ep2" / "legacy" / ITER).iterdir()):
+        _assert_same_model(torch.load(d / "model_optim_rng.pt", weights_only=False)["model"],
+                           torch.load(tmp_path / "out" / ITER / d.name / "model_optim_rng.pt", weights_only=True)["model"], d.name)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_export_of_a_family_megatron_core_cannot_route_is_refused(family, run_ckpt, tmp_path):
+    p = run_ckpt("export-megatron", ROOT / "fixtures" / "moe" / family / "legacy", tmp_path / "out", "--format", "torch",
+                 check=False)
+    assert p.returncode == 5 and "UnsupportedModel" in p.stderr and family in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
