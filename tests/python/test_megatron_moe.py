@@ -265,3 +265,24 @@ def test_export_of_a_family_megatron_core_cannot_route_is_refused(family, run_ck
                  check=False)
     assert p.returncode == 5 and "UnsupportedModel" in p.stderr and family in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _with_adam(ck):
+    """An 'optimizer' entry shaped like megatron-core's FP32Optimizer's (Adam state per parameter, one
+    param group with megatron-core's keys); constructed, the fixtures were saved without one."""
+    params = [k for k, v in ck["model"].items() if torch.is_tensor(v)]
+    ck["optimizer"] = {"state": {i: {"step": torch.tensor(3.0), "exp_avg": torch.full_like(ck["model"][k], 0.5),
+                                     "exp_avg_sq": torch.full_like(ck["model"][k], 0.25)} for i, k in enumerate(params)},
+                       "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0, "wd_mult": 1.0,
+                                         "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
+                                         "params": list(range(len(params)))}]}
+
+
+def test_moe_optimizer_state_is_not_imported_weights_are(run_ckpt, tmp_path):
+    d = _copy("ep2", tmp_path)
+    for f in (d / ITER).glob("*/model_optim_rng.pt"):
+        _resave(f, _with_adam)
+    info = json.loads(run_ckpt("inspect", d, "--json").stdout)
+    assert "mixture-of-experts" in json.dumps(info["not_imported"])
+    assert not [t for t in info["tensors"] if t["name"].startswith("optimizer.")]
+    assert run_ckpt("diff", d, FX / "ep2" / "legacy").returncode == 0
