@@ -286,3 +286,21 @@ def test_moe_optimizer_state_is_not_imported_weights_are(run_ckpt, tmp_path):
     assert "mixture-of-experts" in json.dumps(info["not_imported"])
     assert not [t for t in info["tensors"] if t["name"].startswith("optimizer.")]
     assert run_ckpt("diff", d, FX / "ep2" / "legacy").returncode == 0
+
+
+def test_te_spec_moe_norm_key_in_torch_dist(run_ckpt, tmp_path):
+    """CONSTRUCTED (Transformer Engine is not installed): megatron-core's TE spec keeps an MoE layer's
+    norm apart (pre_mlp_layernorm = TENorm, no key map), so its torch_dist key is
+    decoder.layers.{l}.pre_mlp_layernorm.weight instead of the local spec's mlp.linear_fc1.layer_norm_weight;
+    the fixture's tensors re-saved by torch DCP under that key read as the fixture."""
+    from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+    src = FX / "ep2" / "dist" / ITER
+    sd = _dcp_tensors(src, tmp_path)
+    renamed = {k.replace(".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"): v for k, v in sd.items()}
+    assert renamed.keys() != sd.keys()
+    torch.save(renamed, tmp_path / "te.pt")
+    out = tmp_path / "te"
+    torch_save_to_dcp(str(tmp_path / "te.pt"), str(out))
+    for f in ("common.pt", "metadata.json"):
+        shutil.copy(src / f, out / f)
+    assert run_ckpt("diff", out, FX / "ep2" / "legacy").returncode == 0
