@@ -209,7 +209,7 @@ def _dcp_tensors(d, tmp):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_export_of_import_is_megatron_cores_torch_dist(case, run_ckpt, tmp_path):
     run_ckpt("export-megatron", FX / case / "dist", tmp_path / "out", "--format", "torch_dist", "--megatron-version", "0.16",
-             "--vocab-divisor", "16", *EXPORT_FLAGS[case])
+             "--vocab-divisor", "16", "--local-norms", *EXPORT_FLAGS[case])
     want = _dcp_tensors(FX / case / "dist" / ITER, tmp_path)
     got = _dcp_tensors(tmp_path / "out", tmp_path)
     _assert_same_model(want, got, case)
@@ -304,3 +304,14 @@ def test_te_spec_moe_norm_key_in_torch_dist(run_ckpt, tmp_path):
     for f in ("common.pt", "metadata.json"):
         shutil.copy(src / f, out / f)
     assert run_ckpt("diff", out, FX / "ep2" / "legacy").returncode == 0
+
+
+def test_torch_dist_export_with_te_norm_key(run_ckpt, tmp_path):
+    """Without --local-norms an MoE layer's norm is written under Transformer Engine's spec's key
+    (pre_mlp_layernorm.weight, megatron-core's gpt_layer_specs.py: TENorm, no key map); it reads back."""
+    run_ckpt("export-megatron", FX / "pp2_shared" / "legacy", tmp_path / "out", "--format", "torch_dist",
+             "--megatron-version", "0.16", "--vocab-divisor", "16", *EXPORT_FLAGS["pp2_shared"])
+    keys = set(_dcp_tensors(tmp_path / "out", tmp_path))
+    assert {"decoder.layers.1.pre_mlp_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.layer_norm_weight"} <= keys
+    assert "decoder.layers.1.mlp.linear_fc1.layer_norm_weight" not in keys
+    assert run_ckpt("diff", tmp_path / "out", FX / "pp2_shared" / "legacy").returncode == 0

@@ -215,7 +215,7 @@ Result<std::vector<DistTensor>> chunk_map(const LlamaConfig& cfg, const Layout& 
     CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
                                                                             " --vpp " + std::to_string(opts.vpp)));
   }
-  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages));
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages, opts.norms));
   if (opts.vpp > 1)
     for (auto& t : map)
       for (auto& c : t.chunks) {

@@ -124,9 +124,9 @@ DistChunk moe_chunk(Shape off, Shape extent, size_t row_dim, std::vector<Megatro
 // (decoder.layers.<global l>.<name>, non-homogeneous layers), the experts of a layer as one global
 // tensor mlp.experts.experts.linear_fc1.weight [E, 2F, h] (gate rows [0, F), up rows [F, 2F) of
 // each expert) and linear_fc2.weight [E, h, F]; pre_mlp_layernorm under the local spec's key
-// mlp.linear_fc1.layer_norm_weight; router, gate_weight and norms replicated.
+// mlp.linear_fc1.layer_norm_weight (`local_norm`) or TE's own; router, gate_weight and norms replicated.
 Status add_moe_layer_tensor(Builder& b, const LlamaConfig& c, const Layout& layout, const std::vector<int64_t>& stage_layers,
-                            const MegatronTensor& t, int tp_r, const MegatronRankPart& part, int rank) {
+                            const MegatronTensor& t, int tp_r, const MegatronRankPart& part, int rank, bool local_norm) {
   const std::string rest0 = t.name.substr(std::string(kLayerPrefix).size());
   const size_t dot = rest0.find('.');
   const int64_t local = std::stoll(rest0.substr(0, dot));
@@ -152,9 +152,9 @@ Status add_moe_layer_tensor(Builder& b, const LlamaConfig& c, const Layout& layo
     }
     return Status::Ok();
   }
-  if (rest == "pre_mlp_layernorm.weight") rest = "mlp.linear_fc1.layer_norm_weight";
-  const bool replicated = ends_with(rest, "layer_norm_weight") || rest.rfind("mlp.router.", 0) == 0 ||
-                          rest == "mlp.shared_experts.gate_weight";
+  if (rest == "pre_mlp_layernorm.weight" && local_norm) rest = "mlp.linear_fc1.layer_norm_weight";
+  const bool replicated = ends_with(rest, "layer_norm_weight") || rest == "pre_mlp_layernorm.weight" ||
+                          rest.rfind("mlp.router.", 0) == 0 || rest == "mlp.shared_experts.gate_weight";
   const bool gate_up = rest == "mlp.linear_fc1.weight" || rest == "mlp.shared_experts.linear_fc1.weight";
   const TpSplit split = replicated ? TpSplit::kReplicated : gate_up ? TpSplit::kGateUp : layer_split(rest);
   Shape gs = t.shape;
@@ -194,7 +194,7 @@ Status add_moe_layer_tensor(Builder& b, const LlamaConfig& c, const Layout& layo
 
 // An MoE model's tensors: each stage's ranks r < max(tp, ep * etp) (Megatron-Core's expert order),
 // the dense part from the first rank of each TP rank, the experts from the first of each expert rank.
-Status add_moe_tensors(Builder& b, const LlamaConfig& c, const Layout& layout) {
+Status add_moe_tensors(Builder& b, const LlamaConfig& c, const Layout& layout, bool local_norm) {
   const int n = std::max(layout.tp, layout.ep * layout.expert_tp());
   for (int p = 0; p < layout.pp; ++p) {
     std::vector<int64_t> stage_layers;
@@ -208,7 +208,7 @@ Status add_moe_tensors(Builder& b, const LlamaConfig& c, const Layout& layout) {
       const int rank = p * n + r;
       for (const auto& t : ts) {
         if (t.name.rfind(kLayerPrefix, 0) == 0) {
-          CKPT_RETURN_IF_ERROR(add_moe_layer_tensor(b, c, layout, stage_layers, t, tp_r, part, rank));
+          CKPT_RETURN_IF_ERROR(add_moe_layer_tensor(b, c, layout, stage_layers, t, tp_r, part, rank, local_norm));
         } else {
           add_outer_tensor(b, layout, t, tp_r, rank);
         }
@@ -220,12 +220,12 @@ Status add_moe_tensors(Builder& b, const LlamaConfig& c, const Layout& layout) {
 
 }  // namespace dist_map_detail
 
-Result<std::vector<DistTensor>> megatron_dist_tensors(const LlamaConfig& c, const Layout& layout_in) {
+Result<std::vector<DistTensor>> megatron_dist_tensors(const LlamaConfig& c, const Layout& layout_in, MegatronNormNames norms) {
   using namespace dist_map_detail;
   CKPT_ASSIGN_OR_RETURN(const Layout layout, layout_in.as_symmetric("the Megatron torch_dist layout"));
   Builder b;
   if (c.moe) {
-    CKPT_RETURN_IF_ERROR(add_moe_tensors(b, c, layout));
+    CKPT_RETURN_IF_ERROR(add_moe_tensors(b, c, layout, norms == MegatronNormNames::kLocal));
     return std::move(b.out);
   }
   for (int p = 0; p < layout.pp; ++p) {
