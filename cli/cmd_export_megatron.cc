@@ -48,6 +48,10 @@ CommandAction setup_export_megatron(CLI::App& sub) {
   sub.add_option("DST", a->req.dst, "Output directory (must not exist; written as DST.partial then renamed)")->required();
   sub.add_option("--tp", a->req.tp, "Tensor-parallel size")->check(CLI::Range(1, 1 << 16));
   sub.add_option("--pp", a->req.pp, "Pipeline-parallel size")->check(CLI::Range(1, 1 << 16));
+  sub.add_option("--ep", a->req.ep, "MoE: expert-parallel size (rank files mp_rank_TT[_PPP]_EEE when > 1; default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  sub.add_option("--etp", a->req.etp, "MoE: expert tensor-parallel size (default: --tp, as Megatron-Core)")
+      ->check(CLI::Range(1, 1 << 16));
   sub.add_option("--pp-layers", a->req.pp_layers, "Layers per pipeline stage, e.g. 1,2,3 (default: even split)")
       ->delimiter(',');
   sub.add_option("--vpp", a->req.vpp,

@@ -102,6 +102,10 @@ Result<ExportMegatronOutcome> run_export_megatron_job(const ExportMegatronReques
   MegatronExportOptions o;
   o.tp = req.tp;
   o.pp = req.pp;
+  CKPT_RETURN_IF_ERROR(export_flag_in_range("--ep", req.ep, 1, 1 << 16));
+  CKPT_RETURN_IF_ERROR(export_flag_in_range("--etp", req.etp, 0, 1 << 16));
+  o.ep = req.ep;
+  o.etp = req.etp;
   o.layers_per_stage = req.pp_layers;
   o.vpp = req.vpp;
   o.vocab_divisor = req.vocab_divisor;

@@ -69,6 +69,7 @@ struct ExportMegatronRequest {
   std::string source_profile;        // --source-profile: SRC stored in this profile (converters/source/open_checkpoint.h)
   MegatronExportFormat format = MegatronExportFormat::kSafetensors;
   int tp = 1, pp = 1;                  // 1..65536
+  int ep = 1, etp = 0;                 // MoE: expert parallel and expert TP sizes (0: tp); docs/MOE.md
   std::vector<int> pp_layers;          // layers per pipeline stage; empty: even split
   int vpp = 1;                         // --vpp: virtual pipeline chunks per stage (torch, torch_dist), 1..65536
   int64_t vocab_divisor = 128;         // make-vocab-size-divisible-by, 1..2^20

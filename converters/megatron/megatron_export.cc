@@ -1,9 +1,11 @@
 #include "converters/megatron/megatron_export.h"
 
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <system_error>
 
+#include "converters/megatron/megatron_moe_args.h"
 #include "converters/megatron/megatron_sink.h"
 #include "converters/megatron/megatron_torch_export.h"
 #include "converters/megatron/megatron_torch_optim.h"
@@ -23,8 +25,28 @@ struct MegatronPlan {
   Layout layout;
   Layout stages;  // the staged ranks' pipeline: `layout`, or with a virtual pipeline its pp * vpp chunk stages
   std::vector<std::vector<MegatronTensor>> ranks;
+  std::vector<std::string> dirs;  // MoE: each rank file's directory (mp_rank_TT[_PPP]_EEE); empty: tp x pp
   std::map<std::string, TensorMeta> canonical;
 };
+
+// An MoE export (docs/MOE.md step 3, megatron_moe_export_check): the files of the stage-local ranks
+// r < max(tp, ep * etp) as Megatron-LM saves them (expert data parallel rank 0), each the dense
+// tensors of TP rank r % tp and the experts of EP rank (r / etp) % ep, expert TP rank r % etp.
+Status plan_moe_files(const TensorSource& src, const MegatronExportOptions& opts, MegatronPlan& plan) {
+  const LlamaConfig& cfg = plan.config;
+  CKPT_RETURN_IF_ERROR(megatron_moe_export_check(cfg, opts.vpp, opts.dist_opt.enabled, src.tensors()));
+  if (opts.format != MegatronFileFormat::kTorch)
+    return Status::Error("UnsupportedModel", "export-megatron of an MoE model writes --format torch or torch_dist");
+  const Layout& l = plan.layout;
+  for (int p = 0; p < l.pp; ++p)
+    for (int r = 0; r < std::max(l.tp, l.ep * l.expert_tp()); ++r) {
+      const MegatronRankPart part{(r / l.expert_tp()) % l.ep, r % l.expert_tp(), true, true};
+      CKPT_ASSIGN_OR_RETURN(auto ts, megatron_rank_tensors(cfg, l, r % l.tp, p, opts.norms, part));
+      plan.ranks.push_back(std::move(ts));
+      plan.dirs.push_back(megatron_rank_dir(l, r % l.tp, p, part.ep_rank));
+    }
+  return Status::Ok();
+}
 
 Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOptions& opts) {
   const nlohmann::json& meta = src.metadata();
@@ -33,11 +55,9 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
                             "' carries no model config (config.json / manifest model_config); export-megatron needs it");
   MegatronPlan plan;
   CKPT_ASSIGN_OR_RETURN(plan.config, LlamaConfig::from_json(meta["model_config"]));
-  CKPT_RETURN_IF_ERROR(plan.config.require_dense("export-megatron"));
   const LlamaConfig& cfg = plan.config;
   if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
-  CKPT_ASSIGN_OR_RETURN(plan.layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
-                                                  opts.layers_per_stage));
+  CKPT_ASSIGN_OR_RETURN(plan.layout, megatron_export_layout(cfg, opts.tp, opts.pp, opts.ep, opts.etp, opts.layers_per_stage));
   plan.layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(plan.layout.as_symmetric("export-megatron").status());
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(plan.layout));
@@ -49,6 +69,10 @@ Result<MegatronPlan> plan_layout(const TensorSource& src, const MegatronExportOp
     CKPT_ASSIGN_OR_RETURN(plan.stages, megatron_vpp_layout(plan.layout, opts.vpp,
                                                            "export-megatron --pp " + std::to_string(opts.pp) + " --vpp " +
                                                                std::to_string(opts.vpp)));
+  }
+  if (cfg.moe) {
+    CKPT_RETURN_IF_ERROR(plan_moe_files(src, opts, plan));
+    return plan;
   }
   // Every rank's tensors, computed (and refused) before anything is written.
   for (int p = 0; p < plan.stages.pp; ++p)
@@ -211,14 +235,15 @@ Status export_megatron(TensorSource& src, const std::string& dst, const Megatron
     CKPT_RETURN_IF_ERROR(remove_stale_partial(out));
     std::filesystem::remove_all(out, ec);
   }
-  MegatronSink sink(out, plan.stages, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n");
+  const std::vector<std::string> dirs = plan.dirs;
+  MegatronSink sink(out, plan.stages, std::move(plan.ranks), std::move(dtypes), args.dump(2) + "\n", true, dirs);
   ExecOptions eo;
   eo.max_chunk_bytes = opts.chunk_bytes;
   eo.progress = opts.progress;
   eo.before_commit = opts.before_commit;
   Status s = execute(src, sink, tensors, sink.pieces(), nlohmann::json::object(), eo);
   if (s.ok() && torch) s = megatron_torch_from_staging(out, dst, plan.stages, args, opts.iteration, optim, opts.vpp,
-                                                       opts.write_pool);
+                                                       opts.write_pool, dirs);
   if (torch) std::filesystem::remove_all(out, ec);
   return s;
 }

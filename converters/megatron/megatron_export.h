@@ -27,6 +27,9 @@ struct MegatronExportOptions {
   MegatronFileFormat format = MegatronFileFormat::kSafetensors;
   int64_t iteration = 0;  // kTorch: the iteration the files are saved as
   int tp = 1, pp = 1;
+  // MoE (docs/MOE.md step 3): expert parallel size and expert TP size (0: tp, Megatron's default);
+  // rank files mp_rank_TT[_PPP]_EEE when ep > 1.
+  int ep = 1, etp = 0;
   std::vector<int> layers_per_stage;  // empty: even split, earlier stages take the remainder
   // Virtual pipeline (kTorch and torch_dist): vpp interleaved chunks per stage, chunk c of stage p
   // holding Megatron's interleaved layers (converters/megatron/megatron_vpp.h); 1 = none. Needs

@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "converters/megatron/megatron_moe_args.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "converters/model/llama_sharding.h"
@@ -84,6 +85,7 @@ Result<MegatronArgs> megatron_args_from_json(nlohmann::json j, const std::string
   if (!lay.ok()) return lay.take_status().with_file(args_file);
   a.layout = std::move(lay).value();
   a.layout.vocab_divisor = divisor;
+  if (megatron_args_moe(j)) CKPT_RETURN_IF_ERROR(megatron_moe_from_args(j, args_file, a.config, a.layout));
   a.json = std::move(j);
   return a;
 }
@@ -102,6 +104,7 @@ class MegatronRankSource final : public TensorSource {
     const Box& seg = pieces_[piece].region.box;
     if (!seg.contains(sub) || sub.ndim() != seg.ndim())
       return Status::Internal("read of " + sub.to_string() + " outside Megatron segment " + seg.to_string());
+    if (sub.numel() == 0) return Status::Ok();
     return files_[map_[piece].file]->read(map_[piece].inner, rank_box(piece, sub), dst);
   }
   // The rank file's range when it holds the segment's bytes as they are (file-to-file copies).
@@ -151,7 +154,10 @@ class MegatronRankSource final : public TensorSource {
     src->describe_ = std::move(describe);
     LlamaConfig& c = a.config;
     const Layout& layout = a.layout;
-    const size_t nfiles = static_cast<size_t>(layout.tp) * layout.pp;
+    if (ranks.parts.empty())
+      for (int p = 0; p < layout.pp; ++p)
+        for (int r = 0; r < layout.tp; ++r) ranks.parts.push_back({r, p, {}});
+    const size_t nfiles = ranks.parts.size();
     if (ranks.files.size() != nfiles || ranks.paths.size() != nfiles)
       return Status::Internal("Megatron source '" + src->describe_ + "' given " + std::to_string(ranks.files.size()) +
                               " rank files for tp*pp = " + std::to_string(nfiles));
@@ -165,6 +171,10 @@ class MegatronRankSource final : public TensorSource {
       return false;
     };
     c.attention_bias = has("decoder.layers.0.self_attention.linear_qkv.bias");
+    if (c.family == ModelFamily::kQwen2Moe) {  // q/k/v biases without o_proj's
+      c.extra["qkv_bias"] = c.attention_bias;
+      c.attention_bias = has("decoder.layers.0.self_attention.linear_proj.bias");
+    }
     c.mlp_bias = has("decoder.layers.0.mlp.linear_fc1.bias");
     const MegatronNormNames norms = has("decoder.layers.0.input_layernorm.weight") ? MegatronNormNames::kLocal
                                                                                     : MegatronNormNames::kTransformerEngine;
@@ -175,8 +185,7 @@ class MegatronRankSource final : public TensorSource {
     CKPT_RETURN_IF_ERROR(layout.as_symmetric("a Megatron-layout directory").status());
     CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(layout));
     std::map<std::string, DType> dtype_of;
-    for (int p = 0; p < layout.pp; ++p)
-      for (int r = 0; r < layout.tp; ++r) CKPT_RETURN_IF_ERROR(src->add_rank(c, layout, r, p, norms, dtype_of));
+    for (size_t fi = 0; fi < nfiles; ++fi) CKPT_RETURN_IF_ERROR(src->add_rank(c, layout, fi, ranks.parts[fi], norms, dtype_of));
     // The weights, then each optimizer kind every rank holds.
     std::vector<std::string> prefixes = {""};
     for (size_t k = 0; k < std::size(kMegatronOptimPrefixes); ++k)
@@ -191,6 +200,9 @@ class MegatronRankSource final : public TensorSource {
       }
     if (!src->tensors_.empty()) c.dtype = src->tensors_.front().dtype;
     src->meta_ = {{"model_config", c.to_json()}, {"layout", layout.to_json()}, {"megatron_args", a.json}};
+    if (src->moe_optimizer_skipped_)
+      src->meta_["megatron_moe_optimizer_not_imported"] =
+          "the optimizer state of a mixture-of-experts model is not imported yet (weights only; docs/MOE.md)";
     if (extra_meta.is_object())
       for (auto& [k, v] : extra_meta.items()) {
         if (v.is_null()) src->meta_.erase(k);
@@ -204,6 +216,7 @@ class MegatronRankSource final : public TensorSource {
     size_t file;       // index into files_
     size_t inner;      // piece index of the Megatron tensor in that file
     int64_t row_off;   // first row of the segment inside the Megatron tensor
+    bool expert;       // the segment's box has a leading expert dim the Megatron tensor has not
   };
 
   MegatronRankSource() = default;
@@ -219,17 +232,20 @@ class MegatronRankSource final : public TensorSource {
   // `sub` (inside piece `piece`'s segment) in the coordinates of the rank file's tensor.
   Box rank_box(size_t piece, const Box& sub) const {
     const Box& seg = pieces_[piece].region.box;
-    Box inner = sub;
-    for (size_t d = 0; d < sub.ndim(); ++d) inner.offset[d] = sub.offset[d] - seg.offset[d] + (d == 0 ? map_[piece].row_off : 0);
+    const size_t skip = map_[piece].expert ? 1 : 0;  // an expert's [1, rows, cols] is the file's [rows, cols]
+    Box inner;
+    for (size_t d = skip; d < sub.ndim(); ++d) {
+      inner.offset.push_back(sub.offset[d] - seg.offset[d] + (d == skip ? map_[piece].row_off : 0));
+      inner.extent.push_back(sub.extent[d]);
+    }
     return inner;
   }
 
   // Checks rank (r, p)'s file against the segment map and adds a piece per segment, for the
   // weights and for each optimizer kind (converters/megatron/megatron_torch_optim.h) the file holds: a kind
   // is held for every parameter or for none, and by every rank file or by none.
-  Status add_rank(const LlamaConfig& c, const Layout& layout, int r, int p, MegatronNormNames norms,
-                  std::map<std::string, DType>& dtype_of) {
-    const size_t fi = static_cast<size_t>(p) * layout.tp + r;
+  Status add_rank(const LlamaConfig& c, const Layout& layout, size_t fi, const MegatronFilePart& fp,
+                  MegatronNormNames norms, std::map<std::string, DType>& dtype_of) {
     const TensorSource& f = *files_[fi];
     const std::string& name = names_[fi];
     std::map<std::string, size_t> in_file;
@@ -239,17 +255,42 @@ class MegatronRankSource final : public TensorSource {
       for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
         if (f.tensors()[k].name.rfind(kMegatronOptimPrefixes[o], 0) == 0) kinds |= 1u << o;
     }
+    if (c.moe && kinds != 0) {  // an MoE model's optimizer state is not imported (docs/MOE.md): weights only
+      moe_optimizer_skipped_ = true;
+      kinds = 0;
+    }
     if (fi == 0) kinds_ = kinds;
     if (kinds != kinds_)
       return Status::Error("MegatronOptimizerMissingMoment", "'" + name + "' holds optimizer state kinds " +
                                                                   kinds_string(kinds) + ", '" + names_[0] + "' holds " +
                                                                   kinds_string(kinds_))
           .with_file(name);
-    CKPT_ASSIGN_OR_RETURN(auto expected, megatron_rank_tensors(c, layout, r, p, norms));
+    CKPT_ASSIGN_OR_RETURN(auto expected, megatron_rank_tensors(c, layout, fp.tp_rank, fp.pp_rank, norms, fp.part));
+    if (c.moe && fp.part.experts) CKPT_RETURN_IF_ERROR(check_local_experts(f, name, c.moe->num_experts / layout.ep));
     for (const MegatronTensor& t : expected) {
       CKPT_RETURN_IF_ERROR(add_tensor(fi, t, "", in_file, dtype_of));
       for (size_t o = 0; o < std::size(kMegatronOptimPrefixes); ++o)
         if (kinds & (1u << o)) CKPT_RETURN_IF_ERROR(add_tensor(fi, t, kMegatronOptimPrefixes[o], in_file, dtype_of));
+    }
+    return Status::Ok();
+  }
+
+  // A file holding more local experts than num_experts / ep (another expert parallel size).
+  static Status check_local_experts(const TensorSource& f, const std::string& name, int64_t local) {
+    for (const auto& t : f.tensors()) {
+      std::string key = ".mlp.experts.local_experts.";  // SequentialMLP, or TEGroupedMLP's linear_fc{1,2}.weight{j}
+      size_t at = t.name.find(key);
+      for (const char* g : {".mlp.experts.linear_fc1.weight", ".mlp.experts.linear_fc2.weight"})
+        if (at == std::string::npos && (at = t.name.find(g)) != std::string::npos) key = g;
+      if (at == std::string::npos) continue;
+      const size_t b = at + key.size(), e = t.name.find('.', b);
+      const std::string num = t.name.substr(b, e == std::string::npos ? std::string::npos : e - b);
+      if (num.empty() || num.size() > 6 || num.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoll(num) >= local)
+        return Status::Error("MegatronExpertCountMismatch", "'" + name + "' holds '" + t.name + "'; the args (num_experts / "
+                                                            "expert_model_parallel_size) give each expert rank " +
+                                                            std::to_string(local) + " local experts")
+            .with_file(name).with_tensor(t.name);
     }
     return Status::Ok();
   }
@@ -294,7 +335,7 @@ class MegatronRankSource final : public TensorSource {
                                                     canon + "' as " + std::string(dtype_name(dt->second)))
               .with_file(name);
         pieces_.push_back({canon, Region{sg.box}, got.dtype});
-        map_.push_back({fi, inner, row});
+        map_.push_back({fi, inner, row, sg.expert});
       }
       row += sg.rows();
     }
@@ -309,6 +350,7 @@ class MegatronRankSource final : public TensorSource {
   std::vector<Map> map_;
   IntegrityInfo integrity_;
   unsigned kinds_ = 0;  // bit k: every rank file holds kMegatronOptimPrefixes[k] tensors
+  bool moe_optimizer_skipped_ = false;
   nlohmann::json meta_;
 };
 

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "converters/megatron/megatron_segments.h"
 #include "converters/model/llama_config.h"
 #include "formats/tensor/tensor_io.h"
 #include "reshard/layout/layout.h"
@@ -39,10 +40,18 @@ Result<MegatronArgs> megatron_args_from_json(nlohmann::json j, const std::string
 // mcore naming, one whole piece each; `paths` names each file in errors.
 // `integrity`: what the set can check, by format name (the source's integrity()); check() and
 // check_piece() forward to the files (each file's own units: zip entries, or every byte read).
+// `parts` (MoE with expert parallelism): which rank and part each file holds, one per file; empty:
+// file pp_rank * tp + tp_rank holds the whole of that rank.
+struct MegatronFilePart {
+  int tp_rank = 0;
+  int pp_rank = 0;
+  MegatronRankPart part;
+};
 struct MegatronRankFiles {
   std::vector<std::unique_ptr<TensorSource>> files;
   std::vector<std::string> paths;
   IntegrityInfo integrity;
+  std::vector<MegatronFilePart> parts;
 };
 
 // The canonical view: every rank file checked against the segment map (every expected tensor

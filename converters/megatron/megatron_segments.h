@@ -27,7 +27,12 @@ struct MegatronSegment {
   // Flat: the segment fills box.numel() elements of a 1-D Megatron tensor (the distributed
   // optimizer's bucket buffers, converters/megatron/dist_optim_group.h), in the box's row-major order.
   bool flat = false;
-  int64_t rows() const { return tensor.empty() ? zero_rows : flat ? box.numel() : (box.ndim() ? box.extent[0] : 1); }
+  // Expert: `box` is [1, rows, cols] of a stacked expert tensor ([E, F, h] / [E, h, F]) and the
+  // Megatron tensor is 2-D: the leading expert dim (extent 1) is not in it.
+  bool expert = false;
+  int64_t rows() const {
+    return tensor.empty() ? zero_rows : flat ? box.numel() : expert ? box.extent[1] : (box.ndim() ? box.extent[0] : 1);
+  }
 };
 
 struct MegatronTensor {
@@ -41,20 +46,38 @@ enum class MegatronNormNames {
   kLocal,              // input_layernorm.weight, pre_mlp_layernorm.weight
 };
 
+// Which part of an MoE model's rank a file holds (Megatron-LM's legacy files of an expert parallel
+// run: mp_rank_TT[_PPP]_EEE holds the dense tensors of TP rank TT and the experts of EP rank EEE;
+// the expert TP rank is the stage-local rank modulo etp). `dense`: attention, norms, routers,
+// shared experts, embeddings; `experts`: mlp.experts.local_experts.{j}.linear_fc1/fc2 of the
+// experts [ep_rank * E/ep, (ep_rank+1) * E/ep), rows / columns of the etp_rank-th part of F.
+struct MegatronRankPart {
+  int ep_rank = 0;
+  int etp_rank = 0;
+  bool dense = true;
+  bool experts = true;
+  // TEGroupedMLP's legacy names: mlp.experts.linear_fc1.weight{j} / linear_fc2.weight{j} instead of
+  // SequentialMLP's mlp.experts.local_experts.{j}.linear_fc1.weight (same shapes, j local).
+  bool te_grouped = false;
+};
+
 // The Megatron tensors of rank (tp_rank, pp_rank) in legacy per-rank naming (layer index
-// restarting at 0 in each stage), in a fixed order. Refuses (kUnsupported / kInvalidArgument)
+// restarting at 0 in each stage), in a fixed order. An MoE layer (docs/MOE.md, Megatron-Core
+// naming) has mlp.router.weight (+ expert_bias), the local experts of `part` and the shared expert
+// (linear_fc1 [gate; up] and linear_fc2 split over tp, gate_weight), its norm pre_mlp_layernorm. Refuses (kUnsupported / kInvalidArgument)
 // layouts Megatron cannot express: tp not dividing num_key_value_heads (Megatron requires
 // num_query_groups % tp == 0), heads or intermediate not divisible, pp/layer mismatch.
 Result<std::vector<MegatronTensor>> megatron_rank_tensors(
     const LlamaConfig& config, const Layout& layout, int tp_rank, int pp_rank,
-    MegatronNormNames norms = MegatronNormNames::kTransformerEngine);
+    MegatronNormNames norms = MegatronNormNames::kTransformerEngine, const MegatronRankPart& part = {});
 
 // Megatron `args` of this export: tensor/pipeline sizes, num_layers, hidden_size,
 // num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size, padded_vocab_size,
 // swiglu, untie_embeddings_and_output_weights, layers_per_stage, ...
 nlohmann::json megatron_args(const LlamaConfig& config, const Layout& layout);
 
-// "mp_rank_01" when pp == 1, else "mp_rank_01_002".
-std::string megatron_rank_dir(const Layout& layout, int tp_rank, int pp_rank);
+// "mp_rank_01" when pp == 1, else "mp_rank_01_002"; with ep > 1 the EP rank appended
+// ("mp_rank_01_003", "mp_rank_01_002_003"), as Megatron-LM's get_checkpoint_name.
+std::string megatron_rank_dir(const Layout& layout, int tp_rank, int pp_rank, int ep_rank = 0);
 
 }  // namespace ckpt

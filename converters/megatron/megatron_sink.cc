@@ -20,12 +20,17 @@ constexpr size_t kZeroBytes = 1 << 20;  // zero buffer for the padding rows
 }  // namespace
 
 MegatronSink::MegatronSink(std::string dst, const Layout& layout, std::vector<std::vector<MegatronTensor>> ranks,
-                           std::vector<std::vector<DType>> dtypes, std::string args_json, bool fsync)
+                           std::vector<std::vector<DType>> dtypes, std::string args_json, bool fsync,
+                           std::vector<std::string> dirs)
     : dir_(std::move(dst), fsync),
       layout_(layout),
       ranks_(std::move(ranks)),
       dtypes_(std::move(dtypes)),
-      args_json_(std::move(args_json)) {
+      args_json_(std::move(args_json)),
+      dirs_(std::move(dirs)) {
+  if (dirs_.empty())
+    for (int p = 0; p < layout_.pp; ++p)
+      for (int r = 0; r < layout_.tp; ++r) dirs_.push_back(megatron_rank_dir(layout_, r, p));
   for (size_t f = 0; f < ranks_.size(); ++f)
     for (size_t i = 0; i < ranks_[f].size(); ++i) {
       const MegatronTensor& t = ranks_[f][i];
@@ -47,23 +52,21 @@ Status MegatronSink::begin(const std::vector<TensorMeta>& tensors, const std::ve
   (void)metadata;
   if (pieces != pieces_) return Status::Internal("MegatronSink::begin: pieces are not the sink's segments");
   CKPT_RETURN_IF_ERROR(layout_.as_symmetric("the Megatron sink").status());
-  if (ranks_.size() != static_cast<size_t>(layout_.tp) * layout_.pp || dtypes_.size() != ranks_.size())
-    return Status::Internal("MegatronSink: " + std::to_string(ranks_.size()) + " ranks for tp=" +
-                            std::to_string(layout_.tp) + " pp=" + std::to_string(layout_.pp));
+  if (ranks_.size() != dirs_.size() || dtypes_.size() != ranks_.size())
+    return Status::Internal("MegatronSink: " + std::to_string(ranks_.size()) + " ranks for " + std::to_string(dirs_.size()) +
+                            " rank directories");
   CKPT_RETURN_IF_ERROR(dir_.create());
-  for (int p = 0; p < layout_.pp; ++p)
-    for (int r = 0; r < layout_.tp; ++r) {
-      const size_t f = static_cast<size_t>(p) * layout_.tp + r;
-      std::vector<TensorMeta> metas;
-      std::vector<Piece> whole;
-      for (size_t i = 0; i < ranks_[f].size(); ++i) {
-        const MegatronTensor& t = ranks_[f][i];
-        metas.push_back(TensorMeta{t.name, dtypes_[f][i], t.shape});
-        whole.push_back(Piece{t.name, Region{Box::whole(t.shape)}, dtypes_[f][i]});
-      }
-      CKPT_ASSIGN_OR_RETURN(auto* w, dir_.add_file(megatron_rank_dir(layout_, r, p) + "/model.safetensors", metas, whole));
-      writers_.push_back(w);
+  for (size_t f = 0; f < ranks_.size(); ++f) {
+    std::vector<TensorMeta> metas;
+    std::vector<Piece> whole;
+    for (size_t i = 0; i < ranks_[f].size(); ++i) {
+      const MegatronTensor& t = ranks_[f][i];
+      metas.push_back(TensorMeta{t.name, dtypes_[f][i], t.shape});
+      whole.push_back(Piece{t.name, Region{Box::whole(t.shape)}, dtypes_[f][i]});
     }
+    CKPT_ASSIGN_OR_RETURN(auto* w, dir_.add_file(dirs_[f] + "/model.safetensors", metas, whole));
+    writers_.push_back(w);
+  }
   return write_padding();
 }
 

@@ -19,8 +19,10 @@ class MegatronSink final : public TensorSink {
  public:
   // `ranks[pp_rank * layout.tp + tp_rank]`: the Megatron tensors of that rank, each stored in
   // `dtypes[same index][tensor index]`. `args_json` is written as megatron_args.json.
+  // `dirs` (MoE): each rank file's directory, one per entry of `ranks`; empty: tp x pp as above.
   MegatronSink(std::string dst, const Layout& layout, std::vector<std::vector<MegatronTensor>> ranks,
-               std::vector<std::vector<DType>> dtypes, std::string args_json, bool fsync = true);
+               std::vector<std::vector<DType>> dtypes, std::string args_json, bool fsync = true,
+               std::vector<std::string> dirs = {});
 
   // What begin() must be given as pieces: one per non-padding segment, rank by rank, in segment
   // order, in the dtype of its Megatron tensor.
@@ -51,6 +53,7 @@ class MegatronSink final : public TensorSink {
   std::vector<std::vector<MegatronTensor>> ranks_;
   std::vector<std::vector<DType>> dtypes_;
   std::string args_json_;
+  std::vector<std::string> dirs_;  // by rank file
   std::vector<Piece> pieces_;
   std::vector<Target> targets_;                          // by piece
   std::vector<safetensors::SafetensorsWriter*> writers_;  // by rank file, owned by dir_

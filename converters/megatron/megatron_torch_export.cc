@@ -247,7 +247,7 @@ Status write_rank(const std::vector<std::string>& staged, const std::string& out
 
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
                                    const nlohmann::json& args, int64_t iteration, const nlohmann::json& optim, int vpp,
-                                   WritePool* write_pool) {
+                                   WritePool* write_pool, const std::vector<std::string>& rank_dirs) {
   torch::TorchWriteOptions wo;
   wo.write_pool = write_pool;
   namespace fs = std::filesystem;
@@ -265,7 +265,14 @@ Status megatron_torch_from_staging(const std::string& staging, const std::string
   const int pp = layout.pp / vpp;  // the staged stages are the chunks (megatron_vpp.h)
   Layout real = layout;
   real.pp = pp;
-  for (int p = 0; p < pp; ++p)
+  for (const std::string& rank : rank_dirs) {
+    const std::string out_dir = partial + "/" + iter + "/" + rank;
+    fs::create_directories(out_dir, ec);
+    if (ec) return Status::Io("cannot create '" + out_dir + "': " + ec.message());
+    CKPT_RETURN_IF_ERROR(megatron_torch_export_detail::write_rank({staging + "/" + rank + "/model.safetensors"},
+                                                                  out_dir + "/model_optim_rng.pt", args, iteration, optim, wo));
+  }
+  for (int p = 0; p < pp && rank_dirs.empty(); ++p)
     for (int r = 0; r < layout.tp; ++r) {
       const std::string rank = megatron_rank_dir(real, r, p);
       const std::string out_dir = partial + "/" + iter + "/" + rank;

@@ -23,6 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <vector>
+
 #include "formats/base/status.h"
 #include "reshard/layout/layout.h"
 
@@ -33,7 +35,9 @@ class WritePool;
 Status megatron_torch_from_staging(const std::string& staging, const std::string& dst, const Layout& layout,
                                    const nlohmann::json& args, int64_t iteration,
                                    const nlohmann::json& optim = nlohmann::json::object(), int vpp = 1,
-                                   WritePool* write_pool = nullptr);
+                                   WritePool* write_pool = nullptr, const std::vector<std::string>& rank_dirs = {});
+// `rank_dirs` (MoE, vpp 1): the rank directories to convert (mp_rank_TT[_PPP]_EEE), each staged
+// under the same name; empty: every (tp, pp) rank of `layout`.
 // `optim`: {"step": Adam steps, "lr", "min_lr", "beta1", "beta2", "eps", "weight_decay"} for the
 // param groups (defaults: torch's).
 // `vpp` > 1: a virtual pipeline. `layout` is then the staged plain pipeline of pp * vpp chunk

@@ -207,6 +207,14 @@ class TorchRankFile final : public TensorSource {
       if (file_->root()->get("optimizer") != nullptr) optim_.not_imported = vpp_note;
       return Status::Ok();
     }
+    // A mixture-of-experts model (its experts' parameters in groups of their own, or expert buffers
+    // in distrib_optim.pt): weights only (docs/MOE.md step 3).
+    for (const MegatronModelParam& p : params)
+      if (p.name.find(".mlp.router.") != std::string::npos) {
+        if (file_->root()->get("optimizer") != nullptr || distrib)
+          optim_.not_imported = "the optimizer state of a mixture-of-experts model is not imported yet (weights only; docs/MOE.md)";
+        return Status::Ok();
+      }
     CKPT_ASSIGN_OR_RETURN(optim_, megatron_legacy_optimizer(*file_, params));
     const std::vector<MegatronOptimTensor>* ts = &optim_.tensors;
     if (optim_.tensors.empty() && optim_.not_imported.find("distrib_optim.pt") != std::string::npos && distrib) {

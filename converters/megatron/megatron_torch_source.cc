@@ -17,6 +17,7 @@
 #include "converters/megatron/megatron_rank_source.h"
 #include "converters/megatron/megatron_segments.h"
 #include "converters/megatron/megatron_distrib_optim.h"
+#include "converters/megatron/megatron_moe_args.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "converters/megatron/megatron_vpp.h"
 #include "formats/torch/torch_file.h"
@@ -141,6 +142,13 @@ int64_t local_layers(const TensorSource& f) {
   return n;
 }
 
+// expert_model_parallel_size of the args (checked again by megatron_moe_from_args).
+int args_ep(const nlohmann::json& j) {
+  const auto it = j.find("expert_model_parallel_size");
+  return it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 1 && it->get<int64_t>() <= (1 << 16)
+             ? static_cast<int>(it->get<int64_t>()) : 1;
+}
+
 // tp and pp of the args (checked again, with the rest, by megatron_args_from_json).
 std::pair<int, int> args_tp_pp(const nlohmann::json& j) {
   auto get = [&](const char* k) {
@@ -227,15 +235,70 @@ Result<std::unique_ptr<TensorSource>> open_vpp(const std::string& path, nlohmann
   return open_megatron_ranks(path, std::move(a), std::move(ranks), std::move(meta));
 }
 
+// An MoE run's rank files (docs/MOE.md step 3): the ranks of expert data parallel rank 0 save, so
+// mp_rank_TT[_PPP]_EEE holds TP rank TT's dense tensors and EP rank EEE's experts. Stage-local rank
+// r < max(tp, ep * etp) is TP rank r % tp, EP rank (r / etp) % ep, expert TP rank r % etp
+// (Megatron-Core's order); each TP rank's dense part and each expert rank's experts are read from
+// the first file holding them.
+Result<std::unique_ptr<TensorSource>> open_moe(const std::string& path, nlohmann::json j, std::unique_ptr<TorchRankFile> f0,
+                                               const Layout& names, nlohmann::json meta, const std::string& dir) {
+  const std::string first = dir + "/" + megatron_rank_dir(names, 0, 0, 0) + "/model_optim_rng.pt";
+  if (f0->chunks() != 1)
+    return Status::Error("UnsupportedModel", "'" + first + "': a virtual pipeline of an MoE model is not read").with_file(first);
+  // moe_grouped_gemm: TEGroupedMLP's names are read (linear_fc1.weight{j}), GroupedMLP's weight1 / weight2 not.
+  bool te_grouped = false;
+  for (const auto& t : f0->tensors()) te_grouped = te_grouped || t.name.find(".mlp.experts.linear_fc1.weight0") != std::string::npos;
+  if (j.contains("moe_grouped_gemm") && j["moe_grouped_gemm"] == true && !te_grouped)
+    return Status::Error("UnsupportedModel", "'" + first + "': Megatron-Core MoE with moe_grouped_gemm and no TEGroupedMLP "
+                                             "names (mlp.experts.linear_fc1.weight0): GroupedMLP's legacy weight1 / weight2 "
+                                             "are not read (its torch_dist form is; docs/MOE.md)")
+        .with_file(first);
+  const int tp = names.tp, pp = names.pp, ep = names.ep;
+  const auto et = j.find("expert_tensor_parallel_size");
+  const int etp = et != j.end() && et->is_number_integer() && et->get<int64_t>() >= 1 && et->get<int64_t>() <= (1 << 16)
+                      ? static_cast<int>(et->get<int64_t>()) : tp;
+  MegatronRankFiles ranks;
+  std::vector<int> per_stage;
+  for (int p = 0; p < pp; ++p) {
+    std::set<int> dense;
+    std::set<std::pair<int, int>> experts;
+    for (int r = 0; r < std::max(tp, ep * etp); ++r) {
+      MegatronFilePart fp{r % tp, p, {(r / etp) % ep, r % etp, false, false, te_grouped}};
+      fp.part.dense = dense.insert(fp.tp_rank).second;
+      fp.part.experts = experts.insert({fp.part.ep_rank, fp.part.etp_rank}).second;
+      if (!fp.part.dense && !fp.part.experts) continue;
+      const std::string f = dir + "/" + megatron_rank_dir(names, fp.tp_rank, p, fp.part.ep_rank) + "/model_optim_rng.pt";
+      std::unique_ptr<TorchRankFile> rf;
+      if (f == first && f0) {
+        rf = std::move(f0);
+      } else {
+        CKPT_ASSIGN_OR_RETURN(rf, TorchRankFile::open(f));
+      }
+      if (rf->chunks() != 1)
+        return Status::Error("UnsupportedModel", "'" + f + "': a virtual pipeline of an MoE model is not read").with_file(f);
+      if (fp.tp_rank == 0 && fp.part.dense) per_stage.push_back(static_cast<int>(local_layers(*rf)));
+      ranks.files.push_back(std::move(rf));
+      ranks.paths.push_back(f);
+      ranks.parts.push_back(fp);
+    }
+  }
+  if (pp > 1) j["layers_per_stage"] = per_stage;
+  ranks.integrity = ranks.files.front()->integrity();
+  CKPT_ASSIGN_OR_RETURN(MegatronArgs a, megatron_args_from_json(std::move(j), first));
+  return open_megatron_ranks(path, std::move(a), std::move(ranks), std::move(meta));
+}
+
 Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   CKPT_ASSIGN_OR_RETURN(const std::string dir, iteration_dir(path));
   std::error_code ec;
-  const bool pp1 = fs::is_directory(dir + "/mp_rank_00", ec);
+  std::string first_dir;  // mp_rank_00, _000 (pp or ep), _000_000 (pp and ep)
+  for (const char* d : {"mp_rank_00", "mp_rank_00_000", "mp_rank_00_000_000"})
+    if (first_dir.empty() && fs::is_directory(dir + "/" + d, ec)) first_dir = d;
   // A run dir whose iteration holds DCP data (torch_dist) but no metadata.json: the torch_dist
   // detection passed it by (metadata.json is what marks a complete torch_dist save).
-  if (!pp1 && !fs::is_directory(dir + "/mp_rank_00_000", ec)) {
+  if (first_dir.empty()) {
     bool dcp = fs::is_regular_file(dir + "/.metadata", ec) || fs::is_regular_file(dir + "/common.pt", ec);
     for (fs::directory_iterator it(dir, ec), end; !dcp && !ec && it != end; it.increment(ec)) dcp = it->path().extension() == ".distcp";
     if (dcp)
@@ -245,22 +308,26 @@ Result<std::unique_ptr<TensorSource>> open_dir(const std::string& path_in) {
                                                             : "neither .metadata nor metadata.json") +
                                                        ": the save did not complete")
           .with_file(dir + "/metadata.json");
+    first_dir = "mp_rank_00";
   }
-  const std::string first = dir + (pp1 ? "/mp_rank_00" : "/mp_rank_00_000") + "/model_optim_rng.pt";
+  const std::string first = dir + "/" + first_dir + "/model_optim_rng.pt";
   CKPT_ASSIGN_OR_RETURN(auto f0, TorchRankFile::open(first));
   CKPT_ASSIGN_OR_RETURN(nlohmann::json j, args_json(f0->root(), first));
   const auto [tp, pp] = args_tp_pp(j);
-  if (pp1 != (pp == 1))
-    return bad_args(first, "pipeline_model_parallel_size = " + std::to_string(pp) + " but the rank directories are named " +
-                               (pp1 ? "mp_rank_TT" : "mp_rank_TT_PPP"));
+  Layout names;
+  names.tp = tp;
+  names.pp = pp;
+  names.ep = megatron_args_moe(j) ? args_ep(j) : 1;
+  if (megatron_rank_dir(names, 0, 0, 0) != first_dir)
+    return bad_args(first, "pipeline_model_parallel_size = " + std::to_string(pp) + " and expert_model_parallel_size = " +
+                               std::to_string(names.ep) + " name the first rank directory " +
+                               megatron_rank_dir(names, 0, 0, 0) + ", the checkpoint's is " + first_dir);
   nlohmann::json meta = {{"megatron", megatron_meta(f0->root(), f0->optimizer(), dir)}};
   if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer()) {
     j["vocab_size"] = j.contains("padded_vocab_size") ? j["padded_vocab_size"] : nlohmann::json();
     meta["megatron"]["vocab_size_from"] = "padded_vocab_size";
   }
-  Layout names;
-  names.tp = tp;
-  names.pp = pp;
+  if (names.ep > 1 || megatron_args_moe(j)) return open_moe(path, std::move(j), std::move(f0), names, std::move(meta), dir);
   const int vpp = f0->chunks();
   std::vector<std::unique_ptr<TorchRankFile>> files;  // index pp_rank * tp + tp_rank
   std::vector<std::string> paths;
@@ -310,7 +377,8 @@ bool is_megatron_torch_dir(const std::string& path) {
   if (!fs::is_directory(path, ec)) return false;
   if (fs::is_regular_file(path + "/latest_checkpointed_iteration.txt", ec)) return true;
   return fs::is_regular_file(path + "/mp_rank_00/model_optim_rng.pt", ec) ||
-         fs::is_regular_file(path + "/mp_rank_00_000/model_optim_rng.pt", ec);
+         fs::is_regular_file(path + "/mp_rank_00_000/model_optim_rng.pt", ec) ||
+         fs::is_regular_file(path + "/mp_rank_00_000_000/model_optim_rng.pt", ec);
 }
 
 Result<std::unique_ptr<TensorSource>> open_megatron_torch_dir(const std::string& path) {

@@ -218,6 +218,7 @@ constexpr ErrorCodeEntry kTable[] = {
     {"MegatronVppLayersNotDivisible", kArg},      // num_layers % (pp * vpp) != 0 (import or --vpp)
     {"MegatronVppNeedsPipeline", kArg},           // a virtual pipeline with pp = 1
     {"MegatronVppUneven", kUnsup},                // uneven first/last stages or a layout with a virtual pipeline
+    {"MegatronExpertCountMismatch", kCorrupt},    // an MoE rank file holds more local experts than num_experts / ep (docs/MOE.md)
     {"MegatronVppFormat", kArg},                  // --vpp with an export format that has no chunks (safetensors)
     {"MegatronVppOptimizer", kUnsup},             // --format torch --vpp, optimizer state without --dist-opt
     // formats/torch (unpickler, torch zip).

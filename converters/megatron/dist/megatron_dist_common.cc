@@ -5,6 +5,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "converters/megatron/megatron_moe_args.h"
 #include "converters/megatron/megatron_torch_optim.h"
 #include "formats/base/json_read.h"
 #include "formats/torch/torch_file.h"
@@ -39,6 +40,14 @@ nlohmann::json scalar_dict_to_json(const torch::PyObj* st) {
       case torch::PyType::kFloat: j[k->s] = v->f; break;
       case torch::PyType::kStr: j[k->s] = v->s; break;
       case torch::PyType::kNone: j[k->s] = nullptr; break;
+      case torch::PyType::kList:  // MoE args such as moe_layer_freq [0, 1, 1, 1]: up to 1 << 20 integers
+        if (k->s.rfind("moe_", 0) == 0 && v->items.size() <= (1u << 20)) {
+          nlohmann::json list = nlohmann::json::array();
+          for (const torch::PyObj* e : v->items)
+            if (e->is(torch::PyType::kInt)) list.push_back(e->i);
+          if (list.size() == v->items.size()) j[k->s] = std::move(list);
+        }
+        break;
       default: break;
     }
   }
@@ -258,7 +267,12 @@ Result<LlamaConfig> llama_config_from_megatron_args(const nlohmann::json& j, int
   if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
     c.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
   if (Status v = c.validate(); !v.ok()) return std::move(v).with_context("model of '" + file + "' (Megatron args)");
-  return c;
+  if (!megatron_args_moe(j)) return c;
+  Layout saved;  // the canonical view does not depend on the saved ep / etp
+  CKPT_RETURN_IF_ERROR(megatron_moe_from_args(j, file, c, saved));
+  auto moe = LlamaConfig::from_json(c.to_json());
+  if (!moe.ok()) return moe.take_status().with_file(file);
+  return std::move(moe).value();
 }
 
 }  // namespace ckpt

@@ -8,6 +8,7 @@
 #include "converters/megatron/dist/megatron_dist_optim.h"
 #include "converters/megatron/dist/megatron_dist_sink.h"
 #include "converters/megatron/megatron_dist_opt_export.h"
+#include "converters/megatron/megatron_moe_args.h"
 #include "converters/megatron/megatron_vpp.h"
 #include "converters/model/llama_sharding.h"
 #include "formats/torch/dcp/dcp_writer.h"
@@ -147,9 +148,38 @@ std::optional<int64_t> source_step(const nlohmann::json& meta) {
 
 // The _extra_state bytes items of the local spec's linear layers: torch.save([None]) per layer,
 // keyed <module>._extra_state/shard_<layer>_<num_layers>, in the file of the layer's rank.
-Result<std::vector<torch::DcpBytesEntry>> extra_states(const std::vector<DistTensor>& map, int64_t layers) {
+// An MoE model's _extra_state objects (its layers one key each, as megatron-core 0.16 saves them):
+// <module>._extra_state/shard_0_1 per linear module of a layer, shard_<e>_<E> per expert of the
+// layer's experts.experts.linear_fc1 / fc2; each in the file of a rank writing the weight.
+std::vector<torch::DcpBytesEntry> moe_extra_states(const std::vector<DistTensor>& map, const std::string& none_list) {
+  std::vector<torch::DcpBytesEntry> out;
+  auto ends = [](const std::string& s, const std::string& x) {
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  for (const auto& t : map) {
+    if (t.key.rfind("decoder.layers.", 0) != 0 || !ends(t.key, ".weight") || t.chunks.empty()) continue;
+    const std::string module = t.key.substr(0, t.key.size() - 7);
+    if (ends(module, "mlp.experts.experts.linear_fc1") || ends(module, "mlp.experts.experts.linear_fc2")) {
+      std::vector<int> rank_of(static_cast<size_t>(t.shape[0]), -1);
+      for (const auto& c : t.chunks)
+        if (rank_of[c.box.offset[0]] < 0) rank_of[c.box.offset[0]] = c.rank;
+      for (int64_t e = 0; e < t.shape[0]; ++e)
+        out.push_back(torch::DcpBytesEntry{module + "._extra_state/shard_" + std::to_string(e) + "_" + std::to_string(t.shape[0]),
+                                           none_list, std::max(rank_of[e], 0)});
+      continue;
+    }
+    for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2",
+                          "mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"})
+      if (ends(module, std::string(".") + m))
+        out.push_back(torch::DcpBytesEntry{module + "._extra_state/shard_0_1", none_list, t.chunks.front().rank});
+  }
+  return out;
+}
+
+Result<std::vector<torch::DcpBytesEntry>> extra_states(const std::vector<DistTensor>& map, int64_t layers, bool moe) {
   PyArena a;
   CKPT_ASSIGN_OR_RETURN(std::string none_list, torch::torch_save_bytes(a.list({a.none()})));
+  if (moe) return moe_extra_states(map, none_list);
   std::vector<torch::DcpBytesEntry> out;
   for (const char* module : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"}) {
     const std::string weight = std::string("decoder.layers.") + module + ".weight";
@@ -185,7 +215,7 @@ Result<std::vector<DistTensor>> chunk_map(const LlamaConfig& cfg, const Layout& 
     CKPT_ASSIGN_OR_RETURN(stages, megatron_vpp_layout(layout, opts.vpp, "export-megatron --pp " + std::to_string(opts.pp) +
                                                                             " --vpp " + std::to_string(opts.vpp)));
   }
-  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages));
+  CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, megatron_dist_tensors(cfg, stages, opts.norms));
   if (opts.vpp > 1)
     for (auto& t : map)
       for (auto& c : t.chunks) {
@@ -227,10 +257,9 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
     return Status::NotFound("source '" + src.describe() +
                             "' carries no model config (config.json / manifest model_config); export-megatron needs it");
   CKPT_ASSIGN_OR_RETURN(LlamaConfig cfg, LlamaConfig::from_json(meta["model_config"]));
-  CKPT_RETURN_IF_ERROR(cfg.require_dense("export-megatron"));
   if (cfg.num_hidden_layers > (1 << 20)) return Status::Unsupported("more than 2^20 layers");
-  CKPT_ASSIGN_OR_RETURN(Layout layout, Layout::make(opts.tp, opts.pp, 1, 0, static_cast<int>(cfg.num_hidden_layers),
-                                                    opts.layers_per_stage));
+  if (cfg.moe) CKPT_RETURN_IF_ERROR(megatron_moe_export_check(cfg, opts.vpp, opts.dist_opt.enabled, src.tensors()));
+  CKPT_ASSIGN_OR_RETURN(Layout layout, megatron_export_layout(cfg, opts.tp, opts.pp, opts.ep, opts.etp, opts.layers_per_stage));
   layout.vocab_divisor = opts.vocab_divisor;
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(cfg).check_layout(layout));
   CKPT_ASSIGN_OR_RETURN(std::vector<DistTensor> map, chunk_map(cfg, layout, opts));
@@ -274,7 +303,7 @@ Status export_megatron_dist(TensorSource& src, const std::string& dst, const Meg
   PyArena a;
   const PyObj* common =
       common_root(a, args, iteration, step, opts.dist_opt.enabled ? opts.dist_opt.sharding : "", optim_fields);
-  CKPT_ASSIGN_OR_RETURN(auto extra, extra_states(map, cfg.num_hidden_layers));
+  CKPT_ASSIGN_OR_RETURN(auto extra, extra_states(map, cfg.num_hidden_layers, cfg.moe.has_value()));
   for (auto& e : extra) bytes.push_back(std::move(e));
   std::vector<std::pair<std::string, std::string>> files;
   if (in_dcp) {  // 0.19: ShardedObject('common_state', state, (1,), (0,)): torch.save([state]) in rank 0's file

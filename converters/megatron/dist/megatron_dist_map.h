@@ -40,7 +40,10 @@ struct DistTensor {
 
 // The sharded tensors of a model saved with `layout` (symmetric; tp, pp and the stage split
 // decide the chunking and ranks), in megatron-core's key order. Refusals as megatron_rank_tensors.
-Result<std::vector<DistTensor>> megatron_dist_tensors(const LlamaConfig& config, const Layout& layout);
+// An MoE model's layer norm is keyed by the spec: `norms` kLocal, the local spec's
+// mlp.linear_fc1.layer_norm_weight (its key map); kTransformerEngine, TE's pre_mlp_layernorm.weight.
+Result<std::vector<DistTensor>> megatron_dist_tensors(const LlamaConfig& config, const Layout& layout,
+                                                      MegatronNormNames norms = MegatronNormNames::kLocal);
 
 // The mcore box of segment `seg_index` of `chunk` (its rows along chunk.row_dim).
 Box dist_segment_box(const DistChunk& chunk, size_t seg_index);

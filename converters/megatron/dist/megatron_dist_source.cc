@@ -221,6 +221,17 @@ Status MegatronDistSource::add_tensor(const DistTensor& t, const std::string& dc
   return Status::Ok();
 }
 
+// An MoE layer's norm: the local spec's key mlp.linear_fc1.layer_norm_weight (the map's), or with
+// Transformer Engine's spec, which keeps the MoE layer's norm apart, pre_mlp_layernorm.weight.
+template <class Index>
+std::string moe_norm_key(const std::string& key, const LlamaConfig& cfg, const Index& dcp_tensor) {
+  const std::string local = ".mlp.linear_fc1.layer_norm_weight";
+  if (!cfg.moe || dcp_tensor.count(key) || key.size() < local.size() ||
+      key.compare(key.size() - local.size(), local.size(), local) != 0)
+    return key;
+  return key.substr(0, key.size() - local.size()) + ".pre_mlp_layernorm.weight";
+}
+
 // Layer count and padded vocabulary from the stacked shapes (embedding rows, qkv layers).
 Result<std::pair<int64_t, int64_t>> dist_shapes(const TensorSource& dcp, const std::string& dir) {
   int64_t layers = -1, padded = -1;
@@ -228,6 +239,21 @@ Result<std::pair<int64_t, int64_t>> dist_shapes(const TensorSource& dcp, const s
     if (t.name == "embedding.word_embeddings.weight" && t.shape.size() == 2) padded = t.shape[0];
     if (t.name == "decoder.layers.self_attention.linear_qkv.weight" && t.shape.size() == 3) layers = t.shape[0];
   }
+  // An MoE model: one key per layer, decoder.layers.<l>.self_attention.linear_qkv.weight.
+  const std::string pre = "decoder.layers.", post = ".self_attention.linear_qkv.weight";
+  for (const auto& t : dcp.tensors())
+    if (layers < 0 && t.shape.size() == 2 && t.name.size() > pre.size() + post.size() && t.name.rfind(pre, 0) == 0 &&
+        t.name.compare(t.name.size() - post.size(), post.size(), post) == 0) {
+      const std::string num = t.name.substr(pre.size(), t.name.size() - pre.size() - post.size());
+      if (num.empty() || num.size() > 7 || num.find_first_not_of("0123456789") != std::string::npos) continue;
+      int64_t n = 0;
+      for (const auto& u : dcp.tensors())
+        if (u.name.rfind(pre, 0) == 0 && u.name.size() > pre.size() + post.size() &&
+            u.name.compare(u.name.size() - post.size(), post.size(), post) == 0)
+          ++n;
+      layers = n;
+      break;
+    }
   if (layers < 1 || padded < 1)
     return Status::Error("NotMegatronDist", "'" + dir +
                                                 "' has no stacked decoder.layers.self_attention.linear_qkv.weight "
@@ -336,22 +362,27 @@ Result<std::unique_ptr<TensorSource>> MegatronDistSource::open(const std::string
                           ? common.args["virtual_pipeline_model_parallel_size"].get<int64_t>()
                           : 1;
   const nlohmann::json saved_json = saved_layout(common.args, cfg.num_hidden_layers);
-  CKPT_ASSIGN_OR_RETURN(auto plan, plan_saved_buckets(*src->dcp_, cfg, saved_json, vpp, common.args, *dir, shapes.second));
+  // An MoE model's dp_reshardable buckets (expert buffers over edp) are not read: listed as not imported.
+  std::optional<DistOptimPlan> plan;
+  if (!cfg.moe) {
+    CKPT_ASSIGN_OR_RETURN(plan, plan_saved_buckets(*src->dcp_, cfg, saved_json, vpp, common.args, *dir, shapes.second));
+  }
   const bool bucket_masters = plan && plan->not_imported_reason.empty();
   std::map<std::string, DType> dtype_of;
   for (const DistTensor& t : map) {
-    std::string weights = t.key;
+    const std::string key = moe_norm_key(t.key, cfg, src->dcp_tensor_);
+    std::string weights = key;
     // fp32 masters replace the weights: optimizer.state.fp32_param (FP32/Float16 optimizers) or
     // optimizer.state.param (the distributed optimizer's fully_reshardable form).
     for (const char* master : {kDistOptimizerPrefixes[0].dist, kDistMasterParamPrefix})
-      if (weights == t.key && src->dcp_tensor_.count(master + t.key)) weights = master + t.key;
+      if (weights == key && src->dcp_tensor_.count(master + key)) weights = master + key;
     if (!src->dcp_tensor_.count(weights))
       return Status::Error("MissingTensor", "'" + *dir + "' has no tensor '" + t.key + "'").with_file(*dir);
-    src->read_.insert(t.key);
+    src->read_.insert(key);
     // dp_reshardable masters (added below) replace the weights too.
     if (!bucket_masters) CKPT_RETURN_IF_ERROR(src->add_tensor(t, weights, ""));
     for (size_t k = 1; k < std::size(kDistOptimizerPrefixes); ++k) {
-      const std::string n = std::string(kDistOptimizerPrefixes[k].dist) + t.key;
+      const std::string n = std::string(kDistOptimizerPrefixes[k].dist) + key;
       if (src->dcp_tensor_.count(n)) CKPT_RETURN_IF_ERROR(src->add_tensor(t, n, kDistOptimizerPrefixes[k].canonical));
     }
   }
