@@ -270,7 +270,7 @@ def test_python_only_range_errors(kinds, tmp_path):
             call()
         assert no_partial(dst)
     opts = {"dtype": "", "files": 1, "source_chunks": False, "threads": 2, "max_memory": "256M", "fsync": True,
-            "verify_source": True, "bogus": 1}
+            "verify_source": True, "source_profile": "", "bogus": 1}
     with pytest.raises(TypeError, match="unknown option"):
         ckpt._ckpt._export_dcp(str(kinds["native"]), str(dst), opts, None)
     assert no_partial(dst)
