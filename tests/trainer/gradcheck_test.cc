@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tests/trainer/gradcheck_util.h"
 #include "trainer/data.h"
 #include "trainer/model/model.h"
 
 namespace ckpt::trainer {
 namespace {
+
+using namespace gradcheck;  // NOLINT
 
 LlamaConfig tiny(bool tied, int64_t H, int64_t K) {
   LlamaConfig c;
@@ -46,62 +49,20 @@ Batch make_batch(int64_t b, int64_t seq, int64_t V, uint64_t seed) {
   return r;
 }
 
-// Perturb the init so norms are not all exactly 1 and weights are large enough to give
-// non-trivial gradients everywhere.
-template <class T>
-void perturb(Model<T>& m) {
-  uint64_t x = 99;
-  for (auto* p : m.params())
-    for (auto& v : p->w) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      const double u = static_cast<double>(x >> 11) * 0x1.0p-53 - 0.5;
-      v = p->decay ? static_cast<T>(v * 10 + 0.1 * u) : static_cast<T>(1 + 0.5 * u);
-    }
-}
-
 void check_model(bool tied, int64_t H, int64_t K) {
   const LlamaConfig c = tiny(tied, H, K);
   auto mr = Model<double>::create(c);
   ASSERT_TRUE(mr.ok()) << mr.status().to_string();
   Model<double> m = std::move(mr).value();
   ASSERT_TRUE(m.init(5).ok());
-  perturb(m);
+  perturb(m, 99);
   const int64_t b = 2, seq = 7;
   const Batch bt = make_batch(b, seq, c.vocab_size, 3);
   const double scale = 1.0 / static_cast<double>(b * seq);
   m.zero_grad();
   auto l = m.forward_backward(bt.tok.data(), bt.tgt.data(), b, seq, scale);
   ASSERT_TRUE(l.ok()) << l.status().to_string();
-  auto loss_at = [&]() {
-    auto r = m.forward(bt.tok.data(), bt.tgt.data(), b, seq, nullptr);
-    EXPECT_TRUE(r.ok());
-    return *r * scale;
-  };
-  int kinds = 0;
-  for (auto* p : m.params()) {
-    ++kinds;
-    double gmax = 0;
-    for (double g : p->g) gmax = std::max(gmax, std::abs(g));
-    ASSERT_GT(gmax, 1e-8) << p->name << " has an all-zero gradient";
-    // Elements: the largest-gradient one plus a spread of others.
-    std::vector<size_t> idx;
-    idx.push_back(static_cast<size_t>(std::max_element(p->g.begin(), p->g.end(), [](double a, double bb) {
-                                        return std::abs(a) < std::abs(bb);
-                                      }) - p->g.begin()));
-    for (size_t k = 0; k < 8; ++k) idx.push_back((k * 7919 + 13) % p->w.size());
-    for (size_t i : idx) {
-      const double h = 1e-5;
-      const double w0 = p->w[i];
-      p->w[i] = w0 + h;
-      const double lp = loss_at();
-      p->w[i] = w0 - h;
-      const double lm = loss_at();
-      p->w[i] = w0;
-      const double fd = (lp - lm) / (2 * h);
-      EXPECT_NEAR(p->g[i], fd, 1e-6 * gmax + 1e-12)
-          << p->name << "[" << i << "] analytic " << p->g[i] << " vs finite difference " << fd;
-    }
-  }
+  const int kinds = expect_finite_differences(m, bt.tok, bt.tgt, b, seq, scale, nullptr);
   EXPECT_EQ(kinds, static_cast<int>(llama_model_tensors(c, DType::kF32).size()));
 }
 
@@ -111,28 +72,8 @@ TEST(GradCheck, UntiedMha) { check_model(false, 2, 2); }
 
 TEST(GradCheck, Fp32MatchesFp64) {
   const LlamaConfig c = tiny(false, 4, 2);
-  auto m64 = std::move(Model<double>::create(c)).value();
-  auto m32 = std::move(Model<float>::create(c)).value();
-  ASSERT_TRUE(m64.init(9).ok());
-  ASSERT_TRUE(m32.init(9).ok());
   const Batch bt = make_batch(3, 9, c.vocab_size, 4);
-  m64.zero_grad();
-  m32.zero_grad();
-  auto l64 = m64.forward_backward(bt.tok.data(), bt.tgt.data(), 3, 9, 1.0 / 27);
-  auto l32 = m32.forward_backward(bt.tok.data(), bt.tgt.data(), 3, 9, 1.0f / 27);
-  ASSERT_TRUE(l64.ok() && l32.ok());
-  EXPECT_NEAR(*l32, *l64, 1e-5 * std::abs(*l64));
-  auto p64 = m64.params();
-  auto p32 = m32.params();
-  ASSERT_EQ(p64.size(), p32.size());
-  for (size_t k = 0; k < p64.size(); ++k) {
-    double gmax = 0, err = 0;
-    for (size_t i = 0; i < p64[k]->g.size(); ++i) {
-      gmax = std::max(gmax, std::abs(p64[k]->g[i]));
-      err = std::max(err, std::abs(p64[k]->g[i] - static_cast<double>(p32[k]->g[i])));
-    }
-    EXPECT_LT(err, 1e-4 * gmax) << p64[k]->name;
-  }
+  expect_fp32_matches_fp64(c, bt.tok, bt.tgt);
 }
 
 TEST(GradAccum, TwoMicroBatchesEqualOneBigBatch) {

@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tests/trainer/gradcheck_util.h"
 #include "trainer/model/model.h"
 
 namespace ckpt::trainer {
 namespace {
+
+using namespace gradcheck;  // NOLINT
 
 LlamaConfig moe_config(const std::string& family) {
   nlohmann::json j = {{"model_type", family}, {"vocab_size", 40}, {"hidden_size", 12}, {"intermediate_size", 10},
@@ -35,75 +38,26 @@ LlamaConfig moe_config(const std::string& family) {
   return *c;
 }
 
-std::vector<int32_t> moe_ids(int64_t n, int64_t V, uint64_t x) {
-  std::vector<int32_t> r;
-  for (int64_t i = 0; i < n; ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    r.push_back(static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(V)));
-  }
-  return r;
-}
-
-// Weights large enough for routing far from ties and non-trivial gradients; norms and biases
-// off their init.
-template <class T>
-void moe_perturb(Model<T>& m) {
-  uint64_t x = 77;
-  for (auto* p : m.params())
-    for (auto& v : p->w) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      const double u = static_cast<double>(x >> 11) * 0x1.0p-53 - 0.5;
-      v = p->decay ? static_cast<T>(v * 10 + 0.1 * u) : static_cast<T>(1 + 0.5 * u);
-    }
-}
-
 void moe_gradcheck(const std::string& family) {
   const LlamaConfig c = moe_config(family);
   auto mr = Model<double>::create(c);
   ASSERT_TRUE(mr.ok()) << mr.status().to_string();
   Model<double> m = std::move(mr).value();
   ASSERT_TRUE(m.init(5).ok());
-  moe_perturb(m);
+  perturb(m, 77);
   const int64_t b = 2, seq = 7;
-  const auto tok = moe_ids(b * seq, c.vocab_size, 3), tgt = moe_ids(b * seq, c.vocab_size, 4);
+  const auto tok = lcg_ids(b * seq, c.vocab_size, 3), tgt = lcg_ids(b * seq, c.vocab_size, 4);
   const double scale = 1.0 / static_cast<double>(b * seq);
   m.zero_grad();
   auto l = m.forward_backward(tok.data(), tgt.data(), b, seq, scale);
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   const double aux = m.last_aux_loss();
   EXPECT_GT(aux, 1.0);  // E * sum f_e P_e >= top_k-ish: the aux term is present
-  auto loss_at = [&]() {
-    auto r = m.forward(tok.data(), tgt.data(), b, seq, nullptr);
-    EXPECT_TRUE(r.ok());
-    return *r * scale;
-  };
-  int kinds = 0, routers = 0, moe_layers = 0;
+  int routers = 0, moe_layers = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.moe->is_moe_layer(i);
-  for (auto* p : m.params()) {
-    ++kinds;
-    const bool router = p->name.ends_with("mlp.gate.weight");
-    routers += router;
-    double gmax = 0;
-    for (double g : p->g) gmax = std::max(gmax, std::abs(g));
-    ASSERT_GT(gmax, 1e-8) << p->name << " has an all-zero gradient";
-    std::vector<size_t> idx;
-    idx.push_back(static_cast<size_t>(std::max_element(p->g.begin(), p->g.end(), [](double a, double bb) {
-                                        return std::abs(a) < std::abs(bb);
-                                      }) - p->g.begin()));
-    const size_t count = router ? p->w.size() : 8;  // the router: every element
-    for (size_t k = 0; k < count; ++k) idx.push_back(router ? k : (k * 7919 + 13) % p->w.size());
-    for (size_t i : idx) {
-      const double h = 1e-5, w0 = p->w[i];
-      p->w[i] = w0 + h;
-      const double lp = loss_at();
-      p->w[i] = w0 - h;
-      const double lm = loss_at();
-      p->w[i] = w0;
-      const double fd = (lp - lm) / (2 * h);
-      EXPECT_NEAR(p->g[i], fd, 1e-6 * gmax + 1e-12)
-          << p->name << "[" << i << "] analytic " << p->g[i] << " vs finite difference " << fd;
-    }
-  }
+  for (auto* p : m.params()) routers += p->name.ends_with("mlp.gate.weight");
+  // the routers: every element
+  const int kinds = expect_finite_differences(m, tok, tgt, b, seq, scale, [](const std::string& n) { return n.ends_with("mlp.gate.weight"); });
   EXPECT_EQ(kinds, static_cast<int>(llama_model_tensors(c, DType::kF32).size()));
   EXPECT_EQ(routers, moe_layers);
   EXPECT_EQ(moe_layers, family == "mixtral" ? 3 : 2);  // Qwen: layer 1 is in mlp_only_layers
@@ -127,7 +81,7 @@ TEST(MoeAuxLoss, UniformRouterAndCoefficient) {
   ASSERT_TRUE(m.init(5).ok());
   for (auto* p : m.params())
     if (p->name.ends_with("mlp.gate.weight")) std::fill(p->w.begin(), p->w.end(), 0.0);
-  const auto tok = moe_ids(14, c.vocab_size, 3), tgt = moe_ids(14, c.vocab_size, 4);
+  const auto tok = lcg_ids(14, c.vocab_size, 3), tgt = lcg_ids(14, c.vocab_size, 4);
   ASSERT_TRUE(m.forward(tok.data(), tgt.data(), 2, 7, nullptr).ok());
   EXPECT_NEAR(m.last_aux_loss(), 2.0, 1e-12);
   c.extra["router_aux_loss_coef"] = -1;
@@ -138,28 +92,7 @@ TEST(MoeAuxLoss, UniformRouterAndCoefficient) {
 
 TEST(MoeGradCheck, Fp32MatchesFp64) {
   const LlamaConfig c = moe_config("qwen2_moe");
-  auto m64 = std::move(Model<double>::create(c)).value();
-  auto m32 = std::move(Model<float>::create(c)).value();
-  ASSERT_TRUE(m64.init(9).ok());
-  ASSERT_TRUE(m32.init(9).ok());
-  const auto tok = moe_ids(27, c.vocab_size, 5), tgt = moe_ids(27, c.vocab_size, 6);
-  m64.zero_grad();
-  m32.zero_grad();
-  auto l64 = m64.forward_backward(tok.data(), tgt.data(), 3, 9, 1.0 / 27);
-  auto l32 = m32.forward_backward(tok.data(), tgt.data(), 3, 9, 1.0f / 27);
-  ASSERT_TRUE(l64.ok() && l32.ok());
-  EXPECT_NEAR(*l32, *l64, 1e-5 * std::abs(*l64));
-  auto p64 = m64.params();
-  auto p32 = m32.params();
-  ASSERT_EQ(p64.size(), p32.size());
-  for (size_t k = 0; k < p64.size(); ++k) {
-    double gmax = 0, err = 0;
-    for (size_t i = 0; i < p64[k]->g.size(); ++i) {
-      gmax = std::max(gmax, std::abs(p64[k]->g[i]));
-      err = std::max(err, std::abs(p64[k]->g[i] - static_cast<double>(p32[k]->g[i])));
-    }
-    EXPECT_LT(err, 1e-4 * gmax) << p64[k]->name;
-  }
+  expect_fp32_matches_fp64(c, lcg_ids(27, c.vocab_size, 5), lcg_ids(27, c.vocab_size, 6));
 }
 
 TEST(MoeModelErrors, RefusesWhatItDoesNotRun) {
