@@ -21,10 +21,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import quant_reference as ref
+from store_pieces import assert_same_file_bytes, assert_same_pieces, pieces
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,16 +112,8 @@ def test_mxfp4_keep_quantized_writes_blocks_back(run_ckpt, tmp_path, gpt_oss):
     _, mx, _ = gpt_oss
     out = tmp_path / "kept"
     run_ckpt("to-hf", mx, out, "--keep-quantized", "--no-fsync")
-    with safe_open(str(out / "model.safetensors"), "pt") as f, safe_open(str(mx / "model.safetensors"), "pt") as g:
-        assert sorted(f.keys()) == sorted(g.keys())
-        for k in g.keys():
-            assert torch.equal(f.get_tensor(k).view(torch.uint8), g.get_tensor(k).view(torch.uint8)), k
+    assert_same_file_bytes(out / "model.safetensors", mx / "model.safetensors")
     assert json.loads((out / "config.json").read_text())["quantization_config"] == QCFG
-
-
-def _pieces(store):
-    man = json.loads((store / "manifest.json").read_text())
-    return {(p["tensor"], tuple(p["region"]["offset"]), tuple(p["region"]["extent"])): p for p in man["pieces"]}
 
 
 def test_mxfp4_kept_quantized_reshards_on_block_boundaries(run_ckpt, tmp_path, gpt_oss):
@@ -133,21 +125,15 @@ def test_mxfp4_kept_quantized_reshards_on_block_boundaries(run_ckpt, tmp_path, g
     a, b, a2 = tmp_path / "ep2", tmp_path / "ep4", tmp_path / "ep2_again"
     lay2 = ("--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--etp", "2")
     run_ckpt("from-hf", mx, a, "--keep-quantized", *lay2, "--no-fsync")
-    pa = _pieces(a)
+    pa = pieces(a)
     g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"  # E 4, h 64, F 64
     assert (g + "_blocks", (2, 64, 0, 0), (2, 64, 2, 16)) in pa and (g + "_scales", (2, 64, 0), (2, 64, 2)) in pa
     assert (d + "_blocks", (0, 0, 1, 0), (2, 64, 1, 16)) in pa and (d + "_scales", (0, 0, 1), (2, 64, 1)) in pa
     run_ckpt("reshard", a, b, "--tp", "1", "--pp", "1", "--dp", "4", "--ep", "4")
     run_ckpt("reshard", b, a2, *lay2)
-    pa2 = _pieces(a2)
-    assert pa.keys() == pa2.keys()
-    for k in pa:
-        assert pa[k]["digest"] == pa2[k]["digest"], k
+    assert_same_pieces(pa, a2)
     run_ckpt("to-hf", a2, tmp_path / "kept", "--keep-quantized", "--no-fsync")
-    with safe_open(str(tmp_path / "kept" / "model.safetensors"), "pt") as f, safe_open(str(mx / "model.safetensors"), "pt") as h:
-        assert sorted(f.keys()) == sorted(h.keys())
-        for k in h.keys():
-            assert torch.equal(f.get_tensor(k).view(torch.uint8), h.get_tensor(k).view(torch.uint8)), k
+    assert_same_file_bytes(tmp_path / "kept" / "model.safetensors", mx / "model.safetensors")
     run_ckpt("to-hf", b, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")
     got = _tensors(tmp_path / "bf16")
     for k, v in deq.items():

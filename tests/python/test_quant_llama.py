@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import quant_reference as ref
+from store_pieces import assert_same_file_bytes, assert_same_pieces, pieces
 
 transformers = pytest.importorskip("transformers")
 
@@ -91,16 +92,11 @@ def test_inspect_shows_scheme_block_and_bytes_saved(run_ckpt, fp8_llama):
     assert "fp8-block 128x128" in run_ckpt("inspect", src).stdout
 
 
-def _pieces(store):
-    man = json.loads((store / "manifest.json").read_text())
-    return {(p["tensor"], tuple(p["region"]["offset"]), tuple(p["region"]["extent"])): p for p in man["pieces"]}
-
-
 def test_reshard_moves_weights_with_their_scales(run_ckpt, tmp_path, fp8_llama):
     src, deq = fp8_llama
     a, b, a2 = tmp_path / "tp2", tmp_path / "tp1", tmp_path / "tp2_again"
     run_ckpt("from-hf", src, a, "--keep-quantized", "--tp", "2", "--pp", "1", "--dp", "1", "--no-fsync")
-    pa = _pieces(a)
+    pa = pieces(a)
     q = "model.layers.0.self_attn.q_proj"
     assert (q + ".weight", (0, 0), (128, 256)) in pa and (q + ".weight_scale_inv", (0, 0), (1, 2)) in pa
     assert (q + ".weight_scale_inv", (1, 0), (1, 2)) in pa  # rank 1's blocks' scales
@@ -108,16 +104,10 @@ def test_reshard_moves_weights_with_their_scales(run_ckpt, tmp_path, fp8_llama):
     assert (o + ".weight_scale_inv", (0, 1), (2, 1)) in pa
     run_ckpt("reshard", a, b, "--tp", "1", "--pp", "1", "--dp", "1")
     run_ckpt("reshard", b, a2, "--tp", "2", "--pp", "1", "--dp", "1")
-    pa2 = _pieces(a2)
-    assert pa.keys() == pa2.keys()
-    for k in pa:
-        assert pa[k]["digest"] == pa2[k]["digest"] and pa[k]["dtype"] == pa2[k]["dtype"], k
+    assert_same_pieces(pa, a2)
     out = tmp_path / "hf"
     run_ckpt("to-hf", a2, out, "--keep-quantized", "--no-fsync")
-    with safe_open(str(out / "model.safetensors"), "pt") as f, safe_open(str(src / "model.safetensors"), "pt") as g:
-        assert sorted(f.keys()) == sorted(g.keys())
-        for k in g.keys():
-            assert torch.equal(f.get_tensor(k).view(torch.uint8), g.get_tensor(k).view(torch.uint8)), k
+    assert_same_file_bytes(out / "model.safetensors", src / "model.safetensors")
     assert json.loads((out / "config.json").read_text())["quantization_config"] == QCFG
     # The tp 2 store dequantized (weights and scales gathered from both ranks' pieces).
     run_ckpt("to-hf", a, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")

@@ -23,10 +23,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import quant_reference as ref
+from store_pieces import assert_same_file_bytes, assert_same_pieces, pieces
 
 transformers = pytest.importorskip("transformers")
 
@@ -100,34 +100,22 @@ def test_dequantized_export_gives_the_reference_logits(run_ckpt, tmp_path, fp8_m
     assert torch.equal(_logits(out, family), _logits(ref_dir, family))
 
 
-def _pieces(store):
-    man = json.loads((store / "manifest.json").read_text())
-    return {(p["tensor"], tuple(p["region"]["offset"]), tuple(p["region"]["extent"])): p for p in man["pieces"]}
-
-
 def test_expert_parallel_reshard_moves_experts_with_their_scales(run_ckpt, tmp_path, fp8_moe):
     family, src, deq = fp8_moe
     a, b, a2 = tmp_path / "ep2", tmp_path / "ep4", tmp_path / "ep2_again"
     run_ckpt("from-hf", src, a, "--keep-quantized", "--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2", "--no-fsync")
-    pa = _pieces(a)
+    pa = pieces(a)
     w = "model.layers.1.mlp.experts.gate_proj.weight"  # [8, 24, 32]: 3 x 4 blocks per expert
     assert (w, (4, 0, 0), (4, 24, 32)) in pa and (w + "_scale_inv", (4, 0, 0), (4, 3, 4)) in pa
     d = "model.layers.1.mlp.experts.down_proj.weight"  # [8, 32, 24]
     assert (d + "_scale_inv", (0, 0, 0), (4, 4, 3)) in pa
     run_ckpt("reshard", a, b, "--tp", "1", "--pp", "1", "--dp", "4", "--ep", "4")
-    assert (w + "_scale_inv", (6, 0, 0), (2, 3, 4)) in _pieces(b)
+    assert (w + "_scale_inv", (6, 0, 0), (2, 3, 4)) in pieces(b)
     run_ckpt("reshard", b, a2, "--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2")
-    pa2 = _pieces(a2)
-    assert pa.keys() == pa2.keys()
-    for k in pa:
-        assert pa[k]["digest"] == pa2[k]["digest"] and pa[k]["dtype"] == pa2[k]["dtype"], k
+    assert_same_pieces(pa, a2)
     out = tmp_path / "hf"
     run_ckpt("to-hf", a2, out, "--keep-quantized", "--no-fsync")
-    with safe_open(str(out / "model.safetensors"), "pt") as f, safe_open(str(src / "model.safetensors"), "pt") as g:
-        assert sorted(f.keys()) == sorted(g.keys())
-        for k in g.keys():
-            x, y = f.get_tensor(k), g.get_tensor(k)
-            assert x.dtype == y.dtype and torch.equal(x.view(torch.uint8), y.view(torch.uint8)), k
+    assert_same_file_bytes(out / "model.safetensors", src / "model.safetensors")
     assert json.loads((out / "config.json").read_text())["quantization_config"] == QCFG
     run_ckpt("to-hf", b, tmp_path / "bf16", "--dtype", "bf16", "--no-fsync")  # gathered from 4 expert ranks
     _assert_reference(tmp_path / "bf16", deq)
