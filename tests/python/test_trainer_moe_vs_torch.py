@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from test_trainer_vs_torch import ADAMW, MAX_GRAD_NORM, PEAK_LR, STEPS, _batch, _exe, _load, _lr_at, _rel
+from test_trainer_vs_torch import _patch_float64 as _patch_dense_float64
 
 BASE = dict(vocab_size=264, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
             rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False, hidden_act="silu",
@@ -79,24 +80,6 @@ def _patch_float64(monkeypatch, name):
     ml = _module(name)
     prefix = {"mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe", "qwen2_moe": "Qwen2Moe"}[name]
 
-    def rms_forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    @torch.no_grad()
-    def rope_forward(self, x, position_ids):
-        freqs = position_ids[..., None].float() * self.inv_freq.float()  # float32 angle, as HF and ckpt
-        emb = torch.cat((freqs, freqs), dim=-1).to(x.dtype)
-        return emb.cos(), emb.sin()
-
-    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kw):
-        k = ml.repeat_kv(key, module.num_key_value_groups)
-        v = ml.repeat_kv(value, module.num_key_value_groups)
-        w = torch.matmul(query, k.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            w = w + attention_mask
-        w = torch.nn.functional.softmax(w, dim=-1, dtype=query.dtype)
-        return torch.matmul(w, v).transpose(1, 2).contiguous(), w
-
     def router_forward(self, h):  # transformers' router without its .float() / dtype=torch.float
         h = h.reshape(-1, self.hidden_dim)
         logits = torch.nn.functional.linear(h, self.weight)
@@ -110,10 +93,8 @@ def _patch_float64(monkeypatch, name):
     src = src.replace(".float()", ".double()")
     ns = dict(ml.__dict__)
     exec(compile(src, ml.__file__, "exec"), ns)
-    monkeypatch.setattr(getattr(ml, prefix + "RMSNorm"), "forward", rms_forward)
-    monkeypatch.setattr(getattr(ml, prefix + "RotaryEmbedding"), "forward", rope_forward)
+    _patch_dense_float64(monkeypatch, ml, prefix)  # RMSNorm, rotary embedding, eager attention as for LLaMA
     monkeypatch.setattr(getattr(ml, prefix + "TopKRouter"), "forward", router_forward)
-    monkeypatch.setattr(ml, "eager_attention_forward", eager)
     monkeypatch.setattr(ml, "load_balancing_loss_func", ns["load_balancing_loss_func"])
 
 

@@ -140,9 +140,12 @@ def run(request, tmp_path_factory):
     return r
 
 
-def _patch_float64(monkeypatch):
-    """Lifts transformers' hard-coded float32 casts to the model's dtype (float64 reference)."""
-    from transformers.models.llama import modeling_llama as ml
+def _patch_float64(monkeypatch, ml=None, prefix="Llama"):
+    """Lifts transformers' hard-coded float32 casts to the model's dtype (float64 reference) in the
+    modeling module `ml` (default LLaMA's) whose classes are named `prefix`RMSNorm etc.; the MoE test
+    (test_trainer_moe_vs_torch) adds its router's and load-balancing loss's."""
+    if ml is None:
+        from transformers.models.llama import modeling_llama as ml
 
     def rms_forward(self, x):
         var = x.pow(2).mean(-1, keepdim=True)
@@ -163,8 +166,8 @@ def _patch_float64(monkeypatch):
         w = torch.nn.functional.softmax(w, dim=-1, dtype=query.dtype)
         return torch.matmul(w, v).transpose(1, 2).contiguous(), w
 
-    monkeypatch.setattr(ml.LlamaRMSNorm, "forward", rms_forward)
-    monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", rope_forward)
+    monkeypatch.setattr(getattr(ml, prefix + "RMSNorm"), "forward", rms_forward)
+    monkeypatch.setattr(getattr(ml, prefix + "RotaryEmbedding"), "forward", rope_forward)
     monkeypatch.setattr(ml, "eager_attention_forward", eager)
 
 
