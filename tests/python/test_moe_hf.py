@@ -22,9 +22,10 @@ FAMILIES = {"mixtral": transformers.MixtralForCausalLM, "qwen2_moe": transformer
             "qwen3_moe": transformers.Qwen3MoeForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM}
 # tp must divide the heads (4), the KV heads or be a multiple of them (2), every MLP width (24, 40, 48, 56).
 # DeepSeek-V3's MLA: q_b_proj / kv_b_proj split by heads, the low-rank down projections replicated.
-LAYOUTS = [("--tp", "2", "--pp", "2", "--dp", "1", "--pp-layers", "1,1"),
-           ("--tp", "4", "--pp", "1", "--dp", "2", "--zero", "1"),
-           ("--tp", "1", "--pp", "2", "--dp", "1", "--pp-layers", "1,1")]
+# Expert parallelism in each (ep x etp divides tp x dp; ep divides the experts, 4 or 8; etp their width).
+LAYOUTS = [("--tp", "2", "--pp", "2", "--dp", "1", "--pp-layers", "1,1", "--ep", "2", "--etp", "1"),
+           ("--tp", "4", "--pp", "1", "--dp", "2", "--zero", "1", "--ep", "4", "--etp", "2"),
+           ("--tp", "1", "--pp", "2", "--dp", "2", "--pp-layers", "1,1", "--ep", "2", "--etp", "1")]
 
 
 def _layouts(family):
