@@ -5,6 +5,7 @@ fails the test naming the block; the doc must show every command and the checkpo
 import contextlib
 import io
 import json
+import shutil
 import os
 import pathlib
 import re
@@ -47,6 +48,7 @@ def test_every_python_block_runs(tmp_path, monkeypatch):
     hf.mkdir(parents=True)
     save_file(ref.make_hf_model(CFG, np.random.default_rng(5)), str(hf / "model.safetensors"))
     (hf / "config.json").write_text(json.dumps(CFG))
+    shutil.copytree(DOC.parents[1] / "fixtures" / "moe" / "mixtral" / "legacy", tmp_path / "checkpoints" / "mixtral-hf")  # the MoE example's
     monkeypatch.chdir(tmp_path)
     ns = {"__name__": "__docs__"}
     blocks = python_blocks(DOC.read_text())
