@@ -315,3 +315,26 @@ def test_torch_dist_export_with_te_norm_key(run_ckpt, tmp_path):
     assert {"decoder.layers.1.pre_mlp_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.layer_norm_weight"} <= keys
     assert "decoder.layers.1.mlp.linear_fc1.layer_norm_weight" not in keys
     assert run_ckpt("diff", tmp_path / "out", FX / "pp2_shared" / "legacy").returncode == 0
+
+
+@pytest.mark.parametrize("form", ["legacy", "dist"])
+def test_damaged_byte_in_an_expert_rank_file_is_caught(run_ckpt, tmp_path, form):
+    """One byte flipped in the largest storage of EP rank 1's file (legacy mp_rank_00_001, the rank whose experts
+    the reader takes from it) or of a torch_dist item: verify names the zip entry (CRC-32), to-hf and reshard
+    refuse and leave nothing."""
+    from zip_damage import assert_refused, flip_in_entry
+    d = tmp_path / "ep2"
+    shutil.copytree(ROOT / "fixtures" / "megatron_core_moe" / "ep2" / form, d)
+    assert run_ckpt("verify", d).returncode == 0
+    step = d / "iter_0000005"
+    if form == "legacy":
+        f = step / "mp_rank_00_001" / "model_optim_rng.pt"
+        entry = flip_in_entry(f, 0, f.stat().st_size, lambda infos: max((i for i in infos if "/data/" in i.filename),
+                                                                         key=lambda i: i.file_size))
+    else:
+        f = step / "__1_0.distcp"
+        data = f.read_bytes()
+        start = data.find(b"PK\x03\x04")  # the first torch.save item of the .distcp file
+        entry = flip_in_entry(f, start, len(data) - start,
+                              lambda infos: max((i for i in infos if "/data/" in i.filename), key=lambda i: i.file_size))
+    assert_refused(run_ckpt, d, entry, tmp_path)
