@@ -83,6 +83,7 @@ struct Trainer::Parts {
   LayoutGroups groups;
   std::unique_ptr<ParallelOptimizer<float>> opt;
   std::unique_ptr<DistSaver> saver;
+  std::unique_ptr<ExpertGroups> experts;  // expert parallel MoE layouts
   Emulation emu;  // --emulate
   DirLock run_lock;  // rank 0: the run dir, for the whole run (a second trainer on it is refused)
 };
@@ -101,11 +102,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   CKPT_RETURN_IF_ERROR(check_options(o));
   TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
   CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
-  if (o.config.moe && world.size() > 1)
+  if (o.config.moe && world.size() > 1 && !layout.expert_parallel())
     return Status::Error("LayoutRefused", std::string("a ") + model_type_name(o.config.family) + " model (" +
-                                              std::to_string(o.config.moe->num_experts) + " experts) trains in one "
-                                              "process for now: expert parallelism (--ep) is not implemented, and "
-                                              "tp, pp and dp are refused with MoE layers (" +
+                                              std::to_string(o.config.moe->num_experts) + " experts) trains on " +
+                                              "several ranks only with expert parallelism for now (--ep N, --etp N; "
+                                              "pp=1), tp, pp and dp without it are refused with MoE layers (" +
                                               std::to_string(world.size()) + " ranks given)");
   CKPT_RETURN_IF_ERROR(check_batch(layout, o));
   std::string mem_check;  // before any allocation: the cluster file and every rank's memory estimate
@@ -140,7 +141,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   }
   CKPT_ASSIGN_OR_RETURN(p.groups, LayoutGroups::make(world, layout));
   const LayoutGroups& g = p.groups;
-  ModelShard shard{layout.stage_view(g.dp_rank, g.pp_rank), g.pp_rank, g.tp_rank, &p.groups.tp};
+  CKPT_ASSIGN_OR_RETURN(p.experts, ExpertGroups::make_if_expert_parallel(world, layout, o.config.moe.has_value(), p.groups));
+  ModelShard shard{layout.stage_view(g.dp_rank, g.pp_rank), g.pp_rank, g.tp_rank, &p.groups.tp, g.dp_rank,
+                   p.experts.get()};
   CKPT_ASSIGN_OR_RETURN(auto m, Model<float>::create(o.config, shard));
   t->model_ = std::make_unique<Model<float>>(std::move(m));
   CKPT_RETURN_IF_ERROR(t->model_->init(o.seed));

@@ -74,8 +74,8 @@ Result<std::vector<Box>> expert_boxes(const Shape& shape, size_t fdim, const Lay
   const int64_t local = shape[0] / layout.ep, width = fdim == kNoWidth ? 0 : shape[fdim] / etp;
   std::vector<Box> boxes;
   for (int t = 0; t < layout.tp; ++t) {
-    const int64_t r = static_cast<int64_t>(layout.view_pipeline) * layout.tp + t;
-    const int64_t er = r % etp, xr = (r / etp) % layout.ep;
+    const Layout::ExpertCoord ec = layout.expert_coord(layout.view_pipeline, t);
+    const int64_t er = ec.etp, xr = ec.ep;
     Box b = Box::whole(shape);
     b.offset[0] = xr * local;
     b.extent[0] = local;

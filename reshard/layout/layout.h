@@ -72,6 +72,17 @@ struct Layout {
   // True when expert tensors are not placed as dense ones (ep > 1 or etp != tp): their boxes then
   // differ between the DP ranks of a stage.
   bool expert_parallel() const { return ep > 1 || expert_tp() != tp; }
+  // The expert coordinates of stage-local rank r = pipeline * tp + tp_rank (symmetric form):
+  // expert TP rank r % etp, expert-parallel rank (r / etp) % ep, expert data-parallel rank
+  // r / (etp * ep) (Megatron-Core's order). The one definition of the store's expert boxes and
+  // the trainer's expert groups.
+  struct ExpertCoord {
+    int etp = 0, ep = 0, edp = 0;
+  };
+  ExpertCoord expert_coord(int pipeline, int tp_rank) const {
+    const int r = pipeline * tp + tp_rank, e = expert_tp();
+    return {r % e, (r / e) % ep, r / (e * ep)};
+  }
 
   // ---- for both forms ----
   int num_pipelines() const;

@@ -10,10 +10,14 @@
 //    "held_ok", "norm_rel"}, ...]}
 //   mpirun -np T*P*D parallel_check CONFIG --tp T --pp P [--pp-layers a,b,..] --dp D
 //       [--micro-batches a,b,..] [--zero Z] [--grad-accum A] [--seq S] [--steps K] [--f64 1]
+//       [--ep E] [--etp T]   (expert parallelism of an MoE model; symmetric layouts)
+// An MoE model's oracle runs the same micro-batches one after the other (grad-accum x pipelines
+// micro-batches of the pipelines' common size): the load-balancing loss is per micro-batch.
 //   mpirun -np N parallel_check CONFIG --layout LAYOUT.json [--micro-batches a,b,..] ...
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -32,7 +36,7 @@ namespace {
 
 struct Options {
   std::string config, layout_file;
-  int tp = 1, pp = 1, dp = 1, zero = 0;
+  int tp = 1, pp = 1, dp = 1, zero = 0, ep = 1, etp = 0;
   std::vector<int> pp_layers, micro_batches;
   int64_t grad_accum = 2, seq = 8, steps = 10;
   bool f64 = false;
@@ -115,6 +119,9 @@ Result<Layout> make_layout(const Options& o, const LlamaConfig& c) {
   CKPT_ASSIGN_OR_RETURN(Layout l, Layout::make(o.tp, o.pp, o.dp, o.zero, static_cast<int>(c.num_hidden_layers),
                                                o.pp_layers));
   l.micro_batch = o.micro_batches.empty() ? std::vector<int>(static_cast<size_t>(o.dp), 1) : o.micro_batches;
+  l.ep = o.ep;
+  l.etp = o.etp;
+  CKPT_RETURN_IF_ERROR(l.validate());
   return l;
 }
 
@@ -123,7 +130,9 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
   CKPT_ASSIGN_OR_RETURN(Layout layout, make_layout(o, c));
   CKPT_ASSIGN_OR_RETURN(LayoutGroups g, LayoutGroups::make(world, layout));
   const Layout view = layout.stage_view(g.dp_rank, g.pp_rank);
-  auto made = Model<T>::create(c, ModelShard{view, g.pp_rank, g.tp_rank, &g.tp});
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ExpertGroups> experts,
+                        ExpertGroups::make_if_expert_parallel(world, layout, c.moe.has_value(), g));
+  auto made = Model<T>::create(c, ModelShard{view, g.pp_rank, g.tp_rank, &g.tp, g.dp_rank, experts.get()});
   CKPT_RETURN_IF_ERROR(world.agree(made.status()));
   Model<T> model = std::move(made).value();
   CKPT_RETURN_IF_ERROR(model.init(42));
@@ -132,18 +141,21 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
   for (int p = 0; p < layout.num_pipelines(); ++p) gb += layout.pipeline_micro_batch(p) * o.grad_accum;
   TrainerState st = make_state(o, gb);
   const TokenStream data = TokenStream::procedural(st.seed);
-  // The oracle: one process, one micro-batch of the whole global batch.
+  // The oracle: one process, one micro-batch of the whole global batch (MoE: the same micro-batches).
   CKPT_ASSIGN_OR_RETURN(Model<T> ref, Model<T>::create(c));
   CKPT_RETURN_IF_ERROR(ref.init(42));
   BasicAdamW<T> ref_opt;
   add_param_slots(ref, ref_opt);
   TrainerState ref_st = make_state(o, gb);
-  ref_st.micro_batch = gb;
-  ref_st.grad_accum = 1;
-  std::vector<int32_t> tok(static_cast<size_t>(gb * o.seq)), tgt(tok.size());
+  const int64_t rmb = c.moe ? layout.pipeline_micro_batch(0) : gb;
+  ref_st.micro_batch = rmb;
+  ref_st.grad_accum = gb / rmb;
+  std::vector<int32_t> tok(static_cast<size_t>(rmb * o.seq)), tgt(tok.size());
   ref.zero_grad();  // step-0 gradients before clipping
-  CKPT_RETURN_IF_ERROR(data.batch(0, 0, gb, o.seq, tok.data(), tgt.data()));
-  CKPT_RETURN_IF_ERROR(ref.forward_backward(tok.data(), tgt.data(), gb, o.seq, static_cast<T>(1.0 / (gb * o.seq))).status());
+  for (int64_t j = 0; j < gb / rmb; ++j) {
+    CKPT_RETURN_IF_ERROR(data.batch(0, j * rmb, rmb, o.seq, tok.data(), tgt.data()));
+    CKPT_RETURN_IF_ERROR(ref.forward_backward(tok.data(), tgt.data(), rmb, o.seq, static_cast<T>(1.0 / (gb * o.seq))).status());
+  }
   std::vector<GradRegion<T>> dumped;
   std::vector<std::vector<T>> dumped_data;
   GradDump<T> dump = [&](const std::vector<GradRegion<T>>& rs) {
@@ -196,6 +208,8 @@ Result<Options> parse(int argc, char** argv) {
     else if (k == "--pp") o.pp = static_cast<int>(x);
     else if (k == "--dp") o.dp = static_cast<int>(x);
     else if (k == "--zero") o.zero = static_cast<int>(x);
+    else if (k == "--ep") o.ep = static_cast<int>(x);
+    else if (k == "--etp") o.etp = static_cast<int>(x);
     else if (k == "--layout") o.layout_file = v;
     else if (k == "--pp-layers") o.pp_layers = int_list(v);
     else if (k == "--micro-batches") o.micro_batches = int_list(v);

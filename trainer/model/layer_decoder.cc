@@ -54,9 +54,13 @@ DecoderLayer<T>::DecoderLayer(const LlamaConfig& c, int64_t index, TpPart tp, co
       tp_(tp) {
   if (c.moe && c.moe->is_moe_layer(index)) {
     std::vector<std::pair<std::string, Shape>> mlp;
-    for (const auto& sp : specs)
-      if (sp.first.find(".mlp.") != std::string::npos) mlp.push_back(sp);
-    moe = MoeMlp<T>(c, mlp);
+    std::vector<Box> mlp_boxes;  // expert parallel: the store's boxes of the experts
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].first.find(".mlp.") != std::string::npos) {
+        mlp.push_back(specs[i]);
+        if (i < boxes.size()) mlp_boxes.push_back(boxes[i]);
+      }
+    moe = tp.experts ? MoeMlp<T>(c, mlp, mlp_boxes, tp.experts) : MoeMlp<T>(c, mlp);
   }
   const auto ps = params();  // canonical order, as specs (Model::create checked the config)
   for (size_t i = 0; i < ps.size() && i < specs.size(); ++i) {
@@ -154,7 +158,8 @@ Status DecoderLayer<T>::forward(int slot, const T* x_in, T* x_out, int64_t b, in
   rmsnorm_forward<T>(a.x_mid.data(), post_attention_layernorm.w.data(), a.xn2.data(), a.rstd2.data(), n, D_,
                      eps_);
   if (moe.active()) {
-    moe.forward(slot, a.xn2.data(), x_out, n, totals);
+    if (moe.expert_parallel()) CKPT_RETURN_IF_ERROR(moe.ep_forward(slot, a.xn2.data(), x_out, n, totals));
+    else moe.forward(slot, a.xn2.data(), x_out, n, totals);
   } else {
     linear_forward<T>(a.xn2.data(), gate_proj.w.data(), a.g.data(), n, D_, Fl_);
     linear_forward<T>(a.xn2.data(), up_proj.w.data(), a.u.data(), n, D_, Fl_);
@@ -222,7 +227,8 @@ Status DecoderLayer<T>::backward(int slot, const T* x_in, const T* dx_out, T* dx
   resize_buffer(ws.dscores, seq * seq);
 
   if (moe.active()) {
-    moe.backward(slot, a.xn2.data(), dx_out, ws.dxn.data(), n, aux_dp);
+    if (moe.expert_parallel()) CKPT_RETURN_IF_ERROR(moe.ep_backward(slot, a.xn2.data(), dx_out, ws.dxn.data(), n, aux_dp));
+    else moe.backward(slot, a.xn2.data(), dx_out, ws.dxn.data(), n, aux_dp);
   } else {
     // MLP: x_out = x_mid + down(h); h = silu(g) * u; g = gate(xn2); u = up(xn2)
     linear_backward<T>(a.h.data(), down_proj.w.data(), dx_out, ws.dh.data(), false, down_proj.g.data(), n, Fl_,

@@ -56,6 +56,7 @@ struct TpPart {
   int size = 1;
   int rank = 0;
   Comm* comm = nullptr;
+  ExpertGroups* experts = nullptr;  // expert parallel MoE layers (trainer/model/moe_dispatch.h), else null
 };
 
 template <class T>

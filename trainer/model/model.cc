@@ -5,6 +5,7 @@
 
 #include "converters/model/llama_sharding.h"
 #include "formats/base/checked.h"
+#include "reshard/layout/tensor_placement.h"
 #include "trainer/model/init.h"
 #include "trainer/model/ops.h"
 
@@ -83,7 +84,17 @@ Status check_shard(const LlamaConfig& c, const ModelShard& s) {
       return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                     std::to_string(c.intermediate_size));
   }
-  if ((c.moe || c.qk_norm || c.qkv_bias) && (tp > 1 || l.pp > 1))
+  // Expert parallelism (trainer/model/moe_dispatch.h): one pipeline stage, no shared expert over TP.
+  const bool ep = c.moe && l.expert_parallel();
+  const std::string ep_lay = "ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.expert_tp());
+  if (ep && l.pp > 1)
+    return refuse(ep_lay + " with pp=" + std::to_string(l.pp) +
+                  ": the trainer runs expert-parallel MoE layers in one pipeline stage for now (pp=1)");
+  if (ep && tp > 1 && c.moe->shared_intermediate > 0)
+    return refuse(ep_lay + " with tp=" + std::to_string(tp) + ": the shared expert has no tensor-parallel kernel yet");
+  if (ep && !s.experts)
+    return Status::InvalidArgument("model shard of " + l.to_string() + " needs its expert groups");
+  if (((c.moe && !ep) || c.qk_norm || c.qkv_bias) && (tp > 1 || l.pp > 1))
     return refuse(std::string("a ") + model_type_name(c.family) + " model trains in one process for now (tp=" +
                   std::to_string(tp) + ", pp=" + std::to_string(l.pp) +
                   "): its MoE layers, q/k norms and q/k/v biases have no tensor- or pipeline-parallel kernels yet");
@@ -121,10 +132,18 @@ Result<Model<T>> Model<T>::create(const LlamaConfig& c, const ModelShard& shard)
 template <class T>
 Result<Model<T>> Model<T>::build(const LlamaConfig& c, int64_t begin, int64_t end, const ModelShard* shard) {
   const bool tp = shard && shard->layout.tp > 1;
+  ExpertGroups* experts = shard ? shard->experts : nullptr;
   const LlamaShardingRules rules(c);
   // The box this rank holds of parameter `name` (one definition with the store).
   auto box_of = [&](const std::string& name, const Shape& shape) -> Result<Box> {
-    if (!tp) return Box::whole(shape);
+    if (!tp && !experts) return Box::whole(shape);
+    if (experts) {  // expert boxes depend on the pipeline: the placement of every (pipeline, stage)
+      CKPT_ASSIGN_OR_RETURN(auto places, place_in_layout(TensorMeta{name, DType::kF32, shape}, shard->layout, rules));
+      for (const StagePlacement& sp : places)
+        if (sp.pipeline == shard->dp_rank && sp.stage == shard->pp_rank)
+          return sp.tp_boxes.at(static_cast<size_t>(shard->tp_rank));
+      return Status::Internal("no placement of '" + name + "' on this rank");
+    }
     CKPT_ASSIGN_OR_RETURN(TensorPlacement pl, rules.place(TensorMeta{name, DType::kF32, shape}, shard->layout));
     return pl.tp_boxes[static_cast<size_t>(shard->tp_rank)];
   };
@@ -133,6 +152,7 @@ Result<Model<T>> Model<T>::build(const LlamaConfig& c, int64_t begin, int64_t en
   m.layer_begin_ = begin;
   m.layer_end_ = end;
   if (tp) m.tp_ = TpPart{shard->layout.tp, shard->tp_rank, shard->tp};
+  m.tp_.experts = experts;
   const Shape vshape{c.vocab_size, c.hidden_size};
   CKPT_ASSIGN_OR_RETURN(Box vbox, box_of("model.embed_tokens.weight", vshape));
   m.vocab_ = VocabRange{vbox.offset[0], vbox.offset[0] + vbox.extent[0]};

@@ -38,6 +38,10 @@ struct ModelShard {
   int pp_rank = 0;
   int tp_rank = 0;
   Comm* tp = nullptr;  // size layout.tp, rank tp_rank
+  // Expert parallel layouts (layout.expert_parallel(), MoE models): the pipeline (DP rank) and
+  // the rank's expert groups (not owned); the expert boxes then come from place_in_layout.
+  int dp_rank = 0;
+  ExpertGroups* experts = nullptr;
 };
 
 template <class T>

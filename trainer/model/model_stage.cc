@@ -20,6 +20,22 @@ Status Model<T>::tp_sum(T* buf, int64_t n) {
   return tp_.comm->all_reduce_sum<T>(buf, n);
 }
 
+namespace {
+// Expert parallel: each TP rank routed its block of the tokens, so the micro-batch's router
+// statistics are the sum over the TP group.
+Status sum_router_over_tp(const TpPart& tp, RouterTotals& r) {
+  if (!tp.experts || !tp.comm || tp.size == 1) return Status::Ok();
+  std::vector<double> buf(r.count);
+  buf.insert(buf.end(), r.psum.begin(), r.psum.end());
+  buf.push_back(static_cast<double>(r.rows));
+  CKPT_RETURN_IF_ERROR(tp.comm->all_reduce_sum<double>(buf.data(), static_cast<int64_t>(buf.size())));
+  std::copy_n(buf.begin(), r.count.size(), r.count.begin());
+  std::copy_n(buf.begin() + static_cast<std::ptrdiff_t>(r.count.size()), r.psum.size(), r.psum.begin());
+  r.rows = static_cast<int64_t>(buf.back());
+  return Status::Ok();
+}
+}  // namespace
+
 template <class T>
 Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x_in, const int32_t* targets,
                                      int64_t b, int64_t seq, T loss_scale, T* x_out, bool grads) {
@@ -44,6 +60,7 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
     CKPT_RETURN_IF_ERROR(layers_[static_cast<size_t>(i)].forward(slot, x + i * n * D, out, b, seq, cos_.data(),
                                                                  sin_.data(), &s.router));
   }
+  if (cfg_.moe) CKPT_RETURN_IF_ERROR(sum_router_over_tp(tp_, s.router));
   if (!has_head()) {
     s.live = grads;
     return 0.0;

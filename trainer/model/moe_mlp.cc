@@ -27,14 +27,23 @@ Result<double> router_aux_loss_coef(const LlamaConfig& c) {
 
 template <class T>
 MoeMlp<T>::MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string, Shape>>& specs)
+    : MoeMlp(c, specs, {}, nullptr) {}
+
+template <class T>
+MoeMlp<T>::MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string, Shape>>& specs,
+                  const std::vector<Box>& boxes, ExpertGroups* ep)
     : D_(c.hidden_size),
       E_(c.moe->num_experts),
       K_(c.moe->top_k),
       F_(c.moe->expert_intermediate),
       Fs_(c.moe->shared_intermediate),
       renorm_(c.family == ModelFamily::kMixtral || c.moe->norm_topk_prob),
-      has_shared_gate_(c.moe->shared_intermediate > 0 && c.moe->shared_gate) {
-  for (const auto& [name, shape] : specs) {
+      has_shared_gate_(c.moe->shared_intermediate > 0 && c.moe->shared_gate),
+      ep_(ep),
+      El_(ep ? E_ / ep->ep_size : E_),
+      Fl_(ep ? F_ / ep->etp_size : F_) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, shape] = specs[i];
     Param<T>* p = nullptr;
     if (name.ends_with("mlp.gate.weight")) p = &router;
     else if (name.ends_with("mlp.experts.gate_proj.weight")) p = &gate_proj;
@@ -44,7 +53,8 @@ MoeMlp<T>::MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string,
     else if (name.ends_with("mlp.shared_experts.up_proj.weight")) p = &sh_up;
     else if (name.ends_with("mlp.shared_experts.down_proj.weight")) p = &sh_down;
     else if (name.ends_with("mlp.shared_expert_gate.weight")) p = &sh_gate_w;
-    if (p) p->allocate(name, shape, true);  // Model::create refused any other MoE tensor
+    if (p && i < boxes.size()) p->allocate(name, shape, boxes[i], true);
+    else if (p) p->allocate(name, shape, true);  // Model::create refused any other MoE tensor
   }
 }
 

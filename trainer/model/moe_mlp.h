@@ -8,7 +8,9 @@
 //   (+ sigmoid(x w_s^T) * shared(x) with a shared expert; the sigmoid only for Qwen2-MoE)
 // and the statistics of the load-balancing loss (transformers' load_balancing_loss_func): tokens
 // per expert among the top-k picks and the sum of p per expert, accumulated over the layers.
-// Float32 for training, float64 for the gradient checks. Single process (no expert parallelism).
+// Float32 for training, float64 for the gradient checks. Expert parallelism (ep_forward /
+// ep_backward, trainer/model/moe_mlp_ep.cc): the rank's experts and F slice only, the routed rows
+// moved over the groups of trainer/model/moe_dispatch.h.
 // Thread safety: used by one thread at a time (BLAS may use several internally).
 #pragma once
 
@@ -20,6 +22,7 @@
 #include "converters/model/llama_config.h"
 #include "formats/base/status.h"
 #include "formats/tensor/region.h"
+#include "trainer/model/moe_dispatch.h"
 #include "trainer/model/param.h"
 
 namespace ckpt::trainer {
@@ -57,6 +60,13 @@ struct MoeActs {
   std::vector<T> sg, su, sh;      // [n, Fs] the shared expert's gate, up, silu(gate) * up
   std::vector<T> sy;              // [n, D] the shared expert's output before its gate
   std::vector<T> sgate;           // [n] sigmoid of the shared expert gate (1 without one)
+  // Expert parallelism (n here: the own tokens; xg/g/u/h: the Rg rows this rank computes, in
+  // local-expert-major order; y: [R, D] the combined expert outputs of the own rows).
+  int64_t lo = 0, own = 0;         // own tokens [lo, lo + own) of the layer input
+  std::vector<int64_t> ep_recv;    // [ep * El] rows from each ep peer for each local expert
+  std::vector<int64_t> ep_all;     // [etp * ep * El] ep_recv of every etp peer
+  std::vector<int64_t> perm;       // [Rg] position in the etp-gathered rows of each computed row
+  std::vector<int64_t> efirst;     // [El + 1] first computed row of each local expert
 };
 
 template <class T>
@@ -66,6 +76,11 @@ class MoeMlp {
   // Allocates the MoE MLP of layer `index` (whole tensors). specs: the layer's MLP parameters
   // after post_attention_layernorm, in canonical order (llama_layer_param_names).
   MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string, Shape>>& specs);
+  // Expert parallel: boxes[i] is the box held of specs[i] (the store's placement), `ep` the rank's
+  // groups (not owned; must outlive the layer).
+  MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string, Shape>>& specs, const std::vector<Box>& boxes,
+         ExpertGroups* ep);
+  bool expert_parallel() const { return ep_ != nullptr; }
 
   bool active() const { return E_ > 0; }
   // max / mean of the tokens routed to each expert since the last call (1: balanced; 0 when
@@ -82,6 +97,11 @@ class MoeMlp {
   // forward; parameter gradients accumulate. aux_dp[E] (may be null): d(loss)/d(p[t, e]) of the
   // load-balancing loss, the same for every token t.
   void backward(int slot, const T* x, const T* dy, T* dx, int64_t n, const T* aux_dp);
+  // Expert parallel forms of forward / backward (x, y, dy, dx replicated over the TP group): the
+  // own block of tokens is routed here, its rows computed by the ranks holding their experts.
+  // totals: the own tokens' statistics (Model sums them over TP). The groups' errors as Status.
+  Status ep_forward(int slot, const T* x, T* y, int64_t n, RouterTotals* totals);
+  Status ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t n, const T* aux_dp);
 
   Param<T> router;       // [E, D]     mlp.gate.weight
   Param<T> gate_proj;    // [E, F, D]  mlp.experts.gate_proj.weight
@@ -98,12 +118,21 @@ class MoeMlp {
   void shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n);
   // dlogits[n, E] of the routing weights (dw[n, k]) and of the aux loss.
   void router_grad(const MoeActs<T>& a, const T* dw, const T* aux_dp, T* dlogits, int64_t n) const;
+  // Expert parallel: the rows of the own tokens to the experts' ranks and back (moe_mlp_ep.cc).
+  Status ep_dispatch(MoeActs<T>& a, const T* rows, std::vector<T>* gathered);
+  Status ep_combine(MoeActs<T>& a, const T* gathered, T* rows);
+  void ep_experts_forward(MoeActs<T>& a, std::vector<T>* out);
+  void ep_experts_backward(MoeActs<T>& a, const std::vector<T>& dout, std::vector<T>* dx);
+  void count_load(const MoeActs<T>& a, int64_t n, RouterTotals* totals);
 
   int64_t D_ = 0, E_ = 0, K_ = 0, F_ = 0, Fs_ = 0;
   bool renorm_ = false, has_shared_gate_ = false;
   std::vector<MoeActs<T>> acts_ = std::vector<MoeActs<T>>(1);
   std::vector<T> dye_, dh_, dg_, du_, dxg_, dw_, dlog_;  // backward scratch
   std::vector<int64_t> load_;                           // [E] picks per expert since take_load
+  ExpertGroups* ep_ = nullptr;                          // expert parallel: the rank's groups
+  int64_t El_ = 0, Fl_ = 0;                             // local experts, local expert width
+  std::vector<T> ep_a_, ep_b_, ep_c_;                   // expert-parallel scratch
 };
 
 }  // namespace ckpt::trainer

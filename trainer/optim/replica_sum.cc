@@ -133,23 +133,27 @@ void merge_boxes(std::vector<Box>& boxes) {
 
 // The holders of `t` (ranks with a non-empty box) and this rank's box (nullopt: not held here).
 Result<std::vector<Holder>> holders_of(const TensorMeta& t, const Layout& layout, const ShardingRules& rules, int me,
-                                       std::optional<Box>* my_box) {
+                                       std::optional<Box>* my_box, bool* expert) {
   CKPT_ASSIGN_OR_RETURN(std::vector<StagePlacement> places, place_in_layout(t, layout, rules));
   std::vector<Holder> hs;
-  for (const StagePlacement& sp : places)
+  *expert = false;
+  for (const StagePlacement& sp : places) {
+    *expert = *expert || sp.expert;
     for (int r = 0; r < static_cast<int>(sp.tp_boxes.size()); ++r) {
       const int rank = layout.rank_of(sp.stage, sp.pipeline, r);
       if (rank == me) *my_box = sp.tp_boxes[static_cast<size_t>(r)];
       if (!sp.tp_boxes[static_cast<size_t>(r)].empty())
         hs.push_back({rank, RankPlace{sp.pipeline, sp.stage, r}, sp.tp_boxes[static_cast<size_t>(r)]});
     }
+  }
   return hs;
 }
 
 // Adds the pieces of tensor `ti` to the holder sets of the plan: the holders of a piece, split by
 // pipeline under Scope::kPipeline, form a set when they span more than one (pipeline, stage).
+// An expert tensor (expert parallelism): every holder adds its own gradient (each computed other rows).
 void add_to_sets(int ti, const std::vector<Holder>& hs, const std::vector<Piece>& pieces, ReplicaSum::Scope scope,
-                 Plan* plan) {
+                 bool expert, Plan* plan) {
   for (const Piece& pc : pieces) {
     struct ScopeGroup {
       std::map<std::pair<int, int>, std::pair<int, int>> lowest;  // (pipeline, stage) -> (tp rank, rank)
@@ -160,7 +164,8 @@ void add_to_sets(int ti, const std::vector<Holder>& hs, const std::vector<Piece>
       const Holder& h = hs[static_cast<size_t>(k)];
       ScopeGroup& g = groups[scope == ReplicaSum::Scope::kPipeline ? h.place.pipeline : 0];
       const std::pair<int, int> me{h.place.tp_rank, h.rank};
-      auto [it, fresh] = g.lowest.try_emplace({h.place.pipeline, h.place.stage}, me);
+      const std::pair<int, int> key = expert ? std::pair<int, int>{h.rank, -1} : std::pair<int, int>{h.place.pipeline, h.place.stage};
+      auto [it, fresh] = g.lowest.try_emplace(key, me);
       if (!fresh) it->second = std::min(it->second, me);
       g.ranks.push_back(h.rank);
     }
@@ -283,10 +288,11 @@ Result<ReplicaSum> ReplicaSum::make(Comm& world, const Layout& layout, const Sha
     if (!impl->index.emplace(t.name, ti).second)
       return Status::Error("ReplicaSumMismatch", "tensor '" + t.name + "' listed twice").with_tensor(t.name);
     impl->names.push_back(t.name);
+    bool expert = false;
     CKPT_ASSIGN_OR_RETURN(std::vector<Holder> hs,
-                          holders_of(t, layout, rules, world.rank(), &impl->mine[static_cast<size_t>(ti)]));
+                          holders_of(t, layout, rules, world.rank(), &impl->mine[static_cast<size_t>(ti)], &expert));
     const std::vector<Piece> pieces = cut_pieces(hs);
-    add_to_sets(ti, hs, pieces, scope, &plan);
+    add_to_sets(ti, hs, pieces, scope, expert, &plan);
     std::vector<Box>& counted = impl->counted[static_cast<size_t>(ti)];
     for (const Piece& pc : pieces)
       if (lowest_rank(hs, pc) == world.rank()) counted.push_back(pc.box);

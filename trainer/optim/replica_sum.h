@@ -12,7 +12,9 @@
 // cells of one tensor merged into one box where they form one.
 // A (pipeline, stage) contributes once per element: TP ranks of one stage that hold the same
 // element (replicated norms) hold the same gradient, so only the lowest of them adds its value
-// and the others add zero; every holder receives the sum.
+// and the others add zero; every holder receives the sum. Expert tensors of an expert-parallel
+// layout (StagePlacement::expert) are the exception: the ranks holding the same expert element
+// computed it on different routed rows, so every holder adds its own gradient.
 // Thread safety: main thread only (Comm).
 #pragma once
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "converters/model/llama_sharding.h"
+#include "reshard/layout/tensor_placement.h"
 
 namespace ckpt::trainer {
 
@@ -100,14 +101,65 @@ Status ParallelOptimizer<T>::build_zero1(Model<T>& model, Comm* world) {
     if (Param<T>* e = model.find(kEmbedName); e && e->numel() > 0) summed_.push_back({e->name, e->box, e->g.data()});
   }
   const std::vector<TensorMeta> tensors = trainer_tensors(cfg);
-  CKPT_ASSIGN_OR_RETURN(buf_, zero_buffer(tensors, view_, rules, pp_rank_, tp_rank_, zero_kind(kExpAvgPrefix)));
-  const auto [lo, hi] = buf_.range(dp_rank_);
-  flat_.assign(static_cast<size_t>(buf_.padded), T(0));
-  shard_w_.assign(static_cast<size_t>(hi - lo), T(0));
-  shard_g_.assign(static_cast<size_t>(hi - lo), T(0));
+  if (cfg.moe && layout_.expert_parallel()) {
+    CKPT_RETURN_IF_ERROR(find_expert_buffer(model, tensors, world));
+  } else {
+    CKPT_ASSIGN_OR_RETURN(dense_.buf, zero_buffer(tensors, view_, rules, pp_rank_, tp_rank_, zero_kind(kExpAvgPrefix)));
+    dense_.d = dp_rank_;
+  }
+  CKPT_RETURN_IF_ERROR(add_flat(model, tensors, dense_, false));
+  if (!expert_.buf.segments.empty()) CKPT_RETURN_IF_ERROR(add_flat(model, tensors, expert_, true));
+  const size_t matched = dense_.parts.size() + expert_.parts.size();
+  if (matched != params_.size())
+    return Status::Internal("ZeRO-1 buffer of stage " + std::to_string(pp_rank_) + " holds " + std::to_string(matched) +
+                            " of the stage's " + std::to_string(params_.size()) + " parameters");
+  return Status::Ok();
+}
+
+// Expert parallel: the stage's buffers from zero_buffers (placements of every pipeline); the
+// dense one of this TP rank, the expert one whose members include this rank; the communicator
+// of those members (a split of the world: every rank takes part).
+template <class T>
+Status ParallelOptimizer<T>::find_expert_buffer(Model<T>& model, const std::vector<TensorMeta>& tensors, Comm* world) {
+  const LlamaShardingRules rules(model.config());
+  std::vector<std::vector<StagePlacement>> placed;
+  for (const TensorMeta& t : tensors) {
+    CKPT_ASSIGN_OR_RETURN(auto pl, place_in_layout(t, layout_, rules));
+    placed.push_back(std::move(pl));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<ZeroBuffer> bufs, zero_buffers(tensors, placed, layout_));
+  const std::string kind = zero_kind(kExpAvgPrefix);
+  const std::pair<int, int> me{dp_rank_, tp_rank_};
+  int color = -1;
+  for (ZeroBuffer& b : bufs) {
+    if (b.stage != pp_rank_ || b.kind != kind) continue;
+    if (b.members.empty() && b.tp_rank == tp_rank_) {
+      dense_.buf = std::move(b);
+      dense_.d = dp_rank_;
+      continue;
+    }
+    const auto at = std::find(b.members.begin(), b.members.end(), me);
+    if (at == b.members.end()) continue;
+    expert_.d = static_cast<int>(at - b.members.begin());
+    color = pp_rank_ * layout_.tp * layout_.dp + b.members[0].first * layout_.tp + b.members[0].second;
+    expert_.buf = std::move(b);
+  }
+  if (!world) return Status::Ok();
+  const int stage_ranks = layout_.tp * layout_.dp * layout_.pp;
+  CKPT_ASSIGN_OR_RETURN(Comm c, world->split(color >= 0 ? color : stage_ranks + world->rank(), expert_.d));
+  edp_ = std::make_shared<Comm>(std::move(c));
+  return Status::Ok();
+}
+
+template <class T>
+Status ParallelOptimizer<T>::add_flat(Model<T>& model, const std::vector<TensorMeta>& tensors, Flat& f, bool expert) {
+  const LlamaShardingRules rules(model.config());
+  const auto [lo, hi] = f.buf.range(f.d);
+  f.flat.assign(static_cast<size_t>(f.buf.padded), T(0));
+  f.shard_w.assign(static_cast<size_t>(hi - lo), T(0));
+  f.shard_g.assign(static_cast<size_t>(hi - lo), T(0));
   const size_t prefix = std::strlen(kExpAvgPrefix);
-  size_t matched = 0;
-  for (const ZeroSegment& seg : buf_.segments) {
+  for (const ZeroSegment& seg : f.buf.segments) {
     if (seg.numel == 0) continue;
     const std::string name = tensors[seg.tensor].name.substr(prefix);
     Param<T>* p = model.find(name);
@@ -116,19 +168,18 @@ Status ParallelOptimizer<T>::build_zero1(Model<T>& model, Comm* world) {
                               std::to_string(tp_rank_) + " holds " + name + " " + seg.box.to_string() +
                               ", the model " + (p ? "holds " + p->box.to_string() : std::string("does not hold it")))
           .with_tensor(name);
-    ++matched;
-    parts_.push_back({p->w.data(), p->g.data(), seg.numel, seg.offset});
+    f.parts.push_back({p->w.data(), p->g.data(), seg.numel, seg.offset});
     const int64_t a = std::max(lo, seg.offset) - seg.offset;
     const int64_t b = std::min(hi, seg.offset + seg.numel) - seg.offset;
     if (a >= b) continue;
-    CKPT_ASSIGN_OR_RETURN(bool c, counted_here(*p, view_, rules, pp_rank_, tp_rank_));
+    bool c = true;  // expert buffer: each element in one shard of one group of the world
+    if (!expert) {
+      CKPT_ASSIGN_OR_RETURN(c, counted_here(*p, view_, rules, pp_rank_, tp_rank_));
+    }
     const size_t at = static_cast<size_t>(seg.offset + a - lo);
-    adam_.add(name, p->shape, region_of(seg.box, a, b), shard_w_.data() + at, shard_g_.data() + at, b - a, p->decay);
+    adam_.add(name, p->shape, region_of(seg.box, a, b), f.shard_w.data() + at, f.shard_g.data() + at, b - a, p->decay);
     counted_.push_back(c);
   }
-  if (matched != params_.size())
-    return Status::Internal("ZeRO-1 buffer of stage " + std::to_string(pp_rank_) + " holds " + std::to_string(matched) +
-                            " of the stage's " + std::to_string(params_.size()) + " parameters");
   return Status::Ok();
 }
 
@@ -141,9 +192,15 @@ Status ParallelOptimizer<T>::reduce_gradients(Comm& dp) {
   if (dp.size() != view_.dp)
     return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
   if (replicas_) CKPT_RETURN_IF_ERROR(replicas_->sum(summed_));
-  std::fill(flat_.begin(), flat_.end(), T(0));
-  for (const Part& p : parts_) std::copy(p.g, p.g + p.n, flat_.data() + p.flat);
-  return dp.reduce_scatter_sum(flat_.data(), shard_g_.data(), buf_.shard());
+  for (Flat* f : {&dense_, &expert_}) {
+    if (f->buf.padded == 0) continue;
+    Comm* c = f == &dense_ ? &dp : edp_.get();
+    if (!c) return Status::Internal("ZeRO-1 expert buffer without its group (optimizer created without a world)");
+    std::fill(f->flat.begin(), f->flat.end(), T(0));
+    for (const Part& p : f->parts) std::copy(p.g, p.g + p.n, f->flat.data() + p.flat);
+    CKPT_RETURN_IF_ERROR(c->reduce_scatter_sum(f->flat.data(), f->shard_g.data(), f->buf.shard()));
+  }
+  return Status::Ok();
 }
 
 template <class T>
@@ -179,10 +236,13 @@ template <class T>
 void ParallelOptimizer<T>::update(double lr, int64_t step) {
   if (layout_.zero == 1) {
     // Master values of the own range from the Params (equal on every DP rank after the last gather).
-    const auto [lo, hi] = buf_.range(dp_rank_);
-    for (const Part& p : parts_) {
-      const int64_t a = std::max(lo, p.flat), b = std::min(hi, p.flat + p.n);
-      if (a < b) std::copy(p.w + (a - p.flat), p.w + (b - p.flat), shard_w_.data() + (a - lo));
+    for (Flat* f : {&dense_, &expert_}) {
+      if (f->buf.padded == 0) continue;
+      const auto [lo, hi] = f->buf.range(f->d);
+      for (const Part& p : f->parts) {
+        const int64_t a = std::max(lo, p.flat), b = std::min(hi, p.flat + p.n);
+        if (a < b) std::copy(p.w + (a - p.flat), p.w + (b - p.flat), f->shard_w.data() + (a - lo));
+      }
     }
   }
   adam_.step(lr, step);
@@ -193,8 +253,13 @@ Status ParallelOptimizer<T>::gather_params(Comm& dp) {
   if (layout_.zero != 1) return Status::Ok();
   if (dp.size() != view_.dp)
     return Status::InvalidArgument("DP group of " + std::to_string(dp.size()) + " ranks for " + layout_.to_string());
-  CKPT_RETURN_IF_ERROR(dp.all_gather(shard_w_.data(), flat_.data(), buf_.shard()));
-  for (const Part& p : parts_) std::copy(flat_.data() + p.flat, flat_.data() + p.flat + p.n, p.w);
+  for (Flat* f : {&dense_, &expert_}) {
+    if (f->buf.padded == 0) continue;
+    Comm* c = f == &dense_ ? &dp : edp_.get();
+    if (!c) return Status::Internal("ZeRO-1 expert buffer without its group (optimizer created without a world)");
+    CKPT_RETURN_IF_ERROR(c->all_gather(f->shard_w.data(), f->flat.data(), f->buf.shard()));
+    for (const Part& p : f->parts) std::copy(f->flat.data() + p.flat, f->flat.data() + p.flat + p.n, p.w);
+  }
   return Status::Ok();
 }
 

@@ -58,7 +58,7 @@ class ParallelOptimizer {
   int zero() const { return layout_.zero; }
   // zero 1: the flat buffer of kind optimizer.exp_avg of this rank's (stage, TP rank); its
   // exp_avg_sq twin has the same segments. zero 0: empty.
-  const ZeroBuffer& flat_layout() const { return buf_; }
+  const ZeroBuffer& flat_layout() const { return dense_.buf; }
 
   // Sums the Params' gradients over their replicas: zero 0 the world's ReplicaSum (every holder
   // gets the sum in Param::g; `dp` unused); zero 1 the tied embedding over the pipeline's stages,
@@ -103,8 +103,21 @@ class ParallelOptimizer {
     T* g = nullptr;
     int64_t n = 0;
   };
+  // zero 1: one flat buffer of the stage (the dense one; expert parallel: also this rank's expert
+  // buffer, sharded over its expert data-parallel group, reshard/layout/zero_layout.h).
+  struct Flat {
+    ZeroBuffer buf;
+    int d = 0;                         // this rank's shard
+    std::vector<Part> parts;           // per segment of buf
+    std::vector<T> flat;               // [padded] flat buffer
+    std::vector<T> shard_w, shard_g;   // [shard] master values and reduced gradients
+  };
   Status build_zero0(Model<T>& model, Comm* world);
   Status build_zero1(Model<T>& model, Comm* world);
+  // The slots of `f` (its buffer and shard set): every segment's Param, the parts in the own range.
+  Status add_flat(Model<T>& model, const std::vector<TensorMeta>& tensors, Flat& f, bool expert);
+  // Expert parallel: this rank's expert buffer (of every zero_buffers) and its group's communicator.
+  Status find_expert_buffer(Model<T>& model, const std::vector<TensorMeta>& tensors, Comm* world);
   Status needs_world(const char* what) const;
 
   Layout layout_;                      // the run's layout (either form)
@@ -116,10 +129,9 @@ class ParallelOptimizer {
   std::vector<std::vector<Box>> counted_boxes_;  // zero 0, per adam_ slot: the parts counted
   std::shared_ptr<ReplicaSum> replicas_;  // zero 0: every Param; zero 1: the tied embedding (or null)
   std::vector<HeldBox<T>> summed_;     // this rank's boxes of the tensors replicas_ sums
-  ZeroBuffer buf_;                     // zero 1
-  std::vector<Part> parts_;            // zero 1: per segment of buf_
-  std::vector<T> flat_;                // zero 1: [padded] flat buffer
-  std::vector<T> shard_w_, shard_g_;   // zero 1: [shard] master values and reduced gradients
+  Flat dense_;                         // zero 1: the stage's dense buffer, sharded over the DP group
+  Flat expert_;                        // zero 1, expert parallel: the expert buffer, over edp_
+  std::shared_ptr<Comm> edp_;          // the ranks sharing expert_'s buffer, in its members' order
 };
 
 template <>
