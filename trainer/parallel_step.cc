@@ -1,5 +1,6 @@
 #include "trainer/parallel_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -116,6 +117,25 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
   return loss;
 }
 
+// Expert parallel: every rank routed its own tokens; the load of the step's tokens is the sum
+// over the world: max / mean tokens per expert of the most unbalanced MoE layer.
+template <class T>
+Result<double> expert_router_load(Model<T>& model, Comm& world) {
+  std::vector<double> c = model.take_router_counts();
+  CKPT_RETURN_IF_ERROR(world.all_reduce_sum(c.data(), static_cast<int64_t>(c.size())));
+  const size_t E = static_cast<size_t>(model.config().moe->num_experts);
+  double worst = 0;
+  for (size_t l = 0; l + E <= c.size(); l += E) {
+    double mx = 0, sum = 0;
+    for (size_t e = 0; e < E; ++e) {
+      mx = std::max(mx, c[l + e]);
+      sum += c[l + e];
+    }
+    if (sum > 0) worst = std::max(worst, mx * static_cast<double>(E) / sum);
+  }
+  return worst;
+}
+
 template <class T>
 Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const TokenStream& data, TrainerState* state,
                             const Layout& layout, LayoutGroups& g, const GradDump<T>& dump, double stretch) {
@@ -149,22 +169,28 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   CKPT_RETURN_IF_ERROR(opt.gather_params(g.dp));
   clock_lap(t, &clock.comm);
   // The maxima over ranks, then every rank's compute seconds (its own slot, zero elsewhere).
-  std::vector<double> times(static_cast<size_t>(3 + g.world.size()), 0.0);
+  std::vector<double> times(static_cast<size_t>(4 + g.world.size()), 0.0);
   times[0] = clock.compute;
   times[1] = clock.comm;
   times[2] = clock.idle;
-  times[static_cast<size_t>(3 + g.world.rank())] = clock.compute;
+  times[3] = model.take_a2a_s();
+  times[static_cast<size_t>(4 + g.world.rank())] = clock.compute;
   CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times.data(), static_cast<int64_t>(times.size())));
   state->step += 1;
   st.step = state->step;
   st.compute_s = times[0];
   st.comm_s = times[1];
   st.idle_s = times[2];
-  st.rank_compute_s.assign(times.begin() + 3, times.end());
+  st.a2a_s = times[3];
+  st.rank_compute_s.assign(times.begin() + 4, times.end());
   st.seconds = step_clock_s() - t0;
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * sums[2];
-  st.router_load = model.take_router_load();
+  if (model.expert_parallel()) {
+    CKPT_ASSIGN_OR_RETURN(st.router_load, expert_router_load(model, g.world));
+  } else {
+    st.router_load = model.take_router_load();
+  }
   return st;
 }
 

@@ -266,6 +266,10 @@ std::string Trainer::format_line(const StepStats& s) {
     std::snprintf(buf, sizeof buf, " | comm %.0f%% idle %.0f%%", 100 * s.comm_s / s.seconds, 100 * s.idle_s / s.seconds);
     line += buf;
   }
+  if (s.a2a_s > 0) {
+    std::snprintf(buf, sizeof buf, " | a2a %.0f%%", 100 * s.a2a_s / s.seconds);
+    line += buf;
+  }
   if (s.router_load > 0) {
     std::snprintf(buf, sizeof buf, " | router max/mean %.2f", s.router_load);
     line += buf;
@@ -284,6 +288,7 @@ nlohmann::json Trainer::to_json(const StepStats& s) {
           {"save_blocked_s", s.save_blocked_s}, {"compute_s", s.compute_s}, {"comm_s", s.comm_s},
           {"idle_s", s.idle_s}};
   if (s.router_load > 0) j["router_load"] = s.router_load;
+  if (s.a2a_s > 0) j["a2a_s"] = s.a2a_s;
   if (!s.emulation.empty()) {
     j["emulated"] = s.emulation_factors;
     j["rank_compute_s"] = s.rank_compute_s;

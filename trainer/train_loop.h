@@ -73,6 +73,9 @@ struct StepStats {
   double flops_per_s = 0;       // model FLOP/s (Model::train_flops_per_token)
   double save_blocked_s = 0;    // time the loop was blocked by a checkpoint at this step
   double router_load = 0;       // MoE: max / mean tokens per expert of the most unbalanced layer (0: dense)
+                                // (expert parallel: of the step's tokens on every rank)
+  double a2a_s = 0;             // expert parallel: seconds in the MoE dispatch / combine collectives (in
+                                // comm_s), the maximum over ranks; 0 otherwise
   // Parallel runs: the step's compute, communication (collectives) and pipeline-idle (waiting for
   // a neighbouring stage) seconds, each the maximum over ranks.
   double compute_s = 0, comm_s = 0, idle_s = 0;

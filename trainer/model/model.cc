@@ -230,6 +230,17 @@ double Model<T>::take_router_load() {
 }
 
 template <class T>
+std::vector<double> Model<T>::take_router_counts() {
+  std::vector<double> out;
+  for (auto& l : layers_)
+    if (l.is_moe()) {
+      const std::vector<double> c = l.moe.take_counts();
+      out.insert(out.end(), c.begin(), c.end());
+    }
+  return out;
+}
+
+template <class T>
 int64_t Model<T>::num_params() const {
   int64_t n = 0;
   for (auto* p : const_cast<Model*>(this)->params()) n += p->numel();
@@ -335,6 +346,7 @@ Status Model<T>::check_stage_call(int slot, const int32_t* tokens, const T* x_in
   template void Model<T>::zero_grad();                                                                      \
   template int64_t Model<T>::num_params() const;                                                            \
   template double Model<T>::take_router_load();                                                            \
+  template std::vector<double> Model<T>::take_router_counts();                                             \
   template double Model<T>::train_flops_per_token(int64_t) const;                                           \
   template Status Model<T>::check_batch(const int32_t*, const int32_t*, int64_t, int64_t) const;            \
   template Status Model<T>::check_stage_call(int, const int32_t*, const T*, const int32_t*, int64_t,        \

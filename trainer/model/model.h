@@ -89,6 +89,12 @@ class Model {
   // MoE: the router's load since the last call, max / mean tokens per expert of the most
   // unbalanced MoE layer (0 for a dense model); restarts the count.
   double take_router_load();
+  // Expert parallel (else empty / 0): the tokens per expert of every MoE layer since the last
+  // call ([MoE layers * E], this rank's own tokens; restarts the count), and the seconds spent in
+  // the MoE dispatch / combine collectives since the last call.
+  std::vector<double> take_router_counts();
+  double take_a2a_s() { return tp_.experts ? tp_.experts->take_a2a_s() : 0.0; }
+  bool expert_parallel() const { return tp_.experts != nullptr; }
   int tp_rank() const { return tp_.rank; }
 
   // Every parameter held, in canonical order (llama_model_tensors). With tied embeddings the

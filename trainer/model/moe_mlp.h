@@ -86,6 +86,8 @@ class MoeMlp {
   // max / mean of the tokens routed to each expert since the last call (1: balanced; 0 when
   // nothing was routed), then restarts the count.
   double take_load();
+  // The tokens routed to each expert since the last call ([E]), then restarts the count.
+  std::vector<double> take_counts();
   int64_t experts() const { return E_; }
   std::vector<Param<T>*> params();
   void set_slots(int k) { acts_.resize(static_cast<size_t>(k)); }

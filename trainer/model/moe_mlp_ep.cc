@@ -151,6 +151,14 @@ void MoeMlp<T>::count_load(const MoeActs<T>& a, int64_t n, RouterTotals* totals)
   totals->rows += n;
 }
 
+template <class T>
+std::vector<double> MoeMlp<T>::take_counts() {
+  std::vector<double> out(load_.begin(), load_.end());
+  out.resize(static_cast<size_t>(E_), 0.0);
+  std::fill(load_.begin(), load_.end(), 0);
+  return out;
+}
+
 namespace {
 
 // The counts of a.first to the ep peers, gathered over etp; the expert-major order of the
@@ -277,6 +285,7 @@ Status MoeMlp<T>::ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t 
   template void MoeMlp<T>::ep_experts_forward(MoeActs<T>&, std::vector<T>*);                          \
   template void MoeMlp<T>::ep_experts_backward(MoeActs<T>&, const std::vector<T>&, std::vector<T>*);  \
   template void MoeMlp<T>::count_load(const MoeActs<T>&, int64_t, RouterTotals*);                     \
+  template std::vector<double> MoeMlp<T>::take_counts();                                              \
   template Status MoeMlp<T>::ep_forward(int, const T*, T*, int64_t, RouterTotals*);                   \
   template Status MoeMlp<T>::ep_backward(int, const T*, const T*, T*, int64_t, const T*);
 CKPT_INSTANTIATE_MOE_EP(float)
