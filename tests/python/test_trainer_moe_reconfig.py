@@ -98,3 +98,34 @@ def test_hf_import_trains_the_same_on_ep2(runs):
     assert_inspect_shows(res / step_dir(STEPS), "ep2_tp2")
     print(f"HF import: one process vs ep2 (then ep2 x tp2): worst relative loss difference {worst:.3g}, "
           f"max |w_a - w_b| {max_abs:.3g}")
+    # ep2's step-10 checkpoint exported back to HF: the one-process model's tensors, and it loads.
+    worst_t, worst_l = _to_hf_matches(runs.root, ep2 / step_dir(MID), one / step_dir(MID))
+    print(f"to-hf of ep2 step {MID} vs one process: max |a - b| {worst_t:.3g}, logits {worst_l:.3g}")
+
+
+def _to_hf_matches(root, ckpt_a, ckpt_b):
+    """`ckpt to-hf` of both; every tensor of A within float32 noise of B's (safetensors), and A loads in
+    transformers with logits within 1e-4 of B's."""
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+    outs = []
+    for i, c in enumerate((ckpt_a, ckpt_b)):
+        out = root / f"to_hf_{i}"
+        ckpt("to-hf", c, out)
+        outs.append(out)
+    ta = {k: v for f in sorted(outs[0].glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    tb = {k: v for f in sorted(outs[1].glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert ta.keys() == tb.keys() and any(".experts." in k for k in ta), sorted(ta)[:8]
+    worst = max(float(np.abs(ta[k] - tb[k]).max()) for k in ta)
+    assert worst < 5e-6, worst
+    tokens = torch.arange(2, 34).view(2, 16) % 256
+    logits = []
+    for out in outs:
+        m = transformers.MixtralForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits.append(m(tokens).logits)
+    worst_l = float((logits[0] - logits[1]).abs().max())
+    assert worst_l < 1e-4, worst_l
+    return worst, worst_l
