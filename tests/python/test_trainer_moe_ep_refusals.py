@@ -57,9 +57,15 @@ def test_general_layout_with_ep_is_unsupported(tmp_path):
 
 
 def test_step_line_and_log_of_an_expert_parallel_run(tmp_path):
-    out = tmp_path / "run"
-    p = _train(tmp_path, MIXTRAL, 2, "--dp", 2, "--ep", 2, "--micro-batch", 2, "--out", out)
+    """From a layout file with "ep" / "etp" (ZeRO-1): the step line, train_log.jsonl, the checkpoint's layout."""
+    out, lay = tmp_path / "run", tmp_path / "layout.json"
+    lay.write_text(json.dumps({"tp": 1, "pp": 1, "dp": 2, "zero": 1, "ep": 2, "etp": 1, "micro_batch": [2, 2],
+                               "layers_per_stage": [2]}))
+    p = _train(tmp_path, MIXTRAL, 2, "--layout", lay, "--out", out)
     assert p.returncode == 0, p.stderr[-3000:]
+    j = json.loads(subprocess.run([ckpt_path(), "inspect", "--json", out / "step-00000002"], capture_output=True,
+                                  text=True, check=True).stdout)
+    assert {k: j["layout"][k] for k in ("dp", "ep", "etp", "zero")} == {"dp": 2, "ep": 2, "etp": 1, "zero": 1}, j["layout"]
     lines = [l for l in p.stdout.splitlines() if l.startswith("step ")]
     assert len(lines) == 2 and all(" | a2a " in l and "router max/mean" in l for l in lines), p.stdout
     recs = [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
