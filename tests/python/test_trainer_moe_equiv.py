@@ -60,6 +60,9 @@ CASES = [
     ("ep2_tp2_etp1_dp2_zero1", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 1, "--zero", 1,
                                               "--micro-batches", "2,2"]),
     ("dp4_ep2_zero1", 4, "mixtral", ["--dp", 4, "--ep", 2, "--zero", 1, "--micro-batches", "2,2,2,2"]),
+    ("ep2_tp2_etp2_dp2_zero1", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--zero", 1,
+                                              "--micro-batches", "2,2"]),
+    ("qwen3_ep2_zero1", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--zero", 1, "--micro-batches", "2,2"]),
     ("qwen3_ep2", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen3_ep4", 4, "qwen3_moe", ["--dp", 4, "--ep", 4, "--micro-batches", "2,2,2,2"]),
 ]
