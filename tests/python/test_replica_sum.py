@@ -6,7 +6,8 @@ in float64 and float32 (values are multiples of 1/8: both exact). counted() must
 once (lowest holder counts). Negative controls in the same runs: the reference that also sums TP
 replicas, the one that ignores the pipeline scope, and one perturbed value must each give
 mismatches where the layout makes them differ; sum() must refuse box lists that differ from the
-plan; and one run where a rank corrupts a summed value must fail.
+plan; and one run where a rank corrupts a summed value must fail. Expert tensors of an
+expert-parallel layout (a Mixtral): every holder's value is summed, TP ranks of a stage included.
 A 6-layer model (hidden 32, 4 heads, 2 KV heads: tp 4 replicates each KV head on 2 ranks;
 vocabulary 100 with divisor 16: tp 2 splits it 64 + 36, tp 4 32 + 32 + 32 + 4).
 """
@@ -46,12 +47,12 @@ def _general(pipelines):
                 rank_order="tp-dp-pp")
 
 
-def _run(tmp_path, name, layout, tied, *args):
+def _run(tmp_path, name, layout, tied, *args, config=None):
     lp = tmp_path / f"{name}.json"
     lp.write_text(json.dumps(layout))
     n = _ranks(layout)
-    r = subprocess.run(mpirun_cmd(n, _tool(), _config(tmp_path, tied), lp, *args), capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(mpirun_cmd(n, _tool(), config or _config(tmp_path, tied), lp, *args), capture_output=True,
+                       text=True, timeout=120)
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
     assert lines, f"no report (exit {r.returncode}):\n{r.stdout}\n{r.stderr}"
     return r.returncode, json.loads(lines[-1])
@@ -132,3 +133,20 @@ def test_corrupted_value_fails(tmp_path):
     bad = [c for c in out["checks"] if c["mismatches"]]
     assert [(c["scope"], c["dtype"], c["mismatches"]) for c in bad] == [("world", "f64", 1)], out
     assert bad[0]["first"].startswith("rank 1 ") and "expected" in bad[0]["first"], bad[0]
+
+
+@pytest.mark.parametrize("tp,dp,ep,etp", [(2, 1, 1, 1), (2, 2, 2, 1), (1, 4, 2, 1)])
+def test_expert_tensors_sum_every_holder(tmp_path, tp, dp, ep, etp):
+    """Expert parallelism (docs/MOE.md "Expert parallelism in the trainer"): the ranks holding the same
+    expert element computed it on other routed rows, so the reference sums every holder's value, TP
+    ranks of one stage included (tp2 with etp 1: both TP ranks hold every expert whole)."""
+    c = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=10000.0,
+             max_position_embeddings=64, hidden_act="silu", vocab_size=100, hidden_size=32, intermediate_size=48,
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+             tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2)
+    cfg = tmp_path / "mixtral.json"
+    cfg.write_text(json.dumps(c))
+    layout = dict(tp=tp, pp=1, dp=dp, zero=0, layers_per_stage=[2], vocab_divisor=16, ep=ep, etp=etp)
+    rc, out = _run(tmp_path, f"ep_{tp}_{dp}_{ep}_{etp}", layout, False, "--scopes", "world", config=cfg)
+    got = _checks(rc, out, ["world"])
+    assert all(c["summed"] > 0 for c in got.values()), got

@@ -5,7 +5,8 @@
 // values and its counted() boxes to rank 0, which checks them element by element against the
 // naive reference: an element held by two or more (pipeline, stage) of the scope (the world, or
 // the rank's own pipeline) becomes the sum over those (pipeline, stage) of the value of their
-// lowest TP rank holding it; any other element keeps its own value. Values are multiples of 1/8
+// lowest TP rank holding it (an expert tensor of an expert-parallel layout: of every rank holding
+// it); any other element keeps its own value. Values are multiples of 1/8
 // below 128 in magnitude, so every sum is exact in float and double: the error must be 0.
 // counted(): every element of every tensor is counted by exactly one rank, the lowest holding it.
 // Negative controls (in the same run; they must find mismatches where the layout makes them
@@ -20,6 +21,7 @@
 // error ({"ok": false, "code", "message"}).
 //   mpirun -np N replica_sum_check CONFIG LAYOUT [--scopes world,pipeline] [--fill rank|stage]
 //                                  [--corrupt R]   (rank R changes one summed value: must fail)
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -58,6 +60,7 @@ struct Setup {
   std::vector<TensorMeta> tensors;
   std::vector<std::vector<std::optional<Box>>> box;  // [tensor][rank] (nullopt: not held)
   std::vector<RankPlace> place;                      // [rank]
+  std::vector<char> expert;                          // [tensor]: an expert tensor of an expert-parallel layout
   int rank = 0;
 };
 
@@ -95,6 +98,8 @@ bool holds(const std::optional<Box>& b, const Shape& idx) {
 }
 
 // The naive reference for rank r's element idx (flat g) of tensor ti. *summed: a sum was due.
+// An expert tensor (expert parallelism): every holder is its own contributor (each computed
+// other routed rows), so the sum runs over every rank holding the element.
 double expected(const Setup& s, Scope scope, Ref ref, int r, size_t ti, const Shape& idx, int64_t g, bool* summed) {
   struct Stage { int p, st, tp, rank; };
   std::vector<Stage> lowest;  // per (pipeline, stage) holding the element: its lowest TP rank
@@ -107,7 +112,7 @@ double expected(const Setup& s, Scope scope, Ref ref, int r, size_t ti, const Sh
     all += value(s, q, ti, g);
     bool found = false;
     for (Stage& x : lowest)
-      if (x.p == pq.pipeline && x.st == pq.stage) {
+      if (x.p == pq.pipeline && x.st == pq.stage && !s.expert[ti]) {
         found = true;
         if (pq.tp_rank < x.tp) x = {pq.pipeline, pq.stage, pq.tp_rank, q};
       }
@@ -331,6 +336,7 @@ Result<json> run(Comm& world, const Options& o) {
   for (const TensorMeta& t : s.tensors) {
     CKPT_ASSIGN_OR_RETURN(std::vector<StagePlacement> pl, place_in_layout(t, s.layout, rules));
     s.box.emplace_back(s.place.size());
+    s.expert.push_back(std::any_of(pl.begin(), pl.end(), [](const StagePlacement& sp) { return sp.expert; }) ? 1 : 0);
     for (const StagePlacement& sp : pl)
       for (int k = 0; k < static_cast<int>(sp.tp_boxes.size()); ++k)
         s.box.back()[static_cast<size_t>(s.layout.rank_of(sp.stage, sp.pipeline, k))] = sp.tp_boxes[static_cast<size_t>(k)];
