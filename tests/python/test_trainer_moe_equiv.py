@@ -56,6 +56,8 @@ CASES = [
     ("ep2_tp2_etp2_dp2", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--micro-batches", "2,2"]),
     ("ep2_tp2_etp1_dp2", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2,2"]),
     ("tp2_etp1_ep1", 2, "mixtral", ["--tp", 2, "--ep", 1, "--etp", 1, "--micro-batches", "2"]),
+    # 7 tokens per micro-batch: TP blocks of 3 and 4 rows
+    ("ep2_tp2_etp1_odd_rows", 2, "mixtral", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "1", "--seq", 7]),
     ("dp2_ep2_zero1", 2, "mixtral", ["--dp", 2, "--ep", 2, "--zero", 1, "--micro-batches", "2,2"]),
     ("ep2_tp2_etp1_dp2_zero1", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 1, "--zero", 1,
                                               "--micro-batches", "2,2"]),
@@ -76,7 +78,7 @@ if os.environ.get("CKPT_SANITIZE") != "ON":
 def test_expert_parallel_layout_gives_the_one_process_step(case, f64, tmp_path):
     name, n, family, args = case
     cfg = _config(tmp_path, family)
-    cmd = mpirun_cmd(n, _tool(), cfg, *args, "--steps", 10, "--grad-accum", 2, "--seq", 8, "--f64", int(f64))
+    cmd = mpirun_cmd(n, _tool(), cfg, "--steps", 10, "--grad-accum", 2, "--seq", 8, "--f64", int(f64), *args)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,4 +1,3 @@
-// (After moe_mlp.cc in file order: its explicit instantiation of MoeMlp comes first in a unity build.)
 // MoeMlp<T>: the expert-parallel forward and backward (docs/MOE.md "Expert parallelism in the
 // trainer"). Per layer, on a rank with expert coordinates (etp, ep, edp) holding the El = E/ep
 // experts of its ep rank and the F/etp slice of their width (Fl):
@@ -15,6 +14,8 @@
 //   own tokens (its gradient summed over TP here, so TP replicas hold the same gradient), dx
 //   all-gathered over TP. Expert gradients are the sums over the rows this rank computed: every
 //   holder of an expert element adds its share (trainer/optim/replica_sum.h).
+// (After moe_mlp.cc in file order: its explicit instantiation of MoeMlp comes first in a unity
+// build, then these members' own.)
 #include <algorithm>
 #include <chrono>
 
