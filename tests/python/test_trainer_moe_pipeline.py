@@ -79,7 +79,7 @@ CASES = [
     ("qwen2_tp2_dense_layers", 2, qwen("qwen2_moe", 2, [0, 1]), ["--tp", 2]),
     ("qwen3_tp2_dense_stage_then_moe", 3, qwen("qwen3_moe", 4, [0, 1]), _general([(2, [(2, 2), (2, 1)])], 4)),
 ]
-F64 = {"mixtral_pp2_dp2_zero1_mb_2_1", "qwen3_tp2_dense_stage_then_moe"}
+F64 = {"mixtral_pp2_dp2_zero1_mb_2_1", "qwen3_tp2_dense_layers", "qwen2_tp2_dense_layers", "qwen3_tp2_dense_stage_then_moe"}
 RUNS = [(c, False) for c in CASES]
 if os.environ.get("CKPT_SANITIZE") != "ON":
     RUNS += [(c, True) for c in CASES if c[0] in F64]
