@@ -12,7 +12,8 @@ a Qwen3-MoE on 3 stages whose middle one holds only dense layers (mlp_only_layer
 statistics pass through it); TP 2 of the attention of Qwen3-MoE (per-head q/k norms, replicated,
 their gradient summed over the ranks' heads) and Qwen2-MoE (q/k/v biases split with their rows)
 on configs whose layers are dense; a general layout whose first stage (dense layers) has tp 2 and
-whose second (MoE layers) tp 1. The router statistics crossing the boundaries are what make the
+whose second (MoE layers) tp 1; two pipelines with different stage splits and micro-batch
+sizes. The router statistics crossing the boundaries are what make the
 pipeline cases pass: with the aux loss's coefficient at 0.1 its share of the loss is ~1e-1, far
 above the tolerance (tests/trainer/pipeline_stage_test.cc drops them and sees the difference).
 
@@ -78,6 +79,8 @@ CASES = [
     ("qwen3_tp2_dense_layers", 2, qwen("qwen3_moe", 2, [0, 1]), ["--tp", 2]),
     ("qwen2_tp2_dense_layers", 2, qwen("qwen2_moe", 2, [0, 1]), ["--tp", 2]),
     ("qwen3_tp2_dense_stage_then_moe", 3, qwen("qwen3_moe", 4, [0, 1]), _general([(2, [(2, 2), (2, 1)])], 4)),
+    # Two pipelines splitting the layers differently (FlashFlex-style), micro-batches 2 and 1.
+    ("mixtral_pipelines_1_3_and_2_2", 4, MIXTRAL, _general([(2, [(1, 1), (3, 1)]), (1, [(2, 1), (2, 1)])], 4)),
 ]
 F64 = {"mixtral_pp2_dp2_zero1_mb_2_1", "qwen3_tp2_dense_layers", "qwen2_tp2_dense_layers", "qwen3_tp2_dense_stage_then_moe"}
 RUNS = [(c, False) for c in CASES]
