@@ -13,9 +13,10 @@ statistics pass through it); TP 2 of the attention of Qwen3-MoE (per-head q/k no
 their gradient summed over the ranks' heads) and Qwen2-MoE (q/k/v biases split with their rows)
 on configs whose layers are dense; a general layout whose first stage (dense layers) has tp 2 and
 whose second (MoE layers) tp 1; two pipelines with different stage splits and micro-batch
-sizes. The router statistics crossing the boundaries are what make the
-pipeline cases pass: with the aux loss's coefficient at 0.1 its share of the loss is ~1e-1, far
-above the tolerance (tests/trainer/pipeline_stage_test.cc drops them and sees the difference).
+sizes. The router statistics crossing the boundaries are what make the pipeline cases pass: with
+the aux loss's coefficient at 0.1 the aux term (0.1 x ~2) is a few percent of the loss, far above
+the tolerance (without stage 0's totals every pipeline case fails; tests/trainer/pipeline_stage_test.cc
+also drops aux_dp on its way back and sees the difference).
 
 `ckpt train` (a 4-layer Mixtral, 12 sequences of 8 tokens per step split into micro-batches of 3
 on every layout, so that the aux losses are the same): pp2 (1 + 3 layers) trains like one process
