@@ -23,7 +23,8 @@ on every layout, so that the aux losses are the same): pp2 (1 + 3 layers) trains
 (20 steps, losses within 1e-5); resume across reconfigurations, the oracle being the uninterrupted
 run (trainer_runs.py): pp2's step-10 checkpoint resumed on one process, one process's on pp2 x dp2
 ZeRO-1, steps 11-20 within 1e-5 and `ckpt diff` of the step-20 checkpoints within the documented
-float32 noise. Faults: a rank SIGKILLed while writing its shard of the step-10 MoE checkpoint at
+float32 noise; a Qwen3-MoE on a general layout (its dense layers on a tp2 stage, the MoE layers on
+tp1) trains like one process and resumes on one. Faults: a rank SIGKILLed while writing its shard of the step-10 MoE checkpoint at
 pp2 ends the job, `latest` stays on step 5, and a new launch resumes from it to the uninterrupted
 run's losses and checkpoint. Refused: an MoE layer on a stage with tp > 1 (expert parallelism is
 another change), by name before any work.
@@ -38,7 +39,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd  # noqa: E402
-from trainer_runs import (COMMON, MID, STEPS, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
+from trainer_runs import (COMMON, MID, STEPS, Gen, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
                           ckpt_path, launch, log, run, step_dir)
 
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
@@ -145,6 +146,24 @@ def test_moe_resume_on_another_layout(runs, a, b):
     lay = json.loads(ckpt("inspect", "--json", res / step_dir(STEPS)).stdout)["layout"]
     assert lay["pp"] == (2 if b != "one" else 1), lay
     print(f"{a} -> {b}: worst loss error {worst:.3g}, step-20 |a-b| {d:.3g}")
+
+
+# A Qwen3-MoE whose layers 0-1 are dense: a general layout with those on a tp2 stage, the MoE layers on tp1.
+QWEN_LAYOUTS = {
+    "one": Sym(1, ["--micro-batch", 3, "--grad-accum", 4]),
+    "tp2_then_tp1": Gen([{"micro_batch": 3, "stages": [{"layers": 2, "tp": 2}, {"layers": 2, "tp": 1}]}], 0, 4),
+}
+
+
+def test_general_layout_with_a_tp_stage_trains_and_resumes_like_one_process(tmp_path_factory):
+    q = Runs(tmp_path_factory.mktemp("moe_general_runs"), QWEN_LAYOUTS,
+             config=qwen("qwen3_moe", 4, [0, 1], vocab_size=264))
+    worst = assert_losses_close(log(q.full("one")), log(q.full("tp2_then_tp1")), range(1, STEPS + 1))
+    res = q.resumed("tp2_then_tp1", "one")
+    assert_losses_close(log(q.full("tp2_then_tp1")), log(res), range(MID + 1, STEPS + 1))
+    d = assert_same_checkpoint(q.full("tp2_then_tp1") / step_dir(STEPS), res / step_dir(STEPS))
+    print(f"qwen3-moe tp2 dense stage + tp1 MoE stage vs one process: worst loss error {worst:.3g}; resumed on one "
+          f"process, step-20 |a-b| {d:.3g}")
 
 
 def test_rank_killed_in_moe_save(runs, tmp_path):
