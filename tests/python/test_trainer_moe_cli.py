@@ -1,4 +1,4 @@
-"""`ckpt train` on an MoE model imported from HF (issue 38, one process).
+"""`ckpt train` on an MoE model imported from HF (issue 38, one process; several: test_trainer_moe_pipeline.py).
 
 transformers makes a tiny Qwen3-MoE (a dense layer between MoE ones, q/k norms), a Qwen2-MoE (shared
 expert and its gate, q/k/v biases) and a Mixtral with seeded random weights and saves them as released checkpoints are (`save_pretrained`, one tensor
