@@ -249,6 +249,20 @@ TEST(PipelineStages, MoeBoundaryTailsMatter) {
   EXPECT_TRUE(r.worst_tensor.starts_with("model.layers.0.") || r.worst_tensor == "model.embed_tokens.weight") << r.worst_tensor;
 }
 
+TEST(PipelineStages, MoeLayerUnderTpIsRefused) {
+  auto layout = std::move(Layout::make(2, 2, 1, 0, 4, {2, 2})).value();
+  // Qwen3-MoE with layers 0 and 1 dense: stage 0 may split its attention, stage 1 holds MoE layer 2.
+  const LlamaConfig c = pipe_moe_config("qwen3_moe", {0, 1});
+  auto m = Model<double>::create(c, ModelShard{layout, 1, 0, nullptr});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), "LayoutRefused");
+  EXPECT_NE(m.status().message().find("MoE layer 2"), std::string::npos) << m.status().to_string();
+  // Stage 0 passes the MoE checks (and then needs its TP communicator).
+  auto d = Model<double>::create(c, ModelShard{layout, 0, 0, nullptr});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("TP communicator"), std::string::npos) << d.status().to_string();
+}
+
 TEST(PipelineStages, SlotMisuseIsAnError) {
   const LlamaConfig c = config(false);
   auto layout = std::move(Layout::make(1, 2, 1, 0, 4, {2, 2})).value();
