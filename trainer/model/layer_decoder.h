@@ -6,8 +6,9 @@
 // per TP rank), o_proj and down_proj row-parallel with the all-reduce of their output in forward;
 // in backward the all-reduce of the gradient of each normed input (the column-parallel block's
 // input) before the RMSNorm backward. Norm weights are replicated; the q/k norms' gradients, which
-// each rank sums over its own heads only, are all-reduced over TP per micro-batch. The activations of every micro-batch in flight are kept per slot
-// (LayerActs); the backward scratch (Workspace) is shared.
+// each rank sums over its own heads only, are all-reduced over TP per micro-batch. The activations
+// of every micro-batch in flight are kept per slot (LayerActs); the backward scratch (Workspace)
+// is shared.
 // Thread safety: a layer is used by one thread at a time (BLAS may use several internally).
 #pragma once
 

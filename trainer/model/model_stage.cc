@@ -105,8 +105,8 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
 }
 
 // The load-balancing loss of the slot's micro-batch (on the last stage, from the totals of every
-// stage's MoE layers), as a sum over its n tokens: coef * aux * n, so that the step's mean loss is transformers' loss +
-// router_aux_loss_coef * aux_loss. Keeps d(loss_scale * that)/d(p[t, e]) =
+// stage's MoE layers), as a sum over its n tokens: coef * aux * n, so that the step's mean loss is
+// transformers' loss + router_aux_loss_coef * aux_loss. Keeps d(loss_scale * that)/d(p[t, e]) =
 // loss_scale * n * coef * E * count_e / rows^2 for the backward (rows = n x MoE layers).
 template <class T>
 double Model<T>::moe_aux(SlotActs& s, T loss_scale) {
