@@ -35,7 +35,7 @@ REFUSED = [
     ("shared_expert_tp2", QWEN2, 2, ["--tp", 2, "--ep", 2, "--etp", 1], "LayoutRefused", "shared expert"),
     ("ep3_of_4_experts", MIXTRAL, 3, ["--dp", 3, "--ep", 3], "LayoutRefused", "does not divide the 4 experts"),
     ("etp_x_ep_over_ranks", MIXTRAL, 2, ["--dp", 2, "--ep", 2, "--etp", 2], "BadLayout", "does not divide the 2 ranks"),
-    ("moe_dp2_without_ep", MIXTRAL, 2, ["--dp", 2], "LayoutRefused", "expert parallelism"),
+    ("moe_tp2_without_ep", MIXTRAL, 2, ["--tp", 2], "LayoutRefused", "without expert parallelism"),
 ]
 
 
