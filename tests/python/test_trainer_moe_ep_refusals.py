@@ -31,7 +31,6 @@ def _train(tmp_path, cfg, n, *args):
 
 # name, config, ranks, flags, error code, words of the message
 REFUSED = [
-    ("ep_with_pp2", MIXTRAL, 4, ["--pp", 2, "--dp", 2, "--ep", 2], "LayoutRefused", "one pipeline stage"),
     ("shared_expert_tp2", QWEN2, 2, ["--tp", 2, "--ep", 2, "--etp", 1], "LayoutRefused", "shared expert"),
     ("ep3_of_4_experts", MIXTRAL, 3, ["--dp", 3, "--ep", 3], "LayoutRefused", "does not divide the 4 experts"),
     ("etp_x_ep_over_ranks", MIXTRAL, 2, ["--dp", 2, "--ep", 2, "--etp", 2], "BadLayout", "does not divide the 2 ranks"),

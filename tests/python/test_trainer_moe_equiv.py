@@ -8,8 +8,8 @@ Per case: the per-step losses within 1e-5 relative of the one-process ones (floa
 1e-10), the step-0 gradients of every region a rank holds (after the replica sums, before
 clipping) within 1e-5 of the tensor's largest gradient, the global gradient norm, and every
 rank's held regions equal to the planner's rank_view (the store's expert boxes).
-Models: a tiny Mixtral (8 experts, top-2; no q/k norms or biases, so it runs at tp > 1) and a
-tiny Qwen3-MoE (q/k norms, a dense layer between MoE ones, norm_topk_prob) at tp = 1.
+Models: a tiny Mixtral (8 experts, top-2; 2 layers, one per stage at pp 2) and a tiny Qwen3-MoE (q/k
+norms, a dense layer between MoE ones, norm_topk_prob).
 A mutation such as a missing TP all-gather of the MoE output or a row sent to the wrong ep rank
 moves the losses by far more than the tolerance.
 """
@@ -65,10 +65,17 @@ CASES = [
     ("ep2_tp2_etp2_dp2_zero1", 4, "mixtral", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--zero", 1,
                                               "--micro-batches", "2,2"]),
     ("qwen3_ep2_zero1", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--zero", 1, "--micro-batches", "2,2"]),
+    # pipeline stages: each stage's tp x dp ranks regrouped for its experts; the router totals of the
+    # stages before are not summed over TP again
+    ("pp2_dp2_ep2", 4, "mixtral", ["--pp", 2, "--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
+    ("pp2_tp2_ep2_etp1", 4, "mixtral", ["--pp", 2, "--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
+    ("pp2_dp2_ep2_zero1", 4, "mixtral", ["--pp", 2, "--dp", 2, "--ep", 2, "--zero", 1, "--micro-batches", "2,2"]),
+    ("qwen3_pp2_dp2_ep2", 4, "qwen3_moe", ["--pp", 2, "--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen3_ep2", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen3_ep4", 4, "qwen3_moe", ["--dp", 4, "--ep", 4, "--micro-batches", "2,2,2,2"]),
+    ("qwen3_tp2_ep2_etp1", 2, "qwen3_moe", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
 ]
-F64 = {"ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "qwen3_ep2"}
+F64 = {"ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2"}
 RUNS = [(c, False) for c in CASES]
 if os.environ.get("CKPT_SANITIZE") != "ON":
     RUNS += [(c, True) for c in CASES if c[0] in F64]

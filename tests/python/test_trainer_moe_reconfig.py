@@ -9,7 +9,7 @@ checkpoint shows B's expert layout in `ckpt inspect --json`.
 Model: a tiny Mixtral (4 experts, top-2, 2 layers, a vocabulary above the byte tokenizer's).
 Every layout runs the same micro-batches (3 sequences of 8 tokens, 12 per step): the
 load-balancing loss is per micro-batch, so the layouts agree only on one partition.
-Transitions: ep4 -> ep2 x tp2 (etp 1); one process -> ep4 ZeRO-1 -> ep2; and an HF import (transformers
+Transitions: ep4 -> ep2 x tp2 (etp 1) -> pp2 x ep2; one process -> ep4 ZeRO-1 -> ep2; and an HF import (transformers
 saves a seeded Mixtral, test_trainer_moe_cli's; `ckpt from-hf`, then `ckpt train --init`): one
 process vs ep2 from the same import to step 10, then ep2's step-10 checkpoint resumed on ep2 x tp2.
 """
@@ -36,11 +36,14 @@ LAYOUTS = {
     "ep4": Sym(4, ["--dp", 4, "--ep", 4, "--micro-batch", 3]),
     "ep2_tp2": Sym(2, ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batch", 3, "--grad-accum", 4]),
     "ep4_zero1": Sym(4, ["--dp", 4, "--ep", 4, "--zero", 1, "--micro-batch", 3]),
+    "pp2_ep2": Sym(4, ["--pp", 2, "--dp", 2, "--ep", 2, "--micro-batch", 3, "--grad-accum", 2]),
 }
 PAIRS = [("ep4", "ep2_tp2", "fewer expert ranks, experts over TP ranks"),
          ("one", "ep4_zero1", "one process -> ep4 with ZeRO-1 expert buffers"),
-         ("ep4_zero1", "ep2", "ZeRO-1 expert buffers -> replicated state, fewer ranks")]
-EXPECTED = {"ep2": (1, 2, 2, 1, 0), "ep4": (1, 4, 4, 1, 0), "ep2_tp2": (2, 1, 2, 1, 0), "ep4_zero1": (1, 4, 4, 1, 1)}
+         ("ep4_zero1", "ep2", "ZeRO-1 expert buffers -> replicated state, fewer ranks"),
+         ("ep2_tp2", "pp2_ep2", "experts over TP ranks -> two pipeline stages, experts over DP ranks")]
+EXPECTED = {"ep2": (1, 2, 2, 1, 0), "ep4": (1, 4, 4, 1, 0), "ep2_tp2": (2, 1, 2, 1, 0), "ep4_zero1": (1, 4, 4, 1, 1),
+            "pp2_ep2": (1, 2, 2, 1, 0)}
 
 
 @pytest.fixture(scope="module")

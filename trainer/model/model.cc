@@ -91,12 +91,9 @@ Status check_shard(const LlamaConfig& c, const ModelShard& s) {
       return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                     std::to_string(c.intermediate_size));
   }
-  // Expert parallelism (trainer/model/moe_dispatch.h): one pipeline stage, no shared expert over TP.
+  // Expert parallelism (trainer/model/moe_dispatch.h): no shared expert over TP.
   const bool ep = c.moe && l.expert_parallel();
   const std::string ep_lay = "ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.expert_tp());
-  if (ep && l.pp > 1)
-    return refuse(ep_lay + " with pp=" + std::to_string(l.pp) +
-                  ": the trainer runs expert-parallel MoE layers in one pipeline stage for now (pp=1)");
   if (ep && tp > 1 && c.moe->shared_intermediate > 0)
     return refuse(ep_lay + " with tp=" + std::to_string(tp) + ": the shared expert has no tensor-parallel kernel yet");
   if (ep && !s.experts)
@@ -143,14 +140,13 @@ Result<Model<T>> Model<T>::build(const LlamaConfig& c, int64_t begin, int64_t en
   const LlamaShardingRules rules(c);
   // The box this rank holds of parameter `name` (one definition with the store).
   auto box_of = [&](const std::string& name, const Shape& shape) -> Result<Box> {
-    if (!tp && !experts) return Box::whole(shape);
-    if (experts) {  // expert boxes depend on the pipeline: the placement of every (pipeline, stage)
+    if (experts) {  // expert boxes depend on the pipeline: the placement of this (pipeline, stage)
       CKPT_ASSIGN_OR_RETURN(auto places, place_in_layout(TensorMeta{name, DType::kF32, shape}, shard->layout, rules));
       for (const StagePlacement& sp : places)
-        if (sp.pipeline == shard->dp_rank && sp.stage == shard->pp_rank)
+        if (sp.expert && sp.pipeline == shard->dp_rank && sp.stage == shard->pp_rank)
           return sp.tp_boxes.at(static_cast<size_t>(shard->tp_rank));
-      return Status::Internal("no placement of '" + name + "' on this rank");
     }
+    if (!tp) return Box::whole(shape);
     CKPT_ASSIGN_OR_RETURN(TensorPlacement pl, rules.place(TensorMeta{name, DType::kF32, shape}, shard->layout));
     return pl.tp_boxes[static_cast<size_t>(shard->tp_rank)];
   };

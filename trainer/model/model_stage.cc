@@ -57,8 +57,9 @@ Status Model<T>::tp_sum(T* buf, int64_t n) {
 
 namespace {
 // Expert parallel: each TP rank routed its block of the tokens, so the micro-batch's router
-// statistics are the sum over the TP group.
-Status sum_router_over_tp(const TpPart& tp, RouterTotals& r) {
+// statistics of this stage's layers are the sum over the TP group; `before` (the stages before,
+// the same on every TP rank) is added after the sum.
+Status sum_router_over_tp(const TpPart& tp, RouterTotals& r, const RouterTotals& before) {
   if (!tp.experts || !tp.comm || tp.size == 1) return Status::Ok();
   std::vector<double> buf(r.count);
   buf.insert(buf.end(), r.psum.begin(), r.psum.end());
@@ -66,7 +67,11 @@ Status sum_router_over_tp(const TpPart& tp, RouterTotals& r) {
   CKPT_RETURN_IF_ERROR(tp.comm->all_reduce_sum<double>(buf.data(), static_cast<int64_t>(buf.size())));
   std::copy_n(buf.begin(), r.count.size(), r.count.begin());
   std::copy_n(buf.begin() + static_cast<std::ptrdiff_t>(r.count.size()), r.psum.size(), r.psum.begin());
-  r.rows = static_cast<int64_t>(buf.back());
+  r.rows = static_cast<int64_t>(buf.back()) + before.rows;
+  for (size_t e = 0; e < before.count.size() && e < r.count.size(); ++e) {
+    r.count[e] += before.count[e];
+    r.psum[e] += before.psum[e];
+  }
   return Status::Ok();
 }
 }  // namespace
@@ -89,16 +94,19 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
   } else {
     std::copy(x_in, x_in + n * D, x);
   }
+  RouterTotals before;  // expert parallel over TP: the stages before's, kept out of the TP sum
   if (cfg_.moe) {  // the totals start at the first stage, later ones continue those of the stages before
     s.router.reset(cfg_.moe->num_experts);
     if (!has_embedding()) unpack_router_totals(x_in + n * D, &s.router);
+    if (tp_.experts && tp_.size > 1) std::swap(before, s.router);
+    if (tp_.experts && tp_.size > 1) s.router.reset(cfg_.moe->num_experts);
   }
   for (int64_t i = 0; i < nl; ++i) {
     T* out = (i + 1 == nl && !has_head()) ? x_out : x + (i + 1) * n * D;
     CKPT_RETURN_IF_ERROR(layers_[static_cast<size_t>(i)].forward(slot, x + i * n * D, out, b, seq, cos_.data(),
                                                                  sin_.data(), &s.router));
   }
-  if (cfg_.moe) CKPT_RETURN_IF_ERROR(sum_router_over_tp(tp_, s.router));
+  if (cfg_.moe) CKPT_RETURN_IF_ERROR(sum_router_over_tp(tp_, s.router, before));
   if (!has_head()) {
     if (cfg_.moe) pack_router_totals(s.router, x_out + n * D);
     s.live = grads;
