@@ -17,10 +17,6 @@ BASE = dict(vocab_size=264, hidden_size=32, num_hidden_layers=2, num_attention_h
             hidden_act="silu")
 MIXTRAL = dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=48,
                num_local_experts=4, num_experts_per_tok=2)
-QWEN2 = dict(BASE, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", intermediate_size=48,
-             moe_intermediate_size=16, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-             decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False)
-
 
 def _train(tmp_path, cfg, n, *args):
     p = tmp_path / "config.json"
@@ -31,7 +27,6 @@ def _train(tmp_path, cfg, n, *args):
 
 # name, config, ranks, flags, error code, words of the message
 REFUSED = [
-    ("shared_expert_tp2", QWEN2, 2, ["--tp", 2, "--ep", 2, "--etp", 1], "LayoutRefused", "shared expert"),
     ("ep3_of_4_experts", MIXTRAL, 3, ["--dp", 3, "--ep", 3], "LayoutRefused", "does not divide the 4 experts"),
     ("etp_x_ep_over_ranks", MIXTRAL, 2, ["--dp", 2, "--ep", 2, "--etp", 2], "BadLayout", "does not divide the 2 ranks"),
     ("moe_tp2_without_ep", MIXTRAL, 2, ["--tp", 2], "LayoutRefused", "without expert parallelism"),

@@ -8,8 +8,9 @@ Per case: the per-step losses within 1e-5 relative of the one-process ones (floa
 1e-10), the step-0 gradients of every region a rank holds (after the replica sums, before
 clipping) within 1e-5 of the tensor's largest gradient, the global gradient norm, and every
 rank's held regions equal to the planner's rank_view (the store's expert boxes).
-Models: a tiny Mixtral (8 experts, top-2; 2 layers, one per stage at pp 2) and a tiny Qwen3-MoE (q/k
-norms, a dense layer between MoE ones, norm_topk_prob).
+Models: a tiny Mixtral (8 experts, top-2; 2 layers, one per stage at pp 2), a tiny Qwen3-MoE (q/k
+norms, a dense layer between MoE ones, norm_topk_prob) and a tiny Qwen2-MoE (shared expert and its
+sigmoid gate, q/k/v biases).
 A mutation such as a missing TP all-gather of the MoE output or a row sent to the wrong ep rank
 moves the losses by far more than the tolerance.
 """
@@ -39,6 +40,10 @@ def _config(tmp_path, family):
     if family == "mixtral":
         c = dict(base, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=24,
                  num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2)
+    elif family == "qwen2_moe":  # shared expert and its gate, q/k/v biases
+        c = dict(base, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", intermediate_size=48,
+                 moe_intermediate_size=16, shared_expert_intermediate_size=32, num_hidden_layers=2, num_experts=4,
+                 num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False)
     else:
         c = dict(base, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", intermediate_size=48,
                  moe_intermediate_size=24, num_hidden_layers=3, mlp_only_layers=[1], decoder_sparse_step=1,
@@ -74,8 +79,13 @@ CASES = [
     ("qwen3_ep2", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen3_ep4", 4, "qwen3_moe", ["--dp", 4, "--ep", 4, "--micro-batches", "2,2,2,2"]),
     ("qwen3_tp2_ep2_etp1", 2, "qwen3_moe", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
+    # the shared expert: on the own tokens at tp 1, on every token with its F slice at tp 2
+    ("qwen2_dp2_ep2", 2, "qwen2_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
+    ("qwen2_tp2_ep2_etp1", 2, "qwen2_moe", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
+    ("qwen2_tp2_dp2_ep2_etp2_zero1", 4, "qwen2_moe", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--zero", 1,
+                                                      "--micro-batches", "2,2"]),
 ]
-F64 = {"ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2"}
+F64 = {"ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2", "qwen2_tp2_ep2_etp1"}
 RUNS = [(c, False) for c in CASES]
 if os.environ.get("CKPT_SANITIZE") != "ON":
     RUNS += [(c, True) for c in CASES if c[0] in F64]

@@ -91,11 +91,8 @@ Status check_shard(const LlamaConfig& c, const ModelShard& s) {
       return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                     std::to_string(c.intermediate_size));
   }
-  // Expert parallelism (trainer/model/moe_dispatch.h): no shared expert over TP.
+  // Expert parallelism (trainer/model/moe_dispatch.h): the rank's expert groups.
   const bool ep = c.moe && l.expert_parallel();
-  const std::string ep_lay = "ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.expert_tp());
-  if (ep && tp > 1 && c.moe->shared_intermediate > 0)
-    return refuse(ep_lay + " with tp=" + std::to_string(tp) + ": the shared expert has no tensor-parallel kernel yet");
   if (ep && !s.experts)
     return Status::InvalidArgument("model shard of " + l.to_string() + " needs its expert groups");
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(l));

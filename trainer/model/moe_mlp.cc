@@ -41,7 +41,8 @@ MoeMlp<T>::MoeMlp(const LlamaConfig& c, const std::vector<std::pair<std::string,
       has_shared_gate_(c.moe->shared_intermediate > 0 && c.moe->shared_gate),
       ep_(ep),
       El_(ep ? E_ / ep->ep_size : E_),
-      Fl_(ep ? F_ / ep->etp_size : F_) {
+      Fl_(ep ? F_ / ep->etp_size : F_),
+      Fsl_(ep && ep->tp && ep->tp->size() > 1 ? Fs_ / ep->tp->size() : Fs_) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& [name, shape] = specs[i];
     Param<T>* p = nullptr;

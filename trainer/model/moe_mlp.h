@@ -126,6 +126,9 @@ class MoeMlp {
   void ep_experts_forward(MoeActs<T>& a, std::vector<T>* out);
   void ep_experts_backward(MoeActs<T>& a, const std::vector<T>& dout, std::vector<T>* dx);
   void count_load(const MoeActs<T>& a, int64_t n, RouterTotals* totals);
+  // Expert parallel at tp > 1: the shared expert on every token with its F slice (moe_mlp_ep.cc).
+  Status ep_shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n);
+  Status ep_shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n);
 
   int64_t D_ = 0, E_ = 0, K_ = 0, F_ = 0, Fs_ = 0;
   bool renorm_ = false, has_shared_gate_ = false;
@@ -133,7 +136,7 @@ class MoeMlp {
   std::vector<T> dye_, dh_, dg_, du_, dxg_, dw_, dlog_;  // backward scratch
   std::vector<int64_t> load_;                           // [E] picks per expert since take_load
   ExpertGroups* ep_ = nullptr;                          // expert parallel: the rank's groups
-  int64_t El_ = 0, Fl_ = 0;                             // local experts, local expert width
+  int64_t El_ = 0, Fl_ = 0, Fsl_ = 0;                   // local experts, expert width, shared width (Fs/tp)
   std::vector<T> ep_a_, ep_b_, ep_c_;                   // expert-parallel scratch
 };
 

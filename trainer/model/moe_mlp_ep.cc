@@ -18,6 +18,7 @@
 // build, then these members' own.)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "trainer/model/moe_mlp.h"
 #include "trainer/model/ops.h"
@@ -224,11 +225,14 @@ Status MoeMlp<T>::ep_forward(int slot, const T* x, T* y, int64_t n, RouterTotals
     const T* yr = a.y.data() + r * D_;
     for (int64_t d = 0; d < D_; ++d) yo[t * D_ + d] += yr[d] * w;
   }
-  if (Fs_ > 0) shared_forward(a, xo, yo, a.own);
+  if (Fs_ > 0 && tps == 1) shared_forward(a, xo, yo, a.own);
   count_load(a, a.own, totals);
   if (tps == 1) return Status::Ok();
-  MoeEpTimer timer(&g.a2a_s);
-  return gather_rows<T>(*g.tp, yo, moe_ep_tp_rows(n, tps), y, D_);
+  {
+    MoeEpTimer timer(&g.a2a_s);
+    CKPT_RETURN_IF_ERROR(gather_rows<T>(*g.tp, yo, moe_ep_tp_rows(n, tps), y, D_));
+  }
+  return Fs_ > 0 ? ep_shared_forward(a, x, y, n) : Status::Ok();
 }
 
 template <class T>
@@ -265,7 +269,7 @@ Status MoeMlp<T>::ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t 
     const T* dr = ep_a_.data() + r * D_;
     for (int64_t d = 0; d < D_; ++d) dxt[d] += dr[d];
   }
-  if (Fs_ > 0) shared_backward(a, xo, dyo, dxo, own);
+  if (Fs_ > 0 && tps == 1) shared_backward(a, xo, dyo, dxo, own);
   router_grad(a, dw_.data(), aux_dp, dlog_.data(), own);
   if (tps == 1) {
     linear_backward<T>(xo, router.w.data(), dlog_.data(), dxo, true, router.g.data(), own, D_, E_);
@@ -276,8 +280,66 @@ Status MoeMlp<T>::ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t 
   linear_backward<T>(xo, router.w.data(), dlog_.data(), dxo, true, rg.data(), own, D_, E_);
   CKPT_RETURN_IF_ERROR(g.tp->all_reduce_sum<T>(rg.data(), static_cast<int64_t>(rg.size())));
   for (size_t i = 0; i < rg.size(); ++i) router.g[i] += rg[i];
-  MoeEpTimer timer(&g.a2a_s);
-  return gather_rows<T>(*g.tp, dxo, moe_ep_tp_rows(n, tps), dx, D_);
+  {
+    MoeEpTimer timer(&g.a2a_s);
+    CKPT_RETURN_IF_ERROR(gather_rows<T>(*g.tp, dxo, moe_ep_tp_rows(n, tps), dx, D_));
+  }
+  return Fs_ > 0 ? ep_shared_backward(a, x, dy, dx, n) : Status::Ok();
+}
+
+// y[n, D] += gate * shared(x) on every token, shared = down(silu(gate_proj x) * up_proj x) summed
+// over the TP ranks' F slices (Fsl = Fs/tp each, the store's boxes); gate = sigmoid(x w_s^T) or 1.
+template <class T>
+Status MoeMlp<T>::ep_shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n) {
+  const int64_t F = Fsl_;
+  resize_buffer(a.sg, n * F);
+  resize_buffer(a.su, n * F);
+  resize_buffer(a.sh, n * F);
+  resize_buffer(a.sy, n * D_);
+  resize_buffer(a.sgate, n);
+  linear_forward<T>(x, sh_gate.w.data(), a.sg.data(), n, D_, F);
+  linear_forward<T>(x, sh_up.w.data(), a.su.data(), n, D_, F);
+  swiglu_forward<T>(a.sg.data(), a.su.data(), a.sh.data(), n * F);
+  linear_forward<T>(a.sh.data(), sh_down.w.data(), a.sy.data(), n, F, D_);
+  CKPT_RETURN_IF_ERROR(ep_->tp->all_reduce_sum<T>(a.sy.data(), n * D_));  // the F slices' sum
+  if (has_shared_gate_) {
+    linear_forward<T>(x, sh_gate_w.w.data(), a.sgate.data(), n, D_, 1);
+    for (int64_t t = 0; t < n; ++t) a.sgate[static_cast<size_t>(t)] = T(1) / (T(1) + std::exp(-a.sgate[static_cast<size_t>(t)]));
+  } else {
+    std::fill(a.sgate.begin(), a.sgate.end(), T(1));
+  }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < D_; ++d) y[t * D_ + d] += a.sgate[static_cast<size_t>(t)] * a.sy[static_cast<size_t>(t * D_ + d)];
+  return Status::Ok();
+}
+
+// dx[n, D] += d(shared part)/dx: the F slices' input gradients summed over TP, then the gate's
+// (the same on every TP rank: the gate's weight is replicated, its gradient complete on each).
+template <class T>
+Status MoeMlp<T>::ep_shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n) {
+  const int64_t F = Fsl_;
+  resize_buffer(dye_, n * D_);
+  resize_buffer(dh_, n * F);
+  resize_buffer(dg_, n * F);
+  resize_buffer(du_, n * F);
+  std::vector<T> dz(static_cast<size_t>(n)), dxs(static_cast<size_t>(n * D_), T(0));
+  for (int64_t t = 0; t < n; ++t) {
+    double dot = 0;
+    const T s = a.sgate[static_cast<size_t>(t)];
+    for (int64_t d = 0; d < D_; ++d) {
+      dye_[static_cast<size_t>(t * D_ + d)] = dy[t * D_ + d] * s;
+      dot += static_cast<double>(dy[t * D_ + d]) * static_cast<double>(a.sy[static_cast<size_t>(t * D_ + d)]);
+    }
+    dz[static_cast<size_t>(t)] = static_cast<T>(dot * static_cast<double>(s) * (1.0 - static_cast<double>(s)));
+  }
+  linear_backward<T>(a.sh.data(), sh_down.w.data(), dye_.data(), dh_.data(), false, sh_down.g.data(), n, F, D_);
+  swiglu_backward<T>(a.sg.data(), a.su.data(), dh_.data(), dg_.data(), du_.data(), n * F);
+  linear_backward<T>(x, sh_gate.w.data(), dg_.data(), dxs.data(), false, sh_gate.g.data(), n, D_, F);
+  linear_backward<T>(x, sh_up.w.data(), du_.data(), dxs.data(), true, sh_up.g.data(), n, D_, F);
+  CKPT_RETURN_IF_ERROR(ep_->tp->all_reduce_sum<T>(dxs.data(), n * D_));
+  if (has_shared_gate_) linear_backward<T>(x, sh_gate_w.w.data(), dz.data(), dxs.data(), true, sh_gate_w.g.data(), n, D_, 1);
+  for (int64_t i = 0; i < n * D_; ++i) dx[i] += dxs[static_cast<size_t>(i)];
+  return Status::Ok();
 }
 
 #define CKPT_INSTANTIATE_MOE_EP(T)                                                                     \
@@ -288,7 +350,9 @@ Status MoeMlp<T>::ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t 
   template void MoeMlp<T>::count_load(const MoeActs<T>&, int64_t, RouterTotals*);                     \
   template std::vector<double> MoeMlp<T>::take_counts();                                              \
   template Status MoeMlp<T>::ep_forward(int, const T*, T*, int64_t, RouterTotals*);                   \
-  template Status MoeMlp<T>::ep_backward(int, const T*, const T*, T*, int64_t, const T*);
+  template Status MoeMlp<T>::ep_backward(int, const T*, const T*, T*, int64_t, const T*);                \
+  template Status MoeMlp<T>::ep_shared_forward(MoeActs<T>&, const T*, T*, int64_t);                   \
+  template Status MoeMlp<T>::ep_shared_backward(MoeActs<T>&, const T*, const T*, T*, int64_t);
 CKPT_INSTANTIATE_MOE_EP(float)
 CKPT_INSTANTIATE_MOE_EP(double)
 #undef CKPT_INSTANTIATE_MOE_EP
