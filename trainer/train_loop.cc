@@ -55,7 +55,8 @@ Status check_options(const TrainOptions& o) {
 }
 
 // MoE models train with their experts whole on each rank (ep = 1) over pipeline stages and data
-// parallelism; tp > 1 only on stages without MoE layers. Checked on every rank before any work.
+// parallelism, tp > 1 only on stages without MoE layers; or expert parallel (trainer/model/moe_dispatch.h).
+// Checked on every rank before any work.
 Status check_moe_layout(const LlamaConfig& c, const Layout& l) {
   if (!c.moe) return Status::Ok();
   const std::string model = std::string("a ") + model_type_name(c.family) + " model (" + std::to_string(c.moe->num_experts) + " experts)";
