@@ -21,10 +21,9 @@ Result<ExpertGroups> ExpertGroups::make(Comm& world, const Layout& layout, int p
   const int s = pp_rank;
   CKPT_ASSIGN_OR_RETURN(g.ep, world.split((s * g.edp_size + c.edp) * g.etp_size + c.etp, c.ep));
   CKPT_ASSIGN_OR_RETURN(g.etp, world.split((s * g.edp_size + c.edp) * g.ep_size + c.ep, c.etp));
-  CKPT_ASSIGN_OR_RETURN(g.edp, world.split((s * g.ep_size + c.ep) * g.etp_size + c.etp, c.edp));
-  if (g.ep.size() != g.ep_size || g.etp.size() != g.etp_size || g.edp.size() != g.edp_size)
+  if (g.ep.size() != g.ep_size || g.etp.size() != g.etp_size)
     return Status::Internal("expert groups of " + layout.to_string() + ": sizes " + std::to_string(g.ep.size()) + "/" +
-                            std::to_string(g.etp.size()) + "/" + std::to_string(g.edp.size()));
+                            std::to_string(g.etp.size()));
   return g;
 }
 

@@ -5,8 +5,8 @@
 //   ep  group: same stage, etp and edp rank; ordered by ep rank (the all-to-all of the rows)
 //   etp group: same stage, ep and edp rank; ordered by etp rank (the gather / reduce-scatter of
 //              the rows an expert's F slices see)
-//   edp group: same stage, etp and ep rank; ordered by edp rank (ZeRO-1 of the expert buffers)
-// and the stage's TP group (each TP rank routes its block of the replicated tokens).
+// (the edp group, same stage, etp and ep rank, shares ZeRO-1's expert buffers: the optimizer
+// splits it from the buffers' members, trainer/optim/zero_optimizer.h) and the stage's TP group (each TP rank routes its block of the replicated tokens).
 // Row collectives: rows of D values, counts known on both sides (exchanged first as int64), every
 // send and receive posted at once (Comm::exchange), own blocks copied locally, empty ones skipped.
 // Thread safety: main thread only (Comm).
@@ -25,7 +25,7 @@ namespace ckpt::trainer {
 struct ExpertGroups {
   Layout::ExpertCoord coord;  // this rank's (etp, ep, edp) ranks
   int ep_size = 1, etp_size = 1, edp_size = 1;
-  Comm ep, etp, edp;          // split from the world (ranks in the order above)
+  Comm ep, etp;               // split from the world (ranks in the order above)
   Comm* tp = nullptr;         // the stage's TP group (not owned); null or size 1: no token split
   double a2a_s = 0;           // seconds in the dispatch / combine collectives since the last take_a2a_s
   double take_a2a_s() {
