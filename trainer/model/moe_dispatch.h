@@ -6,7 +6,8 @@
 //   etp group: same stage, ep and edp rank; ordered by etp rank (the gather / reduce-scatter of
 //              the rows an expert's F slices see)
 // (the edp group, same stage, etp and ep rank, shares ZeRO-1's expert buffers: the optimizer
-// splits it from the buffers' members, trainer/optim/zero_optimizer.h) and the stage's TP group (each TP rank routes its block of the replicated tokens).
+// splits it from the buffers' members, trainer/optim/zero_optimizer.h) and the stage's TP group
+// (each TP rank routes its block of the replicated tokens).
 // Row collectives: rows of D values, counts known on both sides (exchanged first as int64), every
 // send and receive posted at once (Comm::exchange), own blocks copied locally, empty ones skipped.
 // Thread safety: main thread only (Comm).
