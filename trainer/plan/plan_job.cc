@@ -9,6 +9,15 @@
 
 namespace ckpt::trainer {
 
+Status check_plan_model(const LlamaConfig& cfg, const std::string& what) {
+  if (!cfg.moe || cfg.family == ModelFamily::kMixtral || cfg.family == ModelFamily::kQwen2Moe || cfg.family == ModelFamily::kQwen3Moe)
+    return Status::Ok();
+  return Status::Error("UnsupportedModel", what + " does not price " + model_type_name(cfg.family) + " models (" +
+                                               (cfg.family == ModelFamily::kDeepseekV3 ? "DeepSeek-V3's MLA attention: the trainer has no MLA"
+                                                                                      : "its own expert tensors") +
+                                               "); it plans dense LLaMA, Mixtral, Qwen2-MoE and Qwen3-MoE (docs/PLAN.md)");
+}
+
 Result<CostCalibration> load_cost_calibration(const std::string& file) {
   if (file.empty()) return CostCalibration{};
   CKPT_ASSIGN_OR_RETURN(auto j, read_json_file(file, kConfigJsonLimits, "calibration"));
@@ -31,7 +40,7 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto cluster, Cluster::from_file(req.cluster));
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   CKPT_ASSIGN_OR_RETURN(auto cfg, LlamaConfig::from_file(req.model));
-  CKPT_RETURN_IF_ERROR(cfg.require_dense("ckpt plan"));
+  CKPT_RETURN_IF_ERROR(check_plan_model(cfg, "ckpt plan"));
   PlanEvaluation out;
   CKPT_ASSIGN_OR_RETURN(out.layout, Layout::from_file(req.evaluate));
   PlanOptions o;
@@ -90,7 +99,7 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   Result<LlamaConfig> cfg = config ? Result<LlamaConfig>(*config) : LlamaConfig::from_file(req.model);
   if (!cfg.ok()) return cfg.take_status();
-  CKPT_RETURN_IF_ERROR(cfg->require_dense("ckpt plan"));
+  CKPT_RETURN_IF_ERROR(check_plan_model(*cfg, "ckpt plan"));
   SearchOptions o;
   o.global_batch = req.global_batch;
   o.seq_len = req.seq_len > 0 ? req.seq_len : cfg->max_position_embeddings;

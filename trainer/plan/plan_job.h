@@ -31,6 +31,11 @@ struct PlanRequest {
   std::string memory_model = "megatron";  // memory_model.h: "megatron" | "embedded" (`ckpt train`)
 };
 
+// The models `ckpt plan` prices: dense LLaMA, Mixtral, Qwen2-MoE, Qwen3-MoE. DeepSeek-V3 (MLA
+// attention, which the trainer does not have) and gpt-oss are refused: UnsupportedModel naming the
+// family and `what`.
+Status check_plan_model(const LlamaConfig& cfg, const std::string& what);
+
 // The measured cost terms of a calibration file (none for an empty name).
 Result<CostCalibration> load_cost_calibration(const std::string& file);
 
