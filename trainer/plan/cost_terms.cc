@@ -222,8 +222,8 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
   if (pipelines > 1 || shape.ep > 1) {  // dense gradients over the pipelines, the experts' over their data-parallel group
     const int64_t expert = shape.layers * (model.layer_expert_params() / (shape.ep * shape.expert_tp()));
     const int edp = shape.tp * pipelines / (shape.ep * shape.expert_tp());
-    c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape) - expert) * ab, pipelines, place.dp_link) +
-                  ring_allreduce_s(static_cast<double>(expert) * ab, edp, edp > shape.tp ? place.dp_link : place.tp_link);
+    c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape) - expert) * ab, pipelines, place.dp_link);
+    if (expert > 0) c.dp_sync_s += ring_allreduce_s(static_cast<double>(expert) * ab, edp, pipelines > 1 ? place.dp_link : place.tp_link);
   }
   return c;
 }

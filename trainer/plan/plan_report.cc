@@ -44,8 +44,9 @@ std::string PlanCost::to_text() const {
                 feasible ? "" : "  (DOES NOT FIT)");
   out += buf;
   if (ep > 1 || a2a_s_per_step > 0) {
-    std::snprintf(buf, sizeof buf, "experts: ep %d etp %d, all-to-all %.4g s per step (a2a %.1f%%; docs/PLAN.md \"Mixture of experts\": which layouts "
-                  "`ckpt train` runs)\n", ep, etp, a2a_s_per_step,
+    std::snprintf(buf, sizeof buf,
+                  "experts: ep %d etp %d, all-to-all %.4g s per step (a2a %.1f%%; docs/PLAN.md \"Mixture of experts\": "
+                  "which layouts `ckpt train` runs)\n", ep, etp, a2a_s_per_step,
                   step_time_s > 0 ? 100 * a2a_s_per_step / step_time_s : 0.0);
     out += buf;
   }
