@@ -165,7 +165,9 @@ int64_t stage_rank_params(const ModelSpec& m, const StageShape& st);
 double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s);
 // Ring all-reduce of `bytes` over n ranks on `link`: 2(n-1)/n * bytes / bw + 2(n-1) * latency.
 double ring_allreduce_s(double bytes, int n, const LinkSpec& link);
-// The TP all-reduces of a stage for one micro-batch (forward + backward).
+// The TP all-reduces of a stage for one micro-batch (forward + backward); with ep > 1 and etp > 1
+// also the ETP all-gather and reduce-scatter of the routed rows (b s k etp / tp rows of D, forward
+// and backward: 4 per MoE layer, each half a ring all-reduce over etp on `link`).
 double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
 // The expert all-to-alls of a stage for one micro-batch (docs/PLAN.md "Mixture of experts"): per
 // MoE layer 4 (dispatch and combine, forward and backward), each rank sending

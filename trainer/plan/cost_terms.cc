@@ -105,7 +105,14 @@ double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int6
   if (st.tp <= 1) return 0;
   const double bytes = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden) * act_bytes;
   const int count = 4 * st.layers + (st.first ? 1 : 0) + (st.last ? 1 : 0);
-  return count * ring_allreduce_s(bytes, st.tp, link);
+  double t = count * ring_allreduce_s(bytes, st.tp, link);
+  const int etp = st.expert_tp();
+  if (m.moe() && st.ep > 1 && etp > 1) {  // the ETP all-gather and reduce-scatter of the rank's routed rows, forward and backward
+    const double rows = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.top_k) * etp / st.tp;
+    const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
+    t += calls * ring_allreduce_s(rows * static_cast<double>(m.hidden) * act_bytes, etp, link) / 2;  // half a ring all-reduce each
+  }
+  return t;
 }
 
 double stage_a2a_bytes(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes) {

@@ -41,6 +41,12 @@ TEST(PlanMoe, AllToAllCostMatchesAHandComputation) {
   EXPECT_DOUBLE_EQ(stage_a2a_bytes(m, st, 2, 16, 4), 6144.0);
   EXPECT_NEAR(stage_a2a_s(m, st, 2, 16, 4, link), 8 * (6144.0 / 1e9 + 3 * 1e-5), 1e-15);
   EXPECT_EQ(stage_a2a_s(m, StageShape{2, 2, false, false, 1, 2}, 2, 16, 4, link), 0.0);  // ep 1: no all-to-all
+  // The ETP all-gather / reduce-scatter at ep 2 etp 2 (tp 2): rows 2 * 16 * 2 * 2 / 2 = 64 of 64 floats,
+  // half a ring all-reduce over 2 (1/2 * 16384 / 1e9 + 1e-5) x 4 per layer, on top of the 4 all-reduces
+  // of the [32, 64] activation per layer (2 * 1/2 * 8192 / 1e9 + 2 * 1e-5).
+  const double ar = 8 * (8192.0 / 1e9 + 2e-5), etp_part = 8 * (0.5 * 16384.0 / 1e9 + 1e-5);
+  EXPECT_NEAR(stage_tp_comm_s(m, StageShape{2, 2, false, false, 2, 2}, 2, 16, 4, link), ar + etp_part, 1e-15);
+  EXPECT_NEAR(stage_tp_comm_s(m, StageShape{2, 2, false, false, 2, 1}, 2, 16, 4, link), ar, 1e-15);
   ModelSpec dense = m;
   dense.experts = 0;
   EXPECT_EQ(stage_a2a_s(dense, st, 2, 16, 4, link), 0.0);
