@@ -3,7 +3,7 @@
 tokens/s and the all-to-all share of `ckpt train` on a small MoE model at ep 1, 2, 4 (and with tp),
 and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluster description.
 
-    python benchmarks/train_moe_bench.py [--ckpt build/ckpt] [--np 4] [--steps 6] [--warmup 2]
+    python benchmarks/train_moe_bench.py [--ckpt build/ckpt] [--train-ckpt BIN] [--np 4] [--steps 6] [--warmup 2]
         [--calibration FILE] [--out results.json] [--quick]
 
 1. Model (DIR/model.json): Mixtral-shaped, 8 experts of width 512, top-2, hidden 256, 4 layers,
@@ -11,8 +11,8 @@ and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluste
    data-parallel rank, grad-accum = 8 / dp).
 2. Cluster (DIR/cluster.json): --np ranks of this machine's device type (`ckpt plan --calibrate`, or
    --calibration FILE; its cost terms, the all-to-all's included, go to every `ckpt plan` call).
-3. Layouts (symmetric layout files): dp4 at ep 1, 2, 4 (etp 1), tp2 x dp2 at ep 1 and ep 2 x etp 1,
-   ep 2 x etp 2. Each runs `mpirun -np N --oversubscribe ckpt train --layout L` (--allow-run-as-root
+3. Layouts (symmetric layout files): at --np 4 dp4 at ep 1, 2, 4 (etp 1), tp2 x dp2 at ep 1 and
+   ep 2 x etp 1, ep 2 x etp 2; at --np 2 dp2 at ep 1 and 2, tp2 at ep 1 x etp 1 and ep 2 x etp 1. Each runs `mpirun -np N --oversubscribe ckpt train --layout L` (--allow-run-as-root
    as root) for --steps steps; measured: the median of the steps after --warmup of `tokens_per_s`
    and of `a2a_s` / `seconds` (train_log.jsonl; `a2a_s` is the trainer's all-to-all seconds per
    step, absent before expert parallelism: the share is then reported as 0 at ep 1). A layout the
@@ -24,7 +24,8 @@ and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluste
 5. The machine's state: load average and free memory (/proc/meminfo) before and after.
 --quick: a tiny model (2 layers, hidden 64, 4 experts, seq 32), ep 1 in one process, 2 steps,
 no calibration (a fixed device type): checks that the commands work together; its figures mean
-nothing. stdlib only.
+nothing. --train-ckpt: another build's binary for `ckpt train` (e.g. a branch with expert
+parallelism in the trainer; default --ckpt). stdlib only.
 """
 import argparse
 import json
@@ -49,7 +50,8 @@ SEQ, QUICK_SEQ = 128, 32
 GLOBAL_BATCH = 8
 # name -> (tp, dp, ep, etp); world = tp * dp.
 LAYOUTS = [("dp4 ep1", 1, 4, 1, 1), ("dp4 ep2", 1, 4, 2, 1), ("dp4 ep4", 1, 4, 4, 1),
-           ("tp2 dp2 ep1", 2, 2, 1, 2), ("tp2 dp2 ep2 etp1", 2, 2, 2, 1), ("tp2 dp2 ep2 etp2", 2, 2, 2, 2)]
+           ("tp2 dp2 ep1", 2, 2, 1, 2), ("tp2 dp2 ep2 etp1", 2, 2, 2, 1), ("tp2 dp2 ep2 etp2", 2, 2, 2, 2),
+           ("dp2 ep1", 1, 2, 1, 1), ("dp2 ep2", 1, 2, 2, 1), ("tp2 ep1 etp1", 2, 1, 1, 1), ("tp2 ep2 etp1", 2, 1, 2, 1)]
 QUICK_LAYOUTS = [("ep1", 1, 1, 1, 1)]
 
 
@@ -97,7 +99,7 @@ def measure(a, d, name, lf, world, seq):
     out = d / f"run_{lf.stem}"
     shutil.rmtree(out, ignore_errors=True)
     grad_accum = GLOBAL_BATCH // (world // json.loads(lf.read_text())["tp"])
-    args = [a.ckpt, "train", "--config", d / "model.json", "--layout", lf, "--out", out, "--steps", a.steps, "--seq-len", seq,
+    args = [a.train_ckpt, "train", "--config", d / "model.json", "--layout", lf, "--out", out, "--steps", a.steps, "--seq-len", seq,
             "--grad-accum", grad_accum, "--micro-batch", 1, "--threads", 1, "--warmup", 1, "--save-every", 0]
     r = run(mpirun(world, *args) if world > 1 else args, check=False)
     if r.returncode != 0:
@@ -107,8 +109,9 @@ def measure(a, d, name, lf, world, seq):
     shutil.rmtree(out, ignore_errors=True)
     tps = statistics.median(x["tokens_per_s"] for x in steps)
     share = statistics.median(x.get("a2a_s", 0.0) / x["seconds"] if x.get("seconds") else 0.0 for x in steps)
+    med = {k: statistics.median(x.get(k, 0.0) for x in steps) for k in ("compute_s", "comm_s", "idle_s", "a2a_s", "router_load")}
     return {"layout": name, "tokens_per_s": tps, "a2a_share": share, "steps": len(steps),
-            "step_s": statistics.median(x["seconds"] for x in steps)}
+            "step_s": statistics.median(x["seconds"] for x in steps), **med}
 
 
 def predict(a, d, lf, seq):
@@ -175,6 +178,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", default="build/ckpt")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--train-ckpt", default=None, help="the binary that runs `ckpt train` (default: --ckpt)")
     ap.add_argument("--np", type=int, default=4, help="ranks of the cluster and of every run")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
@@ -183,6 +187,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     a.ckpt = str(pathlib.Path(a.ckpt).resolve())
+    a.train_ckpt = str(pathlib.Path(a.train_ckpt).resolve()) if a.train_ckpt else a.ckpt
     if a.quick:
         a.steps, a.warmup, a.np = 2, 1, 1
     model, seq = (QUICK_MODEL, QUICK_SEQ) if a.quick else (MODEL, SEQ)
