@@ -12,9 +12,10 @@ and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluste
 2. Cluster (DIR/cluster.json): --np ranks of this machine's device type (`ckpt plan --calibrate`, or
    --calibration FILE; its cost terms, the all-to-all's included, go to every `ckpt plan` call).
 3. Layouts (symmetric layout files): at --np 4 dp4 at ep 1, 2, 4 (etp 1), tp2 x dp2 at ep 1 and
-   ep 2 x etp 1, ep 2 x etp 2; at --np 2 dp2 at ep 1 and 2, tp2 at ep 1 x etp 1 and ep 2 x etp 1. Each runs `mpirun -np N --oversubscribe ckpt train --layout L` (--allow-run-as-root
-   as root) for --steps steps; measured: the median of the steps after --warmup of `tokens_per_s`
-   and of `a2a_s` / `seconds` (train_log.jsonl; `a2a_s` is the trainer's all-to-all seconds per
+   ep 2 x etp 1, ep 2 x etp 2; at --np 2 dp2 at ep 1 and 2, tp2 at ep 1 x etp 1 and ep 2 x etp 1.
+   Each runs `mpirun -np N --oversubscribe ckpt train --layout L` (--allow-run-as-root as root) for
+   --steps steps (also recorded: the step's compute_s, comm_s, idle_s, router_load); measured: the
+   median of the steps after --warmup of `tokens_per_s` and of `a2a_s` / `seconds` (train_log.jsonl; `a2a_s` is the trainer's all-to-all seconds per
    step, absent before expert parallelism: the share is then reported as 0 at ep 1). A layout the
    trainer refuses (expert parallelism before it exists, MoE under tp) is printed as a "refused"
    row with the trainer's error; it takes no part in the Spearman.
