@@ -19,7 +19,9 @@ and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluste
    step, absent before expert parallelism: the share is then reported as 0 at ep 1). A layout the
    trainer refuses (expert parallelism before it exists, MoE under tp) is printed as a "refused"
    row with the trainer's error; it takes no part in the Spearman.
-4. Predictions: `ckpt plan --evaluate L --json` (tokens_per_s, a2a_share), and the plan's own choice
+4. Predictions: `ckpt plan --evaluate L --json` (tokens_per_s, a2a_share) under balanced routing and,
+   when the run's router_load (max / mean tokens per expert) is above 1, again with `--router-load`
+   set to it (predicted_at_load, its own Spearman); and the plan's own choice
    (`ckpt plan --json`) for the record. Spearman rank correlation of predicted vs measured tokens/s
    over the measured layouts (as benchmarks/plan_validate.py does for dense models).
 5. The machine's state: load average and free memory (/proc/meminfo) before and after.
@@ -115,9 +117,9 @@ def measure(a, d, name, lf, world, seq):
             "step_s": statistics.median(x["seconds"] for x in steps), **med}
 
 
-def predict(a, d, lf, seq):
+def predict(a, d, lf, seq, router_load=1.0):
     r = run([a.ckpt, "plan", "--evaluate", lf, "--cluster", d / "cluster.json", "--model", d / "model.json", "--global-batch",
-             GLOBAL_BATCH, "--seq-len", seq, "--json", *a.cal_args], check=False)
+             GLOBAL_BATCH, "--seq-len", seq, "--json", "--router-load", router_load, *a.cal_args], check=False)
     if r.returncode != 0:
         return {"refused": error_line(r)}
     j = json.loads(r.stdout)
@@ -204,6 +206,8 @@ def main():
             lf.write_text(json.dumps(layout_json(model["num_hidden_layers"], tp, dp, ep, etp)))
             row = measure(a, d, name, lf, tp * dp, seq)
             row["predicted"] = predict(a, d, lf, seq)
+            if row.get("router_load", 0) > 1:  # the run's own routing imbalance (max / mean tokens per expert)
+                row["predicted_at_load"] = predict(a, d, lf, seq, min(row["router_load"], model["num_local_experts"]))
             rows.append(row)
             print(f"{name:18s} " + (f"refused: {row['refused']}" if "refused" in row else
                                     f"measured {row['tokens_per_s']:9.1f} tokens/s a2a {100 * row['a2a_share']:5.1f}%") +
@@ -212,7 +216,9 @@ def main():
                   flush=True)
         ok = [r for r in rows if "refused" not in r and "refused" not in r["predicted"]]
         rho = spearman([r["predicted"]["tokens_per_s"] for r in ok], [r["tokens_per_s"] for r in ok])
-        res = {"model": model, "seq_len": seq, "global_batch": GLOBAL_BATCH, "np": a.np, "rows": rows, "spearman": rho,
+        at = [r for r in ok if "tokens_per_s" in r.get("predicted_at_load", {})]
+        rho_load = spearman([r["predicted_at_load"]["tokens_per_s"] for r in at], [r["tokens_per_s"] for r in at])
+        res = {"model": model, "seq_len": seq, "global_batch": GLOBAL_BATCH, "np": a.np, "rows": rows, "spearman": rho, "spearman_at_load": rho_load,
                "measured_layouts": len(ok), "plan": plan_choice(a, d, seq), "machine_before": before, "machine_after": machine_state()}
     print("\n| layout | measured tokens/s | measured a2a | predicted tokens/s | predicted a2a |\n|---|---|---|---|---|")
     for r in rows:
@@ -220,7 +226,8 @@ def main():
         p = r["predicted"]
         q = ("refused", "-") if "refused" in p else (f"{p['tokens_per_s']:.1f}", f"{100 * p['a2a_share']:.1f}%")
         print(f"| {r['layout']} | {m[0]} | {m[1]} | {q[0]} | {q[1]} |")
-    print(f"\nSpearman over {len(ok)} measured layouts: {rho:.3f}; plan's choice: {res['plan']}")
+    print(f"\nSpearman over {len(ok)} measured layouts: {rho:.3f} (balanced routing), {rho_load:.3f} over {len(at)} with each run's "
+          f"router load (--router-load); plan's choice: {res['plan']}")
     print(f"machine before: {res['machine_before']}, after: {res['machine_after']}")
     if a.out:
         pathlib.Path(a.out).write_text(json.dumps(res, indent=1))

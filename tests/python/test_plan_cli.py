@@ -169,6 +169,10 @@ def test_plan_moe_flops_ep_and_refusals(tmp_path):
                            out).stdout)["best"]
     written = json.loads(out.read_text())
     assert written.get("ep", 1) == best["ep"] and written.get("etp", best["etp"]) == best["etp"], (written, best)
+    for bad in ("0.5", "5"):  # the routing imbalance is a max / mean of 4 experts: [1, 4]
+        p = ckpt("plan", "--evaluate", lay, "--cluster", cl, "--model", model, "--global-batch", G, "--seq-len", SEQ,
+                 "--router-load", bad, check=False)
+        assert p.returncode != 0 and "[BadPlan]" in p.stderr and "--router-load" in p.stderr, p.stderr
     ds = json.loads((ROOT / "fixtures" / "moe" / "deepseek_v3" / "legacy" / "config.json").read_text())
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     p = ckpt("plan", "--cluster", cl, "--model", tmp_path / "ds.json", "--global-batch", G, "--seq-len", SEQ, check=False)

@@ -21,6 +21,7 @@
 // Pure functions over values; thread safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,11 @@ struct ModelSpec {
   // width ffn). The per-layer terms below are the average over the layers (exact when every layer
   // is MoE, as in Mixtral and Qwen3-MoE).
   int64_t experts = 0, top_k = 0, expert_ffn = 0, shared_ffn = 0, moe_layers = 0;
+  // Routing imbalance assumed (`ckpt plan --router-load X`): the most loaded expert's tokens over the
+  // mean (the trainer's router_load, max / mean); 1: balanced. Under ep > 1 the busiest EP rank
+  // computes, sends and receives min(router_load, ep) x its balanced share of the routed rows.
+  double router_load = 1;
+  double expert_load(int ep) const { return ep > 1 ? std::min(router_load, static_cast<double>(ep)) : 1.0; }
   static ModelSpec from_config(const LlamaConfig& c);
   bool moe() const { return experts > 0 && moe_layers > 0; }
   // Parameters of one decoder layer split by TP (q, k, v, o, the dense MLP or the shared expert),

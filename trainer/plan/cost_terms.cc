@@ -92,6 +92,9 @@ int64_t stage_rank_params(const ModelSpec& m, const StageShape& st) {
 
 double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s) {
   double f = static_cast<double>(st.layers) * m.layer_forward_flops(b, s);
+  if (m.moe() && m.expert_load(st.ep) > 1)  // the busiest EP rank's extra routed rows
+    f += (m.expert_load(st.ep) - 1) * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers) * 6.0 *
+         static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden * m.top_k * m.expert_ffn);
   if (st.last) f += m.head_forward_flops(b, s);
   return 3 * f / st.tp;
 }
@@ -118,7 +121,7 @@ double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int6
 double stage_a2a_bytes(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes) {
   if (st.ep <= 1 || !m.moe()) return 0;
   return static_cast<double>(b) * static_cast<double>(s) / st.tp * static_cast<double>(m.top_k) * static_cast<double>(m.hidden) *
-         act_bytes * (st.ep - 1) / st.ep;
+         act_bytes * (st.ep - 1) / st.ep * m.expert_load(st.ep);
 }
 
 double stage_a2a_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link) {

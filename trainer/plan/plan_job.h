@@ -29,6 +29,7 @@ struct PlanRequest {
   int top = 3;
   bool trainer_memory = false;  // evaluate: also each rank's memory as `ckpt train` allocates it
   std::string memory_model = "megatron";  // memory_model.h: "megatron" | "embedded" (`ckpt train`)
+  double router_load = 1;   // MoE: ModelSpec::router_load (max / mean tokens per expert assumed), in [1, experts]
 };
 
 // The models `ckpt plan` prices: dense LLaMA, Mixtral, Qwen2-MoE, Qwen3-MoE. DeepSeek-V3 (MLA

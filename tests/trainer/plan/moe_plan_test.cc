@@ -47,6 +47,17 @@ TEST(PlanMoe, AllToAllCostMatchesAHandComputation) {
   const double ar = 8 * (8192.0 / 1e9 + 2e-5), etp_part = 8 * (0.5 * 16384.0 / 1e9 + 1e-5);
   EXPECT_NEAR(stage_tp_comm_s(m, StageShape{2, 2, false, false, 2, 2}, 2, 16, 4, link), ar + etp_part, 1e-15);
   EXPECT_NEAR(stage_tp_comm_s(m, StageShape{2, 2, false, false, 2, 1}, 2, 16, 4, link), ar, 1e-15);
+  // A router load of 3 (max / mean): at ep 4 the busiest rank sends and computes 3x its balanced
+  // share of the routed rows; at ep 2 at most 2x (it holds half the experts); at ep 1 no change.
+  ModelSpec loaded = m;
+  loaded.router_load = 3;
+  EXPECT_DOUBLE_EQ(stage_a2a_bytes(loaded, st, 2, 16, 4), 3 * 6144.0);
+  EXPECT_DOUBLE_EQ(stage_a2a_bytes(loaded, StageShape{2, 2, false, false, 2, 1}, 2, 16, 4),
+                   2 * stage_a2a_bytes(m, StageShape{2, 2, false, false, 2, 1}, 2, 16, 4));
+  const double experts_fwd = 6.0 * 32 * 64 * 2 * 128;  // per layer, the top-2 experts' forward FLOPs
+  EXPECT_NEAR(stage_rank_flops(loaded, st, 2, 16), stage_rank_flops(m, st, 2, 16) + 3 * 2 * 2 * experts_fwd / 2, 1e-3);
+  const StageShape ep1{2, 2, false, false, 1, 2};
+  EXPECT_DOUBLE_EQ(stage_rank_flops(loaded, ep1, 2, 16), stage_rank_flops(m, ep1, 2, 16));
   ModelSpec dense = m;
   dense.experts = 0;
   EXPECT_EQ(stage_a2a_s(dense, st, 2, 16, 4, link), 0.0);
