@@ -253,3 +253,20 @@ def test_mpirun_reshard_into_a_general_ep_layout_equals_one_process(tool, ckpt_b
     man, got, _ = read_native(tmp_path / "two")
     for k, v in tensors.items():
         assert np.array_equal(got[k], v), k
+
+
+def test_flagscale_meshes_with_expert_parallelism(tool, run_ckpt, tmp_path):
+    """FlagScale's [tp, cp, ep, dp, pp] meshes with expert_tensor_parallel_size_per_process_mesh: each mesh's stages
+    take its ep and etp (FlagScale's ParallelContext), pieces checked against the general layout they name."""
+    src, tensors, cfg, *_ = _source(tool, tmp_path, "mixtral", 41)
+    fs = {"hetero_process_meshes": [2, 1, 4, 2, 1, 1, 1, 2, 2, 1], "hetero_device_types": ["A", "B"],
+          "hetero_pipeline_layer_split": [1, 1], "expert_tensor_parallel_size_per_process_mesh": [1, 1],
+          "use_distributed_optimizer": True}
+    run_ckpt("reshard", src, tmp_path / "f", "--layout", _write(tmp_path / "fs.json", fs))
+    stages = [{"layers": 1, "tp": 2, "ep": 4, "etp": 1, "device": "A"}, {"layers": 1, "tp": 1, "ep": 2, "etp": 1, "device": "B"}]
+    want = {"pipelines": [{"stages": stages}] * 2, "zero": 1}
+    man, got, _ = read_native(tmp_path / "f")
+    assert [pl["stages"] for pl in man["layout"]["pipelines"]] == [stages] * 2
+    assert check_pieces(man, cfg, want)
+    for k, v in tensors.items():
+        assert np.array_equal(got[k], v), k
