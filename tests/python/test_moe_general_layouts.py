@@ -14,6 +14,7 @@ import json
 import pathlib
 import random
 
+import moe_reference
 import numpy as np
 import pytest
 from moe_general_reference import check_pieces, general_holdings, uniform, world_size
@@ -102,7 +103,8 @@ def test_random_general_expert_layouts_with_adam_state(tool, run_ckpt, tmp_path,
     assert _pieces(man_a) == _pieces(json.loads((tmp_path / "A2" / "manifest.json").read_text())), (a, b)
 
 
-# Symmetric EP -> general EP (uniform, per-stage tp/ep/etp, ZeRO-1) -> general EP (non-uniform) -> one process.
+# Symmetric EP -> general EP (uniform, per-stage tp/ep/etp, ZeRO-1) -> general EP (non-uniform) -> symmetric EP ->
+# one process.
 UNIFORM = {"pipelines": [{"micro_batch": 2, "stages": [{"layers": 1, "tp": 2, "ep": 4, "etp": 1, "device": "A"},
                                                        {"layers": 2, "tp": 1, "ep": 2, "device": "B"}]},
                          {"micro_batch": 1, "stages": [{"layers": 1, "tp": 2, "ep": 4, "etp": 1, "device": "A"},
@@ -119,7 +121,12 @@ def test_symmetric_to_general_to_one_process(tool, run_ckpt, tmp_path):
     run_ckpt("reshard", src, tmp_path / "sym", "--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--etp", "1", "--zero", "1")
     run_ckpt("reshard", tmp_path / "sym", tmp_path / "u", "--layout", _write(tmp_path / "u.json", UNIFORM))
     run_ckpt("reshard", tmp_path / "u", tmp_path / "x", "--layout", _write(tmp_path / "x.json", ASYMMETRIC))
-    run_ckpt("reshard", tmp_path / "x", tmp_path / "one", "--tp", "1", "--pp", "1", "--dp", "1")
+    run_ckpt("reshard", tmp_path / "x", tmp_path / "sym2", "--tp", "1", "--pp", "3", "--dp", "4", "--ep", "4", "--zero", "1")
+    run_ckpt("reshard", tmp_path / "sym2", tmp_path / "one", "--tp", "1", "--pp", "1", "--dp", "1")
+    man, got, _ = read_native(tmp_path / "sym2")
+    assert moe_reference.check_pieces(man, cfg, dict(tp=1, dp=4, ep=4, etp=1, split=[1, 1, 1], zero=1))
+    for k, v in tensors.items():
+        assert np.array_equal(got[k], v), k
     for d, lay in (("u", UNIFORM), ("x", ASYMMETRIC)):
         run_ckpt("verify", tmp_path / d)
         man, got, _ = read_native(tmp_path / d)
