@@ -4,9 +4,10 @@
 // optimizer tensors of that kind, in tensor-list order, flattened row-major and concatenated,
 // zero-padded at the end to a multiple of kZeroPadElements * dp, split evenly over the DP ranks:
 // DP rank d holds [d*S, (d+1)*S), S = padded / dp.
-// General layouts (reshard/layout/layout.h): ZeRO-1 needs uniform_pipelines(), so stage s has one tp
-// (which may differ from other stages') in every pipeline; its buffers are those of
-// layout.stage_view(0, s) (dp = num_pipelines()), and DP rank d is pipeline d.
+// General layouts (reshard/layout/layout.h): ZeRO-1 needs uniform_pipelines(), so stage s has one tp,
+// ep and etp (which may differ from other stages') in every pipeline; its buffers are those of
+// layout.stage_view(0, s) (dp = num_pipelines()), and DP rank d is pipeline d; its expert buffers
+// group the stage's ranks of every pipeline by the expert boxes the stage's view gives them.
 // Pure functions over values; thread safe.
 #pragma once
 
