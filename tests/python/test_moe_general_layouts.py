@@ -7,8 +7,9 @@ store_write_tool from numpy: src -> A -> B -> A.
   tests/python/moe_general_reference.py (each stage placed by Megatron-Core's symmetric rules of
   tests/python/moe_reference.py applied to the stage's view), every element stored exactly once;
 - A -> B -> A gives A's pieces again, byte for byte.
-Symmetric EP -> general EP -> one process, to-hf of a general-EP store (safetensors' tensors, transformers'
-logits), inspect, the Python module's layout dicts and mpirun; impossible layouts refused by name, nothing written.
+Symmetric EP -> general EP -> one process, the general form of a symmetric EP layout storing the same pieces, to-hf
+of a general-EP store (safetensors' tensors, transformers' logits), inspect, the Python module's layout dicts,
+FlagScale meshes and mpirun; impossible layouts refused by name, nothing written.
 """
 import json
 import pathlib
@@ -143,6 +144,25 @@ def test_symmetric_to_general_to_one_process(tool, run_ckpt, tmp_path):
                                                                                                    [(2, 1, 2)]]
     text = run_ckpt("inspect", tmp_path / "x").stdout
     assert "stage 0: layers 0-1, tp 4, ep 4 etp 1, device A" in text and "stage 0: layers 0-2, tp 2, device B" in text, text
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_general_form_of_a_symmetric_ep_layout_stores_the_same_pieces(tool, run_ckpt, tmp_path, family):
+    """One definition of the expert rules: pipelines with one tp, ep and etp everywhere (named devices keep the general
+    form) give every rank the same pieces, byte for byte, as the symmetric flags (ranks coincide by the rank order)."""
+    src, _, cfg, *_ = _source(tool, tmp_path, family, 51)
+    split = [1, 2] if cfg["num_hidden_layers"] == 3 else [1, 1]
+    run_ckpt("reshard", src, tmp_path / "sym", "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--etp", "1", "--zero", "1",
+             "--pp-layers", ",".join(map(str, split)))
+    stages = [{"layers": n, "tp": 2, "ep": 2, "etp": 1, "device": d} for n, d in zip(split, "AB")]
+    run_ckpt("reshard", src, tmp_path / "gen", "--layout", _write(tmp_path / "g.json", {"pipelines": [{"stages": stages}] * 2,
+                                                                                         "zero": 1}))
+    sym, gen = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("sym", "gen"))
+    assert "pipelines" in gen["layout"] and "pipelines" not in sym["layout"]
+
+    def pieces(man):
+        return sorted((p["file"], p["tensor"], json.dumps(p["region"], sort_keys=True), p["digest"]) for p in man["pieces"])
+    assert pieces(gen) == pieces(sym)
 
 
 @pytest.mark.parametrize("layout", [UNIFORM, ASYMMETRIC], ids=["uniform", "asymmetric"])
