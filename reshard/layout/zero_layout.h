@@ -75,8 +75,9 @@ Result<std::vector<ZeroBuffer>> zero_buffers(const std::vector<TensorMeta>& tens
                                              const std::vector<std::vector<StagePlacement>>& placed,
                                              const Layout& layout);
 
-// The buffer of one (stage, TP rank, kind), placing the tensors with `rules` (errors name the
-// tensor). A buffer with no tensors comes back with no segments and total 0. `layout` may be the
+// The dense buffer of one (stage, TP rank, kind), placing the tensors with `rules` (errors name the
+// tensor); expert tensors of an expert-parallel layout (or view) are left out, as zero_buffers
+// keeps them in its expert buffers. A buffer with no tensors comes back with no segments and total 0. `layout` may be the
 // general form (with uniform pipelines; its stage_view(0, stage) is used) or any stage view of it,
 // layout.stage_view(p, stage): the result equals zero_buffers(...)'s buffer of (stage, tp_rank,
 // kind).
