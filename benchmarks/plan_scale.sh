@@ -6,11 +6,14 @@
 # types stay in blocks). Prints per factor the plan's summary lines and the search's CPU time, wall
 # time and peak memory (/usr/bin/time), and the machine's load.
 # Usage: benchmarks/plan_scale.sh [CKPT_BIN] [FACTOR...]   (default factors: 1 8 64)
+# PLAN_MODEL=fixtures/mixtral_8x22b_config.json benchmarks/plan_scale.sh ...: the MoE variant (8 experts,
+# top-2; the search then also weighs ep and etp, docs/PLAN.md "Mixture of experts").
 set -e
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$here/build/ckpt}
 [ $# -gt 0 ] && shift
 factors=${*:-1 8 64}
+model=${PLAN_MODEL:-$here/fixtures/llama_70b_config.json}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for f in $factors; do
@@ -25,5 +28,5 @@ PY
     "$tmp/cluster_x$f.json")
   echo "== x$f: $devices devices; $(uptime | sed 's/.*load/load/')"
   /usr/bin/time -f "x$f: cpu %U s user + %S s sys, wall %e s, peak RSS %M KiB" "$bin" plan --cluster "$tmp/cluster_x$f.json" \
-    --model "$here/fixtures/llama_70b_config.json" --global-batch 8192 --seq-len 4096 --top 3 | grep -v '^  stage' | cut -c1-240
+    --model "$model" --global-batch 8192 --seq-len 4096 --top 3 | grep -v '^  stage' | cut -c1-240
 done

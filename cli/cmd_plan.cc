@@ -20,6 +20,7 @@ namespace {
 
 struct PlanFlags {
   std::string cluster, model, out, evaluate, from, reshard, calibration, memory_model = "megatron";
+  double router_load = 1;
   int64_t global_batch = 0, seq_len = 0;
   int top = 3;
   bool explain = false, json = false, calibrate = false, trainer_memory = false;
@@ -45,6 +46,7 @@ trainer::PlanRequest plan_request(const PlanFlags& f) {
   r.cluster = f.cluster, r.model = f.model, r.evaluate = f.evaluate, r.calibration = f.calibration;
   r.global_batch = f.global_batch, r.seq_len = f.seq_len, r.top = f.top, r.trainer_memory = f.trainer_memory;
   r.memory_model = f.memory_model;
+  r.router_load = f.router_load;
   return r;
 }
 
@@ -156,6 +158,10 @@ CommandAction setup_plan(CLI::App& sub) {
   sub.add_option("--memory-model", f->memory_model,
                  "Whose memory the plan assumes: 'megatron' (a real-precision stack: dtype weights and gradients, fp32 Adam) or "
                  "'embedded' (`ckpt train`'s own estimate, trainer/memory_estimate.h: a plan that `ckpt train --cluster` accepts)")
+      ->capture_default_str();
+  sub.add_option("--router-load", f->router_load,
+                 "MoE: the routing imbalance assumed, the most loaded expert's tokens over the mean (`ckpt train`'s router_load); "
+                 "1: balanced")
       ->capture_default_str();
   sub.add_flag("--trainer-memory", f->trainer_memory,
                "With --evaluate --json: also every rank's memory as `ckpt train` allocates it (fp32, trainer/memory_estimate.h): "

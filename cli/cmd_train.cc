@@ -30,13 +30,14 @@ constexpr const char* kTrainFooter =
       "and the update equals the one-process update for the same global batch. --resume accepts a checkpoint of\n"
       "any layout (the global batch and seq-len must match). A general --layout FILE (per-stage tp, per-pipeline\n"
       "stage splits and micro-batches) runs on N = the sum of its stages' tp ranks (docs/TRAINER.md).\n"
-      "Mixture-of-experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) train in one process, with the load-balancing loss;\n"
+      "Mixture-of-experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) train with the load-balancing loss, over pipeline\n"
+      "stages and DP with every expert whole on its stage (tp > 1 only on stages of dense layers);\n"
       "--init STORE starts from an imported HF model (`ckpt from-hf`).";
 
 CommandAction setup_train(CLI::App& sub) {
   auto f = std::make_shared<TrainFlags>();
   sub.add_option("--config", f->config,
-                 "HF config.json: LlamaForCausalLM, or Mixtral / Qwen2-MoE / Qwen3-MoE in one process (e.g. fixtures/tiny_llama.json)")
+                 "HF config.json: LlamaForCausalLM, or Mixtral / Qwen2-MoE / Qwen3-MoE (e.g. fixtures/tiny_llama.json)")
       ->required();
   sub.add_option("--steps", f->o.steps, "Train until this many optimizer steps are done")->capture_default_str();
   sub.add_option("--total-steps", f->o.total_steps, "LR schedule horizon (default: --steps)");

@@ -28,7 +28,10 @@ uint64_t u(int64_t v) { return static_cast<uint64_t>(std::max<int64_t>(v, 0)); }
 struct Held {
   int64_t weights = 0, optimizer = 0, vocab_rows = 0;
   int64_t zero_padded = 0, zero_shard = 0;
+  int64_t expert_padded = 0, expert_shard = 0;  // ZeRO-1's expert buffer over the expert data-parallel group
 };
+
+bool est_is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
 
 // The view's rank of `place`: stage s, DP rank p when the pipelines are uniform (the view has
 // every pipeline) else 0, tp rank t.
@@ -43,17 +46,45 @@ Result<Held> held_of(const MemoryInputs& in, const RankPlace& place, const std::
   Held h;
   CKPT_ASSIGN_OR_RETURN(std::vector<Piece> pieces, rank_view(tensors, view, rules, vr));
   const size_t pre = std::strlen("optimizer.");
-  for (const Piece& p : pieces) (p.tensor.compare(0, pre, "optimizer.") == 0 ? h.optimizer : h.weights) += p.region.numel();
+  int64_t expert = 0;  // the rank's expert boxes (one kind's elements of its expert buffer)
+  for (const Piece& p : pieces) {
+    const bool opt = p.tensor.compare(0, pre, "optimizer.") == 0;
+    (opt ? h.optimizer : h.weights) += p.region.numel();
+    if (!opt && est_is_expert(p.tensor)) expert += p.region.numel();
+  }
   const Shape vshape{in.config.vocab_size, in.config.hidden_size};
   CKPT_ASSIGN_OR_RETURN(TensorPlacement emb, rules.place(TensorMeta{"model.embed_tokens.weight", DType::kF32, vshape}, view));
   h.vocab_rows = emb.tp_boxes.at(static_cast<size_t>(place.tp_rank)).extent[0];
-  if (view.zero == 1) {
+  if (view.zero == 1 && !view.expert_parallel()) {
     CKPT_ASSIGN_OR_RETURN(ZeroBuffer b, zero_buffer(tensors, view, rules, place.stage, place.tp_rank,
                                                     zero_kind(kExpAvgPrefix)));
     h.zero_padded = b.padded;
     h.zero_shard = b.shard();
+  } else if (view.zero == 1) {
+    // zero_layout.h's buffers of an expert-parallel layout: the dense one holds the rank's boxes of
+    // the other parameters (one kind), padded to kZeroPadElements * dp and split over dp; the expert
+    // one its expert boxes, padded to kZeroPadElements * edp and split over edp.
+    const int64_t edp = std::max<int64_t>(1, static_cast<int64_t>(view.tp) * view.dp / (static_cast<int64_t>(view.ep) * view.expert_tp()));
+    auto pad = [](int64_t n, int64_t ways) { return (n + kZeroPadElements * ways - 1) / (kZeroPadElements * ways) * (kZeroPadElements * ways); };
+    h.zero_padded = pad(h.weights - expert, view.dp);
+    h.zero_shard = h.zero_padded / view.dp;
+    h.expert_padded = pad(expert, edp);
+    h.expert_shard = h.expert_padded / edp;
+    h.optimizer = 2 * (h.zero_shard + h.expert_shard);  // both moments of its two shards (as allocated: padding included)
   }
   return h;
+}
+
+// What an MoE layer keeps for one micro-batch of n tokens (trainer/model/moe_mlp.h MoeActs), in
+// elements: probs [n, E], picks and weights [n, k], the rows R = n k etp / tp this rank computes
+// under balanced routing (row token and pick, gathered inputs and outputs [R, D], gate, up and
+// their product [R, F / etp]), the shared expert's [n, Fs / tp] x 3 and [n, D], its gate [n].
+int64_t moe_layer_acts(const LlamaConfig& c, int64_t tp, int64_t etp, int64_t n) {
+  const MoeConfig& m = *c.moe;
+  const int64_t R = (n * m.top_k * etp + tp - 1) / tp, D = c.hidden_size;
+  int64_t e = n * m.num_experts + 2 * n * m.top_k + 2 * (m.num_experts + 1) + 2 * R + 2 * R * D + 3 * R * (m.expert_intermediate / etp) + n;
+  if (m.shared_intermediate > 0) e += 3 * n * (m.shared_intermediate / tp) + n * D;
+  return e;
 }
 
 // Activations of one micro-batch slot and the shared scratch, bytes (see the header).
@@ -70,9 +101,12 @@ ActBytes activation_bytes(const MemoryInputs& in, const RankPlace& place, int64_
                 KVl = c.num_key_value_heads / tp * c.head_dim, Fl = c.intermediate_size / tp,
                 Hl = c.num_attention_heads / tp, L = l.stage_layers(p, s);
   const bool first = s == 0, last = s + 1 == l.num_stages(p);
-  const int64_t layer = 3 * n * D + 2 * n + 2 * n * Ql + 2 * n * KVl + b * Hl * S * S + 3 * n * Fl;
+  const int64_t attn = 3 * n * D + 2 * n + 2 * n * Ql + 2 * n * KVl + b * Hl * S * S;
+  int64_t layers = 0;
+  for (int64_t i = l.stage_first_layer(p, s); i < l.stage_first_layer(p, s) + L; ++i)
+    layers += attn + (c.moe && c.moe->is_moe_layer(i) ? moe_layer_acts(c, tp, l.expert_tp() == l.tp ? tp : l.expert_tp(), n) : 3 * n * Fl);
   ActBytes a;
-  a.per_slot = kF * u(L * layer + (last ? L + 1 : L) * n * D);
+  a.per_slot = kF * u(layers + (last ? L + 1 : L) * n * D);
   if (first) a.per_slot += kI * u(n);
   if (last) a.per_slot += kF * u(n * D + n + n * vocab_rows);
   const int64_t ws = 3 * n * Fl + n * D + 2 * n * Ql + 2 * n * KVl + S * S + 2 * n * D;
@@ -96,7 +130,7 @@ RankMemory rank_memory(const MemoryInputs& in, int rank, const RankPlace& place,
   m.activations = a.per_slot * static_cast<uint64_t>(slots);
   m.workspace = a.workspace;
   if (l.zero == 1)
-    m.buffers = kF * u(h.zero_padded + 2 * h.zero_shard);
+    m.buffers = kF * u(h.zero_padded + 2 * h.zero_shard + h.expert_padded + 2 * h.expert_shard);
   else if (l.num_pipelines() > 1)
     m.buffers = m.grads;  // the packed gradients of the DP / replica sum
   m.buffers += in.data_bytes;
@@ -193,6 +227,16 @@ Result<Layout> stage_query_layout(const LlamaConfig& c, const StageMemoryQuery& 
   ps.stages.push_back({q.layers, q.tp, ""});
   if (after) ps.stages.push_back({after, 1, ""});
   const bool zero = q.zero_ways > 1;
+  if (q.ep > 1 || (q.etp > 0 && q.etp != q.tp)) {  // expert parallel: the symmetric form
+    int dp = zero ? q.zero_ways : 1;
+    while (!zero && (static_cast<int64_t>(q.tp) * dp) % (static_cast<int64_t>(q.ep) * std::max(q.etp, 1)) != 0 && dp < (1 << 20)) ++dp;
+    std::vector<int> per;
+    for (const StageSpec& st : ps.stages) per.push_back(st.layers);
+    CKPT_ASSIGN_OR_RETURN(Layout l, Layout::make(q.tp, static_cast<int>(per.size()), dp, zero ? 1 : 0, L, per));
+    l.micro_batch.assign(static_cast<size_t>(dp), static_cast<int>(q.micro_batch));
+    l.ep = q.ep, l.etp = q.etp > 0 ? q.etp : q.tp;
+    return l;
+  }
   return Layout::from_pipelines(std::vector<PipelineSpec>(static_cast<size_t>(zero ? q.zero_ways : 1), ps), zero ? 1 : 0);
 }
 

@@ -4,16 +4,20 @@
 // The estimate follows what the trainer allocates (all fp32, 4 bytes an element):
 // - weights and gradients: the rank's boxes of its stage's parameters (planner rank_view under the
 //   stage's Layout::stage_view: exact element counts, vocabulary padding and TP boxes included);
-// - optimizer: the two Adam moments of what the rank updates (its boxes, or its ZeRO-1 flat range);
+// - optimizer: the two Adam moments of what the rank updates (its boxes, or its ZeRO-1 flat range;
+//   with expert parallelism (ep > 1 or etp != tp; docs/MOE.md) its boxes hold E/ep experts sliced
+//   F/etp, and under ZeRO-1 it holds two whole shards, padding included: of the dense buffer over
+//   dp and of the expert buffer over edp = tp dp / (ep etp), zero_layout.h);
 // - activations: per 1F1B slot (pipe_slots(stage, stages, grad_accum)) of n = micro_batch*seq rows,
 //   per layer what DecoderLayer keeps (xn1, x_mid, xn2 [n,D]; q, att [n,H/tp*hd]; k, v [n,K/tp*hd];
-//   probs [mb,H/tp,seq,seq]; gate, up, silu*up [n,F/tp]; two rstd [n]) plus the stage's residual
+//   probs [mb,H/tp,seq,seq]; gate, up, silu*up [n,F/tp], or an MoE layer's MoeActs with the rank's
+//   R = n k etp / tp routed rows under balanced routing; two rstd [n]) plus the stage's residual
 //   stream at every layer boundary, tokens (first stage), final norm and logits [n,V/tp] (last);
 // - workspace: the shared backward scratch (Workspace), the RoPE tables and the four [n,D]
 //   stage-boundary buffers of the pipeline step;
 // - buffers: the DP gradient buffer (zero 0 with replicas: every gradient packed, the upper bound
 //   of ReplicaSum's largest holder set; zero 1: the padded flat buffer plus the master and
-//   gradient shards), the corpus file when one is given;
+//   gradient shards, and so for the expert buffer under expert parallelism), the corpus file when one is given;
 // - checkpoint: the saver's staging copy of the pieces this rank writes (with a run dir) and its
 //   background write's pool (save_write_pool_buffers, trainer/state/dist_checkpoint.h);
 // - process: a measured constant (binary, libc, OpenMPI and OpenBLAS; process_bytes).
@@ -83,12 +87,16 @@ struct StageMemoryQuery {
   int64_t micro_batch = 1, seq_len = 1, slots = 1;
   int zero_ways = 1, pipelines = 1, world_size = 1;
   bool checkpoints = true, mpi = false;
+  int ep = 1, etp = 0;  // expert parallelism of the stage (etp 0: = tp)
 };
 
 // The largest estimate among the stage's TP ranks, by the same code as estimate_memory (held
 // parameters, activations, workspace, buffers, process constant). Checkpoint staging: under ZeRO-1
 // as in the layout of `pipelines` identical pipelines; without, as if this rank wrote everything it
-// holds (replicas share the writing in a real layout: an upper bound). Errors: a stage that does
+// holds (replicas share the writing in a real layout: an upper bound). With expert parallelism
+// (ep > 1 or etp != tp) the pipeline is a symmetric layout (every stage at tp, Layout's ep is
+// symmetric only) of zero_ways replicas under ZeRO-1, else of the fewest that ep x etp divides.
+// Errors: a stage that does
 // not fit the model's layers, the layout's rules (tp not dividing the heads...).
 Result<RankMemory> estimate_stage_memory(const LlamaConfig& config, const StageMemoryQuery& q);
 

@@ -49,10 +49,11 @@ Result<DpShare> dp_share(const Layout& layout, const TrainerState& st, int pipel
   return s;
 }
 
-// The sends and the receive of one pipeline exchange of rank (p, s, t), buffers of n elements.
+// The sends and the receive of one pipeline exchange of rank (p, s, t): forward messages of nf
+// elements, backward ones of nb (the activations or their gradient, then the MoE tail, Model::forward_tail).
 template <class T>
-void exchange_lists(const Layout& l, const LayoutGroups& g, const PipeExchange& e, int64_t n, const T* x_out,
-                    const T* dx_in, T* x_in, T* dx_out, std::vector<Comm::Send<T>>* sends,
+void exchange_lists(const Layout& l, const LayoutGroups& g, const PipeExchange& e, int64_t nf, int64_t nb,
+                    const T* x_out, const T* dx_in, T* x_in, T* dx_out, std::vector<Comm::Send<T>>* sends,
                     std::vector<Comm::Recv<T>>* recvs) {
   const int p = g.dp_rank, s = g.pp_rank, t = g.tp_rank;
   sends->clear();
@@ -61,12 +62,13 @@ void exchange_lists(const Layout& l, const LayoutGroups& g, const PipeExchange& 
     const bool fwd = e.send.kind == PipeKind::kForward;
     const int q = e.send.peer;
     for (int j : pipe_receivers(t, l.stage_tp(p, s), l.stage_tp(p, q)))
-      sends->push_back({fwd ? x_out : dx_in, n, l.rank_of(q, p, j)});
+      sends->push_back({fwd ? x_out : dx_in, fwd ? nf : nb, l.rank_of(q, p, j)});
   }
   if (!e.recv.none()) {
     const int q = e.recv.peer;
     const int from = l.rank_of(q, p, pipe_sender(t, l.stage_tp(p, q)));
-    recvs->push_back({e.recv.kind == PipeKind::kForward ? x_in : dx_out, n, from});
+    const bool fwd = e.recv.kind == PipeKind::kForward;
+    recvs->push_back({fwd ? x_in : dx_out, fwd ? nf : nb, from});
   }
 }
 
@@ -82,14 +84,16 @@ Result<double> run_pipeline(Model<T>& model, const TokenStream& data, const Trai
   const std::vector<PipeExchange> ex = pipe_exchanges(acts, s, stages);
   const int slots = pipe_slots(s, stages, m);
   model.set_slots(slots);
-  // x_in / dx_out are received, x_out / dx_in sent (never the same buffer in one exchange).
-  std::vector<T> x_in(static_cast<size_t>(n * D)), x_out(x_in.size()), dx_out(x_in.size()), dx_in(x_in.size());
+  // x_in / dx_out are received, x_out / dx_in sent (never the same buffer in one exchange); with an
+  // MoE model the router totals travel after the activations and aux_dp after their gradient.
+  const int64_t nf = n * D + model.forward_tail(), nb = n * D + model.backward_tail();
+  std::vector<T> x_in(static_cast<size_t>(nf)), x_out(x_in.size()), dx_out(static_cast<size_t>(nb)), dx_in(dx_out.size());
   std::vector<int32_t> tok(static_cast<size_t>(n)), tgt(tok.size());
   std::vector<Comm::Send<T>> sends;
   std::vector<Comm::Recv<T>> recvs;
   double loss = 0, t = step_clock_s();
   for (size_t k = 0; k <= acts.size(); ++k) {
-    exchange_lists<T>(layout, g, ex[k], n * D, x_out.data(), dx_in.data(), x_in.data(), dx_out.data(), &sends, &recvs);
+    exchange_lists<T>(layout, g, ex[k], nf, nb, x_out.data(), dx_in.data(), x_in.data(), dx_out.data(), &sends, &recvs);
     if (!sends.empty() || !recvs.empty()) {
       CKPT_RETURN_IF_ERROR(g.world.exchange<T>(sends, recvs, 0));
       t = clock_lap(t, &clock->idle);
@@ -148,23 +152,25 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   t = step_clock_s();
   CKPT_RETURN_IF_ERROR(opt.gather_params(g.dp));
   clock_lap(t, &clock.comm);
-  // The maxima over ranks, then every rank's compute seconds (its own slot, zero elsewhere).
-  std::vector<double> times(static_cast<size_t>(3 + g.world.size()), 0.0);
+  // The maxima over ranks (the router load: the most unbalanced MoE layer of any stage), then
+  // every rank's compute seconds (its own slot, zero elsewhere).
+  std::vector<double> times(static_cast<size_t>(4 + g.world.size()), 0.0);
   times[0] = clock.compute;
   times[1] = clock.comm;
   times[2] = clock.idle;
-  times[static_cast<size_t>(3 + g.world.rank())] = clock.compute;
+  times[3] = model.take_router_load();
+  times[static_cast<size_t>(4 + g.world.rank())] = clock.compute;
   CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times.data(), static_cast<int64_t>(times.size())));
   state->step += 1;
   st.step = state->step;
   st.compute_s = times[0];
   st.comm_s = times[1];
   st.idle_s = times[2];
-  st.rank_compute_s.assign(times.begin() + 3, times.end());
+  st.router_load = times[3];
+  st.rank_compute_s.assign(times.begin() + 4, times.end());
   st.seconds = step_clock_s() - t0;
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * sums[2];
-  st.router_load = model.take_router_load();
   return st;
 }
 

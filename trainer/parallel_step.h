@@ -10,7 +10,10 @@
 // backward, TP rank i of stage s receives from TP rank i % tp(s+1) of stage s+1; one rank may
 // thus send to several peers. Every exchange of the paired schedule posts all its sends and its
 // receive at once (Comm::exchange over groups.world); all TP ranks of a stage run the same
-// schedule, so the pairing stays deadlock-free. loss_scale = 1 / (global_batch * seq_len), so the
+// schedule, so the pairing stays deadlock-free. MoE models (ep = 1: every expert whole on its stage):
+// each forward message also carries the micro-batch's router statistics so far and each backward
+// one the load-balancing loss's aux_dp (Model::forward_tail), so every pipeline has one
+// load-balancing loss per micro-batch, as one process running the same micro-batches. loss_scale = 1 / (global_batch * seq_len), so the
 // summed gradients are those of the one-process mean loss. Then: the replica sums of the
 // optimizer (ParallelOptimizer::reduce_gradients: zero 0 every gradient over every (pipeline,
 // stage) holding it, tied embedding included; zero 1 the tied embedding over the pipeline, then

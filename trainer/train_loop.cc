@@ -54,6 +54,23 @@ Status check_options(const TrainOptions& o) {
   return Status::Ok();
 }
 
+// MoE models train with their experts whole on each rank (ep = 1) over pipeline stages and data
+// parallelism; tp > 1 only on stages without MoE layers. Checked on every rank before any work.
+Status check_moe_layout(const LlamaConfig& c, const Layout& l) {
+  if (!c.moe) return Status::Ok();
+  const std::string model = std::string("a ") + model_type_name(c.family) + " model (" + std::to_string(c.moe->num_experts) + " experts)";
+  if (l.expert_parallel())
+    return Status::Error("LayoutRefused", model + ": expert parallelism (--ep, --etp) is not implemented in the trainer yet");
+  for (int p = 0; p < l.num_pipelines(); ++p)
+    for (int s = 0; s < l.num_stages(p); ++s)
+      for (int i = l.stage_first_layer(p, s); l.stage_tp(p, s) > 1 && i < l.stage_first_layer(p, s) + l.stage_layers(p, s); ++i)
+        if (c.moe->is_moe_layer(i))
+          return Status::Error("LayoutRefused", model + ": tp=" + std::to_string(l.stage_tp(p, s)) + " on the stage holding MoE layer " +
+                                                    std::to_string(i) + "; the trainer's MoE layers run at tp=1 for now (expert "
+                                                    "parallelism is not implemented), tp > 1 only on stages of dense layers");
+  return Status::Ok();
+}
+
 // Tokens per step within the limits of one process's buffers.
 Status check_batch(const Layout& layout, const TrainOptions& o) {
   const int64_t g = global_batch(layout, o.grad_accum);
@@ -101,12 +118,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   CKPT_RETURN_IF_ERROR(check_options(o));
   TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
   CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
-  if (o.config.moe && world.size() > 1)
-    return Status::Error("LayoutRefused", std::string("a ") + model_type_name(o.config.family) + " model (" +
-                                              std::to_string(o.config.moe->num_experts) + " experts) trains in one "
-                                              "process for now: expert parallelism (--ep) is not implemented, and "
-                                              "tp, pp and dp are refused with MoE layers (" +
-                                              std::to_string(world.size()) + " ranks given)");
+  CKPT_RETURN_IF_ERROR(check_moe_layout(o.config, layout));
   CKPT_RETURN_IF_ERROR(check_batch(layout, o));
   std::string mem_check;  // before any allocation: the cluster file and every rank's memory estimate
   CKPT_RETURN_IF_ERROR(check_cluster_memory(

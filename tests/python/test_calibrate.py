@@ -201,16 +201,19 @@ def test_calibration_against_independent_measurements(tmp_path):
     assert t["concurrency"][0] == 1 and 0 < t["concurrency"][1] <= 1, t
     assert t["concurrency"][1] == pytest.approx(min(1.0, pr["sgemm_concurrent"] / pr["sgemm_alone"]), rel=1e-9)
     assert abs(t["concurrency"][1] - min(1.0, numpy_ratio)) <= 0.45, (t["concurrency"], numpy_ratio)
-    sizes, calls = pr["allreduce_sizes_bytes"], pr["allreduce_call_s"]
-    assert sizes == [128 * 256 * 4, 512 * 256 * 4] and all(0 < x < 0.05 for x in calls), pr
-    if calls[1] > calls[0]:
-        slope = (calls[1] - calls[0]) / (sizes[1] - sizes[0])
-        assert 1 / t["allreduce_bytes_per_s"] == pytest.approx(slope, rel=1e-6)
-        if calls[0] - sizes[0] * slope >= 0:  # the fit passes through both points
-            for b, x in zip(sizes, calls):
-                assert t["allreduce_latency_s"] + b / t["allreduce_bytes_per_s"] == pytest.approx(x, rel=1e-6, abs=1e-9)
-        else:  # a negative intercept (cost grew faster than the size: noise) is clamped to no latency
-            assert t["allreduce_latency_s"] == 0, t
+    for k in ("allreduce", "a2a"):  # the TP all-reduce and the expert all-to-all: the same fit
+        sizes, calls = pr[f"{k}_sizes_bytes"], pr[f"{k}_call_s"]
+        assert sizes == [128 * 256 * 4, 512 * 256 * 4] and all(0 < x < 0.05 for x in calls), pr
+        if calls[1] > calls[0]:
+            slope = (calls[1] - calls[0]) / (sizes[1] - sizes[0])
+            assert 1 / t[f"{k}_bytes_per_s"] == pytest.approx(slope, rel=1e-6)
+            if calls[0] - sizes[0] * slope >= 0:  # the fit passes through both points
+                for b, x in zip(sizes, calls):
+                    assert t[f"{k}_latency_s"] + b / t[f"{k}_bytes_per_s"] == pytest.approx(x, rel=1e-6, abs=1e-9)
+            else:  # a negative intercept (cost grew faster than the size: noise) is clamped to no latency
+                assert t[f"{k}_latency_s"] == 0, t
+        else:  # no size dependence measured: all latency
+            assert t[f"{k}_latency_s"] == calls[1] and t[f"{k}_bytes_per_s"] == 1e15, t
     assert 0 <= t["micro_batch_overhead_s"] < 0.05 and 0 <= t["p2p_latency_s"] < 0.05, t
     assert t["micro_batch_overhead_s"] == pytest.approx(pr["dp_micro_batch_s"], rel=1e-12, abs=0)
     assert t["p2p_latency_s"] == pytest.approx(max(0, pr["pp_micro_batch_s"] - pr["dp_micro_batch_s"]), rel=1e-9, abs=1e-15)

@@ -139,3 +139,41 @@ def test_replan_from_checkpoint_reshards_to_the_new_cluster(tmp_path):
     ckpt("verify", dst)
     # The source checkpoint is untouched: it still verifies.
     ckpt("verify", run_dir)
+
+
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 264, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 64}
+
+
+def test_plan_moe_flops_ep_and_refusals(tmp_path):
+    """An MoE config: the FLOPs per step against a count made here (attention, router 2nDE, top-k experts
+    6nDkF, head), ep / etp / a2a share in `--evaluate --json`, `-o` carries "ep" / "etp"; DeepSeek-V3
+    (MLA) is refused by name."""
+    model, cl = tmp_path / "mixtral.json", tmp_path / "cluster.json"
+    model.write_text(json.dumps(MIXTRAL))
+    cl.write_text(json.dumps({"device_types": [CLUSTER["device_types"][0]], "ranks": [{"type": "fast", "count": 4}]}))
+    lay = tmp_path / "ep2.json"
+    lay.write_text(json.dumps({"tp": 1, "pp": 1, "dp": 4, "zero": 0, "layers_per_stage": [2], "ep": 2, "etp": 1}))
+    j = json.loads(ckpt("plan", "--evaluate", lay, "--cluster", cl, "--model", model, "--global-batch", G, "--seq-len", SEQ,
+                        "--json").stdout)
+    c = MIXTRAL
+    n, d, hd = G * SEQ, c["hidden_size"], c["hidden_size"] // c["num_attention_heads"]
+    h, k, e, top, f = c["num_attention_heads"], c["num_key_value_heads"], c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"]
+    attn = 2 * n * d * h * hd + 2 * 2 * n * d * k * hd + 2 * n * h * hd * d + 2 * 2 * G * h * SEQ * SEQ * hd
+    layer = attn + 2 * n * d * e + top * 3 * 2 * n * d * f
+    assert j["flops_per_step"] == pytest.approx(3 * (c["num_hidden_layers"] * layer + 2 * n * d * c["vocab_size"]), rel=1e-12)
+    assert j["ep"] == 2 and j["etp"] == 1 and 0 < j["a2a_share"] < 1 and j["a2a_s_per_step"] > 0, j
+    out = tmp_path / "planned.json"
+    best = json.loads(ckpt("plan", "--cluster", cl, "--model", model, "--global-batch", G, "--seq-len", SEQ, "--json", "-o",
+                           out).stdout)["best"]
+    written = json.loads(out.read_text())
+    assert written.get("ep", 1) == best["ep"] and written.get("etp", best["etp"]) == best["etp"], (written, best)
+    for bad in ("0.5", "5"):  # the routing imbalance is a max / mean of 4 experts: [1, 4]
+        p = ckpt("plan", "--evaluate", lay, "--cluster", cl, "--model", model, "--global-batch", G, "--seq-len", SEQ,
+                 "--router-load", bad, check=False)
+        assert p.returncode != 0 and "[BadPlan]" in p.stderr and "--router-load" in p.stderr, p.stderr
+    ds = json.loads((ROOT / "fixtures" / "moe" / "deepseek_v3" / "legacy" / "config.json").read_text())
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    p = ckpt("plan", "--cluster", cl, "--model", tmp_path / "ds.json", "--global-batch", G, "--seq-len", SEQ, check=False)
+    assert p.returncode != 0 and "[UnsupportedModel]" in p.stderr and "MLA" in p.stderr, p.stderr

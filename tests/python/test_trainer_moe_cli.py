@@ -1,4 +1,4 @@
-"""`ckpt train` on an MoE model imported from HF (issue 38, one process).
+"""`ckpt train` on an MoE model imported from HF (issue 38, one process; several: test_trainer_moe_pipeline.py).
 
 transformers makes a tiny Qwen3-MoE (a dense layer between MoE ones, q/k norms), a Qwen2-MoE (shared
 expert and its gate, q/k/v biases) and a Mixtral with seeded random weights and saves them as released checkpoints are (`save_pretrained`, one tensor
@@ -10,7 +10,8 @@ trainer_dump writes it), loss = cross-entropy + router_aux_loss_coef * aux_loss
 store's canonical MoE tensors (the same names and shapes `from-hf` wrote), `ckpt to-hf` of it loads
 in transformers, and its weights are torch's after N steps within a tenth of lr (float32 Adam noise,
 as the dense test bounds it). A resume from the step-2 checkpoint repeats steps 3..N bit for bit;
-the step line reports the router's load. A multi-rank MoE run is refused by name.
+the step line reports the router's load. MoE layers under tp > 1 are refused by name (pipeline stages and
+DP: test_trainer_moe_pipeline.py).
 """
 import json
 import subprocess
@@ -137,9 +138,9 @@ def test_train_from_hf_moe_import_equals_torch(tmp_path, name):
 
 
 @pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
-def test_moe_on_several_ranks_is_refused(tmp_path):
+def test_moe_layers_under_tp_are_refused(tmp_path):
     _make_hf(tmp_path, "mixtral")
     p = subprocess.run(mpirun_cmd(2, _exe("ckpt"), "train", "--config", tmp_path / "hf" / "config.json", "--steps", 1,
-                                  "--dp", 2, "--threads", 1), capture_output=True, text=True, timeout=300)
+                                  "--tp", 2, "--threads", 1), capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
     assert "LayoutRefused" in p.stderr and "expert parallelism" in p.stderr, p.stderr[-2000:]

@@ -152,11 +152,11 @@ def step_lines(out):
 class Runs:
     """Runs shared by the tests of one module, each made once (see the top of this file)."""
 
-    def __init__(self, root, specs):
+    def __init__(self, root, specs, config=CONFIG):
         self.root = pathlib.Path(root)
         self.specs = specs
         self.cfg = self.root / "config.json"
-        self.cfg.write_text(json.dumps(CONFIG))
+        self.cfg.write_text(json.dumps(config))
         self.done = {}
         for name, spec in specs.items():
             assert global_batch(spec) == GLOBAL_BATCH, f"layout {name}: {global_batch(spec)} sequences per step"

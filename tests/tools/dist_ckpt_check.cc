@@ -28,9 +28,15 @@ using namespace ckpt::trainer;
 
 namespace {
 
-float value(const std::string& name, int64_t e) {
-  return static_cast<float>(init_value(7, name, static_cast<uint64_t>(e)) + 1e-4 * static_cast<double>(e % 4099));
-}
+// value(name, e) of one tensor (the name's key computed once: the tool fills tens of millions of
+// elements, under the sanitizers too).
+struct TensorValues {
+  InitValues init;
+  explicit TensorValues(const std::string& name) : init(7, name) {}
+  float operator()(int64_t e) const {
+    return static_cast<float>(init(static_cast<uint64_t>(e)) + 1e-4 * static_cast<double>(e % 4099));
+  }
+};
 
 int fail(const Status& s) {
   std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
@@ -55,18 +61,28 @@ Result<Layout> parse_layout(const std::string& spec, int layers) {
                       std::atoi(parts[2].c_str()), layers, per);
 }
 
-// Global flat index of element k (storage order) of region r of a tensor of shape `shape`.
-int64_t global_index(const Shape& shape, const Region& r, int64_t k) {
+// Calls fn(k, g) for every element k (storage order) of region r of a tensor of shape `shape`, g
+// its global flat index: the box index advanced element by element, no work per call beyond it.
+template <class Fn>
+void for_each_element(const Shape& shape, const Region& r, Fn fn) {
   const Box& b = r.box;
-  int64_t rem = k + (r.is_flat() ? r.flat_begin : 0);
-  std::vector<int64_t> idx(b.ndim());
-  for (size_t d = b.ndim(); d-- > 0;) {
+  const size_t nd = b.ndim();
+  const int64_t n = r.numel();
+  std::vector<int64_t> idx(nd);
+  int64_t rem = r.is_flat() ? r.flat_begin : 0;
+  for (size_t d = nd; d-- > 0;) {
     idx[d] = rem % b.extent[d];
     rem /= b.extent[d];
   }
-  int64_t g = 0;
-  for (size_t d = 0; d < b.ndim(); ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
-  return g;
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t g = 0;
+    for (size_t d = 0; d < nd; ++d) g = g * shape[d] + (b.offset[d] + idx[d]);
+    fn(k, g);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < b.extent[d]) break;
+      idx[d] = 0;
+    }
+  }
 }
 
 }  // namespace
@@ -96,9 +112,11 @@ int main(int argc, char** argv) {
   }
   for (size_t i = 0; i < view->size(); ++i) held.push_back({(*view)[i].tensor, (*view)[i].region, bufs[i].data()});
   if (mode == "save") {
-    for (size_t i = 0; i < held.size(); ++i)
-      for (int64_t k = 0; k < held[i].region.numel(); ++k)
-        bufs[i][static_cast<size_t>(k)] = value(held[i].tensor, global_index(shapes[i], held[i].region, k));
+    for (size_t i = 0; i < held.size(); ++i) {
+      const TensorValues value(held[i].tensor);
+      float* buf = bufs[i].data();
+      for_each_element(shapes[i], held[i].region, [&](int64_t k, int64_t g) { buf[k] = value(g); });
+    }
     DistSaver saver(world, *cfg, *layout, argv[4]);
     const bool sync = argc > 6 && std::string(argv[6]) == "sync";
     for (int step : ints(argc > 5 ? argv[5] : "1", ',')) {
@@ -112,12 +130,14 @@ int main(int argc, char** argv) {
     if (!md.ok()) return fail(md.status());
     int64_t bad = 0, n = 0;
     std::string first;
-    for (size_t i = 0; i < held.size(); ++i)
-      for (int64_t k = 0; k < held[i].region.numel(); ++k, ++n) {
-        const int64_t g = global_index(shapes[i], held[i].region, k);
-        if (bufs[i][static_cast<size_t>(k)] != value(held[i].tensor, g) && bad++ == 0)
-          first = held[i].tensor + " element " + std::to_string(g);
-      }
+    for (size_t i = 0; i < held.size(); ++i) {
+      const TensorValues value(held[i].tensor);
+      const float* buf = bufs[i].data();
+      n += held[i].region.numel();
+      for_each_element(shapes[i], held[i].region, [&](int64_t k, int64_t g) {
+        if (buf[k] != value(g) && bad++ == 0) first = held[i].tensor + " element " + std::to_string(g);
+      });
+    }
     Status st = bad ? Status::Internal("rank " + std::to_string(world.rank()) + ": " + std::to_string(bad) + " of " +
                                        std::to_string(n) + " elements differ, first " + first)
                     : Status::Ok();

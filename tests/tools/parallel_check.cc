@@ -1,6 +1,7 @@
 // parallel_check: `--steps` optimizer steps of parallel_step on a layout under mpirun, against the
-// one-process trainer (optimizer_step on Model::create(cfg), the independent oracle) that every
-// rank also runs (the config is tiny). Every rank also checks that its held regions
+// one-process trainer (optimizer_step's computation on Model::create(cfg), the independent oracle)
+// that every rank also runs (the config is tiny): the global batch as one micro-batch, or for an
+// MoE model (one load-balancing loss per micro-batch) the parallel step's micro-batches in turn. Every rank also checks that its held regions
 // (ParallelOptimizer::held_regions) are exactly the planner's rank_view() of its rank under the
 // stage view of its (pipeline, stage) (the layout itself when symmetric).
 // Prints on rank 0 one JSON line:
@@ -93,6 +94,56 @@ double weights_error(Model<T>& m, Model<T>& ref) {
   return worst;
 }
 
+// The oracle's micro-batches (first sample, size): a dense model's step is one micro-batch of the
+// whole global batch; an MoE model's load-balancing loss is one per micro-batch, so the oracle
+// runs the parallel step's micro-batches, pipeline after pipeline (trainer/parallel_step.h).
+struct OracleMicro {
+  int64_t start = 0, size = 0;
+};
+
+std::vector<OracleMicro> oracle_micros(const Layout& l, int64_t grad_accum, bool moe) {
+  std::vector<OracleMicro> out;
+  int64_t at = 0;
+  for (int p = 0; p < l.num_pipelines(); ++p)
+    for (int64_t j = 0; j < grad_accum; ++j, at += l.pipeline_micro_batch(p))
+      out.push_back({at, l.pipeline_micro_batch(p)});
+  if (!moe) out = {{0, at}};
+  return out;
+}
+
+// Zeroed gradients, then those of step `step`'s micro-batches (mean over the global batch's
+// tokens, as optimizer_step scales it). Returns the sum of the token losses.
+template <class T>
+Result<double> oracle_grads(Model<T>& ref, const TokenStream& data, int64_t step, const std::vector<OracleMicro>& micros,
+                            int64_t seq) {
+  int64_t ntok = 0;
+  for (const auto& m : micros) ntok += m.size * seq;
+  const T scale = T(1) / static_cast<T>(ntok);
+  ref.zero_grad();
+  double loss = 0;
+  for (const auto& m : micros) {
+    std::vector<int32_t> tok(static_cast<size_t>(m.size * seq)), tgt(tok.size());
+    CKPT_RETURN_IF_ERROR(data.batch(step, m.start, m.size, seq, tok.data(), tgt.data()));
+    CKPT_ASSIGN_OR_RETURN(double l, ref.forward_backward(tok.data(), tgt.data(), m.size, seq, scale));
+    loss += l;
+  }
+  return loss;
+}
+
+// optimizer_step of trainer/reference_step.cc over the micro-batches `micros`.
+template <class T>
+Result<StepStats> oracle_step(Model<T>& ref, BasicAdamW<T>& opt, const TokenStream& data, TrainerState* st,
+                              const std::vector<OracleMicro>& micros) {
+  CKPT_ASSIGN_OR_RETURN(double loss, oracle_grads(ref, data, st->step, micros, st->seq_len));
+  StepStats s;
+  s.loss = loss / static_cast<double>(st->global_batch * st->seq_len);
+  s.grad_norm = std::sqrt(opt.grad_sq_sum());
+  if (st->max_grad_norm > 0) opt.scale_grads(BasicAdamW<T>::clip_coef(s.grad_norm, st->max_grad_norm));
+  opt.step(st->schedule.at(st->step), st->step + 1);
+  st->step += 1;
+  return s;
+}
+
 template <class T>
 Result<bool> held_equals_rank_view(ParallelOptimizer<T>& opt, const LlamaConfig& c, const Layout& l, int rank) {
   if constexpr (std::is_same_v<T, float>) {
@@ -132,18 +183,14 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
   for (int p = 0; p < layout.num_pipelines(); ++p) gb += layout.pipeline_micro_batch(p) * o.grad_accum;
   TrainerState st = make_state(o, gb);
   const TokenStream data = TokenStream::procedural(st.seed);
-  // The oracle: one process, one micro-batch of the whole global batch.
+  // The oracle: one process, the global batch as one micro-batch (MoE: the parallel step's micro-batches).
   CKPT_ASSIGN_OR_RETURN(Model<T> ref, Model<T>::create(c));
   CKPT_RETURN_IF_ERROR(ref.init(42));
   BasicAdamW<T> ref_opt;
   add_param_slots(ref, ref_opt);
   TrainerState ref_st = make_state(o, gb);
-  ref_st.micro_batch = gb;
-  ref_st.grad_accum = 1;
-  std::vector<int32_t> tok(static_cast<size_t>(gb * o.seq)), tgt(tok.size());
-  ref.zero_grad();  // step-0 gradients before clipping
-  CKPT_RETURN_IF_ERROR(data.batch(0, 0, gb, o.seq, tok.data(), tgt.data()));
-  CKPT_RETURN_IF_ERROR(ref.forward_backward(tok.data(), tgt.data(), gb, o.seq, static_cast<T>(1.0 / (gb * o.seq))).status());
+  const std::vector<OracleMicro> micros = oracle_micros(layout, o.grad_accum, c.moe.has_value());
+  CKPT_RETURN_IF_ERROR(oracle_grads(ref, data, 0, micros, o.seq).status());  // step-0 gradients before clipping
   std::vector<GradRegion<T>> dumped;
   std::vector<std::vector<T>> dumped_data;
   GradDump<T> dump = [&](const std::vector<GradRegion<T>>& rs) {
@@ -172,7 +219,7 @@ Result<nlohmann::json> run(const Options& o, const LlamaConfig& c, Comm& world) 
         if (e >= out["grad_rel"].get<double>()) out["grad_rel"] = e, out["grad_tensor"] = dumped[i].tensor;
       }
     }
-    CKPT_ASSIGN_OR_RETURN(StepStats rs, optimizer_step(ref, ref_opt, data, &ref_st, &tok, &tgt));
+    CKPT_ASSIGN_OR_RETURN(StepStats rs, oracle_step(ref, ref_opt, data, &ref_st, micros));
     losses.push_back(s.loss);
     ref_losses.push_back(rs.loss);
     out["loss_rel"] = std::max(out["loss_rel"].get<double>(), std::abs(s.loss - rs.loss) / std::abs(rs.loss));

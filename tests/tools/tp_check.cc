@@ -9,6 +9,7 @@
 // the whole tensor. A model that refuses the layout: {"ok": false, "code", "message"} (exit 3).
 //   mpirun -np T*P tp_check CONFIG --tp T [--pp P] [--vocab-divisor D] [--f64 1] [--batch B] [--seq S]
 //                              [--micro-batches M]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -78,19 +79,21 @@ Result<double> run_stages(Model<T>& m, LayoutGroups& g, const std::vector<int32_
   const int M = static_cast<int>(o.micro_batches), prev = g.pp_rank - 1;
   const int next = m.has_head() ? -1 : g.pp_rank + 1;
   m.set_slots(M);
-  std::vector<T> x(static_cast<size_t>(n * D)), y(x.size());
+  // Boundary messages: the activations (their gradient) and, for an MoE config, the router totals (aux_dp).
+  const int64_t nf = n * D + m.forward_tail(), nb = n * D + m.backward_tail();
+  std::vector<T> x(static_cast<size_t>(std::max(nf, nb))), y(x.size());
   double loss = 0;
   for (int j = 0; j < M; ++j) {
-    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(x.data(), n * D, prev, 0));
+    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(x.data(), nf, prev, 0));
     CKPT_ASSIGN_OR_RETURN(double l, m.stage_forward(j, tok.data() + j * n, x.data(), tgt.data() + j * n, o.batch,
                                                     o.seq, scale, y.data()));
     loss += l;
-    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(y.data(), n * D, next, 0));
+    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(y.data(), nf, next, 0));
   }
   for (int j = 0; j < M; ++j) {
-    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(y.data(), n * D, next, 1));
+    if (next >= 0) CKPT_RETURN_IF_ERROR(g.pp.recv<T>(y.data(), nb, next, 1));
     CKPT_RETURN_IF_ERROR(m.stage_backward(j, y.data(), x.data()));
-    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(x.data(), n * D, prev, 1));
+    if (prev >= 0) CKPT_RETURN_IF_ERROR(g.pp.send<T>(x.data(), nb, prev, 1));
   }
   // Tied embeddings: the first and the last stage each hold the tensor; its gradient is the sum.
   if (m.config().tie_word_embeddings && g.embedding.size() > 1) {

@@ -4,7 +4,9 @@
 // one-process Model::forward_backward of the whole model on the same data (the oracle): losses
 // and every parameter gradient in float64 (1e-12 relative to the tensor's largest gradient).
 // Tied embeddings over 2 stages: the sum of the two stages' embedding gradients is the
-// one-process gradient.
+// one-process gradient. MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE with a stage of dense layers):
+// the router statistics travel with the activations; dropping them (or aux_dp on the way back)
+// fails the comparison.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,10 +68,21 @@ std::vector<int> one_f_one_b(int s, int P, int M) {
   return ops;
 }
 
-// Runs the stages of `layers_per_stage` over M micro-batches of b x seq in 1F1B order, checks
-// losses and gradients against the whole model. Returns the most slots live at once.
-int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, int64_t b, int64_t seq) {
-  const LlamaConfig c = config(tied);
+// What a test changes in the boundary messages (the MoE tails), to see the comparison fail.
+enum class Tamper { kNone, kDropForwardTotals, kZeroAuxDp };
+
+struct PipeResult {
+  int most = 0;           // the most slots live at once
+  double loss_rel = 0;    // |loss - one process| / |one process|
+  double worst_rel = 0;   // the worst gradient error relative to the tensor's largest gradient
+  std::string worst_tensor;
+};
+
+// Runs the stages of `layers_per_stage` over M micro-batches of b x seq in 1F1B order, against
+// the whole model: losses, and every gradient summed over the stages holding it. With an MoE
+// config the boundary messages carry the tails of Model::forward_tail / backward_tail.
+PipeResult run_pipeline(const LlamaConfig& c, const std::vector<int>& layers_per_stage, int M, int64_t b, int64_t seq,
+                        Tamper tamper = Tamper::kNone) {
   const int P = static_cast<int>(layers_per_stage.size());
   auto layout = Layout::make(1, P, 1, 0, static_cast<int>(c.num_hidden_layers), layers_per_stage);
   EXPECT_TRUE(layout.ok()) << layout.status().to_string();
@@ -91,6 +104,7 @@ int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, i
     set_weights(st.back());
     st.back().set_slots(P);
   }
+  const int64_t nf = n * D + st[0].forward_tail(), nb = n * D + st[0].backward_tail();
   // act[s][j]: output of stage s for micro-batch j; grad[s][j]: d(loss)/d(input of stage s).
   std::vector<std::vector<std::vector<double>>> act(P), grad(P);
   for (int s = 0; s < P; ++s) {
@@ -100,8 +114,9 @@ int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, i
   std::vector<std::vector<int>> ops(P);
   std::vector<size_t> next(P, 0);
   for (int s = 0; s < P; ++s) ops[s] = one_f_one_b(s, P, M);
+  PipeResult res;
   double got = 0;
-  int live = 0, most = 0;
+  int live = 0;
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < P; ++s) {
@@ -110,18 +125,20 @@ int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, i
       const int j = op >= 0 ? op : -op - 1;
       if (op >= 0) {
         if (s > 0 && act[s - 1][j].empty()) continue;
-        if (s + 1 < P) act[s][j].assign(n * D, 0.0);
+        if (s + 1 < P) act[s][j].assign(nf, 0.0);
         auto l = st[s].stage_forward(j % P, tok.data() + j * n, s > 0 ? act[s - 1][j].data() : nullptr,
                                      tgt.data() + j * n, b, seq, scale, s + 1 < P ? act[s][j].data() : nullptr);
         EXPECT_TRUE(l.ok()) << l.status().to_string();
+        if (s == 0 && P > 1 && tamper == Tamper::kDropForwardTotals) std::fill(act[0][j].begin() + n * D, act[0][j].end(), 0.0);
         got += *l;
-        most = std::max(most, ++live);
+        res.most = std::max(res.most, ++live);
       } else {
         if (s + 1 < P && grad[s + 1][j].empty()) continue;
-        if (s > 0) grad[s][j].assign(n * D, 0.0);
+        if (s > 0) grad[s][j].assign(nb, 0.0);
         auto r = st[s].stage_backward(j % P, s + 1 < P ? grad[s + 1][j].data() : nullptr,
                                       s > 0 ? grad[s][j].data() : nullptr);
         EXPECT_TRUE(r.ok()) << r.to_string();
+        if (s == P - 1 && P > 1 && tamper == Tamper::kZeroAuxDp) std::fill(grad[s][j].begin() + n * D, grad[s][j].end(), 0.0);
         --live;
       }
       ++next[s];
@@ -129,7 +146,7 @@ int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, i
     }
   }
   for (int s = 0; s < P; ++s) EXPECT_EQ(next[s], ops[s].size()) << "stage " << s << " stalled";
-  EXPECT_NEAR(got, want, 1e-12 * std::abs(want));
+  res.loss_rel = std::abs(got - want) / std::abs(want);
 
   // Every parameter gradient: the sum over the stages holding it equals the whole model's.
   std::map<std::string, std::vector<double>> sum;
@@ -147,16 +164,27 @@ int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, i
       ADD_FAILURE() << "no stage holds " << p->name;
       continue;
     }
-    EXPECT_EQ(holders[p->name], tied && P > 1 && p->name == "model.embed_tokens.weight" ? 2 : 1) << p->name;
+    EXPECT_EQ(holders[p->name], c.tie_word_embeddings && P > 1 && p->name == "model.embed_tokens.weight" ? 2 : 1) << p->name;
     double mx = 0, err = 0;
     for (size_t i = 0; i < p->g.size(); ++i) {
       mx = std::max(mx, std::abs(p->g[i]));
       err = std::max(err, std::abs(sum[p->name][i] - p->g[i]));
     }
     EXPECT_GT(mx, 0) << p->name;
-    EXPECT_LE(err, 1e-12 * mx) << p->name;
+    if (err / mx >= res.worst_rel) res.worst_rel = err / mx, res.worst_tensor = p->name;
   }
-  return most;
+  return res;
+}
+
+// run_pipeline within 1e-12 (float64); returns the most slots live at once.
+int check_pipeline(const LlamaConfig& c, const std::vector<int>& layers_per_stage, int M, int64_t b, int64_t seq) {
+  const PipeResult r = run_pipeline(c, layers_per_stage, M, b, seq);
+  EXPECT_LE(r.loss_rel, 1e-12);
+  EXPECT_LE(r.worst_rel, 1e-12) << r.worst_tensor;
+  return r.most;
+}
+int check_pipeline(bool tied, const std::vector<int>& layers_per_stage, int M, int64_t b, int64_t seq) {
+  return check_pipeline(config(tied), layers_per_stage, M, b, seq);
 }
 
 TEST(PipelineStages, TwoStagesMatchOneProcess) {
@@ -172,6 +200,67 @@ TEST(PipelineStages, ThreeUnevenStagesMatchOneProcess) {
 TEST(PipelineStages, TiedEmbeddingsOverTwoStages) {
   EXPECT_GE(check_pipeline(true, {2, 2}, 3, 2, 5), 2);
   check_pipeline(true, {1, 2, 1}, 4, 1, 5);
+}
+
+// Tiny MoE models of 4 layers (docs/MOE.md), a large load-balancing coefficient so that its
+// gradient is a visible share of the routers'.
+LlamaConfig pipe_moe_config(const std::string& family, const std::vector<int>& mlp_only = {}) {
+  nlohmann::json j = {{"model_type", family}, {"vocab_size", 37}, {"hidden_size", 16}, {"intermediate_size", 24},
+                      {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"head_dim", 4}, {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 64},
+                      {"num_experts_per_tok", 2}, {"router_aux_loss_coef", 0.3}};
+  if (family == "mixtral") {
+    j["num_local_experts"] = 4;
+  } else {
+    j["num_experts"] = 5;
+    j["moe_intermediate_size"] = 6;
+    j["mlp_only_layers"] = mlp_only;
+    j["norm_topk_prob"] = family == "qwen3_moe";
+    if (family == "qwen2_moe") j["shared_expert_intermediate_size"] = 8;
+  }
+  auto c = LlamaConfig::from_json(j);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return *c;
+}
+
+// The router statistics cross the stage boundaries: the one load-balancing loss per micro-batch
+// pools the MoE layers of every stage, and its gradient reaches the routers of every stage.
+TEST(PipelineStages, MoeStagesMatchOneProcess) {
+  EXPECT_GE(check_pipeline(pipe_moe_config("mixtral"), {1, 3}, 3, 2, 5), 2);
+  EXPECT_GE(check_pipeline(pipe_moe_config("qwen2_moe"), {2, 2}, 2, 1, 6), 2);
+  // Stage 1 holds the dense layers 1 and 2 only: it passes the totals and aux_dp on.
+  EXPECT_GE(check_pipeline(pipe_moe_config("qwen3_moe", {1, 2}), {1, 2, 1}, 4, 1, 5), 3);
+}
+
+TEST(PipelineStages, MoeBoundaryTailsMatter) {
+  const LlamaConfig c = pipe_moe_config("mixtral");
+  const auto stage0 = std::move(Model<float>::create(c, StageRange{0, 1})).value();
+  EXPECT_EQ(stage0.forward_tail(), (2 * 4 + 1) * 2);  // count, psum, rows as float64 in float elements
+  EXPECT_EQ(stage0.backward_tail(), 4);
+  EXPECT_EQ(std::move(Model<float>::create(config(false))).value().forward_tail(), 0);
+  // Stage 0's totals dropped: the last stage's aux loss (and so the loss and the router gradients) differ.
+  PipeResult r = run_pipeline(c, {1, 3}, 3, 2, 5, Tamper::kDropForwardTotals);
+  EXPECT_GT(r.loss_rel, 1e-6);
+  EXPECT_GT(r.worst_rel, 1e-6);
+  // aux_dp not passed back to stage 0: the loss is the same, stage 0's gradients are not.
+  r = run_pipeline(c, {1, 3}, 3, 2, 5, Tamper::kZeroAuxDp);
+  EXPECT_LE(r.loss_rel, 1e-12);
+  EXPECT_GT(r.worst_rel, 1e-6);
+  EXPECT_TRUE(r.worst_tensor.starts_with("model.layers.0.") || r.worst_tensor == "model.embed_tokens.weight") << r.worst_tensor;
+}
+
+TEST(PipelineStages, MoeLayerUnderTpIsRefused) {
+  auto layout = std::move(Layout::make(2, 2, 1, 0, 4, {2, 2})).value();
+  // Qwen3-MoE with layers 0 and 1 dense: stage 0 may split its attention, stage 1 holds MoE layer 2.
+  const LlamaConfig c = pipe_moe_config("qwen3_moe", {0, 1});
+  auto m = Model<double>::create(c, ModelShard{layout, 1, 0, nullptr});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), "LayoutRefused");
+  EXPECT_NE(m.status().message().find("MoE layer 2"), std::string::npos) << m.status().to_string();
+  // Stage 0 passes the MoE checks (and then needs its TP communicator).
+  auto d = Model<double>::create(c, ModelShard{layout, 0, 0, nullptr});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("TP communicator"), std::string::npos) << d.status().to_string();
 }
 
 TEST(PipelineStages, SlotMisuseIsAnError) {

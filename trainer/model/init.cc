@@ -23,34 +23,25 @@ uint64_t fnv1a64(const std::string& s) {
   return h;
 }
 
-namespace {
-// What init_value needs of a name, computed once per tensor: norm weights are 1, biases 0, the
-// rest draws from the per-(seed, name) key.
-struct InitKey {
-  int kind = 0;  // 0: normal, 1: one, 2: zero
-  uint64_t key = 0;
-};
-
-InitKey init_key(uint64_t seed, const std::string& name) {
-  if (llama_is_norm(name)) return {1, 0};
-  if (name.ends_with(".bias")) return {2, 0};
-  return {0, splitmix64(seed ^ splitmix64(fnv1a64(name)))};
+InitValues::InitValues(uint64_t seed, const std::string& name) {
+  if (llama_is_norm(name)) kind_ = 1;
+  else if (name.ends_with(".bias")) kind_ = 2;
+  else key_ = splitmix64(seed ^ splitmix64(fnv1a64(name)));
 }
 
-double keyed_value(const InitKey& k, uint64_t flat_index) {
-  if (k.kind == 1) return 1.0;
-  if (k.kind == 2) return 0.0;
-  const uint64_t a = splitmix64(k.key + 2 * flat_index);
-  const uint64_t b = splitmix64(k.key + 2 * flat_index + 1);
+double InitValues::operator()(uint64_t flat_index) const {
+  if (kind_ == 1) return 1.0;
+  if (kind_ == 2) return 0.0;
+  const uint64_t a = splitmix64(key_ + 2 * flat_index);
+  const uint64_t b = splitmix64(key_ + 2 * flat_index + 1);
   // u1 in (0, 1], u2 in [0, 1): 53-bit uniforms.
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
   return kInitStd * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
-}  // namespace
 
 double init_value(uint64_t seed, const std::string& name, uint64_t flat_index) {
-  return keyed_value(init_key(seed, name), flat_index);
+  return InitValues(seed, name)(flat_index);
 }
 
 template <class T>
@@ -60,9 +51,9 @@ Status init_box(uint64_t seed, const std::string& name, const Shape& global_shap
   const size_t nd = global_shape.size();
   const int64_t n = box.numel();
   if (n == 0) return Status::Ok();
-  const InitKey key = init_key(seed, name);
+  const InitValues value(seed, name);
   if (nd == 0) {
-    dst[0] = static_cast<T>(keyed_value(key, 0));
+    dst[0] = static_cast<T>(value(0));
     return Status::Ok();
   }
   // Row-major strides of the global tensor.
@@ -74,7 +65,7 @@ Status init_box(uint64_t seed, const std::string& name, const Shape& global_shap
   while (true) {
     uint64_t base = 0;
     for (size_t d = 0; d < nd; ++d) base += static_cast<uint64_t>(box.offset[d] + idx[d]) * stride[d];
-    for (int64_t j = 0; j < inner; ++j) dst[out++] = static_cast<T>(keyed_value(key, base + static_cast<uint64_t>(j)));
+    for (int64_t j = 0; j < inner; ++j) dst[out++] = static_cast<T>(value(base + static_cast<uint64_t>(j)));
     // advance all but the last dimension
     size_t d = nd - 1;
     while (d > 0) {

@@ -22,6 +22,18 @@ uint64_t fnv1a64(const std::string& s);
 // type). Norm weights (llama_is_norm) are 1; biases 0; everything else N(0, kInitStd).
 double init_value(uint64_t seed, const std::string& name, uint64_t flat_index);
 
+// init_value of one parameter with the name's work (norm / bias / key) done once: for callers that
+// ask for many elements of the same tensor (init_box, the checkpoint tests' oracles).
+class InitValues {
+ public:
+  InitValues(uint64_t seed, const std::string& name);
+  double operator()(uint64_t flat_index) const;
+
+ private:
+  int kind_ = 0;  // 0: normal, 1: one (norm weights), 2: zero (biases)
+  uint64_t key_ = 0;
+};
+
 // Fills `dst` (dense row-major of extent box.extent) with the sub-box `box` of parameter `name`
 // whose global shape is `global_shape`. Validates the box against the shape.
 template <class T>

@@ -177,8 +177,8 @@ void decoder_bias_grad(const T* dy, T* bias_g, int64_t n, int64_t m) {
 }  // namespace
 
 template <class T>
-void DecoderLayer<T>::qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Workspace<T>& ws, const T* cos,
-                                   const T* sin) {
+Status DecoderLayer<T>::qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Workspace<T>& ws, const T* cos,
+                                     const T* sin) {
   const int64_t Q = Hl_ * hd_, KV = Kl_ * hd_;
   rope_apply<T>(ws.dq.data(), n, seq, Hl_, hd_, cos, sin, true);
   rope_apply<T>(ws.dk.data(), n, seq, Kl_, hd_, cos, sin, true);
@@ -188,10 +188,19 @@ void DecoderLayer<T>::qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Work
     resize_buffer(ws.dkn, n * KV);
     std::fill(ws.datt.begin(), ws.datt.end(), T(0));
     std::fill(ws.dkn.begin(), ws.dkn.end(), T(0));
-    rmsnorm_backward<T>(a.q_raw.data(), q_norm.w.data(), a.rstd_q.data(), dq, ws.datt.data(), q_norm.g.data(),
-                        n * Hl_, hd_);
-    rmsnorm_backward<T>(a.k_raw.data(), k_norm.w.data(), a.rstd_k.data(), dk, ws.dkn.data(), k_norm.g.data(),
-                        n * Kl_, hd_);
+    // With tp > 1 each rank's norm gradient sums over its own heads only: the partial sums of
+    // this micro-batch are added up over TP (one [2 hd] all-reduce), so that the replicated
+    // weights get the same gradient on every TP rank (the replica sums count them once).
+    const bool split = tp_.size > 1;
+    if (split) ws.dqk_norm.assign(static_cast<size_t>(2 * hd_), T(0));
+    T* gq = split ? ws.dqk_norm.data() : q_norm.g.data();
+    T* gk = split ? ws.dqk_norm.data() + hd_ : k_norm.g.data();
+    rmsnorm_backward<T>(a.q_raw.data(), q_norm.w.data(), a.rstd_q.data(), dq, ws.datt.data(), gq, n * Hl_, hd_);
+    rmsnorm_backward<T>(a.k_raw.data(), k_norm.w.data(), a.rstd_k.data(), dk, ws.dkn.data(), gk, n * Kl_, hd_);
+    if (split) {
+      CKPT_RETURN_IF_ERROR(tp_sum(ws.dqk_norm.data(), 2 * hd_));
+      for (int64_t j = 0; j < hd_; ++j) q_norm.g[j] += gq[j], k_norm.g[j] += gk[j];
+    }
     dq = ws.datt.data();
     dk = ws.dkn.data();
   }
@@ -204,6 +213,7 @@ void DecoderLayer<T>::qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Work
   linear_backward<T>(a.xn1.data(), k_proj.w.data(), dk, ws.dxn.data(), true, k_proj.g.data(), n, D_, KV);
   linear_backward<T>(a.xn1.data(), v_proj.w.data(), ws.dv.data(), ws.dxn.data(), true, v_proj.g.data(), n, D_,
                      KV);
+  return Status::Ok();
 }
 
 template <class T>
@@ -242,7 +252,7 @@ Status DecoderLayer<T>::backward(int slot, const T* x_in, const T* dx_out, T* dx
   linear_backward<T>(a.att.data(), o_proj.w.data(), dx_in, ws.datt.data(), false, o_proj.g.data(), n, Q, D_);
   attention_backward<T>(a.q.data(), a.k.data(), a.v.data(), a.probs.data(), ws.datt.data(), ws.dq.data(),
                         ws.dk.data(), ws.dv.data(), ws.dscores.data(), b, seq, Hl_, Kl_, hd_);
-  qkv_backward(a, n, seq, ws, cos, sin);
+  CKPT_RETURN_IF_ERROR(qkv_backward(a, n, seq, ws, cos, sin));
   CKPT_RETURN_IF_ERROR(tp_sum(ws.dxn.data(), n * D_));  // column-parallel input gradient
   // dx_in = dx_mid + rmsnorm backward (accumulates into dx_in)
   rmsnorm_backward<T>(x_in, input_layernorm.w.data(), a.rstd1.data(), ws.dxn.data(), dx_in,

@@ -1,12 +1,14 @@
 // One LLaMA decoder layer of the reference trainer, forward and backward by hand on top of
 // trainer/model/ops.h; the families' variants: q/k/v biases (Qwen2-MoE), per-head q/k RMSNorm
 // before RoPE (Qwen3-MoE), a mixture-of-experts MLP (trainer/model/moe_mlp.h) where the config
-// says the layer is MoE (those one process only). Optionally tensor-parallel (Megatron-LM): q/k/v and gate/up column-parallel
-// (whole heads, whole KV groups and an even slice of the MLP per TP rank), o_proj and down_proj
-// row-parallel with the all-reduce of their output in forward; in backward the all-reduce of the
-// gradient of each normed input (the column-parallel block's input) before the RMSNorm backward.
-// Norm weights are replicated. The activations of every micro-batch in flight are kept per slot
-// (LayerActs); the backward scratch (Workspace) is shared.
+// says the layer is MoE (tp = 1 only). Optionally tensor-parallel (Megatron-LM): q/k/v (and their
+// biases) and gate/up column-parallel (whole heads, whole KV groups and an even slice of the MLP
+// per TP rank), o_proj and down_proj row-parallel with the all-reduce of their output in forward;
+// in backward the all-reduce of the gradient of each normed input (the column-parallel block's
+// input) before the RMSNorm backward. Norm weights are replicated; the q/k norms' gradients, which
+// each rank sums over its own heads only, are all-reduced over TP per micro-batch. The activations
+// of every micro-batch in flight are kept per slot (LayerActs); the backward scratch (Workspace)
+// is shared.
 // Thread safety: a layer is used by one thread at a time (BLAS may use several internally).
 #pragma once
 
@@ -31,6 +33,7 @@ struct Workspace {
   std::vector<T> datt, dq;      // [n, H/tp*hd]
   std::vector<T> dk, dv;        // [n, K/tp*hd]
   std::vector<T> dkn;           // [n, K/tp*hd] (q/k norm backward)
+  std::vector<T> dqk_norm;      // [2 hd] q/k norm weight gradients of one micro-batch (tp > 1)
   std::vector<T> dscores;       // [seq, seq]
   std::vector<T> dres0, dres1;  // [n, D] residual gradient ping-pong of a stage
 };
@@ -98,8 +101,8 @@ class DecoderLayer {
   Param<T> gate_proj;                 // [F, D]       rows [r*F/tp, (r+1)*F/tp)
   Param<T> up_proj;                   // [F, D]
   Param<T> down_proj;                 // [D, F]       columns [r*F/tp, (r+1)*F/tp)
-  Param<T> q_bias, k_bias, v_bias;    // [H*hd], [K*hd], [K*hd] (qkv_bias; one process)
-  Param<T> q_norm, k_norm;            // [hd] (qk_norm; one process)
+  Param<T> q_bias, k_bias, v_bias;    // [H*hd], [K*hd], [K*hd] (qkv_bias) rows of this rank's heads / KV groups
+  Param<T> q_norm, k_norm;            // [hd] (qk_norm) replicated over TP
   MoeMlp<T> moe;                      // instead of gate/up/down_proj in an MoE layer
 
  private:
@@ -107,7 +110,8 @@ class DecoderLayer {
   // q, k, v of the slot from xn1 (biases, q/k norms, RoPE).
   void qkv_forward(LayerActs<T>& a, int64_t n, int64_t seq, const T* cos, const T* sin);
   // dxn[n, D] = d(loss)/d(xn1) from ws.dq, ws.dk, ws.dv (after the attention backward).
-  void qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Workspace<T>& ws, const T* cos, const T* sin);
+  // With tp > 1 the q/k norm weight gradients are summed over TP here (each rank's heads add a part).
+  Status qkv_backward(LayerActs<T>& a, int64_t n, int64_t seq, Workspace<T>& ws, const T* cos, const T* sin);
 
   int64_t index_;
   int64_t D_, Fl_, Hl_, Kl_, hd_;  // local sizes: F/tp, H/tp, K/tp

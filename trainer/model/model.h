@@ -47,7 +47,8 @@ class Model {
   // int64 arithmetic) and allocates zeroed parameters.
   static Result<Model> create(const LlamaConfig& c, StageRange stage = {});
   // A shard under a layout. Refuses (LayoutRefused, naming the numbers) tp not dividing the
-  // attention heads, the KV heads or intermediate_size. Allocates only this rank's boxes.
+  // attention heads, the KV heads or intermediate_size, an MoE layer on a stage with tp > 1, and
+  // expert parallelism (MoE layers hold every expert whole). Allocates only this rank's boxes.
   static Result<Model> create(const LlamaConfig& c, const ModelShard& shard);
 
   // Pipeline-stage interface: 1F1B keeps several micro-batches in flight; `slot` in [0, slots)
@@ -70,6 +71,16 @@ class Model {
   // first stage, which accumulates the embedding gradient instead). Parameter gradients
   // accumulate (+=) into Param::g. The slot may be reused afterwards.
   Status stage_backward(int slot, const T* dx_out, T* dx_in);
+  // MoE (docs/MOE.md, pipeline stages): the load-balancing loss pools every MoE layer of a
+  // micro-batch, so its statistics cross the stage boundaries with the activations. With an MoE
+  // config, x_in and x_out hold n*D + forward_tail() elements: after the activations, the
+  // micro-batch's RouterTotals over the MoE layers of the stages so far (count[E], psum[E], rows,
+  // as float64 bytes; the first stage starts from zero, a stage without MoE layers passes them on);
+  // dx_out and dx_in hold n*D + backward_tail(): after the gradient, aux_dp[E], which the last
+  // stage computes from the global totals and every stage's MoE layers use in backward. Both 0
+  // for a dense model (the buffers are then [n, D]).
+  int64_t forward_tail() const;
+  int64_t backward_tail() const;
   int64_t layer_begin() const { return layer_begin_; }
   int64_t layer_end() const { return layer_end_; }
 

@@ -1,11 +1,46 @@
 // Model<T>: the forward and backward of a pipeline stage (per activation slot), and the
 // one-process forward / forward_backward on top of them (slot 0).
 #include <algorithm>
+#include <cstring>
 
 #include "trainer/model/model.h"
 #include "trainer/model/ops.h"
 
 namespace ckpt::trainer {
+
+namespace {
+// The router totals of a forward boundary message: count[E], psum[E] (float64), rows (int64).
+int64_t router_tail_bytes(int64_t experts) { return (2 * experts + 1) * 8; }
+
+void pack_router_totals(const RouterTotals& r, void* dst) {
+  char* p = static_cast<char*>(dst);
+  const size_t e = r.count.size() * sizeof(double);
+  std::memcpy(p, r.count.data(), e);
+  std::memcpy(p + e, r.psum.data(), e);
+  std::memcpy(p + 2 * e, &r.rows, sizeof(r.rows));
+}
+
+// Into r (already reset to E experts).
+void unpack_router_totals(const void* src, RouterTotals* r) {
+  const char* p = static_cast<const char*>(src);
+  const size_t e = r->count.size() * sizeof(double);
+  std::memcpy(r->count.data(), p, e);
+  std::memcpy(r->psum.data(), p + e, e);
+  std::memcpy(&r->rows, p + 2 * e, sizeof(r->rows));
+}
+}  // namespace
+
+template <class T>
+int64_t Model<T>::forward_tail() const {
+  if (!cfg_.moe) return 0;
+  const int64_t bytes = router_tail_bytes(cfg_.moe->num_experts), t = static_cast<int64_t>(sizeof(T));
+  return (bytes + t - 1) / t;
+}
+
+template <class T>
+int64_t Model<T>::backward_tail() const {
+  return cfg_.moe ? cfg_.moe->num_experts : 0;
+}
 
 template <class T>
 void Model<T>::ensure_rope(int64_t seq) {
@@ -38,13 +73,17 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
   } else {
     std::copy(x_in, x_in + n * D, x);
   }
-  if (cfg_.moe) s.router.reset(cfg_.moe->num_experts);
+  if (cfg_.moe) {  // the totals start at the first stage, later ones continue those of the stages before
+    s.router.reset(cfg_.moe->num_experts);
+    if (!has_embedding()) unpack_router_totals(x_in + n * D, &s.router);
+  }
   for (int64_t i = 0; i < nl; ++i) {
     T* out = (i + 1 == nl && !has_head()) ? x_out : x + (i + 1) * n * D;
     CKPT_RETURN_IF_ERROR(layers_[static_cast<size_t>(i)].forward(slot, x + i * n * D, out, b, seq, cos_.data(),
                                                                  sin_.data(), &s.router));
   }
   if (!has_head()) {
+    if (cfg_.moe) pack_router_totals(s.router, x_out + n * D);
     s.live = grads;
     return 0.0;
   }
@@ -65,15 +104,19 @@ Result<double> Model<T>::run_forward(int slot, const int32_t* tokens, const T* x
   return loss;
 }
 
-// The load-balancing loss of the slot's micro-batch (one stage holds every MoE layer), as a sum
-// over its n tokens: coef * aux * n, so that the step's mean loss is transformers' loss +
-// router_aux_loss_coef * aux_loss. Keeps d(loss_scale * that)/d(p[t, e]) =
+// The load-balancing loss of the slot's micro-batch (on the last stage, from the totals of every
+// stage's MoE layers), as a sum over its n tokens: coef * aux * n, so that the step's mean loss is
+// transformers' loss + router_aux_loss_coef * aux_loss. Keeps d(loss_scale * that)/d(p[t, e]) =
 // loss_scale * n * coef * E * count_e / rows^2 for the backward (rows = n x MoE layers).
 template <class T>
 double Model<T>::moe_aux(SlotActs& s, T loss_scale) {
   s.aux_dp.clear();
   last_aux_ = 0;
-  if (!cfg_.moe || s.router.rows == 0) return 0.0;
+  if (!cfg_.moe) return 0.0;
+  if (s.router.rows == 0) {  // no MoE layer at all: nothing to pass back but zeros
+    s.aux_dp.assign(static_cast<size_t>(cfg_.moe->num_experts), T(0));
+    return 0.0;
+  }
   last_aux_ = s.router.aux_loss();
   const double n = static_cast<double>(s.b * s.seq), rows = static_cast<double>(s.router.rows);
   const double E = static_cast<double>(cfg_.moe->num_experts);
@@ -120,6 +163,8 @@ Status Model<T>::stage_backward(int slot, const T* dx_out, T* dx_in) {
   resize_buffer(ws_.dres0, n * D);
   resize_buffer(ws_.dres1, n * D);
   const T* g = dx_out;
+  const int64_t E = backward_tail();
+  if (E > 0 && !has_head()) s.aux_dp.assign(dx_out + n * D, dx_out + n * D + E);  // from the last stage
   if (has_head()) {
     CKPT_RETURN_IF_ERROR(head_backward(s, ws_.dres0.data()));
     g = ws_.dres0.data();
@@ -132,6 +177,7 @@ Status Model<T>::stage_backward(int slot, const T* dx_out, T* dx_in) {
                                                                   s.aux_dp.empty() ? nullptr : s.aux_dp.data()));
     g = out;
   }
+  if (E > 0 && !has_embedding()) std::copy(s.aux_dp.begin(), s.aux_dp.end(), dx_in + n * D);  // to the stage before
   if (has_embedding()) vocab_parallel_embedding_backward<T>(embed_.g.data(), vocab_, s.tokens.data(), n, D, g);
   return Status::Ok();
 }
@@ -158,6 +204,8 @@ Result<double> Model<T>::forward_backward(const int32_t* tokens, const int32_t* 
 // The members defined here (Model<T> itself is instantiated in model.cc).
 #define CKPT_INSTANTIATE_STAGE(T)                                                                          \
   template void Model<T>::ensure_rope(int64_t);                                                             \
+  template int64_t Model<T>::forward_tail() const;                                                          \
+  template int64_t Model<T>::backward_tail() const;                                                         \
   template Status Model<T>::tp_sum(T*, int64_t);                                                            \
   template Result<double> Model<T>::run_forward(int, const int32_t*, const T*, const int32_t*, int64_t,     \
                                                 int64_t, T, T*, bool);                                      \

@@ -31,6 +31,8 @@ CostCalibration calib_terms_from_probe(const ProbeCostTerms& p) {
   if (p.sgemm_alone > 0 && p.sgemm_concurrent > 0) t.concurrency.push_back(std::clamp(p.sgemm_concurrent / p.sgemm_alone, 1e-3, 1.0));
   t.allreduce_latency_s = p.allreduce_latency_s;
   t.allreduce_bytes_per_s = p.allreduce_bytes_per_s;
+  t.a2a_latency_s = p.a2a_latency_s;
+  t.a2a_bytes_per_s = p.a2a_bytes_per_s;
   t.micro_batch_overhead_s = p.dp_micro_batch_s;
   t.p2p_latency_s = std::max(0.0, p.pp_micro_batch_s - p.dp_micro_batch_s);
   return t;

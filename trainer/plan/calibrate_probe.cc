@@ -144,6 +144,8 @@ nlohmann::json ProbeCostTerms::to_json() const {
   return {{"sgemm_alone", sgemm_alone},         {"sgemm_concurrent", sgemm_concurrent},
           {"allreduce_sizes_bytes", allreduce_sizes_bytes}, {"allreduce_call_s", allreduce_call_s},
           {"allreduce_latency_s", allreduce_latency_s}, {"allreduce_bytes_per_s", allreduce_bytes_per_s},
+          {"a2a_sizes_bytes", a2a_sizes_bytes}, {"a2a_call_s", a2a_call_s},
+          {"a2a_latency_s", a2a_latency_s}, {"a2a_bytes_per_s", a2a_bytes_per_s},
           {"dp_micro_batch_s", dp_micro_batch_s}, {"pp_micro_batch_s", pp_micro_batch_s}};
 }
 
@@ -160,6 +162,8 @@ ProbeCostTerms ProbeCostTerms::from_json(const nlohmann::json& j) {
   t.sgemm_alone = num("sgemm_alone"), t.sgemm_concurrent = num("sgemm_concurrent");
   t.allreduce_sizes_bytes = vec("allreduce_sizes_bytes"), t.allreduce_call_s = vec("allreduce_call_s");
   t.allreduce_latency_s = num("allreduce_latency_s"), t.allreduce_bytes_per_s = num("allreduce_bytes_per_s");
+  t.a2a_sizes_bytes = vec("a2a_sizes_bytes"), t.a2a_call_s = vec("a2a_call_s");
+  t.a2a_latency_s = num("a2a_latency_s"), t.a2a_bytes_per_s = num("a2a_bytes_per_s");
   t.dp_micro_batch_s = num("dp_micro_batch_s"), t.pp_micro_batch_s = num("pp_micro_batch_s");
   return t;
 }

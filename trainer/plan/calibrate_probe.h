@@ -17,7 +17,9 @@
 //   sgemm FLOP/s of rank 0 alone and of both ranks at once (concurrency); the all-reduce per call
 //   between GEMMs ([rows, 256] x [256, 256] on both ranks, then all_reduce_sum of the [rows, 256]
 //   result; per call = with - without the all-reduce) at rows 128 and 512, fitted as latency +
-//   bytes / bandwidth; the step time of a tiny model (2 layers, hidden 32, seq 16, micro-batch 1)
+//   bytes / bandwidth; the expert all-to-all the same way (after the GEMM, the counts then the
+//   [rows, 256] rows sent to the peer and its rows received, one Comm::exchange each, as the
+//   trainer's EP dispatch); the step time of a tiny model (2 layers, hidden 32, seq 16, micro-batch 1)
 //   with 2 and 16 micro-batches as 2 replicas and as a 2-stage pipeline: its slope per micro-batch.
 // Thread safety: main thread only (OpenBLAS thread count, Comm).
 #pragma once
@@ -48,6 +50,8 @@ struct ProbeCostTerms {
   double sgemm_alone = 0, sgemm_concurrent = 0;  // FLOP/s per process
   std::vector<double> allreduce_sizes_bytes, allreduce_call_s;
   double allreduce_latency_s = 0, allreduce_bytes_per_s = 0;
+  std::vector<double> a2a_sizes_bytes, a2a_call_s;  // the expert all-to-all (Comm::exchange), as the all-reduce
+  double a2a_latency_s = 0, a2a_bytes_per_s = 0;
   double dp_micro_batch_s = 0, pp_micro_batch_s = 0;  // step-time slope per micro-batch
   nlohmann::json to_json() const;
   static ProbeCostTerms from_json(const nlohmann::json& j);  // missing keys: 0

@@ -23,17 +23,29 @@ double terms_median(std::vector<double> v) {
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
-// Seconds per repetition of {a GEMM [rows, D] x [D, D] on every rank; with `reduce` an all-reduce
-// of the [rows, D] result}, the median of `rounds` rounds of `reps`.
-Result<double> terms_gemm_loop(Comm& w, int64_t rows, int64_t D, bool reduce, int reps, int rounds) {
-  std::vector<float> x(static_cast<size_t>(rows * D), 0.5f), wt(static_cast<size_t>(D * D), 0.01f), y(x.size());
+enum class TermsComm { kNone, kAllReduce, kAllToAll };
+
+// The expert all-to-all of 2 ranks as the EP dispatch runs it: the row counts, then the rows (each
+// rank sends its [rows, D] to the peer and receives the peer's), one Comm::exchange each.
+Status terms_all_to_all(Comm& w, const std::vector<float>& y, std::vector<float>& in, int64_t rows, int64_t D) {
+  const int peer = 1 - w.rank();
+  int64_t count = rows, got = 0;
+  CKPT_RETURN_IF_ERROR(w.exchange<int64_t>({{&count, 1, peer}}, {{&got, 1, peer}}, 41));
+  return w.exchange<float>({{y.data(), rows * D, peer}}, {{in.data(), std::min(got, rows) * D, peer}}, 42);
+}
+
+// Seconds per repetition of {a GEMM [rows, D] x [D, D] on every rank; then `comm` of the [rows, D]
+// result}, the median of `rounds` rounds of `reps`.
+Result<double> terms_gemm_loop(Comm& w, int64_t rows, int64_t D, TermsComm comm, int reps, int rounds) {
+  std::vector<float> x(static_cast<size_t>(rows * D), 0.5f), wt(static_cast<size_t>(D * D), 0.01f), y(x.size()), in(x.size());
   std::vector<double> per;
   for (int k = 0; k < rounds; ++k) {
     CKPT_RETURN_IF_ERROR(w.barrier());
     const double t0 = terms_clock_s();
     for (int i = 0; i < reps; ++i) {
       linear_forward(x.data(), wt.data(), y.data(), rows, D, D);
-      if (reduce) CKPT_RETURN_IF_ERROR(w.all_reduce_sum(y.data(), rows * D));
+      if (comm == TermsComm::kAllReduce) CKPT_RETURN_IF_ERROR(w.all_reduce_sum(y.data(), rows * D));
+      if (comm == TermsComm::kAllToAll) CKPT_RETURN_IF_ERROR(terms_all_to_all(w, y, in, rows, D));
     }
     per.push_back((terms_clock_s() - t0) / reps);
   }
@@ -98,20 +110,25 @@ Result<ProbeCostTerms> probe_cost_terms(int threads, double seconds) {
   const LlamaConfig cm = calibration_model();
   const int64_t D = cm.hidden_size;
   const int64_t rows[2] = {kCalibrationSeq, kCalibrationMicroBatch * kCalibrationSeq};
-  double cost[2];
-  for (int i = 0; i < 2; ++i) {
-    const int reps = i == 0 ? 40 : 20;
-    CKPT_ASSIGN_OR_RETURN(double with, calibrate_terms_detail::terms_gemm_loop(w, rows[i], D, true, reps, 5));
-    CKPT_ASSIGN_OR_RETURN(double without, calibrate_terms_detail::terms_gemm_loop(w, rows[i], D, false, reps, 5));
-    cost[i] = std::max(with - without, 1e-9);
-    r.allreduce_sizes_bytes.push_back(static_cast<double>(rows[i] * D * 4));
-    r.allreduce_call_s.push_back(cost[i]);
+  using calibrate_terms_detail::TermsComm;
+  for (TermsComm comm : {TermsComm::kAllReduce, TermsComm::kAllToAll}) {
+    const bool ar = comm == TermsComm::kAllReduce;
+    std::vector<double>& sizes = ar ? r.allreduce_sizes_bytes : r.a2a_sizes_bytes;
+    std::vector<double>& calls = ar ? r.allreduce_call_s : r.a2a_call_s;
+    for (int i = 0; i < 2; ++i) {
+      const int reps = i == 0 ? 40 : 20;
+      CKPT_ASSIGN_OR_RETURN(double with, calibrate_terms_detail::terms_gemm_loop(w, rows[i], D, comm, reps, 5));
+      CKPT_ASSIGN_OR_RETURN(double without, calibrate_terms_detail::terms_gemm_loop(w, rows[i], D, TermsComm::kNone, reps, 5));
+      sizes.push_back(static_cast<double>(rows[i] * D * 4));
+      calls.push_back(std::max(with - without, 1e-9));
+    }
+    // Fit latency + bytes / bandwidth through the two sizes.
+    const double db = sizes[1] - sizes[0], dt = calls[1] - calls[0];
+    const double bw = dt > 0 ? db / dt : 1e15;  // no size dependence measured: all latency
+    const double lat = dt > 0 ? std::max(0.0, calls[0] - sizes[0] / bw) : calls[1];
+    (ar ? r.allreduce_bytes_per_s : r.a2a_bytes_per_s) = bw;
+    (ar ? r.allreduce_latency_s : r.a2a_latency_s) = lat;
   }
-  // Fit latency + bytes / bandwidth through the two sizes.
-  const double db = r.allreduce_sizes_bytes[1] - r.allreduce_sizes_bytes[0], dt = cost[1] - cost[0];
-  r.allreduce_bytes_per_s = dt > 0 ? db / dt : 0;
-  r.allreduce_latency_s = dt > 0 ? std::max(0.0, cost[0] - r.allreduce_sizes_bytes[0] / r.allreduce_bytes_per_s) : cost[1];
-  if (!(dt > 0)) r.allreduce_bytes_per_s = 1e15;  // no size dependence measured: all latency
   // Fixed costs per micro-batch: the tiny model's step time slope in the number of micro-batches,
   // as 2 replicas (one stage each) and as a 2-stage pipeline.
   const int64_t m_lo = 2, m_hi = 16;

@@ -111,16 +111,26 @@ StageCost cost_one_stage(const ModelSpec& model, const Cluster& cluster, const L
   StagePlace sp = make_stage_place(cluster, ranks, prev, next, {});
   if (P > 1) sp.dp_link = cost_dp_link(cluster, layout, cx, place, p, st);
   apply_calibration(sp, cluster, ranks, cx.on_node, opt.calibration, prev, next);
-  const StageShape shape{layout.stage_layers(p, st), layout.stage_tp(p, st), st == 0, st == S - 1};
+  const StageShape shape{layout.stage_layers(p, st), layout.stage_tp(p, st), st == 0, st == S - 1, layout.ep, layout.etp};
   StageCost c = stage_cost(model, sp, shape, layout.pipeline_micro_batch(p), s, m, st, S, P, zero_ways);
   if (!cx.trainer.empty()) cost_trainer_memory(c, cx, cx.first[static_cast<size_t>(p)][static_cast<size_t>(st)]);
   c.pipeline = p;
   c.first_layer = layout.stage_first_layer(p, st);
-  if (model.heads % c.tp || model.kv_heads % c.tp || model.ffn % c.tp) {
+  if (!model.tp_divides(c.tp)) {
     out.feasible = false;
     out.problems.push_back("pipeline " + std::to_string(p) + " stage " + std::to_string(st) + ": tp " + std::to_string(c.tp) +
                            " does not divide the heads (" + std::to_string(model.heads) + "), kv heads (" +
-                           std::to_string(model.kv_heads) + ") and ffn (" + std::to_string(model.ffn) + ")");
+                           std::to_string(model.kv_heads) + ") and ffn (" + std::to_string(model.ffn) +
+                           (model.moe() ? ", experts' " + std::to_string(model.expert_ffn) + ", shared " + std::to_string(model.shared_ffn)
+                                        : std::string()) +
+                           ")");
+  }
+  if (layout.expert_parallel() && !model.ep_fits(layout.ep, shape.expert_tp(), c.tp, P)) {
+    out.feasible = false;
+    out.problems.push_back("pipeline " + std::to_string(p) + " stage " + std::to_string(st) + ": ep " + std::to_string(layout.ep) +
+                           " x etp " + std::to_string(shape.expert_tp()) + " does not fit " + std::to_string(model.experts) +
+                           " experts of width " + std::to_string(model.expert_ffn) + " on tp " + std::to_string(c.tp) + " x " +
+                           std::to_string(P) + " replicas");
   }
   if (c.memory() > c.capacity) {
     out.feasible = false;
@@ -179,6 +189,7 @@ Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const 
   cx.first = layout_first_ranks(layout);
   cx.on_node = ranks_per_node(cluster, place);
   out.memory_model = memory_model_name(opt.memory_model);
+  out.ep = layout.ep, out.etp = layout.symmetric() ? layout.expert_tp() : layout.stage_tp(0, 0);
   if (opt.memory_model == MemoryModel::kEmbedded) {  // the trainer's own estimate (trainer/memory_estimate.h)
     if (!opt.config) return plan_bad("the embedded memory model needs the model's config");
     MemoryInputs mi;
@@ -204,6 +215,7 @@ Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const 
       StageCost c = cost_one_stage(model, cluster, layout, place, p, st, m, opt, zero_ways, cx, out);
       times.push_back(c.time_s());
       pc.dp_sync_s = std::max(pc.dp_sync_s, c.dp_sync_s);
+      out.a2a_s_per_step = std::max(out.a2a_s_per_step, static_cast<double>(m) * c.a2a_s);
       out.stages.push_back(std::move(c));
     }
     const double compute = pipeline_1f1b_s(times, m);

@@ -21,6 +21,7 @@
 // Pure functions over values; thread safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,11 +39,29 @@ namespace ckpt::trainer {
 struct ModelSpec {
   int64_t layers = 1, hidden = 1, ffn = 1, heads = 1, kv_heads = 1, head_dim = 1, vocab = 1;
   bool tied = false;
+  // MoE (docs/PLAN.md "Mixture of experts"): E experts of width expert_ffn, top_k per token, a
+  // shared expert of width shared_ffn (0: none), in moe_layers of the layers (the others dense of
+  // width ffn). The per-layer terms below are the average over the layers (exact when every layer
+  // is MoE, as in Mixtral and Qwen3-MoE).
+  int64_t experts = 0, top_k = 0, expert_ffn = 0, shared_ffn = 0, moe_layers = 0;
+  // Routing imbalance assumed (`ckpt plan --router-load X`): the most loaded expert's tokens over the
+  // mean (the trainer's router_load, max / mean); 1: balanced. Under ep > 1 the busiest EP rank
+  // computes, sends and receives min(router_load, ep) x its balanced share of the routed rows.
+  double router_load = 1;
+  double expert_load(int ep) const { return ep > 1 ? std::min(router_load, static_cast<double>(ep)) : 1.0; }
   static ModelSpec from_config(const LlamaConfig& c);
-  // Parameters of one decoder layer split by TP (q, k, v, o, gate, up, down) and replicated (2 norms).
+  bool moe() const { return experts > 0 && moe_layers > 0; }
+  // Parameters of one decoder layer split by TP (q, k, v, o, the dense MLP or the shared expert),
+  // replicated (2 norms, the router) and of the routed experts (split over ep x etp).
   int64_t layer_split_params() const;
-  int64_t layer_norm_params() const { return 2 * hidden; }
+  int64_t layer_norm_params() const;
+  int64_t layer_expert_params() const;
   int64_t total_params() const;
+  // A tp the model's tensors split by: heads, kv heads, every MLP width.
+  bool tp_divides(int tp) const;
+  // An expert-parallel pair for a stage of tp ranks in `replicas` identical pipelines: ep divides
+  // the experts and tp * replicas / etp, etp divides tp and the experts' width.
+  bool ep_fits(int ep, int etp, int tp, int replicas) const;
   // Forward FLOPs (2 per multiply-add) of one decoder layer / of the LM head for b sequences of s tokens.
   double layer_forward_flops(int64_t b, int64_t s) const;
   double head_forward_flops(int64_t b, int64_t s) const;
@@ -67,6 +86,9 @@ struct CostCalibration {
   // Per pipeline message inside a node (activation or its gradient), on top of bytes / bandwidth:
   // replaces the link latency of pipeline send/recv inside a node when > 0.
   double p2p_latency_s = 0;
+  // The expert all-to-all inside a node (Comm::exchange over 2 ranks as the trainer's EP dispatch
+  // calls it): latency + bytes / bytes_per_s per call; bytes_per_s 0: not measured (the links).
+  double a2a_latency_s = 0, a2a_bytes_per_s = 0;
   // The FLOP/s factor for `ranks_on_node` ranks computing at once (1 without measurements).
   double speed_scale(int ranks_on_node) const;
   // From a calibration file's "cost_terms" object (or the file's top level holding it). Errors
@@ -89,8 +111,9 @@ struct StageCost {
   int pipeline = 0, stage = 0, first_layer = 0, layers = 0, tp = 1;
   std::string device;
   double flops = 0;        // per rank per micro-batch
-  double compute_s = 0, tp_comm_s = 0, p2p_s = 0, overhead_s = 0, dp_sync_s = 0;
-  double time_s() const { return compute_s + tp_comm_s + p2p_s + overhead_s; }
+  int ep = 1, etp = 1;
+  double compute_s = 0, tp_comm_s = 0, p2p_s = 0, overhead_s = 0, dp_sync_s = 0, a2a_s = 0;
+  double time_s() const { return compute_s + tp_comm_s + p2p_s + overhead_s + a2a_s; }
   // other: the embedded trainer's workspace, buffers, checkpoint staging and process constant (0
   // under the megatron memory model).
   uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, other = 0, capacity = 0;
@@ -119,6 +142,8 @@ struct PlanCost {
   double step_time_s = 0, tokens_per_s = 0, flops_per_step = 0, mfu = 0;
   int64_t global_batch = 0, seq_len = 0;
   std::string memory_model = "megatron";  // memory_model_name of the model the memory terms follow
+  int ep = 1, etp = 1;                     // the layout's expert parallelism (etp: Layout::expert_tp)
+  double a2a_s_per_step = 0;               // the largest m x a2a_s of a stage: one rank's all-to-all time per step
   std::vector<StageCost> stages;      // pipeline by pipeline, stage by stage
   std::vector<PipelineCost> pipelines;
   std::vector<RankCost> ranks;        // layout rank order
@@ -137,6 +162,8 @@ int dtype_bytes_of(const DeviceType& d);
 struct StageShape {
   int layers = 1, tp = 1;
   bool first = false, last = false;
+  int ep = 1, etp = 0;  // expert parallelism (etp 0: = tp); Layout::ep / etp
+  int expert_tp() const { return etp > 0 ? etp : tp; }
 };
 // Parameters held by one TP rank of a stage.
 int64_t stage_rank_params(const ModelSpec& m, const StageShape& st);
@@ -144,13 +171,23 @@ int64_t stage_rank_params(const ModelSpec& m, const StageShape& st);
 double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s);
 // Ring all-reduce of `bytes` over n ranks on `link`: 2(n-1)/n * bytes / bw + 2(n-1) * latency.
 double ring_allreduce_s(double bytes, int n, const LinkSpec& link);
-// The TP all-reduces of a stage for one micro-batch (forward + backward).
+// The TP all-reduces of a stage for one micro-batch (forward + backward); with ep > 1 and etp > 1
+// also the ETP all-gather and reduce-scatter of the routed rows (b s k etp / tp rows of D, forward
+// and backward: 4 per MoE layer, each half a ring all-reduce over etp on `link`).
 double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
+// The expert all-to-alls of a stage for one micro-batch (docs/PLAN.md "Mixture of experts"): per
+// MoE layer 4 (dispatch and combine, forward and backward), each rank sending
+// (b s / tp) * top_k * D * act_bytes * (ep - 1) / ep bytes, `bytes / bw + (ep - 1) latency` each on
+// `link`; 0 at ep 1 or for a dense model.
+double stage_a2a_bytes(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes);
+double stage_a2a_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
 // Memory of one TP rank of stage `stage` of `stages` (slots = min(stages - stage, micro_batches)).
 struct MemoryTerms {
   uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0;
   uint64_t total() const { return weights + grads + optimizer + activations; }
 };
+// Under ZeRO-1 the dense optimizer state is divided over zero_ways, the experts' over the expert
+// data-parallel group tp * zero_ways / (ep * etp).
 MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int dtype_bytes,
                               int64_t slots, int zero_ways);
 
@@ -162,6 +199,9 @@ struct StagePlace {
   const DeviceType* device = nullptr;
   uint64_t capacity = 0;
   LinkSpec tp_link, prev_link, next_link, dp_link;
+  // The expert all-to-all's link when the EP group is inside the TP group's node and a calibration
+  // measured it (a2a_bytes_per_s > 0); else the slower of tp_link and dp_link.
+  LinkSpec a2a_link;
   bool has_prev = false, has_next = false;
   double speed_scale = 1, micro_batch_overhead_s = 0;
   double speed() const { return device->peak_flops * Cluster::efficiency_of(*device) * speed_scale; }

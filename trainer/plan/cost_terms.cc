@@ -17,16 +17,43 @@ ModelSpec ModelSpec::from_config(const LlamaConfig& c) {
   m.head_dim = c.head_dim;
   m.vocab = c.vocab_size;
   m.tied = c.tie_word_embeddings;
+  if (c.moe) {
+    m.experts = c.moe->num_experts, m.top_k = c.moe->top_k;
+    m.expert_ffn = c.moe->expert_intermediate, m.shared_ffn = c.moe->shared_intermediate;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) m.moe_layers += c.moe->is_moe_layer(i) ? 1 : 0;
+  }
   return m;
 }
 
+namespace {
+// The average over the layers of a term worth `dense` on a dense layer and `moe` on an MoE one (rounded up).
+int64_t terms_avg(const ModelSpec& m, int64_t dense, int64_t moe) {
+  return ((m.layers - m.moe_layers) * dense + m.moe_layers * moe + m.layers - 1) / m.layers;
+}
+}  // namespace
+
 int64_t ModelSpec::layer_split_params() const {
   const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  return hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * ffn;
+  return hidden * q + 2 * hidden * kv + q * hidden + terms_avg(*this, 3 * hidden * ffn, 3 * hidden * shared_ffn);
 }
 
+int64_t ModelSpec::layer_norm_params() const { return 2 * hidden + terms_avg(*this, 0, experts * hidden); }
+
+int64_t ModelSpec::layer_expert_params() const { return terms_avg(*this, 0, 3 * experts * hidden * expert_ffn); }
+
 int64_t ModelSpec::total_params() const {
-  return layers * (layer_split_params() + layer_norm_params()) + vocab * hidden * (tied ? 1 : 2) + hidden;
+  return layers * (layer_split_params() + layer_norm_params() + layer_expert_params()) + vocab * hidden * (tied ? 1 : 2) + hidden;
+}
+
+bool ModelSpec::tp_divides(int t) const {
+  if (heads % t || kv_heads % t) return false;
+  if (moe_layers < layers && ffn % t) return false;
+  return !moe() || (expert_ffn % t == 0 && shared_ffn % t == 0);
+}
+
+bool ModelSpec::ep_fits(int ep, int etp, int tp, int replicas) const {
+  if (!moe() || ep < 1 || etp < 1 || tp % etp || expert_ffn % etp || experts % ep) return false;
+  return (static_cast<int64_t>(tp) * replicas) % (static_cast<int64_t>(ep) * etp) == 0;
 }
 
 double ModelSpec::layer_forward_flops(int64_t b, int64_t s) const {
@@ -37,7 +64,11 @@ double ModelSpec::layer_forward_flops(int64_t b, int64_t s) const {
   const double attn = 2 * 2 * static_cast<double>(b) * static_cast<double>(heads) * static_cast<double>(s) *
                       static_cast<double>(s) * static_cast<double>(head_dim);  // Q K^T and P V
   const double mlp = 3 * 2 * n * D * F;                                      // gate, up, down
-  return proj + attn + mlp;
+  if (!moe()) return proj + attn + mlp;
+  // Router, the top-k experts each token runs, the shared expert (Model::train_flops_per_token).
+  const double moe_mlp = 2 * n * D * static_cast<double>(experts + 3 * top_k * expert_ffn + 3 * shared_ffn);
+  const double Lm = static_cast<double>(moe_layers), L = static_cast<double>(layers);
+  return proj + attn + ((L - Lm) * mlp + Lm * moe_mlp) / L;
 }
 
 double ModelSpec::head_forward_flops(int64_t b, int64_t s) const {
@@ -52,7 +83,7 @@ int dtype_bytes_of(const DeviceType& d) { return d.dtype == "fp32" ? 4 : 2; }
 
 int64_t stage_rank_params(const ModelSpec& m, const StageShape& st) {
   const int64_t t = st.tp;
-  int64_t p = st.layers * (m.layer_split_params() / t + m.layer_norm_params());
+  int64_t p = st.layers * (m.layer_split_params() / t + m.layer_norm_params() + m.layer_expert_params() / (st.ep * st.expert_tp()));
   const int64_t emb = (m.vocab + t - 1) / t * m.hidden;
   if (st.first) p += emb;
   if (st.last) p += m.hidden + ((st.first && m.tied) ? 0 : emb);  // final norm; head (or tied copy)
@@ -61,6 +92,9 @@ int64_t stage_rank_params(const ModelSpec& m, const StageShape& st) {
 
 double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s) {
   double f = static_cast<double>(st.layers) * m.layer_forward_flops(b, s);
+  if (m.moe() && m.expert_load(st.ep) > 1)  // the busiest EP rank's extra routed rows
+    f += (m.expert_load(st.ep) - 1) * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers) * 6.0 *
+         static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden * m.top_k * m.expert_ffn);
   if (st.last) f += m.head_forward_flops(b, s);
   return 3 * f / st.tp;
 }
@@ -74,7 +108,26 @@ double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int6
   if (st.tp <= 1) return 0;
   const double bytes = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden) * act_bytes;
   const int count = 4 * st.layers + (st.first ? 1 : 0) + (st.last ? 1 : 0);
-  return count * ring_allreduce_s(bytes, st.tp, link);
+  double t = count * ring_allreduce_s(bytes, st.tp, link);
+  const int etp = st.expert_tp();
+  if (m.moe() && st.ep > 1 && etp > 1) {  // the ETP all-gather and reduce-scatter of the rank's routed rows, forward and backward
+    const double rows = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.top_k) * etp / st.tp;
+    const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
+    t += calls * ring_allreduce_s(rows * static_cast<double>(m.hidden) * act_bytes, etp, link) / 2;  // half a ring all-reduce each
+  }
+  return t;
+}
+
+double stage_a2a_bytes(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes) {
+  if (st.ep <= 1 || !m.moe()) return 0;
+  return static_cast<double>(b) * static_cast<double>(s) / st.tp * static_cast<double>(m.top_k) * static_cast<double>(m.hidden) *
+         act_bytes * (st.ep - 1) / st.ep * m.expert_load(st.ep);
+}
+
+double stage_a2a_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link) {
+  if (st.ep <= 1 || !m.moe()) return 0;
+  const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
+  return calls * (stage_a2a_bytes(m, st, b, s, act_bytes) / link.bytes_per_s + (st.ep - 1) * std::max(0.0, link.latency_s));
 }
 
 MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int dtype_bytes,
@@ -84,12 +137,19 @@ MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t 
   const uint64_t wb = static_cast<uint64_t>(dtype_bytes);
   r.weights = params * wb;
   r.grads = params * wb;
-  const uint64_t opt = params * (dtype_bytes >= 4 ? 8 : 12);  // fp32 master (not for fp32) + 2 moments
+  const uint64_t per_param = dtype_bytes >= 4 ? 8 : 12;  // fp32 master (not for fp32) + 2 moments
+  const uint64_t expert = static_cast<uint64_t>(st.layers * (m.layer_expert_params() / (st.ep * st.expert_tp())));
   const uint64_t ways = static_cast<uint64_t>(std::max(1, zero_ways));
-  r.optimizer = (opt + ways - 1) / ways;
+  // The experts' ZeRO-1 group: the stage's tp x zero_ways ranks over ep x etp.
+  const uint64_t eways = zero_ways > 1 ? std::max<uint64_t>(1, ways * static_cast<uint64_t>(st.tp) /
+                                                                     static_cast<uint64_t>(st.ep * st.expert_tp()))
+                                       : 1;
+  r.optimizer = ((params - expert) * per_param + ways - 1) / ways + (expert * per_param + eways - 1) / eways;
   const int64_t t = st.tp;
+  // Activation width of the MLP per token: the dense ffn, or the top-k experts' rows and the shared expert.
+  const int64_t act_ffn = terms_avg(m, m.ffn, m.top_k * m.expert_ffn + m.shared_ffn);
   const int64_t per_token_layer = 4 * m.hidden + (2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
-                                                  3 * m.ffn + m.heads * s) / t;
+                                                  3 * act_ffn + m.heads * s) / t;
   const int64_t n = b * s;
   uint64_t act = static_cast<uint64_t>(slots) * static_cast<uint64_t>(n) *
                  static_cast<uint64_t>(st.layers * per_token_layer + m.hidden) * wb;
@@ -110,6 +170,17 @@ LinkSpec terms_pair_link(const Cluster& c, const std::vector<int>& from, const s
     if (l.bytes_per_s < w.bytes_per_s || (l.bytes_per_s == w.bytes_per_s && l.latency_s > w.latency_s)) w = l;
   }
   return w;
+}
+}  // namespace
+
+namespace {
+// The expert all-to-all's link of a stage (StagePlace::a2a_link): the measured one when set, else
+// the TP group's when the EP group (ep x etp consecutive stage ranks) stays inside it, else the
+// slower of the TP and data-parallel links.
+LinkSpec terms_a2a_link(const StagePlace& p, const StageShape& st) {
+  if (p.a2a_link.bytes_per_s > 0) return p.a2a_link;
+  if (st.ep * st.expert_tp() <= st.tp || !(p.dp_link.bytes_per_s > 0)) return p.tp_link;
+  return p.dp_link.bytes_per_s < p.tp_link.bytes_per_s ? p.dp_link : p.tp_link;
 }
 }  // namespace
 
@@ -137,25 +208,33 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
   c.stage = stage;
   c.layers = shape.layers;
   c.tp = shape.tp;
+  c.ep = shape.ep, c.etp = shape.expert_tp();
   c.device = place.device->name;
   const int ab = dtype_bytes_of(*place.device);
   c.flops = stage_rank_flops(model, shape, b, s);
   c.compute_s = c.flops / place.speed();
   c.overhead_s = place.micro_batch_overhead_s;
   c.tp_comm_s = stage_tp_comm_s(model, shape, b, s, ab, place.tp_link);
+  c.a2a_s = stage_a2a_s(model, shape, b, s, ab, terms_a2a_link(place, shape));
   const double act = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(model.hidden) * ab;
   if (place.has_next) c.p2p_s += act / place.next_link.bytes_per_s + place.next_link.latency_s;
   if (place.has_prev) c.p2p_s += act / place.prev_link.bytes_per_s + place.prev_link.latency_s;
   const int64_t slots = std::min<int64_t>(stages - stage, m);
   if (embedded) {
-    const StageMemoryBytes e = embedded->get(shape.layers, shape.tp, shape.first, shape.last, b, s, slots, zero_ways, pipelines);
+    const StageMemoryBytes e = embedded->get(shape.layers, shape.tp, shape.first, shape.last, b, s, slots, zero_ways, pipelines, shape.ep,
+                                                  shape.expert_tp());
     c.weights = e.weights, c.grads = e.grads, c.optimizer = e.optimizer, c.activations = e.activations, c.other = e.other;
   } else {
     const MemoryTerms mem = stage_rank_memory(model, shape, b, s, ab, slots, zero_ways);
     c.weights = mem.weights, c.grads = mem.grads, c.optimizer = mem.optimizer, c.activations = mem.activations;
   }
   c.capacity = place.capacity;
-  if (pipelines > 1) c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape)) * ab, pipelines, place.dp_link);
+  if (pipelines > 1 || shape.ep > 1) {  // dense gradients over the pipelines, the experts' over their data-parallel group
+    const int64_t expert = shape.layers * (model.layer_expert_params() / (shape.ep * shape.expert_tp()));
+    const int edp = shape.tp * pipelines / (shape.ep * shape.expert_tp());
+    c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape) - expert) * ab, pipelines, place.dp_link);
+    if (expert > 0) c.dp_sync_s += ring_allreduce_s(static_cast<double>(expert) * ab, edp, pipelines > 1 ? place.dp_link : place.tp_link);
+  }
   return c;
 }
 

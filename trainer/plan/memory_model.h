@@ -37,13 +37,14 @@ class EmbeddedStageMemory {
  public:
   // world_size: the ranks of the layouts weighed (the process constant grows with it under MPI).
   EmbeddedStageMemory(const LlamaConfig& config, int world_size) : config_(config), world_(world_size) {}
+  // ep / etp: the stage's expert parallelism (1 / tp: none).
   StageMemoryBytes get(int layers, int tp, bool first, bool last, int64_t micro_batch, int64_t seq_len, int64_t slots, int zero_ways,
-                       int pipelines);
+                       int pipelines, int ep = 1, int etp = 0);
 
  private:
   LlamaConfig config_;
   int world_ = 1;
-  std::map<std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int, bool>, StageMemoryBytes> memo_;
+  std::map<std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int, int, int, int>, StageMemoryBytes> memo_;
 };
 
 }  // namespace ckpt::trainer

@@ -9,6 +9,28 @@
 
 namespace ckpt::trainer {
 
+Status check_plan_model(const LlamaConfig& cfg, const std::string& what) {
+  if (!cfg.moe || cfg.family == ModelFamily::kMixtral || cfg.family == ModelFamily::kQwen2Moe || cfg.family == ModelFamily::kQwen3Moe)
+    return Status::Ok();
+  return Status::Error("UnsupportedModel", what + " does not price " + model_type_name(cfg.family) + " models (" +
+                                               (cfg.family == ModelFamily::kDeepseekV3 ? "DeepSeek-V3's MLA attention: the trainer has no MLA"
+                                                                                      : "its own expert tensors") +
+                                               "); it plans dense LLaMA, Mixtral, Qwen2-MoE and Qwen3-MoE (docs/PLAN.md)");
+}
+
+namespace {
+// The cost model's view of `cfg` with the routing imbalance assumed (BadPlan outside [1, experts]).
+Result<ModelSpec> plan_model_spec(const LlamaConfig& cfg, double router_load) {
+  ModelSpec m = ModelSpec::from_config(cfg);
+  const double hi = m.moe() ? static_cast<double>(m.experts) : 1.0;
+  if (!(router_load >= 1 && router_load <= hi))
+    return Status::Error("BadPlan", "--router-load " + std::to_string(router_load) + ": expected the most loaded expert's tokens over "
+                                    "the mean, in [1, " + std::to_string(static_cast<int64_t>(hi)) + "] for this model");
+  m.router_load = router_load;
+  return m;
+}
+}  // namespace
+
 Result<CostCalibration> load_cost_calibration(const std::string& file) {
   if (file.empty()) return CostCalibration{};
   CKPT_ASSIGN_OR_RETURN(auto j, read_json_file(file, kConfigJsonLimits, "calibration"));
@@ -31,7 +53,7 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   CKPT_ASSIGN_OR_RETURN(auto cluster, Cluster::from_file(req.cluster));
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   CKPT_ASSIGN_OR_RETURN(auto cfg, LlamaConfig::from_file(req.model));
-  CKPT_RETURN_IF_ERROR(cfg.require_dense("ckpt plan"));
+  CKPT_RETURN_IF_ERROR(check_plan_model(cfg, "ckpt plan"));
   PlanEvaluation out;
   CKPT_ASSIGN_OR_RETURN(out.layout, Layout::from_file(req.evaluate));
   PlanOptions o;
@@ -40,7 +62,8 @@ Result<PlanEvaluation> evaluate_plan(const PlanRequest& req) {
   o.calibration = cal;
   CKPT_ASSIGN_OR_RETURN(o.memory_model, parse_memory_model(req.memory_model));
   o.config = &cfg;
-  auto cost = evaluate(ModelSpec::from_config(cfg), cluster, out.layout, o);
+  CKPT_ASSIGN_OR_RETURN(const ModelSpec model, plan_model_spec(cfg, req.router_load));
+  auto cost = evaluate(model, cluster, out.layout, o);
   if (!cost.ok()) return cost.take_status().with_file(req.evaluate);
   out.cost = std::move(cost).value();
   if (req.trainer_memory) {  // the reference trainer's own allocation (trainer/memory_estimate.h), fp32
@@ -90,7 +113,7 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   CKPT_RETURN_IF_ERROR(check_cluster_profiles(cluster, req.cluster));
   Result<LlamaConfig> cfg = config ? Result<LlamaConfig>(*config) : LlamaConfig::from_file(req.model);
   if (!cfg.ok()) return cfg.take_status();
-  CKPT_RETURN_IF_ERROR(cfg->require_dense("ckpt plan"));
+  CKPT_RETURN_IF_ERROR(check_plan_model(*cfg, "ckpt plan"));
   SearchOptions o;
   o.global_batch = req.global_batch;
   o.seq_len = req.seq_len > 0 ? req.seq_len : cfg->max_position_embeddings;
@@ -98,7 +121,7 @@ Result<PlanSearchOutcome> search_plan(const PlanRequest& req, const LlamaConfig*
   o.calibration = cal;
   CKPT_ASSIGN_OR_RETURN(o.memory_model, parse_memory_model(req.memory_model));
   o.config = &*cfg;
-  const auto model = ModelSpec::from_config(*cfg);
+  CKPT_ASSIGN_OR_RETURN(const ModelSpec model, plan_model_spec(*cfg, req.router_load));
   PlanSearchOutcome out;
   CKPT_ASSIGN_OR_RETURN(out.result, search_layouts(model, cluster, o));
   if (out.result.best.empty()) return Status::Internal("plan: the search returned no layout");

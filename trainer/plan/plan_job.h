@@ -29,7 +29,13 @@ struct PlanRequest {
   int top = 3;
   bool trainer_memory = false;  // evaluate: also each rank's memory as `ckpt train` allocates it
   std::string memory_model = "megatron";  // memory_model.h: "megatron" | "embedded" (`ckpt train`)
+  double router_load = 1;   // MoE: ModelSpec::router_load (max / mean tokens per expert assumed), in [1, experts]
 };
+
+// The models `ckpt plan` prices: dense LLaMA, Mixtral, Qwen2-MoE, Qwen3-MoE. DeepSeek-V3 (MLA
+// attention, which the trainer does not have) and gpt-oss are refused: UnsupportedModel naming the
+// family and `what`.
+Status check_plan_model(const LlamaConfig& cfg, const std::string& what);
 
 // The measured cost terms of a calibration file (none for an empty name).
 Result<CostCalibration> load_cost_calibration(const std::string& file);

@@ -12,7 +12,8 @@ nlohmann::json PlanCost::to_json() const {
   for (const StageCost& c : stages)
     st.push_back({{"pipeline", c.pipeline}, {"stage", c.stage}, {"first_layer", c.first_layer}, {"layers", c.layers},
                   {"tp", c.tp}, {"device", c.device}, {"flops_per_micro_batch", c.flops}, {"compute_s", c.compute_s},
-                  {"tp_comm_s", c.tp_comm_s}, {"p2p_s", c.p2p_s}, {"time_s", c.time_s()}, {"dp_sync_s", c.dp_sync_s},
+                  {"tp_comm_s", c.tp_comm_s}, {"p2p_s", c.p2p_s},
+                  {"a2a_s", c.a2a_s}, {"ep", c.ep}, {"etp", c.etp}, {"time_s", c.time_s()}, {"dp_sync_s", c.dp_sync_s},
                   {"memory_bytes", c.memory()}, {"weights_bytes", c.weights}, {"grads_bytes", c.grads},
                   {"optimizer_bytes", c.optimizer}, {"activations_bytes", c.activations}, {"capacity_bytes", c.capacity}});
   nlohmann::json pl = nlohmann::json::array();
@@ -32,6 +33,7 @@ nlohmann::json PlanCost::to_json() const {
                   {"compute_fraction", r.compute_fraction}});
   return {{"feasible", feasible}, {"problems", problems}, {"memory_model", memory_model}, {"step_time_s", step_time_s},
           {"tokens_per_s", tokens_per_s}, {"flops_per_step", flops_per_step}, {"mfu", mfu}, {"global_batch", global_batch}, {"seq_len", seq_len},
+          {"ep", ep}, {"etp", etp}, {"a2a_s_per_step", a2a_s_per_step}, {"a2a_share", step_time_s > 0 ? a2a_s_per_step / step_time_s : 0.0},
           {"pipelines", pl}, {"stages", st}, {"ranks", rk}};
 }
 
@@ -41,6 +43,13 @@ std::string PlanCost::to_text() const {
   std::snprintf(buf, sizeof buf, "predicted step %.6g s, %.6g tokens/s, MFU %.1f%%%s\n", step_time_s, tokens_per_s, 100 * mfu,
                 feasible ? "" : "  (DOES NOT FIT)");
   out += buf;
+  if (ep > 1 || a2a_s_per_step > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "experts: ep %d etp %d, all-to-all %.4g s per step (a2a %.1f%%; docs/PLAN.md \"Mixture of experts\": "
+                  "which layouts `ckpt train` runs)\n", ep, etp, a2a_s_per_step,
+                  step_time_s > 0 ? 100 * a2a_s_per_step / step_time_s : 0.0);
+    out += buf;
+  }
   out += "memory model: " + memory_model +
          (memory_model == "embedded" ? " (`ckpt train`'s own estimate: fp32, workspace, buffers, checkpoint staging, process constant)\n"
                                      : " (real precision: weights and gradients in the device dtype, fp32 Adam; no process constant; "
@@ -57,10 +66,11 @@ std::string PlanCost::to_text() const {
     for (; k < stages.size() && stages[k].pipeline == static_cast<int>(p); ++k) {
       const StageCost& x = stages[k];
       std::snprintf(buf, sizeof buf,
-                    "  stage %d: layers %d..%d tp %d on %-10s %.4g s/micro-batch (compute %.4g, tp %.4g, p2p %.4g), "
+                    "  stage %d: layers %d..%d tp %d on %-10s %.4g s/micro-batch (compute %.4g, tp %.4g, p2p %.4g%s), "
                     "memory %.3f / %.3f GiB per rank\n",
                     x.stage, x.first_layer, x.first_layer + x.layers - 1, x.tp, x.device.c_str(), x.time_s(), x.compute_s,
-                    x.tp_comm_s, x.p2p_s, static_cast<double>(x.memory()) / 1073741824.0,
+                    x.tp_comm_s, x.p2p_s, x.a2a_s > 0 ? (", a2a " + std::to_string(x.a2a_s)).c_str() : "",
+                    static_cast<double>(x.memory()) / 1073741824.0,
                     static_cast<double>(x.capacity) / 1073741824.0);
       blocks[p] += buf;
     }

@@ -3,6 +3,7 @@
 
 #include "formats/store/manifest.h"
 #include "formats/store/run_dir.h"
+#include "trainer/plan/plan_job.h"
 #include "trainer/state/trainer_state.h"
 
 namespace ckpt::trainer {
@@ -16,7 +17,7 @@ Result<ReplanSource> replan_source(const std::string& path) {
   if (cfg == md.end())
     return Status::Error("NoModelConfig", "checkpoint '" + r.checkpoint + "' has no model_config metadata: give --model CONFIG");
   CKPT_ASSIGN_OR_RETURN(r.config, LlamaConfig::from_json(*cfg));
-  CKPT_RETURN_IF_ERROR(r.config.require_dense("ckpt plan --checkpoint"));
+  CKPT_RETURN_IF_ERROR(check_plan_model(r.config, "ckpt plan --from"));
   auto tr = md.find("trainer");
   if (tr == md.end())
     return Status::Error("BadTrainerState", "checkpoint '" + r.checkpoint +

@@ -36,7 +36,7 @@ Status plan_search_bad(const std::string& msg) { return Status::Error("BadPlan",
 // micro-batches.
 Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluster, const SearchOptions& opt, const std::vector<TpGroup>& g,
                                    const search_detail::Arrangement& a, const std::vector<std::vector<int>>& splits,
-                                   const std::vector<int64_t>& b, int zero) {
+                                   const std::vector<int64_t>& b, int zero, std::pair<int, int> ep) {
   std::vector<PipelineSpec> pls;
   for (size_t p = 0; p < a.size(); ++p) {
     PipelineSpec ps;
@@ -49,6 +49,10 @@ Result<PlanCandidate> search_build(const ModelSpec& model, const Cluster& cluste
   }
   PlanCandidate c;
   CKPT_ASSIGN_OR_RETURN(c.layout, Layout::from_pipelines(std::move(pls), zero));
+  if (ep.first > 1 || ep.second > 0) {  // Layout's ep / etp: the symmetric form (identical pipelines of one tp)
+    CKPT_ASSIGN_OR_RETURN(c.layout, c.layout.as_symmetric("expert parallelism"));
+    c.layout.ep = ep.first, c.layout.etp = ep.second;
+  }
   c.placement.assign(static_cast<size_t>(c.layout.world_size()), -1);
   const std::vector<std::vector<int>> first = layout_first_ranks(c.layout);
   for (size_t p = 0; p < a.size(); ++p)
@@ -71,11 +75,13 @@ struct SearchState {
   double kth() const { return static_cast<int>(best.size()) < opt->top ? kInfeasible : best.back().cost.step_time_s; }
   // `predicted`: the search's value of the layout (evaluate() gives the same up to rounding): one
   // that cannot enter the top K is not built.
-  Status offer(const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero, double predicted) {
+  // ep: (ep, etp) of an expert-parallel candidate ((1, 0): none).
+  Status offer(const std::vector<std::vector<int>>& splits, const std::vector<int64_t>& b, int zero, double predicted,
+               std::pair<int, int> ep = {1, 0}) {
     ++evaluated;
     if (predicted > kth() * (1 + 1e-9)) return Status::Ok();
     const auto [g, a] = arrangement();
-    CKPT_ASSIGN_OR_RETURN(PlanCandidate c, search_build(*model, *cluster, *opt, *g, a, splits, b, zero));
+    CKPT_ASSIGN_OR_RETURN(PlanCandidate c, search_build(*model, *cluster, *opt, *g, a, splits, b, zero, ep));
     if (!c.cost.feasible || c.cost.step_time_s >= kth()) return Status::Ok();
     for (const PlanCandidate& o : best)
       if (o.placement == c.placement && o.layout.to_json() == c.layout.to_json()) return Status::Ok();
@@ -114,6 +120,41 @@ std::vector<double> search_group_speeds(const Cluster& cluster, const SearchOpti
   return out;
 }
 
+// ZeRO-1 over identical pipelines (one class): one split, the largest b's.
+Status search_zero(SearchState& st, Arranged& x, int64_t B, std::pair<int, int> ep = {1, 0}) {
+  const size_t P = x.cls.size();
+  x.zero_ways = static_cast<int>(P);
+  x.memo.clear();
+  x.cutoff = st.kth() * (1 + 1e-9);
+  std::vector<int64_t> bz(P, B / static_cast<int64_t>(P));
+  for (size_t p = 0; p < static_cast<size_t>(B % static_cast<int64_t>(P)); ++p) ++bz[p];
+  if (bz.back() < 1) return Status::Ok();
+  const SplitResult& r = x.pipeline(0, bz[0]);
+  if (!r.ok) return Status::Ok();
+  return st.offer(std::vector<std::vector<int>>(P, r.layers), bz, 1, r.value, ep);
+}
+
+// Expert parallelism (an MoE model; identical pipelines whose stages share one tp, as Layout's ep
+// needs): every (ep, etp) of search_detail::ep_choices, without and with ZeRO-1.
+Status search_experts(SearchState& st, Arranged& x, int64_t B) {
+  if (!st.model->moe() || x.classes() != 1) return Status::Ok();
+  const std::vector<int>& tps = x.tps[0];
+  if (std::any_of(tps.begin(), tps.end(), [&](int t) { return t != tps[0]; })) return Status::Ok();
+  const size_t P = x.cls.size();
+  for (const auto& [ep, etp] : search_detail::ep_choices(*st.model, tps[0], static_cast<int>(P))) {
+    x.ep = ep, x.etp = etp;
+    x.zero_ways = 1;
+    x.memo.clear();
+    x.cutoff = st.kth() * (1 + 1e-9);
+    const search_detail::Allocation al = search_detail::allocate(x, B);
+    if (!al.b.empty())
+      CKPT_RETURN_IF_ERROR(st.offer(std::vector<std::vector<int>>(P, x.pipeline(0, al.b[0]).layers), al.b, 0, al.value, {ep, etp}));
+    if (P > 1 && st.opt->allow_zero) CKPT_RETURN_IF_ERROR(search_zero(st, x, B, {ep, etp}));
+  }
+  x.ep = 1, x.etp = 0;
+  return Status::Ok();
+}
+
 Status search_one(SearchState& st, Arranged& x, int64_t m) {
   const int64_t B = st.opt->global_batch / m;
   const size_t P = x.cls.size();
@@ -126,16 +167,8 @@ Status search_one(SearchState& st, Arranged& x, int64_t m) {
     for (size_t p = 0; p < P; ++p) splits.push_back(x.pipeline(static_cast<size_t>(x.cls[p]), al.b[p]).layers);
     CKPT_RETURN_IF_ERROR(st.offer(splits, al.b, 0, al.value));
   }
-  if (!(P > 1 && st.opt->allow_zero && x.classes() == 1)) return Status::Ok();
-  x.zero_ways = static_cast<int>(P);  // ZeRO-1: identical pipelines, one split (the largest b's)
-  x.memo.clear();
-  x.cutoff = st.kth() * (1 + 1e-9);
-  std::vector<int64_t> bz(P, B / static_cast<int64_t>(P));
-  for (size_t p = 0; p < static_cast<size_t>(B % static_cast<int64_t>(P)); ++p) ++bz[p];
-  if (bz.back() < 1) return Status::Ok();
-  const SplitResult& r = x.pipeline(0, bz[0]);
-  if (!r.ok) return Status::Ok();
-  return st.offer(std::vector<std::vector<int>>(P, r.layers), bz, 1, r.value);
+  if (P > 1 && st.opt->allow_zero && x.classes() == 1) CKPT_RETURN_IF_ERROR(search_zero(st, x, B));
+  return search_experts(st, x, B);
 }
 
 // One point of the space: a tp choice (combo), and either a listed arrangement (arr >= 0) or the

@@ -9,7 +9,7 @@ namespace ckpt::trainer::search_detail {
 
 StageCost Arranged::cost(size_t k, int st, int n, int64_t b) const {
   const int S = static_cast<int>(places[k].size());
-  const StageShape shape{n, tps[k][static_cast<size_t>(st)], st == 0, st == S - 1};
+  const StageShape shape{n, tps[k][static_cast<size_t>(st)], st == 0, st == S - 1, ep, etp};
   return stage_cost(*model, places[k][static_cast<size_t>(st)], shape, b, s, m, st, S, static_cast<int>(cls.size()), zero_ways,
                     embedded);
 }

@@ -31,6 +31,7 @@ struct Arranged {
   std::vector<std::vector<int>> tps;            // per class, per stage
   int64_t s = 1, m = 1;
   int zero_ways = 1;
+  int ep = 1, etp = 0;  // expert parallelism of every stage (etp 0: = the stage's tp); the search sets them
   // Splits valued at or above it are not looked for (stage_split.h best_split): the search sets the
   // K-th best step time found; the allocation below is exact whenever its result is below it.
   double cutoff = kInfeasible;

@@ -59,6 +59,19 @@ Result<PlanCandidate> hand_written_layout(const ModelSpec& model, const Cluster&
     }
     CKPT_ASSIGN_OR_RETURN(c.cost, evaluate(model, cluster, c.layout, plan_options_of(opt, c.placement)));
     if (c.cost.feasible) return c;
+    // MoE: the smallest ep (etp 1, Megatron's usual choice) whose experts fit, on the symmetric form.
+    const int tp0 = pls[0].stages[0].tp;
+    bool one_tp = true;
+    for (const auto& st : pls[0].stages) one_tp = one_tp && st.tp == tp0;
+    for (const auto& [ep, etp] : one_tp ? search_detail::ep_choices(model, tp0, P) : std::vector<std::pair<int, int>>{}) {
+      auto sym = c.layout.as_symmetric("expert parallelism");
+      if (etp != 1 || !sym.ok()) continue;
+      PlanCandidate e = c;
+      e.layout = std::move(sym).value();
+      e.layout.ep = ep, e.layout.etp = etp;
+      CKPT_ASSIGN_OR_RETURN(e.cost, evaluate(model, cluster, e.layout, plan_options_of(opt, e.placement)));
+      if (e.cost.feasible) return e;
+    }
     if (!last.ok()) last = std::move(c);
   }
   return last;

@@ -28,7 +28,7 @@ std::vector<std::vector<int>> tp_choices(const ModelSpec& m, const Cluster& c, c
     if (cross_node) g = total;
     std::vector<int> ts;
     for (int t = 1; t <= g; ++t)
-      if (g % t == 0 && m.heads % t == 0 && m.kv_heads % t == 0 && m.ffn % t == 0) ts.push_back(t);
+      if (g % t == 0 && m.tp_divides(t)) ts.push_back(t);
     out.push_back(ts);
   }
   return out;
@@ -140,6 +140,15 @@ void uniform_arrangements(const std::vector<TpGroup>& g, int num_types, int max_
     do out.push_back(uniform_arrangement(g, P, order));
     while (std::next_permutation(order.begin(), order.end()));
   }
+}
+
+std::vector<std::pair<int, int>> ep_choices(const ModelSpec& m, int tp, int P) {
+  std::vector<std::pair<int, int>> out;
+  if (!m.moe()) return out;
+  for (int ep = 1; ep <= m.experts && ep <= static_cast<int64_t>(tp) * P; ++ep)
+    for (int etp = 1; etp <= tp; ++etp)
+      if (!(ep == 1 && etp == tp) && m.ep_fits(ep, etp, tp, P)) out.push_back({ep, etp});
+  return out;
 }
 
 }  // namespace ckpt::trainer::search_detail

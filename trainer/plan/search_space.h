@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reshard/dist/cluster.h"
@@ -37,8 +38,11 @@ void uniform_arrangements(const std::vector<TpGroup>& g, int num_types, int max_
 std::vector<int> uniform_pipeline_counts(const std::vector<TpGroup>& g, int max_stages);
 std::vector<int> group_types(const std::vector<TpGroup>& g);
 Arrangement uniform_arrangement(const std::vector<TpGroup>& g, int P, const std::vector<int>& order);
-// The search's hook for the MoE expert-parallel dimension (issue 38, later work): a tp choice per
-// type is one point of the space today; an ep per stage would multiply the choices here and
-// enter the stage cost (all-to-all, expert memory), not the arrangement of the groups.
+// The MoE expert-parallel dimension (docs/PLAN.md "Mixture of experts") is not a point of this
+// space: it changes stage costs and memory, not the arrangement of the groups; the search values
+// every (ep, etp) of an arrangement of identical pipelines of one tp (ep_choices; search.cc).
+// Every (ep, etp) but (1, tp) that the model and a stage of tp ranks in P replicas take
+// (ModelSpec::ep_fits): ep dividing the experts, etp dividing tp, ep x etp dividing tp x P.
+std::vector<std::pair<int, int>> ep_choices(const ModelSpec& m, int tp, int P);
 
 }  // namespace ckpt::trainer::search_detail
