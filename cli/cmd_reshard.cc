@@ -109,7 +109,8 @@ CommandAction setup_reshard_command(CLI::App& sub, bool convert) {
       ->required();
   sub.add_option("DST", a->dst, "New checkpoint dir (must not exist)")->required();
   sub.add_option("--layout", a->layout_file,
-                 "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp (docs/RESHARD.md)");
+                 "Target layout JSON file: tp, pp, dp, zero, layers_per_stage, ...; or pipelines of stages with their own tp, "
+                 "ep, etp (docs/RESHARD.md, docs/MOE.md)");
   a->layout.add(sub, "ZeRO stage of the optimizer state: 0 (replicated) or 1 (flat shards over DP)");
   a->stream.add(sub);
   a->io.add(sub);

@@ -28,6 +28,8 @@ nlohmann::json layout_detail(const nlohmann::json& lj) {
       stages.push_back({{"stage", s},
                         {"layers", {first, first + l->stage_layers(p, s) - 1}},
                         {"tp", l->stage_tp(p, s)},
+                        {"ep", l->stage_ep(p, s)},
+                        {"etp", l->stage_expert_tp(p, s)},
                         {"device", l->stage_device(p, s)},
                         {"ranks", ranks}});
     }

@@ -22,7 +22,7 @@ namespace ckpt {
 Result<Layout> reshard_target_layout(const ReshardRequest& r, const LlamaConfig& cfg, const nlohmann::json& src_meta) {
   if (r.layout_file) {
     if (r.layout.given())
-      return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers");
+      return Status::InvalidArgument("--layout FILE excludes --tp/--pp/--dp/--zero/--pp-layers/--ep/--etp");
     return *r.layout_file;
   }
   if (!r.layout.given() && r.profile.given() && src_meta.contains("layout"))

@@ -76,8 +76,11 @@ std::string layout_detail_text(const json& det) {
       std::string ranks;
       for (const auto& r : st["ranks"]) ranks += (ranks.empty() ? "" : ",") + r.dump();
       const std::string dev = st["device"].is_string() ? st["device"].get<std::string>() : "";
+      std::string experts;  // expert parallelism of the stage (docs/MOE.md "General layouts")
+      if (st.value("ep", json(1)) != json(1) || st.value("etp", st["tp"]) != st["tp"])
+        experts = ", ep " + st.value("ep", json(1)).dump() + " etp " + st.value("etp", st["tp"]).dump();
       o += "    stage " + st["stage"].dump() + ": layers " + st["layers"][0].dump() + "-" + st["layers"][1].dump() +
-           ", tp " + st["tp"].dump() + (dev.empty() ? "" : ", device " + dev) + ", ranks " + ranks + "\n";
+           ", tp " + st["tp"].dump() + experts + (dev.empty() ? "" : ", device " + dev) + ", ranks " + ranks + "\n";
     }
   }
   return o;

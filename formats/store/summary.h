@@ -31,7 +31,7 @@ nlohmann::json summarize_source(const TensorSource& src, const SourceExtras* ext
 // its format named `format`, each piece's storage asked once.
 SourceExtras extras_of(TensorSource& src, const std::string& format);
 // A "layout_detail" of the general form (set by `ckpt inspect`: pipelines, stages with layers, tp,
-// device and ranks) is printed a line per stage; other layouts as "layout: tp=.. pp=.. dp=.. zero=..".
+// ep, etp (shown when expert parallel), device and ranks) is printed a line per stage; other layouts as "layout: tp=.. pp=.. dp=.. zero=..".
 std::string text_summary(const nlohmann::json& summary, bool list_tensors = true);
 
 }  // namespace ckpt::store

@@ -76,9 +76,7 @@ Status Layout::validate() const {
   if (zero != 0 && zero != 1) return bad("zero must be 0 or 1, got " + std::to_string(zero));
   if (ep < 1 || etp < 0 || ep > kMaxParallel || etp > kMaxParallel)
     return bad("ep must be >= 1 and etp >= 0 (0: = tp), got ep=" + std::to_string(ep) + " etp=" + std::to_string(etp));
-  if ((static_cast<int64_t>(tp) * dp) % (static_cast<int64_t>(ep) * expert_tp()) != 0)
-    return bad("ep=" + std::to_string(ep) + " x etp=" + std::to_string(expert_tp()) + " does not divide the " +
-               std::to_string(tp * dp) + " ranks of a stage (tp=" + std::to_string(tp) + " x dp=" + std::to_string(dp) + ")");
+  CKPT_RETURN_IF_ERROR(check_expert_group(tp, dp, ep, expert_tp(), ""));
   if (num_layers() < pp)
     return bad("pp=" + std::to_string(pp) + " pipeline stages for only " + std::to_string(num_layers()) +
                " layers (every stage needs at least one layer)");
@@ -148,8 +146,8 @@ void Layout::keep_source_settings(const nlohmann::json& src) {
 Result<Layout> Layout::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return bad("layout must be a JSON object, got " + std::string(j.type_name()));
   if (j.contains("pipelines") && (j.contains("ep") || j.contains("etp")))
-    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) in a layout of pipelines: only the symmetric "
-                                              "form takes it (docs/MOE.md)");
+    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) for a whole layout of pipelines: give ep and etp per "
+                                              "stage (docs/MOE.md \"General layouts\")");
   if (j.contains("pipelines")) return general_from_json(j);
   if (j.contains("hetero_process_meshes")) return layout_from_flagscale(j);
   auto get_int = [&](const char* key, int64_t def, bool required, int64_t& out) -> Status {

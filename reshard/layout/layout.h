@@ -8,9 +8,10 @@
 //   meshes (consecutive stages sharing tp and device type) and FlashFlex's asymmetric pipelines are
 //   both of this form. Ranks are numbered by the same rule: stage index slowest, then pipeline,
 //   then tp rank (for s = 0, 1, ...: for every pipeline that has a stage s: its tp ranks), so a
-//   symmetric layout written in the general form gets the same ranks.
+//   symmetric layout written in the general form gets the same ranks. A stage may give its own
+//   expert parallelism (ep, etp: StageSpec); its view places the experts by the symmetric rules.
 // from_pipelines() returns the symmetric form whenever the pipelines are symmetric (same split,
-// one tp everywhere) and name no device type, so each layout has one canonical form; the
+// one tp, ep and etp everywhere) and name no device type, so each layout has one canonical form; the
 // accessors below (num_pipelines, stage_tp, rank_of, place_of_rank, stage_view...) answer for
 // both forms and are what layout-generic code uses. Code that only handles the symmetric case
 // (e.g. the Megatron export) asks as_symmetric().
@@ -31,6 +32,11 @@ struct StageSpec {
   int layers = 1;        // consecutive layers after the previous stage's
   int tp = 1;            // tensor-parallel size of this stage
   std::string device;    // device type name (cluster file); "" = not named
+  // Expert parallelism of this stage's MoE layers (docs/MOE.md "General layouts"): the stage view's
+  // ep and etp (Layout::stage_view). etp 0 = tp; from_pipelines stores etp == tp as 0.
+  int ep = 1;
+  int etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   bool operator==(const StageSpec&) const = default;
 };
 
@@ -60,18 +66,20 @@ struct Layout {
   std::vector<PipelineSpec> pipelines;   // the general form (see the top of this file); empty: symmetric
   // Expert parallelism (MoE layers; docs/MOE.md): the tp x dp ranks of a stage regrouped for the
   // experts as etp x ep x edp in Megatron-Core's order (etp fastest, then ep). ep = 1 and etp = 0
-  // (= tp): experts split as a dense MLP. Symmetric form only.
+  // (= tp): experts split as a dense MLP. Symmetric form; the general form gives them per stage
+  // (StageSpec::ep, etp; here 1 and 0) and each stage view carries its stage's.
   int ep = 1;
   int etp = 0;
-  // Set by place_in_layout on the view it gives ShardingRules::place: the pipeline (DP rank) the
-  // boxes are asked for, when they depend on it (expert parallelism); -1 otherwise. Not stored.
+  // Set by place_in_layout on the view it gives ShardingRules::place: the view's DP rank the boxes
+  // are asked for (the pipeline; 0 in a view of non-uniform pipelines, whose dp is 1), when they
+  // depend on it (expert parallelism); -1 otherwise. Not stored.
   int view_pipeline = -1;
 
   bool symmetric() const { return pipelines.empty(); }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   // True when expert tensors are not placed as dense ones (ep > 1 or etp != tp): their boxes then
-  // differ between the DP ranks of a stage.
-  bool expert_parallel() const { return ep > 1 || expert_tp() != tp; }
+  // differ between the DP ranks of a stage. General form: when some stage is.
+  bool expert_parallel() const;
   // The expert coordinates of stage-local rank r = pipeline * tp + tp_rank (symmetric form):
   // expert TP rank r % etp, expert-parallel rank (r / etp) % ep, expert data-parallel rank
   // r / (etp * ep) (Megatron-Core's order). The one definition of the store's expert boxes and
@@ -89,6 +97,8 @@ struct Layout {
   int num_stages(int pipeline) const;
   int max_stages() const;                     // the most stages of any pipeline
   int stage_tp(int pipeline, int stage) const;
+  int stage_ep(int pipeline, int stage) const;
+  int stage_expert_tp(int pipeline, int stage) const;  // etp (= tp when not given)
   int stage_layers(int pipeline, int stage) const;
   int stage_first_layer(int pipeline, int stage) const;
   std::string stage_device(int pipeline, int stage) const;
@@ -100,12 +110,13 @@ struct Layout {
   // form's (pp_rank, dp_rank, tp_rank).
   int rank_of(int stage, int pipeline, int tp_rank) const;
   RankPlace place_of_rank(int rank) const;  // rank in [0, world_size())
-  // Every pipeline holds the same layers at the same tp on each stage (device types and
-  // micro-batch sizes may differ): then stage s's TP rank t of every pipeline hold the same
-  // parameters and form a data-parallel group, as ZeRO-1 needs.
+  // Every pipeline holds the same layers at the same tp, ep and etp on each stage (device types
+  // and micro-batch sizes may differ): then stage s's TP rank t of every pipeline hold the same
+  // dense parameters and form a data-parallel group, as ZeRO-1 needs, and the stage's ranks of
+  // every pipeline share its experts.
   bool uniform_pipelines() const;
-  // The symmetric layout that places tensors for stage `stage` of `pipeline`: tp = that stage's
-  // tp, pp and stage_of_layer from that pipeline's split, dp = num_pipelines() when
+  // The symmetric layout that places tensors for stage `stage` of `pipeline`: tp, ep and etp = that
+  // stage's, pp and stage_of_layer from that pipeline's split, dp = num_pipelines() when
   // uniform_pipelines() (with every pipeline's micro-batch), else 1; zero, vocab_divisor and
   // profile kept. For a symmetric layout: *this.
   Layout stage_view(int pipeline, int stage) const;
@@ -137,6 +148,7 @@ struct Layout {
   // Symmetric: {"tp":..,"pp":..,"dp":..,"zero":..,"layers_per_stage":[..],...} (as format v1), and
   // "ep", "etp" when expert parallel.
   // General: {"pipelines":[{"micro_batch":m,"stages":[{"layers":n,"tp":t,"device":"X"},..]},..],
+  //           (a stage's "ep", "etp" when expert parallel)
   //           "zero":..,"num_layers":..,"vocab_divisor":..,"profile":..,"rank_order":"tp-dp-pp"}.
   nlohmann::json to_json() const;
   // Either form (a "pipelines" key selects the general one); FlagScale-style keys
@@ -148,7 +160,8 @@ struct Layout {
   // For a layout made from flags: takes vocab_divisor and profile from the source checkpoint's
   // layout JSON `src` where it names valid ones (flags do not set them).
   void keep_source_settings(const nlohmann::json& src);
-  // "tp=2 pp=3 [2,3,3] dp=1 zero=1"; general: "2 pipelines: mb=3 [1 tp2 A | 2 tp1 B], mb=1 [...] zero=0"
+  // "tp=2 pp=3 [2,3,3] dp=1 zero=1"; general: "2 pipelines: mb=3 [1 tp2 ep2 A | 2 tp1 B], mb=1 [...] zero=0"
+  // (a stage's "epE" and "etpX" when expert parallel, etp only when != tp)
   std::string to_string() const;
 };
 

@@ -5,7 +5,11 @@
 // type per mesh, so the tuple length is len(meshes) / len(device types). The layers of every
 // pipeline stage (in mesh order) are hetero_pipeline_layer_split. Micro-batches: micro_batch_size
 // (every pipeline) or FlagScale's hetero_micro_batch_sizes pairs [n0, mbs0, n1, mbs1, ...] (n_i
-// consecutive data-parallel ranks with micro-batch mbs_i; the sum of the n_i is dp).
+// consecutive data-parallel ranks with micro-batch mbs_i; the sum of the n_i is dp). Expert
+// parallelism: a mesh's ep, its expert tensor-parallel size from
+// expert_tensor_parallel_size_per_process_mesh (one per mesh), else expert_tensor_parallel_size,
+// else the mesh's tp (FlagScale's ParallelContext.build_all_process_meshes); every stage of the mesh
+// takes them (its experts over the mesh's tp x dp ranks, Megatron-Core's tp-ep-dp order).
 #include "reshard/layout/layout_flagscale.h"
 
 #include <limits>
@@ -41,7 +45,8 @@ Status flagscale_keys(const nlohmann::json& j) {
   static const char* const kKeys[] = {
       "hetero_process_meshes", "hetero_device_types", "hetero_pipeline_layer_split", "hetero_micro_batch_sizes",
       "hetero_current_device_type", "hetero_use_cpu_communication", "enable_hetero", "standalone_embedding_stage",
-      "micro_batch_size", "num_layers", "use_distributed_optimizer", "make_vocab_size_divisible_by", "profile"};
+      "micro_batch_size", "num_layers", "use_distributed_optimizer", "make_vocab_size_divisible_by", "profile",
+      "expert_tensor_parallel_size", "expert_tensor_parallel_size_per_process_mesh"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : kKeys) ok = ok || it.key() == k;
@@ -51,7 +56,7 @@ Status flagscale_keys(const nlohmann::json& j) {
 }
 
 struct FlagScaleMesh {
-  int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1;
+  int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1, etp = 0;  // etp 0: = tp
   std::string device;
 };
 
@@ -84,9 +89,6 @@ Result<std::vector<FlagScaleMesh>> flagscale_meshes(const nlohmann::json& j) {
     if (mesh.cp != 1)
       return Status::Unsupported(ctx + " has cp=" + std::to_string(mesh.cp) +
                                  ": context parallelism is not supported (cp must be 1)");
-    if (mesh.ep != 1)
-      return Status::Unsupported(ctx + " has ep=" + std::to_string(mesh.ep) +
-                                 ": the LLaMA model has no experts (ep must be 1)");
     if (!out.empty() && mesh.dp != out[0].dp)
       return Status::Unsupported(
           ctx + " has dp=" + std::to_string(mesh.dp) + ", process mesh 0 (" + out[0].device + ") dp=" +
@@ -94,6 +96,19 @@ Result<std::vector<FlagScaleMesh>> flagscale_meshes(const nlohmann::json& j) {
           "through every stage; FlagScale's rescaling of micro-batches between meshes of different dp is not supported)");
     out.push_back(std::move(mesh));
   }
+  std::vector<int> etps;
+  CKPT_RETURN_IF_ERROR(flagscale_ints(j, "expert_tensor_parallel_size_per_process_mesh", etps, false));
+  if (!etps.empty() && etps.size() != out.size())
+    return bad_flagscale("FlagScale layout: 'expert_tensor_parallel_size_per_process_mesh' has " + std::to_string(etps.size()) +
+                         " entries for " + std::to_string(out.size()) + " process meshes");
+  int etp = 0;
+  if (auto it = j.find("expert_tensor_parallel_size"); it != j.end() && !it->is_null()) {  // None in FlagScale: = tp
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kFlagScaleMax)
+      return bad_flagscale("FlagScale layout key 'expert_tensor_parallel_size' must be an integer in 1.." +
+                           std::to_string(kFlagScaleMax) + ", got " + it->dump());
+    etp = static_cast<int>(it->get<int64_t>());
+  }
+  for (size_t m = 0; m < out.size(); ++m) out[m].etp = etps.empty() ? etp : etps[m];
   return out;
 }
 
@@ -174,7 +189,7 @@ Result<Layout> layout_from_flagscale(const nlohmann::json& j) {
     pls[p].micro_batch = mbs[p];
     size_t s = 0;
     for (const FlagScaleMesh& m : meshes)
-      for (int k = 0; k < m.pp; ++k, ++s) pls[p].stages.push_back({split[s], m.tp, m.device});
+      for (int k = 0; k < m.pp; ++k, ++s) pls[p].stages.push_back({split[s], m.tp, m.device, m.ep, m.etp});
   }
   int64_t vd = 128;
   if (auto it = j.find("make_vocab_size_divisible_by"); it != j.end()) {

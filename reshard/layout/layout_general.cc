@@ -13,6 +13,14 @@ constexpr int kMaxGeneralParallel = 1 << 20;  // sanity bound on sizes from untr
 
 std::string where(int p, int s) { return "pipeline " + std::to_string(p) + " stage " + std::to_string(s); }
 
+// Same tp, ep and etp.
+bool same_parallel(const StageSpec& a, const StageSpec& b) {
+  return a.tp == b.tp && a.ep == b.ep && a.expert_tp() == b.expert_tp();
+}
+
+// What uniform_pipelines compares stage by stage: layers, tp, ep, etp.
+bool same_stage_shape(const StageSpec& a, const StageSpec& b) { return a.layers == b.layers && same_parallel(a, b); }
+
 }  // namespace
 
 // ---- accessors (both forms) ----
@@ -33,6 +41,24 @@ int Layout::max_stages() const {
 int Layout::stage_tp(int p, int s) const {
   if (symmetric()) return tp;
   return pipelines.at(static_cast<size_t>(p)).stages.at(static_cast<size_t>(s)).tp;
+}
+
+int Layout::stage_ep(int p, int s) const {
+  if (symmetric()) return ep;
+  return pipelines.at(static_cast<size_t>(p)).stages.at(static_cast<size_t>(s)).ep;
+}
+
+int Layout::stage_expert_tp(int p, int s) const {
+  if (symmetric()) return expert_tp();
+  return pipelines.at(static_cast<size_t>(p)).stages.at(static_cast<size_t>(s)).expert_tp();
+}
+
+bool Layout::expert_parallel() const {
+  if (symmetric()) return ep > 1 || expert_tp() != tp;
+  for (const PipelineSpec& pl : pipelines)
+    for (const StageSpec& st : pl.stages)
+      if (st.ep > 1 || st.expert_tp() != st.tp) return true;
+  return false;
 }
 
 int Layout::stage_layers(int p, int s) const {
@@ -112,8 +138,7 @@ bool Layout::uniform_pipelines() const {
   for (const PipelineSpec& pl : pipelines) {
     if (pl.stages.size() != pipelines[0].stages.size()) return false;
     for (size_t s = 0; s < pl.stages.size(); ++s)
-      if (pl.stages[s].layers != pipelines[0].stages[s].layers || pl.stages[s].tp != pipelines[0].stages[s].tp)
-        return false;
+      if (!same_stage_shape(pl.stages[s], pipelines[0].stages[s])) return false;
   }
   return true;
 }
@@ -122,6 +147,8 @@ Layout Layout::stage_view(int p, int s) const {
   if (symmetric()) return *this;
   Layout v;
   v.tp = stage_tp(p, s);
+  v.ep = stage_ep(p, s);
+  v.etp = pipelines.at(static_cast<size_t>(p)).stages.at(static_cast<size_t>(s)).etp;
   v.pp = num_stages(p);
   const bool uniform = uniform_pipelines();
   v.dp = uniform ? num_pipelines() : 1;
@@ -139,11 +166,11 @@ Layout Layout::stage_view(int p, int s) const {
 Result<Layout> Layout::as_symmetric(const std::string& what) const {
   if (symmetric()) return *this;
   bool same_tp = true;
-  for (int p = 0; p < num_pipelines(); ++p)
-    for (int s = 0; s < num_stages(p); ++s) same_tp = same_tp && stage_tp(p, s) == stage_tp(0, 0);
+  for (const PipelineSpec& pl : pipelines)
+    for (const StageSpec& st : pl.stages) same_tp = same_tp && same_parallel(st, pipelines[0].stages[0]);
   if (!uniform_pipelines() || !same_tp)
-    return Status::Unsupported(what + " needs a symmetric layout (one tp for every stage, one stage split for every "
-                                      "pipeline), got " + to_string());
+    return Status::Unsupported(what + " needs a symmetric layout (one tp, ep and etp for every stage, one stage split "
+                                      "for every pipeline), got " + to_string());
   return stage_view(0, 0);
 }
 
@@ -163,12 +190,15 @@ Result<Layout> Layout::from_pipelines(std::vector<PipelineSpec> pls, int zero, i
   l.vocab_divisor = vocab_divisor;
   l.profile = profile;
   l.pipelines = std::move(pls);
+  for (PipelineSpec& pl : l.pipelines)
+    for (StageSpec& st : pl.stages)
+      if (st.etp == st.tp) st.etp = 0;  // one form for "etp = tp"
   CKPT_RETURN_IF_ERROR(validate_general(l));
   bool named = false, same_tp = true;
   for (const PipelineSpec& pl : l.pipelines)
     for (const StageSpec& st : pl.stages) {
       named = named || !st.device.empty();
-      same_tp = same_tp && st.tp == l.pipelines[0].stages[0].tp;
+      same_tp = same_tp && same_parallel(st, l.pipelines[0].stages[0]);
     }
   if (!named && same_tp && l.uniform_pipelines()) {
     Layout sym = l.stage_view(0, 0);
@@ -186,8 +216,8 @@ Result<Layout> Layout::from_pipelines(std::vector<PipelineSpec> pls, int zero, i
 Status validate_general(const Layout& l) {
   if (l.pipelines.empty()) return bad_general("a layout needs at least one pipeline");
   if (l.ep != 1 || l.etp != 0)
-    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) in a layout of pipelines: only the symmetric form "
-                                              "(--tp --pp --dp --ep --etp) takes it (docs/MOE.md)");
+    return Status::Error("LayoutUnsupported", "expert parallelism (ep, etp) for a whole layout of pipelines: give ep and etp per "
+                                              "stage (docs/MOE.md \"General layouts\")");
   if (l.pipelines.size() > static_cast<size_t>(kMaxGeneralParallel)) return bad_general("too many pipelines");
   if (l.zero != 0 && l.zero != 1) return bad_general("zero must be 0 or 1, got " + std::to_string(l.zero));
   if (l.vocab_divisor < 1) return bad_general("vocab_divisor must be >= 1, got " + std::to_string(l.vocab_divisor));
@@ -208,6 +238,9 @@ Status validate_general(const Layout& l) {
         return bad_general(where(pi, si) + " holds " + std::to_string(st.layers) + " layers; every stage needs at least one");
       if (st.tp < 1 || st.tp > kMaxGeneralParallel)
         return bad_general(where(pi, si) + " has tp " + std::to_string(st.tp) + ", expected 1.." + std::to_string(kMaxGeneralParallel));
+      if (st.ep < 1 || st.etp < 0 || st.ep > kMaxGeneralParallel || st.etp > kMaxGeneralParallel)
+        return bad_general(where(pi, si) + " has ep " + std::to_string(st.ep) + " and etp " + std::to_string(st.etp) +
+                           ", expected ep >= 1 and etp >= 0 (0: = tp)");
       layers += st.layers;
       world += st.tp;
     }
@@ -224,18 +257,36 @@ Status validate_general(const Layout& l) {
       const auto& b = l.pipelines[p].stages;
       for (size_t s = 0; s < std::max(a.size(), b.size()); ++s) {
         auto desc = [&](const std::vector<StageSpec>& v) {
-          return s < v.size() ? std::to_string(v[s].layers) + " layers at tp " + std::to_string(v[s].tp)
-                              : std::string("nothing");
+          if (s >= v.size()) return std::string("nothing");
+          const StageSpec& st = v[s];
+          const bool experts = st.ep > 1 || st.expert_tp() != st.tp;
+          return std::to_string(st.layers) + " layers at tp " + std::to_string(st.tp) +
+                 (experts ? " ep " + std::to_string(st.ep) + " etp " + std::to_string(st.expert_tp()) : "");
         };
-        if (s >= a.size() || s >= b.size() || a[s].layers != b[s].layers || a[s].tp != b[s].tp)
-          return bad_general("zero=1 needs every pipeline to hold the same layers at the same tp on each stage (ZeRO-1 shards "
-                     "the optimizer state over data-parallel peers holding the same parameters): stage " +
+        if (s >= a.size() || s >= b.size() || !same_stage_shape(a[s], b[s]))
+          return bad_general("zero=1 needs every pipeline to hold the same layers at the same tp, ep and etp on each stage "
+                     "(ZeRO-1 shards the optimizer state over data-parallel peers holding the same parameters): stage " +
                      std::to_string(s) + " of pipeline 0 holds " + desc(a) + ", of pipeline " + std::to_string(p) +
                      " " + desc(b));
       }
     }
   }
+  // Each stage's experts spread over the ranks of its view: tp x pipelines when uniform, else tp.
+  const int64_t view_dp = l.uniform_pipelines() ? static_cast<int64_t>(l.pipelines.size()) : 1;
+  for (size_t p = 0; p < l.pipelines.size(); ++p)
+    for (size_t s = 0; s < l.pipelines[p].stages.size(); ++s) {
+      const StageSpec& st = l.pipelines[p].stages[s];
+      CKPT_RETURN_IF_ERROR(check_expert_group(st.tp, view_dp, st.ep, st.expert_tp(),
+                                              where(static_cast<int>(p), static_cast<int>(s)) + ": "));
+    }
   return Status::Ok();
+}
+
+Status check_expert_group(int64_t tp, int64_t dp, int64_t ep, int64_t etp, const std::string& ctx) {
+  if ((tp * dp) % (ep * etp) == 0) return Status::Ok();
+  return bad_general(ctx + "ep=" + std::to_string(ep) + " x etp=" + std::to_string(etp) + " does not divide the " +
+                     std::to_string(tp * dp) + " ranks " + (ctx.empty() ? "of a stage" : "holding its experts") + " (tp=" +
+                     std::to_string(tp) + " x dp=" + std::to_string(dp) + ")");
 }
 
 nlohmann::json general_to_json(const Layout& l) {
@@ -244,6 +295,10 @@ nlohmann::json general_to_json(const Layout& l) {
     nlohmann::json stages = nlohmann::json::array();
     for (const StageSpec& st : pl.stages) {
       nlohmann::json sj = {{"layers", st.layers}, {"tp", st.tp}};
+      if (st.ep > 1 || st.expert_tp() != st.tp) {
+        sj["ep"] = st.ep;
+        sj["etp"] = st.expert_tp();
+      }
       if (!st.device.empty()) sj["device"] = st.device;
       stages.push_back(sj);
     }
@@ -275,9 +330,9 @@ Status known_keys(const nlohmann::json& j, std::initializer_list<const char*> ke
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool ok = false;
     for (const char* k : keys) ok = ok || it.key() == k;
-    if (!ok && (it.key() == "ep" || it.key() == "etp"))  // per-stage expert parallelism: docs/MOE.md "Layouts"
-      return Status::Error("LayoutUnsupported", ctx + " gives '" + it.key() + "': expert parallelism per stage or pipeline is "
-                                                "not supported; only the symmetric form (--tp --pp --dp --ep --etp) takes it (docs/MOE.md)");
+    if (!ok && (it.key() == "ep" || it.key() == "etp"))  // expert parallelism is per stage: docs/MOE.md "General layouts"
+      return Status::Error("LayoutUnsupported", ctx + " gives '" + it.key() + "': expert parallelism for a whole " + ctx.substr(0, ctx.find(' ')) +
+                                                    " is not supported; give ep and etp per stage (docs/MOE.md \"General layouts\")");
     if (!ok) return bad_general(ctx + " has an unknown key '" + it.key() + "'");
   }
   return Status::Ok();
@@ -308,13 +363,17 @@ Result<Layout> general_from_json(const nlohmann::json& j) {
       const std::string sctx = where(static_cast<int>(p), static_cast<int>(s));
       const nlohmann::json& sj = (*sit)[s];
       if (!sj.is_object()) return bad_general(sctx + " must be an object {\"layers\": n, \"tp\": t, \"device\": \"X\"}");
-      CKPT_RETURN_IF_ERROR(known_keys(sj, {"layers", "tp", "device"}, sctx));
+      CKPT_RETURN_IF_ERROR(known_keys(sj, {"layers", "tp", "ep", "etp", "device"}, sctx));
       StageSpec st;
       int64_t v;
       CKPT_RETURN_IF_ERROR(int_field(sj, "layers", sctx, 1, true, 1, kMaxGeneralParallel, v));
       st.layers = static_cast<int>(v);
       CKPT_RETURN_IF_ERROR(int_field(sj, "tp", sctx, 1, false, 1, kMaxGeneralParallel, v));
       st.tp = static_cast<int>(v);
+      CKPT_RETURN_IF_ERROR(int_field(sj, "ep", sctx, 1, false, 1, kMaxGeneralParallel, v));
+      st.ep = static_cast<int>(v);
+      CKPT_RETURN_IF_ERROR(int_field(sj, "etp", sctx, 0, false, 1, kMaxGeneralParallel, v));
+      st.etp = static_cast<int>(v);
       if (auto d = sj.find("device"); d != sj.end()) {
         if (!d->is_string() || d->get<std::string>().size() > 256)
           return bad_general(sctx + " key 'device' must be a string (at most 256 bytes)");
@@ -349,6 +408,8 @@ std::string general_to_string(const Layout& l) {
     for (size_t k = 0; k < pl.stages.size(); ++k) {
       const StageSpec& st = pl.stages[k];
       s += (k ? " | " : "") + std::to_string(st.layers) + " tp" + std::to_string(st.tp);
+      if (st.ep > 1) s += " ep" + std::to_string(st.ep);
+      if (st.expert_tp() != st.tp) s += " etp" + std::to_string(st.expert_tp());
       if (!st.device.empty()) s += " " + st.device;
     }
     s += "]";

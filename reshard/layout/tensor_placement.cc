@@ -16,10 +16,12 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
                                                     const ShardingRules& rules) {
   std::vector<StagePlacement> out;
   for (int p = 0; p < layout.num_pipelines(); ++p) {
-    // Which stages hold the tensor does not depend on tp: ask stage 0's view, then each holding
-    // stage's own view for its boxes.
+    // Which stages hold the tensor does not depend on tp, ep or etp: ask stage 0's view, then each
+    // holding stage's own view for its boxes. Expert tensors' boxes depend on the view's DP rank
+    // (Layout::expert_parallel): the pipeline, or 0 in a view of non-uniform pipelines (dp 1).
     Layout v0 = layout.stage_view(p, 0);
-    v0.view_pipeline = p;  // expert tensors' boxes depend on it (Layout::expert_parallel)
+    const int view_dp_rank = v0.dp == 1 ? 0 : p;
+    v0.view_pipeline = view_dp_rank;
     auto first = rules.place(t, v0);
     if (!first.ok()) return first.take_status().with_tensor(t.name);
     std::vector<int> stages = first->stages;
@@ -30,11 +32,12 @@ Result<std::vector<StagePlacement>> place_in_layout(const TensorMeta& t, const L
       if (s < 0 || s >= layout.num_stages(p))
         return bad_stage_placement(t, "stage " + std::to_string(s) + " outside 0.." + std::to_string(layout.num_stages(p) - 1));
       TensorPlacement pl;
-      if (layout.stage_tp(p, s) == v0.tp) {
+      if (layout.stage_tp(p, s) == v0.tp && layout.stage_ep(p, s) == v0.ep &&
+          layout.stage_expert_tp(p, s) == v0.expert_tp()) {
         pl = *first;
       } else {
         Layout vs = layout.stage_view(p, s);
-        vs.view_pipeline = p;
+        vs.view_pipeline = view_dp_rank;
         auto r = rules.place(t, vs);
         if (!r.ok()) return r.take_status().with_tensor(t.name);
         pl = std::move(r).value();

@@ -1,7 +1,8 @@
 // Where a tensor lives under any Layout (symmetric or general form): every (pipeline, stage)
 // holding it, with the box of each of that stage's TP ranks. The model knowledge stays in
 // ShardingRules: each stage is placed under Layout::stage_view (a symmetric layout with that
-// stage's tp and its pipeline's split), so the rules never see the general form. The planner
+// stage's tp, ep, etp and its pipeline's split), so the rules never see the general form, and a
+// stage's experts follow the symmetric expert rules over its view's ranks. The planner
 // (which ranks store what), rank_view (what a rank holds) and the trainer's replica sums all
 // start here. Pure functions; thread safe.
 #pragma once

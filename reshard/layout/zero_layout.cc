@@ -134,12 +134,14 @@ Result<ZeroBuffer> zero_buffer(const std::vector<TensorMeta>& tensors, const Lay
   std::vector<TensorPlacement> pls(tensors.size());
   std::vector<std::string> kind_of(tensors.size());
   std::vector<const std::vector<Box>*> boxes(tensors.size(), nullptr);
+  Layout asked = layout;  // expert tensors' boxes need a DP rank; this dense buffer leaves them out anyway
+  if (asked.view_pipeline < 0) asked.view_pipeline = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (zero_kind(tensors[i].name) != kind) continue;
-    auto p = rules.place(tensors[i], layout);
+    auto p = rules.place(tensors[i], asked);
     if (!p.ok()) return p.take_status().with_tensor(tensors[i].name);
     pls[i] = std::move(p).value();
-    if (!pls[i].optimizer_state) continue;
+    if (!pls[i].optimizer_state || pls[i].expert) continue;  // experts of an EP layout: zero_buffers' expert buffers
     if (pls[i].tp_boxes.size() != static_cast<size_t>(layout.tp))
       return Status::Internal("sharding rules gave " + std::to_string(pls[i].tp_boxes.size()) + " TP boxes for '" +
                               tensors[i].name + "' under tp=" + std::to_string(layout.tp))

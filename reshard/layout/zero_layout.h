@@ -4,9 +4,10 @@
 // optimizer tensors of that kind, in tensor-list order, flattened row-major and concatenated,
 // zero-padded at the end to a multiple of kZeroPadElements * dp, split evenly over the DP ranks:
 // DP rank d holds [d*S, (d+1)*S), S = padded / dp.
-// General layouts (reshard/layout/layout.h): ZeRO-1 needs uniform_pipelines(), so stage s has one tp
-// (which may differ from other stages') in every pipeline; its buffers are those of
-// layout.stage_view(0, s) (dp = num_pipelines()), and DP rank d is pipeline d.
+// General layouts (reshard/layout/layout.h): ZeRO-1 needs uniform_pipelines(), so stage s has one tp,
+// ep and etp (which may differ from other stages') in every pipeline; its buffers are those of
+// layout.stage_view(0, s) (dp = num_pipelines()), and DP rank d is pipeline d; its expert buffers
+// group the stage's ranks of every pipeline by the expert boxes the stage's view gives them.
 // Pure functions over values; thread safe.
 #pragma once
 
@@ -74,8 +75,9 @@ Result<std::vector<ZeroBuffer>> zero_buffers(const std::vector<TensorMeta>& tens
                                              const std::vector<std::vector<StagePlacement>>& placed,
                                              const Layout& layout);
 
-// The buffer of one (stage, TP rank, kind), placing the tensors with `rules` (errors name the
-// tensor). A buffer with no tensors comes back with no segments and total 0. `layout` may be the
+// The dense buffer of one (stage, TP rank, kind), placing the tensors with `rules` (errors name the
+// tensor); expert tensors of an expert-parallel layout (or view) are left out, as zero_buffers
+// keeps them in its expert buffers. A buffer with no tensors comes back with no segments and total 0. `layout` may be the
 // general form (with uniform pipelines; its stage_view(0, stage) is used) or any stage view of it,
 // layout.stage_view(p, stage): the result equals zero_buffers(...)'s buffer of (stage, tp_rank,
 // kind).

@@ -77,8 +77,9 @@ TEST(LayoutFlagScale, RefusesWhatCkptCannotRunNamingTheProblem) {
   EXPECT_TRUE(has(e, "Unsupported") && has(e, "process mesh 1 (B) has dp=1") && has(e, "mesh 0 (A) dp=2")) << e;
   e = err(R"({"hetero_process_meshes": [1,2,1,1], "hetero_device_types": ["A"], "hetero_pipeline_layer_split": [2]})");
   EXPECT_TRUE(has(e, "cp=2")) << e;
+  // A mesh's ep takes its tp x dp ranks (tests/reshard/layout_experts_test.cc): ep 2 does not fit 1 x 1.
   e = err(R"({"hetero_process_meshes": [1,1,2,1,1], "hetero_device_types": ["A"], "hetero_pipeline_layer_split": [2]})");
-  EXPECT_TRUE(has(e, "ep=2")) << e;
+  EXPECT_TRUE(has(e, "BadLayout") && has(e, "ep=2 x etp=1 does not divide the 1 ranks")) << e;
   e = err(R"({"hetero_process_meshes": [1,1,1], "hetero_device_types": ["A"], "hetero_pipeline_layer_split": [2]})");
   EXPECT_TRUE(has(e, "BadLayout") && has(e, "3 entries for 1 device types")) << e;
   e = err(R"({"hetero_process_meshes": [1,1,1,2], "hetero_device_types": ["A"], "hetero_pipeline_layer_split": [2]})");
