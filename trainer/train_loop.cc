@@ -60,14 +60,15 @@ Status check_options(const TrainOptions& o) {
 Status check_moe_layout(const LlamaConfig& c, const Layout& l) {
   if (!c.moe) return Status::Ok();
   const std::string model = std::string("a ") + model_type_name(c.family) + " model (" + std::to_string(c.moe->num_experts) + " experts)";
-  if (l.expert_parallel()) return Status::Ok();  // trainer/model/moe_dispatch.h
   for (int p = 0; p < l.num_pipelines(); ++p)
-    for (int s = 0; s < l.num_stages(p); ++s)
+    for (int s = 0; s < l.num_stages(p); ++s) {
+      if (l.stage_view(p, s).expert_parallel()) continue;  // trainer/model/moe_dispatch.h
       for (int i = l.stage_first_layer(p, s); l.stage_tp(p, s) > 1 && i < l.stage_first_layer(p, s) + l.stage_layers(p, s); ++i)
         if (c.moe->is_moe_layer(i))
           return Status::Error("LayoutRefused", model + ": tp=" + std::to_string(l.stage_tp(p, s)) + " on the stage holding MoE layer " +
                                                     std::to_string(i) + "; without expert parallelism (--ep, --etp) the trainer's "
                                                     "MoE layers run at tp=1, tp > 1 only on stages of dense layers");
+    }
   return Status::Ok();
 }
 

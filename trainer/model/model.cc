@@ -139,8 +139,9 @@ Result<Model<T>> Model<T>::build(const LlamaConfig& c, int64_t begin, int64_t en
   auto box_of = [&](const std::string& name, const Shape& shape) -> Result<Box> {
     if (experts) {  // expert boxes depend on the pipeline: the placement of this (pipeline, stage)
       CKPT_ASSIGN_OR_RETURN(auto places, place_in_layout(TensorMeta{name, DType::kF32, shape}, shard->layout, rules));
+      const int view_pipeline = shard->layout.dp == 1 ? 0 : shard->dp_rank;  // the view's (non-uniform: dp 1)
       for (const StagePlacement& sp : places)
-        if (sp.expert && sp.pipeline == shard->dp_rank && sp.stage == shard->pp_rank)
+        if (sp.expert && sp.pipeline == view_pipeline && sp.stage == shard->pp_rank)
           return sp.tp_boxes.at(static_cast<size_t>(shard->tp_rank));
     }
     if (!tp) return Box::whole(shape);
@@ -231,11 +232,12 @@ double Model<T>::take_router_load() {
 
 template <class T>
 std::vector<double> Model<T>::take_router_counts() {
-  std::vector<double> out;
-  for (auto& l : layers_)
-    if (l.is_moe()) {
-      const std::vector<double> c = l.moe.take_counts();
-      out.insert(out.end(), c.begin(), c.end());
+  const size_t E = cfg_.moe ? static_cast<size_t>(cfg_.moe->num_experts) : 0;
+  std::vector<double> out(static_cast<size_t>(cfg_.num_hidden_layers) * E, 0.0);
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i].is_moe()) {
+      const std::vector<double> c = layers_[i].moe.take_counts();
+      std::copy(c.begin(), c.end(), out.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(layer_begin_) + i) * E));
     }
   return out;
 }

@@ -100,8 +100,9 @@ class Model {
   // MoE: the router's load since the last call, max / mean tokens per expert of the most
   // unbalanced MoE layer (0 for a dense model); restarts the count.
   double take_router_load();
-  // Expert parallel (else empty / 0): the tokens per expert of every MoE layer since the last
-  // call ([MoE layers * E], this rank's own tokens; restarts the count), and the seconds spent in
+  // The tokens per expert of every layer since the last call ([num_hidden_layers * E], by global
+  // layer, zero outside this stage's MoE layers; this rank's own tokens; restarts the count), and
+  // (expert parallel, else 0) the seconds spent in
   // the MoE dispatch / combine collectives since the last call.
   std::vector<double> take_router_counts();
   double take_a2a_s() { return tp_.experts ? tp_.experts->take_a2a_s() : 0.0; }

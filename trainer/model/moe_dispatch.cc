@@ -5,33 +5,48 @@
 
 namespace ckpt::trainer {
 
-Result<ExpertGroups> ExpertGroups::make(Comm& world, const Layout& layout, int pp_rank, int dp_rank, int tp_rank,
-                                        Comm* tp) {
-  if (!layout.symmetric())
-    return Status::Error("LayoutUnsupported", "expert parallelism in the trainer needs a symmetric layout, got " +
-                                                  layout.to_string());
-  ExpertGroups g;
-  g.coord = layout.expert_coord(dp_rank, tp_rank);
-  g.etp_size = layout.expert_tp();
-  g.ep_size = layout.ep;
-  g.edp_size = layout.tp * layout.dp / (g.etp_size * g.ep_size);
-  g.tp = tp;
-  const Layout::ExpertCoord& c = g.coord;
-  // Colours unique per (stage, the two other coordinates); keys the group's own coordinate.
-  const int s = pp_rank;
-  CKPT_ASSIGN_OR_RETURN(g.ep, world.split((s * g.edp_size + c.edp) * g.etp_size + c.etp, c.ep));
-  CKPT_ASSIGN_OR_RETURN(g.etp, world.split((s * g.edp_size + c.edp) * g.ep_size + c.ep, c.etp));
-  if (g.ep.size() != g.ep_size || g.etp.size() != g.etp_size)
-    return Status::Internal("expert groups of " + layout.to_string() + ": sizes " + std::to_string(g.ep.size()) + "/" +
-                            std::to_string(g.etp.size()));
+namespace {
+
+// The world rank of stage-local rank r (= view pipeline * tp + tp rank) of stage `stage` of
+// `view`, the stage view of (pipeline, stage): a view of non-uniform pipelines (dp 1) is the
+// pipeline's own ranks, else the view's pipelines are the layout's.
+int expert_member_rank(const Layout& layout, const Layout& view, int pipeline, int stage, int r) {
+  return layout.rank_of(stage, view.dp == 1 ? pipeline : r / view.tp, r % view.tp);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ExpertGroups>> ExpertGroups::make(Comm& world, const Layout& layout, int pipeline, int stage,
+                                                         int tp_rank, Comm* tp) {
+  // Both forms: the groups of the rank's stage view (the store's expert boxes, Layout::stage_view).
+  const Layout view = layout.stage_view(pipeline, stage);
+  if (!view.expert_parallel()) {  // a stage without expert parallelism: still takes part in both splits
+    CKPT_ASSIGN_OR_RETURN(Comm a, world.split(world.rank(), 0));
+    CKPT_ASSIGN_OR_RETURN(Comm b, world.split(world.rank(), 0));
+    return std::unique_ptr<ExpertGroups>();
+  }
+  auto g = std::make_unique<ExpertGroups>();
+  g->coord = view.expert_coord(view.dp == 1 ? 0 : pipeline, tp_rank);
+  g->etp_size = view.expert_tp();
+  g->ep_size = view.ep;
+  g->edp_size = view.tp * view.dp / (g->etp_size * g->ep_size);
+  g->tp = tp;
+  const Layout::ExpertCoord& c = g->coord;
+  // Colours: the world rank of the group's first member (unique over the world); keys: the group's
+  // own coordinate.
+  const int ep0 = c.edp * g->etp_size * g->ep_size + c.etp, etp0 = (c.edp * g->ep_size + c.ep) * g->etp_size;
+  CKPT_ASSIGN_OR_RETURN(g->ep, world.split(expert_member_rank(layout, view, pipeline, stage, ep0), c.ep));
+  CKPT_ASSIGN_OR_RETURN(g->etp, world.split(expert_member_rank(layout, view, pipeline, stage, etp0), c.etp));
+  if (g->ep.size() != g->ep_size || g->etp.size() != g->etp_size)
+    return Status::Internal("expert groups of " + layout.to_string() + ": sizes " + std::to_string(g->ep.size()) + "/" +
+                            std::to_string(g->etp.size()));
   return g;
 }
 
 Result<std::unique_ptr<ExpertGroups>> ExpertGroups::make_if_expert_parallel(Comm& world, const Layout& layout, bool moe,
                                                                              LayoutGroups& g) {
   if (!moe || !layout.expert_parallel()) return std::unique_ptr<ExpertGroups>();
-  CKPT_ASSIGN_OR_RETURN(ExpertGroups eg, make(world, layout, g.pp_rank, g.dp_rank, g.tp_rank, &g.tp));
-  return std::make_unique<ExpertGroups>(std::move(eg));
+  return make(world, layout, g.dp_rank, g.pp_rank, g.tp_rank, &g.tp);
 }
 
 Status exchange_counts(Comm& c, const std::vector<int64_t>& send, int64_t m, std::vector<int64_t>* recv) {

@@ -1,6 +1,6 @@
 // Expert parallelism of the MoE MLP (docs/MOE.md "Expert parallelism in the trainer"): the groups
 // of a rank and the collectives that move routed rows between them.
-// Groups (symmetric layouts): the tp x dp ranks of a pipeline stage regrouped as etp x ep x edp by
+// Groups (both layout forms, from the rank's stage view): the tp x dp ranks of a stage view regrouped as etp x ep x edp by
 // Layout::expert_coord (the store's definition of the expert boxes):
 //   ep  group: same stage, etp and edp rank; ordered by ep rank (the all-to-all of the rows)
 //   etp group: same stage, ep and edp rank; ordered by etp rank (the gather / reduce-scatter of
@@ -35,9 +35,13 @@ struct ExpertGroups {
     return s;
   }
 
-  // Collective over `world` (every rank calls it with the same symmetric, expert-parallel layout):
-  // the groups of rank (pp_rank, dp_rank, tp_rank). tp: the stage's TP group.
-  static Result<ExpertGroups> make(Comm& world, const Layout& layout, int pp_rank, int dp_rank, int tp_rank, Comm* tp);
+  // Collective over `world` (every rank calls it with the same expert-parallel layout, either
+  // form): the groups of rank (pipeline, stage, tp_rank) from its stage view
+  // (Layout::stage_view: the stage's tp, ep, etp; its experts over the stage's ranks of every
+  // pipeline when the pipelines are uniform, else over the pipeline's own tp ranks); null when
+  // the rank's stage is not expert parallel. tp: the stage's TP group.
+  static Result<std::unique_ptr<ExpertGroups>> make(Comm& world, const Layout& layout, int pipeline, int stage,
+                                                    int tp_rank, Comm* tp);
   // make() for an MoE model (`moe`) under an expert-parallel layout, else null (the groups: g's).
   static Result<std::unique_ptr<ExpertGroups>> make_if_expert_parallel(Comm& world, const Layout& layout, bool moe,
                                                                        LayoutGroups& g);

@@ -141,12 +141,11 @@ Status ParallelOptimizer<T>::find_expert_buffer(Model<T>& model, const std::vect
     const auto at = std::find(b.members.begin(), b.members.end(), me);
     if (at == b.members.end()) continue;
     expert_.d = static_cast<int>(at - b.members.begin());
-    color = pp_rank_ * layout_.tp * layout_.dp + b.members[0].first * layout_.tp + b.members[0].second;
+    color = layout_.rank_of(pp_rank_, b.members[0].first, b.members[0].second);  // the first member's world rank
     expert_.buf = std::move(b);
   }
   if (!world) return Status::Ok();
-  const int stage_ranks = layout_.tp * layout_.dp * layout_.pp;
-  CKPT_ASSIGN_OR_RETURN(Comm c, world->split(color >= 0 ? color : stage_ranks + world->rank(), expert_.d));
+  CKPT_ASSIGN_OR_RETURN(Comm c, world->split(color >= 0 ? color : layout_.world_size() + world->rank(), expert_.d));
   edp_ = std::make_shared<Comm>(std::move(c));
   return Status::Ok();
 }
