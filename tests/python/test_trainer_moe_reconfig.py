@@ -9,7 +9,9 @@ checkpoint shows B's expert layout in `ckpt inspect --json`.
 Model: a tiny Mixtral (4 experts, top-2, 2 layers, a vocabulary above the byte tokenizer's).
 Every layout runs the same micro-batches (3 sequences of 8 tokens, 12 per step): the
 load-balancing loss is per micro-batch, so the layouts agree only on one partition.
-Transitions: ep4 -> ep2 x tp2 (etp 1) -> pp2 x ep2; one process -> ep4 ZeRO-1 -> ep2; and an HF import (transformers
+Transitions: ep4 -> ep2 x tp2 (etp 1) -> pp2 x ep2 -> one process; one process -> ep4 ZeRO-1 -> ep2; a general
+layout with per-stage ep (two pipelines [tp2 ep2 etp1 | tp1] and [tp1 | tp2 ep2 etp1]) -> ep2 x tp2, and ep4 ZeRO-1
+-> that general layout; and an HF import (transformers
 saves a seeded Mixtral, test_trainer_moe_cli's; `ckpt from-hf`, then `ckpt train --init`): one
 process vs ep2 from the same import to step 10, then ep2's step-10 checkpoint resumed on ep2 x tp2.
 """
@@ -21,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from mpi_ranks import MPIRUN, SKIP_REASON  # noqa: E402
-from trainer_runs import (MID, STEPS, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
+from trainer_runs import (MID, STEPS, Gen, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
                           log, step_dir, step_lines)
 
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
@@ -37,11 +39,19 @@ LAYOUTS = {
     "ep2_tp2": Sym(2, ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batch", 3, "--grad-accum", 4]),
     "ep4_zero1": Sym(4, ["--dp", 4, "--ep", 4, "--zero", 1, "--micro-batch", 3]),
     "pp2_ep2": Sym(4, ["--pp", 2, "--dp", 2, "--ep", 2, "--micro-batch", 3, "--grad-accum", 2]),
+    # a general layout with per-stage ep (docs/MOE.md "General layouts"): pipelines A [tp2 ep2 etp1 | tp1],
+    # B [tp1 | tp2 ep2 etp1] (non-uniform: each expert-parallel stage's experts over its own tp ranks)
+    "gen_ep": Gen([{"micro_batch": 3, "stages": [{"layers": 1, "tp": 2, "ep": 2, "etp": 1}, {"layers": 1, "tp": 1}]},
+                   {"micro_batch": 3, "stages": [{"layers": 1, "tp": 1}, {"layers": 1, "tp": 2, "ep": 2, "etp": 1}]}],
+                  grad_accum=2),
 }
 PAIRS = [("ep4", "ep2_tp2", "fewer expert ranks, experts over TP ranks"),
          ("one", "ep4_zero1", "one process -> ep4 with ZeRO-1 expert buffers"),
          ("ep4_zero1", "ep2", "ZeRO-1 expert buffers -> replicated state, fewer ranks"),
-         ("ep2_tp2", "pp2_ep2", "experts over TP ranks -> two pipeline stages, experts over DP ranks")]
+         ("ep2_tp2", "pp2_ep2", "experts over TP ranks -> two pipeline stages, experts over DP ranks"),
+         ("pp2_ep2", "one", "ep2 x pp2 -> one process"),
+         ("gen_ep", "ep2_tp2", "general layout with per-stage ep -> symmetric ep2 x tp2"),
+         ("ep4_zero1", "gen_ep", "ZeRO-1 expert buffers -> general layout with per-stage ep")]
 EXPECTED = {"ep2": (1, 2, 2, 1, 0), "ep4": (1, 4, 4, 1, 0), "ep2_tp2": (2, 1, 2, 1, 0), "ep4_zero1": (1, 4, 4, 1, 1),
             "pp2_ep2": (1, 2, 2, 1, 0)}
 
