@@ -50,6 +50,17 @@ def test_general_layout_with_ep_is_unsupported(tmp_path):
     assert p.returncode != 0 and "LayoutUnsupported" in p.stderr, p.stderr[-3000:]
 
 
+def test_general_layout_stage_without_ep_at_tp2_is_refused(tmp_path):
+    """Per-stage ep (docs/MOE.md "The trainer on these layouts"): stage 0 expert parallel, stage 1 at tp 2
+    without ep holding MoE layer 1: LayoutRefused naming the layer, on every rank before any step."""
+    lay = tmp_path / "layout.json"
+    lay.write_text(json.dumps({"pipelines": [{"micro_batch": 1, "stages": [{"layers": 1, "tp": 2, "ep": 2, "etp": 1},
+                                                                            {"layers": 1, "tp": 2}]}], "zero": 0}))
+    p = _train(tmp_path, MIXTRAL, 4, "--layout", lay)
+    assert p.returncode != 0 and "LayoutRefused" in p.stderr and "MoE layer 1" in p.stderr, p.stderr[-3000:]
+    assert "step      1" not in p.stdout
+
+
 def test_step_line_and_log_of_an_expert_parallel_run(tmp_path):
     """From a layout file with "ep" / "etp" (ZeRO-1): the step line, train_log.jsonl, the checkpoint's layout."""
     out, lay = tmp_path / "run", tmp_path / "layout.json"
