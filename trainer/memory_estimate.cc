@@ -104,7 +104,7 @@ ActBytes activation_bytes(const MemoryInputs& in, const RankPlace& place, int64_
   const int64_t attn = 3 * n * D + 2 * n + 2 * n * Ql + 2 * n * KVl + b * Hl * S * S;
   int64_t layers = 0;
   for (int64_t i = l.stage_first_layer(p, s); i < l.stage_first_layer(p, s) + L; ++i)
-    layers += attn + (c.moe && c.moe->is_moe_layer(i) ? moe_layer_acts(c, tp, l.expert_tp() == l.tp ? tp : l.expert_tp(), n) : 3 * n * Fl);
+    layers += attn + (c.moe && c.moe->is_moe_layer(i) ? moe_layer_acts(c, tp, l.stage_expert_tp(p, s), n) : 3 * n * Fl);
   ActBytes a;
   a.per_slot = kF * u(layers + (last ? L + 1 : L) * n * D);
   if (first) a.per_slot += kI * u(n);

@@ -5,7 +5,8 @@
 // - weights and gradients: the rank's boxes of its stage's parameters (planner rank_view under the
 //   stage's Layout::stage_view: exact element counts, vocabulary padding and TP boxes included);
 // - optimizer: the two Adam moments of what the rank updates (its boxes, or its ZeRO-1 flat range;
-//   with expert parallelism (ep > 1 or etp != tp; docs/MOE.md) its boxes hold E/ep experts sliced
+//   with expert parallelism (ep > 1 or etp != tp; docs/MOE.md; per stage in a layout of pipelines:
+//   the stage view's ep, etp and dp) its boxes hold E/ep experts sliced
 //   F/etp, and under ZeRO-1 it holds two whole shards, padding included: of the dense buffer over
 //   dp and of the expert buffer over edp = tp dp / (ep etp), zero_layout.h);
 // - activations: per 1F1B slot (pipe_slots(stage, stages, grad_accum)) of n = micro_batch*seq rows,
