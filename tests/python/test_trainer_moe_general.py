@@ -109,3 +109,41 @@ def test_general_expert_parallel_layout_gives_the_one_process_step(case, f64, tm
         assert x["norm_rel"] <= (1e-10 if f64 else 5e-5), x  # float32: later steps carry Adam's rounding
         if f64:
             assert x["weights_rel"] <= 1e-10, x
+
+
+# `ckpt train --cluster` on a general layout with per-stage ep: trainer/memory_estimate.h's estimate of
+# every rank (its stage view's expert boxes and routed rows) within test_trainer_memory.py's 20% of the
+# rank's measured peak RSS (getrusage: the kernel's accounting, not the code's arithmetic), on a Mixtral
+# whose experts dominate the process constant (8 experts of 512 x 512, hidden 512, 4 layers, seq 64).
+MEM_CONFIG = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 2048, "hidden_size": 512,
+              "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128,
+              "tie_word_embeddings": False, "hidden_act": "silu", "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_memory_estimate_of_per_stage_ep_within_20_percent_of_peak_rss(tmp_path):
+    from trainer_runs import ckpt_path
+    lay = {"pipelines": [{"micro_batch": 2, "stages": [_stage(2, 2, 2, 1), _stage(2, 1)]},
+                         {"micro_batch": 1, "stages": [_stage(4, 1)]}], "zero": 0}
+    files = {"config": MEM_CONFIG, "layout": lay,
+             "cluster": {"device_types": [{"name": "A", "vendor": "test", "memory": "16GiB", "peak_flops": 1e12,
+                                           "link_bandwidth": "10GB/s", "dtype": "fp32"}],
+                         "ranks": [{"type": "A", "count": 4}]}}
+    for k, v in files.items():
+        (tmp_path / f"{k}.json").write_text(json.dumps(v))
+    out = tmp_path / "run"
+    cmd = mpirun_cmd(4, ckpt_path(), "train", "--config", tmp_path / "config.json", "--layout", tmp_path / "layout.json",
+                     "--cluster", tmp_path / "cluster.json", "--out", out, "--seq-len", 64, "--threads", 1, "--seed", 3,
+                     "--warmup", 1, "--sync-save", "--grad-accum", 2, "--steps", 1)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "memory check: every rank fits" in p.stdout, (p.stdout, p.stderr[-3000:])
+    rows = json.loads((out / "memory.json").read_text())["ranks"]
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    table = [f"rank {r['rank']} pipeline {r['pipeline']} stage {r['stage']}: estimate {r['total'] / 2**20:.1f} MiB, "
+             f"peak RSS {r['peak_rss'] / 2**20:.1f} MiB, ratio {r['total'] / r['peak_rss']:.3f}" for r in rows]
+    print("\n".join(table))
+    # The ep2 stage's ranks hold half the experts of its two layers: less than the tp1 stage of the same layers.
+    assert rows[0]["weights"] < rows[3]["weights"], table
+    for r in rows:
+        assert r["process"] < 0.3 * r["total"], r
+        assert abs(r["total"] / r["peak_rss"] - 1) <= 0.20, "\n".join(table)
