@@ -12,7 +12,8 @@ Layouts (a tiny Mixtral, 4 layers, all MoE; a tiny Qwen3-MoE, a dense layer betw
   own tp ranks, the tp1 stages hold them whole (6 ranks);
 - uniform pipelines with ZeRO-1, micro-batches 2 and 1: [2 tp2 ep2 | 2 tp1 ep2] x 2: a stage's
   experts over its ranks of both pipelines (ep2 x etp2 on stage 0, ep2 x etp1 on stage 1), the
-  expert optimizer buffers over the expert data-parallel groups (6 ranks).
+  expert optimizer buffers over the expert data-parallel groups (6 ranks); the same with stage 1
+  without ep (its experts whole, in the dense ZeRO-1 buffer), and with stage 0 ep2 x etp1 (edp 2).
 A mutation such as an expert group taken over the wrong ranks (rows sent to a rank not holding
 the expert) moves the losses by far more than the tolerance.
 """
@@ -67,10 +68,15 @@ def _general(pipelines, zero=0):
 
 NON_UNIFORM = _general([(2, [_stage(2, 2, 2, 1), _stage(2, 1)]), (1, [_stage(1, 1), _stage(3, 2, 2, 1)])])
 UNIFORM_ZERO1 = _general([(2, [_stage(2, 2, 2), _stage(2, 1, 2)]), (1, [_stage(2, 2, 2), _stage(2, 1, 2)])], zero=1)
+# a stage without ep under ZeRO-1 (its experts in the dense buffer); stage 0 ep2 x etp1 over 4 ranks (edp 2)
+UNIFORM_STAGE1_DENSE = _general([(2, [_stage(2, 2, 2), _stage(2, 1)]), (1, [_stage(2, 2, 2), _stage(2, 1)])], zero=1)
+UNIFORM_EDP2 = _general([(2, [_stage(2, 2, 2, 1), _stage(2, 1, 2)]), (1, [_stage(2, 2, 2, 1), _stage(2, 1, 2)])], zero=1)
 # name, ranks, family, general layout
 CASES = [
     ("nonuniform_a_tp2ep2_tp1_b_tp1_tp2ep2", 6, "mixtral", NON_UNIFORM),
     ("uniform_tp2ep2_tp1ep2_x2_zero1", 6, "mixtral", UNIFORM_ZERO1),
+    ("uniform_tp2ep2_tp1_x2_zero1", 6, "mixtral", UNIFORM_STAGE1_DENSE),
+    ("uniform_tp2ep2etp1_edp2_tp1ep2_x2_zero1", 6, "mixtral", UNIFORM_EDP2),
     ("qwen3_nonuniform", 6, "qwen3_moe", NON_UNIFORM),
     ("qwen3_uniform_zero1", 6, "qwen3_moe", UNIFORM_ZERO1),
 ]

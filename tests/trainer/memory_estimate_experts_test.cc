@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "converters/model/llama_sharding.h"
 #include "reshard/layout/tensor_placement.h"
@@ -76,24 +77,29 @@ TEST(MemoryEstimateExperts, NonUniformPipelinesCountEachStagesOwnExperts) {
 }
 
 TEST(MemoryEstimateExperts, UniformPipelinesZeroOneShardsOverTheStagesExpertGroups) {
-  // [2 tp2 ep2 (etp 2) | 2 tp1 ep2 (etp 1)] x 2 pipelines, ZeRO-1: stage 0's 4 ranks ep2 x etp2 (edp 1),
-  // stage 1's 2 ranks ep2 (edp 1); the dense buffers over the 2 pipelines.
-  const Layout l = general({{2, {st(2, 2, 2), st(2, 1, 2)}}, {1, {st(2, 2, 2), st(2, 1, 2)}}}, 1);
-  std::map<int, int64_t> dense, expert;
-  naive_counts(mixtral(), l, &dense, &expert);
-  auto est = estimate_memory(inputs(l));
-  ASSERT_TRUE(est.ok()) << est.status().message();
-  ASSERT_EQ(est->size(), 6u);
-  for (const RankMemory& rm : *est) {
-    const int r = rm.rank, p = rm.place.pipeline, s = rm.place.stage;
-    const int tp = l.stage_tp(p, s), ep = l.stage_ep(p, s), etp = l.stage_expert_tp(p, s), edp = tp * 2 / (ep * etp);
-    ASSERT_EQ(edp, 1);
-    EXPECT_EQ(rm.weights, 4 * static_cast<uint64_t>(dense[r] + expert[r])) << "rank " << r;
-    EXPECT_EQ(expert[r], 2 * (8 / ep) * 3 * 64 * (128 / etp)) << "rank " << r;
-    const int64_t opt = 2 * (padded(dense[r], 2) / 2 + padded(expert[r], edp) / edp);
-    EXPECT_EQ(rm.optimizer, 4 * static_cast<uint64_t>(opt)) << "rank " << r;
-    const int64_t bufs = padded(dense[r], 2) + 2 * padded(dense[r], 2) / 2 + padded(expert[r], edp) + 2 * padded(expert[r], edp) / edp;
-    EXPECT_EQ(rm.buffers, 4 * static_cast<uint64_t>(bufs)) << "rank " << r;
+  // Two pipelines, ZeRO-1, the dense buffers over the 2 pipelines: [2 tp2 ep2 (etp 2) | 2 tp1 ep2]
+  // (edp 1 on both stages); [2 tp2 ep2 etp1 | 2 tp1 ep2] (stage 0 edp 2); [2 tp2 ep2 | 2 tp1] (stage 1
+  // without ep: its experts whole, in the dense buffer).
+  for (const auto& stages : std::vector<std::vector<StageSpec>>{
+           {st(2, 2, 2), st(2, 1, 2)}, {st(2, 2, 2, 1), st(2, 1, 2)}, {st(2, 2, 2), st(2, 1)}}) {
+    const Layout l = general({{2, stages}, {1, stages}}, 1);
+    std::map<int, int64_t> dense, expert;
+    naive_counts(mixtral(), l, &dense, &expert);
+    auto est = estimate_memory(inputs(l));
+    ASSERT_TRUE(est.ok()) << est.status().message();
+    ASSERT_EQ(est->size(), 6u);
+    for (const RankMemory& rm : *est) {
+      const int r = rm.rank, p = rm.place.pipeline, s = rm.place.stage;
+      const int tp = l.stage_tp(p, s), ep = l.stage_ep(p, s), etp = l.stage_expert_tp(p, s), edp = tp * 2 / (ep * etp);
+      const bool expert_parallel = ep > 1 || etp != tp;
+      EXPECT_EQ(rm.weights, 4 * static_cast<uint64_t>(dense[r] + expert[r])) << l.to_string() << " rank " << r;
+      EXPECT_EQ(expert[r], 2 * (8 / ep) * 3 * 64 * (128 / etp)) << l.to_string() << " rank " << r;
+      const int64_t d = expert_parallel ? dense[r] : dense[r] + expert[r], e = expert_parallel ? expert[r] : 0;
+      const int64_t opt = 2 * (padded(d, 2) / 2 + (e ? padded(e, edp) / edp : 0));
+      EXPECT_EQ(rm.optimizer, 4 * static_cast<uint64_t>(opt)) << l.to_string() << " rank " << r;
+      const int64_t bufs = padded(d, 2) + 2 * padded(d, 2) / 2 + (e ? padded(e, edp) + 2 * padded(e, edp) / edp : 0);
+      EXPECT_EQ(rm.buffers, 4 * static_cast<uint64_t>(bufs)) << l.to_string() << " rank " << r;
+    }
   }
 }
 
