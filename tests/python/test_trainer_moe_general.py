@@ -6,7 +6,8 @@ other). Per case: the per-step losses within 1e-5 relative of the one-process on
 1e-10), the step-0 gradients of every region a rank holds (after the replica sums) within 1e-5 of
 the tensor's largest gradient, the global gradient norm, and every rank's held regions equal to the
 planner's rank_view (the store's expert boxes of the stage views).
-Layouts (a tiny Mixtral, 4 layers, all MoE; a tiny Qwen3-MoE, a dense layer between MoE ones):
+Layouts (a tiny Mixtral, 4 layers, all MoE; a tiny Qwen3-MoE, a dense layer between MoE ones; a tiny
+Qwen2-MoE, shared expert):
 - non-uniform pipelines with micro-batches 2 and 1: A [2 layers tp2 ep2 etp1 | 2 layers tp1],
   B [1 layer tp1 | 3 layers tp2 ep2 etp1]: each expert-parallel stage spreads all experts over its
   own tp ranks, the tp1 stages hold them whole (6 ranks);
@@ -43,6 +44,10 @@ def _config(tmp_path, family):
     if family == "mixtral":
         c = dict(base, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=24,
                  num_local_experts=8, num_experts_per_tok=2)
+    elif family == "qwen2_moe":  # shared expert and its sigmoid gate, q/k/v biases
+        c = dict(base, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", intermediate_size=48,
+                 moe_intermediate_size=16, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False)
     else:
         c = dict(base, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", intermediate_size=48,
                  moe_intermediate_size=24, mlp_only_layers=[1], decoder_sparse_step=1, num_experts=4,
@@ -79,6 +84,8 @@ CASES = [
     ("uniform_tp2ep2etp1_edp2_tp1ep2_x2_zero1", 6, "mixtral", UNIFORM_EDP2),
     ("qwen3_nonuniform", 6, "qwen3_moe", NON_UNIFORM),
     ("qwen3_uniform_zero1", 6, "qwen3_moe", UNIFORM_ZERO1),
+    ("qwen2_nonuniform", 6, "qwen2_moe", NON_UNIFORM),
+    ("qwen2_uniform_edp2_zero1", 6, "qwen2_moe", UNIFORM_EDP2),
 ]
 F64 = {"nonuniform_a_tp2ep2_tp1_b_tp1_tp2ep2", "uniform_tp2ep2_tp1ep2_x2_zero1"}
 RUNS = [(c, False) for c in CASES]
