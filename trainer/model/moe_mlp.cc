@@ -161,15 +161,29 @@ double MoeMlp<T>::take_load() {
 // y[n, D] += gate * down(silu(gate_proj x) * up_proj x); gate = sigmoid(x w_s^T) or 1.
 template <class T>
 void MoeMlp<T>::shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n) {
-  resize_buffer(a.sg, n * Fs_);
-  resize_buffer(a.su, n * Fs_);
-  resize_buffer(a.sh, n * Fs_);
+  shared_mlp_forward(a, x, n);
+  shared_gate_forward(a, x, y, n);
+}
+
+// a.sg, a.su, a.sh [n, Fsl], a.sy [n, D] = down(silu(gate_proj x) * up_proj x) over this rank's Fsl
+// columns of the shared width (all Fs of it without TP; with TP a.sy is a partial sum).
+template <class T>
+void MoeMlp<T>::shared_mlp_forward(MoeActs<T>& a, const T* x, int64_t n) {
+  const int64_t F = Fsl_;
+  resize_buffer(a.sg, n * F);
+  resize_buffer(a.su, n * F);
+  resize_buffer(a.sh, n * F);
   resize_buffer(a.sy, n * D_);
+  linear_forward<T>(x, sh_gate.w.data(), a.sg.data(), n, D_, F);
+  linear_forward<T>(x, sh_up.w.data(), a.su.data(), n, D_, F);
+  swiglu_forward<T>(a.sg.data(), a.su.data(), a.sh.data(), n * F);
+  linear_forward<T>(a.sh.data(), sh_down.w.data(), a.sy.data(), n, F, D_);
+}
+
+// a.sgate [n] = sigmoid(x w_s^T) (1 without the gate); y[n, D] += a.sgate * a.sy.
+template <class T>
+void MoeMlp<T>::shared_gate_forward(MoeActs<T>& a, const T* x, T* y, int64_t n) {
   resize_buffer(a.sgate, n);
-  linear_forward<T>(x, sh_gate.w.data(), a.sg.data(), n, D_, Fs_);
-  linear_forward<T>(x, sh_up.w.data(), a.su.data(), n, D_, Fs_);
-  swiglu_forward<T>(a.sg.data(), a.su.data(), a.sh.data(), n * Fs_);
-  linear_forward<T>(a.sh.data(), sh_down.w.data(), a.sy.data(), n, Fs_, D_);
   if (has_shared_gate_) {
     linear_forward<T>(x, sh_gate_w.w.data(), a.sgate.data(), n, D_, 1);
     for (int64_t t = 0; t < n; ++t) a.sgate[t] = T(1) / (T(1) + std::exp(-a.sgate[t]));
@@ -256,11 +270,18 @@ void MoeMlp<T>::backward(int slot, const T* x, const T* dy, T* dx, int64_t n, co
 
 template <class T>
 void MoeMlp<T>::shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n) {
+  std::vector<T> dz;
+  shared_gate_backward(a, x, dy, dx, n, &dz);
+  shared_mlp_backward(a, x, dx, n);
+}
+
+// dye_ [n, D] = dy * gate (the MLP's output gradient); the gate's logit gradient dz [n] through
+// sigmoid, its weight's gradient and its input gradient added to dx (Qwen2-MoE's gate).
+template <class T>
+void MoeMlp<T>::shared_gate_backward(const MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n,
+                                     std::vector<T>* dz) {
   resize_buffer(dye_, n * D_);
-  resize_buffer(dh_, n * Fs_);
-  resize_buffer(dg_, n * Fs_);
-  resize_buffer(du_, n * Fs_);
-  std::vector<T> dz(static_cast<size_t>(n));
+  dz->assign(static_cast<size_t>(n), T(0));
   for (int64_t t = 0; t < n; ++t) {
     double dot = 0;
     for (int64_t d = 0; d < D_; ++d) {
@@ -268,13 +289,23 @@ void MoeMlp<T>::shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, i
       dot += static_cast<double>(dy[t * D_ + d]) * static_cast<double>(a.sy[t * D_ + d]);
     }
     const double s = static_cast<double>(a.sgate[t]);
-    dz[t] = static_cast<T>(dot * s * (1.0 - s));  // d sigmoid(z) / dz
+    (*dz)[t] = static_cast<T>(dot * s * (1.0 - s));  // d sigmoid(z) / dz
   }
-  if (has_shared_gate_) linear_backward<T>(x, sh_gate_w.w.data(), dz.data(), dx, true, sh_gate_w.g.data(), n, D_, 1);
-  linear_backward<T>(a.sh.data(), sh_down.w.data(), dye_.data(), dh_.data(), false, sh_down.g.data(), n, Fs_, D_);
-  swiglu_backward<T>(a.sg.data(), a.su.data(), dh_.data(), dg_.data(), du_.data(), n * Fs_);
-  linear_backward<T>(x, sh_gate.w.data(), dg_.data(), dx, true, sh_gate.g.data(), n, D_, Fs_);
-  linear_backward<T>(x, sh_up.w.data(), du_.data(), dx, true, sh_up.g.data(), n, D_, Fs_);
+  if (has_shared_gate_) linear_backward<T>(x, sh_gate_w.w.data(), dz->data(), dx, true, sh_gate_w.g.data(), n, D_, 1);
+}
+
+// dxs [n, D] += the MLP's input gradient for dye_ over this rank's Fsl columns (a partial sum with
+// TP); the gradients of its weights accumulate.
+template <class T>
+void MoeMlp<T>::shared_mlp_backward(const MoeActs<T>& a, const T* x, T* dxs, int64_t n) {
+  const int64_t F = Fsl_;
+  resize_buffer(dh_, n * F);
+  resize_buffer(dg_, n * F);
+  resize_buffer(du_, n * F);
+  linear_backward<T>(a.sh.data(), sh_down.w.data(), dye_.data(), dh_.data(), false, sh_down.g.data(), n, F, D_);
+  swiglu_backward<T>(a.sg.data(), a.su.data(), dh_.data(), dg_.data(), du_.data(), n * F);
+  linear_backward<T>(x, sh_gate.w.data(), dg_.data(), dxs, true, sh_gate.g.data(), n, D_, F);
+  linear_backward<T>(x, sh_up.w.data(), du_.data(), dxs, true, sh_up.g.data(), n, D_, F);
 }
 
 template class MoeMlp<float>;

@@ -118,6 +118,11 @@ class MoeMlp {
   void route(MoeActs<T>& a, const T* x, int64_t n);
   void shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n);
   void shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n);
+  // Their parts, shared with the expert-parallel path at tp > 1 (over this rank's Fsl columns).
+  void shared_mlp_forward(MoeActs<T>& a, const T* x, int64_t n);
+  void shared_gate_forward(MoeActs<T>& a, const T* x, T* y, int64_t n);
+  void shared_gate_backward(const MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n, std::vector<T>* dz);
+  void shared_mlp_backward(const MoeActs<T>& a, const T* x, T* dxs, int64_t n);
   // dlogits[n, E] of the routing weights (dw[n, k]) and of the aux loss.
   void router_grad(const MoeActs<T>& a, const T* dw, const T* aux_dp, T* dlogits, int64_t n) const;
   // Expert parallel: the rows of the own tokens to the experts' ranks and back (moe_mlp_ep.cc).

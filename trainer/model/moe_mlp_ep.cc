@@ -46,6 +46,23 @@ int64_t moe_ep_sum(const std::vector<int64_t>& v, int64_t a, int64_t b) {
   return s;
 }
 
+// The row counts of one dispatch or combine: rows to / from each ep peer, and the rows each etp
+// peer received (the gather / scatter over etp).
+struct MoeEpCounts {
+  std::vector<int64_t> send, recv, per_q;
+};
+template <class T>
+MoeEpCounts moe_ep_counts(const MoeActs<T>& a, int P, int Q, int64_t El) {
+  MoeEpCounts c{std::vector<int64_t>(static_cast<size_t>(P)), std::vector<int64_t>(static_cast<size_t>(P)),
+                std::vector<int64_t>(static_cast<size_t>(Q))};
+  for (int j = 0; j < P; ++j) {
+    c.send[static_cast<size_t>(j)] = a.first[static_cast<size_t>((j + 1) * El)] - a.first[static_cast<size_t>(j * El)];
+    c.recv[static_cast<size_t>(j)] = moe_ep_sum(a.ep_recv, j * El, (j + 1) * El);
+  }
+  for (int q = 0; q < Q; ++q) c.per_q[static_cast<size_t>(q)] = moe_ep_sum(a.ep_all, q * P * El, (q + 1) * P * El);
+  return c;
+}
+
 // The rows of every TP rank's block of n tokens.
 std::vector<int64_t> moe_ep_tp_rows(int64_t n, int size) {
   std::vector<int64_t> rows(static_cast<size_t>(size));
@@ -60,17 +77,11 @@ template <class T>
 Status MoeMlp<T>::ep_dispatch(MoeActs<T>& a, const T* rows, std::vector<T>* gathered) {
   ExpertGroups& g = *ep_;
   MoeEpTimer timer(&g.a2a_s);
-  const int P = g.ep_size, Q = g.etp_size;
-  std::vector<int64_t> send_rows(static_cast<size_t>(P)), recv_rows(send_rows.size()), per_q(static_cast<size_t>(Q));
-  for (int j = 0; j < P; ++j) {
-    send_rows[static_cast<size_t>(j)] = a.first[static_cast<size_t>((j + 1) * El_)] - a.first[static_cast<size_t>(j * El_)];
-    recv_rows[static_cast<size_t>(j)] = moe_ep_sum(a.ep_recv, j * El_, (j + 1) * El_);
-  }
-  for (int q = 0; q < Q; ++q) per_q[static_cast<size_t>(q)] = moe_ep_sum(a.ep_all, q * P * El_, (q + 1) * P * El_);
-  resize_buffer(ep_c_, moe_ep_sum(recv_rows, 0, P) * D_);
-  CKPT_RETURN_IF_ERROR(exchange_rows<T>(g.ep, rows, send_rows, ep_c_.data(), recv_rows, D_));
-  resize_buffer(*gathered, moe_ep_sum(per_q, 0, Q) * D_);
-  return gather_rows<T>(g.etp, ep_c_.data(), per_q, gathered->data(), D_);
+  const MoeEpCounts c = moe_ep_counts(a, g.ep_size, g.etp_size, El_);
+  resize_buffer(ep_c_, moe_ep_sum(c.recv, 0, g.ep_size) * D_);
+  CKPT_RETURN_IF_ERROR(exchange_rows<T>(g.ep, rows, c.send, ep_c_.data(), c.recv, D_));
+  resize_buffer(*gathered, moe_ep_sum(c.per_q, 0, g.etp_size) * D_);
+  return gather_rows<T>(g.etp, ep_c_.data(), c.per_q, gathered->data(), D_);
 }
 
 // Gathered partial rows [Rg, D] -> own rows [R, D]: summed over etp, back to their sources.
@@ -78,16 +89,10 @@ template <class T>
 Status MoeMlp<T>::ep_combine(MoeActs<T>& a, const T* gathered, T* rows) {
   ExpertGroups& g = *ep_;
   MoeEpTimer timer(&g.a2a_s);
-  const int P = g.ep_size, Q = g.etp_size;
-  std::vector<int64_t> send_rows(static_cast<size_t>(P)), recv_rows(send_rows.size()), per_q(static_cast<size_t>(Q));
-  for (int j = 0; j < P; ++j) {
-    send_rows[static_cast<size_t>(j)] = a.first[static_cast<size_t>((j + 1) * El_)] - a.first[static_cast<size_t>(j * El_)];
-    recv_rows[static_cast<size_t>(j)] = moe_ep_sum(a.ep_recv, j * El_, (j + 1) * El_);
-  }
-  for (int q = 0; q < Q; ++q) per_q[static_cast<size_t>(q)] = moe_ep_sum(a.ep_all, q * P * El_, (q + 1) * P * El_);
-  resize_buffer(ep_c_, moe_ep_sum(recv_rows, 0, P) * D_);
-  CKPT_RETURN_IF_ERROR(scatter_sum_rows<T>(g.etp, gathered, per_q, ep_c_.data(), D_));
-  return exchange_rows<T>(g.ep, ep_c_.data(), recv_rows, rows, send_rows, D_);
+  const MoeEpCounts c = moe_ep_counts(a, g.ep_size, g.etp_size, El_);
+  resize_buffer(ep_c_, moe_ep_sum(c.recv, 0, g.ep_size) * D_);
+  CKPT_RETURN_IF_ERROR(scatter_sum_rows<T>(g.etp, gathered, c.per_q, ep_c_.data(), D_));
+  return exchange_rows<T>(g.ep, ep_c_.data(), c.recv, rows, c.send, D_);
 }
 
 // a.xg [Rg, D] (expert-major) through the local slices; out [Rg, D] gathered order (partial over etp).
@@ -291,53 +296,20 @@ Status MoeMlp<T>::ep_backward(int slot, const T* x, const T* dy, T* dx, int64_t 
 // over the TP ranks' F slices (Fsl = Fs/tp each, the store's boxes); gate = sigmoid(x w_s^T) or 1.
 template <class T>
 Status MoeMlp<T>::ep_shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n) {
-  const int64_t F = Fsl_;
-  resize_buffer(a.sg, n * F);
-  resize_buffer(a.su, n * F);
-  resize_buffer(a.sh, n * F);
-  resize_buffer(a.sy, n * D_);
-  resize_buffer(a.sgate, n);
-  linear_forward<T>(x, sh_gate.w.data(), a.sg.data(), n, D_, F);
-  linear_forward<T>(x, sh_up.w.data(), a.su.data(), n, D_, F);
-  swiglu_forward<T>(a.sg.data(), a.su.data(), a.sh.data(), n * F);
-  linear_forward<T>(a.sh.data(), sh_down.w.data(), a.sy.data(), n, F, D_);
+  shared_mlp_forward(a, x, n);
   CKPT_RETURN_IF_ERROR(ep_->tp->all_reduce_sum<T>(a.sy.data(), n * D_));  // the F slices' sum
-  if (has_shared_gate_) {
-    linear_forward<T>(x, sh_gate_w.w.data(), a.sgate.data(), n, D_, 1);
-    for (int64_t t = 0; t < n; ++t) a.sgate[static_cast<size_t>(t)] = T(1) / (T(1) + std::exp(-a.sgate[static_cast<size_t>(t)]));
-  } else {
-    std::fill(a.sgate.begin(), a.sgate.end(), T(1));
-  }
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t d = 0; d < D_; ++d) y[t * D_ + d] += a.sgate[static_cast<size_t>(t)] * a.sy[static_cast<size_t>(t * D_ + d)];
+  shared_gate_forward(a, x, y, n);
   return Status::Ok();
 }
 
-// dx[n, D] += d(shared part)/dx: the F slices' input gradients summed over TP, then the gate's
-// (the same on every TP rank: the gate's weight is replicated, its gradient complete on each).
+// dx[n, D] += the shared expert's input gradient: the F slices' parts summed over TP, then the
+// gate's (the same on every TP rank: x and the gate are replicated).
 template <class T>
 Status MoeMlp<T>::ep_shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n) {
-  const int64_t F = Fsl_;
-  resize_buffer(dye_, n * D_);
-  resize_buffer(dh_, n * F);
-  resize_buffer(dg_, n * F);
-  resize_buffer(du_, n * F);
-  std::vector<T> dz(static_cast<size_t>(n)), dxs(static_cast<size_t>(n * D_), T(0));
-  for (int64_t t = 0; t < n; ++t) {
-    double dot = 0;
-    const T s = a.sgate[static_cast<size_t>(t)];
-    for (int64_t d = 0; d < D_; ++d) {
-      dye_[static_cast<size_t>(t * D_ + d)] = dy[t * D_ + d] * s;
-      dot += static_cast<double>(dy[t * D_ + d]) * static_cast<double>(a.sy[static_cast<size_t>(t * D_ + d)]);
-    }
-    dz[static_cast<size_t>(t)] = static_cast<T>(dot * static_cast<double>(s) * (1.0 - static_cast<double>(s)));
-  }
-  linear_backward<T>(a.sh.data(), sh_down.w.data(), dye_.data(), dh_.data(), false, sh_down.g.data(), n, F, D_);
-  swiglu_backward<T>(a.sg.data(), a.su.data(), dh_.data(), dg_.data(), du_.data(), n * F);
-  linear_backward<T>(x, sh_gate.w.data(), dg_.data(), dxs.data(), false, sh_gate.g.data(), n, D_, F);
-  linear_backward<T>(x, sh_up.w.data(), du_.data(), dxs.data(), true, sh_up.g.data(), n, D_, F);
+  std::vector<T> dz, dxs(static_cast<size_t>(n * D_), T(0));
+  shared_gate_backward(a, x, dy, dx, n, &dz);
+  shared_mlp_backward(a, x, dxs.data(), n);
   CKPT_RETURN_IF_ERROR(ep_->tp->all_reduce_sum<T>(dxs.data(), n * D_));
-  if (has_shared_gate_) linear_backward<T>(x, sh_gate_w.w.data(), dz.data(), dxs.data(), true, sh_gate_w.g.data(), n, D_, 1);
   for (int64_t i = 0; i < n * D_; ++i) dx[i] += dxs[static_cast<size_t>(i)];
   return Status::Ok();
 }
