@@ -30,15 +30,14 @@ run's losses and checkpoint. Refused: an MoE layer on a stage with tp > 1 (exper
 another change), by name before any work.
 """
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd  # noqa: E402
+from mpi_ranks import MPIRUN, SKIP_REASON  # noqa: E402
+from parallel_check_run import check_parallel_step, run_ids, with_f64_twins  # noqa: E402
 from trainer_runs import (COMMON, MID, STEPS, Gen, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
                           ckpt_path, launch, log, run, step_dir)
 
@@ -61,13 +60,6 @@ def qwen(family, layers, mlp_only, **kw):
     return c
 
 
-def _tool():
-    p = pathlib.Path(os.environ.get("CKPT_BINARY_DIR", pathlib.Path(__file__).parents[2] / "build")) / "parallel_check"
-    if not p.exists():
-        pytest.fail(f"parallel_check not found at {p}: build it first")
-    return str(p)
-
-
 def _general(pipelines, layers, zero=0):
     return {"pipelines": [{"micro_batch": mb, "stages": [{"layers": l, "tp": t} for l, t in stages]}
                           for mb, stages in pipelines], "zero": zero, "num_layers": layers, "vocab_divisor": 128}
@@ -85,37 +77,17 @@ CASES = [
     ("mixtral_pipelines_1_3_and_2_2", 4, MIXTRAL, _general([(2, [(1, 1), (3, 1)]), (1, [(2, 1), (2, 1)])], 4)),
 ]
 F64 = {"mixtral_pp2_dp2_zero1_mb_2_1", "qwen3_tp2_dense_layers", "qwen2_tp2_dense_layers", "qwen3_tp2_dense_stage_then_moe"}
-RUNS = [(c, False) for c in CASES]
-if os.environ.get("CKPT_SANITIZE") != "ON":
-    RUNS += [(c, True) for c in CASES if c[0] in F64]
+RUNS = with_f64_twins(CASES, F64)
 
 
-@pytest.mark.parametrize("case,f64", RUNS, ids=[c[0] + ("-f64" if f else "-f32") for c, f in RUNS])
+@pytest.mark.parametrize("case,f64", RUNS, ids=run_ids(RUNS))
 def test_moe_layout_gives_the_one_process_step(case, f64, tmp_path):
     name, n, cfg, args = case
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     if isinstance(args, dict):
         (tmp_path / "layout.json").write_text(json.dumps(args))
         args = ["--layout", tmp_path / "layout.json"]
-    cmd = mpirun_cmd(n, _tool(), tmp_path / "config.json", *args, "--steps", 10, "--grad-accum", 2, "--seq", 8,
-                     "--f64", int(f64))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    tol = 1e-10 if f64 else 1e-5
-    losses, ref = out["losses"], out["ref_losses"]
-    assert len(losses) == 10 and losses[-1] < losses[0] - 0.5, losses
-    for a, b in zip(losses, ref):
-        assert abs(a - b) <= tol * abs(b), (losses, ref)
-    worst = max(out["ranks"], key=lambda x: x["grad_rel"])
-    print(f"{name} {'f64' if f64 else 'f32'}: worst step-0 gradient error {worst['grad_rel']:.3g} "
-          f"({worst['grad_tensor']}, rank {worst['rank']})")
-    assert [x["rank"] for x in out["ranks"]] == list(range(n))
-    for x in out["ranks"]:
-        assert x["held_ok"] and x["grad_numel"] > 0, x
-        assert x["grad_rel"] <= tol and x["loss_rel"] <= tol and x["norm_rel"] <= tol, x
-        if f64:
-            assert x["weights_rel"] <= 1e-10, x
+    check_parallel_step(name, n, tmp_path / "config.json", args, f64)
 
 
 # `ckpt train`: every layout runs 12 sequences per step in micro-batches of 3.

@@ -17,22 +17,13 @@ stages of [1, 2, 3] layers on three device types, three data-parallel replicas w
 stage splits and per-stage tp), and a tied embedding whose first and last stage have different tp.
 """
 import json
-import os
-import pathlib
-import subprocess
 
 import pytest
 
-from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd
+from mpi_ranks import MPIRUN, SKIP_REASON
+from parallel_check_run import check_parallel_step, run_ids, with_f64_twins
 
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
-
-
-def _tool():
-    p = pathlib.Path(os.environ.get("CKPT_BINARY_DIR", pathlib.Path(__file__).parents[2] / "build")) / "parallel_check"
-    if not p.exists():
-        pytest.fail(f"parallel_check not found at {p}: build it first")
-    return str(p)
 
 
 def _stage(layers, tp, device):
@@ -95,35 +86,10 @@ F64 = {"pp3_1_2_3", "dp3_mb_3_2_1", "tp2_pp2_dp2_zero1_uneven", "tied_tp2_pp2_dp
 
 # Every case in float32; the float64 twin for the pipeline, heterogeneous DP and 8-rank cases
 # (not under the sanitizers: the same code paths, and the sanitized run is the slowest of CI).
-RUNS = [(c, False) for c in CASES]
-if os.environ.get("CKPT_SANITIZE") != "ON":
-    RUNS += [(c, True) for c in CASES if c[0] in F64]
+RUNS = with_f64_twins(CASES, F64)
 
 
-@pytest.mark.parametrize("case,f64", RUNS, ids=[c[0] + ("-f64" if f else "-f32") for c, f in RUNS])
+@pytest.mark.parametrize("case,f64", RUNS, ids=run_ids(RUNS))
 def test_layout_gives_the_one_process_step(case, f64, tmp_path):
     name, n, cfg_kw, args = case
-    cfg = _config(tmp_path, **cfg_kw)
-    cmd = mpirun_cmd(n, _tool(), cfg, *_layout_args(tmp_path, name, args), "--steps", 10, "--grad-accum", 2, "--seq", 8, "--f64", int(f64))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["ok"], out
-    ranks = out["ranks"]
-    assert [x["rank"] for x in ranks] == list(range(n))
-    tol = 1e-10 if f64 else 1e-5
-    losses, ref = out["losses"], out["ref_losses"]
-    assert len(losses) == 10 and losses[-1] < losses[0] - 0.5, losses
-    for a, b in zip(losses, ref):
-        assert abs(a - b) <= tol * abs(b), (losses, ref)
-    worst = max(ranks, key=lambda x: x["grad_rel"])
-    print(f"{name} {'f64' if f64 else 'f32'}: worst step-0 gradient error {worst['grad_rel']:.3g} "
-          f"({worst['grad_tensor']}, rank {worst['rank']}), worst loss error {max(x['loss_rel'] for x in ranks):.3g}")
-    for x in ranks:
-        assert x["held_ok"], x
-        assert x["grad_numel"] > 0, x
-        assert x["grad_rel"] <= tol, x
-        assert x["loss_rel"] <= tol, x
-        assert x["norm_rel"] <= (1e-10 if f64 else 1e-5), x
-        if f64:
-            assert x["weights_rel"] <= 1e-10, x
+    check_parallel_step(name, n, _config(tmp_path, **cfg_kw), _layout_args(tmp_path, name, args), f64)
