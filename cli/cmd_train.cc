@@ -31,8 +31,8 @@ constexpr const char* kTrainFooter =
       "any layout (the global batch and seq-len must match). A general --layout FILE (per-stage tp, per-pipeline\n"
       "stage splits and micro-batches) runs on N = the sum of its stages' tp ranks (docs/TRAINER.md).\n"
       "Mixture-of-experts configs (Mixtral, Qwen2-MoE, Qwen3-MoE) train with the load-balancing loss, over pipeline\n"
-      "stages and DP with every expert whole on its stage (tp > 1 only on stages of dense layers), or with expert\n"
-      "parallelism (--ep E [--etp T]: experts spread over each stage's tp x dp ranks, tokens dispatched all-to-all);\n"
+      "stages, TP (each expert's width split over the stage's tp ranks) and DP, or with expert parallelism\n"
+      "(--ep E [--etp T]: experts spread over each stage's tp x dp ranks, tokens dispatched all-to-all);\n"
       "--init STORE starts from an imported HF model (`ckpt from-hf`).";
 
 CommandAction setup_train(CLI::App& sub) {

@@ -176,7 +176,7 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   // tokens on all ranks), the maxima over ranks, then every rank's compute seconds (its own slot,
   // zero elsewhere).
   double load = 0;
-  if (layout.expert_parallel() && model.config().moe) {  // every rank: the stages without ep too
+  if (model.config().moe && layout_uses_expert_groups(layout)) {  // every rank: the stages without groups too
     CKPT_ASSIGN_OR_RETURN(load, expert_router_load(model, g.world));
   } else {
     load = model.take_router_load();

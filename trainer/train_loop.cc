@@ -54,24 +54,6 @@ Status check_options(const TrainOptions& o) {
   return Status::Ok();
 }
 
-// MoE models train with their experts whole on each rank (ep = 1) over pipeline stages and data
-// parallelism, tp > 1 only on stages without MoE layers; or expert parallel (trainer/model/moe_dispatch.h).
-// Checked on every rank before any work.
-Status check_moe_layout(const LlamaConfig& c, const Layout& l) {
-  if (!c.moe) return Status::Ok();
-  const std::string model = std::string("a ") + model_type_name(c.family) + " model (" + std::to_string(c.moe->num_experts) + " experts)";
-  for (int p = 0; p < l.num_pipelines(); ++p)
-    for (int s = 0; s < l.num_stages(p); ++s) {
-      if (l.stage_view(p, s).expert_parallel()) continue;  // trainer/model/moe_dispatch.h
-      for (int i = l.stage_first_layer(p, s); l.stage_tp(p, s) > 1 && i < l.stage_first_layer(p, s) + l.stage_layers(p, s); ++i)
-        if (c.moe->is_moe_layer(i))
-          return Status::Error("LayoutRefused", model + ": tp=" + std::to_string(l.stage_tp(p, s)) + " on the stage holding MoE layer " +
-                                                    std::to_string(i) + "; without expert parallelism (--ep, --etp) the trainer's "
-                                                    "MoE layers run at tp=1, tp > 1 only on stages of dense layers");
-    }
-  return Status::Ok();
-}
-
 // Tokens per step within the limits of one process's buffers.
 Status check_batch(const Layout& layout, const TrainOptions& o) {
   const int64_t g = global_batch(layout, o.grad_accum);
@@ -120,7 +102,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& o) {
   CKPT_RETURN_IF_ERROR(check_options(o));
   TrainLayoutFlags lf{o.layout_values, o.layout_file, o.micro_batches, o.micro_batch};
   CKPT_ASSIGN_OR_RETURN(Layout layout, train_layout(lf, o.config, world.size()));
-  CKPT_RETURN_IF_ERROR(check_moe_layout(o.config, layout));
   CKPT_RETURN_IF_ERROR(check_batch(layout, o));
   std::string mem_check;  // before any allocation: the cluster file and every rank's memory estimate
   CKPT_RETURN_IF_ERROR(check_cluster_memory(

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 
-from mpi_ranks import MPIRUN, SKIP_REASON, mpirun_cmd
 from test_trainer_moe_vs_torch import _canonical, _loss
 from test_trainer_vs_torch import ADAMW, MAX_GRAD_NORM, _exe, _lr_at
 
@@ -135,12 +134,3 @@ def test_train_from_hf_moe_import_equals_torch(tmp_path, name):
     worst = max(float((got[k] - final[k]).abs().max()) for k in final)
     print(f"{name}: |ckpt - torch| after {STEPS} steps {worst:.2e} (lr {LR})")
     assert worst < 0.1 * LR
-
-
-@pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
-def test_moe_layers_under_tp_are_refused(tmp_path):
-    _make_hf(tmp_path, "mixtral")
-    p = subprocess.run(mpirun_cmd(2, _exe("ckpt"), "train", "--config", tmp_path / "hf" / "config.json", "--steps", 1,
-                                  "--tp", 2, "--threads", 1), capture_output=True, text=True, timeout=300)
-    assert p.returncode != 0
-    assert "LayoutRefused" in p.stderr and "expert parallelism" in p.stderr, p.stderr[-2000:]

@@ -73,10 +73,14 @@ CASES = [
     # the shared expert: on the own tokens at tp 1, on every token with its F slice at tp 2
     ("qwen2_dp2_ep2", 2, "qwen2_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen2_tp2_ep2_etp1", 2, "qwen2_moe", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
+    # no --ep: the experts' width split over TP as the store places them at ep 1 (etp = tp)
+    ("tp2_ep1", 2, "mixtral", ["--tp", 2, "--micro-batches", "2"]),
+    ("qwen3_tp2_pp2_ep1", 4, "qwen3_moe", ["--tp", 2, "--pp", 2, "--micro-batches", "2"]),
+    ("qwen2_tp2_dp2_ep1_zero1", 4, "qwen2_moe", ["--tp", 2, "--dp", 2, "--zero", 1, "--micro-batches", "2,2"]),
     ("qwen2_tp2_dp2_ep2_etp2_zero1", 4, "qwen2_moe", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--zero", 1,
                                                       "--micro-batches", "2,2"]),
 ]
-F64 = {"ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2", "qwen2_tp2_ep2_etp1"}
+F64 = {"tp2_ep1", "ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2", "qwen2_tp2_ep2_etp1"}
 RUNS = with_f64_twins(CASES, F64)
 
 

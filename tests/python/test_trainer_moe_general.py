@@ -68,12 +68,15 @@ UNIFORM_ZERO1 = _general([(2, [_stage(2, 2, 2), _stage(2, 1, 2)]), (1, [_stage(2
 # a stage without ep under ZeRO-1 (its experts in the dense buffer); stage 0 ep2 x etp1 over 4 ranks (edp 2)
 UNIFORM_STAGE1_DENSE = _general([(2, [_stage(2, 2, 2), _stage(2, 1)]), (1, [_stage(2, 2, 2), _stage(2, 1)])], zero=1)
 UNIFORM_EDP2 = _general([(2, [_stage(2, 2, 2, 1), _stage(2, 1, 2)]), (1, [_stage(2, 2, 2, 1), _stage(2, 1, 2)])], zero=1)
+# stage 1 of pipeline A at tp 2 without ep: its experts' width over TP (etp = tp), the same expert groups
+NON_UNIFORM_TP_STAGE = _general([(2, [_stage(2, 2, 2, 1), _stage(2, 2)]), (1, [_stage(2, 1), _stage(2, 1)])])
 # name, ranks, family, general layout
 CASES = [
     ("nonuniform_a_tp2ep2_tp1_b_tp1_tp2ep2", 6, "mixtral", NON_UNIFORM),
     ("uniform_tp2ep2_tp1ep2_x2_zero1", 6, "mixtral", UNIFORM_ZERO1),
     ("uniform_tp2ep2_tp1_x2_zero1", 6, "mixtral", UNIFORM_STAGE1_DENSE),
     ("uniform_tp2ep2etp1_edp2_tp1ep2_x2_zero1", 6, "mixtral", UNIFORM_EDP2),
+    ("nonuniform_a_tp2ep2_tp2_b_tp1_tp1", 6, "mixtral", NON_UNIFORM_TP_STAGE),
     ("qwen3_nonuniform", 6, "qwen3_moe", NON_UNIFORM),
     ("qwen3_uniform_zero1", 6, "qwen3_moe", UNIFORM_ZERO1),
     ("qwen2_nonuniform", 6, "qwen2_moe", NON_UNIFORM),

@@ -67,13 +67,6 @@ Status check_config(const LlamaConfig& c) {
   return Status::Ok();
 }
 
-// The first MoE layer among `count` layers from `begin`, -1 when none (or a dense model).
-int64_t first_moe_layer(const LlamaConfig& c, int64_t begin, int64_t count) {
-  for (int64_t i = begin; c.moe && i < begin + count; ++i)
-    if (c.moe->is_moe_layer(i)) return i;
-  return -1;
-}
-
 // The layout checks of a shard: the structure (LlamaShardingRules), the ranks, the TP group, and
 // what this trainer does not do (KV heads replicated over TP ranks).
 Status check_shard(const LlamaConfig& c, const ModelShard& s) {
@@ -91,18 +84,14 @@ Status check_shard(const LlamaConfig& c, const ModelShard& s) {
       return refuse("tp=" + std::to_string(tp) + " does not divide intermediate_size=" +
                     std::to_string(c.intermediate_size));
   }
-  // Expert parallelism (trainer/model/moe_dispatch.h): the rank's expert groups.
-  const bool ep = c.moe && l.expert_parallel();
+  // Expert groups (trainer/model/moe_dispatch.h: expert parallel, or the experts' width over TP).
+  const bool ep = c.moe && stage_uses_expert_groups(l);
   if (ep && !s.experts)
     return Status::InvalidArgument("model shard of " + l.to_string() + " needs its expert groups");
   CKPT_RETURN_IF_ERROR(LlamaShardingRules(c).check_layout(l));
   if (s.pp_rank < 0 || s.pp_rank >= l.pp || s.tp_rank < 0 || s.tp_rank >= tp)
     return Status::InvalidArgument("model shard pp_rank=" + std::to_string(s.pp_rank) + " tp_rank=" +
                                    std::to_string(s.tp_rank) + " outside the layout " + l.to_string());
-  if (const int64_t moe = first_moe_layer(c, l.first_layer(s.pp_rank), l.layers_in_stage(s.pp_rank)); tp > 1 && moe >= 0 && !ep)
-    return refuse("tp=" + std::to_string(tp) + " on pipeline stage " + std::to_string(s.pp_rank) + ", which holds MoE layer " +
-                  std::to_string(moe) + ": the trainer's MoE layers run at tp=1 without expert parallelism (--ep, --etp; "
-                  "attention and dense MLPs split over TP)");
   if (tp > 1 && (!s.tp || s.tp->size() != tp || s.tp->rank() != s.tp_rank))
     return Status::InvalidArgument("model shard with tp=" + std::to_string(tp) + " needs a TP communicator of " +
                                    std::to_string(tp) + " ranks in which it is rank " +

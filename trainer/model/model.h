@@ -51,8 +51,8 @@ class Model {
   // int64 arithmetic) and allocates zeroed parameters.
   static Result<Model> create(const LlamaConfig& c, StageRange stage = {});
   // A shard under a layout. Refuses (LayoutRefused, naming the numbers) tp not dividing the
-  // attention heads, the KV heads or intermediate_size, an MoE layer on a stage with tp > 1, and
-  // expert parallelism (MoE layers hold every expert whole). Allocates only this rank's boxes.
+  // attention heads, the KV heads or intermediate_size; an MoE stage with expert parallelism or
+  // tp > 1 needs shard.experts (InvalidArgument). Allocates only this rank's boxes.
   static Result<Model> create(const LlamaConfig& c, const ModelShard& shard);
 
   // Pipeline-stage interface: 1F1B keeps several micro-batches in flight; `slot` in [0, slots)

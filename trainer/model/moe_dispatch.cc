@@ -16,11 +16,18 @@ int expert_member_rank(const Layout& layout, const Layout& view, int pipeline, i
 
 }  // namespace
 
+bool layout_uses_expert_groups(const Layout& layout) {
+  for (int p = 0; p < layout.num_pipelines(); ++p)
+    for (int s = 0; s < layout.num_stages(p); ++s)
+      if (stage_uses_expert_groups(layout.stage_view(p, s))) return true;
+  return false;
+}
+
 Result<std::unique_ptr<ExpertGroups>> ExpertGroups::make(Comm& world, const Layout& layout, int pipeline, int stage,
                                                          int tp_rank, Comm* tp) {
   // Both forms: the groups of the rank's stage view (the store's expert boxes, Layout::stage_view).
   const Layout view = layout.stage_view(pipeline, stage);
-  if (!view.expert_parallel()) {  // a stage without expert parallelism: still takes part in both splits
+  if (!stage_uses_expert_groups(view)) {  // a stage without expert groups: still takes part in both splits
     CKPT_ASSIGN_OR_RETURN(Comm a, world.split(world.rank(), 0));
     CKPT_ASSIGN_OR_RETURN(Comm b, world.split(world.rank(), 0));
     return std::unique_ptr<ExpertGroups>();
@@ -45,7 +52,7 @@ Result<std::unique_ptr<ExpertGroups>> ExpertGroups::make(Comm& world, const Layo
 
 Result<std::unique_ptr<ExpertGroups>> ExpertGroups::make_if_expert_parallel(Comm& world, const Layout& layout, bool moe,
                                                                              LayoutGroups& g) {
-  if (!moe || !layout.expert_parallel()) return std::unique_ptr<ExpertGroups>();
+  if (!moe || !layout_uses_expert_groups(layout)) return std::unique_ptr<ExpertGroups>();
   return make(world, layout, g.dp_rank, g.pp_rank, g.tp_rank, &g.tp);
 }
 

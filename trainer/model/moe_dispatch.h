@@ -23,6 +23,13 @@
 
 namespace ckpt::trainer {
 
+// Whether the MoE layers of a stage (its view, Layout::stage_view) run through expert groups:
+// expert parallel, or tp > 1 at ep 1 (the store places the experts as dense MLPs then, their
+// width split over TP: the groups of etp = tp, the same path).
+inline bool stage_uses_expert_groups(const Layout& view) { return view.expert_parallel() || view.tp > 1; }
+// Whether any stage of `layout` does (both forms).
+bool layout_uses_expert_groups(const Layout& layout);
+
 struct ExpertGroups {
   Layout::ExpertCoord coord;  // this rank's (etp, ep, edp) ranks
   int ep_size = 1, etp_size = 1, edp_size = 1;
@@ -39,10 +46,10 @@ struct ExpertGroups {
   // form): the groups of rank (pipeline, stage, tp_rank) from its stage view
   // (Layout::stage_view: the stage's tp, ep, etp; its experts over the stage's ranks of every
   // pipeline when the pipelines are uniform, else over the pipeline's own tp ranks); null when
-  // the rank's stage is not expert parallel. tp: the stage's TP group.
+  // the rank's stage uses none (stage_uses_expert_groups). tp: the stage's TP group.
   static Result<std::unique_ptr<ExpertGroups>> make(Comm& world, const Layout& layout, int pipeline, int stage,
                                                     int tp_rank, Comm* tp);
-  // make() for an MoE model (`moe`) under an expert-parallel layout, else null (the groups: g's).
+  // make() for an MoE model (`moe`) under a layout_uses_expert_groups layout, else null (the groups: g's).
   static Result<std::unique_ptr<ExpertGroups>> make_if_expert_parallel(Comm& world, const Layout& layout, bool moe,
                                                                        LayoutGroups& g);
 };
