@@ -67,6 +67,9 @@ CASES = [
     ("pp2_tp2_ep2_etp1", 4, "mixtral", ["--pp", 2, "--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
     ("pp2_dp2_ep2_zero1", 4, "mixtral", ["--pp", 2, "--dp", 2, "--ep", 2, "--zero", 1, "--micro-batches", "2,2"]),
     ("qwen3_pp2_dp2_ep2", 4, "qwen3_moe", ["--pp", 2, "--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
+    # uneven stages: 1 + 2 layers (layer 1 dense), the MoE layers on both
+    ("qwen3_pp2_uneven_1_2_dp2_ep2", 4, "qwen3_moe", ["--pp", 2, "--pp-layers", "1,2", "--dp", 2, "--ep", 2,
+                                                      "--micro-batches", "2,2"]),
     ("qwen3_ep2", 2, "qwen3_moe", ["--dp", 2, "--ep", 2, "--micro-batches", "2,2"]),
     ("qwen3_ep4", 4, "qwen3_moe", ["--dp", 4, "--ep", 4, "--micro-batches", "2,2,2,2"]),
     ("qwen3_tp2_ep2_etp1", 2, "qwen3_moe", ["--tp", 2, "--ep", 2, "--etp", 1, "--micro-batches", "2"]),
@@ -80,7 +83,7 @@ CASES = [
     ("qwen2_tp2_dp2_ep2_etp2_zero1", 4, "qwen2_moe", ["--tp", 2, "--dp", 2, "--ep", 2, "--etp", 2, "--zero", 1,
                                                       "--micro-batches", "2,2"]),
 ]
-F64 = {"tp2_ep1", "ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2", "qwen2_tp2_ep2_etp1"}
+F64 = {"tp2_ep1", "qwen3_pp2_uneven_1_2_dp2_ep2", "ep2_tp2_etp2_dp2", "ep2_tp2_etp1_dp2_zero1", "pp2_tp2_ep2_etp1", "qwen3_ep2", "qwen2_tp2_ep2_etp1"}
 RUNS = with_f64_twins(CASES, F64)
 
 
