@@ -1,5 +1,6 @@
 #include "trainer/plan/calibrate.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,9 @@ CostCalibration calib_terms_from_probe(const ProbeCostTerms& p) {
   t.micro_batch_overhead_s = p.dp_micro_batch_s;
   t.p2p_latency_s = std::max(0.0, p.pp_micro_batch_s - p.dp_micro_batch_s);
   t.sync_bytes_per_s = p.sync_bytes_per_s;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) t.cores = CPU_COUNT(&set);
   return t;
 }
 
@@ -51,7 +55,7 @@ nlohmann::json Calibration::to_json() const {
           {"efficiency", efficiency},
           {"measured",
            {{"sgemm_flops", device.peak_flops},
-            {"trainer_flops", device.peak_flops * efficiency},
+            {"trainer_flops", trainer_flops},
             {"memcpy_bytes_per_s", memcpy_bytes_per_s},
             {"mpi_bytes_per_s", device.link_bytes_per_s},
             {"mpi_latency_s", mpi_latency_s}}}};
@@ -69,6 +73,7 @@ Result<Calibration> calibrate_device(const CalibrateOptions& o) {
   c.device.memory_bytes = calib_physical_memory();
   c.device.peak_flops = sgemm_flops(o.threads, o.seconds);
   CKPT_ASSIGN_OR_RETURN(double trainer, trainer_flops(o.threads, o.seconds));
+  c.trainer_flops = trainer;
   // The optimizer update is a term of its own (update_params_per_s): the efficiency is the step's
   // FLOPs over its time without the calibration model's update.
   const double ups = update_params_rate(std::min(o.seconds, 1.0));

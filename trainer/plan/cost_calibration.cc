@@ -24,7 +24,9 @@ Result<double> calib_terms_number(const nlohmann::json& j, const char* key, doub
 
 double CostCalibration::speed_scale(int ranks_on_node) const {
   if (concurrency.empty() || ranks_on_node < 1) return 1;
-  return concurrency[std::min(concurrency.size(), static_cast<size_t>(ranks_on_node)) - 1];
+  const double f = concurrency[std::min(concurrency.size(), static_cast<size_t>(ranks_on_node)) - 1];
+  const int measured = std::max(cores, static_cast<int>(concurrency.size()));
+  return cores > 0 && ranks_on_node > measured ? f * cores / ranks_on_node : f;
 }
 
 Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
@@ -34,7 +36,7 @@ Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
     (void)v;
     if (k != "concurrency" && k != "allreduce_latency_s" && k != "allreduce_bytes_per_s" && k != "micro_batch_overhead_s" &&
         k != "p2p_latency_s" && k != "a2a_latency_s" && k != "a2a_bytes_per_s" && k != "update_params_per_s" &&
-        k != "sync_bytes_per_s" && k != "measured")
+        k != "sync_bytes_per_s" && k != "cores" && k != "measured")
       return calib_terms_bad("unknown key '" + k + "'");
   }
   CostCalibration c;
@@ -47,6 +49,9 @@ Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
       c.concurrency.push_back(x.get<double>());
     }
   }
+  CKPT_ASSIGN_OR_RETURN(const double cores, calib_terms_number(j, "cores", 0, 1 << 20));
+  if (cores != static_cast<int>(cores)) return calib_terms_bad("'cores' must be a whole number, got " + std::to_string(cores));
+  c.cores = static_cast<int>(cores);
   CKPT_ASSIGN_OR_RETURN(c.allreduce_latency_s, calib_terms_number(j, "allreduce_latency_s", 0, 10));
   CKPT_ASSIGN_OR_RETURN(c.allreduce_bytes_per_s, calib_terms_number(j, "allreduce_bytes_per_s", 0, 1e15));
   CKPT_ASSIGN_OR_RETURN(c.micro_batch_overhead_s, calib_terms_number(j, "micro_batch_overhead_s", 0, 10));
@@ -67,7 +72,8 @@ nlohmann::json CostCalibration::to_json() const {
           {"a2a_latency_s", a2a_latency_s},
           {"a2a_bytes_per_s", a2a_bytes_per_s},
           {"update_params_per_s", update_params_per_s},
-          {"sync_bytes_per_s", sync_bytes_per_s}};
+          {"sync_bytes_per_s", sync_bytes_per_s},
+          {"cores", cores}};
 }
 
 std::vector<int> ranks_per_node(const Cluster& c, const std::vector<int>& used) {

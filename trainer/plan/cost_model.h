@@ -75,7 +75,8 @@ struct ModelSpec {
 // "Calibrated terms"). Default: no term (the cluster file's figures alone).
 struct CostCalibration {
   // concurrency[k - 1]: the training FLOP/s of one process while k ranks compute on its node at
-  // once, over its FLOP/s alone (entry 0 is 1). Nodes with more ranks than measured use the last.
+  // once, over its FLOP/s alone (entry 0 is 1). Nodes with more ranks than measured use the last,
+  // times cores / k beyond `cores` (the processes timeshare the cores).
   std::vector<double> concurrency;
   // The TP all-reduce inside a node as one call costs between GEMMs on 2 ranks: latency + bytes /
   // bytes_per_s (fitted at the trainer's message sizes); priced with the ring formula for tp > 2.
@@ -95,6 +96,7 @@ struct CostCalibration {
   // The gradient sync's all-reduce at MB sizes (Comm::all_reduce_sum of 16 MiB over 2 ranks):
   // bytes / seconds; 0: not measured (the data-parallel link, or the TP link with one pipeline).
   double sync_bytes_per_s = 0;
+  int cores = 0;  // the calibrating machine's CPUs (sched_getaffinity), for `concurrency`; 0: not recorded
   // The FLOP/s factor for `ranks_on_node` ranks computing at once (1 without measurements).
   double speed_scale(int ranks_on_node) const;
   // From a calibration file's "cost_terms" object (or the file's top level holding it). Errors

@@ -250,7 +250,7 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
     if (expert > 0) c.dp_sync_s += ring_allreduce_s(static_cast<double>(expert) * ab, edp, expert_link);
   }
   if (place.update_params_per_s > 0)
-    c.update_s = static_cast<double>(stage_rank_updated_params(model, shape, zero_ways)) / place.update_params_per_s;
+    c.update_s = static_cast<double>(stage_rank_updated_params(model, shape, zero_ways)) / (place.update_params_per_s * place.speed_scale);
   // What the trainer's a2a_s counts: the all-to-alls, the ETP collectives and, under imbalance, the
   // wait of the other EP ranks for the busiest one (its extra expert rows: stage_rank_flops).
   c.a2a_trainer_s = c.a2a_s + stage_etp_comm_s(model, shape, b, s, ab, place.tp_link);

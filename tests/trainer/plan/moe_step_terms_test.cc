@@ -3,7 +3,7 @@
 // syncs on the calibrated 16 MiB all-reduce (dense over the replicas, experts over edp), the
 // optimizer update over the parameters a rank updates (ZeRO-1 shares included) at the calibrated
 // rate, and the all-to-all share as `ckpt train` measures it (ETP collectives and the wait for the
-// busiest EP rank included).
+// busiest EP rank included); ranks beyond the calibrating machine's cores timeshare them.
 #include <gtest/gtest.h>
 
 #include "trainer/plan/cost_model.h"
@@ -108,13 +108,30 @@ TEST(PlanStepTerms, AllToAllShareCountsWhatTheTrainerMeasures) {
   EXPECT_NEAR(b->stages[0].a2a_trainer_s, b->stages[0].a2a_s + etp, 1e-12);
 }
 
+TEST(PlanStepTerms, RanksBeyondTheCoresTimeshareThemAndTheUpdate) {
+  CostCalibration cal = step_terms();
+  cal.concurrency = {1.0, 0.8};
+  cal.cores = 2;
+  EXPECT_DOUBLE_EQ(cal.speed_scale(2), 0.8);
+  EXPECT_DOUBLE_EQ(cal.speed_scale(3), 0.8 * 2 / 3);
+  EXPECT_DOUBLE_EQ(cal.speed_scale(4), 0.8 * 2 / 4);
+  // dp4 ep4 on a 2-core node: compute and the optimizer update at 0.4 of one process alone.
+  const ModelSpec m = tiny_mixtral();
+  auto c = evaluate(m, one_node(4), sym(1, 4, 4, 1, 0), PlanOptions{8, 16, {}, cal});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_NEAR(c->stages[0].update_s, (kDenseParams + kExpertParams / 4.0) / (1e7 * 0.4), 1e-12);
+  cal.cores = 8;  // enough cores: the measured factor
+  EXPECT_DOUBLE_EQ(cal.speed_scale(4), 0.8);
+}
+
 TEST(PlanStepTerms, CalibrationFileTakesTheNewTermsAndRefusesBadOnes) {
-  auto ok = CostCalibration::from_json(nlohmann::json::parse(R"({"update_params_per_s": 3e8, "sync_bytes_per_s": 4e8})"));
+  auto ok = CostCalibration::from_json(nlohmann::json::parse(R"({"update_params_per_s": 3e8, "sync_bytes_per_s": 4e8, "cores": 2})"));
   ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->cores, 2);
   EXPECT_DOUBLE_EQ(ok->update_params_per_s, 3e8);
   EXPECT_DOUBLE_EQ(ok->sync_bytes_per_s, 4e8);
   EXPECT_DOUBLE_EQ(ok->to_json()["sync_bytes_per_s"].get<double>(), 4e8);
-  for (const char* bad : {R"({"update_params_per_s": -1})", R"({"sync_bytes_per_s": "fast"})"}) {
+  for (const char* bad : {R"({"update_params_per_s": -1})", R"({"sync_bytes_per_s": "fast"})", R"({"cores": 1.5})"}) {
     auto r = CostCalibration::from_json(nlohmann::json::parse(bad));
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), "BadCalibration") << bad;
