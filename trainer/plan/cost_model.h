@@ -13,8 +13,10 @@
 //   reduce-scatter + all-gather, the same bytes) of its largest stage; the step's time is the
 //   slowest pipeline's;
 // - calibrated terms of the software stack (CostCalibration, measured by `ckpt plan --calibrate`):
-//   the FLOP/s a process keeps when N ranks of the layout compute on its node at once, the
-//   per-call cost of the TP all-reduce inside a node, a fixed cost per micro-batch and stage;
+//   the FLOP/s a process keeps when N ranks of the layout compute on its node at once (timeshared
+//   beyond the machine's cores), the per-call cost of the TP all-reduce inside a node, a fixed cost
+//   per micro-batch and stage, the gradient syncs' all-reduce at MB sizes, the optimizer update per
+//   parameter (once per step after the sync: the largest stage's sync + update ends the step);
 // - memory per rank: weights and gradients in the device type's dtype, Adam state (fp32 master +
 //   two moments; no master copy when the dtype is fp32), divided over the replicas under ZeRO-1,
 //   activations of the micro-batches in flight under 1F1B (min(S - s, m) on stage s).
