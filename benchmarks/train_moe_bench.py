@@ -4,7 +4,7 @@ tokens/s and the all-to-all share of `ckpt train` on a small MoE model at ep 1, 
 and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluster description.
 
     python benchmarks/train_moe_bench.py [--ckpt build/ckpt] [--train-ckpt BIN] [--np 4] [--steps 6] [--warmup 2]
-        [--calibration FILE] [--out results.json] [--quick]
+        [--repeat 1] [--calibration FILE] [--out results.json] [--quick]
 
 1. Model (DIR/model.json): Mixtral-shaped, 8 experts of width 512, top-2, hidden 256, 4 layers,
    8 heads / 4 KV heads, vocab 264; seq 128; global batch 8 sequences (micro-batches of 1 per
@@ -14,8 +14,10 @@ and `ckpt plan --evaluate`'s predictions for the same layouts on the same cluste
 3. Layouts (symmetric layout files): at --np 4 dp4 at ep 1, 2, 4 (etp 1), tp2 x dp2 at ep 1 and
    ep 2 x etp 1, ep 2 x etp 2; at --np 2 dp2 at ep 1 and 2, tp2 at ep 1 x etp 1 and ep 2 x etp 1.
    Each runs `mpirun -np N --oversubscribe ckpt train --layout L` (--allow-run-as-root as root) for
-   --steps steps (also recorded: the step's compute_s, comm_s, idle_s, router_load); measured: the
-   median of the steps after --warmup of `tokens_per_s` and of `a2a_s` / `seconds` (train_log.jsonl; `a2a_s` is the trainer's all-to-all seconds per
+   --steps steps, --repeat times round robin over the layouts (as benchmarks/plan_validate.py: a
+   drifting load reaches every layout alike; the load after each round is recorded) (also recorded:
+   the step's compute_s, comm_s, idle_s, router_load); measured: the median over the runs' steps
+   after --warmup of `tokens_per_s` and of `a2a_s` / `seconds` (train_log.jsonl; `a2a_s` is the trainer's all-to-all seconds per
    step, absent before expert parallelism: the share is then reported as 0 at ep 1). A layout the
    trainer refuses (expert parallelism before it exists, MoE under tp) is printed as a "refused"
    row with the trainer's error; it takes no part in the Spearman.
@@ -97,8 +99,8 @@ def error_line(r):
     return (named or lines or ["(no output)"])[0][:300]
 
 
-def measure(a, d, name, lf, world, seq):
-    """Median tokens/s and all-to-all share over the steps after the warm-up, or the refusal."""
+def run_once(a, d, lf, world, seq):
+    """One run's steps after the warm-up (train_log.jsonl records), or the trainer's refusal (a string)."""
     out = d / f"run_{lf.stem}"
     shutil.rmtree(out, ignore_errors=True)
     grad_accum = GLOBAL_BATCH // (world // json.loads(lf.read_text())["tp"])
@@ -106,15 +108,24 @@ def measure(a, d, name, lf, world, seq):
             "--grad-accum", grad_accum, "--micro-batch", 1, "--threads", 1, "--warmup", 1, "--save-every", 0]
     r = run(mpirun(world, *args) if world > 1 else args, check=False)
     if r.returncode != 0:
-        return {"layout": name, "refused": error_line(r)}
+        return error_line(r)
     recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines() if x.strip()]
-    steps = [x for x in recs if "step" in x and "tokens_per_s" in x][a.warmup:] or [x for x in recs if "tokens_per_s" in x]
     shutil.rmtree(out, ignore_errors=True)
+    return [x for x in recs if "step" in x and "tokens_per_s" in x][a.warmup:] or [x for x in recs if "tokens_per_s" in x]
+
+
+def summarize(name, runs):
+    """Median tokens/s and all-to-all share over the steps of every run (pooled), per-run medians kept."""
+    refused = [r for r in runs if isinstance(r, str)]
+    if refused:
+        return {"layout": name, "refused": refused[0]}
+    steps = [x for r in runs for x in r]
     tps = statistics.median(x["tokens_per_s"] for x in steps)
     share = statistics.median(x.get("a2a_s", 0.0) / x["seconds"] if x.get("seconds") else 0.0 for x in steps)
     med = {k: statistics.median(x.get(k, 0.0) for x in steps) for k in ("compute_s", "comm_s", "idle_s", "a2a_s", "router_load")}
     return {"layout": name, "tokens_per_s": tps, "a2a_share": share, "steps": len(steps),
-            "step_s": statistics.median(x["seconds"] for x in steps), **med}
+            "step_s": statistics.median(x["seconds"] for x in steps), **med,
+            "runs_tokens_per_s": [statistics.median(x["tokens_per_s"] for x in r) for r in runs]}
 
 
 def predict(a, d, lf, seq, router_load=1.0):
@@ -185,6 +196,7 @@ def main():
     ap.add_argument("--np", type=int, default=4, help="ranks of the cluster and of every run")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per layout, round robin over the layouts")
     ap.add_argument("--calibration", default=None, help="a `ckpt plan --calibrate` output to reuse")
     ap.add_argument("--out", default=None, help="JSON results file")
     ap.add_argument("--quick", action="store_true")
@@ -192,7 +204,7 @@ def main():
     a.ckpt = str(pathlib.Path(a.ckpt).resolve())
     a.train_ckpt = str(pathlib.Path(a.train_ckpt).resolve()) if a.train_ckpt else a.ckpt
     if a.quick:
-        a.steps, a.warmup, a.np = 2, 1, 1
+        a.steps, a.warmup, a.np, a.repeat = 2, 1, 1, 1
     model, seq = (QUICK_MODEL, QUICK_SEQ) if a.quick else (MODEL, SEQ)
     layouts = QUICK_LAYOUTS if a.quick else [x for x in LAYOUTS if x[1] * x[2] == a.np]
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,11 +212,23 @@ def main():
         d.mkdir(parents=True, exist_ok=True)
         before = machine_state()
         write_inputs(a, d, model, a.np)
-        rows = []
+        files = []
         for name, tp, dp, ep, etp in layouts:
             lf = d / f"{name.replace(' ', '_')}.json"
             lf.write_text(json.dumps(layout_json(model["num_hidden_layers"], tp, dp, ep, etp)))
-            row = measure(a, d, name, lf, tp * dp, seq)
+            files.append((name, lf, tp * dp))
+        # Round robin (as benchmarks/plan_validate.py): round k runs every layout once, so that a load
+        # that drifts during the benchmark (other jobs on the machine) reaches every layout alike.
+        runs = {name: [] for name, _, _ in files}
+        loads = []
+        for k in range(a.repeat):
+            for name, lf, world in files:
+                if not any(isinstance(r, str) for r in runs[name]):
+                    runs[name].append(run_once(a, d, lf, world, seq))
+            loads.append(machine_state()["load"])
+        rows = []
+        for name, lf, world in files:
+            row = summarize(name, runs[name])
             row["predicted"] = predict(a, d, lf, seq)
             if row.get("router_load", 0) > 1:  # the run's own routing imbalance (max / mean tokens per expert)
                 row["predicted_at_load"] = predict(a, d, lf, seq, min(row["router_load"], model["num_local_experts"]))
@@ -219,7 +243,8 @@ def main():
         at = [r for r in ok if "tokens_per_s" in r.get("predicted_at_load", {})]
         rho_load = spearman([r["predicted_at_load"]["tokens_per_s"] for r in at], [r["tokens_per_s"] for r in at])
         res = {"model": model, "seq_len": seq, "global_batch": GLOBAL_BATCH, "np": a.np, "rows": rows, "spearman": rho, "spearman_at_load": rho_load,
-               "measured_layouts": len(ok), "plan": plan_choice(a, d, seq), "machine_before": before, "machine_after": machine_state()}
+               "measured_layouts": len(ok), "plan": plan_choice(a, d, seq), "machine_before": before, "machine_after": machine_state(),
+               "repeat": a.repeat, "load_after_each_round": loads}
     print("\n| layout | measured tokens/s | measured a2a | predicted tokens/s | predicted a2a |\n|---|---|---|---|---|")
     for r in rows:
         m = ("refused", "-") if "refused" in r else (f"{r['tokens_per_s']:.1f}", f"{100 * r['a2a_share']:.1f}%")

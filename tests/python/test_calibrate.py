@@ -28,7 +28,8 @@ up to 3 calibrations agrees with its reference (a burst of load elsewhere slows 
   concurrent processes (within 0.45: noisy shared machine; catches an inverted or unscaled ratio);
   the all-reduce fit passes through its two measured points (a negative intercept: zero latency); per-micro-batch and per-message costs
   are the measured slopes (0 .. 50 ms) and the file's cost_terms are what `ckpt plan --calibration`
-  reads.
+  reads; the 16 MiB gradient all-reduce no faster than the ping-pong link, the optimizer update no
+  faster than the memory bandwidth allows, the efficiency = the step without the update recomputed here.
 """
 import json
 import os
@@ -217,6 +218,19 @@ def test_calibration_against_independent_measurements(tmp_path):
     assert 0 <= t["micro_batch_overhead_s"] < 0.05 and 0 <= t["p2p_latency_s"] < 0.05, t
     assert t["micro_batch_overhead_s"] == pytest.approx(pr["dp_micro_batch_s"], rel=1e-12, abs=0)
     assert t["p2p_latency_s"] == pytest.approx(max(0, pr["pp_micro_batch_s"] - pr["dp_micro_batch_s"]), rel=1e-9, abs=1e-15)
+    # The gradient sync's 16 MiB all-reduce (issue 38): no faster than the ping-pong link (a ring of
+    # 2 moves each byte once each way and sums it); the file carries the probe's figure.
+    assert 0 < t["sync_bytes_per_s"] == pr["sync_bytes_per_s"] <= 1.5 * dev["link_bandwidth"], (t, dev)
+    # The optimizer update: no faster than memory allows (the norm, clipping and AdamW move at least
+    # 40 bytes a parameter; a memcpy moves 2 bytes per byte copied); the efficiency is the step's FLOPs
+    # over its time less the calibration model's update, recomputed here from a hand count of its parameters.
+    m, ups = c["measured"], t["update_params_per_s"]
+    assert 0 < ups <= 1.5 * 2 * m["memcpy_bytes_per_s"] / 40, (ups, m)
+    cm = CALIBRATION_MODEL
+    d, q, kv = cm["hidden_size"], cm["num_attention_heads"] * cm["head_dim"], cm["num_key_value_heads"] * cm["head_dim"]
+    params = cm["num_hidden_layers"] * (2 * d * q + 2 * d * kv + 3 * d * cm["intermediate_size"] + 2 * d) + 2 * cm["vocab_size"] * d + d
+    flops = step_flops(cm, MICRO_BATCH, SEQ)
+    assert c["efficiency"] == pytest.approx(flops / (flops / m["trainer_flops"] - params / ups) / dev["peak_flops"], rel=1e-9)
 
 
 def test_calibration_without_mpi_uses_memcpy():

@@ -1,5 +1,6 @@
 #include "trainer/plan/calibrate.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,10 @@ CostCalibration calib_terms_from_probe(const ProbeCostTerms& p) {
   t.a2a_bytes_per_s = p.a2a_bytes_per_s;
   t.micro_batch_overhead_s = p.dp_micro_batch_s;
   t.p2p_latency_s = std::max(0.0, p.pp_micro_batch_s - p.dp_micro_batch_s);
+  t.sync_bytes_per_s = p.sync_bytes_per_s;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) t.cores = CPU_COUNT(&set);
   return t;
 }
 
@@ -50,7 +55,7 @@ nlohmann::json Calibration::to_json() const {
           {"efficiency", efficiency},
           {"measured",
            {{"sgemm_flops", device.peak_flops},
-            {"trainer_flops", device.peak_flops * efficiency},
+            {"trainer_flops", trainer_flops},
             {"memcpy_bytes_per_s", memcpy_bytes_per_s},
             {"mpi_bytes_per_s", device.link_bytes_per_s},
             {"mpi_latency_s", mpi_latency_s}}}};
@@ -68,6 +73,14 @@ Result<Calibration> calibrate_device(const CalibrateOptions& o) {
   c.device.memory_bytes = calib_physical_memory();
   c.device.peak_flops = sgemm_flops(o.threads, o.seconds);
   CKPT_ASSIGN_OR_RETURN(double trainer, trainer_flops(o.threads, o.seconds));
+  c.trainer_flops = trainer;
+  // The optimizer update is a term of its own (update_params_per_s): the efficiency is the step's
+  // FLOPs over its time without the calibration model's update.
+  const double ups = update_params_rate(std::min(o.seconds, 1.0));
+  const ModelSpec cm = ModelSpec::from_config(calibration_model());
+  const double flops = cm.step_flops(kCalibrationMicroBatch, kCalibrationSeq), step_s = trainer > 0 ? flops / trainer : 0;
+  const double update_s = ups > 0 ? static_cast<double>(cm.total_params()) / ups : 0;
+  if (step_s > 2 * update_s) trainer = flops / (step_s - update_s);
   c.efficiency = c.device.peak_flops > 0 ? trainer / c.device.peak_flops : 0;
   // A cluster file takes an efficiency in (0, 1]; a noisy measurement above 1 is written as 1.
   c.device.efficiency = std::clamp(c.efficiency, 1e-6, 1.0);
@@ -81,6 +94,7 @@ Result<Calibration> calibrate_device(const CalibrateOptions& o) {
   } else {
     c.device.link_bytes_per_s = c.memcpy_bytes_per_s;  // no MPI measurement: the memory copy bounds it
   }
+  if (step_s > 2 * update_s) c.terms.update_params_per_s = ups;
   return c;
 }
 

@@ -26,7 +26,8 @@ struct CalibrateOptions {
 struct Calibration {
   DeviceType device;            // peak_flops = measured sgemm FLOP/s; memory = physical RAM;
                                 // link bandwidth = measured MPI bandwidth
-  double efficiency = 0;        // trainer step FLOP/s / sgemm FLOP/s on a small reference model
+  double efficiency = 0;        // trainer step FLOP/s without its optimizer update / sgemm FLOP/s on a small reference model
+  double trainer_flops = 0;     // the trainer's whole step (update included): model FLOPs / seconds
   double memcpy_bytes_per_s = 0;
   double mpi_latency_s = 0;
   // The measured cost terms (with mpi; docs/PLAN.md "Calibrated terms"): concurrency [1,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 
 #include "reshard/dist/comm.h"
 #include "trainer/model/ops.h"
+#include "trainer/optim/adamw.h"
 #include "trainer/plan/cost_model.h"
 #include "trainer/train_loop.h"
 
@@ -106,6 +108,20 @@ Result<double> trainer_flops(int threads, double seconds) {
   return rate;
 }
 
+double update_params_rate(double seconds) {
+  const int64_t n = int64_t{4} << 20;  // 4M parameters: 64 MiB of weights, gradients and moments
+  std::vector<float> w(static_cast<size_t>(n), 0.5f), g(static_cast<size_t>(n), 0.01f);
+  AdamW opt;
+  opt.add("w", Shape{n}, Region{Box::whole(Shape{n})}, w.data(), g.data(), n, true);
+  int64_t step = 0;
+  return median_rate(seconds, 3, [&]() {
+    const double norm = std::sqrt(opt.grad_sq_sum());  // as optimizer_step: the norm, clipping, AdamW
+    opt.scale_grads(AdamW::clip_coef(norm, 1.0));
+    opt.step(1e-4, ++step);
+    return static_cast<double>(n);
+  });
+}
+
 double memcpy_bandwidth(double seconds) {
   const size_t bytes = size_t{64} << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
@@ -146,7 +162,7 @@ nlohmann::json ProbeCostTerms::to_json() const {
           {"allreduce_latency_s", allreduce_latency_s}, {"allreduce_bytes_per_s", allreduce_bytes_per_s},
           {"a2a_sizes_bytes", a2a_sizes_bytes}, {"a2a_call_s", a2a_call_s},
           {"a2a_latency_s", a2a_latency_s}, {"a2a_bytes_per_s", a2a_bytes_per_s},
-          {"dp_micro_batch_s", dp_micro_batch_s}, {"pp_micro_batch_s", pp_micro_batch_s}};
+          {"dp_micro_batch_s", dp_micro_batch_s}, {"pp_micro_batch_s", pp_micro_batch_s}, {"sync_bytes_per_s", sync_bytes_per_s}};
 }
 
 ProbeCostTerms ProbeCostTerms::from_json(const nlohmann::json& j) {
@@ -165,6 +181,7 @@ ProbeCostTerms ProbeCostTerms::from_json(const nlohmann::json& j) {
   t.a2a_sizes_bytes = vec("a2a_sizes_bytes"), t.a2a_call_s = vec("a2a_call_s");
   t.a2a_latency_s = num("a2a_latency_s"), t.a2a_bytes_per_s = num("a2a_bytes_per_s");
   t.dp_micro_batch_s = num("dp_micro_batch_s"), t.pp_micro_batch_s = num("pp_micro_batch_s");
+  t.sync_bytes_per_s = num("sync_bytes_per_s");
   return t;
 }
 

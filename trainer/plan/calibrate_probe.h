@@ -8,6 +8,8 @@
 //   model FLOP/s counted by the cost model's ModelSpec::step_flops (trainer/plan/cost_model.h; equal
 //   to Model::train_flops_per_token x tokens);
 // - memcpy_bandwidth: bytes/s of a memcpy of 64 MiB (buffers touched first);
+// - update_params_rate: parameters per second of the trainer's optimizer update (optimizer_step:
+//   the gradient norm, clipping, trainer/optim/adamw.h's AdamW) over one slot of 4M parameters;
 // - mpi_probe: under mpirun -np 2, ping-pong between ranks 0 and 1 over reshard/dist/comm.h (the
 //   trainer's Comm): latency = half the median round trip of an 8-byte message, bandwidth = bytes /
 //   half the median round trip of a 16 MiB message (less the latency); rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
@@ -20,7 +22,10 @@
 //   bytes / bandwidth; the expert all-to-all the same way (after the GEMM, the counts then the
 //   [rows, 256] rows sent to the peer and its rows received, one Comm::exchange each, as the
 //   trainer's EP dispatch); the step time of a tiny model (2 layers, hidden 32, seq 16, micro-batch 1)
-//   with 2 and 16 micro-batches as 2 replicas and as a 2-stage pipeline: its slope per micro-batch.
+//   with 2 and 16 micro-batches as 2 replicas and as a 2-stage pipeline: its slope per micro-batch;
+//   the gradient sync: all_reduce_sum of 16 MiB (the size of a small model's gradients; the
+//   per-call fit above is at 128-512 KiB), bytes / the median call (the ring at 2 ranks moves each
+//   byte once each way).
 // Thread safety: main thread only (OpenBLAS thread count, Comm).
 #pragma once
 
@@ -45,6 +50,7 @@ double sgemm_flops(int threads, double seconds);
 // Model FLOP/s of the trainer's step (first step excluded as warm-up).
 Result<double> trainer_flops(int threads, double seconds);
 double memcpy_bandwidth(double seconds);
+double update_params_rate(double seconds);
 
 struct ProbeCostTerms {
   double sgemm_alone = 0, sgemm_concurrent = 0;  // FLOP/s per process
@@ -53,6 +59,7 @@ struct ProbeCostTerms {
   std::vector<double> a2a_sizes_bytes, a2a_call_s;  // the expert all-to-all (Comm::exchange), as the all-reduce
   double a2a_latency_s = 0, a2a_bytes_per_s = 0;
   double dp_micro_batch_s = 0, pp_micro_batch_s = 0;  // step-time slope per micro-batch
+  double sync_bytes_per_s = 0;                        // the 16 MiB all-reduce
   nlohmann::json to_json() const;
   static ProbeCostTerms from_json(const nlohmann::json& j);  // missing keys: 0
 };

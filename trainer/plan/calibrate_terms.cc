@@ -89,6 +89,21 @@ Result<double> terms_tiny_step(const LayoutValues& lv, int64_t grad_accum, int t
   return v;
 }
 
+// Bytes per second of the gradient sync's all-reduce at 16 MiB: bytes / the median of 5 calls.
+Result<double> terms_sync_rate(Comm& w) {
+  std::vector<float> g(size_t{4} << 20, 0.001f);
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    CKPT_RETURN_IF_ERROR(w.barrier());
+    const double t0 = terms_clock_s();
+    CKPT_RETURN_IF_ERROR(w.all_reduce_sum(g.data(), static_cast<int64_t>(g.size())));
+    if (i > 0) t.push_back(terms_clock_s() - t0);
+  }
+  double v = terms_median(std::move(t));
+  CKPT_RETURN_IF_ERROR(w.all_reduce_max(&v, 1));
+  return v > 0 ? static_cast<double>(g.size() * sizeof(float)) / v : 0.0;
+}
+
 }  // namespace calibrate_terms_detail
 
 Result<ProbeCostTerms> probe_cost_terms(int threads, double seconds) {
@@ -142,6 +157,7 @@ Result<ProbeCostTerms> probe_cost_terms(int threads, double seconds) {
   CKPT_ASSIGN_OR_RETURN(double pp_hi, calibrate_terms_detail::terms_tiny_step(pp, m_hi, threads));
   r.dp_micro_batch_s = std::max(0.0, (dp_hi - dp_lo) / static_cast<double>(m_hi - m_lo));
   r.pp_micro_batch_s = std::max(0.0, (pp_hi - pp_lo) / static_cast<double>(m_hi - m_lo));
+  CKPT_ASSIGN_OR_RETURN(r.sync_bytes_per_s, calibrate_terms_detail::terms_sync_rate(w));
   return r;
 }
 

@@ -24,7 +24,9 @@ Result<double> calib_terms_number(const nlohmann::json& j, const char* key, doub
 
 double CostCalibration::speed_scale(int ranks_on_node) const {
   if (concurrency.empty() || ranks_on_node < 1) return 1;
-  return concurrency[std::min(concurrency.size(), static_cast<size_t>(ranks_on_node)) - 1];
+  const double f = concurrency[std::min(concurrency.size(), static_cast<size_t>(ranks_on_node)) - 1];
+  const int measured = std::max(cores, static_cast<int>(concurrency.size()));
+  return cores > 0 && ranks_on_node > measured ? f * cores / ranks_on_node : f;
 }
 
 Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
@@ -33,7 +35,8 @@ Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
   for (const auto& [k, v] : j.items()) {
     (void)v;
     if (k != "concurrency" && k != "allreduce_latency_s" && k != "allreduce_bytes_per_s" && k != "micro_batch_overhead_s" &&
-        k != "p2p_latency_s" && k != "a2a_latency_s" && k != "a2a_bytes_per_s" && k != "measured")
+        k != "p2p_latency_s" && k != "a2a_latency_s" && k != "a2a_bytes_per_s" && k != "update_params_per_s" &&
+        k != "sync_bytes_per_s" && k != "cores" && k != "measured")
       return calib_terms_bad("unknown key '" + k + "'");
   }
   CostCalibration c;
@@ -46,12 +49,17 @@ Result<CostCalibration> CostCalibration::from_json(const nlohmann::json& in) {
       c.concurrency.push_back(x.get<double>());
     }
   }
+  CKPT_ASSIGN_OR_RETURN(const double cores, calib_terms_number(j, "cores", 0, 1 << 20));
+  if (cores != static_cast<int>(cores)) return calib_terms_bad("'cores' must be a whole number, got " + std::to_string(cores));
+  c.cores = static_cast<int>(cores);
   CKPT_ASSIGN_OR_RETURN(c.allreduce_latency_s, calib_terms_number(j, "allreduce_latency_s", 0, 10));
   CKPT_ASSIGN_OR_RETURN(c.allreduce_bytes_per_s, calib_terms_number(j, "allreduce_bytes_per_s", 0, 1e15));
   CKPT_ASSIGN_OR_RETURN(c.micro_batch_overhead_s, calib_terms_number(j, "micro_batch_overhead_s", 0, 10));
   CKPT_ASSIGN_OR_RETURN(c.p2p_latency_s, calib_terms_number(j, "p2p_latency_s", 0, 10));
   CKPT_ASSIGN_OR_RETURN(c.a2a_latency_s, calib_terms_number(j, "a2a_latency_s", 0, 10));
   CKPT_ASSIGN_OR_RETURN(c.a2a_bytes_per_s, calib_terms_number(j, "a2a_bytes_per_s", 0, 1e15));
+  CKPT_ASSIGN_OR_RETURN(c.update_params_per_s, calib_terms_number(j, "update_params_per_s", 0, 1e15));
+  CKPT_ASSIGN_OR_RETURN(c.sync_bytes_per_s, calib_terms_number(j, "sync_bytes_per_s", 0, 1e15));
   return c;
 }
 
@@ -62,7 +70,10 @@ nlohmann::json CostCalibration::to_json() const {
           {"micro_batch_overhead_s", micro_batch_overhead_s},
           {"p2p_latency_s", p2p_latency_s},
           {"a2a_latency_s", a2a_latency_s},
-          {"a2a_bytes_per_s", a2a_bytes_per_s}};
+          {"a2a_bytes_per_s", a2a_bytes_per_s},
+          {"update_params_per_s", update_params_per_s},
+          {"sync_bytes_per_s", sync_bytes_per_s},
+          {"cores", cores}};
 }
 
 std::vector<int> ranks_per_node(const Cluster& c, const std::vector<int>& used) {
@@ -83,6 +94,9 @@ void apply_calibration(StagePlace& place, const Cluster& c, const std::vector<in
   for (int r : ranks) one_node = one_node && c.node_of(r) == c.node_of(ranks[0]);
   if (cal.allreduce_bytes_per_s > 0 && one_node && ranks.size() > 1)
     place.tp_link = LinkSpec{cal.allreduce_bytes_per_s, cal.allreduce_latency_s / 2};
+  // The gradient syncs (a Comm all-reduce of MBs over the replicas or the EP group's peers): measured on a one-node cluster.
+  if (cal.sync_bytes_per_s > 0 && c.num_nodes() == 1) place.sync_link = LinkSpec{cal.sync_bytes_per_s, cal.allreduce_latency_s / 2};
+  place.update_params_per_s = cal.update_params_per_s;
   // The expert all-to-all spans the stage's replicas too: measured terms only on a one-node cluster.
   if (cal.a2a_bytes_per_s > 0 && c.num_nodes() == 1) place.a2a_link = LinkSpec{cal.a2a_bytes_per_s, cal.a2a_latency_s};
   if (cal.p2p_latency_s > 0) {

@@ -211,16 +211,19 @@ Result<PlanCost> evaluate(const ModelSpec& model, const Cluster& cluster, const 
     pc.micro_batches = m;
     pc.stages = S;
     std::vector<double> times;
+    double after = 0;  // the largest stage's gradient sync + optimizer update
     for (int st = 0; st < S; ++st) {
       StageCost c = cost_one_stage(model, cluster, layout, place, p, st, m, opt, zero_ways, cx, out);
       times.push_back(c.time_s());
       pc.dp_sync_s = std::max(pc.dp_sync_s, c.dp_sync_s);
-      out.a2a_s_per_step = std::max(out.a2a_s_per_step, static_cast<double>(m) * c.a2a_s);
+      pc.update_s = std::max(pc.update_s, c.update_s);
+      after = std::max(after, c.after_s());
+      out.a2a_s_per_step = std::max(out.a2a_s_per_step, static_cast<double>(m) * c.a2a_trainer_s);
       out.stages.push_back(std::move(c));
     }
     const double compute = pipeline_1f1b_s(times, m);
     pc.bubble_s = compute - static_cast<double>(m) * *std::max_element(times.begin(), times.end());
-    pc.time_s = compute + pc.dp_sync_s;
+    pc.time_s = compute + after;
     out.step_time_s = std::max(out.step_time_s, pc.time_s);
     out.pipelines.push_back(pc);
   }

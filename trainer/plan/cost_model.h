@@ -13,8 +13,10 @@
 //   reduce-scatter + all-gather, the same bytes) of its largest stage; the step's time is the
 //   slowest pipeline's;
 // - calibrated terms of the software stack (CostCalibration, measured by `ckpt plan --calibrate`):
-//   the FLOP/s a process keeps when N ranks of the layout compute on its node at once, the
-//   per-call cost of the TP all-reduce inside a node, a fixed cost per micro-batch and stage;
+//   the FLOP/s a process keeps when N ranks of the layout compute on its node at once (timeshared
+//   beyond the machine's cores), the per-call cost of the TP all-reduce inside a node, a fixed cost
+//   per micro-batch and stage, the gradient syncs' all-reduce at MB sizes, the optimizer update per
+//   parameter (once per step after the sync: the largest stage's sync + update ends the step);
 // - memory per rank: weights and gradients in the device type's dtype, Adam state (fp32 master +
 //   two moments; no master copy when the dtype is fp32), divided over the replicas under ZeRO-1,
 //   activations of the micro-batches in flight under 1F1B (min(S - s, m) on stage s).
@@ -75,7 +77,8 @@ struct ModelSpec {
 // "Calibrated terms"). Default: no term (the cluster file's figures alone).
 struct CostCalibration {
   // concurrency[k - 1]: the training FLOP/s of one process while k ranks compute on its node at
-  // once, over its FLOP/s alone (entry 0 is 1). Nodes with more ranks than measured use the last.
+  // once, over its FLOP/s alone (entry 0 is 1). Nodes with more ranks than measured use the last,
+  // times cores / k beyond `cores` (the processes timeshare the cores).
   std::vector<double> concurrency;
   // The TP all-reduce inside a node as one call costs between GEMMs on 2 ranks: latency + bytes /
   // bytes_per_s (fitted at the trainer's message sizes); priced with the ring formula for tp > 2.
@@ -89,6 +92,13 @@ struct CostCalibration {
   // The expert all-to-all inside a node (Comm::exchange over 2 ranks as the trainer's EP dispatch
   // calls it): latency + bytes / bytes_per_s per call; bytes_per_s 0: not measured (the links).
   double a2a_latency_s = 0, a2a_bytes_per_s = 0;
+  // The trainer's optimizer update (gradient norm, clipping, AdamW) in parameters per second of one
+  // process; 0: not measured (no update term: the calibrated efficiency then includes it).
+  double update_params_per_s = 0;
+  // The gradient sync's all-reduce at MB sizes (Comm::all_reduce_sum of 16 MiB over 2 ranks):
+  // bytes / seconds; 0: not measured (the data-parallel link, or the TP link with one pipeline).
+  double sync_bytes_per_s = 0;
+  int cores = 0;  // the calibrating machine's CPUs (sched_getaffinity), for `concurrency`; 0: not recorded
   // The FLOP/s factor for `ranks_on_node` ranks computing at once (1 without measurements).
   double speed_scale(int ranks_on_node) const;
   // From a calibration file's "cost_terms" object (or the file's top level holding it). Errors
@@ -113,7 +123,12 @@ struct StageCost {
   double flops = 0;        // per rank per micro-batch
   int ep = 1, etp = 1;
   double compute_s = 0, tp_comm_s = 0, p2p_s = 0, overhead_s = 0, dp_sync_s = 0, a2a_s = 0;
+  // update_s: the optimizer update of the parameters the rank updates, once per step after dp_sync_s.
+  // a2a_trainer_s: per micro-batch what `ckpt train`'s a2a_s counts (the all-to-alls, the ETP
+  // gather / scatter counted in tp_comm_s, the wait for the busiest EP rank counted in its compute).
+  double update_s = 0, a2a_trainer_s = 0;
   double time_s() const { return compute_s + tp_comm_s + p2p_s + overhead_s + a2a_s; }
+  double after_s() const { return dp_sync_s + update_s; }  // once per step, after the micro-batches
   // other: the embedded trainer's workspace, buffers, checkpoint staging and process constant (0
   // under the megatron memory model).
   uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0, other = 0, capacity = 0;
@@ -124,9 +139,10 @@ struct PipelineCost {
   int micro_batch = 1;
   int64_t micro_batches = 1;
   int stages = 1;
-  double time_s = 0;        // sum of stage times + (m - 1) * max stage time + dp_sync_s
-  double bubble_s = 0;      // sum of stage times - max stage time (time_s - m * max - dp_sync_s)
+  double time_s = 0;        // sum of stage times + (m - 1) * max stage time + the largest stage's after_s()
+  double bubble_s = 0;      // sum of stage times - max stage time
   double dp_sync_s = 0;     // the largest stage's gradient sync
+  double update_s = 0;      // the largest stage's optimizer update
 };
 
 struct RankCost {
@@ -143,7 +159,9 @@ struct PlanCost {
   int64_t global_batch = 0, seq_len = 0;
   std::string memory_model = "megatron";  // memory_model_name of the model the memory terms follow
   int ep = 1, etp = 1;                     // the layout's expert parallelism (etp: Layout::expert_tp)
-  double a2a_s_per_step = 0;               // the largest m x a2a_s of a stage: one rank's all-to-all time per step
+  // The largest m x a2a_trainer_s of a stage: one rank's all-to-all time per step as `ckpt train`
+  // measures it (its a2a_s: the busiest rank's wait and the ETP collectives included).
+  double a2a_s_per_step = 0;
   std::vector<StageCost> stages;      // pipeline by pipeline, stage by stage
   std::vector<PipelineCost> pipelines;
   std::vector<RankCost> ranks;        // layout rank order
@@ -167,6 +185,9 @@ struct StageShape {
 };
 // Parameters held by one TP rank of a stage.
 int64_t stage_rank_params(const ModelSpec& m, const StageShape& st);
+// Parameters whose optimizer update one TP rank of a stage runs: its parameters, under ZeRO-1 the
+// dense ones over zero_ways and the experts' over their ZeRO-1 group (stage_rank_memory's shares).
+int64_t stage_rank_updated_params(const ModelSpec& m, const StageShape& st, int zero_ways);
 // Forward + backward FLOPs of one TP rank of a stage for one micro-batch of b sequences.
 double stage_rank_flops(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s);
 // Ring all-reduce of `bytes` over n ranks on `link`: 2(n-1)/n * bytes / bw + 2(n-1) * latency.
@@ -175,6 +196,8 @@ double ring_allreduce_s(double bytes, int n, const LinkSpec& link);
 // also the ETP all-gather and reduce-scatter of the routed rows (b s k etp / tp rows of D, forward
 // and backward: 4 per MoE layer, each half a ring all-reduce over etp on `link`).
 double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
+// The ETP part of stage_tp_comm_s alone (0 unless ep > 1 and etp > 1).
+double stage_etp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link);
 // The expert all-to-alls of a stage for one micro-batch (docs/PLAN.md "Mixture of experts"): per
 // MoE layer 4 (dispatch and combine, forward and backward), each rank sending
 // (b s / tp) * top_k * D * act_bytes * (ep - 1) / ep bytes, `bytes / bw + (ep - 1) latency` each on
@@ -204,6 +227,9 @@ struct StagePlace {
   LinkSpec a2a_link;
   bool has_prev = false, has_next = false;
   double speed_scale = 1, micro_batch_overhead_s = 0;
+  double update_params_per_s = 0;  // CostCalibration::update_params_per_s (0: no update term)
+  // The gradient syncs' link when a calibration measured it on a one-node cluster (bytes_per_s 0: none).
+  LinkSpec sync_link{0, 0};
   double speed() const { return device->peak_flops * Cluster::efficiency_of(*device) * speed_scale; }
 };
 // ranks: the stage's cluster ranks (tp order); prev / next: the neighbouring stages' (empty at the
@@ -213,8 +239,9 @@ StagePlace make_stage_place(const Cluster& c, const std::vector<int>& ranks, con
 // The calibration's terms for a stage on `ranks` (tp order) when ranks_on_node[node] layout ranks
 // run on each node: speed_scale = the lowest concurrency factor of its ranks' nodes; the TP link
 // {allreduce_bytes_per_s, allreduce_latency_s / 2} (the ring formula at tp 2 is then exactly the
-// measured per-call cost) when the group is inside one node; the pipeline links' latency
-// p2p_latency_s when given and the neighbour is on the same node.
+// measured per-call cost) when the group is inside one node; sync_link {sync_bytes_per_s,
+// allreduce_latency_s / 2} for the gradient syncs on a one-node cluster; the pipeline links' latency
+// p2p_latency_s when given and the neighbour is on the same node; the optimizer update's rate.
 void apply_calibration(StagePlace& place, const Cluster& c, const std::vector<int>& ranks, const std::vector<int>& ranks_on_node,
                        const CostCalibration& cal, const std::vector<int>& prev, const std::vector<int>& next);
 // Layout ranks per node of `c` for the cluster ranks `used`.

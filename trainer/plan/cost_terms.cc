@@ -104,18 +104,20 @@ double ring_allreduce_s(double bytes, int n, const LinkSpec& link) {
   return 2.0 * (n - 1) / n * bytes / link.bytes_per_s + 2.0 * (n - 1) * std::max(0.0, link.latency_s);
 }
 
+double stage_etp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link) {
+  const int etp = st.expert_tp();
+  if (!m.moe() || st.ep <= 1 || etp <= 1) return 0;
+  // The ETP all-gather and reduce-scatter of the rank's routed rows, forward and backward.
+  const double rows = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.top_k) * etp / st.tp;
+  const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
+  return calls * ring_allreduce_s(rows * static_cast<double>(m.hidden) * act_bytes, etp, link) / 2;  // half a ring all-reduce each
+}
+
 double stage_tp_comm_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes, const LinkSpec& link) {
   if (st.tp <= 1) return 0;
   const double bytes = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.hidden) * act_bytes;
   const int count = 4 * st.layers + (st.first ? 1 : 0) + (st.last ? 1 : 0);
-  double t = count * ring_allreduce_s(bytes, st.tp, link);
-  const int etp = st.expert_tp();
-  if (m.moe() && st.ep > 1 && etp > 1) {  // the ETP all-gather and reduce-scatter of the rank's routed rows, forward and backward
-    const double rows = static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(m.top_k) * etp / st.tp;
-    const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
-    t += calls * ring_allreduce_s(rows * static_cast<double>(m.hidden) * act_bytes, etp, link) / 2;  // half a ring all-reduce each
-  }
-  return t;
+  return count * ring_allreduce_s(bytes, st.tp, link) + stage_etp_comm_s(m, st, b, s, act_bytes, link);
 }
 
 double stage_a2a_bytes(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int act_bytes) {
@@ -128,6 +130,15 @@ double stage_a2a_s(const ModelSpec& m, const StageShape& st, int64_t b, int64_t 
   if (st.ep <= 1 || !m.moe()) return 0;
   const double calls = 4.0 * st.layers * static_cast<double>(m.moe_layers) / static_cast<double>(m.layers);
   return calls * (stage_a2a_bytes(m, st, b, s, act_bytes) / link.bytes_per_s + (st.ep - 1) * std::max(0.0, link.latency_s));
+}
+
+int64_t stage_rank_updated_params(const ModelSpec& m, const StageShape& st, int zero_ways) {
+  const int64_t params = stage_rank_params(m, st);
+  const int64_t expert = st.layers * (m.layer_expert_params() / (st.ep * st.expert_tp()));
+  if (zero_ways <= 1) return params;
+  // ZeRO-1: the dense part over zero_ways, the experts' over their group (stage_rank_memory).
+  const int64_t eways = std::max<int64_t>(1, static_cast<int64_t>(zero_ways) * st.tp / (st.ep * st.expert_tp()));
+  return (params - expert + zero_ways - 1) / zero_ways + (expert + eways - 1) / eways;
 }
 
 MemoryTerms stage_rank_memory(const ModelSpec& m, const StageShape& st, int64_t b, int64_t s, int dtype_bytes,
@@ -229,11 +240,24 @@ StageCost stage_cost(const ModelSpec& model, const StagePlace& place, const Stag
     c.weights = mem.weights, c.grads = mem.grads, c.optimizer = mem.optimizer, c.activations = mem.activations;
   }
   c.capacity = place.capacity;
-  if (pipelines > 1 || shape.ep > 1) {  // dense gradients over the pipelines, the experts' over their data-parallel group
+  const bool measured_sync = place.sync_link.bytes_per_s > 0;
+  const int edp = std::max(1, shape.tp * pipelines / (shape.ep * shape.expert_tp()));
+  if (pipelines > 1 || (model.moe() && edp > 1)) {  // dense gradients over the pipelines, the experts' over their data-parallel group
     const int64_t expert = shape.layers * (model.layer_expert_params() / (shape.ep * shape.expert_tp()));
-    const int edp = shape.tp * pipelines / (shape.ep * shape.expert_tp());
-    c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape) - expert) * ab, pipelines, place.dp_link);
-    if (expert > 0) c.dp_sync_s += ring_allreduce_s(static_cast<double>(expert) * ab, edp, pipelines > 1 ? place.dp_link : place.tp_link);
+    const LinkSpec& dense_link = measured_sync ? place.sync_link : place.dp_link;
+    const LinkSpec& expert_link = measured_sync ? place.sync_link : pipelines > 1 ? place.dp_link : place.tp_link;
+    c.dp_sync_s = ring_allreduce_s(static_cast<double>(stage_rank_params(model, shape) - expert) * ab, pipelines, dense_link);
+    if (expert > 0) c.dp_sync_s += ring_allreduce_s(static_cast<double>(expert) * ab, edp, expert_link);
+  }
+  if (place.update_params_per_s > 0)
+    c.update_s = static_cast<double>(stage_rank_updated_params(model, shape, zero_ways)) / (place.update_params_per_s * place.speed_scale);
+  // What the trainer's a2a_s counts: the all-to-alls, the ETP collectives and, under imbalance, the
+  // wait of the other EP ranks for the busiest one (its extra expert rows: stage_rank_flops).
+  c.a2a_trainer_s = c.a2a_s + stage_etp_comm_s(model, shape, b, s, ab, place.tp_link);
+  if (model.moe() && model.expert_load(shape.ep) > 1) {
+    ModelSpec balanced = model;
+    balanced.router_load = 1;
+    c.a2a_trainer_s += (c.flops - stage_rank_flops(balanced, shape, b, s)) / place.speed();
   }
   return c;
 }

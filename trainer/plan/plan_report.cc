@@ -14,6 +14,7 @@ nlohmann::json PlanCost::to_json() const {
                   {"tp", c.tp}, {"device", c.device}, {"flops_per_micro_batch", c.flops}, {"compute_s", c.compute_s},
                   {"tp_comm_s", c.tp_comm_s}, {"p2p_s", c.p2p_s},
                   {"a2a_s", c.a2a_s}, {"ep", c.ep}, {"etp", c.etp}, {"time_s", c.time_s()}, {"dp_sync_s", c.dp_sync_s},
+                  {"update_s", c.update_s}, {"a2a_trainer_s", c.a2a_trainer_s},
                   {"memory_bytes", c.memory()}, {"weights_bytes", c.weights}, {"grads_bytes", c.grads},
                   {"optimizer_bytes", c.optimizer}, {"activations_bytes", c.activations}, {"capacity_bytes", c.capacity}});
   nlohmann::json pl = nlohmann::json::array();
@@ -23,7 +24,8 @@ nlohmann::json PlanCost::to_json() const {
     for (const StageCost& x : stages)
       if (x.pipeline == static_cast<int>(p)) times.push_back(x.time_s());
     pl.push_back({{"pipeline", p}, {"micro_batch", c.micro_batch}, {"micro_batches", c.micro_batches}, {"stages", c.stages},
-                  {"time_s", c.time_s}, {"bubble_s", c.bubble_s}, {"dp_sync_s", c.dp_sync_s}, {"stage_times_s", times}});
+                  {"time_s", c.time_s}, {"bubble_s", c.bubble_s}, {"dp_sync_s", c.dp_sync_s},
+                  {"update_s", c.update_s}, {"stage_times_s", times}});
   }
   nlohmann::json rk = nlohmann::json::array();
   for (const RankCost& r : ranks)
@@ -45,7 +47,7 @@ std::string PlanCost::to_text() const {
   out += buf;
   if (ep > 1 || a2a_s_per_step > 0) {
     std::snprintf(buf, sizeof buf,
-                  "experts: ep %d etp %d, all-to-all %.4g s per step (a2a %.1f%%; docs/PLAN.md \"Mixture of experts\": "
+                  "experts: ep %d etp %d, all-to-all %.4g s per step as `ckpt train` counts it (a2a %.1f%%; docs/PLAN.md \"Mixture of experts\": "
                   "which layouts `ckpt train` runs)\n", ep, etp, a2a_s_per_step,
                   step_time_s > 0 ? 100 * a2a_s_per_step / step_time_s : 0.0);
     out += buf;
@@ -60,8 +62,9 @@ std::string PlanCost::to_text() const {
   size_t k = 0;
   for (size_t p = 0; p < pipelines.size(); ++p) {
     const PipelineCost& c = pipelines[p];
-    std::snprintf(buf, sizeof buf, "micro-batch %d x %lld, %d stages, %.6g s (bubble %.6g s, dp sync %.6g s)\n", c.micro_batch,
-                  static_cast<long long>(c.micro_batches), c.stages, c.time_s, c.bubble_s, c.dp_sync_s);
+    std::snprintf(buf, sizeof buf, "micro-batch %d x %lld, %d stages, %.6g s (bubble %.6g s, dp sync %.6g s%s)\n", c.micro_batch,
+                  static_cast<long long>(c.micro_batches), c.stages, c.time_s, c.bubble_s, c.dp_sync_s,
+                  c.update_s > 0 ? (", optimizer update " + std::to_string(c.update_s) + " s").c_str() : "");
     blocks[p] = buf;
     for (; k < stages.size() && stages[k].pipeline == static_cast<int>(p); ++k) {
       const StageCost& x = stages[k];

@@ -28,7 +28,7 @@ const SplitResult& Arranged::pipeline(size_t k, int64_t b) {
         continue;
       }
       const StageCost c = cost(k, st, n, b);
-      tab[static_cast<size_t>(st)].push_back({c.memory() > c.capacity ? kInfeasible : c.time_s(), c.dp_sync_s});
+      tab[static_cast<size_t>(st)].push_back({c.memory() > c.capacity ? kInfeasible : c.time_s(), c.after_s()});
     }
   auto at = [&tab](int st, int n) { return tab[static_cast<size_t>(st)][static_cast<size_t>(n)]; };
   SplitResult r = best_split(L, S, static_cast<double>(m - 1), [&](int st, int n) { return at(st, n).first; },
