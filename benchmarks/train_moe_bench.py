@@ -42,6 +42,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from plan_validate import spearman as plan_spearman  # noqa: E402  one rank correlation for both benchmarks
+
 MODEL = {
     "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 264, "hidden_size": 256,
     "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -138,28 +141,11 @@ def predict(a, d, lf, seq, router_load=1.0):
             "step_s": j["step_time_s"]}
 
 
-def ranks(v):
-    order = sorted(range(len(v)), key=lambda i: v[i])
-    r = [0.0] * len(v)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return r
-
-
 def spearman(x, y):
-    if len(x) < 2:
+    """plan_validate's rank correlation over the layouts; nan with fewer than two or a constant side."""
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
         return float("nan")
-    rx, ry = ranks(x), ranks(y)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    num = sum((p - mx) * (q - my) for p, q in zip(rx, ry))
-    den = (sum((p - mx) ** 2 for p in rx) * sum((q - my) ** 2 for q in ry)) ** 0.5
-    return num / den if den else float("nan")
+    return plan_spearman(x, y)
 
 
 def write_inputs(a, d, model, world):

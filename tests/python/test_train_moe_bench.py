@@ -5,6 +5,7 @@
 MoE plan that names its ep. The script's Spearman against hand-ranked examples (ties averaged)."""
 import importlib.util
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def test_spearman_against_hand_ranks():
     b = load_bench()
     assert b.spearman([1, 2, 3], [10, 20, 30]) == 1.0
     assert b.spearman([1, 2, 3], [30, 20, 10]) == -1.0
-    assert b.ranks([5, 1, 5, 3]) == [3.5, 1.0, 3.5, 2.0]
+    assert sys.modules["plan_validate"].ranks([5, 1, 5, 3]) == [3.5, 1.0, 3.5, 2.0]  # the shared ranks, ties averaged
+    assert math.isnan(b.spearman([1, 1, 1], [1, 2, 3])) and math.isnan(b.spearman([1], [2]))
     # Ranks [1, 2, 3, 4] vs [1, 3, 2, 4]: 1 - 6 * 2 / (4 * 15) = 0.8.
     assert abs(b.spearman([1, 2, 3, 4], [1, 3, 2, 4]) - 0.8) < 1e-12
