@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from mpi_ranks import MPIRUN, SKIP_REASON  # noqa: E402
 from trainer_runs import (MID, STEPS, Gen, Runs, Sym, assert_losses_close, assert_same_checkpoint, ckpt,  # noqa: E402
-                          log, step_dir, step_lines)
+                          log, step_dir)
 
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason=SKIP_REASON)
 CONFIG = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=264, hidden_size=32,
@@ -75,14 +75,7 @@ def assert_inspect_shows(ckpt_dir, name):
 
 @pytest.mark.parametrize("a,b,what", PAIRS, ids=[f"{a}-to-{b}" for a, b, _ in PAIRS])
 def test_moe_resume_on_another_layout(runs, a, b, what):
-    full = runs.full(a)
-    la = log(full)
-    assert [r["step"] for r in la] == list(range(1, STEPS + 1))
-    assert la[-1]["loss"] < la[0]["loss"], "the reference run does not learn"
-    res = runs.resumed(a, b)
-    assert len(step_lines(runs.done[res].stdout)) == STEPS - MID, runs.done[res].stdout
-    worst = assert_losses_close(la, log(res), range(MID + 1, STEPS + 1))
-    max_abs = assert_same_checkpoint(full / step_dir(STEPS), res / step_dir(STEPS))
+    res, worst, max_abs = runs.check_resume(a, b)
     assert_inspect_shows(res / step_dir(STEPS), b)
     lb = log(res)
     if LAYOUTS[b].n > 1:

@@ -197,6 +197,20 @@ class Runs:
             self.done[out] = self.train(b, out, "--steps", STEPS, "--resume", src)
         return out
 
+    def check_resume(self, a, b):
+        """a's step-MID checkpoint resumed on b: steps MID+1..STEPS against a's uninterrupted run (which
+        must learn), the step-STEPS checkpoints compared by `ckpt diff`. -> (resumed run dir, worst
+        relative loss difference, max |w_a - w_b|)."""
+        full = self.full(a)
+        la = log(full)
+        assert [r["step"] for r in la] == list(range(1, STEPS + 1))
+        assert la[-1]["loss"] < la[0]["loss"], "the reference run does not learn"
+        res = self.resumed(a, b)
+        assert len(step_lines(self.done[res].stdout)) == STEPS - MID, self.done[res].stdout
+        worst = assert_losses_close(la, log(res), range(MID + 1, STEPS + 1))
+        assert (res / "latest").read_text().strip() == step_dir(STEPS)
+        return res, worst, assert_same_checkpoint(full / step_dir(STEPS), res / step_dir(STEPS))
+
 
 def assert_losses_close(ref, got, steps):
     ref = {r["step"]: r["loss"] for r in ref}
