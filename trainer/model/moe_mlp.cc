@@ -108,33 +108,42 @@ void MoeMlp<T>::route(MoeActs<T>& a, const T* x, int64_t n) {
     }
 }
 
+// a.g, a.u, a.h [Rows, Fl] and yrows [Rows, D] = down_e(silu(gate_e x) * up_e x) of the rows a.xg
+// [Rows, D] grouped by expert (expert e: rows [first[e], first[e + 1]), e < experts), over this rank's
+// Fl columns of each expert's width (all F of it without expert parallelism).
+template <class T>
+void MoeMlp<T>::experts_swiglu_forward(MoeActs<T>& a, const std::vector<int64_t>& first, int64_t experts, T* yrows) {
+  const int64_t rows = first[static_cast<size_t>(experts)];
+  resize_buffer(a.g, rows * Fl_);
+  resize_buffer(a.u, rows * Fl_);
+  resize_buffer(a.h, rows * Fl_);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t r0 = first[static_cast<size_t>(e)], ne = first[static_cast<size_t>(e) + 1] - r0;
+    if (ne == 0) continue;
+    const T* xe = a.xg.data() + r0 * D_;
+    T *ge = a.g.data() + r0 * Fl_, *ue = a.u.data() + r0 * Fl_, *he = a.h.data() + r0 * Fl_;
+    linear_forward<T>(xe, gate_proj.w.data() + e * Fl_ * D_, ge, ne, D_, Fl_);  // [ne, Fl]
+    linear_forward<T>(xe, up_proj.w.data() + e * Fl_ * D_, ue, ne, D_, Fl_);
+    swiglu_forward<T>(ge, ue, he, ne * Fl_);
+    linear_forward<T>(he, down_proj.w.data() + e * D_ * Fl_, yrows + r0 * D_, ne, Fl_, D_);  // [ne, D]
+  }
+}
+
 template <class T>
 void MoeMlp<T>::forward(int slot, const T* x, T* y, int64_t n, RouterTotals* totals) {
   MoeActs<T>& a = acts_[static_cast<size_t>(slot)];
   route(a, x, n);
   const int64_t R = n * K_;
   resize_buffer(a.xg, R * D_);
-  resize_buffer(a.g, R * F_);
-  resize_buffer(a.u, R * F_);
-  resize_buffer(a.h, R * F_);
   resize_buffer(a.y, R * D_);
   for (int64_t r = 0; r < R; ++r) std::copy_n(x + a.row_token[r] * D_, D_, a.xg.data() + r * D_);
+  experts_swiglu_forward(a, a.first, E_, a.y.data());
   std::fill(y, y + n * D_, T(0));
-  for (int64_t e = 0; e < E_; ++e) {
-    const int64_t r0 = a.first[e], ne = a.first[e + 1] - r0;
-    if (ne == 0) continue;
-    const T* xe = a.xg.data() + r0 * D_;
-    T *ge = a.g.data() + r0 * F_, *ue = a.u.data() + r0 * F_, *he = a.h.data() + r0 * F_;
-    linear_forward<T>(xe, gate_proj.w.data() + e * F_ * D_, ge, ne, D_, F_);  // [ne, F]
-    linear_forward<T>(xe, up_proj.w.data() + e * F_ * D_, ue, ne, D_, F_);
-    swiglu_forward<T>(ge, ue, he, ne * F_);
-    linear_forward<T>(he, down_proj.w.data() + e * D_ * F_, a.y.data() + r0 * D_, ne, F_, D_);  // [ne, D]
-    for (int64_t r = r0; r < r0 + ne; ++r) {
-      const T w = a.weight[a.row_token[r] * K_ + a.row_pick[r]];
-      T* yt = y + a.row_token[r] * D_;
-      const T* yr = a.y.data() + r * D_;
-      for (int64_t d = 0; d < D_; ++d) yt[d] += yr[d] * w;
-    }
+  for (int64_t r = 0; r < R; ++r) {  // rows grouped by expert: the sums in expert order
+    const T w = a.weight[a.row_token[r] * K_ + a.row_pick[r]];
+    T* yt = y + a.row_token[r] * D_;
+    const T* yr = a.y.data() + r * D_;
+    for (int64_t d = 0; d < D_; ++d) yt[d] += yr[d] * w;
   }
   if (Fs_ > 0) shared_forward(a, x, y, n);
   load_.resize(static_cast<size_t>(E_), 0);

@@ -116,6 +116,7 @@ class MoeMlp {
 
  private:
   void route(MoeActs<T>& a, const T* x, int64_t n);
+  void experts_swiglu_forward(MoeActs<T>& a, const std::vector<int64_t>& first, int64_t experts, T* yrows);
   void shared_forward(MoeActs<T>& a, const T* x, T* y, int64_t n);
   void shared_backward(MoeActs<T>& a, const T* x, const T* dy, T* dx, int64_t n);
   // Their parts, shared with the expert-parallel path at tp > 1 (over this rank's Fsl columns).

@@ -99,20 +99,8 @@ Status MoeMlp<T>::ep_combine(MoeActs<T>& a, const T* gathered, T* rows) {
 template <class T>
 void MoeMlp<T>::ep_experts_forward(MoeActs<T>& a, std::vector<T>* out) {
   const int64_t Rg = a.efirst.back();
-  resize_buffer(a.g, Rg * Fl_);
-  resize_buffer(a.u, Rg * Fl_);
-  resize_buffer(a.h, Rg * Fl_);
   resize_buffer(ep_b_, Rg * D_);
-  for (int64_t e = 0; e < El_; ++e) {
-    const int64_t r0 = a.efirst[static_cast<size_t>(e)], ne = a.efirst[static_cast<size_t>(e) + 1] - r0;
-    if (ne == 0) continue;
-    const T* xe = a.xg.data() + r0 * D_;
-    T *ge = a.g.data() + r0 * Fl_, *ue = a.u.data() + r0 * Fl_, *he = a.h.data() + r0 * Fl_;
-    linear_forward<T>(xe, gate_proj.w.data() + e * Fl_ * D_, ge, ne, D_, Fl_);  // [ne, Fl]
-    linear_forward<T>(xe, up_proj.w.data() + e * Fl_ * D_, ue, ne, D_, Fl_);
-    swiglu_forward<T>(ge, ue, he, ne * Fl_);
-    linear_forward<T>(he, down_proj.w.data() + e * D_ * Fl_, ep_b_.data() + r0 * D_, ne, Fl_, D_);  // [ne, D]
-  }
+  experts_swiglu_forward(a, a.efirst, El_, ep_b_.data());
   resize_buffer(*out, Rg * D_);
   for (int64_t k = 0; k < Rg; ++k) std::copy_n(ep_b_.data() + k * D_, D_, out->data() + a.perm[static_cast<size_t>(k)] * D_);
 }
