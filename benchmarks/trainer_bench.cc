@@ -1,7 +1,8 @@
 // trainer_bench: throughput of the reference trainer against OpenBLAS sgemm measured in the
 // same run, 1 vs 2 OpenBLAS threads, and the time the training loop is blocked by an
 // asynchronous checkpoint save versus a synchronous save of the same checkpoint.
-//   trainer_bench [--steps N] [--hidden D] [--layers L] [--seq T] [--micro-batch B] [--out DIR]
+//   trainer_bench [--steps N] [--hidden D] [--layers L] [--seq T] [--micro-batch B] [--out DIR] [--save-only]
+// --save-only: the checkpoint part alone (benchmarks/io_floor_bench.py's trainer part).
 // Prints one human line per measurement and a final JSON object. OPENBLAS_CORETYPE is left as
 // the environment sets it (reported). Memory state: "hot" (buffers reused; a warm-up step runs
 // before timing); page cache of the checkpoint dir: warm (written just before).
@@ -47,8 +48,15 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int64_t steps = 5, hidden = 512, layers = 4, seq = 256, mb = 4;
   std::string out = "/tmp/trainer_bench_run";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool save_only = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--save-only") {  // no value: skip the throughput rounds, time the checkpoint save only
+      save_only = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) { std::fprintf(stderr, "flag %s needs a value\n", k.c_str()); return 2; }
     const int64_t v = std::atoll(argv[i + 1]);
     if (k == "--steps") steps = v;
     else if (k == "--hidden") hidden = v;
@@ -79,6 +87,7 @@ int main(int argc, char** argv) {
   const int64_t n = 2048;
   std::vector<float> ga(static_cast<size_t>(n * n), 0.5f), gb(ga.size(), 0.25f), gc(ga.size(), 0.f);
   for (int threads : {1, 2}) {
+    if (save_only) break;
     TrainOptions o;
     o.config = c;
     o.steps = steps + 1;
@@ -131,7 +140,10 @@ int main(int argc, char** argv) {
     o.print = false;
     o.out_dir = out;
     auto t = Trainer::create(o);
-    if (!t.ok()) return 1;
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", t.status().to_string().c_str());
+      return 1;
+    }
     std::vector<double> sync_b, async_b, plain_step, overlap_step, async_total;
     for (int r = 0; r < 3; ++r) {
       auto st0 = (*t)->train_step();
