@@ -83,7 +83,7 @@ def run_rounds(a, cases, st, states, hf_states, root, out, rows, res, src_bytes)
                     continue
                 shutil.rmtree(out, ignore_errors=True)  # the last output's page cache freed: part of the state
                 free = shutil.disk_usage(root).free
-                if free < src_bytes * 1.1 + (1 << 30):
+                if free < (c.space() if c.space else src_bytes * 1.1) + (1 << 30):
                     raise RuntimeError(f"{free / 2**30:.1f} GiB free under {root}: not enough for the output of {c.name}")
                 argv = c.argv()
                 st.enter(s, c.sources)

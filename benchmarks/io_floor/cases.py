@@ -37,10 +37,12 @@ TRAINER_ROWS = (("trainer save (write)", "write_s"), ("trainer save (sync blocke
 
 class Case:
     """A timed command: argv() builds it (after the last output is removed); derive(row, stdout), when given,
-    turns the timed row into the rows recorded instead."""
+    turns the timed row into the rows recorded instead; space(), when given, the disk bytes its output needs
+    (default: 1.1x the source store's)."""
 
-    def __init__(self, name, part, argv, sources, ckpt=False, derive=None):
-        self.name, self.part, self.argv, self.sources, self.ckpt, self.derive = name, part, argv, sources, ckpt, derive
+    def __init__(self, name, part, argv, sources, ckpt=False, derive=None, space=None):
+        self.name, self.part, self.argv, self.sources, self.ckpt = name, part, argv, sources, ckpt
+        self.derive, self.space = derive, space
 
 
 def shard_files(store: pathlib.Path):
@@ -103,7 +105,9 @@ def make_cases(a, P, out):
         def trainer_argv():
             out.mkdir(parents=True)  # trainer_bench makes its run dir, not the parent
             return [a.trainer_bench, *a.trainer_args.split(), "--save-only", "--out", out / "run"]
-        cases += [Case("trainer", "trainer", trainer_argv, [], derive=lambda row, text: trainer_rows(row, text, T)),
+        # trainer_bench keeps its 6 checkpoints (3 synchronous saves, 3 asynchronous) until it ends; 1.2 GB each until known
+        cases += [Case("trainer", "trainer", trainer_argv, [], derive=lambda row, text: trainer_rows(row, text, T),
+                       space=lambda: 6.3 * T.get("bytes", 1.2e9)),
                   Case("dd2 trainer", "trainer", lambda: dd_floor(T["bytes"], out, streams=2, bs_mib=a.dd_mib), [])]
     return cases
 
