@@ -143,8 +143,11 @@ nlohmann::json io_report(IoMode io, const SourceBlocks* read_ahead, const WriteP
   j["writes"] = c.automatic && !c.decided ? "probing" : c.route == WritePool::Route::kBuffered ? "buffered" : "direct";
   if (c.automatic) {
     j["probe_bytes"] = write_pool->probe_bytes();
+    j["buffered_probe_bytes"] = write_pool->buffered_probe_bytes();
     j["direct_gb_s"] = c.direct_bytes_per_s / 1e9;
     j["buffered_gb_s"] = c.buffered_bytes_per_s / 1e9;
+    if (c.buffered_run_bytes_per_s > 0) j["buffered_run_gb_s"] = c.buffered_run_bytes_per_s / 1e9;
+    if (c.switched) j["switched_to"] = "direct";
   }
   return j;
 }

@@ -402,6 +402,8 @@ void PartialDir::release() {
   if (lock_.held()) keep_lock(path_, std::move(lock_));
 }
 
+constexpr uint64_t kSharePages = 64, kShareSpans = 64;  // pages per span, spans per large file
+
 double page_cache_share(const std::string& path) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t pages = 0, cached = 0;
@@ -420,10 +422,20 @@ double page_cache_share(const std::string& path) {
       const uint64_t size = static_cast<uint64_t>(sb.st_size), n = (size + page - 1) / page;
       void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
       if (m != MAP_FAILED) {
-        in.assign(n, 0);
-        if (::mincore(m, size, in.data()) == 0) {
+        // Large files: kShareSpans spans, evenly spaced, stand for the file (every page of 3 GB: 55 ms)
+        const bool whole = n <= kShareSpans * kSharePages;
+        const uint64_t span = std::min<uint64_t>(n, kSharePages), spans = whole ? (n + span - 1) / span : kShareSpans;
+        uint64_t seen = 0, hit = 0;
+        for (uint64_t k = 0; k < spans; ++k) {
+          const uint64_t first = whole ? k * span : k * (n - span) / (spans - 1), len = std::min(span, n - first);
+          in.assign(len, 0);
+          if (::mincore(static_cast<char*>(m) + first * page, len * page, in.data()) != 0) continue;
+          seen += len;
+          for (unsigned char c : in) hit += c & 1;
+        }
+        if (seen > 0) {
           pages += n;
-          for (unsigned char c : in) cached += c & 1;
+          cached += static_cast<uint64_t>(static_cast<double>(n) * static_cast<double>(hit) / static_cast<double>(seen));
         }
         ::munmap(m, size);
       }

@@ -45,8 +45,9 @@ bool path_exists(const std::string& path);   // lstat: a dangling symlink exists
 bool is_directory(const std::string& path);
 // The share (0..1) of the bytes of `path` (a regular file, or the regular files under a directory,
 // recursively, symlinks not followed) that are in the page cache (mincore of a mapping that
-// touches no page); 1 when there are none or `path` cannot be read. How `--io auto` tells a warm
-// source from a cold one.
+// touches no page; in files of more than 16 MiB, of 64 evenly spaced spans of 256 KiB, standing for
+// the file); 1 when there are none or `path` cannot be read. How `--io auto` tells a warm source
+// from a cold one.
 double page_cache_share(const std::string& path);
 std::string parent_dir(const std::string& path);  // "." for a bare name
 

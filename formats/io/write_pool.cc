@@ -29,6 +29,7 @@ WritePool::WritePool(int buffers, uint64_t request_bytes, uint64_t probe_bytes)
     : nbuf_(std::max(1, buffers)),
       request_(std::max<uint64_t>(4096, (request_bytes + 4095) / 4096 * 4096)),
       probe_(probe_bytes),
+      bprobe_(std::min<uint64_t>(probe_bytes, kBufferedProbeRequests * request_)),
       writers_(std::make_unique<ThreadPool>(nbuf_)) {}
 
 WritePool::~WritePool() { writers_.reset(); }
@@ -76,42 +77,49 @@ WritePool::Choice WritePool::choice() const {
   return choice_;
 }
 
-// Probe 0 (direct), then probe 1 (buffered, writeback waited for), each alone in flight; then the
+// Probe 1 (buffered, writeback waited for), then probe 0 (direct), each alone in flight; then the
 // faster way.
-WritePool::Route WritePool::route_for(std::unique_lock<std::mutex>& l, uint64_t bytes) {
+WritePool::Route WritePool::route_for(std::unique_lock<std::mutex>& l, uint64_t bytes, int& probe) {
+  probe = -1;
   if (!auto_) return Route::kDirect;
-  if (probes_[0].assigned < probe_) {
-    probes_[0].assigned += bytes;
-    return Route::kDirect;
-  }
-  cv_.wait(l, [this] { return probes_[0].done >= probes_[0].assigned; });
-  if (probes_[1].assigned < probe_) {
+  if (probes_[1].assigned < bprobe_) {
     probes_[1].assigned += bytes;
+    probe = 1;
     return Route::kBufferedProbe;
   }
+  cv_.wait(l, [this] { return probes_[1].done >= probes_[1].assigned; });
+  if (probes_[0].assigned < probe_) {
+    probes_[0].assigned += bytes;
+    probe = 0;
+    return Route::kDirect;
+  }
   cv_.wait(l, [this] { return choice_.decided; });
+  if (choice_.route == Route::kBuffered) probe = 2;
   return choice_.route;
 }
 
-// The probe a request of route `r` belongs to, or null (auto off, decided, or not a probe's).
-WritePool::Probe* WritePool::probe_of(Route r) {
-  if (!auto_ || choice_.decided || r == Route::kBuffered) return nullptr;
-  return r == Route::kDirect ? (probes_[1].assigned > 0 ? nullptr : &probes_[0]) : &probes_[1];
-}
-
-void WritePool::started(Route r, double t) {
-  Probe* p = probe_of(r);
-  if (p && p->inflight++ == 0) p->busy_since = t;
+void WritePool::started(int probe, double t) {
+  if (probe < 0) return;
+  Probe& p = probes_[probe];
+  if (p.inflight++ == 0) p.busy_since = t;
 }
 
 // A probe's rate is its bytes over the time it had a request in flight (the union of its
 // requests' times: gaps where the copies had nothing ready do not count against the disk).
-void WritePool::finished(Route r, double t, uint64_t bytes) {
-  Probe* p = probe_of(r);
-  if (!p) return;
-  p->done += bytes;
-  if (--p->inflight == 0) p->busy += t - p->busy_since;
-  if (probes_[1].assigned < probe_ || probes_[1].done < probes_[1].assigned) return;
+void WritePool::finished(int probe, double t, uint64_t bytes) {
+  if (probe < 0) return;
+  Probe& p = probes_[probe];
+  p.done += bytes;
+  if (--p.inflight == 0) p.busy += t - p.busy_since;
+  if (probe == 2) {  // the run's buffered requests: slower than the direct probe => direct from now on
+    choice_.buffered_run_bytes_per_s = static_cast<double>(p.done) / std::max(1e-9, p.busy);
+    if (!choice_.switched && p.done >= probe_ && choice_.buffered_run_bytes_per_s < choice_.direct_bytes_per_s) {
+      choice_.route = Route::kDirect;
+      choice_.switched = true;
+    }
+    return;
+  }
+  if (probes_[0].assigned < probe_ || probes_[0].done < probes_[0].assigned || probes_[1].done < probes_[1].assigned) return;
   choice_.direct_bytes_per_s = static_cast<double>(probes_[0].done) / std::max(1e-9, probes_[0].busy);
   choice_.buffered_bytes_per_s = static_cast<double>(probes_[1].done) / std::max(1e-9, probes_[1].busy);
   choice_.route = choice_.buffered_bytes_per_s > kBufferedMargin * choice_.direct_bytes_per_s ? Route::kBuffered : Route::kDirect;
@@ -124,24 +132,25 @@ void WritePool::submit(WriteGroup& group, char* buf, uint64_t bytes, std::functi
     ++group.pending_;
   }
   Route route;
+  int probe;
   {
     std::unique_lock<std::mutex> l(mu_);
     ++stats_.writes;
     stats_.bytes += bytes;
-    route = route_for(l, bytes);
+    route = route_for(l, bytes, probe);
   }
-  (void)writers_->submit([this, &group, buf, bytes, route, write = std::move(write)] {
+  (void)writers_->submit([this, &group, buf, bytes, route, probe, write = std::move(write)] {
     double t0;
     {
       std::lock_guard<std::mutex> l(mu_);
-      started(route, t0 = now_s());
+      started(probe, t0 = now_s());
     }
     Status st = write(route);
     {
       std::lock_guard<std::mutex> l(mu_);
       const double t1 = now_s();
       stats_.write_seconds += t1 - t0;
-      finished(route, t1, bytes);
+      finished(probe, t1, bytes);
       free_.push_back(buf);
       cv_.notify_all();
     }

@@ -21,17 +21,25 @@
 //  - WriteGroup::wait(): until every write submitted with the group has run; their first error.
 //    WriteGroup::failed(): that error now, without waiting (OK while none).
 //  - --io auto (set_auto): the pool chooses, per run, how its requests reach the disk, from what it
-//    measures: the first probe_bytes() of requests go direct, the next probe_bytes() through the page
-//    cache with their writeback waited for (sync_file_range: what the final fsync would pay), each
-//    probe's rate its bytes over the time it had a request in flight, with nothing else in flight
-//    (a submit that would start the next probe or pass the second waits until the probe before it
-//    is done); every later request goes the faster way (choice()), buffered only when its probe was
-//    kBufferedMargin times faster; a buffered request of the run waits for its writeback as the
-//    probe's did (OutputFile), so that the probe predicts the run: left to the kernel's flusher and
-//    the final fsync, the dirty pages of a buffered run were written far slower than the probe
-//    measured (3.34 GB MoE reshard, 2026-11-28: a probe at 0.98 GB/s buffered vs 0.50 GB/s direct
-//    chose buffered, whose write then took 15.8 s; runs that chose direct 2.5-4 s). Without set_auto every request
-//    is kDirect (the file writes direct where it can). Bytes are the same either way.
+//    measures in the run's own first requests: the first buffered_probe_bytes() (two requests) go
+//    through the page cache with their writeback waited for (sync_file_range: what the final fsync
+//    would pay), alone in flight; the next probe_bytes() go direct, alone in flight with each other;
+//    each probe's rate is its bytes over the time it had a request in flight; every later request goes
+//    the faster way (choice()), buffered only when its probe was kBufferedMargin times faster. A
+//    submit that would start the direct probe or pass it waits until the probe before it is done (the
+//    copies keep filling buffers meanwhile). The buffered probe is small and first because it is the
+//    slow one on this machine's disk (0.40-0.50 GB/s against direct 1.0-1.5 GB/s, 2026-11-28/29): a
+//    128 MiB buffered probe after the direct one cost a 3.08 GB reshard 0.25 s of its 2.1 s; two
+//    requests first cost ~0.05 s and need no drain before them. A buffered request of the run waits
+//    for its writeback as the probe's did (OutputFile), so that the probe predicts the run: left to
+//    the kernel's flusher and the final fsync, the dirty pages of a buffered run were written far
+//    slower than the probe measured (3.34 GB MoE reshard, 2026-11-28: a probe at 0.98 GB/s buffered
+//    vs 0.50 GB/s direct chose buffered, whose write then took 15.8 s; runs that chose direct
+//    2.5-4 s); and the run's buffered requests are measured the same way: once probe_bytes() of them
+//    are done, a cumulative rate below the direct probe's switches every later request to direct
+//    (Choice::switched), the "switch when the observed rate of one falls below the other".
+//    Without set_auto every request is kDirect (the file writes direct where it can). Bytes
+//    are the same either way.
 // Thread safety: every method from any thread; a WriteGroup must outlive its writes (wait() first).
 #pragma once
 
@@ -74,10 +82,11 @@ class WriteGroup {
 
 class WritePool {
  public:
-  static constexpr uint64_t kProbeBytes = uint64_t{128} << 20;
+  static constexpr uint64_t kProbeBytes = uint64_t{64} << 20;
+  static constexpr int kBufferedProbeRequests = 2;
   static constexpr double kBufferedMargin = 1.5;
-  // `buffers` >= 1 buffers of `request_bytes` (rounded up to 4 KiB); `probe_bytes`: of each of
-  // auto's two probes.
+  // `buffers` >= 1 buffers of `request_bytes` (rounded up to 4 KiB); `probe_bytes`: auto's direct
+  // probe; its buffered probe is min(probe_bytes, kBufferedProbeRequests requests).
   WritePool(int buffers, uint64_t request_bytes = kWriteRequestBytes, uint64_t probe_bytes = kProbeBytes);
   ~WritePool();  // waits for the writes in flight
   WritePool(const WritePool&) = delete;
@@ -97,11 +106,17 @@ class WritePool {
 
   void set_auto(bool on);
   uint64_t probe_bytes() const { return probe_; }
+  uint64_t buffered_probe_bytes() const { return bprobe_; }
   struct Choice {
     bool automatic = false;       // set_auto
     bool decided = false;         // both probes done
-    Route route = Route::kDirect;  // of the requests after the probes
+    Route route = Route::kDirect;  // of the requests after the probes (after a switch: kDirect)
     double direct_bytes_per_s = 0, buffered_bytes_per_s = 0;  // measured by the probes (0: not yet)
+    // When buffered was chosen: the run's own buffered requests, measured as the probes were
+    // (cumulative), and whether their rate fell below the direct probe's, after which every later
+    // request went direct (at most one switch).
+    double buffered_run_bytes_per_s = 0;
+    bool switched = false;
   };
   Choice choice() const;
 
@@ -115,7 +130,7 @@ class WritePool {
 
  private:
   const int nbuf_;
-  const uint64_t request_, probe_;
+  const uint64_t request_, probe_, bprobe_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   struct Probe {
@@ -123,13 +138,12 @@ class WritePool {
     int inflight = 0;
     double busy_since = 0, busy = 0;  // seconds with a request of it in flight
   };
-  // mu_ held:
-  Route route_for(std::unique_lock<std::mutex>& l, uint64_t bytes);
-  Probe* probe_of(Route r);
-  void started(Route r, double t);
-  void finished(Route r, double t, uint64_t bytes);
+  // mu_ held; `probe`: index into probes_ of the request's probe, or -1.
+  Route route_for(std::unique_lock<std::mutex>& l, uint64_t bytes, int& probe);
+  void started(int probe, double t);
+  void finished(int probe, double t, uint64_t bytes);
   bool auto_ = false;
-  Probe probes_[2];  // direct, buffered
+  Probe probes_[3];  // direct probe, buffered probe, the run's buffered requests
   Choice choice_;
   std::vector<IoBuffer> mem_;   // allocated lazily, up to nbuf_
   std::vector<char*> free_;
