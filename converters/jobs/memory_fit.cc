@@ -138,6 +138,8 @@ nlohmann::json io_report(IoMode io, const SourceBlocks* read_ahead, const WriteP
   const WritePool::Stats st = write_pool->stats();
   const WritePool::Choice c = write_pool->choice();
   j["requests"] = st.writes;
+  j["buffer_waits"] = st.acquire_waits;     // copies that waited for a free buffer: the disk was the limit
+  j["write_seconds"] = st.write_seconds;    // summed over the requests (several in flight at once)
   j["request_bytes"] = write_pool->request_bytes();
   j["in_flight"] = write_pool->buffers();
   j["writes"] = c.automatic && !c.decided ? "probing" : c.route == WritePool::Route::kBuffered ? "buffered" : "direct";
