@@ -45,8 +45,8 @@ TEST(WritePoolAuto, BufferedProbeFirstThenDirectProbeThenTheFasterWay) {
   WritePool pool(4, kReq, /*probe_bytes=*/4 * kReq);
   pool.set_auto(true);
   ASSERT_EQ(pool.buffered_probe_bytes(), WritePool::kBufferedProbeRequests * kReq);
-  // buffered 40 ms a request, direct 5 ms: direct wins
-  auto routes = auto_run(pool, 12, [](Route r, int) { return r == Route::kDirect ? 5 : 40; });
+  // buffered 80 ms a request, direct 5 ms: direct wins (sleeps only lengthen under load: wide margins)
+  auto routes = auto_run(pool, 12, [](Route r, int) { return r == Route::kDirect ? 5 : 80; });
   EXPECT_EQ(routes[0], Route::kBufferedProbe);
   EXPECT_EQ(routes[1], Route::kBufferedProbe);
   for (int i = 2; i < 12; ++i) EXPECT_EQ(routes[static_cast<size_t>(i)], Route::kDirect) << i;
@@ -61,14 +61,14 @@ TEST(WritePoolAuto, BufferedWinsOnlyByTheMargin) {
   {  // buffered 1.2x faster than direct: not enough
     WritePool pool(2, kReq, 2 * kReq);
     pool.set_auto(true);
-    auto routes = auto_run(pool, 8, [](Route r, int) { return r == Route::kDirect ? 24 : 20; });
+    auto routes = auto_run(pool, 8, [](Route r, int) { return r == Route::kDirect ? 36 : 30; });
     EXPECT_EQ(pool.choice().route, Route::kDirect);
     EXPECT_EQ(routes.back(), Route::kDirect);
   }
-  {  // buffered 4x faster: chosen, and the run's buffered requests stay fast: no switch
+  {  // buffered 12x faster: chosen, and the run's buffered requests stay fast: no switch
     WritePool pool(2, kReq, 2 * kReq);
     pool.set_auto(true);
-    auto routes = auto_run(pool, 10, [](Route r, int) { return r == Route::kDirect ? 40 : 10; });
+    auto routes = auto_run(pool, 10, [](Route r, int) { return r == Route::kDirect ? 60 : 5; });
     const WritePool::Choice c = pool.choice();
     EXPECT_EQ(c.route, Route::kBuffered);
     EXPECT_FALSE(c.switched);
@@ -80,8 +80,8 @@ TEST(WritePoolAuto, BufferedWinsOnlyByTheMargin) {
 TEST(WritePoolAuto, ARunWhoseBufferedWritesTurnSlowSwitchesToDirectOnce) {
   WritePool pool(2, kReq, /*probe_bytes=*/2 * kReq);
   pool.set_auto(true);
-  // probes: buffered 5 ms, direct 40 ms -> buffered; then the run's buffered requests take 120 ms
-  auto routes = auto_run(pool, 14, [](Route r, int i) { return r == Route::kDirect ? 40 : i < 2 ? 5 : 120; });
+  // probes: buffered 5 ms, direct 60 ms -> buffered; then the run's buffered requests take 200 ms
+  auto routes = auto_run(pool, 14, [](Route r, int i) { return r == Route::kDirect ? 60 : i < 2 ? 5 : 200; });
   const WritePool::Choice c = pool.choice();
   EXPECT_TRUE(c.switched);
   EXPECT_EQ(c.route, Route::kDirect);
