@@ -77,29 +77,30 @@ WritePool::Choice WritePool::choice() const {
   return choice_;
 }
 
-// Probe 1 (buffered, writeback waited for), then probe 0 (direct), each alone in flight; then the
+// The buffered probe (writeback waited for), then the direct probe, each alone in flight; then the
 // faster way.
 WritePool::Route WritePool::route_for(std::unique_lock<std::mutex>& l, uint64_t bytes, int& probe) {
-  probe = -1;
+  probe = kNotProbed;
   if (!auto_) return Route::kDirect;
-  if (probes_[1].assigned < bprobe_) {
-    probes_[1].assigned += bytes;
-    probe = 1;
+  Probe& buffered = probes_[kBufferedProbeIndex];
+  if (buffered.assigned < bprobe_) {
+    buffered.assigned += bytes;
+    probe = kBufferedProbeIndex;
     return Route::kBufferedProbe;
   }
-  cv_.wait(l, [this] { return probes_[1].done >= probes_[1].assigned; });
-  if (probes_[0].assigned < probe_) {
-    probes_[0].assigned += bytes;
-    probe = 0;
+  cv_.wait(l, [&buffered] { return buffered.done >= buffered.assigned; });
+  if (probes_[kDirectProbe].assigned < probe_) {
+    probes_[kDirectProbe].assigned += bytes;
+    probe = kDirectProbe;
     return Route::kDirect;
   }
   cv_.wait(l, [this] { return choice_.decided; });
-  if (choice_.route == Route::kBuffered) probe = 2;
+  if (choice_.route == Route::kBuffered) probe = kBufferedRun;
   return choice_.route;
 }
 
 void WritePool::started(int probe, double t) {
-  if (probe < 0) return;
+  if (probe == kNotProbed) return;
   Probe& p = probes_[probe];
   if (p.inflight++ == 0) p.busy_since = t;
 }
@@ -107,21 +108,22 @@ void WritePool::started(int probe, double t) {
 // A probe's rate is its bytes over the time it had a request in flight (the union of its
 // requests' times: gaps where the copies had nothing ready do not count against the disk).
 void WritePool::finished(int probe, double t, uint64_t bytes) {
-  if (probe < 0) return;
+  if (probe == kNotProbed) return;
   Probe& p = probes_[probe];
   p.done += bytes;
   if (--p.inflight == 0) p.busy += t - p.busy_since;
-  if (probe == 2) {  // the run's buffered requests: slower than the direct probe => direct from now on
-    choice_.buffered_run_bytes_per_s = static_cast<double>(p.done) / std::max(1e-9, p.busy);
+  if (probe == kBufferedRun) {  // the run's buffered requests: slower than the direct probe => direct from now on
+    choice_.buffered_run_bytes_per_s = p.rate(t);
     if (!choice_.switched && p.done >= probe_ && choice_.buffered_run_bytes_per_s < choice_.direct_bytes_per_s) {
       choice_.route = Route::kDirect;
       choice_.switched = true;
     }
     return;
   }
-  if (probes_[0].assigned < probe_ || probes_[0].done < probes_[0].assigned || probes_[1].done < probes_[1].assigned) return;
-  choice_.direct_bytes_per_s = static_cast<double>(probes_[0].done) / std::max(1e-9, probes_[0].busy);
-  choice_.buffered_bytes_per_s = static_cast<double>(probes_[1].done) / std::max(1e-9, probes_[1].busy);
+  const Probe &direct = probes_[kDirectProbe], &buffered = probes_[kBufferedProbeIndex];
+  if (direct.assigned < probe_ || direct.done < direct.assigned || buffered.done < buffered.assigned) return;
+  choice_.direct_bytes_per_s = direct.rate(t);
+  choice_.buffered_bytes_per_s = buffered.rate(t);
   choice_.route = choice_.buffered_bytes_per_s > kBufferedMargin * choice_.direct_bytes_per_s ? Route::kBuffered : Route::kDirect;
   choice_.decided = true;
 }

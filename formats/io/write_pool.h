@@ -43,6 +43,7 @@
 // Thread safety: every method from any thread; a WriteGroup must outlive its writes (wait() first).
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -136,14 +137,18 @@ class WritePool {
   struct Probe {
     uint64_t assigned = 0, done = 0;  // bytes
     int inflight = 0;
-    double busy_since = 0, busy = 0;  // seconds with a request of it in flight
+    double busy_since = 0, busy = 0;  // seconds with a request of it in flight (busy: closed spans)
+    // Its bytes done over its time in flight up to `t`, the span still open included (a busy run's
+    // requests overlap without a pause: busy alone would stay 0).
+    double rate(double t) const { return static_cast<double>(done) / std::max(1e-9, busy + (inflight > 0 ? t - busy_since : 0)); }
   };
-  // mu_ held; `probe`: index into probes_ of the request's probe, or -1.
+  enum ProbeIndex { kDirectProbe = 0, kBufferedProbeIndex = 1, kBufferedRun = 2, kNotProbed = -1 };
+  // mu_ held; `probe`: the request's ProbeIndex.
   Route route_for(std::unique_lock<std::mutex>& l, uint64_t bytes, int& probe);
   void started(int probe, double t);
   void finished(int probe, double t, uint64_t bytes);
   bool auto_ = false;
-  Probe probes_[3];  // direct probe, buffered probe, the run's buffered requests
+  Probe probes_[3];  // by ProbeIndex
   Choice choice_;
   std::vector<IoBuffer> mem_;   // allocated lazily, up to nbuf_
   std::vector<char*> free_;

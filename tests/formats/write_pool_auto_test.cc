@@ -94,5 +94,17 @@ TEST(WritePoolAuto, ARunWhoseBufferedWritesTurnSlowSwitchesToDirectOnce) {
   for (size_t i = first_direct; i < routes.size(); ++i) EXPECT_EQ(routes[i], Route::kDirect) << i;
 }
 
+// The run's buffered requests overlap without a pause (staggered lengths: one always in flight), as in
+// a busy copy: their rate still counts the time they are in flight, and the switch still comes.
+TEST(WritePoolAuto, ASwitchAlsoComesWhenTheRunNeverDrains) {
+  WritePool pool(4, kReq, /*probe_bytes=*/2 * kReq);
+  pool.set_auto(true);
+  auto routes = auto_run(pool, 24, [](Route r, int i) { return r == Route::kDirect ? 60 : i < 2 ? 5 : 150 + 40 * (i % 4); });
+  const WritePool::Choice c = pool.choice();
+  EXPECT_TRUE(c.switched);
+  EXPECT_LT(c.buffered_run_bytes_per_s, c.direct_bytes_per_s);
+  EXPECT_EQ(routes.back(), Route::kDirect);
+}
+
 }  // namespace
 }  // namespace ckpt
