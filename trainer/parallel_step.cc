@@ -181,13 +181,16 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   } else {
     load = model.take_router_load();
   }
-  std::vector<double> times(static_cast<size_t>(5 + g.world.size()), 0.0);
+  // Slot 5: the step's seconds so far, so that the step's seconds are the slowest rank's (a rank's
+  // all-to-all share, a maximum over ranks, then stays within them).
+  std::vector<double> times(static_cast<size_t>(6 + g.world.size()), 0.0);
   times[0] = clock.compute;
   times[1] = clock.comm;
   times[2] = clock.idle;
   times[3] = load;
   times[4] = model.take_a2a_s();
-  times[static_cast<size_t>(5 + g.world.rank())] = clock.compute;
+  times[5] = step_clock_s() - t0;
+  times[static_cast<size_t>(6 + g.world.rank())] = clock.compute;
   CKPT_RETURN_IF_ERROR(g.world.all_reduce_max(times.data(), static_cast<int64_t>(times.size())));
   state->step += 1;
   st.step = state->step;
@@ -196,8 +199,8 @@ Result<StepStats> step_body(Model<T>& model, ParallelOptimizer<T>& opt, const To
   st.idle_s = times[2];
   st.router_load = times[3];
   st.a2a_s = times[4];
-  st.rank_compute_s.assign(times.begin() + 5, times.end());
-  st.seconds = step_clock_s() - t0;
+  st.rank_compute_s.assign(times.begin() + 6, times.end());
+  st.seconds = std::max(step_clock_s() - t0, times[5]);
   st.tokens_per_s = static_cast<double>(ntok) / st.seconds;
   st.flops_per_s = st.tokens_per_s * sums[2];
   return st;
