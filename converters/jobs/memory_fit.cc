@@ -140,6 +140,8 @@ nlohmann::json io_report(IoMode io, const SourceBlocks* read_ahead, const WriteP
   j["requests"] = st.writes;
   j["buffer_waits"] = st.acquire_waits;     // copies that waited for a free buffer: the disk was the limit
   j["write_seconds"] = st.write_seconds;    // summed over the requests (several in flight at once)
+  j["partial_requests"] = st.partial_writes;  // requests under request_bytes (a file's ends, gaps, blocks released early)
+  j["released_blocks"] = st.holder_releases;  // blocks written before they were full: no buffer was free
   j["request_bytes"] = write_pool->request_bytes();
   j["in_flight"] = write_pool->buffers();
   j["writes"] = c.automatic && !c.decided ? "probing" : c.route == WritePool::Route::kBuffered ? "buffered" : "direct";

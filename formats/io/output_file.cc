@@ -14,6 +14,7 @@
 
 #include "formats/base/file_io.h"
 #include "formats/base/thread_pool.h"
+#include "formats/io/held_blocks.h"
 #include "formats/io/io_buffer.h"
 #include "formats/io/source_blocks.h"
 #include "formats/io/source_window.h"
@@ -115,9 +116,27 @@ OutputFile OutputFile::adopt(ScopedFd fd, std::string path) {
   return f;
 }
 
+Status OutputFile::gather_ranges(std::vector<ByteRange> ranges) {
+  if (!st_->pool || !st_->direct.load()) return Status::Ok();  // nothing to gather: each write goes out as it comes
+  State* st = st_.get();
+  CKPT_ASSIGN_OR_RETURN(st_->blocks, WriteBlocks::create(*st_->pool, st_->writes, std::move(ranges),
+                                                         [st](WritePool::Route r, const char* buf, uint64_t base, const std::vector<ByteRange>& rs) {
+                                                           return write_request(*st, r, buf, base, rs);
+                                                         },
+                                                         st_->path));
+  return Status::Ok();
+}
+
+Status OutputFile::wait() const {
+  if (!st_) return Status::Ok();
+  Status f = st_->blocks ? st_->blocks->flush() : Status::Ok();  // blocks still gathering go out as they are
+  Status w = st_->writes.wait();
+  return f.ok() ? w : f;
+}
+
 Status OutputFile::close() {
   if (!st_) return Status::Ok();
-  Status w = st_->writes.wait();  // copy_runs' writes still in flight
+  Status w = wait();  // gathered blocks and the writes still in flight
   Status a = st_->dfd.valid() ? st_->dfd.close(st_->path) : Status::Ok();
   Status b = st_->fd.valid() ? st_->fd.close(st_->path) : Status::Ok();
   return !w.ok() ? w : a.ok() ? b : a;
@@ -152,20 +171,43 @@ Status OutputFile::write_staged(State& st, const char* stage, uint64_t base, uin
   return Status::Ok();
 }
 
+// A pool request: each range's aligned middle direct (write_staged), or through the page cache
+// with its writeback waited for (auto's buffered probe and run: as the probe measured it, so that
+// the run goes at the probe's rate instead of leaving the dirty pages to the kernel's flusher and
+// the fsync).
+Status OutputFile::write_request(State& st, WritePool::Route route, const char* buf, uint64_t base, const std::vector<ByteRange>& ranges) {
+  for (const ByteRange& r : ranges) {
+    if (route == WritePool::Route::kDirect) {
+      CKPT_RETURN_IF_ERROR(write_staged(st, buf, base, r.begin, r.end));
+      continue;
+    }
+    CKPT_RETURN_IF_ERROR(pwrite_full(st.fd.get(), buf + (r.begin - base), r.end - r.begin, r.begin, st.path));
+    if (::sync_file_range(st.fd.get(), static_cast<off_t>(r.begin), static_cast<off_t>(r.end - r.begin),
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+      return Status::FromErrno("writeback failed", st.path, errno);
+  }
+  return Status::Ok();
+}
+
 // Where copy_runs gathers the file bytes [flushed, filled) (byte 0 of the buffer is file offset
-// `base`, aligned): with a WritePool, one of its buffers, submitted to the pool when full (the
+// `base`, aligned): inside the file's gathered ranges (`gather`: gather_ranges), a slice of one
+// block after another of WriteBlocks, handed back as it fills (the block goes out once every copy
+// into it is done); else with a WritePool, one of its buffers, submitted to the pool when full (the
 // next acquired meanwhile), the last one at finish(); else the thread's stage in two halves, one
 // filled while the other is written on dio_write_pool (a copy takes max(copy, write)). `each`
 // sees every byte once, in order, before it is written.
 class OutputFile::Stage {
  public:
   using Each = std::function<void(const void*, size_t)>;
-  Stage(State& st, uint64_t off, const Each& each) : st_(st), each_(each), base_(dio_round_down(off)), filled_(off), flushed_(off) {}
+  Stage(State& st, uint64_t off, const Each& each, WriteBlocks* gather = nullptr)
+      : st_(st), each_(each), gather_(gather), base_(dio_round_down(off)), filled_(off), flushed_(off) {}
   ~Stage() {
-    if (st_.pool) st_.pool->give_back(buf_);  // not submitted: an error ended the copy
+    if (gather_ && buf_) (void)gather_->fill(slice_, 0);  // an error ended the copy: the slice dropped
+    else if (st_.pool) st_.pool->give_back(buf_);  // not submitted: an error ended the copy
     if (pending_.valid()) (void)pending_.get();
   }
   Status init() {
+    if (gather_) return st_.writes.failed();  // the first slice at refill()
     if (st_.pool) {
       CKPT_RETURN_IF_ERROR(st_.writes.failed());  // an earlier write of this file failed
       buf_ = st_.pool->acquire();
@@ -186,36 +228,45 @@ class OutputFile::Stage {
   bool has_buffer() const { return buf_ != nullptr; }
   Status refill() {
     CKPT_RETURN_IF_ERROR(st_.writes.failed());
+    if (gather_) {
+      CKPT_ASSIGN_OR_RETURN(slice_, gather_->open(filled_));
+      buf_ = slice_.p;
+      base_ = slice_.off;
+      cap_ = slice_.n;
+      return Status::Ok();
+    }
     if (!(buf_ = st_.pool->acquire())) return Status::Io("cannot allocate a write buffer writing '" + st_.path + "'");
     return Status::Ok();
   }
   char* at() const { return buf_ + (filled_ - base_); }
   uint64_t room() const { return cap_ - (filled_ - base_); }
   Status added(uint64_t k) {
+    if (gather_) {
+      if (each_) each_(at(), static_cast<size_t>(k));
+      filled_ += k;
+      return room() == 0 ? end_slice() : Status::Ok();
+    }
     filled_ += k;
     return room() == 0 ? flush() : Status::Ok();
   }
   Status finish() {
+    if (gather_) return buf_ ? end_slice() : Status::Ok();
     CKPT_RETURN_IF_ERROR(flush());
     return pending_.valid() ? pending_.get() : Status::Ok();
   }
 
  private:
+  Status end_slice() {
+    buf_ = nullptr;
+    return gather_->fill(slice_, filled_ - slice_.off);
+  }
   Status flush() {
     if (filled_ > flushed_) {
       if (each_) each_(buf_ + (flushed_ - base_), static_cast<size_t>(filled_ - flushed_));
       State* st = &st_;
       if (st_.pool) {
         st_.pool->submit(st_.writes, buf_, filled_ - flushed_, [st, b = buf_, base = base_, x = flushed_, y = filled_](WritePool::Route r) {
-          if (r == WritePool::Route::kDirect) return write_staged(*st, b, base, x, y);
-          CKPT_RETURN_IF_ERROR(pwrite_full(st->fd.get(), b + (x - base), y - x, x, st->path));
-          // through the page cache (auto's probe, and the run when the probe chose it): the request's
-          // writeback started and waited for here, as the probe measured it, so that the run goes at
-          // the probe's rate instead of leaving the dirty pages to the kernel's flusher and the fsync
-          if (::sync_file_range(st->fd.get(), static_cast<off_t>(x), static_cast<off_t>(y - x),
-                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-            return Status::FromErrno("writeback failed", st->path, errno);
-          return Status::Ok();
+          return write_request(*st, r, b, base, {ByteRange{x, y}});
         });
         buf_ = nullptr;
       } else {
@@ -230,6 +281,8 @@ class OutputFile::Stage {
 
   State& st_;
   const Each& each_;
+  WriteBlocks* const gather_;
+  WriteBlocks::Slice slice_;
   char* buf_ = nullptr;
   char* halves_[2] = {nullptr, nullptr};
   int half_ = 0;
@@ -237,8 +290,49 @@ class OutputFile::Stage {
   std::future<Status> pending_;  // the half being written (no pool)
 };
 
+// Copies [p, p + n) into the pool's buffers at file offset `off` (gathered into the file's blocks
+// when `gather`), written while the caller goes on.
+Status OutputFile::write_pooled(State& st, const char* p, uint64_t n, uint64_t off, WriteBlocks* gather) {
+  const Stage::Each none;
+  Stage stage(st, off, none, gather);
+  CKPT_RETURN_IF_ERROR(stage.init());
+  for (uint64_t done = 0; done < n;) {
+    if (!stage.has_buffer()) CKPT_RETURN_IF_ERROR(stage.refill());
+    const uint64_t k = std::min(stage.room(), n - done);
+    std::memcpy(stage.at(), p + done, k);
+    done += k;
+    CKPT_RETURN_IF_ERROR(stage.added(k));
+  }
+  return stage.finish();
+}
+
+// Inside the gathered ranges: the whole blocks of the write straight from the caller's memory when
+// it sits at the file offset's phase modulo 4 KiB (as the executor places chunks), counted as
+// filled; the rest copied into the blocks.
+Status OutputFile::write_gathered(const char* p, uint64_t n, uint64_t off) const {
+  State& st = *st_;
+  WriteBlocks& g = *st.blocks;
+  const uint64_t r = g.block_bytes(), end = off + n;
+  uint64_t a = (off + r - 1) / r * r, b = end / r * r;
+  if (a >= b || reinterpret_cast<uintptr_t>(p) % kDirectAlignBytes != off % kDirectAlignBytes) a = b = end;
+  CKPT_RETURN_IF_ERROR(write_pooled(st, p, a - off, off, &g));
+  if (a < b) {
+    CKPT_RETURN_IF_ERROR(write_direct(st, p + (a - off), b - a, a));
+    CKPT_RETURN_IF_ERROR(g.external(a, b - a));
+  }
+  return write_pooled(st, p + (b - off), end - b, b, &g);
+}
+
 Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
   State& st = *st_;
+  if (n == 0) return Status::Ok();
+  if (st.blocks) {
+    const WriteBlocks::Cover c = st.blocks->covers(off, n);
+    if (c == WriteBlocks::Cover::kInside) return write_gathered(static_cast<const char*>(src), n, off);
+    if (c == WriteBlocks::Cover::kPartly)
+      return Status::Internal("a write of bytes [" + std::to_string(off) + ", " + std::to_string(off + n) + ") of '" + st.path +
+                              "' crosses the edge of the ranges its writer declared");
+  }
   if (!st.direct.load() || n < kDirectAlignBytes) return pwrite_full(st.fd.get(), src, n, off, st.path);
   const char* p = static_cast<const char*>(src);
   const uint64_t a_up = dio_round_up(off), b_down = dio_round_down(off + n);
@@ -249,19 +343,7 @@ Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
     const uint64_t end = off + n;
     return end > b_down ? pwrite_full(st.fd.get(), p + (b_down - off), end - b_down, b_down, st.path) : Status::Ok();
   }
-  if (st.pool) {  // gathered into the pool's large buffers, written while the caller goes on
-    const Stage::Each none;
-    Stage stage(st, off, none);
-    CKPT_RETURN_IF_ERROR(stage.init());
-    for (uint64_t done = 0; done < n;) {
-      if (!stage.has_buffer()) CKPT_RETURN_IF_ERROR(stage.refill());
-      const uint64_t k = std::min(stage.room(), n - done);
-      std::memcpy(stage.at(), p + done, k);
-      done += k;
-      CKPT_RETURN_IF_ERROR(stage.added(k));
-    }
-    return stage.finish();
-  }
+  if (st.pool) return write_pooled(st, p, n, off, nullptr);  // in the pool's large buffers, written while the caller goes on
   char* stage = dio_stage();
   if (!stage) return pwrite_full(st.fd.get(), src, n, off, st.path);
   for (uint64_t cur = off, end = off + n; cur < end;) {
@@ -273,58 +355,21 @@ Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
   return Status::Ok();
 }
 
-namespace {
-
-// The blocks of a SourceBlocks a copy holds across its ranges, at most kHeld (one per source
-// file): the rows of tp column blocks alternate between a few files, a few KiB each, and take no
-// lock each. It never waits for room while it holds a block: asked for one when every block is
-// held, it lets its own go and asks again.
-class HeldBlocks {
- public:
-  struct Held {
-    int fd;
-    uint64_t off;  // file offset of ls.p
-    SourceBlocks::Lease ls;
-    uint64_t used = 0;
-  };
-  explicit HeldBlocks(SourceBlocks& b) : b_(b) {}
-  ~HeldBlocks() { release_all(); }
-  // The held block with byte `off` of `fd`, leased now if needed; null: not direct-readable.
-  Result<Held*> get(int fd, uint64_t off, uint64_t want, const std::string& what) {
-    for (Held& h : held_)
-      if (h.fd == fd && off >= h.off && off - h.off < h.ls.n) return &h;
-    for (size_t i = 0; i < held_.size(); ++i)
-      if (held_[i].fd == fd || (i == 0 && held_.size() >= kHeld)) drop(i--);
-    CKPT_ASSIGN_OR_RETURN(SourceBlocks::Lease ls, b_.get(fd, off, want, UINT64_MAX, what, /*wait_for_room=*/held_.empty()));
-    if (ls.no_room) {
-      release_all();
-      CKPT_ASSIGN_OR_RETURN(ls, b_.get(fd, off, want, UINT64_MAX, what));
-    }
-    if (!ls.p) return nullptr;
-    held_.push_back({fd, off, ls, 0});
-    return &held_.back();
-  }
-  void release_all() {
-    while (!held_.empty()) drop(held_.size() - 1);
-  }
-
- private:
-  static constexpr size_t kHeld = 2;
-  void drop(size_t i) {
-    b_.release(held_[i].ls, held_[i].used);
-    held_.erase(held_.begin() + static_cast<long>(i));
-  }
-  SourceBlocks& b_;
-  std::vector<Held> held_;
-};
-
-}  // namespace
-
 Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
                              const std::function<void(const void*, size_t)>& each_block) const {
   if (runs.size() == 1 && !st_->direct.load() && st_->read_io == IoMode::kBuffered && !st_->pool)
     return copy_file_bytes(runs[0].fd, runs[0].offset, st_->fd.get(), off, runs[0].bytes, st_->path, each_block);
-  Stage stage(*st_, off, each_block);
+  WriteBlocks* gather = nullptr;
+  if (st_->blocks) {
+    uint64_t total = 0;
+    for (const FileExtent& r : runs) total += r.bytes;
+    const WriteBlocks::Cover c = total ? st_->blocks->covers(off, total) : WriteBlocks::Cover::kOutside;
+    if (c == WriteBlocks::Cover::kPartly)
+      return Status::Internal("a copy into bytes [" + std::to_string(off) + ", " + std::to_string(off + total) + ") of '" + st_->path +
+                              "' crosses the edge of the ranges its writer declared");
+    if (c == WriteBlocks::Cover::kInside) gather = st_->blocks.get();
+  }
+  Stage stage(*st_, off, each_block, gather);
   CKPT_RETURN_IF_ERROR(stage.init());
   std::vector<int> fds;  // distinct source files: their windows share kGatherWindowBytes
   for (const FileExtent& r : runs)

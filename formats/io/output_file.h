@@ -49,6 +49,7 @@
 #include "formats/base/fs_util.h"
 #include "formats/base/io_mode.h"
 #include "formats/base/status.h"
+#include "formats/io/write_blocks.h"
 #include "formats/io/write_pool.h"
 #include "formats/tensor/tensor_io.h"
 
@@ -105,8 +106,13 @@ class OutputFile {
   // copy_runs stages its bytes in `pool`'s buffers and writes them on its threads; not owned (it
   // must outlive this file's writes: close() or reset() first); null: the calling thread's stage.
   void set_write_pool(WritePool* pool) { st_->pool = pool; }
+  // After set_write_pool: the byte ranges the writer will fill (each byte once, by copy_runs or
+  // write()); the copies and the staged writes inside them then gather into whole requests across
+  // calls and threads (WriteBlocks, formats/io/write_blocks.h) instead of each call ending with a
+  // partial one. Bytes outside them are written as without. kInternal: ranges that overlap.
+  Status gather_ranges(std::vector<ByteRange> ranges);
   // Waits for the writes in flight (set_write_pool): their first error. Before an fsync of fd().
-  Status wait() const { return st_ ? st_->writes.wait() : Status::Ok(); }
+  Status wait() const;
   Status close();  // waits for writes in flight; closes both descriptors; "close failed" naming the path
   void reset();    // closes, ignoring errors
 
@@ -118,11 +124,16 @@ class OutputFile {
     SourceBlocks* read_ahead = nullptr;  // copy_runs' sources read through it (read_io kDirect)
     WritePool* pool = nullptr;           // copy_runs' stages and writes (set_write_pool)
     std::string path;
-    WriteGroup writes;  // last: destroyed (waited for) before the descriptors close
+    WriteGroup writes;  // destroyed (waited for) before the descriptors close
+    std::unique_ptr<WriteBlocks> blocks;  // gather_ranges; destroyed first (no more writes), then `writes` waits
   };
   class Stage;  // copy_runs' staging buffers (output_file.cc)
   static Status write_staged(State& st, const char* stage, uint64_t base, uint64_t a, uint64_t b);
   static Status write_direct(State& st, const char* p, uint64_t n, uint64_t off);
+  // One pool request: `ranges` of the file from `buf` (byte 0 = file offset `base`), by `route`.
+  static Status write_request(State& st, WritePool::Route route, const char* buf, uint64_t base, const std::vector<ByteRange>& ranges);
+  Status write_gathered(const char* p, uint64_t n, uint64_t off) const;  // write() inside gather_ranges
+  static Status write_pooled(State& st, const char* p, uint64_t n, uint64_t off, WriteBlocks* gather);
   std::unique_ptr<State> st_;
 };
 

@@ -44,7 +44,16 @@ char* WritePool::acquire() {
     return mem_.back().data();
   }
   if (free_.empty()) ++stats_.acquire_waits;
-  cv_.wait(l, [this] { return !free_.empty(); });
+  while (free_.empty()) {
+    if (inflight_ > 0) {  // a write in flight gives its buffer back
+      cv_.wait(l);
+      continue;
+    }
+    l.unlock();
+    const bool released = release_from_holders();
+    l.lock();
+    if (!released && free_.empty() && inflight_ == 0) cv_.wait_for(l, std::chrono::milliseconds(1));  // buffers being filled
+  }
   char* p = free_.back();
   free_.pop_back();
   return p;
@@ -55,6 +64,27 @@ void WritePool::give_back(char* buf) {
   std::lock_guard<std::mutex> l(mu_);
   free_.push_back(buf);
   cv_.notify_all();
+}
+
+void WritePool::add_holder(Holder* h) {
+  std::lock_guard<std::mutex> l(holders_mu_);
+  holders_.push_back(h);
+}
+
+void WritePool::remove_holder(Holder* h) {
+  std::lock_guard<std::mutex> l(holders_mu_);
+  holders_.erase(std::remove(holders_.begin(), holders_.end(), h), holders_.end());
+}
+
+bool WritePool::release_from_holders() {
+  std::lock_guard<std::mutex> l(holders_mu_);
+  for (Holder* h : holders_)
+    if (h->release_one()) {
+      std::lock_guard<std::mutex> s(mu_);
+      ++stats_.holder_releases;
+      return true;
+    }
+  return false;
 }
 
 namespace {
@@ -139,6 +169,8 @@ void WritePool::submit(WriteGroup& group, char* buf, uint64_t bytes, std::functi
     std::unique_lock<std::mutex> l(mu_);
     ++stats_.writes;
     stats_.bytes += bytes;
+    stats_.partial_writes += bytes < request_ ? 1 : 0;
+    ++inflight_;
     route = route_for(l, bytes, probe);
   }
   (void)writers_->submit([this, &group, buf, bytes, route, probe, write = std::move(write)] {
@@ -153,6 +185,7 @@ void WritePool::submit(WriteGroup& group, char* buf, uint64_t bytes, std::functi
       const double t1 = now_s();
       stats_.write_seconds += t1 - t0;
       finished(probe, t1, bytes);
+      --inflight_;
       free_.push_back(buf);
       cv_.notify_all();
     }

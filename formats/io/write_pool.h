@@ -18,6 +18,10 @@
 //    buffer is in flight at once), then `buf` is free again; `group` counts the write until it has
 //    run and keeps the first error. A write that fails stays failed for its group.
 //  - give_back(buf): an acquired buffer not submitted.
+//  - Holders (add_holder): owners of buffers that wait for more bytes (WriteBlocks: a block whose
+//    other copies have not come yet). When acquire() finds no free buffer and no write in flight,
+//    no buffer would come back by itself: it asks the holders to write one of theirs as it is
+//    (Holder::release_one), then waits for that write.
 //  - WriteGroup::wait(): until every write submitted with the group has run; their first error.
 //    WriteGroup::failed(): that error now, without waiting (OK while none).
 //  - --io auto (set_auto): the pool chooses, per run, how its requests reach the disk, from what it
@@ -99,6 +103,17 @@ class WritePool {
 
   char* acquire();
   void give_back(char* buf);
+  class Holder {
+   public:
+    // Writes (submits) or gives back one held buffer that no copy is filling; false: none.
+    virtual bool release_one() = 0;
+
+   protected:
+    ~Holder() = default;
+  };
+  // A holder is asked from acquire() (never while it is removed: remove_holder waits for that).
+  void add_holder(Holder* h);
+  void remove_holder(Holder* h);
   // How one request is written: O_DIRECT (where the file allows), through the page cache, or
   // through the page cache with its writeback waited for (auto's probe).
   enum class Route { kDirect, kBuffered, kBufferedProbe };
@@ -126,6 +141,8 @@ class WritePool {
     uint64_t acquire_waits = 0;      // acquire() calls that waited for a buffer
     uint64_t allocated = 0;          // buffers allocated (never more than buffers())
     double write_seconds = 0;        // summed over the writes (several run at once)
+    uint64_t partial_writes = 0;     // writes of fewer bytes than request_bytes()
+    uint64_t holder_releases = 0;    // buffers holders wrote unfilled because acquire() found none free
   };
   Stats stats() const;
 
@@ -152,7 +169,11 @@ class WritePool {
   Choice choice_;
   std::vector<IoBuffer> mem_;   // allocated lazily, up to nbuf_
   std::vector<char*> free_;
+  int inflight_ = 0;  // submitted writes not finished
   Stats stats_;
+  std::mutex holders_mu_;  // held while a holder is asked: remove_holder waits for it
+  std::vector<Holder*> holders_;  // guarded by holders_mu_
+  bool release_from_holders();
   std::unique_ptr<ThreadPool> writers_;  // one per buffer (its threads start with the first submit())
 };
 

@@ -55,7 +55,12 @@ Status SafetensorsWriter::begin(const std::vector<TensorMeta>& tensors, const st
   file_size_ = data_start_ + data_size;
   CKPT_ASSIGN_OR_RETURN(out_, OutputFile::open(tmp_, O_WRONLY | O_CREAT | O_TRUNC, opts_.io, file_size_));
   out_.set_read_ahead(opts_.read_ahead);
-  if (out_.direct()) out_.set_write_pool(opts_.write_pool);
+  if (out_.direct()) {
+    out_.set_write_pool(opts_.write_pool);
+    std::vector<ByteRange> data;  // the tensors' bytes: gathered into whole requests across tensors and calls
+    for (const Slot& s : slots_) data.push_back({s.begin, s.begin + s.bytes});
+    CKPT_RETURN_IF_ERROR(out_.gather_ranges(std::move(data)));
+  }
   std::string prefix(8, '\0');
   for (int b = 0; b < 8; ++b) prefix[b] = static_cast<char>((hdr->size() >> (8 * b)) & 0xFF);
   prefix += *hdr;

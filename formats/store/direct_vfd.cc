@@ -173,7 +173,15 @@ Status shard_io_failure(const std::string& what, const std::string& path) {
 Result<H5Id> shard_file_access(const StoreOptions& opts, const std::vector<Piece>& pieces) {
   uint64_t file_bytes = 0;
   for (const auto& p : pieces) file_bytes += static_cast<uint64_t>(p.region.numel()) * dtype_size(p.dtype);
-  if (opts.codec == Codec::kNone || resolve_io_mode(opts.io, file_bytes) != IoMode::kDirect) return H5Id(H5P_DEFAULT, nullptr);
+  if (opts.codec == Codec::kNone) {
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_meta_block_size(fapl, kShardMetaBlockBytes) < 0) {
+      if (fapl >= 0) H5Pclose(fapl);
+      return Status::Internal("HDF5 file access properties (metadata block size) failed");
+    }
+    return H5Id(fapl, H5Pclose);
+  }
+  if (resolve_io_mode(opts.io, file_bytes) != IoMode::kDirect) return H5Id(H5P_DEFAULT, nullptr);
   static const H5FD_class_t cls = direct_vfd_class();
   static const hid_t driver = H5FDregister(&cls);
   if (driver < 0) return Status::Internal("registering ckpt's HDF5 file driver failed");

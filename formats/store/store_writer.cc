@@ -224,7 +224,14 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::open(const std::string& partia
   for (const auto& s : impl->slots) raw_bytes += s.raw_offset >= 0 ? s.rec.bytes : 0;
   CKPT_ASSIGN_OR_RETURN(impl->out, OutputFile::open(impl->path, O_WRONLY, opts.io, raw_bytes));
   impl->out.set_read_ahead(opts.read_ahead.get());
-  if (impl->out.direct()) impl->out.set_write_pool(opts.write_pool.get());
+  if (impl->out.direct()) {
+    impl->out.set_write_pool(opts.write_pool.get());
+    std::vector<ByteRange> raw;  // the pieces' data: gathered into whole requests across pieces and copy threads
+    for (const auto& s : impl->slots)
+      if (s.raw_offset >= 0) raw.push_back({static_cast<uint64_t>(s.raw_offset), static_cast<uint64_t>(s.raw_offset) + s.rec.bytes});
+    Status g = impl->out.gather_ranges(std::move(raw));
+    if (!g.ok()) return std::move(g).with_file(impl->path);
+  }
   return std::unique_ptr<ShardWriter>(new ShardWriter(std::move(impl)));
 }
 
