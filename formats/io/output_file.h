@@ -107,9 +107,10 @@ class OutputFile {
   // must outlive this file's writes: close() or reset() first); null: the calling thread's stage.
   void set_write_pool(WritePool* pool) { st_->pool = pool; }
   // After set_write_pool: the byte ranges the writer will fill (each byte once, by copy_runs or
-  // write()); the copies and the staged writes inside them then gather into whole requests across
-  // calls and threads (WriteBlocks, formats/io/write_blocks.h) instead of each call ending with a
-  // partial one. Bytes outside them are written as without. kInternal: ranges that overlap.
+  // write()); the copies inside them then gather into whole requests across calls and threads
+  // (WriteBlocks, formats/io/write_blocks.h) instead of each call ending with a partial one; writes
+  // from memory go out as without and are counted in. Bytes outside them are written as without.
+  // kInternal: ranges that overlap, a write or copy across a range's edge, a byte written twice.
   Status gather_ranges(std::vector<ByteRange> ranges);
   // Waits for the writes in flight (set_write_pool): their first error. Before an fsync of fd().
   Status wait() const;
@@ -132,8 +133,8 @@ class OutputFile {
   static Status write_direct(State& st, const char* p, uint64_t n, uint64_t off);
   // One pool request: `ranges` of the file from `buf` (byte 0 = file offset `base`), by `route`.
   static Status write_request(State& st, WritePool::Route route, const char* buf, uint64_t base, const std::vector<ByteRange>& ranges);
-  Status write_gathered(const char* p, uint64_t n, uint64_t off) const;  // write() inside gather_ranges
-  static Status write_pooled(State& st, const char* p, uint64_t n, uint64_t off, WriteBlocks* gather);
+  static Status write_now(State& st, const char* p, uint64_t n, uint64_t off);  // write() less the gathered ranges' count
+  static Status write_pooled(State& st, const char* p, uint64_t n, uint64_t off);
   std::unique_ptr<State> st_;
 };
 
