@@ -20,6 +20,10 @@
 // anyway (reshard's source check with --io direct reads SRC once). A block is held while the tap
 // reads it; a range one of whose blocks went before its turn (taken whole, or evicted for room,
 // before the range's earlier bytes were read) is fed no further: the tap checks it its own way.
+// A reader thread feeds a read-ahead block after marking it ready, with no lock held, so the copy
+// that took the block may return before the tap has seen it: what a tap has seen is final only once
+// the SourceBlocks is destroyed (its readers joined). A tap read before then must take a range not
+// yet fed whole as unseen (CopyVerify::finish reads it again).
 // Thread safety: every method from any thread.
 #pragma once
 
@@ -52,7 +56,8 @@ class BlockTap {
   // The ranges of the file (st_dev, st_ino) the tap wants to see; asked once per file.
   virtual std::vector<Range> ranges(uint64_t dev, uint64_t ino) = 0;
   // Bytes [off, off + n) of range `id`: every range's bytes in order, on one thread at a time per
-  // range (any thread; no lock of the SourceBlocks held).
+  // range (any thread; no lock of the SourceBlocks held; possibly after the copies that took the
+  // block have returned).
   virtual void feed(uint64_t id, uint64_t off, const char* p, uint64_t n) = 0;
 };
 
