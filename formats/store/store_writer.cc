@@ -308,10 +308,7 @@ Result<std::vector<PieceRecord>> ShardWriter::close() {
   }
   CKPT_RETURN_IF_ERROR(im.wait_copied(nullptr));
   CKPT_RETURN_IF_ERROR(im.chunks->flush());  // every compressed chunk written, before the datasets close
-  // The pieces' data on the disk before HDF5's metadata: blocks still gathering (WriteBlocks) go out
-  // and their errors (a full disk: "File too large", ENOSPC) come first, with their errno, rather than
-  // HDF5's "flushing failed" of the small metadata write behind them.
-  CKPT_RETURN_IF_ERROR(im.out.wait());
+  CKPT_RETURN_IF_ERROR(im.out.wait());  // the data (gathered blocks) first: a full disk's errno, not HDF5's "flush failed"
   {
     auto lock = h5_lock();
     for (auto& s : im.slots) s.ds.reset();
