@@ -313,12 +313,9 @@ Status OutputFile::write(const void* src, uint64_t n, uint64_t off) const {
   State& st = *st_;
   if (n == 0) return Status::Ok();
   if (!st.blocks) return write_now(st, static_cast<const char*>(src), n, off);
-  const WriteBlocks::Cover c = st.blocks->covers(off, n);
-  if (c == WriteBlocks::Cover::kPartly)
-    return Status::Internal("a write of bytes [" + std::to_string(off) + ", " + std::to_string(off + n) + ") of '" + st.path +
-                            "' crosses the edge of the ranges its writer declared");
+  CKPT_ASSIGN_OR_RETURN(const bool counted, st.blocks->gathers(off, n, "write"));
   CKPT_RETURN_IF_ERROR(write_now(st, static_cast<const char*>(src), n, off));
-  return c == WriteBlocks::Cover::kInside ? st.blocks->external(off, n) : Status::Ok();
+  return counted ? st.blocks->external(off, n) : Status::Ok();
 }
 
 Status OutputFile::write_now(State& st, const char* p, uint64_t n, uint64_t off) {
@@ -351,11 +348,8 @@ Status OutputFile::copy_runs(const std::vector<FileExtent>& runs, uint64_t off,
   if (st_->blocks) {
     uint64_t total = 0;
     for (const FileExtent& r : runs) total += r.bytes;
-    const WriteBlocks::Cover c = total ? st_->blocks->covers(off, total) : WriteBlocks::Cover::kOutside;
-    if (c == WriteBlocks::Cover::kPartly)
-      return Status::Internal("a copy into bytes [" + std::to_string(off) + ", " + std::to_string(off + total) + ") of '" + st_->path +
-                              "' crosses the edge of the ranges its writer declared");
-    if (c == WriteBlocks::Cover::kInside) gather = st_->blocks.get();
+    CKPT_ASSIGN_OR_RETURN(const bool inside, st_->blocks->gathers(off, total, "copy"));
+    if (inside) gather = st_->blocks.get();
   }
   Stage stage(*st_, off, each_block, gather);
   CKPT_RETURN_IF_ERROR(stage.init());

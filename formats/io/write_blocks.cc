@@ -61,6 +61,14 @@ WriteBlocks::Cover WriteBlocks::covers(uint64_t off, uint64_t n) const {
   return it->begin <= off && off + n <= it->end ? Cover::kInside : Cover::kPartly;
 }
 
+Result<bool> WriteBlocks::gathers(uint64_t off, uint64_t n, const char* what) const {
+  const Cover c = n ? covers(off, n) : Cover::kOutside;
+  if (c == Cover::kPartly)
+    return Status::Internal(std::string("a ") + what + " of bytes [" + std::to_string(off) + ", " + std::to_string(off + n) + ") of '" +
+                            path_ + "' crosses the edge of the ranges its writer declared");
+  return c == Cover::kInside;
+}
+
 uint64_t WriteBlocks::expected_in(uint64_t block) const {
   const uint64_t a = block * r_, e = a + r_;
   uint64_t n = 0;

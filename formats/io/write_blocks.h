@@ -54,6 +54,9 @@ class WriteBlocks final : public WritePool::Holder {
 
   enum class Cover { kInside, kOutside, kPartly };
   Cover covers(uint64_t off, uint64_t n) const;  // of `expected`
+  // Whether a write of [off, off + n) is gathered here: inside `expected` true, outside false,
+  // across a range's edge kInternal (`what`: "write", "copy").
+  Result<bool> gathers(uint64_t off, uint64_t n, const char* what) const;
   uint64_t block_bytes() const { return r_; }
 
   struct Slice {
