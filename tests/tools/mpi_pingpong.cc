@@ -4,7 +4,7 @@
 //   mpirun -np 2 mpi_pingpong [SECONDS]
 // Rank 0 prints one JSON line: "latency_s": half the median round trip of 8 bytes, "bytes_per_s":
 // 16 MiB / half the median round trip of 16 MiB, with blocking MPI_Send / MPI_Recv; "polled_*":
-// the same with nonblocking calls and a polling wait (polled_wait).
+// the same with nonblocking calls, a polling wait (polled_wait) and a polled barrier.
 #include <mpi.h>
 
 #include <algorithm>
@@ -45,12 +45,25 @@ void transfer(std::vector<char>& buf, int bytes, int peer, bool send, bool polle
   polled_wait(&r, 1);
 }
 
+// Lines both ranks up before a timed round trip. Polled (as ckpt's Comm::barrier): a rank may still
+// be in a sleep of polled_wait when the barrier completes, and the round trip timed after it starts
+// late by up to that sleep, as ckpt's calibration's does.
+void barrier(bool polled) {
+  if (!polled) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    return;
+  }
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  polled_wait(&r, 1);
+}
+
 // The median of `reps` round trips of `bytes` bytes (rank 0 sends, rank 1 echoes), each timed
 // alone after a barrier, in seconds.
 double median_round_trip(std::vector<char>& buf, int bytes, int reps, int rank, bool polled) {
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier(polled);
     const double t0 = MPI_Wtime();
     transfer(buf, bytes, 1 - rank, rank == 0, polled);
     transfer(buf, bytes, 1 - rank, rank != 0, polled);
