@@ -21,9 +21,9 @@ up to 3 calibrations agrees with its reference (a burst of load elsewhere slows 
   ratios seen 1.05-1.40 on a quiet machine, 1.7-2.9 with a build on the other core -- so this catches
   a wrong unit or a probe that times something else, not a 2x error; 3-4x the blocking one, which it
   must not beat); the bandwidth with the ping-pong's polled one, a polled barrier before each round
-  trip as ckpt's (within 1.5x; ratios seen 0.99-1.01, and 0.75-0.93 run by hand, on a 2026-11 Xeon, where blocking MPI moves 16 MiB
-  at 9-10 GB/s and polled waits at 5.6: the geometric mean of both, the reference until then, put ckpt at
-  0.41-0.66);
+  trip as ckpt's (within 1.5x; ratios seen 0.99-1.01 here, 0.75-0.93 run by hand, on a 2026-11 Xeon
+  where blocking MPI moves 16 MiB at 9-10 GB/s and polled waits at 5.6: the geometric mean of both,
+  the reference until then, put ckpt at 0.41-0.66);
 - memory: psutil's physical memory, exactly; without MPI the link bandwidth is the memcpy one;
 - cost terms (docs/PLAN.md "Calibrated terms"): the concurrency factor (sgemm FLOP/s per process
   with 2 processes at once / alone) against the same ratio measured here with numpy in 1 and 2
