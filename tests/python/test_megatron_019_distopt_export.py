@@ -286,7 +286,8 @@ def _check_resume(form, export, tmp_path):
     import subprocess
     import sys
     out = tmp_path / f"check_{form}.json"
-    p = subprocess.run([sys.executable, str(CHECK), "-", str(export), "--form", form, "--uninterrupted", "--param-ulps", str(PARAM_ULPS), "--json", str(out),
+    p = subprocess.run([sys.executable, str(CHECK), "-", str(export), "--form", form, "--uninterrupted",
+                        "--param-ulps", str(PARAM_ULPS), "--json", str(out),
                         "--status", str(tmp_path / f"check_{form}.status")], capture_output=True, text=True, timeout=900)
     return p, (json.loads(out.read_text()) if out.exists() else None)
 
