@@ -52,9 +52,10 @@ pytest_server_stop() {
   tail -1 "$pyfork_sock.log"; rm -f "$pyfork_sock.log"
   pyfork_pid=""; unset CKPT_PYTEST_SERVER
 }
-trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log"; pytest_server_stop
+trap 'wait "$py_setup_pid" 2>/dev/null || true; rm -f "$py_setup_log" "${why_log:-}"; pytest_server_stop
   if [ -n "${asan_pid:-}" ]; then pkill -TERM -P "$asan_pid" 2>/dev/null || true; wait "$asan_pid" 2>/dev/null || true; fi' EXIT
 total_pass=0; total_fail=0
+why_log=$(mktemp)
 if [ "${CI:-}" = "true" ]; then export CKPT_NO_SKIP=1; fi
 # Sanitizer findings exit with a code no test expects, and stop at the first UB.
 SAN_EXIT=86
@@ -89,6 +90,9 @@ run_ctest() {  # run_ctest BUILD_DIR MIN_TESTS [ctest args...]: runs ctest, adds
   if [ "$skipped" -gt 0 ] && [ "${CKPT_NO_SKIP:-}" = "1" ]; then
     echo "$skipped skipped test(s) in $dir: a failure in CI"; total_fail=$((total_fail + skipped))
   fi
+  # Why tests failed, for the end of the output (CI shows its tail): pytest's failure headers, its
+  # E lines and summary, GoogleTest's FAILED lines: the first 40 of each ctest run, 80 in all.
+  grep -E "^(_{3,} .+ _{3,}|E   .+|FAILED .+|\[  FAILED  \] .+)$" "$log" | cut -c1-300 | head -40 >>"$why_log" || true
   rm -f "$log"
   return 0
 }
@@ -175,5 +179,7 @@ phase_secs+=($((SECONDS - phase_start)))
 echo
 for i in "${!phase_names[@]}"; do printf '%6d s  %s\n' "${phase_secs[$i]}" "${phase_names[$i]}"; done
 printf '%6d s  in all\n' "$SECONDS"
+if [ -s "$why_log" ]; then echo; echo "why tests failed (first lines):"; head -80 "$why_log"; fi
+rm -f "$why_log"
 echo "tests: ${total_pass} passed, ${total_fail} failed"
 [ "$total_fail" -eq 0 ]
