@@ -3,19 +3,37 @@ from outside, and checking each rank's share of the work from the per-rank repor
 CKPT_DIST_TRACE=DIR makes every process write (DIR/rank<R>.json, see reshard/store_reshard.cc):
 the shard files it wrote, the source pieces and bytes it asked for, its /proc/self/io counters.
 """
+import atexit
 import json
 import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 
 MPIRUN = shutil.which("mpirun")
 SKIP_REASON = "mpirun not found: install openmpi-bin to run the distributed tests"
 
 
+_SESSION_BASE = []  # this process's parent of the session directories below (removed at exit)
+
+
+def session_dir():
+    """A new directory for one mpirun's session files. Open MPI 4 keeps every job of a user under one
+    directory, /tmp/ompi.<host>.<uid>, that a job creates when it starts and removes when it ends: two
+    jobs starting and ending at once (ctest -j2) race on it, and one fails with "A call to mkdir was
+    unable to create the desired directory ... File exists" (open-mpi/ompi#8510; 1 of 3,428 jobs with
+    four loops of `mpirun -np 2 true` here, once on CI). Given a directory of its own
+    (orte_tmpdir_base), no job shares it."""
+    if not _SESSION_BASE:
+        _SESSION_BASE.append(tempfile.mkdtemp(prefix="ckpt-ompi-"))
+        atexit.register(shutil.rmtree, _SESSION_BASE[0], True)
+    return tempfile.mkdtemp(dir=_SESSION_BASE[0])
+
+
 def mpirun_cmd(n, *args):
     return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "pml", "ob1",
-            "-np", str(n), *map(str, args)]
+            "--mca", "orte_tmpdir_base", session_dir(), "-np", str(n), *map(str, args)]
 
 
 def run_traced(n, args, trace_dir, timeout=300):

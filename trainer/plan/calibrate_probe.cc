@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -209,6 +211,30 @@ Status mpi_probe(double seconds, int threads) {
   return Status::Ok();
 }
 
+namespace {
+
+// A directory of its own for the probe job's Open MPI session files, removed with this object.
+// Open MPI 4 keeps every job of a user under one directory, /tmp/ompi.<host>.<uid>, that a job
+// creates when it starts and removes when it ends: a job starting while another ends may fail
+// with "A call to mkdir was unable to create the desired directory ... File exists"
+// (open-mpi/ompi#8510). Given to mpirun as orte_tmpdir_base, the probe shares it with no job.
+struct SessionDir {
+  std::string path;
+  SessionDir() {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/ckpt-ompi-XXXXXX";
+    if (::mkdtemp(tmpl.data())) path = tmpl;  // else mpirun's default (the shared directory)
+  }
+  ~SessionDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  SessionDir(const SessionDir&) = delete;
+  SessionDir& operator=(const SessionDir&) = delete;
+};
+
+}  // namespace
+
 Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds, int threads) {
   std::string exe = exe_in;
   if (exe.empty()) {
@@ -217,10 +243,12 @@ Result<MpiProbeResult> spawn_mpi_probe(const std::string& exe_in, double seconds
     if (k <= 0) return Status::FromErrno("cannot find this executable", "/proc/self/exe", errno);
     exe.assign(buf, static_cast<size_t>(k));
   }
-  if (exe.find('\'') != std::string::npos)
-    return Status::InvalidArgument("calibration: executable path with a quote: " + exe);
+  const SessionDir session;
+  if (exe.find('\'') != std::string::npos || session.path.find('\'') != std::string::npos)
+    return Status::InvalidArgument("calibration: a path with a quote: " + exe + ", " + session.path);
+  const std::string session_mca = session.path.empty() ? "" : "--mca orte_tmpdir_base '" + session.path + "' ";
   const std::string cmd = std::string("mpirun ") + (::geteuid() == 0 ? "--allow-run-as-root " : "") +
-                          "--oversubscribe --mca btl self,vader --mca pml ob1 -np 2 '" + exe +
+                          "--oversubscribe --mca btl self,vader --mca pml ob1 " + session_mca + "-np 2 '" + exe +
                           "' calibrate-mpi-probe --seconds " + std::to_string(seconds) +
                           " --threads " + std::to_string(threads) + " 2>&1";
   std::FILE* p = ::popen(cmd.c_str(), "r");

@@ -14,7 +14,7 @@
 //   trainer's Comm): latency = half the median round trip of an 8-byte message, bandwidth = bytes /
 //   half the median round trip of a 16 MiB message (less the latency); rank 0 prints one JSON line {"latency_s", "bytes_per_s"};
 //   spawn_mpi_probe runs it (mpirun -np 2 --oversubscribe --mca btl self,vader EXE
-//   calibrate-mpi-probe) and parses that line;
+//   calibrate-mpi-probe, with a session directory of its own: see the .cc) and parses that line;
 // - probe_cost_terms (same job, trainer/plan/calibrate_terms.cc; docs/PLAN.md "Calibrated terms"):
 //   sgemm FLOP/s of rank 0 alone and of both ranks at once (concurrency); the all-reduce per call
 //   between GEMMs ([rows, 256] x [256, 256] on both ranks, then all_reduce_sum of the [rows, 256]
