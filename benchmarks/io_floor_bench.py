@@ -19,6 +19,8 @@ Commands (--parts, comma list; default all), in this order in every round and st
            conv=fsync bs=32M`, two dd at a time until all are done: the read + write floor (the store's shard
            bytes read and written; an idle-state reshard reads its source from the disk too). iflag=direct reads
            the disk in the hot state as well (the source is page-cached there): a floor for the idle state mainly
+           `dd read`: the same files read by `dd iflag=direct of=/dev/null bs=32M`, two at a time: the read floor
+           (dd2 s / dd read s: the most against dd2 that a job reading its source cold can reach)
   reshard  `ckpt reshard` tp=4 pp=2 -> tp=2 pp=3 [6,7,7] dp=1, source check on, once per --io-modes
            entry: `default` is no --io flag (the default flags: --io auto), then `--io buffered`,
            `--io direct`; their order rotates by one each round

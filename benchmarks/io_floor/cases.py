@@ -59,6 +59,14 @@ def dd_copy(store: pathlib.Path, out: pathlib.Path, bs_mib: int):
     return ["bash", "-c", script, "dd_copy", out, *shard_files(store)]
 
 
+def dd_read(store: pathlib.Path, bs_mib: int):
+    """The read floor: every data file of store (shards/*.h5) read by `dd iflag=direct of=/dev/null bs=32M`, two
+    dd at a time (xargs -P 2). A job that reads the store cold and writes as many bytes cannot take less than
+    this (nor than dd2), whatever it overlaps: dd2 s / dd read s is the most it can reach against dd2."""
+    dd = f"dd if=\"$0\" iflag=direct of=/dev/null bs={bs_mib}M status=none"
+    return ["bash", "-c", f"printf '%s\\0' \"$@\" | xargs -0 -P 2 -n 1 sh -c '{dd}'", "dd_read", *shard_files(store)]
+
+
 def trainer_rows(row, text, T):
     """trainer_bench's run as TRAINER_ROWS: each the save's seconds (its JSON's medians), with the run's wall seconds
     (run_s), peak RSS and CPU s; the write row keeps the JSON. T["bytes"]: the checkpoint's bytes, for dd2 trainer."""
@@ -83,6 +91,7 @@ def make_cases(a, P, out):
         for w in (1, 2):
             cases.append(Case(f"dd{w}", "dd", lambda w=w: dd_floor(P["src_bytes"], out, streams=w, bs_mib=a.dd_mib), []))
         cases.append(Case("dd copy", "dd", lambda: dd_copy(P["src"], out, a.dd_mib), [P["src"]]))
+        cases.append(Case("dd read", "dd", lambda: dd_read(P["src"], a.dd_mib), [P["src"]], space=lambda: 0))
     if "reshard" in parts:
         for io in a.io_modes.split(","):
             name, flag = ("reshard", []) if io == "default" else (f"reshard {io}", ["--io", io])

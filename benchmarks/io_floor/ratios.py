@@ -8,6 +8,10 @@ RATIOS = [
     ("reshard vs dd 2 writers (floor)", "dd2", "reshard", {"hot": 0.9, "idle": 0.9}, False),
     # idle: the reshard reads its source from the disk as well; dd copy reads and writes the same bytes
     ("reshard vs read+write floor (dd copy, 2 at once)", "dd copy", "reshard", {"idle": 0.9}, False),
+    # a job reading the store cold and writing as many bytes takes at least the longer of dd read and dd2:
+    # where dd read is the longer, dd2 s / dd read s (< 0.9) is as near to dd2 as any such job can come
+    ("ceiling vs dd 2 writers of a cold-source job (dd2 s / dd read s)", "dd2", "dd read", None, False),
+    ("reshard vs read floor (dd read, 2 at once)", "dd read", "reshard", None, False),
     ("reshard vs dd 1 writer", "dd1", "reshard", None, False),
     ("reshard buffered vs cp+sync", "cp src", "reshard buffered", None, False),
     ("reshard direct vs cp+sync", "cp src", "reshard direct", None, False),

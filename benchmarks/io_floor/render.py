@@ -20,7 +20,7 @@ def report(res):
             med = statistics.median(ts.values())
             rss = max(r["rss_mib"] for r in rr)
             gbps = statistics.median(r["bytes_written"] for r in rr) / med / 1e9
-            gbps = "-" if "blocked" in n else f"{gbps:.2f}"  # the trainer's blocking times: no write of their own
+            gbps = "-" if "blocked" in n or not gbps else f"{gbps:.2f}"  # blocking times, dd read: no write of their own
             frac = f"{rss / res['budget_mib']:.2f}" if rr[0]["ckpt"] else "-"
             print(f"{n} | " + " | ".join(f"{ts[i]:.2f}" if i in ts else "-" for i in range(rounds))
                   + f" | {med:.2f} | {gbps} | {rss:.0f} | {frac}")

@@ -14,7 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "io_floor_bench.py"
 
-EVERY_STATE = ["cp src", "dd1", "dd2", "dd copy", "reshard", "reshard buffered", "reshard direct", "python stack"]
+EVERY_STATE = ["cp src", "dd1", "dd2", "dd copy", "dd read", "reshard", "reshard buffered", "reshard direct", "python stack"]
 HOT_ONLY = ["convert mcore", "cp hf", "from-hf", "to-hf 1", "to-hf 2x3x2"]
 # trainer_bench's JSON "save" key of each trainer row; dd2 trainer: dd2 of the checkpoint's bytes
 TRAINER = {"trainer save (write)": "write_s", "trainer save (sync blocked)": "sync_blocked_s",
@@ -25,6 +25,8 @@ EXPECTED = {
     "reshard vs cp+sync": (["cp src"], "reshard", {"hot": 1.0, "idle": 1.5}, False),
     "reshard vs dd 2 writers (floor)": (["dd2"], "reshard", {"hot": 0.9, "idle": 0.9}, False),
     "reshard vs read+write floor (dd copy, 2 at once)": (["dd copy"], "reshard", {"idle": 0.9}, False),
+    "ceiling vs dd 2 writers of a cold-source job (dd2 s / dd read s)": (["dd2"], "dd read", {}, False),
+    "reshard vs read floor (dd read, 2 at once)": (["dd read"], "reshard", {}, False),
     "reshard vs dd 1 writer": (["dd1"], "reshard", {}, False),
     "reshard buffered vs cp+sync": (["cp src"], "reshard buffered", {}, False),
     "reshard direct vs cp+sync": (["cp src"], "reshard direct", {}, False),
@@ -67,7 +69,7 @@ def test_quick_run_has_every_row_and_consistent_ratios(ckpt_bin, tmp_path):
     got = [(r["state"], r["cmd"]) for r in rows]
     assert sorted(got) == sorted(want), (sorted(set(got) ^ want), len(got))
     for r in rows:
-        assert r["round"] == 0 and r["s"] > 0 and r["rss_mib"] > 0 and r["bytes_written"] > 0, r
+        assert r["round"] == 0 and r["s"] > 0 and r["rss_mib"] > 0 and (r["bytes_written"] > 0) == (r["cmd"] != "dd read"), r
         assert r["ckpt"] == (r["cmd"] in CKPT_CMDS), r
         if r["ckpt"]:
             assert isinstance(r["report"], dict), r  # ckpt --json's report, parsed
